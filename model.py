@@ -1,0 +1,346 @@
+"""
+The masked language model of "Emerging Cross-lingual Structure in Pretrained Language Models"
+(Conneau et al., ACL 2020): XLM's Transformer encoder (Lample & Conneau 2019) with the paper's
+parameter-sharing switches (§4.3, Figure 1, Table 1 "Parameter sharing").
+
+- post-LN blocks exactly as facebookresearch/XLM `model/transformer.py`: learned positions, embedding
+  LayerNorm, erf GELU, LayerNorm eps 1e-12, no final LayerNorm, output projection tied to the token
+  embedding with its own bias, no BERT transform head;
+- `sep_emb`: every language has its own token table, position table and (tied) softmax;
+  `sep_layers=(1, 2, 3)`: every language has its own copy of layers 1-3. Everything else is shared.
+
+Only torch is imported, so this file can be copied alone:
+
+    from model import ModelConfig, MLM, parse_sep
+    sep_emb, sep_layers = parse_sep("emb,1-3")
+    model = MLM(ModelConfig(vocab_size=30000, sep_emb=sep_emb, sep_layers=sep_layers))
+    logits, loss = model(idx, lang=0, targets=targets)      # idx (B, T) int64, targets -1 = ignore
+    layers = model.hidden_states(idx, lang=1)                # n_layers + 1 tensors (B, T, dim)
+"""
+
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+LAYER_NORM_EPS = 1e-12  # XLM model/transformer.py (BERT's value)
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int                  # size of the (shared) token table; comes from the tokenizer
+    n_langs: int = 2                 # paper §3.1: bilingual models (langs[0] = English)
+    n_layers: int = 8                # paper §3.1
+    n_heads: int = 12                # paper §3.1 (head dim 64)
+    dim: int = 768                   # paper §3.1
+    ffn_dim: int = 3072              # paper §3.1 (XLM hard-codes 4 * dim)
+    dropout: float = 0.1             # paper §3.1
+    attention_dropout: float = 0.1   # paper §3.1 (DESIGN D4)
+    max_positions: int = 512         # paper §3.1: learned positions, XLM N_MAX_POSITIONS
+    lang_emb: bool = False           # paper §3.1 is silent; off as mBERT / XLM-17/100 (DESIGN D1)
+    sep_emb: bool = False            # paper §4.3: per-language token + position tables and softmax
+    sep_layers: tuple = ()           # paper §4.3: per-language copies of these layers (1-based)
+    vocab_sizes: tuple = ()          # with sep_emb: one vocabulary size per language; () = vocab_size each
+    pad_id: int = 2                  # XLM's <pad>: its embedding row starts at zero, gets no lookup grad
+
+    def __post_init__(self):
+        # lists come back from a checkpoint (plain types); keep tuples so configs compare equal
+        self.sep_layers = tuple(int(i) for i in self.sep_layers)
+        self.vocab_sizes = tuple(int(v) for v in self.vocab_sizes)
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        bad = [i for i in self.sep_layers if not 1 <= i <= self.n_layers]
+        if bad:
+            raise ValueError(f"sep_layers {bad} outside 1..{self.n_layers}")
+        if self.vocab_sizes:
+            if len(self.vocab_sizes) != self.n_langs:
+                raise ValueError(f"vocab_sizes has {len(self.vocab_sizes)} entries for {self.n_langs} languages")
+            if not self.sep_emb and set(self.vocab_sizes) != {self.vocab_size}:
+                raise ValueError(f"vocab_sizes {self.vocab_sizes} differ from vocab_size {self.vocab_size} "
+                                 "but embeddings are shared (sep_emb=False)")
+
+    def lang_vocab_size(self, lang):
+        return self.vocab_sizes[lang] if self.vocab_sizes else self.vocab_size
+
+
+def parse_sep(spec, n_layers=8):
+    """
+    The --sep flag: which parts are language-specific (paper §4.3, Table 1).
+    "" -> (False, ()); "emb" -> (True, ()); "1-3" -> (False, (1, 2, 3)); "emb,1-3,5" -> (True, (1, 2, 3, 5)).
+    Layer numbers are 1-based as in the paper and must lie in 1..n_layers.
+    """
+    sep_emb, layers = False, set()
+    for part in (p.strip() for p in spec.split(",")):
+        if part == "":
+            continue
+        if part == "emb":
+            sep_emb = True
+        elif part.isdigit():
+            layers.add(int(part))
+        elif part.count("-") == 1 and all(s.strip().isdigit() for s in part.split("-")):
+            lo, hi = (int(s) for s in part.split("-"))
+            if lo > hi:
+                raise ValueError(f"bad --sep range {part!r}: start > end")
+            layers.update(range(lo, hi + 1))
+        else:
+            raise ValueError(f"bad --sep part {part!r} in {spec!r}: expected 'emb', 'N' or 'N-M'")
+    bad = sorted(i for i in layers if not 1 <= i <= n_layers)
+    if bad:
+        raise ValueError(f"bad --sep {spec!r}: layers {bad} outside 1..{n_layers} (paper numbering)")
+    return sep_emb, tuple(sorted(layers))
+
+# -----------------------------------------------------------------------------
+# the encoder, bottom-up
+
+
+class SelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.attention_dropout = config.attention_dropout
+        # XLM has separate q_lin, k_lin, v_lin; one fused (dim, 3*dim) matmul computes the same thing
+        self.qkv = nn.Linear(config.dim, 3 * config.dim)
+        self.out = nn.Linear(config.dim, config.dim)
+
+    def forward(self, x, mask=None):
+        B, T, C = x.size()
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        # softmax(q k^T / sqrt(hs)) v; mask (B, 1, 1, T) is True at real keys (XLM: padded keys get -inf)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           dropout_p=self.attention_dropout if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.out(y)
+
+
+class FFN(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.lin1 = nn.Linear(config.dim, config.ffn_dim)
+        self.lin2 = nn.Linear(config.ffn_dim, config.dim)
+
+    def forward(self, x):
+        # XLM: no dropout between the activation and lin2; GELU is the exact erf form
+        return self.lin2(F.gelu(self.lin1(x)))
+
+
+class Block(nn.Module):
+    """One post-LN layer: x = LN(x + drop(attn(x))); x = LN(x + drop(ffn(x)))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.attn = SelfAttention(config)
+        self.ln1 = nn.LayerNorm(config.dim, eps=LAYER_NORM_EPS)
+        self.ffn = FFN(config)
+        self.ln2 = nn.LayerNorm(config.dim, eps=LAYER_NORM_EPS)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, mask=None):
+        x = self.ln1(x + self.drop(self.attn(x, mask)))
+        x = self.ln2(x + self.drop(self.ffn(x)))
+        return x
+
+
+class MLM(nn.Module):
+    """
+    Sharing layout. Every part that can be language-specific lives in a ModuleList / ParameterList
+    indexed by language, with one entry when it is shared and n_langs entries when it is not:
+        tok_emb[l], pos_emb[l], pred_bias[l]  (1 or n_langs entries, by sep_emb)
+        blocks[i][l]                          (layer i+1: 1 or n_langs copies, by sep_layers)
+    so state_dict keys look like `blocks.0.1.attn.qkv.weight` (layer 1, language 1's copy).
+
+    DDP: a language-A batch never touches language B's parameters, and which parameters are unused
+    changes from step to step with the sampled language. So wrap a model with any separate part as
+    DDP(model, find_unused_parameters=True) (see `has_lang_specific`); `static_graph=True` is wrong here
+    because the graph differs between languages. Unused parameters get no gradient contribution from
+    that rank, exactly as if their loss term were zero.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        d, L = config.dim, config.n_langs
+        n_emb = L if config.sep_emb else 1
+        # paper §4.3: separate embeddings = own token table, own positions, own tied softmax (own bias)
+        self.tok_emb = nn.ModuleList(nn.Embedding(config.lang_vocab_size(l), d, padding_idx=config.pad_id)
+                                     for l in range(n_emb))
+        self.pos_emb = nn.ModuleList(nn.Embedding(config.max_positions, d) for _ in range(n_emb))
+        self.lang_emb = nn.Embedding(L, d) if config.lang_emb else None
+        self.ln_emb = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            nn.ModuleList(Block(config) for _ in range(L if i + 1 in config.sep_layers else 1))
+            for i in range(config.n_layers))
+        # the output weight IS tok_emb[l].weight (Press & Wolf tying, XLM share_inout_emb); the bias is
+        # its own vector, initialised as XLM's nn.Linear(dim, n_words) bias: U(-1/sqrt(d), 1/sqrt(d))
+        self.pred_bias = nn.ParameterList(
+            nn.Parameter(torch.empty(config.lang_vocab_size(l)).uniform_(-d ** -0.5, d ** -0.5))
+            for l in range(n_emb))
+        # XLM init: embeddings N(0, d^-0.5), pad row zero; Linear and LayerNorm keep PyTorch's default
+        for emb in [*self.tok_emb, *self.pos_emb] + ([self.lang_emb] if self.lang_emb is not None else []):
+            nn.init.normal_(emb.weight, mean=0.0, std=d ** -0.5)
+        for emb in self.tok_emb:
+            with torch.no_grad():
+                emb.weight[config.pad_id].zero_()
+
+    @staticmethod
+    def _pick(copies, lang):
+        return copies[lang] if len(copies) > 1 else copies[0]
+
+    def has_lang_specific(self):
+        """True when some parameters are language-specific (then DDP needs find_unused_parameters)."""
+        return self.config.sep_emb or len(self.config.sep_layers) > 0
+
+    def lang_specific_parameters(self, lang):
+        """Parameters only language `lang` uses (empty for a fully shared model)."""
+        c = self.config
+        if not 0 <= lang < c.n_langs:
+            raise ValueError(f"lang {lang} outside 0..{c.n_langs - 1}")
+        params = []
+        if c.sep_emb:
+            params += [self.tok_emb[lang].weight, self.pos_emb[lang].weight, self.pred_bias[lang]]
+        for copies in self.blocks:
+            if len(copies) > 1:
+                params += list(copies[lang].parameters())
+        return params
+
+    def n_params(self):
+        """All parameters, the tied softmax weight counted once (it is the token table)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def hidden_states(self, idx, lang, attn_mask=None):
+        """
+        idx (B, T) token ids of language `lang` (an int); attn_mask optional bool (B, T), True at real
+        tokens. Returns n_layers + 1 tensors (B, T, dim): L0 = embeddings after their LayerNorm (and
+        dropout in training), L1..Ln = block outputs, as the paper's Figures 5-7 number layers.
+        Padded positions are zeroed in every output, as in XLM.
+        """
+        B, T = idx.size()
+        c = self.config
+        if not 0 <= lang < c.n_langs:
+            raise ValueError(f"lang {lang} outside 0..{c.n_langs - 1}")
+        if T > c.max_positions:
+            raise ValueError(f"sequence length {T} > max_positions {c.max_positions}")
+        pos = torch.arange(T, device=idx.device)
+        x = self._pick(self.tok_emb, lang)(idx) + self._pick(self.pos_emb, lang)(pos)  # (B, T, C)
+        if self.lang_emb is not None:
+            x = x + self.lang_emb.weight[lang]
+        x = self.drop(self.ln_emb(x))
+        mask = keep = None
+        if attn_mask is not None:
+            mask = attn_mask.view(B, 1, 1, T)                   # broadcast over heads and queries
+            keep = attn_mask.unsqueeze(-1).to(x.dtype)          # (B, T, 1)
+            x = x * keep
+        hs = [x]
+        for copies in self.blocks:
+            x = self._pick(copies, lang)(x, mask)
+            if keep is not None:
+                x = x * keep
+            hs.append(x)
+        return hs
+
+    def forward(self, idx, lang, targets=None, attn_mask=None):
+        """
+        With targets (B, T) (-1 = not a prediction target): returns logits (N, V_lang) for the N target
+        positions only, in the order of targets[targets != -1] (row-major), and the mean cross-entropy
+        over them. Projecting only the ~15 % masked positions is what XLM does and saves most of the
+        softmax cost. Without targets: logits (B, T, V_lang) for every position and loss None.
+        """
+        x = self.hidden_states(idx, lang, attn_mask)[-1]
+        W, b = self._pick(self.tok_emb, lang).weight, self._pick(self.pred_bias, lang)
+        if targets is None:
+            return F.linear(x, W, b), None
+        sel = targets != -1
+        logits = F.linear(x[sel], W, b)                          # (N, V)
+        if logits.size(0) == 0:                                  # no target: zero loss, graph kept
+            return logits, x.sum() * 0.0
+        loss = F.cross_entropy(logits.float(), targets[sel])
+        return logits, loss
+
+    @classmethod
+    def from_xlm(cls, state_dict, config):
+        """
+        Build a model from a facebookresearch/XLM TransformerModel state dict (also accepted under a
+        `transformer.` or `module.` prefix, as in HF's XLMWithLMHeadModel or DDP checkpoints). The
+        config must describe the checkpoint (fully shared: XLM has no separate parts). Key layout:
+        position_embeddings, lang_embeddings (optional), embeddings, layer_norm_emb,
+        attentions.i.{q,k,v,out}_lin, layer_norm1.i, ffns.i.{lin1,lin2}, layer_norm2.i, pred_layer.proj.
+        """
+        if config.sep_emb or config.sep_layers:
+            raise ValueError("from_xlm: XLM checkpoints are fully shared; use sep_emb=False, sep_layers=()")
+        sd = {}
+        for k, v in state_dict.items():
+            for prefix in ("module.", "transformer."):
+                if k.startswith(prefix):
+                    k = k[len(prefix):]
+            sd[k] = v
+        # pred_layer.proj.weight is the tied embedding (saved twice by XLM); position_ids is HF's buffer
+        tied = sd.pop("pred_layer.proj.weight", None)
+        sd.pop("position_ids", None)
+        names = {  # our key -> XLM key, or a list of XLM keys to concatenate (fused q, k, v)
+            "tok_emb.0.weight": "embeddings.weight",
+            "pos_emb.0.weight": "position_embeddings.weight",
+            "ln_emb.weight": "layer_norm_emb.weight",
+            "ln_emb.bias": "layer_norm_emb.bias",
+            "pred_bias.0": "pred_layer.proj.bias",
+        }
+        if config.lang_emb:
+            names["lang_emb.weight"] = "lang_embeddings.weight"
+        for i in range(config.n_layers):
+            for w in ("weight", "bias"):
+                p = f"blocks.{i}.0."
+                names[p + f"attn.qkv.{w}"] = [f"attentions.{i}.{n}_lin.{w}" for n in "qkv"]
+                names[p + f"attn.out.{w}"] = f"attentions.{i}.out_lin.{w}"
+                names[p + f"ln1.{w}"] = f"layer_norm1.{i}.{w}"
+                names[p + f"ffn.lin1.{w}"] = f"ffns.{i}.lin1.{w}"
+                names[p + f"ffn.lin2.{w}"] = f"ffns.{i}.lin2.{w}"
+                names[p + f"ln2.{w}"] = f"layer_norm2.{i}.{w}"
+        wanted = [n for v in names.values() for n in (v if isinstance(v, list) else [v])]
+        missing, unexpected = [n for n in wanted if n not in sd], sorted(set(sd) - set(wanted))
+        if missing or unexpected:
+            raise KeyError(f"from_xlm: state dict does not match the config: missing {missing}, "
+                           f"unexpected {unexpected}")
+        ours = {k: torch.cat([sd[n] for n in v], 0) if isinstance(v, list) else sd[v] for k, v in names.items()}
+        if tied is not None and not torch.equal(tied, ours["tok_emb.0.weight"]):
+            raise ValueError("from_xlm: pred_layer.proj.weight differs from embeddings.weight (untied model)")
+        model = cls(config)
+        target = model.state_dict()
+        bad = [f"{k}: checkpoint {tuple(v.shape)} vs config {tuple(target[k].shape)}"
+               for k, v in ours.items() if v.shape != target[k].shape]
+        if bad:
+            raise ValueError("from_xlm: shapes do not match the config:\n  " + "\n  ".join(bad))
+        model.load_state_dict(ours)
+        return model
+
+# -----------------------------------------------------------------------------
+# checkpoints as plain types (load under torch.load(weights_only=True), never a pickled object)
+
+
+def save_model(path, model, **extra):
+    """Atomically write {"model": state_dict, "config": asdict(config), **extra}. Pass the raw model
+    (not a DDP or torch.compile wrapper) so that keys carry no `module.` / `_orig_mod.` prefix."""
+    config = asdict(model.config)
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}
+    tmp = str(path) + ".tmp"
+    torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
+    os.replace(tmp, path)
+
+
+def load_model(path, map_location="cpu"):
+    """Returns (model in eval mode, extra dict with everything save_model got besides the model)."""
+    ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    if "model" not in ckpt or "config" not in ckpt:
+        raise ValueError(f"{path}: not a model checkpoint (keys {sorted(ckpt)})")
+    try:
+        config = ModelConfig(**ckpt.pop("config"))
+    except TypeError as e:
+        raise ValueError(f"{path}: bad model config: {e}") from None
+    model = MLM(config)
+    model.load_state_dict(ckpt.pop("model"))
+    return model.eval(), ckpt
