@@ -1,0 +1,622 @@
+"""
+Bilingual masked language model (MLM) pretraining, paper §3.1 and Table 1.
+
+Trains the XLM-style encoder of model.py with BERT's MLM objective on monolingual streams of two
+languages, in every sharing regime of the paper's Table 1 (joint / separate / prefixed BPE,
+code-switched "extra anchors", separate embeddings and bottom layers). Data handling, masking,
+language sampling, the learning-rate schedule and model selection follow facebookresearch/XLM
+(PAPER_NOTES.md §3): 256-token streams with `</s>` separators and no padding, one language per
+batch drawn with p ∝ n^0.7, 15 % of tokens predicted (80 % MASK / 10 % kept / 10 % random),
+Adam with linear warm-up then inverse square root decay, best model by English dev perplexity.
+
+References: Conneau, Wu, Li, Zettlemoyer, Stoyanov 2020 (the paper); Devlin et al. 2019 (BERT);
+Lample & Conneau 2019 (XLM) and github.com/facebookresearch/XLM.
+
+Run:
+    python pretrain.py --toy --out runs/toy                       # synthetic world, CPU, ~5 minutes
+    python pretrain.py --data DIR --langs en,fr --accumulate 8 --out runs/default        # 1 GPU
+    torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3 --out runs/sep
+    python pretrain.py ... --resume                               # continue from runs/.../checkpoint.pt
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from bpe import EOS_ID, MASK_ID, Tokenizer, binarize, load_bin, read_dictionary
+from model import MLM, ModelConfig, parse_sep, save_model
+
+MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
+PRED_PROBS = (0.8, 0.1, 0.1)  # of those: MASK, kept, random id (XLM word_mask_keep_rand)
+ALPHA = 0.7                   # language sampling exponent (XLM lg_sampling_factor)
+
+# -----------------------------------------------------------------------------
+# masking, schedule, language sampling (pure functions, imported by the tests)
+
+def mask_tokens(x, vocab_size, generator, mask_prob=MASK_PROB, probs=PRED_PROBS, at_least_one=False):
+    """BERT/XLM masking of a batch of streams.
+
+    x: (B, T) int64 CPU tensor of token ids, all of one language. Every position except position 0
+    is selected independently with probability `mask_prob` (so the count is random, as in XLM; XLM
+    never predicts the first position of a stream). A selected position becomes MASK with
+    probs[0], keeps its id with probs[1], or gets a uniform random id in [0, vocab_size) with probs[2]
+    (specials included, as XLM; vocab_size is the batch language's own vocabulary size when
+    embeddings are separate: "we only sample random words within one language").
+    Returns (inputs, targets): targets hold the original id at selected positions and -1 elsewhere.
+    at_least_one=True forces one target per row (XLM's evaluation does this).
+    Example: x = [[1, 20, 21, 1]] -> inputs [[1, 5, 21, 1]], targets [[-1, 20, -1, -1]].
+    """
+    B, T = x.shape
+    selected = torch.rand(B, T, generator=generator) < mask_prob
+    selected[:, 0] = False
+    if at_least_one and T > 1:
+        empty = ~selected.any(dim=1)
+        selected[empty, T - 1] = True
+    u = torch.rand(B, T, generator=generator)  # which of the three treatments
+    random_ids = torch.randint(vocab_size, (B, T), generator=generator)
+    to_mask = selected & (u < probs[0])
+    to_random = selected & (u >= probs[0] + probs[1])
+    inputs = x.clone()
+    inputs[to_mask] = MASK_ID
+    inputs[to_random] = random_ids[to_random]
+    targets = torch.where(selected, x, torch.full_like(x, -1))
+    return inputs, targets
+
+
+def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7):
+    """XLM's adam_inverse_sqrt: linear warm-up from init_lr to lr over `warmup` updates, then
+    lr * sqrt(warmup / step). `step` = optimizer updates done so far.
+    Example: get_lr(0) = 1e-7, get_lr(15000) ~ 5.0e-5, get_lr(30000) = 1e-4, get_lr(120000) = 5e-5."""
+    if step < warmup:
+        return init_lr + step * (lr - init_lr) / warmup
+    return lr * math.sqrt(warmup / max(step, 1)) if warmup > 0 else lr
+
+
+def sampling_probs(sentence_counts, alpha=ALPHA):
+    """XLM's language sampling: q_l = n_l / sum n, p_l = q_l^alpha / sum_k q_k^alpha.
+    Example: counts [900, 100], alpha 0.5 -> q = [.9, .1] -> p = [.75, .25]."""
+    n = np.asarray(sentence_counts, dtype=np.float64)
+    if (n <= 0).any():
+        raise ValueError(f"every language needs at least one sentence, got counts {list(sentence_counts)}")
+    q = n / n.sum()
+    p = q ** alpha
+    return p / p.sum()
+
+# -----------------------------------------------------------------------------
+# streams (XLM StreamDataset, PAPER_NOTES §3.1), read straight from the memory-mapped ids
+
+def n_stream_batches(n_tokens, batch_size, bptt):
+    """Number of (batch_size x bptt) stream batches XLM cuts an array of n_tokens into."""
+    return math.ceil(n_tokens / (batch_size * bptt))
+
+
+def get_batch(ids, i, batch_size, bptt):
+    """Batch i of XLM's stream layout, batch-first: (batch_size, bptt) int64 numpy array.
+
+    XLM left-pads the flat corpus S (N ids, `</s>` after every sentence) with `</s>` to
+    T = n_batches * bptt * batch_size ids, lays it out as batch_size columns of L = n_batches * bptt
+    contiguous ids, puts one extra `</s>` row on top, and batch i is rows [i*bptt, (i+1)*bptt).
+    So row j of our batch is a contiguous slice of the corpus; no <pad> anywhere, sentences are cut
+    wherever the window ends. We compute the indices instead of building the buffer, so a
+    Wikipedia-size memmap is never copied. Example: ids = [7 8 1 9 1], batch_size 1, bptt 4:
+    data column = [</s>] + [</s> </s> </s> 7 8 1 9 1] -> batch 0 = [1 1 1 1], batch 1 = [7 8 1 9].
+    """
+    n = len(ids)
+    L = n_stream_batches(n, batch_size, bptt) * bptt
+    pad = L * batch_size - n
+    rows = np.arange(i * bptt, (i + 1) * bptt)                     # rows of XLM's `data`
+    k = np.arange(batch_size)[:, None] * L + rows[None, :] - 1      # index into the padded buffer
+    is_eos = (rows[None, :] == 0) | (k < pad)                       # the top row or the left padding
+    out = np.asarray(ids[np.clip(k - pad, 0, n - 1)], dtype=np.int64)
+    out[is_eos] = EOS_ID
+    return out
+
+
+class StreamSampler:
+    """Which batch comes next, on one rank: a language drawn with `probs`, then the next batch index
+    of that language's current random permutation (a fresh one each pass, as XLM shuffles).
+    Its own seeded RNG, so every rank draws independently; state_dict() makes it resumable."""
+
+    def __init__(self, n_batches, probs, seed):
+        self.n_batches, self.probs = list(n_batches), np.asarray(probs, dtype=np.float64)
+        self.rng = np.random.default_rng(seed)
+        self.order = [np.zeros(0, dtype=np.int64) for _ in self.n_batches]
+        self.pos = [0 for _ in self.n_batches]
+
+    def next(self):
+        lang = int(self.rng.choice(len(self.probs), p=self.probs))
+        if self.pos[lang] >= len(self.order[lang]):
+            self.order[lang] = self.rng.permutation(self.n_batches[lang])
+            self.pos[lang] = 0
+        i = int(self.order[lang][self.pos[lang]])
+        self.pos[lang] += 1
+        return lang, i
+
+    def state_dict(self):
+        return {"rng": self.rng.bit_generator.state, "pos": list(self.pos),
+                "order": [torch.from_numpy(o.astype(np.int64)) for o in self.order]}
+
+    def load_state_dict(self, d):
+        self.rng.bit_generator.state = d["rng"]
+        self.pos = list(d["pos"])
+        self.order = [o.numpy().astype(np.int64) for o in d["order"]]
+
+# -----------------------------------------------------------------------------
+# evaluation (XLM evaluate_mlm: deterministic masking, all selected tokens -> MASK)
+
+@torch.no_grad()
+def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_forward=32):
+    """MLM perplexity of a dev stream (batch size 1 as XLM, windows stacked for speed): RNG seeded
+    with 0 at every call, 15 % selection, at least one target per window, every selected token
+    replaced by MASK. ppl = exp(sum CE / number of targets)."""
+    was_training = model.training
+    model.eval()
+    g = torch.Generator().manual_seed(0)
+    total, count = 0.0, 0
+    n = n_stream_batches(len(ids), 1, bptt)
+    for start in range(0, n, windows_per_forward):
+        x = np.concatenate([get_batch(ids, i, 1, bptt) for i in range(start, min(n, start + windows_per_forward))])
+        inputs, targets = mask_tokens(torch.from_numpy(x), vocab_size, g, probs=(1.0, 0.0, 0.0), at_least_one=True)
+        k = int((targets != -1).sum())
+        with ctx:
+            _, loss = model(inputs.to(device), lang, targets.to(device))
+        total += float(loss) * k
+        count += k
+    model.train(was_training)
+    return math.exp(total / count)
+
+# -----------------------------------------------------------------------------
+# data preparation: raw text -> tokenizer (bpe.py) -> flat .bin per language and split, cached once
+
+def find_text(data_dir, lang, split):
+    """`DIR/{lang}.{split}.txt`, or toydata's `DIR/mono/{lang}.{split}.txt`."""
+    for path in (os.path.join(data_dir, f"{lang}.{split}.txt"), os.path.join(data_dir, "mono", f"{lang}.{split}.txt")):
+        if os.path.isfile(path):
+            return path
+    raise SystemExit(f"error: --data {data_dir}: no {lang}.{split}.txt (nor mono/{lang}.{split}.txt) for language '{lang}'")
+
+
+def file_fingerprint(path):
+    st = os.stat(path)
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+
+
+def prepared_files_exist(d, langs):
+    return os.path.isfile(os.path.join(d, "tokenizer.json")) and all(
+        os.path.isfile(os.path.join(d, f"{l}.{s}.bin")) for l in langs for s in ("train", "dev"))
+
+
+def prepare_data(args, langs, master):
+    """Returns the directory holding tokenizer.json and {lang}.{train,dev}.{bin,json}.
+    If --data already holds them (made by an earlier run or bpe.py), use it as is. Otherwise the
+    master builds them under --prep-dir/<regime>-<hash of inputs and flags>/ (reused by any later
+    run with the same inputs), and the other ranks wait for the `done` file."""
+    if prepared_files_exist(args.data, langs):
+        return args.data
+    sources = {l: {s: find_text(args.data, l, s) for s in ("train", "dev")} for l in langs}
+    recipe = {"langs": langs, "bpe": args.bpe, "merges": args.merges, "separate_vocab": args.sep_emb,
+              "lowercase": args.lowercase, "bpe_lines": args.bpe_lines,
+              "code_switch": file_fingerprint(args.code_switch) if args.code_switch else None,
+              "sources": {l: {s: file_fingerprint(p) for s, p in v.items()} for l, v in sources.items()}}
+    key = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+    out = os.path.join(args.prep_dir, f"{args.bpe}-{args.merges}{'-sepvocab' if args.sep_emb else ''}-{key}")
+    done = os.path.join(out, "done")
+    if not master:
+        while not os.path.exists(done):
+            time.sleep(2)
+        return out
+    if os.path.exists(done):
+        print(f"using prepared data in {out}")
+        return out
+    os.makedirs(out, exist_ok=True)
+    print(f"preparing data in {out} ({args.bpe} BPE, {args.merges} merges)")
+    for l in langs:  # catch empty corpora before spending time on BPE
+        if os.path.getsize(sources[l]["train"]) == 0:
+            raise SystemExit(f"error: {sources[l]['train']}: empty training corpus for language '{l}'")
+    tok = Tokenizer.build({l: sources[l]["train"] for l in langs}, mode=args.bpe, num_merges=args.merges,
+                          separate_vocab=args.sep_emb, lowercase=args.lowercase, max_lines=args.bpe_lines)
+    switch = None
+    if args.code_switch:  # paper §4.2 extra anchors: code-switched training text (D11: at preparation)
+        switch = read_dictionary(args.code_switch)
+    for l in langs:
+        for s in ("train", "dev"):
+            binarize(sources[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=args.workers,
+                     code_switch=switch if s == "train" else None)
+    with open(os.path.join(out, "tokenizer.json.tmp"), "w") as f:
+        json.dump(tok.to_dict(), f)
+    os.replace(os.path.join(out, "tokenizer.json.tmp"), os.path.join(out, "tokenizer.json"))
+    with open(os.path.join(out, "recipe.json"), "w") as f:
+        json.dump(recipe, f, indent=1)
+    open(done, "w").close()
+    return out
+
+
+def write_toy_world(args, langs):
+    """--toy without --data: the synthetic world of toydata.py under OUT/toy/ (reused if the same flags)."""
+    from toydata import write_world
+    sizes = TOY_SIZES[args.toy_size]
+    knobs = {"langs": langs, "overlap": args.toy_overlap, "order": args.toy_order,
+             "domain_shift": args.toy_domain_shift, "seed": args.toy_seed, **sizes}
+    world, record = args.data, os.path.join(args.out, "toy.json")
+    if os.path.exists(record):
+        with open(record) as f:
+            if json.load(f) != knobs:
+                raise SystemExit(f"error: {world} was written with other --toy-* flags; use another --out")
+        return world
+    print(f"writing the toy world to {world}")
+    write_world(world, langs=tuple(langs), overlap=args.toy_overlap, order=args.toy_order,
+                domain_shift=args.toy_domain_shift, seed=args.toy_seed, force=True, **sizes)
+    with open(record + ".tmp", "w") as f:
+        json.dump(knobs, f)
+    os.replace(record + ".tmp", record)
+    return world
+
+# -----------------------------------------------------------------------------
+# flags: paper values by default; --toy swaps in a CPU-sized preset; an explicit flag always wins
+
+PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1,
+             batch_size=96, bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200,
+             max_steps=10**12, eval_every=0, log_every=100, accumulate=1)
+TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=16, bptt=64, lr=1e-3, warmup=100,
+           epoch_size=4000, max_steps=1000, eval_every=0, log_every=50, merges=2000)
+TOY_SIZES = {  # sentences per language for toydata.write_world
+    "tiny": dict(n_train=400, n_dev=60, n_test=60, n_parallel=60, n_task_train=60, n_task_eval=30),
+    "small": dict(n_train=5000, n_dev=300, n_test=300, n_parallel=500, n_task_train=500, n_task_eval=200),
+    "full": dict(n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000, n_task_eval=500),
+}
+# flags that may differ between a run and its --resume (everything else must match)
+# (the data themselves are checked by comparing the vocabulary and token counts, not the paths)
+RESUME_MAY_CHANGE = {"resume", "max_steps", "epochs", "log_every", "eval_every", "device", "compile", "workers",
+                     "out", "data", "prep_dir", "prepare_only"}
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--out", required=True, help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/ for --toy)")
+    a("--toy", action="store_true", help="CPU-sized preset on the synthetic world of toydata.py (unless --data)")
+    a("--data", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/), or with "
+                     "tokenizer.json + {lang}.{train,dev}.bin from an earlier preparation")
+    a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
+    a("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same data and flags required)")
+    a("--seed", type=int, default=0, help="seed for init, data order, masking, dropout")
+    # data preparation (bpe.py)
+    a("--bpe", choices=["joint", "separate", "prefixed"], default="joint",
+      help="joint: one BPE+vocab (paper Default); separate: per-language BPE, union vocab (Default anchors); "
+           "prefixed: per-language BPE, no shared token but specials (No anchors)")
+    a("--merges", type=int, default=None, help="BPE merges (per language for separate/prefixed); paper 40000 "
+                                                "per language (our reading; joint uses the same number); --toy 2000")
+    a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch training text at preparation "
+                                            "(paper Extra anchors, p=0.3, at most 15%% of words)")
+    a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off by default, D5)")
+    a("--bpe-lines", type=int, default=None, help="learn BPE on at most this many lines per language (default all)")
+    a("--prep-dir", help="cache for prepared data (default OUT/data)")
+    a("--workers", type=int, default=1, help="processes for binarising text")
+    a("--prepare-only", action="store_true", help="prepare and cache the data, then exit (do this once before torchrun)")
+    # toy world (toydata.py)
+    a("--toy-size", choices=list(TOY_SIZES), default="full", help="toy world size (tiny is for tests)")
+    a("--toy-overlap", type=float, default=0.0, help="toy: fraction of shared word forms (anchors)")
+    a("--toy-order", default="svo", help="toy: word order of the second language")
+    a("--toy-domain-shift", type=float, default=0.0, help="toy: topic shift between the languages (Wiki-CC row: 1.0)")
+    a("--toy-seed", type=int, default=0, help="toy: world seed")
+    # model (model.ModelConfig)
+    a("--sep", default="", help="language-specific parts: '' all shared (Default), 'emb', "
+                                                        "'1-3', '1-6', 'emb,1-3', 'emb,1-6' (paper Table 1)")
+    a("--lang-emb", action="store_true", help="add language embeddings (off, as mBERT/XLM-100; D1)")
+    a("--n-layers", type=int, help="paper 8; --toy 8")
+    a("--dim", type=int, help="paper 768; --toy 64")
+    a("--n-heads", type=int, help="paper 12; --toy 4")
+    a("--ffn-dim", type=int, help="paper 3072; --toy 256")
+    a("--dropout", type=float, help="paper 0.1")
+    a("--attention-dropout", type=float, help="paper 0.1 (D4)")
+    # optimisation
+    a("--batch-size", type=int, help="streams per GPU per micro-batch: paper 96 (x 8 GPUs); --toy 16")
+    a("--bptt", type=int, help="tokens per stream: paper 256; --toy 64")
+    a("--accumulate", type=int, help="micro-batches per update (1 GPU: 8 emulates the paper's 8 GPUs); default 1")
+    a("--alpha", type=float, default=ALPHA, help="language sampling exponent, p ~ n^alpha: paper/XLM 0.7")
+    a("--lr", type=float, help="peak learning rate: paper 1e-4; --toy 1e-3")
+    a("--warmup", type=int, help="linear warm-up updates from 1e-7: paper 30000; --toy 100")
+    a("--beta1", type=float, default=0.9, help="Adam beta1 (D3: 0.9)")
+    a("--beta2", type=float, default=0.999, help="Adam beta2 (D3: 0.999)")
+    a("--eps", type=float, default=1e-8, help="Adam eps (D3: 1e-8)")
+    a("--weight-decay", type=float, default=0.0, help="decoupled weight decay (D3: 0)")
+    a("--clip", type=float, default=5.0, help="gradient clipping norm, 0 = off (XLM 5)")
+    a("--epoch-size", type=int, help="streams per GPU per epoch: XLM/D2 200000; --toy 4000")
+    a("--epochs", type=int, help="paper 200")
+    a("--max-steps", type=int, help="stop after this many updates (paper: none; --toy 1000)")
+    a("--eval-every", type=int, help="also evaluate and save every N updates (0 = only per epoch)")
+    a("--log-every", type=int, help="progress line every N updates (paper run 100; --toy 50)")
+    a("--max-bad-steps", type=int, default=5, help="stop after this many NaN/inf losses in a row")
+    # system
+    a("--device", default="auto", help="auto (cuda if available), cpu, cuda")
+    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+      help="autocast dtype: auto = bf16 on GPUs that support it, else fp16 (+GradScaler); fp32 on CPU")
+    a("--compile", action="store_true", help="torch.compile the model")
+    args = p.parse_args(argv)
+    for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
+    if args.merges is None:
+        args.merges = 40000
+    try:
+        args.sep_emb, args.sep_layers = parse_sep(args.sep, args.n_layers)
+    except ValueError as e:
+        p.error(str(e))
+    args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
+    if args.toy and args.data is None:
+        args.toy_world = True
+        args.data = os.path.join(args.out, "toy")
+    else:
+        args.toy_world = False
+        if args.data is None:
+            p.error("--data is required (or --toy for the synthetic world)")
+    for k in ("n_layers", "dim", "n_heads", "batch_size", "bptt", "accumulate", "epoch_size", "epochs", "max_steps"):
+        if getattr(args, k) <= 0:
+            p.error(f"--{k.replace('_', '-')} must be positive")
+    if args.dim % args.n_heads:
+        p.error(f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
+    if args.code_switch and not os.path.isfile(args.code_switch):
+        p.error(f"--code-switch {args.code_switch}: no such file")
+    return args
+
+
+def atomic_save(obj, path):
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    args = get_args()
+    langs = args.langs.split(",")
+
+    # -------------------------------------------------------------------------
+    # DDP (torchrun's environment variables only) and device
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    master = rank == 0
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = f"cuda:{local_rank}" if args.device == "cuda" and ddp else args.device
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    log = print if master else (lambda *a, **k: None)
+
+    # -------------------------------------------------------------------------
+    # refuse to clobber: a fresh run must not overwrite a checkpoint, a resume must find one
+    ckpt_path = os.path.join(args.out, "checkpoint.pt")
+    ckpt = None
+    if args.resume:
+        if not os.path.isfile(ckpt_path):
+            raise SystemExit(f"error: --resume: {ckpt_path} does not exist")
+        try:
+            ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise SystemExit(f"error: --resume: cannot read {ckpt_path}: {e}")
+        old, new = ckpt["args"], vars(args)
+        diff = [k for k in sorted(set(old) | set(new)) if k not in RESUME_MAY_CHANGE and old.get(k) != new.get(k)]
+        if diff:
+            lines = "\n".join(f"  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now" for k in diff)
+            raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:\n{lines}\n"
+                             "use the same flags, or another --out for a new run")
+    elif os.path.exists(ckpt_path):
+        raise SystemExit(f"error: {ckpt_path} exists; pass --resume to continue that run, or choose another --out")
+    os.makedirs(args.out, exist_ok=True)
+
+    # -------------------------------------------------------------------------
+    # data: prepare once (master), then memory-map every language's train and dev ids
+    if args.toy_world:
+        if master:
+            write_toy_world(args, langs)
+        else:
+            while not os.path.exists(os.path.join(args.out, "toy.json")):
+                time.sleep(2)
+    data_dir = prepare_data(args, langs, master)
+    if args.prepare_only:
+        log(f"data prepared in {data_dir}")
+        sys.exit(0)
+    with open(os.path.join(data_dir, "tokenizer.json")) as f:
+        tok = Tokenizer.from_dict(json.load(f))
+    train, dev, n_sentences = [], [], []
+    for l in langs:
+        ids, meta = load_bin(os.path.join(data_dir, f"{l}.train"))
+        if meta["n_sentences"] == 0 or len(ids) == 0:
+            raise SystemExit(f"error: language '{l}' has an empty training corpus in {data_dir}")
+        train.append(ids)
+        n_sentences.append(meta["n_sentences"])
+        dev.append(load_bin(os.path.join(data_dir, f"{l}.dev"))[0])
+        if len(dev[-1]) == 0:
+            raise SystemExit(f"error: language '{l}' has an empty dev corpus in {data_dir}")
+    vocab_sizes = [tok.vocab_size(l) for l in langs]
+    probs = sampling_probs(n_sentences, args.alpha)
+    if ckpt is not None:
+        if ckpt["tokenizer"] != tok.to_dict() or ckpt["data"]["n_tokens"] != [len(t) for t in train]:
+            raise SystemExit(f"error: --resume: the data or vocabulary in {data_dir} differ from the ones "
+                             f"{ckpt_path} was trained on; use the same data, or another --out")
+
+    # -------------------------------------------------------------------------
+    # model, optimizer, precision
+    torch.manual_seed(args.seed)  # same init on every rank (DDP broadcasts rank 0's anyway)
+    config = ModelConfig(vocab_size=max(vocab_sizes), n_langs=len(langs), n_layers=args.n_layers,
+                         n_heads=args.n_heads, dim=args.dim, ffn_dim=args.ffn_dim, dropout=args.dropout,
+                         attention_dropout=args.attention_dropout, max_positions=max(512, args.bptt),
+                         lang_emb=args.lang_emb, sep_emb=args.sep_emb, sep_layers=tuple(args.sep_layers),
+                         vocab_sizes=tuple(vocab_sizes) if args.sep_emb else ())
+    raw_model = MLM(config).to(device)
+    params = list(raw_model.parameters())
+    optimizer = torch.optim.Adam(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps)
+    if args.weight_decay > 0:  # XLM's decay is decoupled (AdamW); D3 keeps it off
+        optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
+                                      weight_decay=args.weight_decay)
+    if args.dtype == "auto":
+        args_dtype = "float32" if device_type == "cpu" else (
+            "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
+    else:
+        args_dtype = args.dtype
+    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args_dtype]
+    ctx = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+    scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
+
+    # per-rank randomness: data order (numpy), masking (torch CPU generator), dropout (torch global)
+    sampler = StreamSampler([n_stream_batches(len(t), args.batch_size, args.bptt) for t in train], probs,
+                            seed=[args.seed, rank])
+    mask_gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
+    torch.manual_seed(args.seed * 1000 + rank + 2)
+    step, epoch, n_streams, best_ppl, bad_steps = 0, 0, 0, float("inf"), 0
+    if ckpt is not None:
+        raw_model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scaler.load_state_dict(ckpt["scaler"])
+        step, epoch, n_streams, best_ppl = ckpt["step"], ckpt["epoch"], ckpt["n_streams"], ckpt["best_ppl"]
+        rng = ckpt["rng"]
+        if len(rng) == world_size:
+            r = rng[rank]
+            sampler.load_state_dict(r["sampler"])
+            mask_gen.set_state(r["mask"])
+            torch.set_rng_state(r["torch"])
+            if device_type == "cuda" and r.get("cuda") is not None:
+                torch.cuda.set_rng_state(r["cuda"])
+        else:  # a different number of processes: carry on, but the data order is no longer the same
+            log(f"warning: checkpoint was written by {len(rng)} processes, now {world_size}: fresh RNG streams")
+            sampler = StreamSampler(sampler.n_batches, probs, seed=[args.seed, rank, step])
+            mask_gen.manual_seed(args.seed * 1000 + rank + 1 + 7919 * step)
+        log(f"resumed from {ckpt_path} at step {step}, epoch {epoch}")
+        del ckpt
+
+    model = torch.compile(raw_model) if args.compile else raw_model
+    if ddp:
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+    # DDP and language-specific parameters (--sep): a batch is one language, so the other language's
+    # embeddings / bottom layers get no gradient on this rank, and plain DDP (which waits for a
+    # gradient of every parameter) would hang or fail. We add 0 * (one element of every parameter)
+    # to the loss: every parameter is then in every backward graph and gets a gradient (exactly zero
+    # where unused), DDP averages them as usual, and no graph search (find_unused_parameters) is
+    # needed. We do it in every run, 1 process or many, so that 1 GPU with --accumulate k and k GPUs
+    # do the same arithmetic (a language absent from an update gets a zero gradient, not None).
+    def all_params_term():
+        return sum(p.view(-1)[0] for p in params) * 0.0
+
+    n_params = sum(p.numel() for p in params)
+    tokens_per_update = args.batch_size * args.bptt * args.accumulate * world_size
+    log(f"languages {langs} (sampling p = {np.round(probs, 3).tolist()}), vocab sizes {vocab_sizes}, "
+        f"train tokens {[len(t) for t in train]}")
+    log(f"model: {n_params:,} parameters, sep={args.sep or 'none'}, bpe={args.bpe}; "
+        f"{tokens_per_update:,} tokens per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} "
+        f"accumulation x {world_size} processes), dtype {args_dtype}, device {device}")
+
+    # -------------------------------------------------------------------------
+    # checkpoints (master writes; every rank contributes its RNG states)
+    def log_json(obj):
+        if master:
+            with open(os.path.join(args.out, "log.jsonl"), "a") as f:
+                f.write(json.dumps(obj) + "\n")
+
+    def evaluate_and_save(final=False):
+        global best_ppl
+        rng_state = {"sampler": sampler.state_dict(), "mask": mask_gen.get_state(), "torch": torch.get_rng_state(),
+                     "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}
+        rngs = [rng_state]
+        if ddp:
+            rngs = [None] * world_size
+            dist.all_gather_object(rngs, rng_state)
+        if master:
+            ppl = {l: evaluate_ppl(raw_model, dev[j], j, vocab_sizes[j], args.bptt, device, ctx)
+                   for j, l in enumerate(langs)}
+            improved = ppl[langs[0]] < best_ppl
+            if improved:  # paper §3.1: select the best model by English dev perplexity
+                best_ppl = ppl[langs[0]]
+                save_model(os.path.join(args.out, "best.pt"), raw_model, tokenizer=tok.to_dict(), langs=langs,
+                           args=vars(args), step=step, dev_ppl=ppl)
+            atomic_save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "scaler": scaler.state_dict(), "config": asdict(config), "args": vars(args),
+                         "tokenizer": tok.to_dict(), "langs": langs, "step": step, "epoch": epoch,
+                         "n_streams": n_streams, "best_ppl": best_ppl, "rng": rngs,
+                         "data": {"dir": data_dir, "n_tokens": [len(t) for t in train]}}, ckpt_path)
+            log(f"eval step {step} epoch {epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
+                + (" (best)" if improved else ""))
+            log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})
+        if ddp:
+            obj = [best_ppl]
+            dist.broadcast_object_list(obj, src=0)
+            best_ppl = obj[0]
+
+    # -------------------------------------------------------------------------
+    # training loop: one update = `accumulate` micro-batches, each one language (XLM mlm_step)
+    model.train()
+    t0 = time.time()
+    while step < args.max_steps and epoch < args.epochs:
+        lr = get_lr(step, args.lr, args.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=device)
+        micro_langs = []
+        for micro in range(args.accumulate):
+            lang, i = sampler.next()
+            micro_langs.append(langs[lang])
+            x = torch.from_numpy(get_batch(train[lang], i, args.batch_size, args.bptt))
+            inputs, targets = mask_tokens(x, vocab_sizes[lang], mask_gen)
+            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            if ddp:  # sync gradients only on the last micro-batch
+                model.require_backward_grad_sync = micro == args.accumulate - 1
+            with ctx:
+                _, loss = model(inputs, lang, targets)
+                loss = loss + all_params_term()
+            scaler.scale(loss / args.accumulate).backward()
+            loss_sum += loss.detach().float()
+            n_streams += args.batch_size
+        loss_avg = loss_sum / args.accumulate
+        if ddp:  # every rank must agree whether to skip
+            dist.all_reduce(loss_avg, op=dist.ReduceOp.AVG)
+        loss_value = float(loss_avg)
+        grad_norm = float("nan")
+        ok = math.isfinite(loss_value)
+        if ok:
+            scaler.unscale_(optimizer)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, args.clip if args.clip > 0 else float("inf")))
+            ok = math.isfinite(grad_norm) or scaler.is_enabled()  # fp16: the scaler skips and shrinks its scale
+        if ok:
+            scaler.step(optimizer)
+            scaler.update()
+            step += 1
+            bad_steps = 0
+        else:
+            bad_steps += 1
+            log(f"step {step}: non-finite loss {loss_value} / grad norm {grad_norm}, update skipped "
+                f"({bad_steps} in a row)")
+            log_json({"step": step, "skipped": True, "loss": loss_value, "grad_norm": grad_norm})
+            if bad_steps >= args.max_bad_steps:
+                raise SystemExit(f"error: {bad_steps} non-finite losses in a row at step {step}; stopping "
+                                 f"(last good state in {ckpt_path}; try a lower --lr or --dtype float32)")
+        optimizer.zero_grad(set_to_none=True)
+
+        if ok and step % args.log_every == 0:
+            dt = time.time() - t0
+            t0 = time.time()
+            tok_s = tokens_per_update * args.log_every / dt
+            log(f"step {step} | epoch {epoch} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_norm:.2f} | "
+                f"{tok_s:,.0f} tok/s")
+            log_json({"step": step, "epoch": epoch, "lang": ",".join(micro_langs), "loss": loss_value, "lr": lr,
+                      "grad_norm": grad_norm, "tok_per_s": tok_s})
+        epoch_end = n_streams >= args.epoch_size
+        if epoch_end or (ok and args.eval_every and step % args.eval_every == 0) or step >= args.max_steps:
+            if epoch_end:  # XLM: the epoch counter moves on after the end-of-epoch evaluation
+                n_streams = 0
+                epoch += 1
+            evaluate_and_save()
+    log(f"done: step {step}, epoch {epoch}, best {langs[0]} dev ppl {best_ppl:.2f}; files in {args.out}")
+    if ddp:
+        dist.destroy_process_group()

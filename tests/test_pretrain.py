@@ -1,0 +1,280 @@
+"""pretrain.py: masking, schedule, sampling, streams (pure functions), then short CPU runs of the CLI:
+loss goes down, exact resume, a 2-process torchrun run, and every Table 1 row's flags."""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from bpe import EOS_ID, MASK_ID, PAD_ID
+from pretrain import StreamSampler, get_batch, get_lr, mask_tokens, n_stream_batches, sampling_probs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# the canonical smoke flags (README uses the same): tiny world, tiny model, a few steps
+TINY = ["--toy", "--toy-size", "tiny", "--n-layers", "2", "--dim", "32", "--n-heads", "2", "--ffn-dim", "64",
+        "--batch-size", "4", "--bptt", "32", "--merges", "300", "--log-every", "1"]
+
+# -----------------------------------------------------------------------------
+# masking (PAPER_NOTES §3.2)
+
+
+def test_mask_statistics_15_percent_and_80_10_10():
+    g = torch.Generator().manual_seed(0)
+    V = 1000
+    x = torch.randint(14, V, (400, 256), generator=g)  # 102,400 positions, no MASK id in the input
+    inputs, targets = mask_tokens(x, V, g)
+    sel = targets != -1
+    assert not sel[:, 0].any(), "position 0 of a stream is never predicted (XLM)"
+    frac = sel[:, 1:].float().mean().item()
+    assert abs(frac - 0.15) < 0.005
+    assert torch.equal(targets[sel], x[sel]) and (targets[~sel] == -1).all()
+    assert torch.equal(inputs[~sel], x[~sel]), "unselected positions are untouched"
+    n = sel.sum().item()
+    masked = (inputs[sel] == MASK_ID).float().sum().item() / n
+    kept = (inputs[sel] == x[sel]).float().sum().item() / n  # includes random draws that hit the same id (~0.1 %)
+    assert abs(masked - 0.8) < 0.01
+    assert abs(kept - 0.1) < 0.01
+    assert abs((1 - masked - kept) - 0.1) < 0.01
+
+
+def test_mask_random_ids_come_from_the_batch_language_vocab():
+    g = torch.Generator().manual_seed(1)
+    x = torch.full((200, 128), 40, dtype=torch.long)
+    inputs, targets = mask_tokens(x, 50, g, probs=(0.0, 0.0, 1.0))
+    rand = inputs[targets != -1]
+    assert rand.min() >= 0 and rand.max() < 50
+    assert len(rand.unique()) > 40, "uniform over [0, V) including the specials, as XLM"
+
+
+def test_mask_eval_mode_masks_everything_and_is_deterministic():
+    x = torch.randint(14, 100, (8, 16))
+    a = mask_tokens(x, 100, torch.Generator().manual_seed(0), probs=(1.0, 0.0, 0.0), at_least_one=True)
+    b = mask_tokens(x, 100, torch.Generator().manual_seed(0), probs=(1.0, 0.0, 0.0), at_least_one=True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    sel = a[1] != -1
+    assert (a[0][sel] == MASK_ID).all() and sel.any(dim=1).all()
+
+# -----------------------------------------------------------------------------
+# schedule and language sampling
+
+
+@pytest.mark.parametrize("step, lr", [(0, 1e-7), (15000, 5.005e-5), (30000, 1e-4), (120000, 5e-5)])
+def test_get_lr_paper_schedule(step, lr):
+    """1e-7 + 15000 * (1e-4 - 1e-7) / 30000 = 5.005e-5; 1e-4 * sqrt(30000 / 120000) = 5e-5."""
+    assert get_lr(step) == pytest.approx(lr, rel=1e-9)
+
+
+def test_sampling_probs():
+    assert sampling_probs([900, 100], alpha=0.5) == pytest.approx([0.75, 0.25])
+    p = sampling_probs([1000, 10])
+    q = np.array([1000, 10]) / 1010
+    assert p == pytest.approx(q ** 0.7 / (q ** 0.7).sum())
+    assert p[1] > q[1], "alpha < 1 up-samples the small language"
+    assert sampling_probs([5, 5]) == pytest.approx([0.5, 0.5])
+    with pytest.raises(ValueError):
+        sampling_probs([10, 0])
+
+# -----------------------------------------------------------------------------
+# streams (PAPER_NOTES §3.1)
+
+
+def xlm_stream_data(S, bs, bptt):
+    """PAPER_NOTES §3.1 literally: left-pad with </s>, reshape to bs columns, add a </s> row on top."""
+    N = len(S)
+    n_batches = math.ceil(N / (bs * bptt))
+    T = n_batches * bptt * bs
+    buf = np.concatenate([np.full(T - N, EOS_ID), S]).reshape(bs, n_batches * bptt).T
+    return np.vstack([np.full((1, bs), EOS_ID), buf]), n_batches
+
+
+@pytest.mark.parametrize("N, bs, bptt", [(1000, 3, 16), (96, 2, 8), (5, 1, 4), (4097, 4, 64)])
+def test_get_batch_equals_xlm_stream_dataset(N, bs, bptt):
+    rng = np.random.default_rng(N)
+    S = rng.integers(14, 200, N).astype(np.uint16)
+    S[rng.random(N) < 0.1] = EOS_ID
+    data, n_batches = xlm_stream_data(S, bs, bptt)
+    assert n_stream_batches(N, bs, bptt) == n_batches
+    for i in range(n_batches):
+        got = get_batch(S, i, bs, bptt)
+        assert got.shape == (bs, bptt) and got.dtype == np.int64
+        assert np.array_equal(got, data[i * bptt:(i + 1) * bptt].T)
+
+
+def test_streams_are_contiguous_text_with_eos_separators_and_no_padding():
+    # sentences "10 11 12 </s> 20 21 </s> ...": every window is a contiguous slice of the corpus
+    sents = [[100 + 10 * k + j for j in range(1 + k % 5)] for k in range(60)]
+    S = np.array([t for s in sents for t in s + [EOS_ID]], dtype=np.uint16)
+    text = " ".join(map(str, S.tolist()))
+    seen = 0
+    for i in range(n_stream_batches(len(S), 2, 8)):
+        b = get_batch(S, i, 2, 8)
+        assert not (b == PAD_ID).any()
+        for row in b:
+            body = row[row != EOS_ID]
+            seen += len(body)
+            row = row.tolist()
+            while row and row[0] == EOS_ID:  # leading </s> = the extra top row or XLM's left padding
+                row = row[1:]
+            assert " ".join(map(str, row)) in text
+    assert seen == (S != EOS_ID).sum(), "every corpus token appears exactly once per pass"
+    assert get_batch(S, 0, 1, 8)[0, 0] == EOS_ID, "the stream starts with </s> (XLM's extra row)"
+
+
+def test_sampler_one_language_per_batch_each_pass_a_permutation_and_resumable():
+    s = StreamSampler([5, 3], [0.6, 0.4], seed=[0, 0])
+    draws = [s.next() for _ in range(40)]
+    for lang, n in ((0, 5), (1, 3)):
+        idx = [i for l, i in draws if l == lang]
+        for k in range(0, len(idx) - n + 1, n):  # every full pass visits every batch once
+            assert sorted(idx[k:k + n]) == list(range(n))
+    state = s.state_dict()
+    a = [s.next() for _ in range(20)]
+    t = StreamSampler([5, 3], [0.6, 0.4], seed=[9, 9])
+    t.load_state_dict(state)
+    assert [t.next() for _ in range(20)] == a
+    other_rank = StreamSampler([5, 3], [0.6, 0.4], seed=[0, 1])
+    assert [other_rank.next() for _ in range(40)] != draws
+
+# -----------------------------------------------------------------------------
+# the CLI, on a tiny toy world (in-process through runpy where possible: no torch start-up per run)
+
+
+def run(argv):
+    """python pretrain.py ARGV, in this process."""
+    import runpy
+    old = sys.argv
+    sys.argv = ["pretrain.py"] + [str(a) for a in argv]
+    try:
+        runpy.run_path(os.path.join(ROOT, "pretrain.py"), run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+    finally:
+        sys.argv = old
+
+
+def read_log(out):
+    with open(os.path.join(out, "log.jsonl")) as f:
+        return [json.loads(l) for l in f]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny toy world (raw text) and its joint-BPE preparation, shared by the runs below."""
+    out = tmp_path_factory.mktemp("prep")
+    run(TINY + ["--out", out, "--prepare-only"])
+    (prepared,) = [d for d in (out / "data").iterdir() if d.is_dir()]
+    return {"raw": out / "toy", "joint": prepared, "cache": out / "data"}
+
+
+def test_tiny_run_loss_goes_down_and_leaves_best_checkpoint_log(world, tmp_path):
+    from bpe import Tokenizer
+    from model import load_model
+    out = tmp_path / "run"
+    run(TINY + ["--data", world["joint"], "--out", out, "--max-steps", 40, "--lr", 3e-3, "--warmup", 5,
+                "--eval-every", 20])
+    log = read_log(out)
+    losses = [r["loss"] for r in log if "loss" in r]
+    assert len(losses) == 40
+    assert np.mean(losses[-8:]) < np.mean(losses[:8]) - 0.5
+    evals = [r for r in log if "dev_ppl" in r]
+    assert [r["step"] for r in evals] == [20, 40]
+    assert evals[-1]["dev_ppl"]["en"] < evals[0]["dev_ppl"]["en"]
+    model, extra = load_model(out / "best.pt")
+    assert extra["langs"] == ["en", "fr"] and extra["step"] == 40
+    tok = Tokenizer.from_dict(extra["tokenizer"])
+    assert tok.vocab_size("en") == model.config.vocab_size
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ck["step"] == 40 and set(ck) >= {"model", "optimizer", "scaler", "rng", "args", "config", "tokenizer"}
+    assert os.path.getsize(out / "best.pt") < os.path.getsize(out / "checkpoint.pt")
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+def test_resume_is_bit_exact_and_refuses_other_flags(world, tmp_path):
+    flags = TINY + ["--data", world["joint"], "--eval-every", 5, "--epoch-size", 28, "--sep", "1"]
+    run(flags + ["--out", tmp_path / "straight", "--max-steps", 20])
+    run(flags + ["--out", tmp_path / "split", "--max-steps", 10])
+    run(flags + ["--out", tmp_path / "split", "--max-steps", 20, "--resume"])
+    a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
+    b = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)
+    assert a["step"] == b["step"] == 20 and a["epoch"] == b["epoch"] >= 2  # epochs of 7 updates crossed
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for s, t in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(s[k], t[k]) for k in s)
+    assert a["rng"][0]["sampler"]["pos"] == b["rng"][0]["sampler"]["pos"]
+    la = [r for r in read_log(tmp_path / "straight") if "loss" in r]
+    lb = [r for r in read_log(tmp_path / "split") if "loss" in r]
+    assert [r["loss"] for r in la] == [r["loss"] for r in lb]
+    # a resume with different training flags is refused and leaves the checkpoint alone
+    before = (tmp_path / "split" / "checkpoint.pt").read_bytes()
+    with pytest.raises(SystemExit, match="different flags"):
+        run(flags + ["--out", tmp_path / "split", "--max-steps", 30, "--resume", "--lr", 5e-4])
+    with pytest.raises(SystemExit, match="pass --resume"):
+        run(flags + ["--out", tmp_path / "split", "--max-steps", 30])
+    assert (tmp_path / "split" / "checkpoint.pt").read_bytes() == before
+
+
+# paper Table 1, one row = one set of flags (README lists the same)
+TABLE1 = {
+    "default": [],
+    "no_anchors": ["--bpe", "prefixed"],
+    "default_anchors": ["--bpe", "separate"],
+    "extra_anchors": ["--code-switch", "DICT"],
+    "sep_emb": ["--sep", "emb"],
+    "sep_l1_3": ["--sep", "1-3"],
+    "sep_l1_6": ["--sep", "1-6"],
+    "sep_emb_l1_3": ["--sep", "emb,1-3"],
+    "sep_emb_l1_6": ["--sep", "emb,1-6"],
+    "domain_shift": ["--toy-domain-shift", "1.0"],
+}
+
+
+@pytest.mark.parametrize("row", list(TABLE1))
+def test_table1_row_builds_and_trains(world, tmp_path, row):
+    flags = [str(world["raw"] / "dict" / "en-fr.txt") if f == "DICT" else f for f in TABLE1[row]]
+    data = [] if row == "domain_shift" else ["--data", world["raw"], "--prep-dir", world["cache"]]
+    out = tmp_path / row
+    run(TINY + data + flags + ["--n-layers", 6, "--out", out, "--max-steps", 2])
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ck["step"] == 2 and all(math.isfinite(r["loss"]) for r in read_log(out) if "loss" in r)
+    cfg = ck["config"]
+    if "emb" in " ".join(flags):
+        assert cfg["sep_emb"] and "tok_emb.1.weight" in ck["model"]
+    if "1-6" in flags[-1:]:
+        assert tuple(cfg["sep_layers"]) == (1, 2, 3, 4, 5, 6)
+    assert ck["tokenizer"] and ck["langs"] == ["en", "fr"]
+
+
+def test_bad_input_is_a_clear_error(world, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        run(TINY + ["--data", world["joint"], "--out", tmp_path / "a", "--sep", "emb,2-9"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit, match="de.train.txt"):
+        run(TINY + ["--data", world["raw"], "--langs", "en,de", "--out", tmp_path / "b"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for l in ("en", "fr"):
+        shutil.copy(world["raw"] / "mono" / f"{l}.dev.txt", empty / f"{l}.dev.txt")
+        (empty / f"{l}.train.txt").write_text("" if l == "fr" else (world["raw"] / "mono" / "en.train.txt").read_text())
+    with pytest.raises(SystemExit, match="empty"):
+        run(TINY + ["--data", empty, "--out", tmp_path / "c"])
+
+
+def test_torchrun_two_processes_with_separate_parts(world, tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           os.path.join(ROOT, "pretrain.py")] + TINY + [
+        "--data", world["raw"], "--prep-dir", world["cache"], "--sep", "emb,1-3", "--n-layers", 4,
+        "--max-steps", 3, "--out", out]
+    r = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ck["step"] == 3 and len(ck["rng"]) == 2
+    assert "2 processes" in r.stdout
