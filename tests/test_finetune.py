@@ -1,0 +1,324 @@
+"""finetune.py: readers, BIO repair + span F1, attachment scores, MST, biaffine parser, end-to-end toy runs.
+
+Run: python -m pytest -q tests/test_finetune.py
+"""
+import glob
+import itertools
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import finetune as ft
+
+torch.set_num_threads(1)  # tiny tensors: extra threads only spin on a shared 2-core machine
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "..", "shared", "data")
+needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason="../shared/data not present")
+
+# -----------------------------------------------------------------------------
+# repair_bio
+
+
+@pytest.mark.parametrize("tags, expected", [
+    # the paper's two examples (Wu & Dredze 2019, used in §3.2)
+    (["I-PER"], ["B-PER"]),                                   # standalone I-X -> B-X
+    (["B-PER", "I-LOC", "I-ORG"], ["B-ORG", "I-ORG", "I-ORG"]),  # B-X I-Y I-Z -> B-Z I-Z I-Z
+    # edge cases
+    ([], []),
+    (["O", "O"], ["O", "O"]),
+    (["O", "I-LOC", "I-LOC"], ["O", "B-LOC", "I-LOC"]),
+    (["B-PER", "I-PER", "I-LOC"], ["B-LOC", "I-LOC", "I-LOC"]),  # whole run takes the final type
+    (["B-PER", "I-LOC", "O", "I-ORG"], ["B-LOC", "I-LOC", "O", "B-ORG"]),
+    (["B-PER", "I-LOC", "B-ORG", "I-ORG"], ["B-LOC", "I-LOC", "B-ORG", "I-ORG"]),  # B starts a new run
+    (["I-PER", "I-LOC"], ["B-LOC", "I-LOC"]),                # both rules in one run
+    (["B-PER", "B-PER", "I-PER"], ["B-PER", "B-PER", "I-PER"]),  # valid input unchanged
+])
+def test_repair_bio(tags, expected):
+    assert ft.repair_bio(tags) == expected
+    assert ft.repair_bio(expected) == expected  # idempotent
+
+
+@pytest.mark.parametrize("bad", [["X-PER"], ["B-"], ["B"], ["o"]])
+def test_repair_bio_rejects_malformed_tags(bad):
+    with pytest.raises(ValueError, match="position 0"):
+        ft.repair_bio(bad)
+
+
+# -----------------------------------------------------------------------------
+# span_f1
+
+
+def test_span_f1_known_answer():
+    """Gold spans: PER(0,2) LOC(3,4) | ORG(0,1) = 3. Pred after repair: PER(0,2) ORG(3,4) | ORG(0,1)
+    (the standalone I-ORG becomes B-ORG) = 3. Matches: PER(0,2), ORG(0,1) -> tp 2: P = R = F = 2/3."""
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
+    pred = [["B-PER", "I-PER", "O", "B-ORG"], ["I-ORG", "O"]]
+    assert ft.span_f1(gold, pred) == pytest.approx((2 / 3, 2 / 3, 2 / 3))
+
+
+def test_span_f1_uses_the_paper_repair():
+    """B-LOC I-PER is repaired to B-PER I-PER = the gold span, so F1 = 1 (plain conlleval chunking
+    would see LOC(0,1) + PER(1,2) and score 0)."""
+    assert ft.span_f1([["B-PER", "I-PER", "O"]], [["B-LOC", "I-PER", "O"]]) == (1.0, 1.0, 1.0)
+
+
+def test_span_f1_known_answer_unequal_p_r():
+    """Gold: PER(0,1) LOC(2,4) ORG(5,6) = 3 spans. Pred: PER(0,1) LOC(2,3) = 2 spans; LOC(2,3) has the
+    wrong end. tp 1: P = 1/2, R = 1/3, F = 2 * (1/6) / (5/6) = 2/5."""
+    gold = [["B-PER", "O", "B-LOC", "I-LOC", "O", "B-ORG"]]
+    pred = [["B-PER", "O", "B-LOC", "O", "O", "O"]]
+    assert ft.span_f1(gold, pred) == pytest.approx((1 / 2, 1 / 3, 2 / 5))
+
+
+def test_span_f1_degenerate_cases():
+    assert ft.span_f1([["O", "O"]], [["O", "O"]]) == (0.0, 0.0, 0.0)
+    assert ft.span_f1([["B-PER"]], [["O"]]) == (0.0, 0.0, 0.0)
+    assert ft.span_f1([], []) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="sentence 0"):
+        ft.span_f1([["O"]], [["O", "O"]])
+
+
+def test_span_f1_equals_a_plain_recount():
+    """Random sequences: span_f1 equals a recount from an independent chunker on the repaired tags
+    (a chunk ends before anything that is not I- of its own type)."""
+    def chunks(tags):
+        out, i = [], 0
+        while i < len(tags):
+            if tags[i] == "O":
+                i += 1
+                continue
+            typ, j = tags[i][2:], i + 1
+            while j < len(tags) and tags[j] == "I-" + typ:
+                j += 1
+            out.append((typ, i, j))
+            i = j
+        return out
+
+    rng = np.random.default_rng(0)
+    T = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
+    gold = [[T[k] for k in rng.integers(0, 7, size=rng.integers(0, 9))] for _ in range(200)]
+    pred = [[T[k] for k in rng.integers(0, 7, size=len(g))] for g in gold]
+    tp = ng = npr = 0
+    for g, p in zip(gold, pred):
+        G, P = chunks(ft.repair_bio(g)), chunks(ft.repair_bio(p))
+        tp, ng, npr = tp + len(set(G) & set(P)), ng + len(G), npr + len(P)
+    p, r, f = ft.span_f1(gold, pred)
+    assert (p, r) == pytest.approx((tp / npr, tp / ng))
+    assert f == pytest.approx(2 * p * r / (p + r))
+
+
+# -----------------------------------------------------------------------------
+# attachment_scores
+
+
+def test_attachment_scores_hand_made():
+    """Sentence 1 (4 words): w1 head ok, nsubj vs nsubj:pass -> same after stripping (LAS ok); w2 ok;
+    w3 head ok, obj vs iobj (LAS wrong); w4 punctuation with a wrong head (counted: UAS/LAS wrong).
+    Sentence 2: one word, right. UAS = 4/5, LAS = 3/5. Without punctuation: 4/4 and 3/4."""
+    gold_h = [[2, 0, 2, 2], [0]]
+    gold_r = [["nsubj", "root", "obj", "punct"], ["root"]]
+    pred_h = [[2, 0, 2, 3], [0]]
+    pred_r = [["nsubj:pass", "root", "iobj", "punct"], ["root"]]
+    assert ft.attachment_scores(gold_h, gold_r, pred_h, pred_r) == pytest.approx((4 / 5, 3 / 5))
+    mask = [[True, True, True, False], [True]]
+    assert ft.attachment_scores(gold_h, gold_r, pred_h, pred_r, mask) == pytest.approx((1.0, 3 / 4))
+
+
+def test_attachment_scores_subtypes_both_sides():
+    """`nmod:poss` = `nmod` = `nmod:tmod`, but a wrong head is wrong whatever the label."""
+    assert ft.attachment_scores([[0, 1]], [["root", "nmod:poss"]], [[0, 1]], [["root", "nmod"]]) == (1.0, 1.0)
+    assert ft.attachment_scores([[0, 1]], [["root", "nmod:poss"]], [[0, 1]], [["root", "nmod:tmod"]]) == (1.0, 1.0)
+    assert ft.attachment_scores([[0, 1]], [["root", "nmod"]], [[2, 0]], [["root", "nmod"]]) == (0.0, 0.0)
+    with pytest.raises(ValueError):
+        ft.attachment_scores([[0, 1]], [["root", "x"]], [[0]], [["root"]])
+
+
+# -----------------------------------------------------------------------------
+# MST decoding
+
+
+def _is_tree_with_one_root(heads):
+    """heads[0] = -1; every word reaches ROOT (0) by following heads; exactly one word hangs on ROOT."""
+    n = len(heads) - 1
+    if heads[0] != -1 or sum(h == 0 for h in heads[1:]) != 1:
+        return False
+    for i in range(1, n + 1):
+        v, steps = i, 0
+        while v != 0 and steps <= n:
+            v, steps = heads[v], steps + 1
+        if v != 0:
+            return False
+    return True
+
+
+def _brute_force(S):
+    n, best = len(S) - 1, (-np.inf, None)
+    for hs in itertools.product(range(n + 1), repeat=n):
+        heads = [-1, *hs]
+        if any(heads[i] == i for i in range(1, n + 1)) or not _is_tree_with_one_root(heads):
+            continue
+        score = sum(S[i, heads[i]] for i in range(1, n + 1))
+        if score > best[0]:
+            best = (score, heads)
+    return best
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_mst_matches_brute_force(n):
+    rng = np.random.default_rng(n)
+    for trial in range(30):
+        S = rng.normal(size=(n + 1, n + 1)) * rng.choice([0.1, 1.0, 10.0])
+        if trial % 3 == 0:
+            S[1:, 0] += 5.0  # every word prefers ROOT: the unconstrained MST would have several roots
+        heads = ft.mst_decode(S)
+        assert _is_tree_with_one_root(list(heads))
+        score = sum(S[i, heads[i]] for i in range(1, n + 1))
+        assert score == pytest.approx(_brute_force(S)[0])
+
+
+def test_mst_larger_random_is_a_tree():
+    rng = np.random.default_rng(1)
+    for n in (10, 40):
+        S = np.log(rng.dirichlet(np.ones(n + 1), size=n + 1))
+        assert _is_tree_with_one_root(list(ft.mst_decode(S)))
+
+
+# -----------------------------------------------------------------------------
+# BiaffineParser
+
+
+def test_biaffine_parser_shapes_loss_and_decode():
+    torch.manual_seed(0)
+    B, T, d, R = 2, 6, 16, 5
+    p = ft.BiaffineParser(d, R)  # D7 defaults
+    assert p.arc_dep[0].out_features == 500 and p.rel_dep[0].out_features == 100
+    assert p.arc_dep[1].negative_slope == 0.1 and p.arc_dep[2].p == 0.33
+    p = ft.BiaffineParser(d, R, arc_mlp=32, rel_mlp=16)  # small, so fitting below is fast
+    h = torch.randn(B, T, d)
+    # sentence 0: ROOT + words at positions 1, 2, 4 (3 = a non-first subword); sentence 1: words 1, 2
+    cand = torch.tensor([[1, 1, 1, 0, 1, 0], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    heads = torch.tensor([[-1, 2, 0, -1, 2, -1], [-1, 0, 1, -1, -1, -1]])
+    rels = torch.tensor([[-1, 1, 0, -1, 3, -1], [-1, 0, 2, -1, -1, -1]])
+    s_arc, s_rel = p(h, cand)
+    assert s_arc.shape == (B, T, T) and s_rel.shape == (B, T, T, R)
+    assert torch.isinf(s_arc[0, 1, 3]) and torch.isfinite(s_arc[0, 1, 0])
+    loss = ft.BiaffineParser.loss(s_arc, s_rel, heads, rels)
+    loss.backward()
+    assert torch.isfinite(loss) and p.arc_attn.weight.grad.abs().sum() > 0
+    # a few steps of training on this batch must fit it (the head can learn)
+    opt = torch.optim.Adam(p.parameters(), lr=1e-2)
+    p.eval()
+    for _ in range(60):
+        opt.zero_grad()
+        ft.BiaffineParser.loss(*p(h, cand), heads, rels).backward()
+        opt.step()
+    words = cand.clone()
+    words[:, 0] = False
+    pred_heads, pred_rels = ft.BiaffineParser.decode(*p(h, cand), words)
+    assert pred_heads == [[2, 0, 2], [0, 1]]  # CoNLL numbering: word k, 0 = ROOT
+    assert pred_rels == [[1, 0, 3], [0, 2]]
+
+
+# -----------------------------------------------------------------------------
+# readers: every file of ../shared/data/{xnli,wikiann_panx,ud}, counted independently
+
+
+def _blocks(path):
+    """Blank-line separated non-empty blocks, counted without the reader."""
+    with open(path, encoding="utf-8") as f:
+        return [b for b in re.split(r"\n\s*\n", f.read().replace("\r\n", "\n")) if b.strip()]
+
+
+@needs_data
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(DATA, "xnli", "*-*.tsv"))))
+def test_read_xnli_real(path):
+    with open(path, encoding="utf-8", newline="\n") as f:  # test files have a stray \r before the label
+        n = sum(1 for line in f if line.strip())
+    ex = ft.read_xnli(path)
+    assert len(ex) == n
+    assert {label for _, _, label in ex} == set(ft.XNLI_LABELS)
+    assert not any("\r" in p or "\r" in h for p, h, _ in ex)
+
+
+@needs_data
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(DATA, "wikiann_panx", "*.tsv"))))
+def test_read_ner_real(path):
+    blocks = _blocks(path)
+    sents = ft.read_ner(path)
+    assert len(sents) == len(blocks)
+    assert sum(len(w) for w, _ in sents) == sum(len(b.strip().split("\n")) for b in blocks)
+    assert {t for _, ts in sents for t in ts} <= {"O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"}
+
+
+@needs_data
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(DATA, "ud", "*", "*.conllu"))))
+def test_read_conllu_real(path):
+    blocks = _blocks(path)
+    sents = ft.read_conllu(path)
+    assert len(sents) == len(blocks)
+    n_words = sum(1 for b in blocks for line in b.split("\n") if re.match(r"^\d+\t", line))
+    assert sum(len(s["words"]) for s in sents) == n_words
+    for s in sents[:200]:
+        assert sum(h == 0 for h in s["heads"]) >= 1 and len(s["heads"]) == len(s["rels"]) == len(s["upos"])
+
+
+def test_read_ner_lang_prefix_and_errors(tmp_path):
+    p = tmp_path / "panx.tsv"
+    p.write_text("en:Paris\tB-LOC\nen:is\tO\n\nen:12:30\tO\n")
+    assert ft.read_ner(str(p)) == [(["Paris", "is"], ["B-LOC", "O"]), (["12:30"], ["O"])]
+    p.write_text("12:30\tO\nParis\tB-LOC\n")  # no common prefix: tokens stay whole
+    assert ft.read_ner(str(p)) == [(["12:30", "Paris"], ["O", "B-LOC"])]
+    p.write_text("Paris\tB-LOC\nis O\n")
+    with pytest.raises(ValueError, match=re.escape(f"{p}:2")):
+        ft.read_ner(str(p))
+    p.write_text("Paris\tLOC\n")
+    with pytest.raises(ValueError, match=":1: tag 'LOC'"):
+        ft.read_ner(str(p))
+    p.write_text("\n\n")
+    with pytest.raises(ValueError, match="empty split"):
+        ft.read_ner(str(p))
+
+
+def test_read_xnli_errors_and_header(tmp_path):
+    p = tmp_path / "x.tsv"
+    p.write_text("premise\thypo\tlabel\nA man.\tA person.\tentailment\r\nB.\tC.\tcontradictory\n")
+    assert ft.read_xnli(str(p)) == [("A man.", "A person.", "entailment"), ("B.", "C.", "contradiction")]
+    p.write_text("A man.\tA person.\tentailment\nno tabs here\n")
+    with pytest.raises(ValueError, match=re.escape(f"{p}:2")):
+        ft.read_xnli(str(p))
+
+
+CONLLU = """# sent_id = 1
+# text = I can't go.
+1\tI\tI\tPRON\t_\t_\t4\tnsubj\t_\t_
+2-3\tcan't\t_\t_\t_\t_\t_\t_\t_\t_
+2\tca\tcan\tAUX\t_\t_\t4\taux\t_\t_
+3\tn't\tnot\tPART\t_\t_\t4\tadvmod\t_\t_
+4\tgo\tgo\tVERB\t_\t_\t0\troot\t_\t_
+4.1\tgone\tgo\tVERB\t_\t_\t_\t_\t4:conj\t_
+5\t.\t.\tPUNCT\t_\t_\t4\tpunct\t_\t_
+
+1\tYes\tyes\tINTJ\t_\t_\t0\troot\t_\t_
+"""
+
+
+def test_read_conllu_skips_comments_ranges_empty_nodes(tmp_path):
+    p = tmp_path / "t.conllu"
+    p.write_text(CONLLU)
+    s = ft.read_conllu(str(p))
+    assert len(s) == 2
+    assert s[0]["words"] == ["I", "ca", "n't", "go", "."] and s[0]["heads"] == [4, 4, 4, 0, 4]
+    assert s[0]["rels"][1] == "aux" and s[0]["upos"][4] == "PUNCT" and s[1]["words"] == ["Yes"]
+    p.write_text(CONLLU.replace("4\tgo\tgo\tVERB\t_\t_\t0", "4\tgo\tgo\tVERB\t_\t_\tx"))
+    with pytest.raises(ValueError, match=re.escape(f"{p}:7")):
+        ft.read_conllu(str(p))
+    p.write_text(CONLLU.replace("5\t.\t.\tPUNCT\t_\t_\t4", "5\t.\t.\tPUNCT\t_\t_\t9"))
+    with pytest.raises(ValueError, match="head 9 outside"):
+        ft.read_conllu(str(p))
+    p.write_text("1\tI\tI\n")
+    with pytest.raises(ValueError, match=":1: expected 10"):
+        ft.read_conllu(str(p))
