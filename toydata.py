@@ -1,0 +1,850 @@
+"""toydata.py: a synthetic bilingual world, written in the real data formats.
+
+The paper (Conneau et al., ACL 2020, §3-§5) pretrains bilingual MLMs on Wikipedia and evaluates zero-shot
+transfer on XNLI, WikiAnn NER and UD parsing, plus word/sentence alignment against MUSE dictionaries and
+Tatoeba. None of that can be downloaded here, so this file builds a small world with a known ground truth:
+
+- one meaning space (language independent): noun concepts in semantic groups, named entities typed
+  PER/LOC/ORG (often several tokens), verbs with selectional restrictions (each verb picks the groups of
+  its subject and object and the prepositions of its obliques), adjectives that fit noun groups,
+  prepositions that link groups, adverbs, determiners; Zipfian frequencies inside every class and a few
+  topics that reweight the content words;
+- a small probabilistic grammar that samples a dependency tree over concepts (UPOS + universal deprels);
+- every language renders each concept with its own pronounceable random word form (its own letters,
+  Cyrillic on request) and linearises the tree with its own word order (`--order`), so vocabularies are
+  disjoint unless `--overlap` makes a fraction of the forms identical (anchor points, paper §4.2), and the
+  two languages only share *statistics* (they are isomorphic), the situation the paper studies;
+- `--domain-shift` gives each language its own topic mix (domain similarity, paper §4.1).
+
+Outputs (formats as in the real data, see write_world): non-parallel monolingual corpora, a MUSE
+dictionary with a train/test split, parallel + Tatoeba-style sentence pairs, PAN-X NER, CoNLL-U trees and
+an XNLI-style pair task whose label follows from the meaning.
+
+Run:
+    python toydata.py --out out/toy                           # en + fr, disjoint vocabularies
+    python toydata.py --out out/toy2 --overlap 0.3 --order sov-na --domain-shift 0.5 --cyrillic --force
+"""
+import argparse
+import bisect
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import time
+
+import numpy as np
+
+# -----------------------------------------------------------------------------
+# The meaning space: semantic groups, verb frames, prepositions (language independent)
+
+GROUPS = ("person", "animal", "food", "plant", "tool", "vehicle", "building", "place",
+          "organisation", "document", "event", "material")
+ENTITY_GROUP = {"PER": "person", "LOC": "place", "ORG": "organisation"}
+
+# preposition: (groups of its object, groups of the nouns it may modify as nmod)
+PREPOSITIONS = {
+    "in":    (("place", "building", "vehicle", "organisation", "event"),
+              ("person", "animal", "food", "plant", "tool", "document")),
+    "with":  (("person", "animal", "tool", "material"), ("person", "food", "building", "vehicle")),
+    "for":   (("person", "organisation", "event", "animal"), ("food", "tool", "document", "building")),
+    "to":    (("place", "building", "person", "organisation"), ("document", "vehicle")),
+    "from":  (("place", "organisation", "building"), ("person", "food", "document", "material", "animal")),
+    "near":  (("place", "building", "plant"), ("building", "place", "animal")),
+    "about": (("person", "event", "place", "organisation", "animal", "plant"), ("document", "event")),
+    "of":    (("material",), ("tool", "building", "vehicle")),
+    "at":    (("event", "building", "place"), ("person", "organisation")),
+}
+PREP_NAMES = tuple(PREPOSITIONS)
+
+# verb class: (subject groups, object groups (empty = intransitive), prepositions of its obliques)
+VERB_CLASSES = {
+    "consume":  (("person", "animal"), ("food", "plant"), ("in", "with", "near")),
+    "make":     (("person", "organisation"), ("tool", "vehicle", "building", "document", "food"),
+                 ("for", "with", "in")),
+    "move":     (("person", "animal", "vehicle"), (), ("to", "from", "in", "near")),
+    "visit":    (("person", "organisation"), ("place", "building", "event", "organisation"), ("with", "for", "at")),
+    "tell":     (("person", "organisation"), ("document", "event"), ("to", "about", "for", "at")),
+    "meet":     (("person", "organisation"), ("person", "organisation", "animal"), ("in", "at", "near")),
+    "use":      (("person", "organisation"), ("tool", "vehicle", "material"), ("for", "in", "at")),
+    "grow":     (("plant", "animal"), (), ("in", "near")),
+    "trade":    (("person", "organisation"), ("building", "vehicle", "tool", "animal", "material", "document"),
+                 ("from", "for", "to")),
+    "happen":   (("event",), (), ("in", "near", "at")),
+    "perceive": (("person", "animal"), ("animal", "food", "plant", "vehicle", "building", "person", "event"),
+                 ("in", "near", "from")),
+    "shape":    (("person", "organisation"), ("material", "plant", "food"), ("with", "in", "for")),
+}
+
+DETERMINERS = {"def": 0.5, "indef": 0.3, "dem": 0.12, "quant": 0.08}   # fixed weights, like the/a/this/every
+
+# UD's universal relations used here, and the UPOS of each kind of concept
+KIND_UPOS = {"noun": "NOUN", "name": "PROPN", "verb": "VERB", "adj": "ADJ", "adv": "ADV",
+             "adp": "ADP", "det": "DET", "punct": "PUNCT"}
+CONTENT_KINDS = ("noun", "name", "verb", "adj", "adv")
+
+ZIPF_A = 1.0        # weight of rank r (1-based) inside a class = 1 / r^ZIPF_A
+N_TOPICS = 6
+TOPIC_BOOST = 8.0   # a content word of topic t is this much likelier in a sentence about topic t
+ENTITY_SHARE = 0.4  # mass of entities relative to the common nouns of person/place/organisation
+
+# grammar probabilities
+P_DET, P_AMOD, P_AMOD2, P_NMOD, P_OBL, P_ADV = 0.8, 0.35, 0.1, 0.15, 0.4, 0.12
+
+
+def _zipf(n, rng):
+    """Zipfian weights for n items, ranks in random order: the shared 'frequency' of the meanings."""
+    ranks = rng.permutation(n) + 1
+    return (1.0 / ranks ** ZIPF_A).tolist()
+
+
+class World:
+    """The concept inventory. Concepts are ints; each has a kind, a name, a weight and a topic.
+
+    Entities are tuples of name-part concepts (e.g. given name + surname) with a type PER/LOC/ORG.
+    """
+
+    def __init__(self, seed=0, nouns_per_group=36, verbs_per_class=12, n_adj=120, n_adv=24,
+                 n_per=120, n_loc=80, n_org=60):
+        rng = np.random.default_rng([seed, 1])
+        self.kind, self.name, self.weight, self.topic = [], [], [], []
+
+        def add(kind, name, weight, topic=-1):
+            self.kind.append(kind); self.name.append(name); self.weight.append(weight); self.topic.append(topic)
+            return len(self.kind) - 1
+
+        def topics(n):
+            return rng.integers(N_TOPICS, size=n).tolist()
+
+        # nouns: the first noun of a group is its hypernym ("animal"), used by the NLI task
+        self.group_nouns, self.hypernym, self.noun_group = {}, {}, {}
+        for g in GROUPS:
+            w, t = _zipf(nouns_per_group, rng), topics(nouns_per_group)
+            w[0] = 1.0 / 3 ** ZIPF_A   # hypernym: a frequent word of its group (rank 3)
+            ids = [add("noun", f"{g}.{i:02d}" if i else g, w[i], t[i] if i else -1) for i in range(nouns_per_group)]
+            self.group_nouns[g], self.hypernym[g] = ids, ids[0]
+            for c in ids:
+                self.noun_group[c] = g
+
+        # verbs in antonym pairs; both members of a pair share one frame (perturbed from the class frame)
+        self.verb_frame, self.antonym, self.verbs = {}, {}, []
+        for vc, (subj, obj, obl) in VERB_CLASSES.items():
+            w = _zipf(verbs_per_class, rng)
+            for p in range(verbs_per_class // 2):
+                s = tuple(g for g in subj if len(subj) == 1 or rng.random() > 0.25) or subj[:1]
+                o = tuple(g for g in obj if rng.random() > 0.3) or obj[:1]
+                frame = (s, o, obl, vc)
+                t = int(rng.integers(N_TOPICS))
+                a = add("verb", f"{vc}.{p:02d}+", w[2 * p], t)
+                b = add("verb", f"{vc}.{p:02d}-", w[2 * p + 1], t)
+                self.verb_frame[a] = self.verb_frame[b] = frame
+                self.antonym[a], self.antonym[b] = b, a
+                self.verbs += [a, b]
+
+        # adjectives: each fits 1-3 noun groups (a few fit all); every group gets some
+        self.group_adjs = {g: [] for g in GROUPS}
+        w, t = _zipf(n_adj, rng), topics(n_adj)
+        for i in range(n_adj):
+            c = add("adj", f"adj.{i:03d}", w[i], t[i])
+            fit = GROUPS if i % 15 == 0 else rng.choice(GROUPS, size=int(rng.integers(1, 4)), replace=False)
+            for g in fit:
+                self.group_adjs[g].append(c)
+        for j, g in enumerate(GROUPS):  # guarantee a handful of adjectives per group
+            while len(self.group_adjs[g]) < 6:
+                c = add("adj", f"adj.{g}.{len(self.group_adjs[g])}", 0.05, int(rng.integers(N_TOPICS)))
+                self.group_adjs[g].append(c)
+
+        w, t = _zipf(n_adv, rng), topics(n_adv)
+        self.advs = [add("adv", f"adv.{i:02d}", w[i], t[i]) for i in range(n_adv)]
+        w = _zipf(len(PREP_NAMES), rng)
+        self.preps = {p: add("adp", p, w[i]) for i, p in enumerate(PREP_NAMES)}
+        self.dets = [add("det", d, wt) for d, wt in DETERMINERS.items()]
+        self.punct = add("punct", ".", 1.0)
+
+        # named entities: tuples of name parts; multi-word ones give B- and I- tags
+        def parts(prefix, n):
+            return [add("name", f"{prefix}.{i:02d}", 1.0) for i in range(n)]
+        given, surname = parts("PER.given", 50), parts("PER.surname", 50)
+        place, place_pre = parts("LOC.name", 60), parts("LOC.prefix", 4)
+        org, org_suf = parts("ORG.name", 40), parts("ORG.suffix", 6)
+        ents = set()
+        while len(ents) < n_per:
+            e = (int(rng.choice(given)),) + ((int(rng.choice(surname)),) if rng.random() < 0.6 else ())
+            ents.add(("PER", e))
+        while len(ents) < n_per + n_loc:
+            e = ((int(rng.choice(place_pre)),) if rng.random() < 0.25 else ()) + (int(rng.choice(place)),)
+            ents.add(("LOC", e))
+        while len(ents) < n_per + n_loc + n_org:
+            e = (int(rng.choice(org)),) + ((int(rng.choice(org)),) if rng.random() < 0.2 else ())
+            ents.add(("ORG", e + ((int(rng.choice(org_suf)),) if rng.random() < 0.7 else ())))
+        self.entities = sorted(ents)                       # sorted: deterministic order
+        self.entity_type = [t for t, _ in self.entities]
+        self.entity_parts = [p for _, p in self.entities]
+        ew = {}
+        for typ in ENTITY_GROUP:
+            idx = [i for i, t in enumerate(self.entity_type) if t == typ]
+            z = _zipf(len(idx), rng)
+            noun_mass = sum(self.weight[c] for c in self.group_nouns[ENTITY_GROUP[typ]])
+            for i, wi in zip(idx, z):
+                ew[i] = ENTITY_SHARE * noun_mass * wi / sum(z)
+        self.entity_weight = [ew[i] for i in range(len(self.entities))]
+        self.entity_topic = topics(len(self.entities))
+        # name parts get the weight of the entities they occur in (used for the dictionary ranking)
+        for i, p in enumerate(self.entity_parts):
+            for c in p:
+                self.weight[c] += self.entity_weight[i]
+        self.n_concepts = len(self.kind)
+        self._cdfs = {}   # slot key -> topic -> (items, cumulative weights, last index)
+        # slot keys used by the grammar
+        self.np_key = {p: "np:" + ",".join(PREPOSITIONS[p][0]) for p in PREP_NAMES}
+        self.nmod_key = {g: "prep:" + ",".join(p for p in PREP_NAMES if g in PREPOSITIONS[p][1]) for g in GROUPS}
+        self.adj_key = {g: "adj:" + g for g in GROUPS}
+        self.frame_keys = {v: ("np:" + ",".join(s), "np:" + ",".join(o) if o else None, "prep:" + ",".join(obl))
+                           for v, (s, o, obl, _) in self.verb_frame.items()}
+
+    # -- sampling helpers: every draw is a bisect into a cached cumulative weight list ---------------
+
+    def _items(self, key):
+        """Candidates of a slot key such as 'np:person,animal' as (items, base weights, topics).
+
+        Keys are strings (Python caches their hash, which keeps draw() fast). Entities are encoded -(e + 1).
+        """
+        kind, _, arg = key.partition(":")
+        args = arg.split(",")
+        if kind == "verb":
+            items = self.verbs
+        elif kind == "np":       # common nouns and entities of the listed groups
+            items = [c for g in args for c in self.group_nouns[g]]
+            items += [-(e + 1) for e, t in enumerate(self.entity_type) if ENTITY_GROUP[t] in args]
+        elif kind == "noun":     # common nouns of one group, hypernym excluded
+            items = self.group_nouns[arg][1:]
+        elif kind == "adj":
+            items = self.group_adjs[arg]
+        elif kind == "adv":
+            items = self.advs
+        elif kind == "det":
+            items = self.dets
+        elif kind == "prep":     # the listed prepositions
+            items = [self.preps[p] for p in args]
+        elif kind == "entity":   # entities of one type and one length (for NLI argument changes)
+            items = [-(e + 1) for e, t in enumerate(self.entity_type)
+                     if t == args[0] and len(self.entity_parts[e]) == int(args[1])]
+        else:
+            raise KeyError(key)
+        w = [self.entity_weight[-i - 1] if i < 0 else self.weight[i] for i in items]
+        t = [self.entity_topic[-i - 1] if i < 0 else self.topic[i] for i in items]
+        return items, w, t
+
+    def draw(self, rng, key, topic=-1):
+        """One item of slot `key`, Zipf weight x topic boost (topic -1 = no boost)."""
+        try:
+            items, cdf, last = self._cdfs[key][topic]
+        except KeyError:
+            items, w, t = self._items(key)
+            w = [wi * (TOPIC_BOOST if ti == topic and topic >= 0 else 1.0) for wi, ti in zip(w, t)]
+            cdf = np.cumsum(w).tolist()
+            items, cdf, last = self._cdfs.setdefault(key, {})[topic] = (items, cdf, len(cdf) - 1)
+        return items[bisect.bisect_right(cdf, rng.random() * cdf[-1], 0, last)]
+
+
+# -----------------------------------------------------------------------------
+# The grammar: a dependency tree over concepts. A tree is a list of nodes [concept, head, deprel],
+# head = -1 for the root, in generation order (the surface order is chosen per language later).
+
+def add_np(world, rng, tree, key, head, rel, prep=None, topic=-1, depth=0):
+    """Append a noun phrase (or a named entity) for slot `key` ('np:g1,g2') to `tree`; returns its index."""
+    item = world.draw(rng, key, topic)
+    i = len(tree)
+    if item < 0:                         # named entity: first part is the head, the rest attach as flat
+        parts = world.entity_parts[-item - 1]
+        tree.append([parts[0], head, rel])
+        for p in parts[1:]:
+            tree.append([p, i, "flat"])
+    else:
+        g = world.noun_group[item]
+        tree.append([item, head, rel])
+        r = rng.random
+        if r() < P_DET:
+            tree.append([world.draw(rng, "det"), i, "det"])
+        if r() < P_AMOD:
+            a = world.draw(rng, world.adj_key[g], topic)
+            tree.append([a, i, "amod"])
+            if r() < P_AMOD2:
+                b = world.draw(rng, world.adj_key[g], topic)
+                if b != a:
+                    tree.append([b, i, "amod"])
+        if depth == 0 and r() < P_NMOD and world.nmod_key[g] != "prep:":
+            p = world.name[world.draw(rng, world.nmod_key[g])]
+            add_np(world, rng, tree, world.np_key[p], i, "nmod", p, topic, depth + 1)
+    if prep is not None:
+        tree.append([world.preps[prep], i, "case"])
+    return i
+
+
+def add_obl(world, rng, tree, topic=-1):
+    """Append an oblique (preposition + noun phrase) to the verb at node 0; the verb picks the preposition."""
+    p = world.name[world.draw(rng, world.frame_keys[tree[0][0]][2])]
+    add_np(world, rng, tree, world.np_key[p], 0, "obl", p, topic)
+
+
+def sample_tree(world, rng, topic=-1):
+    """One sentence meaning: verb (root), subject, object if transitive, maybe an oblique and an adverb."""
+    v = world.draw(rng, "verb", topic)
+    subj, obj, _ = world.frame_keys[v]
+    tree = [[v, -1, "root"]]
+    add_np(world, rng, tree, subj, 0, "nsubj", topic=topic)
+    if obj:
+        add_np(world, rng, tree, obj, 0, "obj", topic=topic)
+    if rng.random() < P_OBL:
+        add_obl(world, rng, tree, topic)
+    if rng.random() < P_ADV:
+        tree.append([world.draw(rng, "adv", topic), 0, "advmod"])
+    tree.append([world.punct, 0, "punct"])
+    return tree
+
+
+# -----------------------------------------------------------------------------
+# Word order: each deprel goes before (-1) or after (+1) its head, with a priority (higher = farther)
+
+CLAUSE_ORDERS = ("svo", "sov", "vso", "vos", "osv", "ovs")
+ORDER_RE = re.compile(r"^(svo|sov|vso|vos|osv|ovs)(-(an|na))?(-(pre|post))?$")
+ORDER_HELP = ("word order of the non-first languages: CLAUSE[-ADJ][-ADP] with CLAUSE in "
+              "svo/sov/vso/vos/osv/ovs, ADJ 'an' (adjective before noun, default) or 'na' (after), "
+              "ADP 'pre' (prepositions, default) or 'post' (postpositions, genitives before the noun); "
+              "e.g. svo (English-like), svo-na (French-like), sov-an-post (Japanese-like)")
+
+
+def parse_order(order):
+    """'sov-na-post' -> {deprel: (side, priority)}; raises ValueError on an unknown order."""
+    m = ORDER_RE.match(order or "")
+    if not m:
+        raise ValueError(f"unknown order {order!r}; {ORDER_HELP}")
+    clause, adj, adp = m.group(1), m.group(3) or "an", m.group(5) or "pre"
+    v = clause.index("v")
+    side = {x: (-1 if clause.index(x) < v else 1) for x in "so"}
+    dist = {x: abs(clause.index(x) - v) for x in "so"}
+    rules = {"nsubj": (side["s"], 5 if dist["s"] > dist["o"] else 1),
+             "obj": (side["o"], 5 if dist["o"] > dist["s"] else 1),
+             "obl": (side["o"], 3), "advmod": (side["o"], 4), "punct": (1, 99),
+             "det": (-1, 5), "amod": (-1 if adj == "an" else 1, 2), "flat": (1, 0)}
+    if side["s"] == side["o"] and dist["o"] > dist["s"]:
+        rules["obj"] = (side["o"], 2)   # V S O / O S V: the object stays nearer than obliques and adverbs
+    if adp == "pre":
+        rules["case"], rules["nmod"] = (-1, 9), (1, 3)
+    else:
+        rules["case"], rules["nmod"] = (1, 9), (-1, 7)
+    return rules
+
+
+def linearize(tree, rules):
+    """Surface order (list of node indices) of a tree under one language's rules: projective by construction."""
+    deps = [[] for _ in tree]
+    root = 0
+    for i, (_, h, _) in enumerate(tree):
+        if h < 0:
+            root = i
+        else:
+            deps[h].append(i)
+    out = []
+
+    def visit(i):
+        ds = deps[i]
+        before = sorted((d for d in ds if rules[tree[d][2]][0] < 0), key=lambda d: -rules[tree[d][2]][1])
+        after = sorted((d for d in ds if rules[tree[d][2]][0] > 0), key=lambda d: rules[tree[d][2]][1])
+        for d in before:
+            visit(d)
+        out.append(i)
+        for d in after:
+            visit(d)
+    visit(root)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Word forms: pronounceable random strings from a language-specific letter inventory
+
+SCRIPTS = {
+    "latin0":   ("ptkbdgmnlrsfwh", "aeiou", "nsrtl"),
+    "latin1":   ("bdfgjklmnprstvz", "aeiouéà", "rls"),
+    "cyrillic": ("бвгджзклмнпрстхш", "аеиоуыя", "нрстй"),
+}
+FULL_STOPS = (".", "。", "।", "።", "؛")
+
+
+def _inventory(i, cyrillic, rng):
+    if i == 0:
+        return SCRIPTS["latin0"]
+    if cyrillic:
+        return SCRIPTS["cyrillic"]
+    if i == 1:
+        return SCRIPTS["latin1"]
+    cons = "".join(rng.choice(list("bcdfghjklmnprstvwxzq"), size=12, replace=False))
+    vows = "".join(rng.choice(list("aeiouyäöüåø"), size=5, replace=False))
+    return cons, vows, "".join(rng.choice(list(cons), size=3, replace=False))
+
+
+def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
+    """forms[l][c] = the word form of concept c in language l (unique inside a language).
+
+    A random `overlap` fraction of the concepts keep language 0's form in every language (anchors); all
+    other forms differ between languages. Frequent words are shorter (Zipf's law of abbreviation).
+    """
+    rng = np.random.default_rng([seed, 2])
+    n = world.n_concepts
+    shared = set(rng.choice(n, size=int(round(overlap * n)), replace=False).tolist())
+    # rank of each concept inside its kind (0 = most frequent) decides the number of syllables
+    rank = [0] * n
+    for k in set(world.kind):
+        ids = sorted((c for c in range(n) if world.kind[c] == k), key=lambda c: -world.weight[c])
+        for r, c in enumerate(ids):
+            rank[c] = r
+    forms, used = [], set()
+    for li in range(n_langs):
+        cons, vows, coda = _inventory(li, cyrillic and li > 0, rng)
+        f, mine = [None] * n, set()
+        for c in range(n):
+            if li > 0 and c in shared:
+                f[c] = forms[0][c]
+                mine.add(f[c])
+                continue
+            k = world.kind[c]
+            if k == "punct":
+                f[c] = FULL_STOPS[li % len(FULL_STOPS)]
+                mine.add(f[c])
+                continue
+            if k in ("det", "adp"):
+                nsyl = 1
+            elif k == "name":
+                nsyl = 2 + int(rng.random() < 0.5)
+            else:
+                nsyl = 2 if rank[c] < 20 else 2 + int(rng.random() < 0.6)
+            while True:
+                w = "".join(cons[rng.integers(len(cons))] + vows[rng.integers(len(vows))] for _ in range(nsyl))
+                if rng.random() < 0.3:
+                    w += coda[rng.integers(len(coda))]
+                if k == "name":
+                    w = w.capitalize()
+                if w not in used and w not in mine:
+                    break
+                nsyl += rng.random() < 0.2   # crowded: allow a longer word now and then
+            f[c] = w
+            mine.add(w)
+        used |= mine
+        forms.append(f)
+    return forms, shared
+
+
+# -----------------------------------------------------------------------------
+# NLI pairs: premise and hypothesis trees whose label follows from the meaning
+#   entailment:    drop a modifier (amod/advmod/nmod/obl), or generalise a noun to its group's hypernym
+#   neutral:       add an unsupported modifier, replace a modifier by another, or specialise a hypernym
+#   contradiction: change an argument (another noun of the same group / another entity) or use the
+#                  verb's antonym; sometimes a modifier is also dropped or added
+
+LABELS = ("entailment", "neutral", "contradiction")
+
+
+def _remove_subtree(tree, i):
+    gone = {i}
+    changed = True
+    while changed:
+        changed = False
+        for j, (_, h, _) in enumerate(tree):
+            if h in gone and j not in gone:
+                gone.add(j)
+                changed = True
+    keep = [j for j in range(len(tree)) if j not in gone]
+    new = {j: k for k, j in enumerate(keep)}
+    return [[tree[j][0], new.get(tree[j][1], -1), tree[j][2]] for j in keep]
+
+
+def _copy(tree):
+    return [list(n) for n in tree]
+
+
+def _modifiers(tree):
+    return [i for i, n in enumerate(tree) if n[2] in ("amod", "advmod", "nmod", "obl")]
+
+
+def _specific_nouns(world, tree):
+    return [i for i, n in enumerate(tree) if world.kind[n[0]] == "noun" and n[0] not in world.hypernym.values()]
+
+
+def _drop(world, rng, tree):
+    mods = _modifiers(tree)
+    return _remove_subtree(tree, mods[int(rng.random() * len(mods))]) if mods else None
+
+
+def _add(world, rng, tree):
+    """Add one modifier that the tree does not state: an adjective, an oblique or an adverb."""
+    tree = _copy(tree)
+    options = []
+    nouns = [i for i, n in enumerate(tree) if world.kind[n[0]] == "noun"]
+    if nouns:
+        options.append("amod")
+    if not any(n[2] == "obl" for n in tree):
+        options.append("obl")
+    if not any(n[2] == "advmod" for n in tree):
+        options.append("advmod")
+    if not options:
+        return None
+    choice = options[int(rng.random() * len(options))]
+    if choice == "amod":
+        i = nouns[int(rng.random() * len(nouns))]
+        have = {n[0] for n in tree if n[1] == i and n[2] == "amod"}
+        a = world.draw(rng, world.adj_key[world.noun_group[tree[i][0]]])
+        if a in have:
+            return None
+        tree.append([a, i, "amod"])
+    elif choice == "obl":
+        add_obl(world, rng, tree)
+    else:
+        tree.append([world.draw(rng, "adv"), 0, "advmod"])
+    return tree
+
+
+def _generalise(world, rng, tree):
+    nouns = _specific_nouns(world, tree)
+    if not nouns:
+        return None
+    tree = _copy(tree)
+    i = nouns[int(rng.random() * len(nouns))]
+    tree[i][0] = world.hypernym[world.noun_group[tree[i][0]]]
+    return tree
+
+
+def _contradict(world, rng, tree):
+    tree = _copy(tree)
+    args = [i for i in _specific_nouns(world, tree) if tree[i][2] in ("nsubj", "obj")]
+    ents = [i for i, n in enumerate(tree) if world.kind[n[0]] == "name" and n[2] in ("nsubj", "obj")]
+    r = rng.random()
+    if r < 0.35 or not (args or ents):                      # antonym verb
+        tree[0][0] = world.antonym[tree[0][0]]
+        return tree
+    cands = args + ents
+    i = cands[int(rng.random() * len(cands))]
+    if world.kind[tree[i][0]] == "noun":
+        g = world.noun_group[tree[i][0]]
+        new = tree[i][0]
+        while new == tree[i][0]:
+            new = world.draw(rng, "noun:" + g)
+        tree[i][0] = new
+        return tree
+    flats = [j for j, n in enumerate(tree) if n[1] == i and n[2] == "flat"]
+    typ = world.name[tree[i][0]].split(".")[0]
+    old = tuple(tree[j][0] for j in [i] + flats)
+    if len(world._items(f"entity:{typ},{len(old)}")[0]) < 2:
+        tree[0][0] = world.antonym[tree[0][0]]
+        return tree
+    while True:
+        e = -world.draw(rng, f"entity:{typ},{len(old)}") - 1
+        if world.entity_parts[e] != old:
+            break
+    for j, c in zip([i] + flats, world.entity_parts[e]):
+        tree[j][0] = c
+    return tree
+
+
+def sample_nli(world, rng, label):
+    """(premise tree, hypothesis tree) for one label."""
+    while True:
+        d = sample_tree(world, rng)
+        r = rng.random()
+        if label == "entailment":
+            p, h = d, (_drop(world, rng, d) if r < 0.6 else _generalise(world, rng, d))
+        elif label == "neutral":
+            if r < 0.4:
+                p, h = d, _add(world, rng, d)
+            elif r < 0.7:
+                dropped = _drop(world, rng, d)
+                p, h = d, (_add(world, rng, dropped) if dropped else None)
+            else:
+                p, h = _generalise(world, rng, d), d
+        else:
+            p, h = d, _contradict(world, rng, d)
+            if r < 0.3:
+                h = _drop(world, rng, h)
+            elif r < 0.5:
+                h = _add(world, rng, h)
+        if p is None or h is None:
+            continue
+        cp, ch = sorted(n[0] for n in p), sorted(n[0] for n in h)
+        if cp == ch:            # e.g. a modifier dropped and the same one added back
+            continue
+        if label == "neutral" and not _new_concepts(p, h):
+            continue
+        return p, h
+
+
+def _new_concepts(p, h):
+    """Concepts the hypothesis states that the premise does not (as a multiset difference)."""
+    left = [n[0] for n in p]
+    new = []
+    for n in h:
+        if n[0] in left:
+            left.remove(n[0])
+        else:
+            new.append(n[0])
+    return new
+
+
+# -----------------------------------------------------------------------------
+# Rendering and the file formats (same as ../data: CoNLL-U, PAN-X tsv, XNLI tsv, MUSE, Tatoeba)
+
+_ORDER_CACHE = {}
+
+
+def render(tree, forms, rules):
+    """(surface words, surface order) of a tree in one language.
+
+    The order depends only on the tree's shape (heads + deprels), not on its words, and a corpus has a
+    few thousand shapes, so it is cached: this is what makes 100k sentences cheap.
+    """
+    # the cache holds `rules` itself, so its id() cannot be reused by another dict
+    cache = _ORDER_CACHE.setdefault(id(rules), (rules, {}))[1]
+    shape = tuple((h, r) for _, h, r in tree)
+    order = cache.get(shape)
+    if order is None:
+        order = cache[shape] = linearize(tree, rules)
+    return [forms[tree[i][0]] for i in order], order
+
+
+def conllu_block(world, tree, forms, rules, sent_id):
+    words, order = render(tree, forms, rules)
+    pos = {i: k + 1 for k, i in enumerate(order)}
+    lines = [f"# sent_id = {sent_id}", f"# text = {' '.join(words)}"]
+    for k, i in enumerate(order):
+        c, h, rel = tree[i]
+        lines.append(f"{k + 1}\t{words[k]}\t{words[k]}\t{KIND_UPOS[world.kind[c]]}\t_\t_\t"
+                     f"{pos[h] if h >= 0 else 0}\t{rel}\t_\t_")
+    return "\n".join(lines) + "\n\n"
+
+
+def ner_block(world, tree, forms, rules):
+    words, order = render(tree, forms, rules)
+    lines = []
+    for k, i in enumerate(order):
+        c, _, rel = tree[i]
+        if world.kind[c] == "name":
+            typ = world.name[c].split(".")[0]
+            lines.append(f"{words[k]}\t{'I' if rel == 'flat' else 'B'}-{typ}")
+        else:
+            lines.append(f"{words[k]}\tO")
+    return "\n".join(lines) + "\n\n"
+
+
+def _write(path, text):
+    """Atomic write: a temp file beside the target, then os.replace."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def topic_mixture(lang_index, n_langs, domain_shift):
+    """Topic probabilities of one language: uniform at shift 0, only its own topics at shift 1."""
+    own = [t for t in range(N_TOPICS) if t % n_langs == lang_index % n_langs] or list(range(N_TOPICS))
+    p = np.full(N_TOPICS, (1 - domain_shift) / N_TOPICS)
+    p[own] += domain_shift / len(own)
+    return p
+
+
+def _sample_trees(world, rng, n, mixture=None, need_entity=False):
+    cdf = np.cumsum(mixture).tolist() if mixture is not None else None
+    trees = []
+    while len(trees) < n:
+        topic = -1 if cdf is None else min(bisect.bisect_right(cdf, rng.random() * cdf[-1]), N_TOPICS - 1)
+        t = sample_tree(world, rng, topic)
+        if need_entity and not any(world.kind[c] == "name" for c, _, _ in t):
+            continue
+        trees.append(t)
+    return trees
+
+
+OUTPUT_ENTRIES = ("mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli", "world.json")
+
+
+def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_shift=0.0,
+                n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000,
+                n_task_eval=500, seed=0, cyrillic=False, n_tatoeba=1000, force=False):
+    """Generate the world and write every file under out_dir; returns a summary dict.
+
+    langs[0] is the source ("English") side: SVO, adjective before noun, prepositions. `order` applies to
+    every other language. Layout (l0 = langs[0], l = each other language):
+        mono/{lang}.{train,dev,test}.txt       monolingual, independently sampled per language (not parallel)
+        dict/{l0}-{l}.txt, .train.txt, .test.txt   MUSE `src tgt`; train/test have distinct source words
+        parallel/{l0}-{l}.train.{l0|l}         parallel sentences (line i = line i)
+        tatoeba/tatoeba.{l}-{l0}.{l|l0}        test parallel pairs
+        ner/{lang}.{train,dev,test}.tsv        token<TAB>IOB2 tag, blank line after each sentence
+        ud/{lang}.{train,dev,test}.conllu      CoNLL-U
+        xnli/{lang}.{train,dev,test}.tsv       premise<TAB>hypothesis<TAB>label
+        world.json                             knobs, seed, vocabulary sizes, shared count
+    Task sets (ner/ud/xnli/parallel/tatoeba) are the same meanings rendered in every language, drawn from
+    the neutral (uniform) topic mix; mono corpora follow each language's own topic mix.
+    """
+    t0 = time.time()
+    langs = list(langs)
+    if len(langs) < 2 or len(set(langs)) != len(langs):
+        raise ValueError(f"langs must be 2 or more distinct codes, got {langs}")
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap must be in [0, 1], got {overlap}")
+    if not 0.0 <= domain_shift <= 1.0:
+        raise ValueError(f"domain_shift must be in [0, 1], got {domain_shift}")
+    for name, v in [("n_train", n_train), ("n_dev", n_dev), ("n_test", n_test), ("n_parallel", n_parallel),
+                    ("n_task_train", n_task_train), ("n_task_eval", n_task_eval), ("n_tatoeba", n_tatoeba)]:
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    rules = [parse_order("svo")] + [parse_order(order)] * (len(langs) - 1)
+    out_dir = str(out_dir)
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        if not force:
+            raise FileExistsError(f"{out_dir} is not empty; pass force=True (--force) to overwrite it")
+        for e in OUTPUT_ENTRIES:   # remove only what an earlier run wrote, so old files do not mix in
+            p = os.path.join(out_dir, e)
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif os.path.exists(p):
+                os.remove(p)
+    os.makedirs(out_dir, exist_ok=True)
+
+    world = World(seed)
+    forms, shared = make_lexicon(world, len(langs), overlap, cyrillic, seed)
+    l0 = langs[0]
+    J = lambda *p: os.path.join(out_dir, *p)   # noqa: E731
+    sizes = {"train": n_train, "dev": n_dev, "test": n_test}
+    task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
+
+    # monolingual corpora: each language samples its own meanings with its own topic mix
+    for li, lang in enumerate(langs):
+        mix = topic_mixture(li, len(langs), domain_shift)
+        for split, n in sizes.items():
+            rng = random.Random(f"{seed}/mono/{lang}/{split}")
+            trees = _sample_trees(world, rng, n, mix)
+            _write(J("mono", f"{lang}.{split}.txt"),
+                   "".join(" ".join(render(t, forms[li], rules[li])[0]) + "\n" for t in trees))
+
+    # dictionaries: one line per concept, most frequent first; test = 20 % of the content words
+    rng = np.random.default_rng([seed, 3])
+    by_freq = sorted(range(world.n_concepts), key=lambda c: (-world.weight[c], c))
+    content = [c for c in by_freq if world.kind[c] in CONTENT_KINDS]
+    test = set(rng.choice(content, size=len(content) // 5, replace=False).tolist())
+    for li, lang in enumerate(langs[1:], 1):
+        pair = f"{l0}-{lang}"
+        line = lambda c: f"{forms[0][c]} {forms[li][c]}\n"   # noqa: E731
+        _write(J("dict", f"{pair}.txt"), "".join(line(c) for c in by_freq))
+        _write(J("dict", f"{pair}.train.txt"), "".join(line(c) for c in by_freq if c not in test))
+        _write(J("dict", f"{pair}.test.txt"), "".join(line(c) for c in by_freq if c in test))
+
+    # parallel sentences and Tatoeba pairs: the same meanings in both languages
+    par = _sample_trees(world, random.Random(f"{seed}/parallel"), n_parallel)
+    tat = _sample_trees(world, random.Random(f"{seed}/tatoeba"), n_tatoeba)
+    for li, lang in enumerate(langs[1:], 1):
+        for lj, l in ((0, l0), (li, lang)):
+            _write(J("parallel", f"{l0}-{lang}.train.{l}"),
+                   "".join(" ".join(render(t, forms[lj], rules[lj])[0]) + "\n" for t in par))
+            _write(J("tatoeba", f"tatoeba.{lang}-{l0}.{l}"),
+                   "".join(" ".join(render(t, forms[lj], rules[lj])[0]) + "\n" for t in tat))
+
+    # task sets: UD trees, NER (every sentence has an entity, as in PAN-X), NLI (balanced labels)
+    for split, n in task_sizes.items():
+        ud = _sample_trees(world, random.Random(f"{seed}/ud/{split}"), n)
+        ner = _sample_trees(world, random.Random(f"{seed}/ner/{split}"), n, need_entity=True)
+        rng = random.Random(f"{seed}/xnli/{split}")
+        labels = [LABELS[i % 3] for i in range(n)]
+        rng.shuffle(labels)
+        nli = [(sample_nli(world, rng, lab), lab) for lab in labels]
+        for li, lang in enumerate(langs):
+            f, r = forms[li], rules[li]
+            _write(J("ud", f"{lang}.{split}.conllu"),
+                   "".join(conllu_block(world, t, f, r, f"{split}-{k + 1}") for k, t in enumerate(ud)))
+            _write(J("ner", f"{lang}.{split}.tsv"), "".join(ner_block(world, t, f, r) for t in ner))
+            _write(J("xnli", f"{lang}.{split}.tsv"),
+                   "".join(f"{' '.join(render(p, f, r)[0])}\t{' '.join(render(h, f, r)[0])}\t{lab}\n"
+                           for (p, h), lab in nli))
+
+    n_shared = len(set(forms[0]) & set(forms[1]))
+    summary = {
+        "langs": langs, "seed": seed, "overlap": overlap, "order": order,
+        "domain_shift": domain_shift, "cyrillic": cyrillic,
+        "sizes": {"mono": sizes, "parallel": n_parallel, "tatoeba": n_tatoeba, "task": task_sizes},
+        "n_concepts": world.n_concepts, "n_entities": len(world.entities),
+        "vocab_sizes": {lang: len(set(forms[li])) for li, lang in enumerate(langs)},
+        "shared": n_shared, "dict_test_words": len(test),
+    }
+    _write(J("world.json"), json.dumps(summary, indent=1, ensure_ascii=False) + "\n")  # no path: reproducible
+    summary["out_dir"] = out_dir
+    summary["seconds"] = round(time.time() - t0, 2)
+    return summary
+
+
+# -----------------------------------------------------------------------------
+# CLI
+
+def _fraction(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number")
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{s} is not in [0, 1]")
+    return v
+
+
+def _order(s):
+    try:
+        parse_order(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+    return s
+
+
+def _positive(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an integer")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{s} must be >= 1")
+    return v
+
+
+def _langs(s):
+    ls = s.split(",")
+    if len(ls) < 2 or len(set(ls)) != len(ls) or not all(re.fullmatch(r"[a-z]{2,3}", x) for x in ls):
+        raise argparse.ArgumentTypeError(f"{s!r}: need 2+ distinct lowercase codes separated by commas, e.g. en,fr")
+    return ls
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--out", required=True, help="output directory (must be empty or absent unless --force)")
+    ap.add_argument("--langs", type=_langs, default="en,fr", help="language codes; the first is the source side")
+    ap.add_argument("--overlap", type=_fraction, default=0.0,
+                    help="fraction of word forms identical across languages (anchor points, paper §4.2)")
+    ap.add_argument("--order", type=_order, default="svo", help=ORDER_HELP)
+    ap.add_argument("--domain-shift", type=_fraction, default=0.0,
+                    help="0 = same topic mix in every language, 1 = disjoint topics (paper §4.1)")
+    ap.add_argument("--cyrillic", action="store_true", help="write the non-first languages in Cyrillic letters")
+    ap.add_argument("--n-train", type=_positive, default=20000, help="monolingual training sentences per language")
+    ap.add_argument("--n-dev", type=_positive, default=1000, help="monolingual dev sentences per language")
+    ap.add_argument("--n-test", type=_positive, default=1000, help="monolingual test sentences per language")
+    ap.add_argument("--n-parallel", type=_positive, default=2000, help="parallel training sentence pairs")
+    ap.add_argument("--n-tatoeba", type=_positive, default=1000, help="Tatoeba-style test sentence pairs")
+    ap.add_argument("--n-task-train", type=_positive, default=2000, help="NER/UD/XNLI training examples")
+    ap.add_argument("--n-task-eval", type=_positive, default=500, help="NER/UD/XNLI dev and test examples each")
+    ap.add_argument("--seed", type=int, default=0, help="random seed (same seed, same files)")
+    ap.add_argument("--force", action="store_true", help="overwrite a non-empty --out (earlier outputs removed)")
+    args = ap.parse_args()
+    try:
+        s = write_world(args.out, langs=args.langs, overlap=args.overlap, order=args.order,
+                        domain_shift=args.domain_shift, n_train=args.n_train, n_dev=args.n_dev,
+                        n_test=args.n_test, n_parallel=args.n_parallel, n_task_train=args.n_task_train,
+                        n_task_eval=args.n_task_eval, seed=args.seed, cyrillic=args.cyrillic,
+                        n_tatoeba=args.n_tatoeba, force=args.force)
+    except (FileExistsError, ValueError) as e:
+        sys.exit(f"toydata.py: error: {e}")
+    print(f"wrote {s['out_dir']} in {s['seconds']} s: {s['n_concepts']} concepts, vocab {s['vocab_sizes']}, "
+          f"shared forms {s['shared']}")
