@@ -1,0 +1,980 @@
+"""
+Byte-pair encoding, vocabularies and binarisation for bilingual masked language models.
+
+Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language Models" (ACL 2020),
+§3 (the XLM set-up: BPE over the union of the languages) and §4.2 (anchor points: a joint vocabulary,
+language-specific vocabularies with and without shared strings, and code-switching as extra anchors).
+
+What is in here, in reading order:
+  1. pretokenize        Unicode-aware word/punctuation split (the stand-in for Moses; one Han char per
+                        token for zh, the stand-in for a Chinese word segmenter)
+  2. learn_bpe          Sennrich et al. (2016) BPE, merge for merge identical to subword-nmt 0.3.8
+                        `learn-bpe` (codes version 0.2), but incremental: pair counts + pair -> words
+                        index + a max-heap, so each merge only touches the words that contain the pair
+  3. BPE                apply merges to words / whitespace-tokenised lines (== subword-nmt `apply-bpe`),
+                        load subword-nmt and fastBPE codes, save subword-nmt codes
+  4. Vocab, Tokenizer   XLM's dictionary layout (14 special tokens first) and the three regimes of §4.2:
+                        joint / separate / prefixed
+  5. code_switch        dictionary-based word replacement (extra anchors, §4.2)
+  6. binarize           text -> ids -> one flat uint16/uint32 file per language and split (streaming)
+
+Run:
+  python bpe.py learn --input ../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt --merges 10000 --output en.codes
+  python bpe.py apply --codes en.codes --input en.txt --output en.bpe
+  python bpe.py vocab --train en=EN.txt fr=FR.txt --mode joint --merges 80000 --out DIR
+  python bpe.py binarize --tokenizer DIR/tokenizer.json --lang en --input EN.txt --out-prefix DIR/en.train
+"""
+
+import argparse
+import heapq
+import json
+import os
+import random
+import sys
+import unicodedata
+from collections import Counter, defaultdict
+
+import numpy as np
+import regex
+from tqdm import tqdm
+
+# -----------------------------------------------------------------------------
+# XLM's special tokens (PAPER_NOTES §1.3, XLM data/dictionary.py). They come first in every vocabulary,
+# in this fixed order, and are the only tokens that every regime shares.
+
+SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
+BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3
+MASK_ID = 5  # <special1>; <special0> (id 4) is XLM's SEP
+N_SPECIAL = len(SPECIALS)  # 14: the first BPE token has id 14
+EOW = "</w>"  # end-of-word marker used while learning (attached to the last character: codes v0.2)
+SEP = "@@"  # continuation marker written after every non-final piece of a word
+
+# -----------------------------------------------------------------------------
+# 1. Pre-tokenisation
+
+# Whitespace = everything str.isspace() calls whitespace (Unicode White_Space plus \x1c-\x1f).
+# A word never contains one of these, which is also what keeps learn_bpe equal to subword-nmt
+# (subword-nmt's regex merge misbehaves on symbols that contain non-space whitespace).
+_SPACE = r"\s\x1c-\x1f"
+_TOKEN = (
+    r"\p{N}+(?:[.,]\p{N}+)+"  # a number with separators: 1,000.50 stays one token
+    r"|[\p{L}\p{M}\p{N}]+(?:['’\-][\p{L}\p{M}\p{N}]+)*"  # a word; inner hyphens/apostrophes kept
+    rf"|(?![{_SPACE}])\X"  # anything else, one grapheme at a time: punctuation, symbols, emoji
+)
+TOKEN_RE = regex.compile(_TOKEN)
+# zh: every Han character is its own token (the stand-in for the Stanford segmenter); letters of
+# other scripts still group into words.
+TOKEN_RE_ZH = regex.compile(r"(?V1)\p{Han}|" + _TOKEN.replace(r"[\p{L}\p{M}\p{N}]", r"[[\p{L}\p{M}\p{N}]--\p{Han}]"))
+SPACE_RE = regex.compile(rf"[{_SPACE}]")
+
+
+def lowercase_and_strip_accents(text):
+    """XLM-15 style normalisation (XLM tools/lowercase_and_remove_accent.py): lower, NFD, drop Mn.
+
+    'Été à Noël' -> 'ete a noel'. Off by default (DESIGN D5).
+    """
+    text = unicodedata.normalize("NFD", text.lower())
+    return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
+
+
+def pretokenize(line, lang):
+    """Split a raw line into words and punctuation.
+
+    'Hello, world!' -> ['Hello', ',', 'world', '!'];  zh: '我们2020年' -> ['我', '们', '2020', '年'].
+    Words keep inner hyphens and apostrophes ("well-known", "l'homme"), numbers keep inner '.' and ','
+    ("1,000.5"), every other non-space grapheme (punctuation, emoji with its modifiers) is a token.
+    A literal special token in the text ('<s>') is split like any punctuation ('<', 's', '>'), so text
+    can never produce a special id.
+    """
+    pattern = TOKEN_RE_ZH if lang == "zh" else TOKEN_RE
+    return pattern.findall(line)
+
+
+# -----------------------------------------------------------------------------
+# 2. Learning BPE (Sennrich et al. 2016; subword-nmt learn_bpe.py, codes version 0.2)
+
+
+def _symbol_key(s):
+    """A key that sorts strings in REVERSE order: heapq is a min-heap, we want the largest pair.
+
+    Python compares strings code point by code point and a prefix sorts first ('ab' < 'abc'); the key
+    negates the code points and ends with 1, bigger than any negated code point, so the prefix sorts
+    last instead. 'b' -> (-98, 1), 'a' -> (-97, 1), 'ab' -> (-97, -98, 1): key('b') < key('ab') < key('a').
+    """
+    return tuple(-ord(c) for c in s) + (1,)
+
+
+def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
+    """Learn up to `num_merges` merges from a {word: count} table. Returns [(left, right), ...].
+
+    Every word is a sequence of characters, the last one carrying '</w>' ('low' -> l o w</w>). At each
+    step the adjacent pair with the highest count (summed over words, weighted by word count) is merged
+    everywhere; ties go to the lexicographically LARGEST pair (subword-nmt picks max over (count, pair)).
+    Learning stops early when the best count is below `min_freq` or nothing is left to merge.
+
+    Example (Sennrich et al. 2016, Fig. 1): {'low': 5, 'lower': 2, 'newest': 6, 'widest': 3}
+      counts: (e,s)=9 (s,t</w>)=9 (w,e)=8 (l,o)=7 (n,e)=6 (e,w)=6 (o,w</w>)=5 ...
+      step 1: (e,s) and (s,t</w>) tie at 9; 's' > 'e', so ('s', 't</w>')  -> n e w e st</w>, w i d e st</w>
+      step 2: (e,st</w>) = 9                                             -> n e w est</w>, w i d est</w>
+      step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2)        -> lo w</w>, lo w e r</w>
+      step 4: (w,est</w>), (n,e), (e,w) tie at 6; 'w' is largest, so ('w', 'est</w>')
+      ... the list subword-nmt writes (tests/test_bpe.py checks this and more cases).
+
+    subword-nmt recounts nothing either, but finds the best pair with max() over a dict (kept small by
+    pruning heuristics). Here: `stats` pair -> count, `where` pair -> ids of the words that may contain
+    it, and a heap of (-count, key(left), key(right), pair) with lazy deletion: an entry whose count is
+    out of date is re-pushed with the current count when it reaches the top. Counts only ever increase
+    through a push, so the top entry, once current, is the true maximum.
+    """
+    if num_merges <= 0:
+        raise ValueError(f"num_merges must be > 0, got {num_merges}")
+    if min_freq < 1:
+        raise ValueError(f"min_freq must be >= 1, got {min_freq}")
+    words, freqs = [], []  # words[j]: list of symbols; freqs[j]: its count
+    for w, f in word_counts.items():
+        if not w:
+            raise ValueError("learn_bpe: the empty string is not a word")
+        if SPACE_RE.search(w):
+            raise ValueError(f"learn_bpe: word {w!r} contains whitespace; split it first (pretokenize)")
+        if f <= 0:
+            continue
+        words.append(list(w[:-1]) + [w[-1] + EOW])
+        freqs.append(int(f))
+    if not words:
+        raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
+
+    stats = defaultdict(int)  # (str, str) -> count
+    where = defaultdict(set)  # (str, str) -> word ids that contain (or once contained) the pair
+    for j, (w, f) in enumerate(zip(words, freqs)):
+        for pair in zip(w, w[1:]):
+            stats[pair] += f
+            where[pair].add(j)
+    keys = {}  # symbol -> _symbol_key(symbol), cached
+
+    def key(s):
+        k = keys.get(s)
+        if k is None:
+            k = keys[s] = _symbol_key(s)
+        return k
+
+    heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
+    heapq.heapify(heap)
+
+    merges = []
+    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose, mininterval=1)
+    while len(merges) < num_merges:
+        # pop stale entries until the top one is current (lazy deletion)
+        while heap:
+            negc, ka, kb, pair = heap[0]
+            c = stats.get(pair, 0)
+            if c == -negc:
+                break
+            heapq.heapreplace(heap, (-c, ka, kb, pair)) if c > 0 else heapq.heappop(heap)
+        if not heap or -heap[0][0] < min_freq:
+            break
+        pair = heap[0][3]
+        merges.append(pair)
+        bar.update(1)
+        a, b = pair
+        ab = a + b
+        grown = set()  # pairs whose count went up: pushed once, after all words are updated
+        for j in where.pop(pair):
+            w = words[j]
+            n = len(w)
+            # merge left to right, non-overlapping ('a a a' with (a, a) -> 'aa a'), as subword-nmt
+            new, i = [], 0
+            while i < n:
+                if i < n - 1 and w[i] == a and w[i + 1] == b:
+                    new.append(ab)
+                    i += 2
+                else:
+                    new.append(w[i])
+                    i += 1
+            if len(new) == n:
+                continue  # stale index entry: this word no longer contains the pair
+            # update the counts by the difference between the word's old and new pairs
+            delta = Counter(zip(new, new[1:]))
+            delta.subtract(zip(w, w[1:]))
+            f = freqs[j]
+            for p, d in delta.items():
+                if d:
+                    stats[p] += d * f
+                    if d > 0:
+                        where[p].add(j)
+                        grown.add(p)
+            words[j] = new
+        del stats[pair]
+        for p in grown:
+            heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
+    bar.close()
+    return merges
+
+
+def count_words(lines, lang, lowercase=False):
+    """{word: count} over pretokenised lines (the input learn_bpe expects)."""
+    counts = Counter()
+    for line in lines:
+        if lowercase:
+            line = lowercase_and_strip_accents(line)
+        counts.update(pretokenize(line, lang))
+    return counts
+
+
+# -----------------------------------------------------------------------------
+# 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
+
+
+class BPE:
+    """Merges -> segmentation. `BPE(merges)` with merges = [(left, right), ...] in learning order."""
+
+    def __init__(self, merges):
+        self.merges = [tuple(m) for m in merges]
+        # rank of each pair; a pair learned twice keeps its first (lowest) rank, as in subword-nmt
+        self.ranks = {}
+        for i, pair in enumerate(self.merges):
+            if len(pair) != 2 or not pair[0] or not pair[1]:
+                raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
+            self.ranks.setdefault(pair, i)
+        self.cache = {}  # word -> tuple of pieces (without @@)
+
+    def segment(self, word):
+        """Split one word into pieces: 'lowest' -> ['low', 'est'] (no '@@' markers).
+
+        Start from characters (the last one + '</w>'), then repeatedly take the adjacent pair with the
+        lowest merge rank and merge all its occurrences left to right, until no pair is a known merge.
+        A one-character word is returned as is (subword-nmt does the same).
+        """
+        pieces = self.cache.get(word)
+        if pieces is not None:
+            return list(pieces)
+        if len(word) <= 1:
+            pieces = (word,) if word else ()
+        else:
+            w = list(word[:-1]) + [word[-1] + EOW]
+            ranks = self.ranks
+            while len(w) > 1:
+                best, best_rank = None, None
+                for pair in zip(w, w[1:]):
+                    r = ranks.get(pair)
+                    if r is not None and (best_rank is None or r < best_rank):
+                        best, best_rank = pair, r
+                if best is None:
+                    break
+                a, b = best
+                new, i, n = [], 0, len(w)
+                while i < n:
+                    if i < n - 1 and w[i] == a and w[i + 1] == b:
+                        new.append(a + b)
+                        i += 2
+                    else:
+                        new.append(w[i])
+                        i += 1
+                w = new
+            w[-1] = w[-1][: -len(EOW)]
+            pieces = tuple(w)
+        self.cache[word] = pieces
+        return list(pieces)
+
+    def apply_words(self, words):
+        """['lowest', 'new'] -> ['low@@', 'est', 'new']: pieces of every word, '@@' on non-final ones."""
+        out = []
+        for word in words:
+            pieces = self.segment(word)
+            out.extend(p + SEP for p in pieces[:-1])
+            out.append(pieces[-1])
+        return out
+
+    def apply(self, line):
+        """A whitespace-tokenised line -> BPE'd line, the string subword-nmt apply-bpe writes.
+
+        As subword-nmt: the line is stripped of '\\r\\n ' and split on single spaces (runs of spaces
+        collapse; tabs and other whitespace stay inside words). 'the lowest' -> 'the low@@ est'.
+        """
+        return " ".join(self.apply_words([w for w in line.strip("\r\n ").split(" ") if w]))
+
+    @staticmethod
+    def decode(text):
+        """Undo apply: remove '@@ ' (and a trailing '@@'), as XLM's restore_segmentation."""
+        return regex.sub(r"@@ |@@ ?$", "", text)
+
+    def save(self, path):
+        """Write subword-nmt codes ('#version: 0.2' then one 'left right' per line), atomically."""
+        _atomic_write_text(path, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
+
+    @classmethod
+    def load(cls, path):
+        """Read subword-nmt v0.2 codes ('#version: 0.2' header, 'left right' lines) or fastBPE codes
+        ('left right count' lines, no header). Anything else raises ValueError naming file and line."""
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().rstrip("\n").split("\n")
+        if not lines or lines == [""]:
+            raise ValueError(f"{path}: empty codes file")
+        merges = []
+        if lines[0].startswith("#version:"):
+            version = lines[0].split()[-1]
+            if version not in ("0.2", "0.2.0"):
+                raise ValueError(f"{path}:1: codes version {version} is not supported (only 0.2)")
+            fmt, body, first = "subword-nmt", lines[1:], 2
+        else:
+            fmt, body, first = "fastBPE", lines, 1
+        for n, line in enumerate(body, first):
+            parts = line.strip("\r\n ").split(" ")
+            if fmt == "subword-nmt" and len(parts) == 2 and all(parts):
+                merges.append((parts[0], parts[1]))
+            elif fmt == "fastBPE" and len(parts) == 3 and all(parts) and parts[2].isdigit():
+                merges.append((parts[0], parts[1]))
+            else:
+                want = "'left right'" if fmt == "subword-nmt" else "'left right count' (fastBPE)"
+                raise ValueError(f"{path}:{n}: expected {want}, got {line!r}"
+                                 + ("" if fmt == "subword-nmt" else
+                                    "; subword-nmt codes need a '#version: 0.2' first line"))
+        return cls(merges)
+
+
+def _atomic_write_text(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# -----------------------------------------------------------------------------
+# 4. Vocabularies (XLM data/dictionary.py, fastBPE getvocab) and the three regimes of paper §4.2
+
+
+def _sorted_by_count(counts):
+    """fastBPE getvocab order: count descending, ties alphabetical. Counter -> (tokens, counts)."""
+    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return [t for t, _ in items], [c for _, c in items]
+
+
+class Vocab:
+    """Token <-> id. `Vocab(tokens, counts=None)`: tokens WITHOUT the specials, which are prepended,
+    so tokens[0] gets id N_SPECIAL (14). Unknown tokens map to UNK_ID."""
+
+    def __init__(self, tokens, counts=None):
+        tokens = list(tokens)
+        if counts is not None and len(counts) != len(tokens):
+            raise ValueError(f"Vocab: {len(tokens)} tokens but {len(counts)} counts")
+        self.tokens = SPECIALS + tokens
+        self.counts = [0] * N_SPECIAL + (list(counts) if counts is not None else [0] * len(tokens))
+        self.index = {}
+        for i, t in enumerate(self.tokens):
+            if not t or SPACE_RE.search(t):
+                raise ValueError(f"Vocab: token {i} {t!r} is empty or contains whitespace")
+            if t in self.index:
+                raise ValueError(f"Vocab: token {t!r} appears twice (ids {self.index[t]} and {i})")
+            self.index[t] = i
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def id(self, tok):
+        return self.index.get(tok, UNK_ID)
+
+    def token(self, i):
+        return self.tokens[i]
+
+    def save(self, path):
+        """fastBPE/XLM form: 'token count' per line, specials not written (XLM adds them itself)."""
+        _atomic_write_text(path, "".join(f"{t} {c}\n" for t, c in
+                                         zip(self.tokens[N_SPECIAL:], self.counts[N_SPECIAL:])))
+
+    @classmethod
+    def load(cls, path):
+        tokens, counts = [], []
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                parts = line.rstrip("\r\n").split(" ")
+                if len(parts) != 2 or not parts[0] or not parts[1].isdigit():
+                    raise ValueError(f"{path}:{n}: expected 'token count', got {line.rstrip()!r}")
+                if parts[0] in SPECIALS:
+                    raise ValueError(f"{path}:{n}: special token {parts[0]} must not be in the file")
+                tokens.append(parts[0])
+                counts.append(int(parts[1]))
+        return cls(tokens, counts)
+
+
+MODES = ("joint", "separate", "prefixed")
+
+
+def mark(piece, lang):
+    """The `prefixed` regime's language marking: 'hel@@' in en -> 'en:hel@@'. Every token of a
+    language starts with '<lang>:', so two languages can never share a token (only the specials);
+    the '@@' continuation marker stays at the end."""
+    return f"{lang}:{piece}"
+
+
+def _read_lines(path, max_lines=None, errors="strict"):
+    """Stream the lines of a UTF-8 file (no '\\n'); a line that is not UTF-8 raises ValueError with
+    file and line unless errors='replace' (then bad bytes become U+FFFD)."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if max_lines is not None and n > max_lines:
+                return
+            try:
+                yield raw.decode("utf-8", errors).rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
+                                 "fix the file or use errors='replace' (--errors replace)") from None
+
+
+class Tokenizer:
+    """The whole text -> ids pipeline of one run: pretokenize (+ optional lowercasing), BPE, language
+    marking (prefixed regime), vocabulary lookup. Serialisable as plain types (to_dict/from_dict).
+
+    Regimes (paper §4.2, Table 1 "anchor points"):
+      joint     one BPE learned on all languages (equal numbers of lines per language), one vocabulary:
+                every identical string is one token (the default model, mBERT/XLM style)
+      separate  one BPE per language; the union of the per-language vocabularies: strings that happen
+                to be identical in both languages (digits, names, punctuation) are the only anchors
+      prefixed  one BPE per language and every token marked with its language ('en:the', 'fr:le'):
+                no shared token except the 14 specials ("no anchors")
+    separate_vocab=True gives every language its own id space (for separate embeddings, `--sep emb`).
+    """
+
+    def __init__(self, langs, mode, bpes, vocabs, lowercase=False, separate_vocab=False):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.langs = list(langs)
+        self.mode = mode
+        self.bpes = bpes  # lang -> BPE (the same object for every language in joint mode)
+        self.vocabs = vocabs  # lang -> Vocab (the same object unless separate_vocab)
+        self.lowercase = lowercase
+        self.separate_vocab = separate_vocab
+
+    # --- building --------------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, train_files, mode="joint", num_merges=80000, separate_vocab=False,
+              lowercase=False, max_lines=None, min_freq=2, seed=0, verbose=True):
+        """Learn BPE and vocabularies from {lang: path}. Paper sizes: joint 80k merges, separate and
+        prefixed 40k merges per language (pass num_merges accordingly).
+
+        joint: the BPE is learned on the same number of lines from every language (XLM samples 10M
+        lines per language with `shuf`): languages with more lines than the smallest one are
+        down-sampled without replacement, seeded, so no language dominates the merges. Vocabulary
+        counts come from ALL lines (up to max_lines) segmented with the learned codes.
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        langs = list(train_files)
+        if not langs:
+            raise ValueError("Tokenizer.build: no training files")
+        counts, n_lines = {}, {}
+        for lang in langs:
+            c, n = Counter(), 0
+            for line in _read_lines(train_files[lang], max_lines):
+                n += 1
+                c.update(pretokenize(lowercase_and_strip_accents(line) if lowercase else line, lang))
+            if not c:
+                raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
+            counts[lang], n_lines[lang] = c, n
+
+        if mode == "joint":
+            n_min = min(n_lines.values())
+            learn_counts = Counter()
+            for k, lang in enumerate(langs):
+                if n_lines[lang] == n_min:
+                    learn_counts.update(counts[lang])
+                    continue
+                rng = np.random.default_rng([seed, k])
+                keep = np.zeros(n_lines[lang], dtype=bool)
+                keep[rng.choice(n_lines[lang], n_min, replace=False)] = True
+                for n, line in enumerate(_read_lines(train_files[lang], max_lines)):
+                    if keep[n]:
+                        learn_counts.update(pretokenize(
+                            lowercase_and_strip_accents(line) if lowercase else line, lang))
+            if verbose:
+                print(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
+            shared = BPE(learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose))
+            bpes = {lang: shared for lang in langs}
+        else:
+            bpes = {}
+            for lang in langs:
+                if verbose:
+                    print(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
+                bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
+
+        # token counts per language = the pieces of every word times the word's count
+        token_counts = {}
+        for lang in langs:
+            tc = Counter()
+            for word, c in counts[lang].items():
+                for piece in bpes[lang].apply_words([word]):
+                    tc[mark(piece, lang) if mode == "prefixed" else piece] += c
+            token_counts[lang] = tc
+        if separate_vocab:
+            vocabs = {lang: Vocab(*_sorted_by_count(token_counts[lang])) for lang in langs}
+        else:
+            total = Counter()
+            for lang in langs:
+                total.update(token_counts[lang])
+            union = Vocab(*_sorted_by_count(total))
+            vocabs = {lang: union for lang in langs}
+        tok = cls(langs, mode, bpes, vocabs, lowercase, separate_vocab)
+        tok.anchors = anchor_tokens(token_counts)
+        if verbose:
+            sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in langs)
+            print(f"vocabulary ({mode}{', separate ids' if separate_vocab else ''}): {sizes}; "
+                  f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
+        return tok
+
+    # --- text -> tokens -> ids --------------------------------------------------------------------
+
+    def vocab(self, lang):
+        return self.vocabs[lang]
+
+    def vocab_size(self, lang):
+        return len(self.vocabs[lang])
+
+    def words(self, line, lang):
+        """Pretokenised (and, if the run lowercases, lowercased) words of a raw line."""
+        if self.lowercase:
+            line = lowercase_and_strip_accents(line)
+        return pretokenize(line, lang)
+
+    def pieces(self, words, lang):
+        """Words -> vocabulary tokens (BPE pieces with '@@', language-marked in the prefixed regime)."""
+        pieces = self.bpes[lang].apply_words(words)
+        if self.mode == "prefixed":
+            return [mark(p, lang) for p in pieces]
+        return pieces
+
+    def tokenize(self, line, lang):
+        """'Hello, world!' -> ['Hel@@', 'lo', ',', 'world', '!'] (prefixed: ['en:Hel@@', ...])."""
+        return self.pieces(self.words(line, lang), lang)
+
+    def encode(self, line, lang):
+        """A raw line -> ids (no </s> added). Pieces missing from the vocabulary become UNK_ID."""
+        index = self.vocabs[lang].index
+        return [index.get(p, UNK_ID) for p in self.tokenize(line, lang)]
+
+    def encode_words(self, words, lang):
+        """Already-split words -> ids per word (finetune.py labels the first piece of each word). A word
+        is pretokenised too (it may hold punctuation), so its ids are exactly those encode() gives it
+        in context; a word that yields no piece gets [UNK_ID]."""
+        index = self.vocabs[lang].index
+        out = []
+        for word in words:
+            ids = [index.get(p, UNK_ID) for p in self.tokenize(word, lang)]
+            out.append(ids or [UNK_ID])
+        return out
+
+    def decode(self, ids, lang):
+        """ids -> text: tokens joined by spaces, language marks and '@@ ' removed. Special ids are
+        dropped except <unk>, written as '<unk>'."""
+        vocab = self.vocabs[lang]
+        toks = []
+        for i in ids:
+            i = int(i)
+            if i == UNK_ID:
+                toks.append("<unk>")
+            elif i >= N_SPECIAL:
+                t = vocab.token(i)
+                if self.mode == "prefixed":
+                    t = t.split(":", 1)[1]
+                toks.append(t)
+        return BPE.decode(" ".join(toks))
+
+    # --- serialisation (plain types only: loadable with torch.load(weights_only=True)) ------------
+
+    def to_dict(self):
+        bpe_list, bpe_of = [], {}
+        vocab_list, vocab_of = [], {}
+        for lang in self.langs:
+            b, v = self.bpes[lang], self.vocabs[lang]
+            ib = next((k for k, x in enumerate(bpe_list) if x is b), None)
+            if ib is None:
+                ib = len(bpe_list)
+                bpe_list.append(b)
+            iv = next((k for k, x in enumerate(vocab_list) if x is v), None)
+            if iv is None:
+                iv = len(vocab_list)
+                vocab_list.append(v)
+            bpe_of[lang], vocab_of[lang] = ib, iv
+        return {
+            "format": "bpe.Tokenizer/1",
+            "langs": list(self.langs),
+            "mode": self.mode,
+            "lowercase": bool(self.lowercase),
+            "separate_vocab": bool(self.separate_vocab),
+            "bpes": [[[a, b_] for a, b_ in b.merges] for b in bpe_list],
+            "bpe_of": bpe_of,
+            "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]}
+                       for v in vocab_list],
+            "vocab_of": vocab_of,
+        }
+
+    @classmethod
+    def from_dict(cls, d):
+        bpes = [BPE(m) for m in d["bpes"]]
+        vocabs = [Vocab(v["tokens"], v["counts"]) for v in d["vocabs"]]
+        langs = list(d["langs"])
+        return cls(langs, d["mode"], {l: bpes[d["bpe_of"][l]] for l in langs},
+                   {l: vocabs[d["vocab_of"][l]] for l in langs},
+                   d.get("lowercase", False), d.get("separate_vocab", False))
+
+    def save(self, path):
+        _atomic_write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
+
+    @classmethod
+    def load(cls, path):
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+
+def anchor_tokens(token_counts):
+    """Tokens that occur in the text of more than one language: {lang: Counter} -> set. In the joint
+    and separate regimes these identical strings are the anchor points; prefixed gives none."""
+    seen = Counter()
+    for tc in token_counts.values():
+        seen.update(set(tc))
+    return {t for t, n in seen.items() if n > 1}
+
+
+# -----------------------------------------------------------------------------
+# 5. Code-switching: extra anchors (paper §4.2; PAPER_NOTES §3.6, DESIGN D11)
+
+
+class Dictionary(dict):
+    """A bilingual dictionary {source word: [translations]}; `weights` {source: [float]} when the
+    file has a third column (else None: translations are drawn uniformly)."""
+    weights = None
+
+
+def read_dictionary(path):
+    """Read a MUSE dictionary: 'src tgt' per line (space or tab), a source may have several lines;
+    an optional third column is a weight for that translation. Bad lines raise with file and line."""
+    d, w, has_w = Dictionary(), {}, None
+    for n, line in enumerate(_read_lines(path), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) not in (2, 3) or (has_w is not None and (len(parts) == 3) != has_w):
+            raise ValueError(f"{path}:{n}: expected 'source target' (or 'source target weight' on "
+                             f"every line), got {line!r}")
+        has_w = len(parts) == 3
+        src, tgt = parts[0], parts[1]
+        if has_w:
+            try:
+                weight = float(parts[2])
+            except ValueError:
+                raise ValueError(f"{path}:{n}: weight {parts[2]!r} is not a number") from None
+            if weight < 0:
+                raise ValueError(f"{path}:{n}: negative weight {weight}")
+            w.setdefault(src, []).append(weight)
+        d.setdefault(src, []).append(tgt)
+    if not d:
+        raise ValueError(f"{path}: empty dictionary")
+    if has_w:
+        d.weights = w
+    return d
+
+
+def _lookup(word, dictionary):
+    """Exact match first, then the lowercased word (MUSE dictionaries are lowercase); a Titlecase word
+    gets Titlecase translations. Returns (translations, weights or None) or (None, None)."""
+    for key, fix in ((word, str), (word.lower(), str.capitalize if word[:1].isupper() else str)):
+        if key in dictionary:
+            weights = dictionary.weights.get(key) if dictionary.weights else None
+            return [fix(t) for t in dictionary[key]], weights
+        if key == word.lower():
+            break
+    return None, None
+
+
+def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
+    """Replace dictionary words by a translation: extra anchor points (paper §4.2).
+
+    Every word found in `dictionary` is picked with probability p; if more than max_frac of all the
+    words were picked, a random subset of floor(max_frac * len(words)) of them is kept. Each kept
+    word becomes one of its translations, uniformly or by the dictionary's weight column.
+    `rng` is a random.Random or a numpy Generator (only rng.random() is used).
+    Example: ['the', 'cat', 'sleeps'], {'cat': ['chat']}, p=1, max_frac=1 -> ['the', 'chat', 'sleeps'].
+    """
+    picked = []  # (position, translations, weights)
+    for i, word in enumerate(words):
+        tr, wt = _lookup(word, dictionary)
+        if tr is not None and rng.random() < p:
+            picked.append((i, tr, wt))
+    cap = int(max_frac * len(words))
+    if len(picked) > cap:
+        order = sorted(range(len(picked)), key=lambda k: rng.random())
+        picked = [picked[k] for k in sorted(order[:cap])]
+    out = list(words)
+    for i, tr, wt in picked:
+        cum = np.cumsum(wt if wt is not None else [1.0] * len(tr))
+        if cum[-1] <= 0:
+            continue
+        k = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+        out[i] = tr[min(k, len(tr) - 1)]
+    return out
+
+
+_code_switch = code_switch  # binarize() has an argument of the same name
+
+# -----------------------------------------------------------------------------
+# 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
+
+CHUNK_LINES = 2000
+_WORKER = {}  # per-process state of binarize workers (set by _init_worker)
+
+
+def _init_worker(tok, lang, opts):
+    _WORKER.clear()
+    _WORKER.update(opts, tok=Tokenizer.from_dict(tok) if isinstance(tok, dict) else tok, lang=lang)
+
+
+def _encode_chunk(chunk):
+    """(first line number, [raw bytes lines]) -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
+    start, raw_lines = chunk
+    s = _WORKER
+    tok, lang, cs = s["tok"], s["lang"], s["code_switch"]
+    index = tok.vocab(lang).index
+    ids = []
+    for n, raw in enumerate(raw_lines, start):
+        try:
+            line = raw.decode("utf-8", s["errors"]).rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{s['path']}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
+                             "fix the file or use errors='replace' (--errors replace)") from None
+        words = tok.words(line, lang)
+        if cs is None:
+            pieces = tok.pieces(words, lang)
+        else:
+            # the rng depends only on (seed, line number): the output is the same for any --workers
+            switched = _code_switch(words, cs, random.Random(s["seed"] * 1_000_003 + n),
+                                    s["p"], s["max_frac"])
+            pieces = []
+            for w, w2 in zip(words, switched):
+                pieces += tok.pieces([w2], lang if w2 == w else s["cs_lang"])
+        ids.extend(index.get(p, UNK_ID) for p in pieces)
+        ids.append(EOS_ID)
+    return np.array(ids, dtype=np.uint32), len(raw_lines), sum(len(r) for r in raw_lines)
+
+
+def _chunks(path):
+    with open(path, "rb") as f:
+        start, buf = 1, []
+        for raw in f:
+            buf.append(raw)
+            if len(buf) == CHUNK_LINES:
+                yield start, buf
+                start, buf = start + len(buf), []
+        if buf:
+            yield start, buf
+
+
+def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_lang=None,
+             p=0.3, max_frac=0.15, seed=0, errors="strict", verbose=True):
+    """Encode a text file into `out_prefix.bin` (flat ids, EOS_ID after every line, uint16 when the
+    vocabulary fits, else uint32) and `out_prefix.json` {"dtype","n_tokens","n_sentences",
+    "vocab_size","lang"}. Streams the file in chunks (memory ~ one chunk per worker); `workers` > 1
+    encodes chunks in a process pool, in order. Both files are written atomically.
+
+    code_switch: a bilingual dictionary (read_dictionary) to code-switch the text before BPE (paper
+    §4.2 extra anchors, DESIGN D11): words are replaced with code_switch(words, dictionary, rng, p,
+    max_frac), rng seeded per line. A replaced word is segmented with the BPE of `cs_lang` (default:
+    the other language of a two-language tokenizer) but looked up in `lang`'s vocabulary, so this needs
+    one shared id space (separate_vocab=False).
+    An empty line gives just </s>. Text can never produce a special id (pretokenize splits '<s>').
+    """
+    if lang not in tok.langs:
+        raise ValueError(f"language {lang!r} is not one of the tokenizer's {tok.langs}")
+    if code_switch is not None:
+        if tok.separate_vocab:
+            raise ValueError("code-switching needs one shared vocabulary (separate_vocab=False)")
+        if cs_lang is None:
+            others = [l for l in tok.langs if l != lang]
+            if len(others) != 1:
+                raise ValueError(f"pass cs_lang: which of {others} do the translations belong to?")
+            cs_lang = others[0]
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    vocab_size = tok.vocab_size(lang)
+    dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+    opts = dict(code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed,
+                errors=errors, path=text_path)
+    n_tokens = n_sentences = 0
+    bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
+               desc=f"binarize {os.path.basename(text_path)}", disable=not verbose)
+    tmp = out_prefix + ".bin.tmp"
+    pool = None
+    try:
+        if workers > 1:
+            import multiprocessing
+            pool = multiprocessing.Pool(workers, _init_worker, (tok.to_dict(), lang, opts))
+            results = pool.imap(_encode_chunk, _chunks(text_path))
+        else:
+            _init_worker(tok, lang, opts)
+            results = map(_encode_chunk, _chunks(text_path))
+        with open(tmp, "wb") as f:
+            for ids, n_lines, n_bytes in results:
+                f.write(ids.astype(dtype).tobytes())
+                n_tokens += len(ids)
+                n_sentences += n_lines
+                bar.update(n_bytes)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    finally:
+        bar.close()
+        _WORKER.clear()
+        if pool is not None:
+            pool.terminate()
+    if n_sentences == 0:
+        os.remove(tmp)
+        raise ValueError(f"{text_path}: empty corpus (no lines)")
+    meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
+            "vocab_size": vocab_size, "lang": lang}
+    os.replace(tmp, out_prefix + ".bin")
+    _atomic_write_text(out_prefix + ".json", json.dumps(meta) + "\n")
+    return meta
+
+
+def load_bin(out_prefix):
+    """-> (read-only np.memmap of the ids, meta dict) for files written by binarize()."""
+    with open(out_prefix + ".json", encoding="utf-8") as f:
+        meta = json.load(f)
+    data = np.memmap(out_prefix + ".bin", dtype=meta["dtype"], mode="r")
+    if len(data) != meta["n_tokens"]:
+        raise ValueError(f"{out_prefix}.bin has {len(data)} ids, its .json says {meta['n_tokens']}")
+    return data, meta
+
+
+# -----------------------------------------------------------------------------
+# Command line
+
+if __name__ == "__main__":
+
+    def lang_of(path):
+        """'../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt' -> 'en'."""
+        return os.path.basename(path).split(".")[0]
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("learn", help="learn BPE codes (subword-nmt v0.2 format) from text files",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--input", nargs="+", required=True, help="text files, one sentence per line; "
+                   "their word counts are summed")
+    p.add_argument("--output", required=True, help="codes file to write")
+    p.add_argument("--merges", type=int, default=10000, help="number of merges (paper: 80000 joint, "
+                   "40000 per language)")
+    p.add_argument("--min-freq", type=int, default=2, help="stop when the best pair is rarer")
+    p.add_argument("--lang", default=None, help="language for pretokenize (default: the file name "
+                   "up to the first '.', e.g. en.train.txt -> en)")
+    p.add_argument("--pretokenized", action="store_true", help="split lines on spaces only, as "
+                   "subword-nmt (input already tokenised)")
+    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
+    p.add_argument("--max-lines", type=int, default=None, help="read at most this many lines per file")
+    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
+                   help="undecodable bytes: stop with file:line, or replace by U+FFFD")
+
+    p = sub.add_parser("apply", help="apply BPE codes to a text file (subword-nmt or fastBPE codes)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--codes", required=True, help="codes file ('#version: 0.2' or fastBPE)")
+    p.add_argument("--input", required=True, help="text file")
+    p.add_argument("--output", required=True, help="BPE'd text file to write")
+    p.add_argument("--lang", default=None, help="language for pretokenize (default: from file name)")
+    p.add_argument("--pretokenized", action="store_true", help="input is tokenised already: output "
+                   "is then exactly subword-nmt apply-bpe's")
+    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
+    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
+                   help="undecodable bytes: stop with file:line, or replace by U+FFFD")
+
+    p = sub.add_parser("vocab", help="build a Tokenizer (BPE + vocabulary) in one of the three regimes",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--train", nargs="+", required=True, metavar="LANG=PATH",
+                   help="training text per language, e.g. en=en.train.txt fr=fr.train.txt")
+    p.add_argument("--mode", choices=MODES, default="joint", help="joint: one BPE and vocabulary; "
+                   "separate: per-language BPE, union vocabulary; prefixed: per-language BPE, "
+                   "language-marked tokens (no shared token but the specials)")
+    p.add_argument("--merges", type=int, default=80000, help="merges (joint) or merges per "
+                   "language (separate/prefixed); paper: 80000 / 40000")
+    p.add_argument("--separate-vocab", action="store_true", help="one id space per language "
+                   "(separate embeddings)")
+    p.add_argument("--min-freq", type=int, default=2, help="stop BPE when the best pair is rarer")
+    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
+    p.add_argument("--max-lines", type=int, default=None, help="read at most this many lines per file")
+    p.add_argument("--seed", type=int, default=0, help="seed of the joint-BPE line sampling")
+    p.add_argument("--out", required=True, help="directory for tokenizer.json, codes and vocab files")
+
+    p = sub.add_parser("binarize", help="text -> flat id file (.bin + .json) for pretrain.py",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--tokenizer", required=True, help="tokenizer.json written by `vocab`")
+    p.add_argument("--lang", required=True, help="language of the input text")
+    p.add_argument("--input", required=True, help="text file, one sentence per line")
+    p.add_argument("--out-prefix", required=True, help="writes OUT_PREFIX.bin and OUT_PREFIX.json")
+    p.add_argument("--workers", type=int, default=1, help="encoding processes")
+    p.add_argument("--code-switch", default=None, metavar="DICT", help="MUSE dictionary: code-switch "
+                   "the text first (extra anchors, paper §4.2)")
+    p.add_argument("--cs-lang", default=None, help="language of the translations (default: the other one)")
+    p.add_argument("--cs-p", type=float, default=0.3, help="replacement probability per dictionary word")
+    p.add_argument("--cs-max-frac", type=float, default=0.15, help="at most this fraction of a line's words")
+    p.add_argument("--seed", type=int, default=0, help="code-switching seed")
+    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
+                   help="undecodable bytes: stop with file:line, or replace by U+FFFD")
+
+    args = parser.parse_args()
+    try:
+        if args.cmd == "learn":
+            counts = Counter()
+            for path in args.input:
+                lang = args.lang or lang_of(path)
+                for line in _read_lines(path, args.max_lines, args.errors):
+                    if args.lowercase:
+                        line = lowercase_and_strip_accents(line)
+                    if args.pretokenized:
+                        counts.update(w for w in line.strip("\r\n ").split(" ") if w)
+                    else:
+                        counts.update(pretokenize(line, lang))
+            if not counts:
+                raise ValueError(f"empty corpus: no words in {' '.join(args.input)}")
+            merges = learn_bpe(counts, args.merges, args.min_freq, verbose=True)
+            BPE(merges).save(args.output)
+            print(f"{len(merges)} merges from {len(counts)} distinct words -> {args.output}")
+
+        elif args.cmd == "apply":
+            codes, lang = BPE.load(args.codes), args.lang or lang_of(args.input)
+            tmp = args.output + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as out:
+                for line in tqdm(_read_lines(args.input, None, args.errors), desc="apply bpe"):
+                    if args.lowercase:
+                        line = lowercase_and_strip_accents(line)
+                    if args.pretokenized:
+                        # as subword-nmt: keep leading/trailing spaces of the line
+                        lead = line[: len(line) - len(line.lstrip(" "))]
+                        trail = line[len(line.rstrip(" ")):] if line.strip(" ") else ""
+                        out.write(lead + codes.apply(line) + trail + "\n")
+                    else:
+                        out.write(" ".join(codes.apply_words(pretokenize(line, lang))) + "\n")
+            os.replace(tmp, args.output)
+
+        elif args.cmd == "vocab":
+            files = {}
+            for item in args.train:
+                lang, sep, path = item.partition("=")
+                if not sep or not lang or not path:
+                    raise ValueError(f"--train expects LANG=PATH, got {item!r}")
+                files[lang] = path
+            tok = Tokenizer.build(files, args.mode, args.merges, args.separate_vocab, args.lowercase,
+                                  args.max_lines, args.min_freq, args.seed)
+            os.makedirs(args.out, exist_ok=True)
+            tok.save(os.path.join(args.out, "tokenizer.json"))
+            for lang in tok.langs:
+                tok.bpes[lang].save(os.path.join(args.out, f"codes.{lang}"))
+                tok.vocab(lang).save(os.path.join(args.out, f"vocab.{lang}"))
+            print(f"wrote {args.out}/tokenizer.json, codes.<lang>, vocab.<lang>")
+
+        elif args.cmd == "binarize":
+            tok = Tokenizer.load(args.tokenizer)
+            cs = read_dictionary(args.code_switch) if args.code_switch else None
+            meta = binarize(args.input, tok, args.lang, args.out_prefix, args.workers, cs,
+                            args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)
+            print(json.dumps(meta))
+    except (ValueError, OSError) as e:
+        sys.exit(f"bpe.py {args.cmd}: error: {e}")
