@@ -1,0 +1,461 @@
+"""Post-hoc alignment of pretrained representations (paper §5.1, Figures 4-6).
+
+The question of §5 is whether two (monolingual or bilingual) BERT-style models encode words and sentences
+in spaces that differ only by a rotation. If they do, one orthogonal map W fitted on a few thousand
+translation pairs (orthogonal Procrustes) should make nearest-neighbour retrieval across the two spaces
+work. This file is that experiment, in three granularities:
+
+  Fig. 4  words       word vectors from the embedding table (a) or averaged contextual states (b),
+                      Procrustes on a MUSE train dictionary, CSLS precision@1 on the test dictionary
+  Fig. 5  contextual  word *tokens* in parallel sentences, paired by a numpy fast_align, one map per layer
+  Fig. 6  sentences   mean-pooled sentence vectors, Tatoeba-style retrieval with and without a map
+
+References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translation without parallel data"
+(MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al. 2013 (fast_align),
+Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
+
+The numpy part (everything above the CLI ruler) needs only numpy and can be copied alone. The CLI part
+imports torch, model.py and bpe.py inside its functions.
+
+    python align.py words      --toy DIR --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
+    python align.py contextual --toy DIR --ckpt RUN/best.pt --save-maps maps.npz
+    python align.py sentences  --toy DIR --ckpt RUN/best.pt
+    python align.py sentences  --ckpt RUN/best.pt --src en --tgt fr \\
+        --test-src ../shared/data/tatoeba/tatoeba.fra-eng.eng --test-tgt ../shared/data/tatoeba/tatoeba.fra-eng.fra
+"""
+import argparse
+import math
+import os
+import sys
+
+import numpy as np
+
+# -----------------------------------------------------------------------------------------------------
+# input checks shared by every function below (clear errors instead of silent NaNs)
+
+
+def _as_matrix(X, name):
+    """Return X as a 2-D float array, or raise ValueError naming the input."""
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (rows are examples), got shape {X.shape}")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {X.shape})")
+    if not np.issubdtype(X.dtype, np.floating):
+        X = X.astype(np.float64)
+    if not np.isfinite(X).all():
+        bad = int(np.argwhere(~np.isfinite(X))[0, 0])
+        raise ValueError(f"{name} contains NaN or inf (first in row {bad})")
+    return X
+
+
+def _same_rows(X, Y, names=("X", "Y")):
+    if X.shape[0] != Y.shape[0]:
+        raise ValueError(f"{names[0]} has {X.shape[0]} rows but {names[1]} has {Y.shape[0]}: "
+                         "row k of both must describe the same example")
+
+
+# -----------------------------------------------------------------------------------------------------
+# §5.1 (MUSE): orthogonal Procrustes and iterative normalisation
+
+
+def procrustes(X, Y):
+    """Orthogonal W minimising ||X W - Y||_F, rows of X and Y are paired examples (n, d).
+
+    Closed form (Schönemann 1966): with the SVD  XᵀY = U Σ Vᵀ,  W = U Vᵀ.
+    This is the same W as SciPy's `orthogonal_procrustes(X, Y)[0]`. The paper (and MUSE) write the
+    transposed convention  W* = argmin ||W X - Y||  with examples as *columns*, i.e. W_paper = Wᵀ.
+
+    >>> R = np.array([[0., -1.], [1., 0.]]); X = np.random.randn(5, 2)
+    >>> np.allclose(procrustes(X, X @ R), R)
+    True
+    """
+    X, Y = _as_matrix(X, "X"), _as_matrix(Y, "Y")
+    _same_rows(X, Y)
+    if X.shape[1] != Y.shape[1]:
+        raise ValueError(f"Procrustes needs equal dimensions, got X {X.shape} and Y {Y.shape}")
+    U, _, Vt = np.linalg.svd(X.T @ Y)  # XᵀY = U Σ Vᵀ  (d, d)
+    return U @ Vt
+
+
+def normalize_rows(X, eps=1e-8):
+    """x <- x / (||x||₂ + eps) for every row (so a zero row stays zero)."""
+    return X / (np.linalg.norm(X, axis=1, keepdims=True) + eps)
+
+
+def iterative_normalize(X, n_iter=5):
+    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`): unit length AND zero mean.
+
+    Length-normalising breaks the zero mean and centring breaks the unit length, so the two steps
+    are repeated n_iter times and a final length normalisation ends it: after a few rounds the mean
+    is ~1e-3 or smaller and every row has norm 1. Apply to each language separately.
+    """
+    X = _as_matrix(X, "X").astype(np.float64)
+    for _ in range(n_iter):
+        X = normalize_rows(X)
+        X = X - X.mean(axis=0, keepdims=True)
+    return normalize_rows(X)
+
+
+# -----------------------------------------------------------------------------------------------------
+# §5.1 retrieval: nearest neighbour by cosine and CSLS (Conneau et al. 2018), in chunks
+#
+# Both take queries X (n, d) and candidates Y (m, d) and return, for every row of X, the index of the
+# best row of Y. Similarities are computed block by block, so memory is O(chunk * m), never O(n * m):
+# 200k x 200k float32 similarities would be 160 GB.
+
+CHUNK_BYTES = 128 * 2**20  # ~128 MB per similarity block (float32: 671 rows x 50k candidates)
+
+
+def _chunk_rows(m, itemsize, chunk_bytes=CHUNK_BYTES):
+    return max(1, int(chunk_bytes // (itemsize * m)))
+
+
+def _unit(X, name):
+    X = _as_matrix(X, name)
+    dtype = np.float32 if X.dtype == np.float32 else np.float64  # float32 in, float32 math (MUSE)
+    return normalize_rows(X.astype(dtype, copy=False))
+
+
+def mean_topk_sim(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
+    """r(x) = mean of the k largest cos(x, y) over all rows y of Y, for every row x of X -> (n,).
+
+    MUSE `get_nn_avg_dist`: r_T(x) = mean_topk_sim(WX, Y) and r_S(y) = mean_topk_sim(Y, WX).
+    """
+    X, Y = _unit(X, "X"), _unit(Y, "Y")
+    k = min(k, Y.shape[0])
+    out = np.empty(X.shape[0], dtype=np.float64)
+    step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
+    for a in range(0, X.shape[0], step):
+        S = X[a:a + step] @ Y.T                                  # (chunk, m) cosines
+        top = np.partition(S, S.shape[1] - k, axis=1)[:, -k:]    # k largest per row, unordered
+        out[a:a + step] = top.mean(axis=1)
+    return out
+
+
+def nn_knn(X, Y, chunk_bytes=CHUNK_BYTES):
+    """Nearest neighbour by cosine: best row of Y for every row of X -> (n,) int."""
+    X, Y = _unit(X, "X"), _unit(Y, "Y")
+    out = np.empty(X.shape[0], dtype=np.int64)
+    step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
+    for a in range(0, X.shape[0], step):
+        out[a:a + step] = np.argmax(X[a:a + step] @ Y.T, axis=1)
+    return out
+
+
+def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
+    """Cross-domain similarity local scaling (Conneau et al. 2018, eq. 6): best row of Y per row of X.
+
+        CSLS(x, y) = 2 cos(x, y) - r_T(x) - r_S(y)
+        r_T(x) = mean cos of x to its k nearest rows of Y,  r_S(y) = mean cos of y to its k nearest rows of X
+
+    X are the (already mapped) queries, Y the candidates; both are length-normalised here. r_T(x) is the
+    same for every candidate of one query, so it cannot change the argmax and is not computed (see
+    `csls_scores` for the full matrix). Cost: two passes of n*m*d multiply-adds, memory O(chunk * m).
+    Penalising "hubs" (y close to everything, large r_S) is what makes CSLS beat plain NN retrieval.
+    """
+    X, Y = _unit(X, "X"), _unit(Y, "Y")
+    if X.shape[1] != Y.shape[1]:
+        raise ValueError(f"X and Y must have the same dimension, got {X.shape} and {Y.shape}")
+    r_S = mean_topk_sim(Y, X, k, chunk_bytes).astype(X.dtype)   # (m,) hubness of each candidate
+    out = np.empty(X.shape[0], dtype=np.int64)
+    step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
+    for a in range(0, X.shape[0], step):
+        S = X[a:a + step] @ Y.T
+        S *= 2
+        S -= r_S[None, :]                                       # 2cos - r_S  (r_T(x) is constant per row)
+        out[a:a + step] = np.argmax(S, axis=1)
+    return out
+
+
+def csls_scores(X, Y, k=10):
+    """The full CSLS matrix (n, m), dense: for small inputs and for checking `csls_knn`."""
+    X, Y = _unit(X, "X"), _unit(Y, "Y")
+    return 2 * (X @ Y.T) - mean_topk_sim(X, Y, k)[:, None] - mean_topk_sim(Y, X, k)[None, :]
+
+
+def retrieve(X, Y, method="csls", k=10):
+    """Best row of Y for every row of X with `method` in {"csls", "nn"}."""
+    if method == "csls":
+        return csls_knn(X, Y, k)
+    if method == "nn":
+        return nn_knn(X, Y)
+    raise ValueError(f"unknown retrieval method {method!r} (use 'csls' or 'nn')")
+
+
+# -----------------------------------------------------------------------------------------------------
+# §5.1.1 word translation (MUSE `word_translation.py`): dictionaries, P@1 with the any-gold rule
+
+
+def read_muse_dictionary(path, lowercase=True):
+    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> list of pairs.
+
+    Lines are lowercased as MUSE does (its dictionaries are lowercase and its embeddings lowercased).
+    Raises ValueError naming the file and line for a malformed line, and for an empty dictionary.
+    """
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) not in (2, 3):  # optional 3rd column: a weight (bpe.read_dictionary)
+                raise ValueError(f"{path}:{n}: expected 'src tgt', got {line.rstrip()!r}")
+            s, t = parts[0], parts[1]
+            pairs.append((s.lower(), t.lower()) if lowercase else (s, t))
+    if not pairs:
+        raise ValueError(f"{path}: the dictionary is empty")
+    return pairs
+
+
+def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
+    """Keep the pairs whose two words both have a vector -> (src_idx, tgt_idx) int arrays.
+
+    src_words / tgt_words list the words that own rows of the two embedding matrices.
+    Raises ValueError if no pair survives (nothing to fit or evaluate).
+    """
+    s_id = {w: i for i, w in enumerate(src_words)}
+    t_id = {w: i for i, w in enumerate(tgt_words)}
+    kept = [(s_id[s], t_id[t]) for s, t in pairs if s in s_id and t in t_id]
+    if not kept:
+        raise ValueError(f"{name}: none of its {len(pairs)} pairs has both words in the vocabularies "
+                         f"({len(src_words)} source, {len(tgt_words)} target words)")
+    a = np.array(kept, dtype=np.int64)
+    return a[:, 0], a[:, 1]
+
+
+def translation_precision(pred, src_idx, tgt_idx):
+    """Precision@1 over unique source words: a source word is right if ANY of its gold translations
+    is the retrieved word (MUSE). pred[q] is the retrieved target row for source row q; the pairs
+    (src_idx[i], tgt_idx[i]) are the gold dictionary. Returns (p_at_1, n_source_words)."""
+    gold = {}
+    for s, t in zip(src_idx.tolist(), tgt_idx.tolist()):
+        gold.setdefault(s, set()).add(t)
+    hits = [int(pred[s]) in ts for s, ts in gold.items()]
+    return float(np.mean(hits)), len(hits)
+
+
+def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, method="csls", k=10):
+    """Map X_src with W (if given), retrieve among ALL rows of X_tgt for each test source word,
+    score P@1 with the any-gold rule. Returns (p_at_1, n_source_words)."""
+    X_src, X_tgt = _as_matrix(X_src, "X_src"), _as_matrix(X_tgt, "X_tgt")
+    queries = np.unique(src_idx)
+    Q = X_src[queries] if W is None else X_src[queries] @ W
+    pred = np.full(X_src.shape[0], -1, dtype=np.int64)
+    pred[queries] = retrieve(Q, X_tgt, method, k)
+    return translation_precision(pred, src_idx, tgt_idx)
+
+
+def read_vec(path, max_vocab=200000, lowercase=True):
+    """fastText `.vec` text embeddings (header `n d`, then `word v1 ... vd`) -> (words, (n, d) float32).
+    Like MUSE: first `max_vocab` words, lowercased, first occurrence kept."""
+    words, vecs, seen = [], [], set()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        header = f.readline().split()
+        if len(header) != 2:
+            raise ValueError(f"{path}:1: expected a '.vec' header 'n_words dim', got {header!r}")
+        dim = int(header[1])
+        for n, line in enumerate(f, 2):
+            parts = line.rstrip("\n").rstrip(" ").split(" ")
+            if len(parts) != dim + 1:
+                raise ValueError(f"{path}:{n}: expected a word and {dim} numbers, got {len(parts) - 1}")
+            w = parts[0].lower() if lowercase else parts[0]
+            if w in seen:
+                continue
+            seen.add(w)
+            words.append(w)
+            vecs.append(np.array(parts[1:], dtype=np.float32))
+            if len(words) >= max_vocab:
+                break
+    if not words:
+        raise ValueError(f"{path}: no vectors")
+    return words, np.stack(vecs)
+
+
+# -----------------------------------------------------------------------------------------------------
+# §5.1.2 word pairs from parallel sentences: fast_align (Dyer et al. 2013) in numpy (decision D12)
+#
+# Reparameterised IBM Model 2. For target word j (1..m) of a pair with n source words plus NULL (i = 0):
+#     p(a_j = 0)          = p0                                           (p0 = 0.08)
+#     p(a_j = i | j,m,n)  = (1 - p0) exp(λ h(i,j,m,n)) / Z_λ(j,m,n),      h = -| i/n - j/m |,  i = 1..n
+#     p(f_j, a_j = i)     = p(a_j = i) θ(f_j | e_i)
+# EM: the E-step computes the posterior q(i) ∝ p(f_j, a_j = i) for every target token, the M-step
+# re-estimates θ from the expected counts, with -v as variational Bayes under a Dirichlet(α) prior:
+#     θ(f|e) = exp(ψ(c(e,f) + α) - ψ(Σ_f' c(e,f') + α))
+# and -o moves λ towards the value where the prior's expected h equals the posterior's. The last of the
+# `n_iter` passes only decodes: argmax_i per target word, NULL links dropped. Defaults = `fast_align -d -o -v`.
+#
+# Vectorised over the whole corpus: every (target token, candidate source position) is one "cell"; a
+# sentence pair with n source and m target words owns m * (n + 1) consecutive cells, token-major.
+# Sums per token are np.bincount over the cell -> token index, so one EM pass is a handful of numpy calls.
+
+
+def digamma(x):
+    """ψ(x) for x > 0, elementwise (recurrence ψ(x) = ψ(x+1) - 1/x up to x >= 10, then the asymptotic
+    series; fast_align's own `digamma` shifts to 6, accurate to ~1e-11). ψ(1) = -0.5772156649 (minus the Euler-Mascheroni constant)."""
+    x = np.array(x, dtype=np.float64)
+    out = np.zeros_like(x)
+    for _ in range(10):
+        small = x < 10
+        if not small.any():
+            break
+        out[small] -= 1.0 / x[small]
+        x[small] += 1.0
+    f = 1.0 / (x * x)
+    series = f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f * (1 / 240 - f * (1 / 132)))))
+    return out + np.log(x) - 0.5 / x - series
+
+
+def _words(sent):
+    return sent.split() if isinstance(sent, str) else list(sent)
+
+
+def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diagonal=True,
+               optimize_tension=True, variational_bayes=True, alpha=0.01):
+    """One direction of fast_align: every target word picks at most one source word.
+
+    src_sents, tgt_sents: equal-length lists of sentences (strings split on whitespace, or word lists).
+    Returns one list of (i, j) links per pair (0-based, i in the source, j in the target), as
+    `fast_align -i src ||| tgt` prints them. Pairs with an empty side get no links (fast_align stops
+    with an error there instead).
+    """
+    if len(src_sents) != len(tgt_sents):
+        raise ValueError(f"{len(src_sents)} source but {len(tgt_sents)} target sentences")
+    src = [_words(s) for s in src_sents]
+    tgt = [_words(t) for t in tgt_sents]
+    e_id, f_id = {"<NULL>": 0}, {}
+    cell_e, cell_f, cell_i, cell_tok, cell_h = [], [], [], [], []
+    blocks = []  # (pair index, first cell, m, n): where each pair's cells live, for decoding
+    n_tok = n_cell = 0
+    for k, (es, fs) in enumerate(zip(src, tgt)):
+        n, m = len(es), len(fs)
+        if n == 0 or m == 0:
+            continue
+        e = np.array([0] + [e_id.setdefault(w, len(e_id)) for w in es])           # (n+1,) NULL first
+        f = np.array([f_id.setdefault(w, len(f_id)) for w in fs])                 # (m,)
+        i = np.arange(n + 1)
+        j = np.arange(1, m + 1)
+        cell_e.append(np.tile(e, m))
+        cell_f.append(np.repeat(f, n + 1))
+        cell_i.append(np.tile(i, m))
+        cell_tok.append(np.repeat(n_tok + np.arange(m), n + 1))
+        # diagonal feature h(i, j, m, n) = -|i/n - j/m| (1-based i and j; 0 for NULL, never used)
+        cell_h.append((-np.abs(i[None, :] / n - j[:, None] / m)).ravel())
+        blocks.append((k, n_cell, m, n))
+        n_tok += m
+        n_cell += m * (n + 1)
+    links = [[] for _ in src]
+    if not blocks:
+        return links
+    cell_e, cell_f, cell_i = np.concatenate(cell_e), np.concatenate(cell_f), np.concatenate(cell_i)
+    tok, h = np.concatenate(cell_tok), np.concatenate(cell_h)
+    null = cell_i == 0
+    # one θ entry per co-occurring (e, f) pair: cell -> pair index, pair -> e
+    pair_of_cell, pairs = np.unique(cell_e * len(f_id) + cell_f, return_inverse=True)[::-1]
+    pair_e = pairs // len(f_id)
+    theta = np.ones(len(pairs))                  # fast_align starts from a constant (1e-9): uniform
+    n_src_plus_null = np.bincount(tok)           # n + 1 for every token's pair
+
+    def prior(lam):                              # p(a_j = i) per cell
+        if not favor_diagonal:                   # IBM Model 1: uniform over n + 1 positions
+            return 1.0 / n_src_plus_null[tok]
+        u = np.where(null, 0.0, np.exp(lam * h))
+        Z = np.bincount(tok, u, minlength=n_tok)
+        return np.where(null, p0, (1 - p0) * u / Z[tok])
+
+    def expected_h(lam):                         # E_prior[h] over i = 1..n, summed over tokens, / tokens
+        u = np.where(null, 0.0, np.exp(lam * h))
+        return np.sum(u * h / np.bincount(tok, u, minlength=n_tok)[tok]) / n_tok
+
+    lam = tension
+    for it in range(n_iter):
+        probs = prior(lam) * theta[pair_of_cell]                    # p(f_j, a_j = i), (cells,)
+        if it == n_iter - 1:
+            break                                                   # the final pass only decodes
+        q = probs / np.bincount(tok, probs, minlength=n_tok)[tok]   # posterior over i per token
+        counts = np.bincount(pair_of_cell, q, minlength=len(pairs))
+        if favor_diagonal and optimize_tension and it > 0:
+            emp = np.sum(np.where(null, 0.0, q * h)) / n_tok          # posterior expected feature
+            for _ in range(8):                                        # 8 gradient steps, as fast_align
+                lam = float(np.clip(lam + 20.0 * (emp - expected_h(lam)), 0.1, 14.0))
+        if variational_bayes:
+            tot = np.bincount(pair_e, counts + alpha, minlength=len(e_id))
+            theta = np.exp(digamma(counts + alpha) - digamma(tot[pair_e]))
+        else:
+            tot = np.bincount(pair_e, counts, minlength=len(e_id))
+            theta = counts / tot[pair_e]
+    # Viterbi decoding: per target word the most probable position; NULL (i = 0) wins ties, then leftmost
+    for k, start, m, n in blocks:
+        best = probs[start:start + m * (n + 1)].reshape(m, n + 1).argmax(axis=1)
+        links[k] = [(int(i) - 1, j) for j, i in enumerate(best) if i > 0]
+    return links
+
+
+def grow_diag_final_and(fwd, rev):
+    """Symmetrise two directional alignments of one sentence pair, as `atools -c grow-diag-final-and`.
+
+    Start from the intersection; then repeatedly add union points (in (i, j) order) that touch an
+    aligned point (8-neighbourhood) and have an unaligned word on at least one side; finally add the
+    points of fwd, then of rev, whose two words are both still unaligned (the "and").
+    """
+    fwd, rev = set(fwd), set(rev)
+    res = fwd & rev
+    ai = {i for i, _ in res}
+    aj = {j for _, j in res}
+    nbrs = ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, 1), (1, -1), (-1, -1))
+    todo = sorted((fwd | rev) - res)
+    grown = True
+    while grown:
+        grown = False
+        for (i, j) in list(todo):
+            if (i not in ai or j not in aj) and any((i + di, j + dj) in res for di, dj in nbrs):
+                res.add((i, j)); ai.add(i); aj.add(j)
+                todo.remove((i, j))
+                grown = True
+    for links in (fwd, rev):
+        for (i, j) in sorted(links):
+            if (i, j) not in res and i not in ai and j not in aj:
+                res.add((i, j)); ai.add(i); aj.add(j)
+    return sorted(res)
+
+
+def fast_align(src_sents, tgt_sents, symmetric=True, **kwargs):
+    """Word alignment of parallel sentences -> one sorted list of (i, j) links per pair.
+
+    symmetric=True: forward (`fast_align -d -o -v`) + reverse (`-r`) symmetrised with
+    grow-diag-final-and, the paper's recipe; symmetric=False: the forward direction only.
+    kwargs go to `ibm2_align` (n_iter, p0, tension, favor_diagonal, optimize_tension, ...).
+    """
+    fwd = ibm2_align(src_sents, tgt_sents, **kwargs)
+    if not symmetric:
+        return fwd
+    rev = ibm2_align(tgt_sents, src_sents, **kwargs)
+    return [grow_diag_final_and(f, [(i, j) for j, i in r]) for f, r in zip(fwd, rev)]
+
+
+def one_to_one_pairs(links, src_words, tgt_words):
+    """Keep links whose source word and target word are each linked exactly once, and drop pairs of
+    identical strings (CLN `_process_align`): copies say nothing about the two spaces' alignment."""
+    ci, cj = {}, {}
+    for i, j in links:
+        ci[i] = ci.get(i, 0) + 1
+        cj[j] = cj.get(j, 0) + 1
+    return [(i, j) for i, j in links
+            if ci[i] == 1 and cj[j] == 1 and src_words[i] != tgt_words[j]]
+
+
+def read_parallel(src_path, tgt_path, max_lines=None):
+    """Two files, line k of one translating line k of the other -> (src_lines, tgt_lines).
+    Raises ValueError naming both files when their line counts differ."""
+    out = []
+    for p in (src_path, tgt_path):
+        with open(p, encoding="utf-8") as f:
+            out.append([l.rstrip("\n") for l in f])
+    if len(out[0]) != len(out[1]):
+        raise ValueError(f"parallel files differ in length: {src_path} has {len(out[0])} lines, "
+                         f"{tgt_path} has {len(out[1])}")
+    if not out[0]:
+        raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
+    if max_lines:
+        out = [o[:max_lines] for o in out]
+    return out[0], out[1]

@@ -1,0 +1,235 @@
+"""align.py: Procrustes, iterative normalisation, CSLS, P@1, fast_align (numpy part), and the CLIs.
+
+Run: python -m pytest -q tests/test_align.py
+"""
+import numpy as np
+import pytest
+
+import align
+
+
+def random_rotation(d, rng):
+    Q, R = np.linalg.qr(rng.standard_normal((d, d)))
+    return Q * np.sign(np.diag(R))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Procrustes
+
+
+def test_procrustes_known_answer():
+    """Expected W from SciPy 1.17.1 `orthogonal_procrustes(X, Y)[0]` (computed once, SciPy is not a
+    dependency). U Vᵀ of the SVD of XᵀY = [[3,5,6],[3,3,7],[7,2,3]]."""
+    X = np.array([[1., 2., 0.], [0., 1., 3.], [2., 0., 1.], [1., 1., 1.]])
+    Y = np.array([[0., 1., 2.], [3., 0., 1.], [1., 2., 0.], [1., 0., 1.]])
+    W_scipy = np.array([[0.04266454017883087, 0.9961867088848984, 0.07610373218445102],
+                        [0.00333055685815968, -0.0763144809982023, 0.9970782353361192],
+                        [0.9990839025839335, -0.04228641662577699, -0.00657377871605853]])
+    np.testing.assert_allclose(align.procrustes(X, Y), W_scipy, atol=1e-12)
+
+
+def test_procrustes_recovers_planted_rotation_and_is_optimal():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 16))
+    R = random_rotation(16, rng)
+    np.testing.assert_allclose(align.procrustes(X, X @ R), R, atol=1e-10)
+    Y = X @ R + 0.1 * rng.standard_normal(X.shape)       # noisy: still orthogonal, still the best
+    W = align.procrustes(X, Y)
+    np.testing.assert_allclose(W.T @ W, np.eye(16), atol=1e-10)
+    best = np.linalg.norm(X @ W - Y)
+    for _ in range(20):                                   # no random rotation does better
+        assert np.linalg.norm(X @ random_rotation(16, rng) - Y) > best
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ((np.ones((3, 2)), np.ones((4, 2))), "rows"),
+    ((np.array([[1., np.nan]]), np.ones((1, 2))), "NaN"),
+    ((np.ones((3, 2)), np.ones((3, 3))), "dimension"),
+    ((np.ones((0, 2)), np.ones((0, 2))), "empty"),
+    ((np.ones(3), np.ones(3)), "2-D"),
+])
+def test_procrustes_bad_input(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        align.procrustes(*bad)
+
+
+# ----------------------------------------------------------------------------------------------------
+# iterative normalisation
+
+
+def test_iterative_normalize_unit_norm_and_zero_mean():
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((500, 20)) * rng.uniform(0.1, 10, (500, 1)) + 3.0   # far from centred
+    Z = align.iterative_normalize(X)
+    np.testing.assert_allclose(np.linalg.norm(Z, axis=1), 1.0, atol=1e-7)
+    assert np.abs(Z.mean(axis=0)).max() < 1e-3
+    # one round is not enough: the mean is visibly non-zero, which is why the method iterates
+    assert np.abs(align.iterative_normalize(X, n_iter=1).mean(axis=0)).max() > \
+        10 * np.abs(Z.mean(axis=0)).max()
+
+
+# ----------------------------------------------------------------------------------------------------
+# retrieval: CSLS in chunks equals a dense brute force
+
+
+def brute_force_csls(X, Y, k):
+    """Written out from the MUSE definition, O(n m) memory, no shortcut."""
+    X = X / np.linalg.norm(X, axis=1, keepdims=True)
+    Y = Y / np.linalg.norm(Y, axis=1, keepdims=True)
+    S = X @ Y.T
+    r_T = np.sort(S, axis=1)[:, ::-1][:, :k].mean(axis=1)       # queries' neighbourhoods in Y
+    r_S = np.sort(S.T, axis=1)[:, ::-1][:, :k].mean(axis=1)     # candidates' neighbourhoods in X
+    return np.argmax(2 * S - r_T[:, None] - r_S[None, :], axis=1), 2 * S - r_T[:, None] - r_S[None, :]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_csls_chunked_equals_dense_brute_force(dtype):
+    rng = np.random.default_rng(2)
+    u = rng.standard_normal(12)                          # a direction every query leans towards
+    X = (rng.standard_normal((300, 12)) + u).astype(dtype)
+    Y = rng.standard_normal((250, 12))
+    Y[:5] = u + 0.3 * rng.standard_normal((5, 12))       # plant 5 hubs: near every query
+    Y = Y.astype(dtype)
+    expected, scores = brute_force_csls(X.astype(np.float64), Y.astype(np.float64), k=10)
+    got = align.csls_knn(X, Y, k=10, chunk_bytes=4096)   # force many small chunks
+    assert (got == expected).mean() > 0.99 if dtype == np.float32 else (got == expected).all()
+    np.testing.assert_allclose(align.csls_scores(X, Y, k=10), scores, atol=1e-5)
+    # CSLS and NN differ on data with hubs: CSLS retrieves the hubs less often
+    nn = align.nn_knn(X, Y, chunk_bytes=4096)
+    assert np.isin(nn, np.arange(5)).sum() > np.isin(got, np.arange(5)).sum()
+
+
+def test_csls_k_larger_than_candidates_and_nn():
+    rng = np.random.default_rng(3)
+    Y = rng.standard_normal((4, 6))
+    X = Y[[2, 0, 3]] + 1e-3 * rng.standard_normal((3, 6))
+    assert align.csls_knn(X, Y, k=10).tolist() == [2, 0, 3]
+    assert align.nn_knn(X, Y).tolist() == [2, 0, 3]
+    with pytest.raises(ValueError, match="unknown retrieval"):
+        align.retrieve(X, Y, method="cos")
+
+
+def test_word_translation_p_at_1_any_gold_rule():
+    """Rotated copies with noise: Procrustes on train pairs, P@1 on test words, several golds."""
+    rng = np.random.default_rng(4)
+    d, V = 20, 400
+    X = rng.standard_normal((V, d))
+    R = random_rotation(d, rng)
+    Yt = X @ R + 0.05 * rng.standard_normal((V, d))
+    src_idx, tgt_idx = np.arange(V), np.arange(V)
+    W = align.procrustes(X[:300], Yt[:300])
+    p1, n = align.word_translation_accuracy(X, Yt, src_idx[300:], tgt_idx[300:], W)
+    assert n == 100 and p1 == 1.0
+    p0, _ = align.word_translation_accuracy(X, Yt, src_idx[300:], tgt_idx[300:], None)
+    assert p0 < 0.2                                       # without the map: near chance
+    # a source word with a wrong and a right gold counts as right; one with only wrong golds as wrong
+    pred = np.array([7, 8])
+    assert align.translation_precision(pred, np.array([0, 0, 1]), np.array([3, 7, 9])) == (0.5, 2)
+
+
+def test_dictionary_reading_and_errors(tmp_path):
+    p = tmp_path / "d.txt"
+    p.write_text("The le\nthe la\n\ncat chat\n")
+    pairs = align.read_muse_dictionary(str(p))
+    assert pairs == [("the", "le"), ("the", "la"), ("cat", "chat")]
+    s, t = align.dictionary_indices(pairs, ["cat", "the"], ["la", "chat"])
+    assert s.tolist() == [1, 0] and t.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="none of its 3 pairs"):
+        align.dictionary_indices(pairs, ["dog"], ["chien"], name=str(p))
+    (tmp_path / "e.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="e.txt: the dictionary is empty"):
+        align.read_muse_dictionary(str(tmp_path / "e.txt"))
+    (tmp_path / "b.txt").write_text("a b\nonlyone\n")
+    with pytest.raises(ValueError, match="b.txt:2"):
+        align.read_muse_dictionary(str(tmp_path / "b.txt"))
+
+
+def test_real_muse_dictionary_format():
+    pairs = align.read_muse_dictionary("../shared/data/muse_dictionaries/en-fr.5000-6500.reconstructed.txt")
+    assert len(pairs) > 1000 and all(len(p) == 2 for p in pairs)
+
+
+def test_read_parallel_names_both_files(tmp_path):
+    a, b = tmp_path / "x.en", tmp_path / "x.fr"
+    a.write_text("a\nb\nc\n")
+    b.write_text("A\nB\n")
+    with pytest.raises(ValueError, match=r"x\.en has 3 lines, .*x\.fr has 2"):
+        align.read_parallel(str(a), str(b))
+
+
+def test_read_vec(tmp_path):
+    p = tmp_path / "e.vec"
+    p.write_text("3 2\nThe 1 0\nthe 5 5\ncat 0 1\n")
+    words, V = align.read_vec(str(p))
+    assert words == ["the", "cat"] and V.tolist() == [[1, 0], [0, 1]]
+
+
+# ----------------------------------------------------------------------------------------------------
+# fast_align
+
+
+def test_digamma_known_values():
+    euler = 0.5772156649015329
+    np.testing.assert_allclose(align.digamma([1.0, 0.5, 2.0, 10.0]),
+                               [-euler, -euler - 2 * np.log(2), 1 - euler,
+                                sum(1 / k for k in range(1, 10)) - euler], rtol=1e-12, atol=1e-12)
+
+
+def planted_corpus(n_sents, rng, V=60):
+    """Source words s0..s59 translate one-to-one into t0..t59; the target side reorders adjacent
+    pairs at random (near-diagonal, as fast_align assumes) and sometimes adds an unaligned word."""
+    S, T, gold = [], [], []
+    for _ in range(n_sents):
+        n = int(rng.integers(4, 12))
+        ws = rng.integers(0, V, n)
+        perm = np.arange(n)
+        for a in range(0, n - 1, 3):
+            if rng.random() < 0.5:
+                perm[a], perm[a + 1] = perm[a + 1], perm[a]
+        tgt = [f"t{ws[p]}" for p in perm]
+        links = {(int(p), j) for j, p in enumerate(perm)}
+        if rng.random() < 0.3:                              # a target word with no source (-> NULL)
+            tgt.append("junk")
+        S.append(" ".join(f"s{w}" for w in ws))
+        T.append(" ".join(tgt))
+        gold.append(links)
+    return S, T, gold
+
+
+def test_fast_align_recovers_planted_alignment():
+    rng = np.random.default_rng(5)
+    S, T, gold = planted_corpus(600, rng)
+    for symmetric in (False, True):
+        L = align.fast_align(S, T, symmetric=symmetric)
+        tp = sum(len(set(l) & g) for l, g in zip(L, gold))
+        prec, rec = tp / sum(map(len, L)), tp / sum(map(len, gold))
+        assert prec > 0.97 and rec > 0.97, (symmetric, prec, rec)
+    # IBM Model 1 (no diagonal prior) and plain EM also learn the lexicon on this easy data
+    L = align.fast_align(S, T, symmetric=False, favor_diagonal=False, variational_bayes=False)
+    tp = sum(len(set(l) & g) for l, g in zip(L, gold))
+    assert tp / sum(map(len, gold)) > 0.9
+
+
+def test_fast_align_small_cases():
+    # one-word sentences: the only link; empty sides: no links; reverse links are (src, tgt) too
+    assert align.fast_align(["a", "", "b c"], ["x", "y", ""]) == [[(0, 0)], [], []]
+    S = ["the cat sleeps", "the dog sleeps", "a cat eats", "a dog eats"] * 5
+    T = ["le chat dort", "le chien dort", "un chat mange", "un chien mange"] * 5
+    assert align.fast_align(S, T)[0] == [(0, 0), (1, 1), (2, 2)]
+    with pytest.raises(ValueError, match="3 source but 2 target"):
+        align.fast_align(["a"] * 3, ["b"] * 2)
+
+
+def test_grow_diag_final_and():
+    # the intersection (0,0); (1,1) from the union touches it diagonally -> grown; (2,2) likewise
+    # after (1,1); (3,0) is not a neighbour of anything and 0 is aligned already -> not added by
+    # "final-and"; (4,5) is in fwd only and both words are unaligned -> added by "final-and".
+    fwd = [(0, 0), (1, 1), (4, 5), (3, 0)]
+    rev = [(0, 0), (2, 2)]
+    assert align.grow_diag_final_and(fwd, rev) == [(0, 0), (1, 1), (2, 2), (4, 5)]
+
+
+def test_one_to_one_pairs():
+    links = [(0, 0), (1, 1), (1, 2), (2, 3), (3, 4)]
+    src, tgt = ["a", "b", "c", "Paris"], ["A", "B", "B2", "C", "Paris"]
+    assert align.one_to_one_pairs(links, src, tgt) == [(0, 0), (2, 3)]
