@@ -17,6 +17,9 @@ Run (see --help for every flag):
     python finetune.py --toy --ckpt runs/toy/best.pt --out runs/ft            # all three tasks, toy preset
     python finetune.py --task parse --ckpt best.pt --data ../shared/data --eval-langs fr,ru,zh --out runs/parse
 """
+import argparse
+import glob
+import json
 import math
 import os
 import re
@@ -26,6 +29,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import bpe
+from bpe import EOS_ID, PAD_ID, UNK_ID
+from model import load_model
 
 # -----------------------------------------------------------------------------
 # Readers for the formats in data/ (and toydata.py, which writes the same formats)
@@ -404,3 +411,637 @@ class BiaffineParser(nn.Module):
             out_heads.append(heads.tolist())
             out_rels.append([int(best_rel[b, i, pos[h]]) for i, h in zip(pos[1:], heads)])
         return out_heads, out_rels
+
+
+# -----------------------------------------------------------------------------
+# Encoding: subword ids as XLM feeds them, first subwords, windows for long sentences
+
+def first_subwords(tok, words, lang):
+    """Flat subword ids of a word list and the index of each word's first subword in them.
+    A word the tokenizer turns into nothing becomes <unk> (XTREME's choice, PAPER_NOTES §4.2)."""
+    ids, first = [], []
+    for piece in tok.encode_words(words, lang):
+        first.append(len(ids))
+        ids.extend(piece if piece else [UNK_ID])
+    return ids, first
+
+
+def windows(n, size):
+    """Cover n subwords with windows of at most `size` (PAPER_NOTES §4.2, CLN): -> [(start, end, keep_from)].
+
+    Each next window restarts size // 2 subwords before the previous one ended; those are context only:
+    positions [keep_from, end) take their states from this window, so every subword is taken exactly once.
+    windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
+    """
+    if size < 2:
+        raise ValueError(f"window size {size} < 2")
+    out = [(0, min(n, size), 0)]
+    while out[-1][1] < n:
+        prev_end = out[-1][1]
+        start = prev_end - size // 2
+        out.append((start, min(start + size, n), prev_end))
+    return out
+
+
+def encode_states(model, seqs, lang, max_len, layer=-1):
+    """States (B, 1 + L, d) of `layer` for content-id sequences (no specials), L = longest sequence:
+    position 0 = the leading </s> (the parser's ROOT), position 1 + k = subword k; zeros after the end.
+
+    Every sequence runs as `</s> ids[s:e] </s>` windows of at most max_len content subwords; a sentence
+    that fits is exactly one window, so this is plain batching then. Longer ones are split, never dropped.
+    """
+    device = next(model.parameters()).device
+    pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
+    T = max(e - s for _, (s, e, _) in pieces) + 2
+    idx = torch.full((len(pieces), T), PAD_ID, dtype=torch.long)
+    rs, cs, rd, cd = [], [], [], []  # source (window row, col) -> destination (sentence row, col)
+    for r, (b, (s, e, keep)) in enumerate(pieces):
+        idx[r, :e - s + 2] = torch.tensor([EOS_ID] + list(seqs[b][s:e]) + [EOS_ID])
+        ks = list(range(keep, e)) if seqs[b] else []
+        if s == 0:  # the first window also gives position 0 (ROOT)
+            rs.append(r); cs.append(0); rd.append(b); cd.append(0)
+        rs += [r] * len(ks); cs += [1 + k - s for k in ks]; rd += [b] * len(ks); cd += [1 + k for k in ks]
+    idx = idx.to(device)
+    h = model.hidden_states(idx, lang, attn_mask=idx != PAD_ID)[layer]  # (n_windows, T, d)
+    L = max(len(ids) for ids in seqs)
+    out = h.new_zeros(len(seqs), 1 + L, h.size(-1))
+    index = lambda *xs: tuple(torch.tensor(x, device=device) for x in xs)  # noqa: E731
+    return out.index_put(index(rd, cd), h[index(rs, cs)])
+
+
+def pair_ids(tok, premise, hypothesis, lang, max_positions):
+    """XLM's XNLI input `</s> premise </s> hypothesis </s>` (PAPER_NOTES §4.1). When too long for the
+    positions, the longer side is cut first (XLM cuts each side to 256 tokens). Returns (ids, truncated)."""
+    a, b = tok.encode(premise, lang), tok.encode(hypothesis, lang)
+    budget = max_positions - 3
+    truncated = len(a) + len(b) > budget
+    while len(a) + len(b) > budget:
+        if len(a) >= len(b):
+            a = a[:-1]
+        else:
+            b = b[:-1]
+    return [EOS_ID] + a + [EOS_ID] + b + [EOS_ID], truncated
+
+
+def gather_words(states, firsts, with_root):
+    """(B, 1 + L, d) subword states -> (B, W, d) first-subword states (+ ROOT at 0 when with_root) and
+    the (B, W) bool mask of real positions."""
+    W = max(len(f) for f in firsts) + with_root
+    cols = torch.zeros(len(firsts), W, dtype=torch.long)
+    mask = torch.zeros(len(firsts), W, dtype=torch.bool)
+    for b, f in enumerate(firsts):
+        pos = ([0] if with_root else []) + [1 + k for k in f]
+        cols[b, :len(pos)] = torch.tensor(pos)
+        mask[b, :len(pos)] = True
+    cols, mask = cols.to(states.device), mask.to(states.device)
+    return states.gather(1, cols[..., None].expand(-1, -1, states.size(-1))), mask
+
+
+# -----------------------------------------------------------------------------
+# The three tasks: examples -> features, batch loss, predictions, scores
+
+class XNLITask:
+    """Pair classification: dropout + Linear(d, 3) on the last layer at position 0 (the first </s>)."""
+    name, metric = "xnli", "acc"
+
+    def __init__(self, train_examples):
+        self.labels = list(XNLI_LABELS)
+
+    def check_labels(self, examples, path):
+        bad = sorted({lab for _, _, lab in examples} - set(self.labels))
+        if bad:
+            raise ValueError(f"{path}: labels {bad} are not XNLI labels {self.labels}")
+
+    def head(self, d, dropout):
+        return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
+
+    def featurize(self, examples, tok, lang, max_positions):
+        feats, n_cut = [], 0
+        for p, h, lab in examples:
+            ids, cut = pair_ids(tok, p, h, lang, max_positions)
+            feats.append((ids, self.labels.index(lab)))
+            n_cut += cut
+        if n_cut:
+            print(f"xnli: {n_cut} of {len(feats)} pairs were too long for {max_positions} positions and were cut")
+        return feats
+
+    def _logits(self, model, head, batch, lang):
+        device = next(model.parameters()).device
+        T = max(len(ids) for ids, _ in batch)
+        idx = torch.full((len(batch), T), PAD_ID, dtype=torch.long)
+        for r, (ids, _) in enumerate(batch):
+            idx[r, :len(ids)] = torch.tensor(ids)
+        idx = idx.to(device)
+        h = model.hidden_states(idx, lang, attn_mask=idx != PAD_ID)[-1][:, 0]  # (B, d) at the first </s>
+        return head(h)
+
+    def loss(self, model, head, batch, lang, max_len):
+        y = torch.tensor([lab for _, lab in batch], device=next(model.parameters()).device)
+        return F.cross_entropy(self._logits(model, head, batch, lang).float(), y)
+
+    def predict(self, model, head, batch, lang, max_len):
+        return self._logits(model, head, batch, lang).argmax(-1).tolist()
+
+    def score(self, examples, preds):
+        acc = sum(self.labels[p] == lab for (_, _, lab), p in zip(examples, preds)) / len(examples)
+        return {"acc": acc}
+
+
+class NERTask:
+    """BIO tagging: dropout + Linear(d, n_tags) on the first subword of every word; span F1 after repair."""
+    name, metric = "ner", "f1"
+
+    def __init__(self, train_examples):
+        tags = sorted({t for _, ts in train_examples for t in ts} - {"O"})
+        self.labels = ["O"] + tags
+
+    def check_labels(self, examples, path):
+        bad = sorted({t for _, ts in examples for t in ts} - set(self.labels))
+        if bad:
+            raise ValueError(f"{path}: tags {bad} never occur in the English train set ({self.labels})")
+
+    def head(self, d, dropout):
+        return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
+
+    def featurize(self, examples, tok, lang, max_positions):
+        feats = []
+        for words, tags in examples:
+            ids, first = first_subwords(tok, words, lang)
+            feats.append((ids, first, [self.labels.index(t) if t in self.labels else -1 for t in tags]))
+        return feats
+
+    def _logits(self, model, head, batch, max_len, lang):
+        states = encode_states(model, [ids for ids, _, _ in batch], lang, max_len)
+        h, mask = gather_words(states, [f for _, f, _ in batch], with_root=False)
+        return head(h), mask
+
+    def loss(self, model, head, batch, lang, max_len):
+        logits, mask = self._logits(model, head, batch, max_len, lang)
+        y = torch.full(mask.shape, -1, dtype=torch.long)
+        for b, (_, _, tags) in enumerate(batch):
+            y[b, :len(tags)] = torch.tensor(tags)
+        return F.cross_entropy(logits[mask].float(), y.to(mask.device)[mask], ignore_index=-1)
+
+    def predict(self, model, head, batch, lang, max_len):
+        logits, _ = self._logits(model, head, batch, max_len, lang)
+        best = logits.argmax(-1).tolist()
+        return [[self.labels[k] for k in best[b][:len(f)]] for b, (_, f, _) in enumerate(batch)]
+
+    def score(self, examples, preds):
+        p, r, f1 = span_f1([tags for _, tags in examples], preds)
+        return {"precision": p, "recall": r, "f1": f1}
+
+
+class ParseTask:
+    """Biaffine parsing on first subwords, ROOT = the leading </s>; MST decoding; UAS/LAS (CoNLL 2018)."""
+    name, metric = "parse", "las"
+
+    def __init__(self, train_examples):
+        self.labels = sorted({strip_subtype(r) for s in train_examples for r in s["rels"]})
+
+    def check_labels(self, examples, path):
+        unseen = {}
+        for s in examples:
+            for r in s["rels"]:
+                if strip_subtype(r) not in self.labels:
+                    unseen[strip_subtype(r)] = unseen.get(strip_subtype(r), 0) + 1
+        if unseen:  # not fatal: such words can never get the right label, so they count as LAS errors
+            print(f"parse: {path}: deprels never seen in the English train set (they count as LAS errors): "
+                  + ", ".join(f"{r} x{n}" for r, n in sorted(unseen.items())))
+
+    def head(self, d, dropout):
+        return BiaffineParser(d, len(self.labels))
+
+    def featurize(self, examples, tok, lang, max_positions):
+        feats = []
+        for s in examples:
+            ids, first = first_subwords(tok, s["words"], lang)
+            rels = [self.labels.index(strip_subtype(r)) if strip_subtype(r) in self.labels else -1
+                    for r in s["rels"]]
+            feats.append((ids, first, s["heads"], rels))
+        return feats
+
+    def _scores(self, model, head, batch, max_len, lang):
+        states = encode_states(model, [f[0] for f in batch], lang, max_len)
+        h, mask = gather_words(states, [f[1] for f in batch], with_root=True)  # (B, 1 + W, d)
+        return head(h, mask), mask
+
+    def loss(self, model, head, batch, lang, max_len):
+        (s_arc, s_rel), mask = self._scores(model, head, batch, max_len, lang)
+        heads = torch.full(mask.shape, -1, dtype=torch.long)
+        rels = torch.full(mask.shape, -1, dtype=torch.long)
+        for b, (_, _, hs, rs) in enumerate(batch):
+            heads[b, 1:1 + len(hs)] = torch.tensor(hs)
+            rels[b, 1:1 + len(rs)] = torch.tensor(rs)
+        heads, rels = heads.to(mask.device), rels.to(mask.device)
+        heads[rels < 0] = -1  # (train labels are all known; kept for safety)
+        return BiaffineParser.loss(s_arc.float(), s_rel.float(), heads, rels)
+
+    def predict(self, model, head, batch, lang, max_len):
+        (s_arc, s_rel), mask = self._scores(model, head, batch, max_len, lang)
+        words = mask.clone()
+        words[:, 0] = False
+        heads, rels = BiaffineParser.decode(s_arc, s_rel, words)
+        return [(h, [self.labels[r] for r in rs]) for h, rs in zip(heads, rels)]
+
+    def score(self, examples, preds):
+        gh, gr = [s["heads"] for s in examples], [s["rels"] for s in examples]
+        ph, pr = [p[0] for p in preds], [p[1] for p in preds]
+        uas, las = attachment_scores(gh, gr, ph, pr)
+        nopunct = [[not is_punct(w, u) for w, u in zip(s["words"], s["upos"])] for s in examples]
+        _, las_np = attachment_scores(gh, gr, ph, pr, nopunct)
+        return {"uas": uas, "las": las, "las_nopunct": las_np}
+
+
+TASKS = {"xnli": (XNLITask, read_xnli), "ner": (NERTask, read_ner), "parse": (ParseTask, read_conllu)}
+
+
+# -----------------------------------------------------------------------------
+# Fine-tuning one hyper-parameter set, and the paper's protocol over the grid (§3.2)
+
+def freeze_lang_specific(model):
+    """Language-specific parameters (separate embeddings / layers) stay frozen; the rest is tuned.
+    English then trains the shared parts through its own (frozen) parts, and a target language at test
+    time runs through ITS own parts and the same shared top. Returns the trainable parameters."""
+    frozen = {id(p) for lang in range(model.config.n_langs) for p in model.lang_specific_parameters(lang)}
+    trainable = []
+    for p in model.parameters():
+        p.requires_grad_(id(p) not in frozen)
+        if id(p) not in frozen:
+            trainable.append(p)
+    return trainable
+
+
+def warmup_linear(step, total, warmup=0.1):
+    """LR factor: linear warm-up over the first 10 % of the updates, then linear decay to 0 (CLN)."""
+    n_warm = max(1, int(warmup * total))
+    return step / n_warm if step < n_warm else max(0.0, (total - step) / max(1, total - n_warm))
+
+
+@torch.no_grad()
+def evaluate(task, model, head, feats, examples, lang, max_len, batch_size=64):
+    """Scores of one split: batches in length order (less padding), predictions back in file order."""
+    model.eval()
+    head.eval()
+    order = sorted(range(len(feats)), key=lambda i: len(feats[i][0]))
+    preds = [None] * len(feats)
+    for k in range(0, len(order), batch_size):
+        chunk = order[k:k + batch_size]
+        for i, p in zip(chunk, task.predict(model, head, [feats[i] for i in chunk], lang, max_len)):
+            preds[i] = p
+    return task.score(examples, preds)
+
+
+def finetune_one(task, model, init_state, data, hp, args, log=print):
+    """Train on English with one hyper-parameter set for args.epochs epochs, keep the epoch with the best
+    English dev score, and score every target test set with that epoch's weights.
+
+    data: {"train": (examples, feats), "dev": (examples, feats), "test": {lang: (examples, feats, lang_id)}}
+    hp: {"batch_size", "lr", "head_lr"}. Returns a JSON-able record.
+    """
+    device = next(model.parameters()).device
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    model.load_state_dict(init_state)
+    head = task.head(model.config.dim, args.head_dropout).to(device)
+    enc_params = freeze_lang_specific(model)
+    _, train = data["train"]
+    n_per_epoch = args.epoch_size or len(train)
+    steps_per_epoch = math.ceil(n_per_epoch / hp["batch_size"])
+    total = steps_per_epoch * args.epochs
+    if task.name == "xnli":  # XLM: two Adam optimisers with fixed learning rates, no schedule
+        opts = [torch.optim.Adam(enc_params, lr=hp["lr"]), torch.optim.Adam(head.parameters(), lr=hp["head_lr"])]
+        scheds = []
+    else:  # one Adam, 10 % linear warm-up then linear decay (PAPER_NOTES §4.2-4.3)
+        opts = [torch.optim.Adam(enc_params + list(head.parameters()), lr=hp["lr"])]
+        scheds = [torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: warmup_linear(s, total))]
+    lang0 = data["lang_id"]
+    stream = np.array([], dtype=np.int64)  # XLM-style: an endless shuffled stream, cut into epochs
+    best, dev_curve = None, []
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        head.train()
+        while len(stream) < n_per_epoch:
+            stream = np.concatenate([stream, rng.permutation(len(train))])
+        order, stream = stream[:n_per_epoch], stream[n_per_epoch:]
+        total_loss = 0.0
+        for k in range(0, n_per_epoch, hp["batch_size"]):
+            batch = [train[i] for i in order[k:k + hp["batch_size"]]]
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                loss = task.loss(model, head, batch, lang0, args.max_len)
+            for opt in opts:
+                opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if args.clip > 0:
+                torch.nn.utils.clip_grad_norm_(enc_params + list(head.parameters()), args.clip)
+            for opt in opts:
+                opt.step()
+            for s in scheds:
+                s.step()
+            total_loss += loss.item() * len(batch)
+        dev = evaluate(task, model, head, data["dev"][1], data["dev"][0], lang0, args.max_len, args.eval_batch_size)
+        dev_curve.append(dev[task.metric])
+        log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
+            f"{100 * dev[task.metric]:.2f}")
+        if best is None or dev[task.metric] > best["dev"][task.metric]:
+            state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            hstate = {k: v.detach().to("cpu", copy=True) for k, v in head.state_dict().items()}
+            best = {"epoch": epoch, "dev": dev, "state": state, "head": hstate}
+    model.load_state_dict(best["state"])
+    head.load_state_dict(best["head"])
+    test = {code: evaluate(task, model, head, feats, ex, lid, args.max_len, args.eval_batch_size)
+            for code, (ex, feats, lid) in data["test"].items()}
+    return {**hp, "best_epoch": best["epoch"], "dev_curve": dev_curve, "dev": best["dev"], "test": test}
+
+
+def mean_of_best_two(records, metric):
+    """Paper §3.2: "we report the result on average of best two set of hyperparameters". Rank the sets
+    by their (epoch-selected) English dev score, take the best two, average every score of both
+    (English dev and each target test). One set only: its own scores. Returns (indices, dev, test)."""
+    ranked = sorted(range(len(records)), key=lambda i: -records[i]["dev"][metric])  # stable: grid order on ties
+    top = ranked[:2]
+    dev = {k: float(np.mean([records[i]["dev"][k] for i in top])) for k in records[top[0]]["dev"]}
+    test = {lang: {k: float(np.mean([records[i]["test"][lang][k] for i in top])) for k in scores}
+            for lang, scores in records[top[0]]["test"].items()}
+    return top, dev, test
+
+
+def grid(task_name, args):
+    """Hyper-parameter sets in a fixed order: batch size x encoder lr (x classifier lr for XNLI)."""
+    head_lrs = args.head_lr if task_name == "xnli" else [None]
+    return [{"batch_size": b, "lr": lr, "head_lr": hl} for b in args.batch_size for lr in args.lr for hl in head_lrs]
+
+
+# -----------------------------------------------------------------------------
+# Where the files are: toydata's layout and the real data/ layout, detected automatically
+
+TOY_LAYOUT = {"xnli": "xnli/{lang}.{split}.tsv", "ner": "ner/{lang}.{split}.tsv", "parse": "ud/{lang}.{split}.conllu"}
+REAL_DIRS = {"xnli": "xnli", "ner": "wikiann_panx", "parse": "ud"}
+# PAN-X's labelled test stand-in (data/wikiann_panx/SOURCE.md): the official test files have no labels
+REAL_SPLIT_NAMES = {"train": ["train"], "dev": ["dev"], "test": ["test", "heldout-from-dev"]}
+
+
+def find_file(data_dir, task, lang, split):
+    """Path of one split, or None. Looks for, in order:
+    toydata  DIR/{xnli,ner,ud}/{lang}.{split}.{tsv,tsv,conllu}
+    data/    DIR/xnli/{split}-{lang}.tsv, DIR/wikiann_panx/{split}-{lang}.tsv (test = heldout-from-dev),
+             DIR/ud/UD_*/{lang}_*-ud-{split}[.*].conllu (e.g. en_ewt-ud-train.first3000.conllu)
+    DIR may also be the task folder itself. Several UD treebanks for one language: the first in sorted
+    order is taken and the others are named (override with --test-file LANG=PATH)."""
+    toy = os.path.join(data_dir, TOY_LAYOUT[task].format(lang=lang, split=split))
+    if os.path.isfile(toy):
+        return toy
+    for base in (os.path.join(data_dir, REAL_DIRS[task]), data_dir):
+        for name in REAL_SPLIT_NAMES[split]:
+            if task == "parse":
+                hits = sorted(glob.glob(os.path.join(base, "UD_*", f"{lang}_*-ud-{name}.conllu")) +
+                              glob.glob(os.path.join(base, "UD_*", f"{lang}_*-ud-{name}.*.conllu")))
+            else:
+                hits = [p for p in [os.path.join(base, f"{name}-{lang}.tsv")] if os.path.isfile(p)]
+            if hits:
+                if len(hits) > 1:
+                    print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
+                return hits[0]
+    return None
+
+
+def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_file=None, test_files=()):
+    """{"train": path, "dev": path, "test": {lang: path}}: explicit flags first, else find_file."""
+    tests = dict(test_files)
+    files = {"train": train_file, "dev": dev_file,
+             "test": {lang: tests.get(lang) for lang in eval_langs}}
+    need = [("train", train_lang, "train"), ("dev", train_lang, "dev")] + [("test", lang, "test") for lang in eval_langs]
+    for key, lang, split in need:
+        have = files[key] if key != "test" else files["test"][lang]
+        if have is None and data_dir:
+            have = find_file(data_dir, task, lang, split)
+        if have is None:
+            hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train "
+                    "in XNLI tsv form)" if task == "xnli" and split == "train" else "")
+            flag = {"train": "--train-file PATH", "dev": "--dev-file PATH", "test": f"--test-file {lang}=PATH"}[key]
+            raise SystemExit(f"{task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}")
+        if not os.path.isfile(have):
+            raise SystemExit(f"{task}: {lang} {split} file {have!r} does not exist")
+        if key == "test":
+            files["test"][lang] = have
+        else:
+            files[key] = have
+    return files
+
+
+# -----------------------------------------------------------------------------
+# Tables
+
+METRIC_NAMES = {"xnli": ["acc"], "ner": ["f1", "precision", "recall"], "parse": ["las", "uas", "las_nopunct"]}
+
+
+def format_table(results, names=None):
+    """Rows: English dev, then each target test. One column block per result (model); with two or more
+    results the last column is the paper's Δ of the selection metric (last model minus the first)."""
+    task = results[0]["task"]
+    metric = results[0]["metric"]
+    cols = METRIC_NAMES[task] if len(results) == 1 else [metric]
+    names = names or [os.path.basename(os.path.dirname(os.path.abspath(r["ckpt"]))) or r["ckpt"] for r in results]
+    header = ["lang", "split"] + [f"{c}" if len(results) == 1 else f"{n}" for n in names for c in cols]
+    if len(results) > 1:
+        header.append("Δ")
+    rows = [("en" if results[0]["train_lang"] == "en" else results[0]["train_lang"], "dev",
+             [r["dev"] for r in results])]
+    for lang in results[0]["eval_langs"]:
+        rows.append((lang, "test", [r["test"].get(lang) for r in results]))
+    lines = ["  ".join(f"{h:>11}" for h in header)]
+    for lang, split, scores in rows:
+        cells = [lang, split]
+        for s in scores:
+            cells += [f"{100 * s[c]:.2f}" if s and c in s else "-" for c in cols]
+        if len(results) > 1:
+            a, b = scores[0], scores[-1]
+            cells.append(f"{100 * (b[metric] - a[metric]):+.2f}" if a and b else "-")
+        lines.append("  ".join(f"{c:>11}" for c in cells))
+    return "\n".join(lines)
+
+
+def write_json(path, obj):
+    """Atomic: write path.tmp, then rename."""
+    tmp = str(path) + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
+# -----------------------------------------------------------------------------
+# One task end to end: read, featurise, grid search, the mean of the best two
+
+# paper §3.2 grids (XNLI's epoch = 20000 pairs as XLM's --epoch_size; NER/parsing: a pass over train)
+PAPER_PRESET = {
+    "xnli": dict(epochs=200, epoch_size=20000, batch_size=[4, 8], lr=[1.25e-6, 2.5e-6, 5e-6],
+                 head_lr=[5e-6, 2.5e-5, 1.25e-4]),
+    "ner": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[]),
+    "parse": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[]),
+}
+# --toy: a tiny model on the synthetic world learns in a few epochs at larger learning rates
+TOY_PRESET = {
+    "xnli": dict(epochs=4, epoch_size=0, batch_size=[16, 32], lr=[2e-4, 5e-4], head_lr=[1e-3]),
+    "ner": dict(epochs=4, epoch_size=0, batch_size=[16, 32], lr=[3e-4, 1e-3], head_lr=[]),
+    "parse": dict(epochs=4, epoch_size=0, batch_size=[16, 32], lr=[3e-4, 1e-3], head_lr=[]),
+}
+
+
+def lang_index(langs, code, ckpt):
+    if code not in langs:
+        raise SystemExit(f"language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
+    return langs.index(code)
+
+
+def run_task(task_name, model, tok, langs, files, args, log=print):
+    """Fine-tune on English over the grid; returns the results dict written to results.json."""
+    Task, reader = TASKS[task_name]
+    train_ex = reader(files["train"])
+    task = Task(train_ex)
+    dev_ex = reader(files["dev"])
+    task.check_labels(dev_ex, files["dev"])
+    mp = model.config.max_positions
+    lang0 = lang_index(langs, args.train_lang, args.ckpt)
+    data = {"lang_id": lang0,
+            "train": (train_ex, task.featurize(train_ex, tok, args.train_lang, mp)),
+            "dev": (dev_ex, task.featurize(dev_ex, tok, args.train_lang, mp)), "test": {}}
+    for code, path in files["test"].items():
+        ex = reader(path)
+        task.check_labels(ex, path)
+        data["test"][code] = (ex, task.featurize(ex, tok, code, mp), lang_index(langs, code, args.ckpt))
+    log(f"{task_name}: train {len(train_ex)} ({files['train']}), dev {len(dev_ex)}, "
+        + ", ".join(f"{c} test {len(v[0])}" for c, v in data["test"].items()))
+    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    hps = grid(task_name, args)
+    records = []
+    for i, hp in enumerate(hps, 1):
+        log(f"{task_name}: hyper-parameter set {i}/{len(hps)}: "
+            + ", ".join(f"{k} {v}" for k, v in hp.items() if v is not None))
+        records.append(finetune_one(task, model, init_state, data, hp, args, log))
+    model.load_state_dict(init_state)
+    top, dev, test = mean_of_best_two(records, task.metric)
+    return {"task": task_name, "metric": task.metric, "ckpt": args.ckpt, "train_lang": args.train_lang,
+            "eval_langs": list(files["test"]), "files": files, "labels": task.labels,
+            "protocol": "per set: epoch chosen by English dev; reported: mean of the best two sets by English dev",
+            "best_two": top, "dev": dev, "test": test, "configs": records,
+            "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}
+
+
+# -----------------------------------------------------------------------------
+# CLI
+
+def _floats(s):
+    return [float(x) for x in s.split(",") if x.strip()]
+
+
+def _ints(s):
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _lang_path(s):
+    if "=" not in s:
+        raise argparse.ArgumentTypeError(f"expected LANG=PATH, got {s!r}")
+    lang, path = s.split("=", 1)
+    return lang.strip(), path
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        description="Zero-shot cross-lingual transfer (paper §3.2): fine-tune on English, choose epoch and "
+                    "hyper-parameters on English dev, report each target language's test score as the mean "
+                    "of the best two hyper-parameter sets.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Data files: --data DIR is searched for toydata's layout (DIR/{xnli,ner,ud}/LANG.SPLIT.{tsv,conllu}) "
+               "and for data/'s layout (DIR/xnli/SPLIT-LANG.tsv, DIR/wikiann_panx/SPLIT-LANG.tsv with "
+               "heldout-from-dev as the labelled test, DIR/ud/UD_*/LANG_*-ud-SPLIT*.conllu); DIR may also be "
+               "the task folder. --train-file/--dev-file/--test-file override single files. "
+               "Grids left unset take the paper's values (or the toy preset with --toy).")
+    p.add_argument("--task", choices=sorted(TASKS), help="task; with --toy and no --task, all three run")
+    p.add_argument("--ckpt", required=False, help="model checkpoint from pretrain.py (best.pt: model, config, tokenizer)")
+    p.add_argument("--data", help="data directory (toydata world or ../shared/data style, see below)")
+    p.add_argument("--toy", nargs="?", const="", default=None, metavar="DIR",
+                   help="toy world directory (default: toy/ next to --ckpt, as pretrain.py --toy writes it); "
+                        "small epochs and grids")
+    p.add_argument("--train-lang", default="en", help="the language fine-tuned on (its dev set selects)")
+    p.add_argument("--eval-langs", default=None,
+                   help="comma list of target languages (default: the checkpoint's other languages)")
+    p.add_argument("--train-file", help="explicit English train file")
+    p.add_argument("--dev-file", help="explicit English dev file")
+    p.add_argument("--test-file", type=_lang_path, action="append", default=[], metavar="LANG=PATH",
+                   help="explicit test file for one language (repeatable)")
+    p.add_argument("--epochs", type=int, help="epochs per hyper-parameter set (paper: 10 NER/parsing, 200 XNLI)")
+    p.add_argument("--epoch-size", type=int,
+                   help="training examples per epoch, 0 = one pass over train (XNLI default 20000, as XLM)")
+    p.add_argument("--batch-size", type=_ints, help="comma list (paper: 16,32 NER/parsing; 4,8 XNLI)")
+    p.add_argument("--lr", type=_floats,
+                   help="comma list of encoder learning rates (paper: 2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
+    p.add_argument("--head-lr", type=_floats, help="XNLI only: comma list of classifier lrs (paper 5e-6,2.5e-5,1.25e-4)")
+    p.add_argument("--max-len", type=int, default=128,
+                   help="NER/parsing: subwords per window; longer sentences are split into overlapping windows")
+    p.add_argument("--head-dropout", type=float, default=0.1, help="dropout before the XNLI / NER linear layer")
+    p.add_argument("--clip", type=float, default=5.0, help="gradient norm clipping (0 = off)")
+    p.add_argument("--eval-batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for training (GPU)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--out", help="output directory: results.json (per task sub-folder when several tasks run)")
+    p.add_argument("--compare", nargs="+", metavar="RESULTS_JSON",
+                   help="only print one table for several results.json of the same task, with the Δ column")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.compare:
+        results = []
+        for path in args.compare:
+            with open(path, encoding="utf-8") as f:
+                results.append(json.load(f))
+        if len({r["task"] for r in results}) > 1:
+            raise SystemExit("--compare: the results are from different tasks")
+        print(format_table(results, names=args.compare))
+        return
+    if not args.ckpt or not args.out:
+        raise SystemExit("--ckpt and --out are required (or --compare)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.toy is not None:
+        args.data = args.toy or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "toy")
+        if not os.path.isdir(args.data):
+            raise SystemExit(f"--toy: no toy world at {args.data} (run pretrain.py --toy, or toydata.py --out DIR)")
+    tasks = [args.task] if args.task else (["xnli", "ner", "parse"] if args.toy is not None else [])
+    if not tasks:
+        raise SystemExit("--task is required (only --toy runs all three)")
+    model, extra = load_model(args.ckpt, map_location=args.device)
+    if "tokenizer" not in extra:
+        raise SystemExit(f"{args.ckpt}: the checkpoint has no tokenizer (vocab/BPE); use pretrain.py's best.pt")
+    tok = bpe.Tokenizer.from_dict(extra["tokenizer"])
+    langs = list(extra.get("langs") or tok.langs)
+    args.eval_langs = ([x.strip() for x in args.eval_langs.split(",") if x.strip()] if args.eval_langs
+                       else [lang for lang in langs if lang != args.train_lang])
+    args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
+    os.makedirs(args.out, exist_ok=True)
+    for name in tasks:
+        targs = argparse.Namespace(**vars(args))
+        preset = (TOY_PRESET if args.toy is not None else PAPER_PRESET)[name]
+        for k, v in preset.items():
+            if getattr(targs, k) is None:
+                setattr(targs, k, v)
+        targs.head_lr = targs.head_lr or [None]
+        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file, args.dev_file,
+                              args.test_file)
+        res = run_task(name, model, tok, langs, files, targs)
+        out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
+        os.makedirs(out, exist_ok=True)
+        write_json(os.path.join(out, "results.json"), res)
+        picked = "; ".join(f"bs {res['configs'][i]['batch_size']} lr {res['configs'][i]['lr']:g}"
+                           + (f" head lr {res['configs'][i]['head_lr']:g}" if res['configs'][i]['head_lr'] else "")
+                           + f" (epoch {res['configs'][i]['best_epoch']})" for i in res["best_two"])
+        print(f"\n{name}: mean of the best two of {len(res['configs'])} hyper-parameter sets by en dev: {picked}")
+        print(format_table([res]))
+        print(f"wrote {os.path.join(out, 'results.json')}")
+
+
+if __name__ == "__main__":
+    main()
