@@ -179,30 +179,35 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         ab = a + b
         grown = set()  # pairs whose count went up: pushed once, after all words are updated
         for j in where.pop(pair):
-            w = words[j]
+            w, f = words[j], freqs[j]
             n = len(w)
-            # merge left to right, non-overlapping ('a a a' with (a, a) -> 'aa a'), as subword-nmt
+            # Merge left to right, non-overlapping ('a a a' with (a, a) -> 'aa a'), as subword-nmt, and
+            # move the counts of the neighbour pairs: x a b y -> x ab y turns (x, a) into (x, ab) and
+            # (b, y) into (ab, y). Two merges in a row (a b a b -> ab ab) turn (b, a) into (ab, ab): the
+            # second merge does that through its left neighbour, so the first skips its right one.
             new, i = [], 0
             while i < n:
-                if i < n - 1 and w[i] == a and w[i + 1] == b:
+                if w[i] == a and i + 1 < n and w[i + 1] == b:
+                    if new:
+                        stats[w[i - 1], a] -= f
+                        p = (new[-1], ab)
+                        stats[p] += f
+                        where[p].add(j)
+                        grown.add(p)
+                    if i + 2 < n and not (w[i + 2] == a and i + 3 < n and w[i + 3] == b):
+                        y = w[i + 2]
+                        stats[b, y] -= f
+                        p = (ab, y)
+                        stats[p] += f
+                        where[p].add(j)
+                        grown.add(p)
                     new.append(ab)
                     i += 2
                 else:
                     new.append(w[i])
                     i += 1
-            if len(new) == n:
-                continue  # stale index entry: this word no longer contains the pair
-            # update the counts by the difference between the word's old and new pairs
-            delta = Counter(zip(new, new[1:]))
-            delta.subtract(zip(w, w[1:]))
-            f = freqs[j]
-            for p, d in delta.items():
-                if d:
-                    stats[p] += d * f
-                    if d > 0:
-                        where[p].add(j)
-                        grown.add(p)
-            words[j] = new
+            if len(new) < n:  # else a stale index entry: the word no longer contains the pair
+                words[j] = new
         del stats[pair]
         for p in grown:
             heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
@@ -677,7 +682,8 @@ def _lookup(word, dictionary):
     gets Titlecase translations. Returns (translations, weights or None) or (None, None)."""
     for key, fix in ((word, str), (word.lower(), str.capitalize if word[:1].isupper() else str)):
         if key in dictionary:
-            weights = dictionary.weights.get(key) if dictionary.weights else None
+            weights = getattr(dictionary, "weights", None)
+            weights = weights.get(key) if weights else None
             return [fix(t) for t in dictionary[key]], weights
         if key == word.lower():
             break

@@ -1,0 +1,512 @@
+"""Tests for bpe.py: exact BPE (== subword-nmt), the three vocabulary regimes, code-switching, binarisation.
+
+Known answers marked "subword-nmt" were produced once by subword-nmt 0.3.8 (`pip install subword-nmt`,
+`learn_bpe.learn_bpe(..., is_dict=True)` on the word-count table shown, and `apply_bpe.BPE(codes)
+.process_line(line)`) and pasted here as literals; the tests do not import it. tests/bench_bpe.py
+repeats the comparison on all of ../shared/data/monolingual (10k merges).
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import bpe
+from bpe import BPE, EOS_ID, MASK_ID, N_SPECIAL, UNK_ID, Tokenizer, Vocab
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MONO = os.path.join(ROOT, "..", "shared", "data", "monolingual")
+
+# -----------------------------------------------------------------------------
+# learn_bpe
+
+
+def naive_learn_bpe(word_counts, num_merges, min_freq=2):
+    """Reference straight from the definition: recount every pair after every merge."""
+    words = {tuple(w[:-1]) + (w[-1] + "</w>",): c for w, c in word_counts.items()}
+    merges = []
+    for _ in range(num_merges):
+        stats = Counter()
+        for w, c in words.items():
+            for pair in zip(w, w[1:]):
+                stats[pair] += c
+        if not stats:
+            break
+        pair = max(stats, key=lambda p: (stats[p], p))
+        if stats[pair] < min_freq:
+            break
+        merges.append(pair)
+        new_words = {}
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == pair:
+                    out.append(w[i] + w[i + 1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            new_words[tuple(out)] = new_words.get(tuple(out), 0) + c
+        words = new_words
+    return merges
+
+
+SENNRICH = {"low": 5, "lower": 2, "newest": 6, "widest": 3}
+SENNRICH_MERGES = [("s", "t</w>"), ("e", "st</w>"), ("l", "o"), ("w", "est</w>"), ("n", "e"),
+                   ("ne", "west</w>"), ("lo", "w</w>"), ("w", "i"), ("wi", "d"), ("wid", "est</w>"),
+                   ("w", "e"), ("we", "r</w>"), ("lo", "wer</w>")]
+
+
+def test_learn_known_answer_sennrich():
+    """Sennrich et al. (2016) Fig. 1 table. Start: l o w</w> x5, l o w e r</w> x2,
+    n e w e s t</w> x6, w i d e s t</w> x3. Pair counts: (e,s)=6+3=9, (s,t</w>)=9, (w,e)=2+6=8,
+    (l,o)=7, (n,e)=(e,w)=6, (o,w</w>)=5 ...
+    1. (e,s) and (s,t</w>) tie at 9; the larger pair wins: ('s','t</w>') since 's' > 'e'.
+    2. (e,st</w>)=9.  3. (w,e) fell to 2 (newest is now n e w est</w>), so (l,o)=7.
+    4. (w,est</w>), (n,e), (e,w) tie at 6: ('w','est</w>').  ... 13 merges until all counts are 1
+    (min_freq=2 stops there). Identical to subword-nmt's output."""
+    assert bpe.learn_bpe(SENNRICH, 100) == SENNRICH_MERGES
+    assert bpe.learn_bpe(SENNRICH, 4) == SENNRICH_MERGES[:4]
+
+
+# (word counts, num_merges, min_freq, merges subword-nmt 0.3.8 wrote)
+SUBWORD_NMT_CASES = [
+    # ties: (a,b)=(b,a)=(a,b</w>)=2; max over pairs picks ('b','a')
+    ({"abab": 2}, 10, 1, [("b", "a"), ("ba", "b</w>"), ("a", "bab</w>")]),
+    # '</w>' is glued to the last char: 'a</w>' > 'a' (a prefix sorts first), so (a,a</w>) wins the tie
+    ({"aaa": 3}, 10, 1, [("a", "a</w>"), ("a", "aa</w>")]),
+    # overlapping pairs merge left to right: a a a a</w> -> aa a a</w>
+    ({"aaaa": 1, "aaa": 1}, 10, 1, [("a", "a"), ("aa", "a</w>"), ("aa", "a"), ("aaa", "a</w>")]),
+    # min_freq: (a,b</w>)=1 < 2 stops learning
+    ({"ab": 1, "cd": 3}, 10, 2, [("c", "d</w>")]),
+    # ties compare code points: 'é' (U+00E9) > 'z'
+    ({"zy": 2, "éy": 2}, 1, 1, [("é", "y</w>")]),
+    # the same symbol 'bcd</w>' / 'abcd</w>' reachable in several ways
+    ({"xabc": 2, "abcd": 2, "bc": 3}, 20, 1,
+     [("b", "c</w>"), ("x", "a"), ("xa", "bc</w>"), ("c", "d</w>"), ("b", "cd</w>"), ("a", "bcd</w>")]),
+    # astral code points, Cyrillic with a combining acute, CJK
+    ({"🙂🙂": 2, "е́е": 2, "中文": 2}, 10, 1,
+     [("🙂", "🙂</w>"), ("中", "文</w>"), ("е", "\u0301"), ("е\u0301", "е</w>")]),
+]
+
+
+@pytest.mark.parametrize("counts,n,min_freq,expected", SUBWORD_NMT_CASES)
+def test_learn_matches_subword_nmt(counts, n, min_freq, expected):
+    assert bpe.learn_bpe(counts, n, min_freq) == expected
+
+
+def test_learn_matches_naive_recount_on_random_tables():
+    rng = random.Random(0)
+    for _ in range(150):
+        alphabet = rng.choice(["ab", "abc", "aab", "xyzé"])
+        counts = Counter()
+        for _ in range(rng.randint(1, 12)):
+            counts["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9)))] += rng.randint(1, 5)
+        n, min_freq = rng.randint(1, 25), rng.choice([1, 2, 3])
+        assert bpe.learn_bpe(counts, n, min_freq) == naive_learn_bpe(counts, n, min_freq), counts
+
+
+@pytest.mark.skipif(not os.path.isdir(MONO), reason="../shared/data not available")
+def test_learn_and_apply_match_subword_nmt_on_real_text():
+    """First 2000 lines of the English Leipzig sample, words = str.split(), 40 merges; the merges and
+    the segmented line are what subword-nmt 0.3.8 gives for the same table and codes."""
+    path = os.path.join(MONO, "en.leipzig_wikipedia_2016_10K.txt")
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")[:2000]
+    counts = Counter(w for line in lines for w in line.split())
+    expected = [("t", "h"), ("i", "n"), ("th", "e</w>"), ("a", "n"), ("e", "r"), ("t", "i"),
+                ("r", "e"), ("o", "n"), ("e", "n"), ("a", "r"), ("e", "d</w>"), ("o", "f</w>"),
+                ("o", "r"), ("an", "d</w>"), ("e", "r</w>"), ("i", "t"), ("t", "o</w>"), ("a", "l"),
+                ("o", "n</w>"), ("s", "t"), ("o", "u"), ("in", "g</w>"), ("i", "n</w>"), ("a", "t"),
+                ("r", "o"), ("a", "s</w>"), ("e", "s"), ("e", "s</w>"), ("i", "s</w>"), ("i", "c"),
+                ("a", "c"), ("e", "l"), ("e", "c"), ("o", "m"), ("a", "l</w>"), ("a", "ti"),
+                ("o", "r</w>"), ("a", "n</w>"), ("i", "s"), ("i", "l")]
+    merges = bpe.learn_bpe(counts, 40)
+    assert merges == expected
+    line = " ".join(lines[5].split()[:12])
+    assert BPE(merges).apply(line) == ("1@@ 9@@ 7@@ 0@@ s F@@ r@@ an@@ k@@ en@@ h@@ e@@ i@@ m@@ er "
+                                       "f@@ o@@ l@@ l@@ o@@ w@@ ed th@@ is w@@ it@@ h I W@@ al@@ k "
+                                       "the L@@ in@@ e in 1@@ 9@@ 7@@ 0@@ .")
+
+
+@pytest.mark.parametrize("counts,n,min_freq,match", [
+    ({}, 10, 2, "empty corpus"),
+    ({"a": 0}, 10, 2, "empty corpus"),
+    ({"ab": 3}, 0, 2, "num_merges"),
+    ({"ab": 3}, -5, 2, "num_merges"),
+    ({"ab": 3}, 5, 0, "min_freq"),
+    ({"a b": 3}, 5, 2, "whitespace"),
+    ({"a\u00a0b": 3}, 5, 2, "whitespace"),
+])
+def test_learn_bad_input(counts, n, min_freq, match):
+    with pytest.raises(ValueError, match=match):
+        bpe.learn_bpe(counts, n, min_freq)
+
+
+def test_learn_stops_when_nothing_to_merge():
+    # one-character words have no pairs (subword-nmt crashes on max() of an empty dict here)
+    assert bpe.learn_bpe({"a": 5, "b": 2}, 5, 1) == []
+    assert bpe.learn_bpe({"ab": 5}, 5, 1) == [("a", "b</w>")]
+
+
+# -----------------------------------------------------------------------------
+# BPE apply / segment / decode / codes files
+
+CODES = BPE(SENNRICH_MERGES)
+
+
+@pytest.mark.parametrize("line,expected", [  # right-hand sides: subword-nmt apply-bpe
+    ("lowest newer wider low", "lo@@ west ne@@ wer wid@@ e@@ r low"),
+    ("  lowest   lower ", "lo@@ west lower"),  # subword-nmt's segment(): spaces collapse
+    ("a", "a"),
+    ("ester", "e@@ s@@ t@@ e@@ r"),
+    ("lo\tw", "lo@@ \t@@ w"),  # only ' ' separates words, a tab is a character
+    ("", ""),
+])
+def test_apply_matches_subword_nmt(line, expected):
+    assert CODES.apply(line) == expected
+
+
+def test_segment_known_answer():
+    """'lowest' -> l o w e s t</w>; lowest-rank pair present each round: (s,t</w>) rank 0, (e,st</w>) 1,
+    (l,o) 2, (w,est</w>) 3 -> lo west</w>. (lo,w</w>) never applies: w is not final any more."""
+    assert CODES.segment("lowest") == ["lo", "west"]
+    assert CODES.segment("low") == ["low"]
+    assert CODES.segment("") == []
+
+
+MIXED = ["", "x", "hello world", "Привет мир", "中文 字符 测试", "مرحبا بالعالم", "emoji 🙂 👍🏽 🇫🇷",
+         "combining e\u0301te\u0301 n\u0303", "mixed Москва 東京 القاهرة café 42"]
+
+
+@pytest.mark.parametrize("text", MIXED)
+def test_apply_decode_round_trip(text):
+    merges = bpe.learn_bpe(Counter(" ".join(MIXED * 3).split()), 30, 1)
+    codes = BPE(merges)
+    out = codes.apply(text)
+    assert BPE.decode(out) == text
+    assert all(p for p in out.split(" ")) or text == ""
+
+
+def test_codes_save_load(tmp_path):
+    path = str(tmp_path / "codes")
+    CODES.save(path)
+    with open(path, encoding="utf-8") as f:
+        assert f.readline() == "#version: 0.2\n"
+        assert f.readline() == "s t</w>\n"
+    assert BPE.load(path).merges == SENNRICH_MERGES
+    assert not os.path.exists(path + ".tmp")
+
+
+def test_fastbpe_codes_load(tmp_path):
+    path = tmp_path / "codes.fastbpe"
+    path.write_text("".join(f"{a} {b} {100 - i}\n" for i, (a, b) in enumerate(SENNRICH_MERGES)))
+    loaded = BPE.load(str(path))
+    assert loaded.merges == SENNRICH_MERGES
+    assert loaded.apply("lowest newer") == "lo@@ west ne@@ wer"
+
+
+@pytest.mark.parametrize("content,line", [
+    ("#version: 0.2\na b\nc d e\n", 3),      # subword-nmt codes with a 3-field line
+    ("#version: 0.2\na b\n\nc d\n", 3),      # blank line inside
+    ("a b 3\nc d x\n", 2),                   # fastBPE count not a number
+    ("a b\nc d\n", 1),                       # no header: v0.1 / unknown
+    ("#version: 0.1\na b\n", 1),             # other version
+])
+def test_bad_codes_file_names_file_and_line(tmp_path, content, line):
+    path = tmp_path / "bad.codes"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=rf"bad\.codes:{line}:"):
+        BPE.load(str(path))
+
+
+# -----------------------------------------------------------------------------
+# pretokenize
+
+
+@pytest.mark.parametrize("line,lang,expected", [
+    ("Hello, world!", "en", ["Hello", ",", "world", "!"]),
+    ("l'homme well-known 1,000.5 km.", "fr", ["l'homme", "well-known", "1,000.5", "km", "."]),
+    ("我们2020年abc", "zh", ["我", "们", "2020", "年", "abc"]),
+    ("我们", "en", ["我们"]),
+    ("Привет, мир", "ru", ["Привет", ",", "мир"]),
+    ("مرحبا، بالعالم", "ar", ["مرحبا", "،", "بالعالم"]),
+    ("ok 👍🏽!", "en", ["ok", "👍🏽", "!"]),
+    ("e\u0301te\u0301", "fr", ["e\u0301te\u0301"]),
+    ("<s> x </s>", "en", ["<", "s", ">", "x", "<", "/", "s", ">"]),
+    ("a\u00a0b\u3000c\td", "en", ["a", "b", "c", "d"]),
+    ("", "en", []),
+])
+def test_pretokenize(line, lang, expected):
+    assert bpe.pretokenize(line, lang) == expected
+
+
+def test_lowercase_and_strip_accents():
+    assert bpe.lowercase_and_strip_accents("Été à NOËL, Москва́") == "ete a noel, москва"
+
+
+# -----------------------------------------------------------------------------
+# Vocab and Tokenizer
+
+EN = ["the cat sleeps on the mat .", "the dog eats meat 42 .", "a cat and a dog play in Paris .",
+      "the mat is red and the dog is old ."]
+FR = ["le chat dort sur le tapis .", "le chien mange de la viande 42 .",
+      "un chat et un chien jouent à Paris .", "le tapis est rouge et le chien est vieux ."]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    paths = {}
+    for lang, lines in (("en", EN), ("fr", FR)):
+        paths[lang] = str(d / f"{lang}.train.txt")
+        with open(paths[lang], "w", encoding="utf-8") as f:
+            f.write("\n".join(lines * 5) + "\n")
+    return paths
+
+
+def test_vocab_layout_and_save_load(tmp_path):
+    v = Vocab(["the", "cat@@"], [10, 3])
+    assert v.tokens[:4] == ["<s>", "</s>", "<pad>", "<unk>"] and v.token(MASK_ID) == "<special1>"
+    assert len(v) == N_SPECIAL + 2 and v.id("the") == 14 and v.id("cat@@") == 15
+    assert v.id("unseen") == UNK_ID
+    v.save(str(tmp_path / "vocab"))
+    assert (tmp_path / "vocab").read_text() == "the 10\ncat@@ 3\n"
+    w = Vocab.load(str(tmp_path / "vocab"))
+    assert w.tokens == v.tokens and w.counts == v.counts
+    (tmp_path / "bad").write_text("the 10\ncat\n")
+    with pytest.raises(ValueError, match=r"bad:2:"):
+        Vocab.load(str(tmp_path / "bad"))
+    with pytest.raises(ValueError, match="twice"):
+        Vocab(["a", "a"])
+
+
+@pytest.mark.parametrize("mode", bpe.MODES)
+def test_tokenizer_modes(files, mode):
+    tok = Tokenizer.build(files, mode, num_merges=40, verbose=False)
+    assert tok.vocab("en") is tok.vocab("fr")
+    en_tokens = {t for line in EN for t in tok.tokenize(line, "en")}
+    fr_tokens = {t for line in FR for t in tok.tokenize(line, "fr")}
+    vocab_tokens = set(tok.vocab("en").tokens[N_SPECIAL:])
+    assert vocab_tokens == en_tokens | fr_tokens
+    # sorted by count, descending (XLM's dictionary check)
+    counts = tok.vocab("en").counts[N_SPECIAL:]
+    assert counts == sorted(counts, reverse=True)
+    if mode == "prefixed":
+        # no anchors: the only ids both languages use are specials
+        assert not en_tokens & fr_tokens and not tok.anchors
+        assert all(t.startswith("en:") for t in en_tokens) and all(t.startswith("fr:") for t in fr_tokens)
+        en_ids = {i for line in EN for i in tok.encode(line, "en")}
+        fr_ids = {i for line in FR for i in tok.encode(line, "fr")}
+        assert all(i < N_SPECIAL for i in en_ids & fr_ids)
+    else:
+        # anchors are exactly the identical strings both languages produce ('42', '.', 'Paris', ...)
+        assert tok.anchors == en_tokens & fr_tokens
+        assert "." in tok.anchors
+    for lang, lines in (("en", EN), ("fr", FR)):
+        for line in lines:
+            ids = tok.encode(line, lang)
+            assert UNK_ID not in ids and all(i >= N_SPECIAL for i in ids)
+            assert tok.decode(ids, lang) == line
+
+
+def test_separate_shares_exactly_identical_strings(files):
+    """separate: per-language BPE; the union vocabulary holds each distinct string once, so the shared
+    ids are exactly the strings produced in both languages."""
+    tok = Tokenizer.build(files, "separate", num_merges=40, verbose=False)
+    assert tok.bpes["en"] is not tok.bpes["fr"]
+    en = {t: tok.vocab("en").id(t) for line in EN for t in tok.tokenize(line, "en")}
+    fr = {t: tok.vocab("fr").id(t) for line in FR for t in tok.tokenize(line, "fr")}
+    assert set(en.values()) & set(fr.values()) == {en[t] for t in set(en) & set(fr)}
+    assert len(tok.vocab("en")) == N_SPECIAL + len(set(en) | set(fr))
+
+
+def test_separate_vocab_gives_language_local_ids(files):
+    tok = Tokenizer.build(files, "joint", num_merges=40, separate_vocab=True, verbose=False)
+    assert tok.vocab("en") is not tok.vocab("fr")
+    en_tokens = {t for line in EN for t in tok.tokenize(line, "en")}
+    assert set(tok.vocab("en").tokens[N_SPECIAL:]) == en_tokens
+    assert tok.vocab_size("en") == N_SPECIAL + len(en_tokens)
+    assert tok.decode(tok.encode(FR[0], "fr"), "fr") == FR[0]
+
+
+def test_joint_build_samples_equal_lines_and_is_seeded(tmp_path):
+    en, fr = tmp_path / "en.txt", tmp_path / "fr.txt"
+    en.write_text("\n".join(EN * 20) + "\n")
+    fr.write_text("\n".join(FR * 2) + "\n")
+    a = Tokenizer.build({"en": str(en), "fr": str(fr)}, "joint", 30, verbose=False, seed=1)
+    b = Tokenizer.build({"en": str(en), "fr": str(fr)}, "joint", 30, verbose=False, seed=1)
+    assert a.to_dict() == b.to_dict()
+    assert a.decode(a.encode(EN[1], "en"), "en") == EN[1]
+
+
+def test_tokenizer_dict_round_trip(files):
+    tok = Tokenizer.build(files, "prefixed", num_merges=30, separate_vocab=True, verbose=False)
+    d = tok.to_dict()
+
+    def plain(x):
+        if isinstance(x, dict):
+            return all(isinstance(k, str) and plain(v) for k, v in x.items())
+        if isinstance(x, list):
+            return all(plain(v) for v in x)
+        return isinstance(x, (str, int, float, bool)) or x is None
+
+    assert plain(d)
+    tok2 = Tokenizer.from_dict(json.loads(json.dumps(d)))
+    assert tok2.to_dict() == d
+    for lang, lines in (("en", EN), ("fr", FR)):
+        for line in lines + ["unseen wörds 🙂"]:
+            assert tok2.encode(line, lang) == tok.encode(line, lang)
+    torch = pytest.importorskip("torch")
+    path = os.path.join(str(files["en"]) + ".pt")
+    torch.save({"tokenizer": d}, path)
+    assert torch.load(path, weights_only=True)["tokenizer"] == d
+
+
+def test_encode_words_and_special_literals(files):
+    tok = Tokenizer.build(files, "joint", num_merges=40, verbose=False)
+    words = "the cat sleeps on Paris .".split()
+    per_word = tok.encode_words(words + [""], "en")
+    assert sum(per_word[:-1], []) == tok.encode(" ".join(words), "en")
+    assert per_word[-1] == [UNK_ID]
+    # literal special tokens in text are plain characters, never special ids
+    ids = tok.encode("<s> the </s> <pad> <special1>", "en")
+    assert all(i >= N_SPECIAL or i == UNK_ID for i in ids)
+
+
+def test_build_empty_corpus(tmp_path):
+    (tmp_path / "en.txt").write_text("\n\n")
+    (tmp_path / "fr.txt").write_text("le chat\n")
+    with pytest.raises(ValueError, match="en.txt: empty corpus"):
+        Tokenizer.build({"en": str(tmp_path / "en.txt"), "fr": str(tmp_path / "fr.txt")}, verbose=False)
+
+
+# -----------------------------------------------------------------------------
+# code-switching
+
+
+def test_code_switch_rate_seeded():
+    """Every word is in the dictionary: p=0.3 and no cap gives ~30 % switched (binomial, n=20000:
+    sd 0.3 %, tolerance 1.5 %); the cap max_frac=0.15 with p=1 keeps exactly floor(0.15 n) per line."""
+    d = {f"w{i}": [f"t{i}"] for i in range(50)}
+    rng = random.Random(0)
+    words = [f"w{i % 50}" for i in range(100)]
+    switched = sum(sum(a != b for a, b in zip(words, bpe.code_switch(words, d, rng, 0.3, 1.0)))
+                   for _ in range(200))
+    assert abs(switched / 20000 - 0.3) < 0.015
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        out = bpe.code_switch(words, d, rng, p=1.0, max_frac=0.15)
+        changed = [i for i, (a, b) in enumerate(zip(words, out)) if a != b]
+        assert len(changed) == 15 and all(out[i] == "t" + words[i][1:] for i in changed)
+    # words outside the dictionary never change; Titlecase falls back to the lowercase entry
+    assert bpe.code_switch(["x", "Chat"], {"chat": ["cat"]}, random.Random(0), 1.0, 1.0) == ["x", "Cat"]
+
+
+def test_read_dictionary_and_weights(tmp_path):
+    path = tmp_path / "en-fr.txt"
+    path.write_text("cat chat 3\ncat matou 1\ndog chien 1\n")
+    d = bpe.read_dictionary(str(path))
+    assert d == {"cat": ["chat", "matou"], "dog": ["chien"]} and d.weights["cat"] == [3.0, 1.0]
+    rng = random.Random(0)
+    picks = Counter(bpe.code_switch(["cat"], d, rng, 1.0, 1.0)[0] for _ in range(4000))
+    assert abs(picks["chat"] / 4000 - 0.75) < 0.03
+    (tmp_path / "plain.txt").write_text("cat chat\ncat\tmatou\n")
+    assert bpe.read_dictionary(str(tmp_path / "plain.txt")) == {"cat": ["chat", "matou"]}
+    (tmp_path / "bad.txt").write_text("cat chat\ncat\n")
+    with pytest.raises(ValueError, match=r"bad\.txt:2:"):
+        bpe.read_dictionary(str(tmp_path / "bad.txt"))
+
+
+# -----------------------------------------------------------------------------
+# binarize
+
+
+def test_binarize_round_trip(files, tmp_path):
+    tok = Tokenizer.build(files, "joint", num_merges=40, verbose=False)
+    text = tmp_path / "fr.test.txt"
+    lines = FR + ["", "chat inconnu 🙂"]
+    text.write_text("\n".join(lines) + "\n")
+    meta = bpe.binarize(str(text), tok, "fr", str(tmp_path / "fr.test"), verbose=False)
+    assert meta == {"dtype": "uint16", "n_tokens": meta["n_tokens"], "n_sentences": len(lines),
+                    "vocab_size": tok.vocab_size("fr"), "lang": "fr"}
+    data, meta2 = bpe.load_bin(str(tmp_path / "fr.test"))
+    assert meta2 == meta and len(data) == meta["n_tokens"] and data[-1] == EOS_ID
+    sents = np.split(np.asarray(data), np.flatnonzero(data == EOS_ID) + 1)[:-1]
+    assert len(sents) == len(lines)
+    for ids, line in zip(sents, lines):
+        assert list(ids[:-1]) == tok.encode(line, "fr")
+    assert [tok.decode(ids, "fr") for ids in sents[:len(FR)]] == FR
+    assert sorted(os.listdir(tmp_path)) == ["fr.test.bin", "fr.test.json", "fr.test.txt"]
+    # several processes give the same file
+    old = bpe.CHUNK_LINES
+    bpe.CHUNK_LINES = 2
+    try:
+        bpe.binarize(str(text), tok, "fr", str(tmp_path / "fr.w2"), workers=2, verbose=False)
+    finally:
+        bpe.CHUNK_LINES = old
+    assert np.array_equal(bpe.load_bin(str(tmp_path / "fr.w2"))[0], data)
+
+
+def test_binarize_bad_bytes_and_empty(files, tmp_path):
+    tok = Tokenizer.build(files, "joint", num_merges=20, verbose=False)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"le chat\nle \xff chien\n")
+    with pytest.raises(ValueError, match=r"bad\.txt:2: not valid UTF-8"):
+        bpe.binarize(str(bad), tok, "fr", str(tmp_path / "bad"), verbose=False)
+    assert not os.listdir(tmp_path) == [] and not (tmp_path / "bad.bin").exists()
+    assert not (tmp_path / "bad.bin.tmp").exists()
+    meta = bpe.binarize(str(bad), tok, "fr", str(tmp_path / "bad"), errors="replace", verbose=False)
+    assert meta["n_sentences"] == 2
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match="empty corpus"):
+        bpe.binarize(str(tmp_path / "empty.txt"), tok, "fr", str(tmp_path / "empty"), verbose=False)
+
+
+def test_binarize_code_switch(files, tmp_path):
+    tok = Tokenizer.build(files, "separate", num_merges=40, verbose=False)
+    text = tmp_path / "en.txt"
+    text.write_text("the cat sleeps on the mat .\n")
+    d = {"cat": ["chat"], "mat": ["tapis"]}
+    bpe.binarize(str(text), tok, "en", str(tmp_path / "cs"), code_switch=d, p=1.0, max_frac=1.0,
+                 verbose=False)
+    ids = list(bpe.load_bin(str(tmp_path / "cs"))[0])
+    expected = (tok.encode("the", "en") + tok.encode("chat", "fr") + tok.encode("sleeps on the", "en")
+                + tok.encode("tapis", "fr") + tok.encode(".", "en") + [EOS_ID])
+    assert ids == expected
+
+
+# -----------------------------------------------------------------------------
+# command line
+
+
+def test_cli(files, tmp_path):
+    def run(*args):
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "bpe.py"), *args],
+                           capture_output=True, text=True, cwd=str(tmp_path))
+        return r
+
+    r = run("learn", "--input", files["en"], files["fr"], "--merges", "30", "--output", "codes")
+    assert r.returncode == 0, r.stderr
+    codes = BPE.load(str(tmp_path / "codes"))
+    assert len(codes.merges) == 30
+    (tmp_path / "in.txt").write_text("the cat sleeps\n")
+    r = run("apply", "--codes", "codes", "--input", "in.txt", "--output", "out.txt", "--pretokenized")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out.txt").read_text() == codes.apply("the cat sleeps") + "\n"
+    r = run("vocab", "--train", f"en={files['en']}", f"fr={files['fr']}", "--mode", "prefixed",
+            "--merges", "20", "--out", "tok")
+    assert r.returncode == 0 and "anchors" in r.stdout, r.stderr
+    r = run("binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "in.txt",
+            "--out-prefix", "en.test")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "en.test.json").read_text())["n_sentences"] == 1
+    (tmp_path / "bad.codes").write_text("#version: 0.2\na b c\n")
+    r = run("apply", "--codes", "bad.codes", "--input", "in.txt", "--output", "x.txt")
+    assert r.returncode != 0 and "bad.codes:2:" in r.stderr
+    r = run("learn", "--input", "in.txt", "--merges", "0", "--output", "c2")
+    assert r.returncode != 0 and "num_merges" in r.stderr
