@@ -459,3 +459,348 @@ def read_parallel(src_path, tgt_path, max_lines=None):
     if max_lines:
         out = [o[:max_lines] for o in out]
     return out[0], out[1]
+
+
+# =====================================================================================================
+# CLI part: encoders from our checkpoints (torch, model.py and bpe.py are imported inside functions)
+#
+# Layers are numbered as in the paper's Figures 5-7: L0 = embedding output, L1..L8 = Transformer blocks.
+# Input convention (XLM): `</s> w1 ... wn </s>`; the two </s> are never part of a pooled vector.
+
+
+def load_encoder(path, device="cpu"):
+    """(model in eval mode, bpe.Tokenizer, list of language codes) from a checkpoint written by
+    pretrain.py (best.pt) or by model.save_model(..., tokenizer=tok.to_dict(), langs=[...])."""
+    import bpe
+    import model as M
+    mdl, extra = M.load_model(path, map_location=device)
+    for key in ("tokenizer", "langs"):
+        if key not in extra:
+            raise ValueError(f"{path}: the checkpoint has no '{key}' entry (use pretrain.py's best.pt)")
+    return mdl.to(device), bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
+
+
+def lang_index(langs, lang, path):
+    if lang not in langs:
+        raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
+    return langs.index(lang)
+
+
+def _forward(model, id_lists, lang_idx, batch_size=32):
+    """Yield (k, states) for every id list k: states (n_layers + 1, len_k + 2, dim) float32 numpy, the
+    hidden states of `</s> ids </s>` (length-sorted batches, padding masked out). Sequences longer than
+    the model's positions are cut (the cut subwords get no state)."""
+    import torch
+    from bpe import EOS_ID, PAD_ID
+    device = next(model.parameters()).device
+    keep = model.config.max_positions - 2
+    order = sorted(range(len(id_lists)), key=lambda k: len(id_lists[k]))
+    model.eval()
+    with torch.no_grad():
+        for a in range(0, len(order), batch_size):
+            ks = order[a:a + batch_size]
+            seqs = [[EOS_ID] + list(id_lists[k][:keep]) + [EOS_ID] for k in ks]
+            T = max(len(s) for s in seqs)
+            idx = torch.full((len(seqs), T), PAD_ID, dtype=torch.long)
+            mask = torch.zeros((len(seqs), T), dtype=torch.bool)
+            for b, s in enumerate(seqs):
+                idx[b, :len(s)] = torch.tensor(s)
+                mask[b, :len(s)] = True
+            hs = model.hidden_states(idx.to(device), lang_idx, mask.to(device))
+            hs = torch.stack(hs, dim=1).float().cpu().numpy()          # (B, L+1, T, dim)
+            for b, k in enumerate(ks):
+                yield k, hs[b, :, :len(seqs[b])]
+
+
+def encode_sentences(model, tok, sents, lang_idx, lang_code, batch_size=32):
+    """Sentence vectors per layer (paper §5.1.3, decision D9): the mean of the subword states, special
+    tokens excluded -> list of n_layers + 1 arrays (n_sents, dim). An empty sentence (no subword) falls
+    back to the mean of its two </s> states."""
+    ids = [tok.encode(s, lang_code) for s in sents]
+    out = None
+    for k, H in _forward(model, ids, lang_idx, batch_size):
+        if out is None:
+            out = np.zeros((H.shape[0], len(sents), H.shape[2]), dtype=np.float32)
+        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
+    return list(out)
+
+
+def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
+    """Contextual vector of every word token (decision D8: a word = the mean of its subword states).
+    sents_words: list of word lists. Returns (list of n_layers + 1 arrays (n_words_total, dim), offsets)
+    with sentence k's words at rows offsets[k]:offsets[k+1]. Words cut off by max_positions are NaN."""
+    per_word = [tok.encode_words(ws, lang_code) if ws else [] for ws in sents_words]
+    offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
+    out = None
+    for k, H in _forward(model, [sum(w, []) for w in per_word], lang_idx, batch_size):
+        if out is None:
+            out = np.full((H.shape[0], offsets[-1], H.shape[2]), np.nan, dtype=np.float32)
+        pos = 1                                                       # position 0 is </s>
+        for w, ids in enumerate(per_word[k]):
+            if pos + len(ids) <= H.shape[1] - 1:
+                out[:, offsets[k] + w] = H[:, pos:pos + len(ids)].mean(axis=1)
+            pos += len(ids)
+    if out is None:
+        raise ValueError("no sentences to encode")
+    return list(out), offsets
+
+
+def corpus_words(tok, path, lang, max_sents=None, max_vocab=200000):
+    """Word types of a corpus, most frequent first, keyed lowercase as MUSE (first surface form kept)
+    -> (keys, surface forms, sentences as word lists)."""
+    from collections import Counter
+    sents, counts, form = [], Counter(), {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            if max_sents and n >= max_sents:
+                break
+            ws = tok.words(line.strip(), lang)
+            sents.append(ws)
+            for w in ws:
+                counts[w.lower()] += 1
+                form.setdefault(w.lower(), w)
+    if not counts:
+        raise ValueError(f"{path}: no words")
+    keys = [w for w, _ in counts.most_common(max_vocab)]
+    return keys, [form[w] for w in keys], sents
+
+
+def word_vectors(model, tok, lang_idx, lang, keys, forms, sents, batch_size=32):
+    """Decision D8. (a) embedding-table rows of the words that are ONE subword (Fig. 4a);
+    (b) per layer, the mean contextual vector of a word over its occurrences in `sents` (Fig. 4b).
+    Returns (keys_a, X_a (n_a, dim)), (keys, [X_b per layer]) with X_b rows aligned with `keys`."""
+    from bpe import UNK_ID
+    table = model.tok_emb[lang_idx if len(model.tok_emb) > 1 else 0].weight.detach().float().cpu().numpy()
+    single = [(k, ids[0]) for k, ids in zip(keys, tok.encode_words(forms, lang))
+              if len(ids) == 1 and ids[0] != UNK_ID]
+    keys_a = [k for k, _ in single]
+    X_a = table[[i for _, i in single]] if single else np.zeros((0, table.shape[1]), np.float32)
+    layers, offsets = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size)
+    row = {k: i for i, k in enumerate(keys)}
+    which = np.array([row.get(w.lower(), -1) for ws in sents for w in ws], dtype=np.int64)
+    ok = (which >= 0) & ~np.isnan(layers[0][:, 0])
+    n_occ = np.bincount(which[ok], minlength=len(keys)).astype(np.float64)
+    X_b = []
+    for H in layers:
+        S = np.zeros((len(keys), H.shape[1]))
+        np.add.at(S, which[ok], H[ok])
+        X_b.append((S / np.maximum(n_occ, 1)[:, None]).astype(np.float32))
+    seen = n_occ > 0
+    keys_b = [k for k, s in zip(keys, seen) if s]
+    return (keys_a, X_a), (keys_b, [X[seen] for X in X_b])
+
+
+def print_table(title, header, rows):
+    """Markdown table to stdout (numbers as percentages with one decimal)."""
+    fmt = lambda v: f"{100 * v:.1f}" if isinstance(v, float) else str(v)
+    print(f"\n{title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows:
+        print("| " + " | ".join(fmt(v) for v in r) + " |")
+
+
+def _encoders(args):
+    """(model, tok, lang index) for the source and the target side: --ckpt encodes the source
+    language, --ckpt2 (two monolingual models) or else --ckpt too encodes the target language."""
+    m1, t1, langs1 = load_encoder(args.ckpt, args.device)
+    src = (m1, t1, lang_index(langs1, args.src, args.ckpt))
+    if args.ckpt2:
+        m2, t2, langs2 = load_encoder(args.ckpt2, args.device)
+        return src, (m2, t2, lang_index(langs2, args.tgt, args.ckpt2))
+    return src, (m1, t1, lang_index(langs1, args.tgt, args.ckpt))
+
+
+def _fill_toy(args, paths):
+    """--toy DIR: fill every unset path flag from toydata's layout (see CONTRACT / toydata.py)."""
+    if not args.toy:
+        return
+    l0, l1 = args.src, args.tgt
+    for flag, rel in paths.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, os.path.join(args.toy, rel.format(l0=l0, l1=l1)))
+
+
+def _need(args, flags):
+    missing = [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f) is None]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)} (or give --toy DIR)")
+
+
+def cmd_words(args):
+    """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
+    _fill_toy(args, {"train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
+                     "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"})
+    _need(args, ["ckpt", "train_dict", "test_dict", "src_corpus", "tgt_corpus"])
+    train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
+    (ms, ts, ls), (mt, tt, lt) = _encoders(args)
+    side = []
+    for m, t, li, lang, path in ((ms, ts, ls, args.src, args.src_corpus), (mt, tt, lt, args.tgt, args.tgt_corpus)):
+        keys, forms, sents = corpus_words(t, path, lang, args.max_sents, args.max_vocab)
+        side.append(word_vectors(m, t, li, lang, keys, forms, sents, args.batch_size))
+    runs = [("emb (4a)", side[0][0][0], side[0][0][1], side[1][0][0], side[1][0][1])]
+    for l, (Xs, Xt) in enumerate(zip(side[0][1][1], side[1][1][1])):
+        runs.append((f"L{l} (4b)", side[0][1][0], Xs, side[1][1][0], Xt))
+    if args.vec_src and args.vec_tgt:
+        ws, Vs = read_vec(args.vec_src, args.max_vocab)
+        wt, Vt = read_vec(args.vec_tgt, args.max_vocab)
+        runs.append(("fastText", ws, Vs, wt, Vt))
+    rows, errors = [], []
+    for name, ws, Xs, wt, Xt in runs:
+        try:
+            tr = dictionary_indices(train, ws, wt, f"{args.train_dict} ({name})")
+            te = dictionary_indices(test, ws, wt, f"{args.test_dict} ({name})")
+        except ValueError as e:  # e.g. few words are one subword (4a): report the row as empty
+            errors.append(e)
+            rows.append([name, "-", "-", 0, 0, f"{len(ws)}/{len(wt)}"])
+            continue
+        if args.itn_iters:
+            Xs, Xt = iterative_normalize(Xs, args.itn_iters), iterative_normalize(Xt, args.itn_iters)
+        W = procrustes(Xs[tr[0]], Xt[tr[1]])
+        p_map, n = word_translation_accuracy(Xs, Xt, *te, W=W, method="csls", k=args.k)
+        p_raw, _ = word_translation_accuracy(Xs, Xt, *te, W=None, method="csls", k=args.k)
+        rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
+    if len(errors) == len(runs):
+        raise errors[0]
+    for e in errors:
+        print(f"note: {e}")
+    print_table(f"Word translation {args.src}->{args.tgt}: P@1 (CSLS) on {args.test_dict}",
+                ["vectors", "no map", "Procrustes", "train pairs", "test words", "vocab src/tgt"], rows)
+    return rows
+
+
+def cmd_contextual(args):
+    """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
+    _fill_toy(args, {"src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"})
+    _need(args, ["ckpt", "src_file", "tgt_file"])
+    src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
+    (ms, ts, ls), (mt, tt, lt) = _encoders(args)
+    S = [ts.words(l, args.src) for l in src_lines]
+    T = [tt.words(l, args.tgt) for l in tgt_lines]
+    links = fast_align(S, T)
+    pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(links, S, T)]
+    Hs, off_s = encode_word_tokens(ms, ts, S, ls, args.src, args.batch_size)
+    Ht, off_t = encode_word_tokens(mt, tt, T, lt, args.tgt, args.batch_size)
+    n_fit = int(round(len(S) * (1 - args.eval_frac)))
+    if not 0 < n_fit < len(S):
+        raise ValueError(f"--eval-frac {args.eval_frac} leaves no fit or no eval sentence of {len(S)}")
+    rows_of = lambda ks: np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]],
+                                  dtype=np.int64).reshape(-1, 2)
+    fit, ev = rows_of(range(n_fit)), rows_of(range(n_fit, len(S)))
+    fine = lambda r: r[~np.isnan(Hs[0][r[:, 0], 0]) & ~np.isnan(Ht[0][r[:, 1], 0])]
+    fit, ev = fine(fit), fine(ev)
+    if len(fit) < 2 or len(ev) < 1:
+        raise ValueError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval)")
+    cand = np.arange(off_t[n_fit], off_t[-1])            # every target word token of the eval sentences
+    cand = cand[~np.isnan(Ht[0][cand, 0])]
+    pos = {c: n for n, c in enumerate(cand.tolist())}
+    gold = np.array([pos[j] for j in ev[:, 1]])
+    rows, maps = [], []
+    for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
+        W = procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]])     # x_src @ W ~ x_tgt
+        maps.append(W)
+        acc_raw = float(np.mean(csls_knn(Xs[ev[:, 0]], Xt[cand], args.k) == gold))
+        acc_map = float(np.mean(csls_knn(Xs[ev[:, 0]] @ W, Xt[cand], args.k) == gold))
+        rows.append([f"L{l}", acc_raw, acc_map, len(fit), len(ev), len(cand)])
+    print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out fast_align pairs "
+                f"(last {args.eval_frac:.0%} of {len(S)} sentences)",
+                ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"], rows)
+    if args.save_maps:
+        M = np.stack(maps)
+        tmp = args.save_maps + ".tmp"
+        with open(tmp, "wb") as f:
+            np.savez(f, src_to_tgt=M, tgt_to_src=M.transpose(0, 2, 1), src=args.src, tgt=args.tgt)
+        os.replace(tmp, args.save_maps)
+        print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ x_{args.tgt}, "
+              f"x_{args.tgt} @ tgt_to_src[l] ~ x_{args.src} (l = 0 embeddings .. {len(maps) - 1})")
+    return rows
+
+
+def cmd_sentences(args):
+    """Fig. 6: Tatoeba-style sentence retrieval P@1 per layer, without and with a Procrustes map."""
+    _fill_toy(args, {"test_src": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "test_tgt": "tatoeba/tatoeba.{l1}-{l0}.{l1}",
+                     "train_src": "parallel/{l0}-{l1}.train.{l0}", "train_tgt": "parallel/{l0}-{l1}.train.{l1}"})
+    _need(args, ["ckpt", "test_src", "test_tgt"])
+    te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents)
+    (ms, ts, ls), (mt, tt, lt) = _encoders(args)
+    Es = encode_sentences(ms, ts, te_s, ls, args.src, args.batch_size)
+    Et = encode_sentences(mt, tt, te_t, lt, args.tgt, args.batch_size)
+    Fs = Ft = None
+    if args.train_src and args.train_tgt:
+        tr_s, tr_t = read_parallel(args.train_src, args.train_tgt, args.max_train)
+        Fs = encode_sentences(ms, ts, tr_s, ls, args.src, args.batch_size)
+        Ft = encode_sentences(mt, tt, tr_t, lt, args.tgt, args.batch_size)
+    gold = np.arange(len(te_s))
+    rows = []
+    for l in range(len(Es)):
+        row = [f"L{l}", float(np.mean(nn_knn(Es[l], Et[l]) == gold)), float(np.mean(nn_knn(Et[l], Es[l]) == gold))]
+        if Fs is not None:
+            W = procrustes(Fs[l], Ft[l])                 # x_src @ W ~ x_tgt
+            row += [float(np.mean(nn_knn(Es[l] @ W, Et[l]) == gold)),
+                    float(np.mean(nn_knn(Et[l] @ W.T, Es[l]) == gold))]
+        rows.append(row)
+    header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
+    if Fs is not None:
+        header += [f"{args.src}->{args.tgt} mapped", f"{args.tgt}->{args.src} mapped"]
+    print_table(f"Sentence retrieval P@1 (cosine NN) on {len(te_s)} pairs of {args.test_src}"
+                + (f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}" if Fs is not None else ""),
+                header, rows)
+    return rows
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def common(p):
+        p.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2)")
+        p.add_argument("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
+        p.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
+        p.add_argument("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
+        p.add_argument("--toy", help="toydata.py world directory: fills in every data path not given")
+        p.add_argument("--max-sents", type=int, default=None, help="use at most this many lines per file")
+        p.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass")
+        p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+        p.add_argument("--k", type=int, default=10, help="CSLS neighbourhood size (MUSE: 10)")
+
+    p = sub.add_parser("words", help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
+    common(p)
+    p.add_argument("--train-dict", help="MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)")
+    p.add_argument("--test-dict", help="MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)")
+    p.add_argument("--src-corpus", help="source-language text: vocabulary and contextual averages")
+    p.add_argument("--tgt-corpus", help="target-language text: vocabulary and contextual averages")
+    p.add_argument("--max-vocab", type=int, default=200000, help="most frequent corpus words kept (MUSE: 200k)")
+    p.add_argument("--itn-iters", type=int, default=5, help="iterative normalisation rounds (0 = off)")
+    p.add_argument("--vec-src", help="fastText .vec baseline for --src (optional)")
+    p.add_argument("--vec-tgt", help="fastText .vec baseline for --tgt (optional)")
+    p.set_defaults(func=cmd_words)
+
+    p = sub.add_parser("contextual", help="§5.1.2: contextual word alignment from fast_align pairs")
+    common(p)
+    p.add_argument("--src-file", help="parallel sentences, source side (one per line)")
+    p.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
+    p.add_argument("--eval-frac", type=float, default=0.2, help="last fraction of sentences held out")
+    p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-layer)")
+    p.set_defaults(func=cmd_contextual)
+
+    p = sub.add_parser("sentences", help="Fig. 6: Tatoeba-style sentence retrieval per layer")
+    common(p)
+    p.add_argument("--test-src", help="test pairs, source side (e.g. tatoeba.fra-eng.eng)")
+    p.add_argument("--test-tgt", help="test pairs, target side (e.g. tatoeba.fra-eng.fra)")
+    p.add_argument("--train-src", help="parallel sentences to fit a Procrustes map, source side (optional)")
+    p.add_argument("--train-tgt", help="parallel sentences to fit a Procrustes map, target side")
+    p.add_argument("--max-train", type=int, default=None, help="use at most this many training pairs")
+    p.set_defaults(func=cmd_sentences)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as e:
+        sys.exit(f"align.py {args.command}: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -233,3 +233,121 @@ def test_one_to_one_pairs():
     links = [(0, 0), (1, 1), (1, 2), (2, 3), (3, 4)]
     src, tgt = ["a", "b", "c", "Paris"], ["A", "B", "B2", "C", "Paris"]
     assert align.one_to_one_pairs(links, src, tgt) == [(0, 0), (2, 3)]
+
+
+def test_fast_align_on_the_toy_world(toy_world):
+    """The toy world's parallel sentences render the same concepts: the one-to-one links should mostly
+    be dictionary translations (the ground truth the world writes in dict/en-fr.txt)."""
+    S, T = align.read_parallel(str(toy_world / "parallel/en-fr.train.en"), str(toy_world / "parallel/en-fr.train.fr"))
+    gold = set(align.read_muse_dictionary(str(toy_world / "dict/en-fr.txt"), lowercase=False))
+    S, T = [s.split() for s in S], [t.split() for t in T]
+    pairs = [(S[k][i], T[k][j]) for k, ln in enumerate(align.fast_align(S, T))
+             for i, j in align.one_to_one_pairs(ln, S[k], T[k])]
+    in_dict = [p in gold for p in pairs]
+    assert len(pairs) > 3 * len(S) and np.mean(in_dict) > 0.8, (len(pairs), np.mean(in_dict))
+
+
+# ----------------------------------------------------------------------------------------------------
+# CLI part: a tiny random-init checkpoint on the toy world (pretrain.py is not needed)
+
+torch = pytest.importorskip("torch")
+TATOEBA = "../shared/data/tatoeba/tatoeba.fra-eng"
+MUSE = "../shared/data/muse_dictionaries/en-fr"
+
+
+def make_checkpoint(path, files, langs, seed=0):
+    import bpe
+    import model as M
+    tok = bpe.Tokenizer.build(files, num_merges=200, verbose=False)
+    torch.manual_seed(seed)
+    cfg = M.ModelConfig(vocab_size=tok.vocab_size(langs[0]), n_langs=len(langs), n_layers=2, n_heads=2,
+                        dim=16, ffn_dim=32, max_positions=64)
+    M.save_model(str(path), M.MLM(cfg), tokenizer=tok.to_dict(), langs=list(langs))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ckpts(toy_world, tmp_path_factory):
+    torch.set_num_threads(1)
+    d = tmp_path_factory.mktemp("ckpt")
+    mono = lambda l: str(toy_world / f"mono/{l}.train.txt")
+    return {"bi": make_checkpoint(d / "bi.pt", {"en": mono("en"), "fr": mono("fr")}, ["en", "fr"]),
+            "fr": make_checkpoint(d / "fr.pt", {"fr": mono("fr")}, ["fr"], seed=1)}
+
+
+def test_encode_sentences_excludes_specials_and_ignores_batching(ckpts):
+    mdl, tok, langs = align.load_encoder(ckpts["bi"])
+    sents = ["the", "a b c d e f g h", "", "x y"]
+    E1 = align.encode_sentences(mdl, tok, sents, 1, "fr", batch_size=1)
+    E4 = align.encode_sentences(mdl, tok, sents, 1, "fr", batch_size=4)
+    assert len(E1) == mdl.config.n_layers + 1 and E1[0].shape == (4, 16)
+    for a, b in zip(E1, E4):                                # padding does not leak into the means
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    from bpe import EOS_ID
+    ids = tok.encode(sents[1], "fr")
+    with torch.no_grad():
+        hs = mdl.hidden_states(torch.tensor([[EOS_ID] + ids + [EOS_ID]]), 1)
+    for l, h in enumerate(hs):
+        np.testing.assert_allclose(E1[l][1], h[0, 1:-1].mean(0).numpy(), atol=1e-5)
+    # a word vector is the mean of its subwords: a one-word sentence's word = the sentence
+    W, off = align.encode_word_tokens(mdl, tok, [["a", "b"], ["hello"]], 0, "en", batch_size=2)
+    assert off.tolist() == [0, 2, 3]
+    S = align.encode_sentences(mdl, tok, ["hello"], 0, "en")
+    for l in range(len(W)):
+        np.testing.assert_allclose(W[l][2], S[l][0], atol=1e-5)
+
+
+def run_cli(argv, capsys):
+    rows = align.main(argv)
+    return rows, capsys.readouterr().out
+
+
+def test_cli_words_contextual_sentences_on_the_toy_world(ckpts, toy_world, tmp_path, capsys):
+    toy = ["--toy", str(toy_world), "--ckpt", ckpts["bi"]]
+    rows, out = run_cli(["words"] + toy + ["--max-sents", "300"], capsys)
+    assert [r[0] for r in rows] == ["emb (4a)", "L0 (4b)", "L1 (4b)", "L2 (4b)"]
+    assert all(0 <= r[1] <= 1 and 0 <= r[2] <= 1 and r[4] > 0 for r in rows[1:]) and "| L2 (4b) |" in out
+    maps = str(tmp_path / "maps.npz")
+    rows, out = run_cli(["contextual"] + toy + ["--max-sents", "150", "--save-maps", maps], capsys)
+    assert len(rows) == 3 and all(r[3] > 100 and r[4] > 10 for r in rows)
+    z = np.load(maps)
+    assert z["src_to_tgt"].shape == (3, 16, 16) and str(z["tgt"]) == "fr"
+    for W in z["src_to_tgt"]:
+        np.testing.assert_allclose(W @ W.T, np.eye(16), atol=1e-5)
+    np.testing.assert_allclose(z["tgt_to_src"][1], z["src_to_tgt"][1].T)
+    rows, out = run_cli(["sentences"] + toy + ["--max-sents", "60"], capsys)
+    assert len(rows) == 3 and len(rows[0]) == 5 and "en->fr mapped" in out
+    # two models: --ckpt2 encodes fr
+    rows, _ = run_cli(["sentences"] + toy + ["--ckpt2", ckpts["fr"], "--max-sents", "40"], capsys)
+    assert len(rows) == 3
+
+
+def test_cli_on_real_tatoeba_and_muse_formats(ckpts, tmp_path, capsys):
+    base = ["--ckpt", ckpts["bi"], "--src", "en", "--tgt", "fr", "--max-sents", "30"]
+    rows, out = run_cli(["sentences"] + base + ["--test-src", TATOEBA + ".eng", "--test-tgt", TATOEBA + ".fra"], capsys)
+    assert len(rows) == 3 and "30 pairs" in out
+    corpus = ["--src-corpus", TATOEBA + ".eng", "--tgt-corpus", TATOEBA + ".fra", "--max-sents", "1000"]
+    rows, out = run_cli(["words", "--ckpt", ckpts["bi"], "--train-dict", MUSE + ".0-5000.reconstructed.txt",
+                         "--test-dict", MUSE + ".0-5000.reconstructed.txt"] + corpus, capsys)
+    assert rows[1][4] > 50                          # tatoeba's frequent words are in the dictionary
+    rows, _ = run_cli(["contextual"] + base + ["--src-file", TATOEBA + ".eng", "--tgt-file", TATOEBA + ".fra"], capsys)
+    assert len(rows) == 3
+
+
+def test_cli_errors_name_the_input(ckpts, toy_world, tmp_path):
+    a, b = tmp_path / "a.en", tmp_path / "b.fr"
+    a.write_text("x\ny\n")
+    b.write_text("x\n")
+    with pytest.raises(SystemExit, match=r"a\.en has 2 lines, .*b\.fr has 1"):
+        align.main(["sentences", "--ckpt", ckpts["bi"], "--test-src", str(a), "--test-tgt", str(b)])
+    with pytest.raises(SystemExit, match=r"fr\.pt: language 'en' is not one of .*\['fr'\]"):
+        align.main(["sentences", "--ckpt", ckpts["fr"], "--toy", str(toy_world)])
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(SystemExit, match="empty.txt: the dictionary is empty"):
+        align.main(["words", "--toy", str(toy_world), "--ckpt", ckpts["bi"], "--test-dict", str(empty)])
+    with pytest.raises(SystemExit, match=r"5000-6500.reconstructed.txt \(emb \(4a\)\): none of its"):
+        align.main(["words", "--toy", str(toy_world), "--ckpt", ckpts["bi"], "--max-sents", "50",
+                    "--test-dict", MUSE + ".5000-6500.reconstructed.txt"])
+    with pytest.raises(SystemExit, match="missing --test-src"):
+        align.main(["sentences", "--ckpt", ckpts["bi"]])
