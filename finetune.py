@@ -906,9 +906,10 @@ def run_task(task_name, model, tok, langs, files, args, log=print):
             "train": (train_ex, task.featurize(train_ex, tok, args.train_lang, mp)),
             "dev": (dev_ex, task.featurize(dev_ex, tok, args.train_lang, mp)), "test": {}}
     for code, path in files["test"].items():
+        lid = lang_index(langs, code, args.ckpt)
         ex = reader(path)
         task.check_labels(ex, path)
-        data["test"][code] = (ex, task.featurize(ex, tok, code, mp), lang_index(langs, code, args.ckpt))
+        data["test"][code] = (ex, task.featurize(ex, tok, code, mp), lid)
     log(f"{task_name}: train {len(train_ex)} ({files['train']}), dev {len(dev_ex)}, "
         + ", ".join(f"{c} test {len(v[0])}" for c, v in data["test"].items()))
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -1020,6 +1021,8 @@ def main(argv=None):
     langs = list(extra.get("langs") or tok.langs)
     args.eval_langs = ([x.strip() for x in args.eval_langs.split(",") if x.strip()] if args.eval_langs
                        else [lang for lang in langs if lang != args.train_lang])
+    for code in [args.train_lang] + args.eval_langs:
+        lang_index(langs, code, args.ckpt)  # fail before any data is read
     args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
     os.makedirs(args.out, exist_ok=True)
     for name in tasks:

@@ -322,3 +322,181 @@ def test_read_conllu_skips_comments_ranges_empty_nodes(tmp_path):
     p.write_text("1\tI\tI\n")
     with pytest.raises(ValueError, match=":1: expected 10"):
         ft.read_conllu(str(p))
+
+
+# -----------------------------------------------------------------------------
+# windows and encoding
+
+
+def test_windows_known_answer_and_cover():
+    assert ft.windows(10, 4) == [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
+    assert ft.windows(3, 4) == [(0, 3, 0)]
+    for n in range(1, 40):
+        for size in (2, 3, 5, 8):
+            ws = ft.windows(n, size)
+            taken = [k for s, e, keep in ws for k in range(keep, e)]
+            assert taken == list(range(n))  # every subword exactly once, in order
+            assert all(e - s <= size and s <= keep for s, e, keep in ws)
+            assert all(keep - s in (0, size // 2) for s, e, keep in ws)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from model import MLM, ModelConfig
+    torch.manual_seed(0)
+    return MLM(ModelConfig(vocab_size=50, n_layers=2, n_heads=2, dim=16, ffn_dim=32, max_positions=16)).eval()
+
+
+def test_encode_states_equals_direct_run_and_stitches_windows(tiny_model):
+    from bpe import EOS_ID
+    m = tiny_model
+    seqs = [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
+    with torch.no_grad():
+        out = ft.encode_states(m, seqs, 0, max_len=14)  # both fit: one window each
+        for b, ids in enumerate(seqs):
+            direct = m.hidden_states(torch.tensor([[EOS_ID] + ids + [EOS_ID]]), 0)[-1][0]
+            assert torch.allclose(out[b, :1 + len(ids)], direct[:1 + len(ids)], atol=1e-5)
+        assert out[0, 4:].abs().sum() == 0  # padding after the short sentence
+        out = ft.encode_states(m, seqs, 0, max_len=4)  # the long one: windows (0,4,0) (2,6,4) (4,8,6) (6,10,8)
+        ids = seqs[1]
+        for s, e, keep in ft.windows(len(ids), 4):
+            h = m.hidden_states(torch.tensor([[EOS_ID] + ids[s:e] + [EOS_ID]]), 0)[-1][0]
+            for k in range(keep, e):
+                assert torch.allclose(out[1, 1 + k], h[1 + k - s], atol=1e-5)
+        assert torch.allclose(out[1, 0], m.hidden_states(torch.tensor([[EOS_ID] + ids[:4] + [EOS_ID]]), 0)[-1][0, 0],
+                              atol=1e-5)
+
+
+# -----------------------------------------------------------------------------
+# protocol
+
+
+def test_mean_of_best_two():
+    """Dev scores .5 .8 .7 .8: the best two are sets 1 and 3 (tie on .8 kept in grid order); their test
+    scores .2 and .6 average to .4. One set only: its own scores."""
+    recs = [{"dev": {"f1": d}, "test": {"fr": {"f1": t, "precision": t}}}
+            for d, t in [(.5, .9), (.8, .2), (.7, .9), (.8, .6)]]
+    top, dev, test = ft.mean_of_best_two(recs, "f1")
+    assert top == [1, 3] and dev == {"f1": pytest.approx(.8)}
+    assert test == {"fr": {"f1": pytest.approx(.4), "precision": pytest.approx(.4)}}
+    assert ft.mean_of_best_two(recs[:1], "f1")[1:] == ({"f1": .5}, {"fr": {"f1": .9, "precision": .9}})
+
+
+def test_grid_orders_and_sizes():
+    import argparse
+    a = argparse.Namespace(batch_size=[4, 8], lr=[1.0, 2.0, 3.0], head_lr=[5.0, 6.0, 7.0])
+    assert len(ft.grid("xnli", a)) == 18 and len(ft.grid("ner", a)) == 6
+    assert ft.grid("ner", a)[1] == {"batch_size": 4, "lr": 2.0, "head_lr": None}
+    assert ft.PAPER_PRESET["ner"]["lr"] == [2e-5, 3e-5, 5e-5] and ft.PAPER_PRESET["xnli"]["batch_size"] == [4, 8]
+
+
+def test_warmup_linear():
+    assert ft.warmup_linear(0, 100) == 0.0 and ft.warmup_linear(5, 100) == 0.5
+    assert ft.warmup_linear(10, 100) == 1.0 and ft.warmup_linear(55, 100) == 0.5 and ft.warmup_linear(100, 100) == 0.0
+
+
+@needs_data
+def test_resolve_files_real_layout():
+    f = ft.resolve_files("ner", DATA, "en", ["fr", "zh"])
+    assert f["train"].endswith("train-en.tsv") and f["dev"].endswith("dev-en.tsv")
+    assert f["test"]["fr"].endswith("heldout-from-dev-fr.tsv")  # labelled test stand-in
+    f = ft.resolve_files("parse", DATA, "en", ["ru"])
+    assert f["train"].endswith("en_ewt-ud-train.first3000.conllu") and f["test"]["ru"].endswith("ru_gsd-ud-test.conllu")
+    f = ft.resolve_files("xnli", os.path.join(DATA, "xnli"), "en", ["fr"], train_file=f["train"])  # task folder
+    assert f["dev"].endswith("dev-en.tsv") and f["test"]["fr"].endswith("test-fr.tsv")
+    with pytest.raises(SystemExit, match="no English NLI train set"):
+        ft.resolve_files("xnli", DATA, "en", ["fr"])
+    with pytest.raises(SystemExit, match="--test-file xx=PATH"):
+        ft.resolve_files("ner", DATA, "en", ["xx"])
+    f = ft.resolve_files("ner", DATA, "en", ["fr"], test_files=[("fr", f["test"]["fr"] if False else
+                                                                     os.path.join(DATA, "wikiann_panx", "dev-fr.tsv"))])
+    assert f["test"]["fr"].endswith("dev-fr.tsv")
+
+
+# -----------------------------------------------------------------------------
+# end to end on the toy world with a tiny random-init checkpoint (pretrain.py not needed)
+
+
+@pytest.fixture(scope="module")
+def toy_ckpt(toy_world, tmp_path_factory):
+    import bpe
+    from model import MLM, ModelConfig, save_model
+    tok = bpe.Tokenizer.build({l: str(toy_world / f"mono/{l}.train.txt") for l in ("en", "fr")},
+                              num_merges=300, verbose=False)
+    torch.manual_seed(0)
+    m = MLM(ModelConfig(vocab_size=tok.vocab_size("en"), n_layers=2, n_heads=2, dim=32, ffn_dim=64,
+                        max_positions=24, sep_layers=(1,)))
+    path = tmp_path_factory.mktemp("ft_ckpt") / "best.pt"
+    save_model(path, m, tokenizer=tok.to_dict(), langs=["en", "fr"])
+    return path
+
+
+def test_toy_end_to_end_parse_beats_chance(toy_world, toy_ckpt, tmp_path, capsys):
+    """Random-init encoder, tiny biaffine fine-tune: English dev UAS far above a random head (~1/len)."""
+    out = tmp_path / "parse"
+    ft.main(["--task", "parse", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--epochs", "3",
+             "--batch-size", "16", "--lr", "1e-3,3e-4", "--out", str(out)])
+    import json
+    res = json.loads((out / "results.json").read_text())
+    assert len(res["configs"]) == 2 and sorted(res["best_two"]) == [0, 1]
+    assert res["dev"]["uas"] == pytest.approx(np.mean([c["dev"]["uas"] for c in res["configs"]]))
+    assert all(c["dev"]["las"] == max(c["dev_curve"]) for c in res["configs"])  # epoch chosen by en dev
+    sents = ft.read_conllu(str(toy_world / "ud/en.dev.conllu"))
+    chance = np.mean([1 / len(s["words"]) for s in sents])
+    assert res["dev"]["uas"] > 3 * chance and res["dev"]["uas"] > 0.3
+    assert set(res["test"]) == {"fr"} and 0 <= res["test"]["fr"]["las"] <= res["test"]["fr"]["uas"] <= 1
+    text = capsys.readouterr().out
+    assert "las_nopunct" in text and "wrote" in text
+    ft.main(["--compare", str(out / "results.json"), str(out / "results.json")])
+    assert "+0.00" in capsys.readouterr().out  # the Δ column
+
+
+def _load(ckpt):
+    import bpe
+    from model import load_model
+    m, extra = load_model(str(ckpt))
+    return m, bpe.Tokenizer.from_dict(extra["tokenizer"])
+
+
+def test_ner_long_sentences_and_frozen_lang_specific(toy_world, toy_ckpt):
+    """A sentence far longer than the model's 24 positions gets a tag for every word (windows); after
+    fine-tuning, the language-specific layer-1 copies are unchanged and the shared parts moved."""
+    import argparse
+    m, tok = _load(toy_ckpt)
+    train = ft.read_ner(str(toy_world / "ner/en.train.tsv"))[:64]
+    long_words = [w for ws, _ in train[:12] for w in ws]
+    long_tags = [t for _, ts in train[:12] for t in ts]
+    dev = train[:8] + [(long_words, long_tags)]
+    task = ft.NERTask(train)
+    data = {"lang_id": 0, "train": (train, task.featurize(train, tok, "en", 24)),
+            "dev": (dev, task.featurize(dev, tok, "en", 24)), "test": {}}
+    assert len(data["dev"][1][-1][0]) > 3 * 24  # subwords of the long sentence
+    args = argparse.Namespace(seed=0, head_dropout=0.1, epoch_size=0, epochs=1, max_len=22, clip=5.0,
+                              bf16=False, eval_batch_size=16)
+    init = {k: v.clone() for k, v in m.state_dict().items()}
+    rec = ft.finetune_one(task, m, init, data, {"batch_size": 16, "lr": 1e-3, "head_lr": None}, args, log=lambda s: None)
+    assert rec["best_epoch"] == 1 and 0 <= rec["dev"]["f1"] <= 1
+    after = m.state_dict()
+    specific = {k for k in after if k.startswith("blocks.0.")}  # layer 1: one copy per language
+    assert specific and all(torch.equal(after[k], init[k]) for k in specific)
+    assert not torch.equal(after["blocks.1.0.ffn.lin1.weight"], init["blocks.1.0.ffn.lin1.weight"])
+    head = task.head(m.config.dim, 0.1)
+    preds = task.predict(m.eval(), head.eval(), data["dev"][1][-1:], 0, 22)
+    assert len(preds[0]) == len(long_words)
+
+
+def test_bad_inputs(toy_world, toy_ckpt, tmp_path):
+    from model import load_model, save_model
+    m, _ = load_model(str(toy_ckpt))
+    bare = tmp_path / "bare.pt"
+    save_model(bare, m, langs=["en", "fr"])
+    with pytest.raises(SystemExit, match="no tokenizer"):
+        ft.main(["--task", "ner", "--ckpt", str(bare), "--toy", str(toy_world), "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="'de' is not one of the checkpoint's languages"):
+        ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--eval-langs", "de",
+                 "--test-file", f"de={toy_world / 'ner/fr.test.tsv'}", "--out", str(tmp_path / "o")])
+    task = ft.NERTask([(["a"], ["B-PER"])])
+    with pytest.raises(ValueError, match="never occur in the English train set"):
+        task.check_labels([(["a"], ["B-LOC"])], "dev.tsv")
+    with pytest.raises(ValueError, match="not XNLI labels"):
+        ft.XNLITask([]).check_labels([("a", "b", "maybe")], "x.tsv")
