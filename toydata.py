@@ -551,21 +551,23 @@ def sample_nli(world, rng, label):
     while True:
         d = sample_tree(world, rng)
         r = rng.random()
+        # Mostly one-word substitutions, which only word meaning (hypernym / antonym / same-group noun) can
+        # label: a bag-of-words overlap heuristic should not solve the task, as on real XNLI.
         if label == "entailment":
-            p, h = d, (_drop(world, rng, d) if r < 0.6 else _generalise(world, rng, d))
+            p, h = d, (_drop(world, rng, d) if r < 0.5 else _generalise(world, rng, d))
         elif label == "neutral":
-            if r < 0.4:
+            if r < 0.3:
                 p, h = d, _add(world, rng, d)
-            elif r < 0.7:
+            elif r < 0.5:
                 dropped = _drop(world, rng, d)
                 p, h = d, (_add(world, rng, dropped) if dropped else None)
             else:
                 p, h = _generalise(world, rng, d), d
         else:
             p, h = d, _contradict(world, rng, d)
-            if r < 0.3:
+            if r < 0.15:
                 h = _drop(world, rng, h)
-            elif r < 0.5:
+            elif r < 0.3:
                 h = _add(world, rng, h)
         if p is None or h is None:
             continue

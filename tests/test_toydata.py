@@ -339,3 +339,14 @@ def test_selectional_restrictions():
         else:
             typ = world.name[s].split(".")[0]
             assert toydata.ENTITY_GROUP[typ] in subj_groups
+
+
+def test_project_readers_parse_toy_world(toy_world):
+    """finetune.py's readers (the ones that also read ../data) accept every toy task file."""
+    finetune = pytest.importorskip("finetune")
+    for lang in ("en", "fr"):
+        ud = finetune.read_conllu(toy_world / f"ud/{lang}.test.conllu")
+        ner = finetune.read_ner(toy_world / f"ner/{lang}.test.tsv")
+        nli = finetune.read_xnli(toy_world / f"xnli/{lang}.test.tsv")
+        assert len(ud) == len(ner) == len(nli) == TOY_WORLD_SIZES["n_task_eval"]
+        assert {lab for _, _, lab in nli} == set(toydata.LABELS)
