@@ -81,3 +81,76 @@ def linear_cka_gram(X, Y):
     _check(X, Y)  # validation only: here the centring happens on the Gram matrices (H K H)
     X, Y = np.asarray(X, np.float64), np.asarray(Y, np.float64)
     return _gram_cka(center_gram(X @ X.T), center_gram(Y @ Y.T))
+
+
+# =====================================================================================================
+# CLI: the Figure 7 table (torch, model.py, bpe.py and align.py's encoder are imported inside)
+
+
+def cka_table(args):
+    """Per layer, CKA of mean-pooled representations of parallel sentences (rows = sentence pairs):
+      bilingual    --ckpt encodes both languages (if it knows both)
+      monolingual  --ckpt encodes --src, --ckpt2 encodes --tgt (two monolingual models)
+      random       --ckpt encodes --src, an untrained model of the same config (and tokenizer) as the
+                   --tgt side's model encodes --tgt: the baseline any similarity must beat
+    Returns (header, rows) with an average row last."""
+    import torch
+    import model as M
+    from align import encode_sentences, lang_index, load_encoder, read_parallel
+    if args.toy:
+        args.src_file = args.src_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.src}")
+        args.tgt_file = args.tgt_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.tgt}")
+    if not (args.ckpt and args.src_file and args.tgt_file):
+        raise ValueError("need --ckpt and --src-file/--tgt-file (or --toy DIR)")
+    src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
+    m1, t1, langs1 = load_encoder(args.ckpt, args.device)
+    enc = lambda m, t, langs, path, lang, lines: encode_sentences(
+        m, t, lines, lang_index(langs, lang, path), lang, args.batch_size)
+    E_src = enc(m1, t1, langs1, args.ckpt, args.src, src_lines)
+    columns = {}
+    if args.tgt in langs1:
+        columns["bilingual"] = enc(m1, t1, langs1, args.ckpt, args.tgt, tgt_lines)
+    tgt_side = (m1, t1, langs1, args.ckpt)
+    if args.ckpt2:
+        tgt_side = load_encoder(args.ckpt2, args.device) + (args.ckpt2,)
+        columns["monolingual"] = enc(*tgt_side, args.tgt, tgt_lines)
+    if "bilingual" not in columns and "monolingual" not in columns:
+        raise ValueError(f"{args.ckpt}: no model for {args.tgt!r} (languages {langs1}); give --ckpt2")
+    m, t, langs, path = tgt_side
+    torch.manual_seed(args.seed)
+    rand = M.MLM(m.config).to(args.device).eval()                # untrained, same config
+    columns["random"] = enc(rand, t, langs, path + " (random init)", args.tgt, tgt_lines)
+    header = ["layer"] + list(columns)
+    rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
+    rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
+    print(f"\nLinear CKA of mean-pooled parallel sentences ({len(src_lines)} pairs, {args.src} via {args.ckpt}, "
+          f"{args.tgt} via each column's model)\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows:
+        print("| " + " | ".join([r[0]] + [f"{v:.3f}" for v in r[1:]]) + " |")
+    return header, rows
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).")
+    ap.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt if bilingual)")
+    ap.add_argument("--ckpt2", help="second, monolingual checkpoint encoding --tgt (monolingual column)")
+    ap.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
+    ap.add_argument("--tgt", default="fr", help="target language code (default fr)")
+    ap.add_argument("--src-file", help="parallel sentences, source side (e.g. tatoeba.fra-eng.eng)")
+    ap.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
+    ap.add_argument("--toy", help="toydata.py world directory: use its tatoeba/ pairs")
+    ap.add_argument("--max-sents", type=int, default=None, help="use at most this many pairs")
+    ap.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass")
+    ap.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random-encoder baseline")
+    return ap
+
+
+if __name__ == "__main__":
+    args = build_parser().parse_args()
+    try:
+        cka_table(args)
+    except (ValueError, OSError) as e:
+        sys.exit(f"cka.py: error: {e}")

@@ -61,3 +61,46 @@ def test_float32_inputs_are_computed_in_float64():
 def test_bad_input(X, Y, msg):
     with pytest.raises(ValueError, match=msg):
         cka.linear_cka(X, Y)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the Fig. 7 CLI on tiny random-init checkpoints (no pretrain.py needed)
+
+torch = pytest.importorskip("torch")
+
+
+def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys):
+    import bpe
+    import model as M
+    torch.set_num_threads(1)
+    mono = lambda l: str(toy_world / f"mono/{l}.train.txt")
+    paths = {}
+    for name, files in (("bi", {"en": mono("en"), "fr": mono("fr")}), ("fr", {"fr": mono("fr")})):
+        tok = bpe.Tokenizer.build(files, num_merges=200, verbose=False)
+        torch.manual_seed(len(name))
+        cfg = M.ModelConfig(vocab_size=tok.vocab_size(tok.langs[0]), n_langs=len(files), n_layers=2,
+                            n_heads=2, dim=16, ffn_dim=32, max_positions=64)
+        paths[name] = str(tmp_path / f"{name}.pt")
+        M.save_model(paths[name], M.MLM(cfg), tokenizer=tok.to_dict(), langs=list(files))
+    args = cka.build_parser().parse_args(["--toy", str(toy_world), "--ckpt", paths["bi"], "--ckpt2", paths["fr"],
+                                          "--max-sents", "50", "--seed", "7"])
+    header, rows = cka.cka_table(args)
+    out = capsys.readouterr().out
+    assert header == ["layer", "bilingual", "monolingual", "random"]
+    assert [r[0] for r in rows] == ["L0", "L1", "L2", "avg"] and "| avg |" in out
+    for c in range(1, 4):
+        assert all(0 < r[c] <= 1 for r in rows)
+        assert abs(rows[-1][c] - np.mean([r[c] for r in rows[:-1]])) < 1e-12
+    # the random baseline is its own untrained model: it differs from both trained(-like) columns
+    assert all(abs(r[3] - r[1]) > 1e-6 and abs(r[3] - r[2]) > 1e-6 for r in rows[:-1])
+    # the bilingual column equals CKA computed by hand from align's sentence encoder
+    import align
+    mdl, tok, _ = align.load_encoder(paths["bi"])
+    en, fr = align.read_parallel(args.src_file, args.tgt_file, 50)
+    Es, Et = align.encode_sentences(mdl, tok, en, 0, "en"), align.encode_sentences(mdl, tok, fr, 1, "fr")
+    assert abs(cka.linear_cka(Es[2], Et[2]) - rows[2][1]) < 1e-9
+    # a monolingual French checkpoint alone has no model for fr: clear error
+    args = cka.build_parser().parse_args(["--ckpt", paths["fr"], "--src", "fr", "--tgt", "en",
+                                          "--src-file", args.tgt_file, "--tgt-file", args.src_file])
+    with pytest.raises(ValueError, match="no model for 'en'"):
+        cka.cka_table(args)
