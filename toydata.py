@@ -126,6 +126,7 @@ class World:
             self.group_nouns[g], self.hypernym[g] = ids, ids[0]
             for c in ids:
                 self.noun_group[c] = g
+        self.hypernyms = set(self.hypernym.values())
 
         # verbs in antonym pairs; both members of a pair share one frame (perturbed from the class frame)
         self.verb_frame, self.antonym, self.verbs = {}, {}, []
@@ -150,7 +151,7 @@ class World:
             fit = GROUPS if i % 15 == 0 else rng.choice(GROUPS, size=int(rng.integers(1, 4)), replace=False)
             for g in fit:
                 self.group_adjs[g].append(c)
-        for j, g in enumerate(GROUPS):  # guarantee a handful of adjectives per group
+        for g in GROUPS:  # guarantee a handful of adjectives per group
             while len(self.group_adjs[g]) < 6:
                 c = add("adj", f"adj.{g}.{len(self.group_adjs[g])}", 0.05, int(rng.integers(N_TOPICS)))
                 self.group_adjs[g].append(c)
@@ -308,7 +309,7 @@ def sample_tree(world, rng, topic=-1):
 # Word order: each deprel goes before (-1) or after (+1) its head, with a priority (higher = farther)
 
 CLAUSE_ORDERS = ("svo", "sov", "vso", "vos", "osv", "ovs")
-ORDER_RE = re.compile(r"^(svo|sov|vso|vos|osv|ovs)(-(an|na))?(-(pre|post))?$")
+ORDER_RE = re.compile(r"^(%s)(-(an|na))?(-(pre|post))?$" % "|".join(CLAUSE_ORDERS))
 ORDER_HELP = ("word order of the non-first languages: CLAUSE[-ADJ][-ADP] with CLAUSE in "
               "svo/sov/vso/vos/osv/ovs, ADJ 'an' (adjective before noun, default) or 'na' (after), "
               "ADP 'pre' (prepositions, default) or 'post' (postpositions, genitives before the noun); "
@@ -468,7 +469,7 @@ def _modifiers(tree):
 
 
 def _specific_nouns(world, tree):
-    return [i for i, n in enumerate(tree) if world.kind[n[0]] == "noun" and n[0] not in world.hypernym.values()]
+    return [i for i, n in enumerate(tree) if world.kind[n[0]] == "noun" and n[0] not in world.hypernyms]
 
 
 def _drop(world, rng, tree):
