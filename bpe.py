@@ -447,6 +447,7 @@ class Tokenizer:
         self.vocabs = vocabs  # lang -> Vocab (the same object unless separate_vocab)
         self.lowercase = lowercase
         self.separate_vocab = separate_vocab
+        self.anchors = None  # set of tokens seen in more than one language; known after build() only
 
     # --- building --------------------------------------------------------------------------------
 
