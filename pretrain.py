@@ -221,21 +221,25 @@ def prepare_data(args, langs, master):
         return out
     os.makedirs(out, exist_ok=True)
     print(f"preparing data in {out} ({args.bpe} BPE, {args.merges} merges)")
-    for l in langs:  # catch empty corpora before spending time on BPE
-        if os.path.getsize(sources[l]["train"]) == 0:
-            raise SystemExit(f"error: {sources[l]['train']}: empty training corpus for language '{l}'")
-    tok = Tokenizer.build({l: sources[l]["train"] for l in langs}, mode=args.bpe, num_merges=args.merges,
-                          separate_vocab=args.sep_emb, lowercase=args.lowercase, max_lines=args.bpe_lines)
-    switch = None
-    if args.code_switch:  # paper §4.2 extra anchors: code-switched training text (D11: at preparation)
-        switch = read_dictionary(args.code_switch)
-    for l in langs:
-        for s in ("train", "dev"):
-            binarize(sources[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=args.workers,
-                     code_switch=switch if s == "train" else None)
-    with open(os.path.join(out, "tokenizer.json.tmp"), "w") as f:
-        json.dump(tok.to_dict(), f)
-    os.replace(os.path.join(out, "tokenizer.json.tmp"), os.path.join(out, "tokenizer.json"))
+    try:
+        tok = Tokenizer.build({l: sources[l]["train"] for l in langs}, mode=args.bpe, num_merges=args.merges,
+                              separate_vocab=args.sep_emb, lowercase=args.lowercase, max_lines=args.bpe_lines,
+                              seed=args.seed)
+        switch = {}
+        if args.code_switch:  # paper §4.2 extra anchors: code-switched training text (D11: at preparation)
+            forward = read_dictionary(args.code_switch)  # langs[0] -> langs[1] words, MUSE `src tgt`
+            backward = type(forward)()                   # and the reverse for langs[1]'s text
+            for src, tgts in forward.items():
+                for t in tgts:
+                    backward.setdefault(t, []).append(src)
+            switch = {langs[0]: forward, langs[1]: backward}
+        for l in langs:
+            for s in ("train", "dev"):  # dev stays clean: it measures the language itself
+                binarize(sources[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=args.workers,
+                         code_switch=switch.get(l) if s == "train" else None, seed=args.seed)
+    except ValueError as e:  # bpe.py names the file (and line) at fault
+        raise SystemExit(f"error: data preparation failed: {e}")
+    tok.save(os.path.join(out, "tokenizer.json"))
     with open(os.path.join(out, "recipe.json"), "w") as f:
         json.dump(recipe, f, indent=1)
     open(done, "w").close()
@@ -269,15 +273,18 @@ PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attenti
              batch_size=96, bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200,
              max_steps=10**12, eval_every=0, log_every=100, accumulate=1)
 TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=16, bptt=64, lr=1e-3, warmup=100,
-           epoch_size=4000, max_steps=1000, eval_every=0, log_every=50, merges=2000)
+           epoch_size=3200, max_steps=800, eval_every=0, log_every=50, threads=1)
+MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language for separate/prefixed)
 TOY_SIZES = {  # sentences per language for toydata.write_world
-    "tiny": dict(n_train=400, n_dev=60, n_test=60, n_parallel=60, n_task_train=60, n_task_eval=30),
-    "small": dict(n_train=5000, n_dev=300, n_test=300, n_parallel=500, n_task_train=500, n_task_eval=200),
-    "full": dict(n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000, n_task_eval=500),
+    "tiny": dict(n_train=400, n_dev=60, n_test=60, n_parallel=60, n_task_train=60, n_task_eval=30, n_tatoeba=60),
+    "small": dict(n_train=5000, n_dev=300, n_test=300, n_parallel=500, n_task_train=500, n_task_eval=200,
+                  n_tatoeba=300),
+    "full": dict(n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000, n_task_eval=500,
+                 n_tatoeba=1000),
 }
 # flags that may differ between a run and its --resume (everything else must match)
 # (the data themselves are checked by comparing the vocabulary and token counts, not the paths)
-RESUME_MAY_CHANGE = {"resume", "max_steps", "epochs", "log_every", "eval_every", "device", "compile", "workers",
+RESUME_MAY_CHANGE = {"resume", "max_steps", "epochs", "log_every", "eval_every", "device", "compile", "workers", "threads",
                      "out", "data", "prep_dir", "prepare_only"}
 
 
@@ -295,8 +302,8 @@ def get_args(argv=None):
     a("--bpe", choices=["joint", "separate", "prefixed"], default="joint",
       help="joint: one BPE+vocab (paper Default); separate: per-language BPE, union vocab (Default anchors); "
            "prefixed: per-language BPE, no shared token but specials (No anchors)")
-    a("--merges", type=int, default=None, help="BPE merges (per language for separate/prefixed); paper 40000 "
-                                                "per language (our reading; joint uses the same number); --toy 2000")
+    a("--merges", type=int, default=None, help="BPE merges: paper 80000 joint, 40000 per language for "
+                                                "separate/prefixed; --toy 2000 / 1000")
     a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch training text at preparation "
                                             "(paper Extra anchors, p=0.3, at most 15%% of words)")
     a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off by default, D5)")
@@ -332,9 +339,9 @@ def get_args(argv=None):
     a("--eps", type=float, default=1e-8, help="Adam eps (D3: 1e-8)")
     a("--weight-decay", type=float, default=0.0, help="decoupled weight decay (D3: 0)")
     a("--clip", type=float, default=5.0, help="gradient clipping norm, 0 = off (XLM 5)")
-    a("--epoch-size", type=int, help="streams per GPU per epoch: XLM/D2 200000; --toy 4000")
+    a("--epoch-size", type=int, help="streams per GPU per epoch: XLM/D2 200000; --toy 3200")
     a("--epochs", type=int, help="paper 200")
-    a("--max-steps", type=int, help="stop after this many updates (paper: none; --toy 1000)")
+    a("--max-steps", type=int, help="stop after this many updates (paper: none; --toy 800)")
     a("--eval-every", type=int, help="also evaluate and save every N updates (0 = only per epoch)")
     a("--log-every", type=int, help="progress line every N updates (paper run 100; --toy 50)")
     a("--max-bad-steps", type=int, default=5, help="stop after this many NaN/inf losses in a row")
@@ -343,12 +350,14 @@ def get_args(argv=None):
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
       help="autocast dtype: auto = bf16 on GPUs that support it, else fp16 (+GradScaler); fp32 on CPU")
     a("--compile", action="store_true", help="torch.compile the model")
+    a("--threads", type=int, help="CPU threads for torch (default torch's; --toy 1: a tiny model gains little "
+                                  "from more and a shared machine loses a lot)")
     args = p.parse_args(argv)
     for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
     if args.merges is None:
-        args.merges = 40000
+        args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
     try:
         args.sep_emb, args.sep_layers = parse_sep(args.sep, args.n_layers)
     except ValueError as e:
@@ -368,6 +377,10 @@ def get_args(argv=None):
         p.error(f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
     if args.code_switch and not os.path.isfile(args.code_switch):
         p.error(f"--code-switch {args.code_switch}: no such file")
+    if args.code_switch and args.sep_emb:
+        p.error("--code-switch needs one shared vocabulary; it cannot be combined with --sep emb")
+    if args.code_switch and len(args.langs.split(",")) != 2:
+        p.error("--code-switch needs exactly two --langs (the dictionary's source and target)")
     return args
 
 
@@ -394,6 +407,8 @@ if __name__ == "__main__":
     if device_type == "cuda":
         torch.cuda.set_device(device)
     log = print if master else (lambda *a, **k: None)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     # -------------------------------------------------------------------------
     # refuse to clobber: a fresh run must not overwrite a checkpoint, a resume must find one
@@ -428,18 +443,21 @@ if __name__ == "__main__":
     if args.prepare_only:
         log(f"data prepared in {data_dir}")
         sys.exit(0)
-    with open(os.path.join(data_dir, "tokenizer.json")) as f:
-        tok = Tokenizer.from_dict(json.load(f))
+    tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
+    if set(langs) - set(tok.langs):
+        raise SystemExit(f"error: {data_dir}/tokenizer.json covers {tok.langs}, not --langs {args.langs}")
     train, dev, n_sentences = [], [], []
     for l in langs:
-        ids, meta = load_bin(os.path.join(data_dir, f"{l}.train"))
-        if meta["n_sentences"] == 0 or len(ids) == 0:
-            raise SystemExit(f"error: language '{l}' has an empty training corpus in {data_dir}")
+        try:
+            ids, meta = load_bin(os.path.join(data_dir, f"{l}.train"))
+            dev_ids, _ = load_bin(os.path.join(data_dir, f"{l}.dev"))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: cannot read the prepared data of '{l}' in {data_dir}: {e}")
+        if meta["n_sentences"] == 0 or len(ids) == 0 or len(dev_ids) == 0:
+            raise SystemExit(f"error: language '{l}' has an empty train or dev corpus in {data_dir}")
         train.append(ids)
+        dev.append(dev_ids)
         n_sentences.append(meta["n_sentences"])
-        dev.append(load_bin(os.path.join(data_dir, f"{l}.dev"))[0])
-        if len(dev[-1]) == 0:
-            raise SystemExit(f"error: language '{l}' has an empty dev corpus in {data_dir}")
     vocab_sizes = [tok.vocab_size(l) for l in langs]
     probs = sampling_probs(n_sentences, args.alpha)
     if ckpt is not None:
@@ -600,7 +618,7 @@ if __name__ == "__main__":
             log_json({"step": step, "skipped": True, "loss": loss_value, "grad_norm": grad_norm})
             if bad_steps >= args.max_bad_steps:
                 raise SystemExit(f"error: {bad_steps} non-finite losses in a row at step {step}; stopping "
-                                 f"(last good state in {ckpt_path}; try a lower --lr or --dtype float32)")
+                                 f"(the last saved state, if any, is {ckpt_path}; try a lower --lr or --dtype float32)")
         optimizer.zero_grad(set_to_none=True)
 
         if ok and step % args.log_every == 0:

@@ -27,3 +27,25 @@ def toy_world_overlap(tmp_path_factory):
     out = tmp_path_factory.mktemp("toy_world_overlap")
     toydata.write_world(out, langs=("en", "fr"), overlap=0.3, order="sov-na", seed=0, **TOY_WORLD_SIZES)
     return out
+
+
+# A tiny pretrained model for the tests of finetune.py / align.py / cka.py (owned by pretrain.py's helper).
+TINY_PRETRAIN = ["--toy", "--n-layers", "2", "--dim", "32", "--n-heads", "2", "--ffn-dim", "64", "--batch-size", "8",
+                 "--bptt", "32", "--merges", "500", "--max-steps", "30", "--lr", "3e-3", "--warmup", "5",
+                 "--log-every", "10"]
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(toy_world, tmp_path_factory):
+    """Path (pathlib.Path) of best.pt from a 30-update pretraining run on toy_world (2 layers, d=32, joint
+    BPE, langs en,fr); load it with model.load_model. Runs pretrain.py in this process (a few seconds)."""
+    import runpy
+    out = tmp_path_factory.mktemp("tiny_ckpt")
+    argv = sys.argv
+    sys.argv = ["pretrain.py", "--data", str(toy_world), "--out", str(out)] + TINY_PRETRAIN
+    try:
+        runpy.run_path(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pretrain.py"),
+                       run_name="__main__")
+    finally:
+        sys.argv = argv
+    return out / "best.pt"

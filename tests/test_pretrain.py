@@ -249,6 +249,13 @@ def test_table1_row_builds_and_trains(world, tmp_path, row):
         assert cfg["sep_emb"] and "tok_emb.1.weight" in ck["model"]
     if "1-6" in flags[-1:]:
         assert tuple(cfg["sep_layers"]) == (1, 2, 3, 4, 5, 6)
+    if row == "extra_anchors":  # same tokenizer as the default row, code-switched training text
+        from bpe import Tokenizer, load_bin
+        data_dir = ck["data"]["dir"]
+        assert ck["tokenizer"] == Tokenizer.load(world["joint"] / "tokenizer.json").to_dict()
+        switched, _ = load_bin(os.path.join(data_dir, "en.train"))
+        plain, _ = load_bin(os.path.join(world["joint"], "en.train"))
+        assert not np.array_equal(np.asarray(switched), np.asarray(plain))
     assert ck["tokenizer"] and ck["langs"] == ["en", "fr"]
 
 
@@ -265,6 +272,14 @@ def test_bad_input_is_a_clear_error(world, tmp_path):
         (empty / f"{l}.train.txt").write_text("" if l == "fr" else (world["raw"] / "mono" / "en.train.txt").read_text())
     with pytest.raises(SystemExit, match="empty"):
         run(TINY + ["--data", empty, "--out", tmp_path / "c"])
+
+
+def test_non_finite_losses_skip_the_update_then_stop(world, tmp_path):
+    with pytest.raises(SystemExit, match="non-finite losses in a row"):
+        run(TINY + ["--data", world["joint"], "--out", tmp_path, "--lr", 1e30, "--warmup", 0, "--max-steps", 10,
+                    "--max-bad-steps", 3])
+    skipped = [r for r in read_log(tmp_path) if r.get("skipped")]
+    assert len(skipped) == 3 and all(r["step"] == skipped[0]["step"] for r in skipped)
 
 
 def test_torchrun_two_processes_with_separate_parts(world, tmp_path):
