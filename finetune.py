@@ -657,6 +657,73 @@ TASKS = {"xnli": (XNLITask, read_xnli), "ner": (NERTask, read_ner), "parse": (Pa
 
 
 # -----------------------------------------------------------------------------
+# Aligned transfer (§5.1.2, Figure 5): frozen bottom i layers + 4 new layers; targets mapped into English
+
+N_NEW_LAYERS = 4  # paper §5.1.2
+
+
+class AlignedEncoder(nn.Module):
+    """The encoder of the aligned-transfer experiment, with MLM.hidden_states' interface.
+
+    English input runs through the pretrained English model up to layer i (frozen, eval mode), then
+    through 4 NEW Transformer layers that are trained with the task head. A target-language input runs
+    through its own (monolingual) target model up to layer i, is mapped into the English space by the
+    orthogonal map W (x_tgt @ W ~ x_en, Procrustes from align.py), then through the same new layers.
+    `lang` is a language code here; `routes[code] = (model, lang index in that model, W or None)`.
+    """
+
+    def __init__(self, routes, layer, n_new=N_NEW_LAYERS):
+        super().__init__()
+        from dataclasses import replace
+        from model import Block
+        self._routes = routes  # a plain dict: the frozen models are no submodules (not trained, not saved)
+        for m, _, _ in routes.values():
+            m.eval()
+            m.requires_grad_(False)
+        base = next(iter(routes.values()))[0].config
+        self.config = replace(base, max_positions=min(m.config.max_positions for m, _, _ in routes.values()))
+        self.layer = layer
+        self.blocks = nn.ModuleList(Block(base) for _ in range(n_new))
+
+    def lang_specific_parameters(self, lang):
+        return []  # everything below layer i is frozen anyway; the new layers are shared
+
+    def hidden_states(self, idx, lang, attn_mask=None):
+        if lang not in self._routes:
+            raise ValueError(f"aligned transfer: no model for language {lang!r}")
+        model, lang_id, W = self._routes[lang]
+        with torch.no_grad():
+            x = model.hidden_states(idx, lang_id, attn_mask)[self.layer]
+            if W is not None:
+                x = x @ W.to(x)  # into the English space
+        mask = keep = None
+        if attn_mask is not None:
+            mask, keep = attn_mask[:, None, None, :], attn_mask[..., None].to(x.dtype)
+        hs = [x]
+        for block in self.blocks:
+            x = block(x, mask)
+            x = x * keep if keep is not None else x
+            hs.append(x)
+        return hs
+
+
+def load_align_map(path, layer, train_lang, target, dim):
+    """W (dim, dim) with x_target @ W ~ x_train_lang at `layer` from align.py's --save-maps .npz
+    (keys src_to_tgt, tgt_to_src: (n_layers + 1, d, d); src, tgt: language codes)."""
+    z = np.load(path)
+    src, tgt = str(z["src"]), str(z["tgt"])
+    if (src, tgt) == (train_lang, target):
+        M = z["tgt_to_src"]
+    elif (src, tgt) == (target, train_lang):
+        M = z["src_to_tgt"]
+    else:
+        raise SystemExit(f"{path}: maps are for {src}->{tgt}, not {target}->{train_lang}")
+    if not 0 <= layer < len(M) or M.shape[1:] != (dim, dim):
+        raise SystemExit(f"{path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
+    return torch.tensor(M[layer], dtype=torch.float32)
+
+
+# -----------------------------------------------------------------------------
 # Fine-tuning one hyper-parameter set, and the paper's protocol over the grid (§3.2)
 
 def freeze_lang_specific(model):
@@ -893,23 +960,26 @@ def lang_index(langs, code, ckpt):
     return langs.index(code)
 
 
-def run_task(task_name, model, tok, langs, files, args, log=print):
-    """Fine-tune on English over the grid; returns the results dict written to results.json."""
+def run_task(task_name, model, tok, langs, files, args, log=print, routes=None):
+    """Fine-tune on English over the grid; returns the results dict written to results.json.
+    routes (optional): language code -> (tokenizer, language key for model.hidden_states); by default
+    every language uses `tok` and its index in `langs`."""
     Task, reader = TASKS[task_name]
+    routes = routes or {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang, *files["test"]]}
     train_ex = reader(files["train"])
     task = Task(train_ex)
     dev_ex = reader(files["dev"])
     task.check_labels(dev_ex, files["dev"])
     mp = model.config.max_positions
-    lang0 = lang_index(langs, args.train_lang, args.ckpt)
+    tok0, lang0 = routes[args.train_lang]
     data = {"lang_id": lang0,
-            "train": (train_ex, task.featurize(train_ex, tok, args.train_lang, mp)),
-            "dev": (dev_ex, task.featurize(dev_ex, tok, args.train_lang, mp)), "test": {}}
+            "train": (train_ex, task.featurize(train_ex, tok0, args.train_lang, mp)),
+            "dev": (dev_ex, task.featurize(dev_ex, tok0, args.train_lang, mp)), "test": {}}
     for code, path in files["test"].items():
-        lid = lang_index(langs, code, args.ckpt)
+        tok_c, lid = routes[code]
         ex = reader(path)
         task.check_labels(ex, path)
-        data["test"][code] = (ex, task.featurize(ex, tok, code, mp), lid)
+        data["test"][code] = (ex, task.featurize(ex, tok_c, code, mp), lid)
     log(f"{task_name}: train {len(train_ex)} ({files['train']}), dev {len(dev_ex)}, "
         + ", ".join(f"{c} test {len(v[0])}" for c, v in data["test"].items()))
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -986,10 +1056,38 @@ def build_parser():
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for training (GPU)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--align-layer", type=int, metavar="I",
+                   help="aligned transfer (§5.1.2, Fig. 5): freeze layers 0..I of --ckpt, train 4 new layers + head; "
+                        "targets use --target-ckpt's layer I mapped by --align-maps (0 = embeddings)")
+    p.add_argument("--target-ckpt", help="aligned transfer: the target language's own (monolingual) model")
+    p.add_argument("--align-maps", help="aligned transfer: align.py contextual --save-maps .npz (per-layer maps)")
     p.add_argument("--out", help="output directory: results.json (per task sub-folder when several tasks run)")
     p.add_argument("--compare", nargs="+", metavar="RESULTS_JSON",
                    help="only print one table for several results.json of the same task, with the Δ column")
     return p
+
+
+def setup_aligned(model, tok, langs, args):
+    """--align-layer: the English model's bottom layers + one target model per target language (the
+    target checkpoint's tokenizer and language index) joined by the stored orthogonal map."""
+    if not args.target_ckpt or not args.align_maps:
+        raise SystemExit("--align-layer needs --target-ckpt and --align-maps")
+    if len(args.eval_langs) != 1:
+        raise SystemExit("--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
+    code = args.eval_langs[0]
+    tmodel, textra = load_model(args.target_ckpt, map_location=args.device)
+    if "tokenizer" not in textra:
+        raise SystemExit(f"{args.target_ckpt}: the checkpoint has no tokenizer (vocab/BPE)")
+    ttok = bpe.Tokenizer.from_dict(textra["tokenizer"])
+    tlang = lang_index(list(textra.get("langs") or ttok.langs), code, args.target_ckpt)
+    if not 0 <= args.align_layer <= min(model.config.n_layers, tmodel.config.n_layers):
+        raise SystemExit(f"--align-layer {args.align_layer} outside 0..{model.config.n_layers}")
+    if tmodel.config.dim != model.config.dim:
+        raise SystemExit(f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
+    W = load_align_map(args.align_maps, args.align_layer, args.train_lang, code, model.config.dim)
+    enc = AlignedEncoder({args.train_lang: (model, lang_index(langs, args.train_lang, args.ckpt), None),
+                          code: (tmodel, tlang, W.to(args.device))}, args.align_layer).to(args.device)
+    return enc, {args.train_lang: (tok, args.train_lang), code: (ttok, code)}
 
 
 def main(argv=None):
@@ -1021,9 +1119,12 @@ def main(argv=None):
     langs = list(extra.get("langs") or tok.langs)
     args.eval_langs = ([x.strip() for x in args.eval_langs.split(",") if x.strip()] if args.eval_langs
                        else [lang for lang in langs if lang != args.train_lang])
-    for code in [args.train_lang] + args.eval_langs:
+    for code in [args.train_lang] + (args.eval_langs if args.align_layer is None else []):
         lang_index(langs, code, args.ckpt)  # fail before any data is read
     args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
+    routes = None
+    if args.align_layer is not None:
+        model, routes = setup_aligned(model, tok, langs, args)
     os.makedirs(args.out, exist_ok=True)
     for name in tasks:
         targs = argparse.Namespace(**vars(args))
@@ -1034,7 +1135,7 @@ def main(argv=None):
         targs.head_lr = targs.head_lr or [None]
         files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file, args.dev_file,
                               args.test_file)
-        res = run_task(name, model, tok, langs, files, targs)
+        res = run_task(name, model, tok, langs, files, targs, routes=routes)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         os.makedirs(out, exist_ok=True)
         write_json(os.path.join(out, "results.json"), res)

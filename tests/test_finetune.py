@@ -500,3 +500,26 @@ def test_bad_inputs(toy_world, toy_ckpt, tmp_path):
         task.check_labels([(["a"], ["B-LOC"])], "dev.tsv")
     with pytest.raises(ValueError, match="not XNLI labels"):
         ft.XNLITask([]).check_labels([("a", "b", "maybe")], "x.tsv")
+
+
+def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy_ckpt, tmp_path):
+    """--align-layer 1 with a "target model" that is the same weights with language 0 renamed fr, an
+    identity map, and the ENGLISH dev file given as the fr test file: the fr input then takes exactly the
+    English path (same layer-1 copy, same map-free states), so fr test must equal English dev."""
+    import json
+    from model import load_model, save_model
+    m, extra = load_model(str(toy_ckpt))
+    target = tmp_path / "target.pt"  # the same weights, but its language 0 is called fr: a "monolingual fr model"
+    save_model(target, m, tokenizer=extra["tokenizer"], langs=["fr", "en"])
+    maps = tmp_path / "maps.npz"
+    eye = np.stack([np.eye(m.config.dim, dtype=np.float32)] * (m.config.n_layers + 1))
+    np.savez(maps, src_to_tgt=eye, tgt_to_src=eye, src="en", tgt="fr")
+    out = tmp_path / "aligned"
+    ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--eval-langs", "fr",
+             "--test-file", f"fr={toy_world / 'ner/en.dev.tsv'}", "--epochs", "1", "--batch-size", "32",
+             "--lr", "1e-3", "--align-layer", "1", "--target-ckpt", str(target), "--align-maps", str(maps),
+             "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    assert res["test"]["fr"] == pytest.approx(res["dev"])  # same path, same weights, same sentences
+    with pytest.raises(SystemExit, match="maps are for en->fr, not ru->en"):
+        ft.load_align_map(str(maps), 1, "en", "ru", m.config.dim)
