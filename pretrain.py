@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
 from bpe import EOS_ID, MASK_ID, Tokenizer, binarize, load_bin, read_dictionary
 from model import MLM, ModelConfig, parse_sep, save_model
@@ -165,7 +166,7 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
     g = torch.Generator().manual_seed(0)
     total, count = 0.0, 0
     n = n_stream_batches(len(ids), 1, bptt)
-    for start in range(0, n, windows_per_forward):
+    for start in tqdm(range(0, n, windows_per_forward), desc=f"eval lang {lang}", leave=False, mininterval=2):
         x = np.concatenate([get_batch(ids, i, 1, bptt) for i in range(start, min(n, start + windows_per_forward))])
         inputs, targets = mask_tokens(torch.from_numpy(x), vocab_size, g, probs=(1.0, 0.0, 0.0), at_least_one=True)
         k = int((targets != -1).sum())
@@ -184,7 +185,8 @@ def find_text(data_dir, lang, split):
     for path in (os.path.join(data_dir, f"{lang}.{split}.txt"), os.path.join(data_dir, "mono", f"{lang}.{split}.txt")):
         if os.path.isfile(path):
             return path
-    raise SystemExit(f"error: --data {data_dir}: no {lang}.{split}.txt (nor mono/{lang}.{split}.txt) for language '{lang}'")
+    raise SystemExit(f"error: --data {data_dir}: no {lang}.{split}.txt (nor mono/{lang}.{split}.txt) "
+                     f"for language '{lang}'")
 
 
 def file_fingerprint(path):
@@ -259,8 +261,11 @@ def write_toy_world(args, langs):
                 raise SystemExit(f"error: {world} was written with other --toy-* flags; use another --out")
         return world
     print(f"writing the toy world to {world}")
-    write_world(world, langs=tuple(langs), overlap=args.toy_overlap, order=args.toy_order,
-                domain_shift=args.toy_domain_shift, seed=args.toy_seed, force=True, **sizes)
+    try:
+        write_world(world, langs=tuple(langs), overlap=args.toy_overlap, order=args.toy_order,
+                    domain_shift=args.toy_domain_shift, seed=args.toy_seed, force=True, **sizes)
+    except ValueError as e:
+        raise SystemExit(f"error: --toy-*: {e}")
     with open(record + ".tmp", "w") as f:
         json.dump(knobs, f)
     os.replace(record + ".tmp", record)
@@ -284,12 +289,13 @@ TOY_SIZES = {  # sentences per language for toydata.write_world
 }
 # flags that may differ between a run and its --resume (everything else must match)
 # (the data themselves are checked by comparing the vocabulary and token counts, not the paths)
-RESUME_MAY_CHANGE = {"resume", "max_steps", "epochs", "log_every", "eval_every", "device", "compile", "workers", "threads",
-                     "out", "data", "prep_dir", "prepare_only"}
+RESUME_MAY_CHANGE = {"resume", "max_steps", "epochs", "log_every", "eval_every", "device", "compile", "workers",
+                     "threads", "out", "data", "prep_dir", "prepare_only"}
 
 
 def get_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("--out", required=True, help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/ for --toy)")
     a("--toy", action="store_true", help="CPU-sized preset on the synthetic world of toydata.py (unless --data)")
@@ -310,11 +316,13 @@ def get_args(argv=None):
     a("--bpe-lines", type=int, default=None, help="learn BPE on at most this many lines per language (default all)")
     a("--prep-dir", help="cache for prepared data (default OUT/data)")
     a("--workers", type=int, default=1, help="processes for binarising text")
-    a("--prepare-only", action="store_true", help="prepare and cache the data, then exit (do this once before torchrun)")
+    a("--prepare-only", action="store_true", help="prepare and cache the data, then exit (run it once, "
+                                                   "without torchrun, before a multi-GPU run)")
     # toy world (toydata.py)
     a("--toy-size", choices=list(TOY_SIZES), default="full", help="toy world size (tiny is for tests)")
     a("--toy-overlap", type=float, default=0.0, help="toy: fraction of shared word forms (anchors)")
-    a("--toy-order", default="svo", help="toy: word order of the second language")
+    a("--toy-order", default="svo", help="toy: word order of the second language, e.g. svo, sov-na-post "
+                                         "(see toydata.py --help)")
     a("--toy-domain-shift", type=float, default=0.0, help="toy: topic shift between the languages (Wiki-CC row: 1.0)")
     a("--toy-seed", type=int, default=0, help="toy: world seed")
     # model (model.ModelConfig)
@@ -424,7 +432,8 @@ if __name__ == "__main__":
         old, new = ckpt["args"], vars(args)
         diff = [k for k in sorted(set(old) | set(new)) if k not in RESUME_MAY_CHANGE and old.get(k) != new.get(k)]
         if diff:
-            lines = "\n".join(f"  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now" for k in diff)
+            lines = "\n".join(f"  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now"
+                              for k in diff)
             raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:\n{lines}\n"
                              "use the same flags, or another --out for a new run")
     elif os.path.exists(ckpt_path):
@@ -475,10 +484,9 @@ if __name__ == "__main__":
                          vocab_sizes=tuple(vocab_sizes) if args.sep_emb else ())
     raw_model = MLM(config).to(device)
     params = list(raw_model.parameters())
-    optimizer = torch.optim.Adam(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps)
-    if args.weight_decay > 0:  # XLM's decay is decoupled (AdamW); D3 keeps it off
-        optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
-                                      weight_decay=args.weight_decay)
+    # D3: Adam, no weight decay; XLM's weight decay, when asked for, is decoupled (= AdamW)
+    optimizer = (torch.optim.AdamW if args.weight_decay > 0 else torch.optim.Adam)(
+        params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, weight_decay=args.weight_decay)
     if args.dtype == "auto":
         args_dtype = "float32" if device_type == "cpu" else (
             "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
@@ -600,16 +608,20 @@ if __name__ == "__main__":
         if ddp:  # every rank must agree whether to skip
             dist.all_reduce(loss_avg, op=dist.ReduceOp.AVG)
         loss_value = float(loss_avg)
-        grad_norm = float("nan")
-        ok = math.isfinite(loss_value)
-        if ok:
+        grad_norm, stepped = float("nan"), False
+        if math.isfinite(loss_value):
             scaler.unscale_(optimizer)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, args.clip if args.clip > 0 else float("inf")))
-            ok = math.isfinite(grad_norm) or scaler.is_enabled()  # fp16: the scaler skips and shrinks its scale
-        if ok:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, args.clip if args.clip > 0 else math.inf))
+        if math.isfinite(loss_value) and (math.isfinite(grad_norm) or scaler.is_enabled()):
+            # fp16: a non-finite grad norm is an overflow; scaler.step skips the update, update() lowers the scale
+            scale = scaler.get_scale()
             scaler.step(optimizer)
             scaler.update()
-            step += 1
+            stepped = scaler.get_scale() >= scale
+            if stepped:
+                step += 1
+            else:
+                log(f"step {step}: fp16 gradient overflow, update skipped, loss scale now {scaler.get_scale():g}")
             bad_steps = 0
         else:
             bad_steps += 1
@@ -617,11 +629,11 @@ if __name__ == "__main__":
                 f"({bad_steps} in a row)")
             log_json({"step": step, "skipped": True, "loss": loss_value, "grad_norm": grad_norm})
             if bad_steps >= args.max_bad_steps:
-                raise SystemExit(f"error: {bad_steps} non-finite losses in a row at step {step}; stopping "
-                                 f"(the last saved state, if any, is {ckpt_path}; try a lower --lr or --dtype float32)")
+                raise SystemExit(f"error: {bad_steps} non-finite losses in a row at step {step}; stopping (the "
+                                 f"last saved state, if any, is {ckpt_path}; try a lower --lr or --dtype float32)")
         optimizer.zero_grad(set_to_none=True)
 
-        if ok and step % args.log_every == 0:
+        if stepped and step % args.log_every == 0:
             dt = time.time() - t0
             t0 = time.time()
             tok_s = tokens_per_update * args.log_every / dt
@@ -630,7 +642,7 @@ if __name__ == "__main__":
             log_json({"step": step, "epoch": epoch, "lang": ",".join(micro_langs), "loss": loss_value, "lr": lr,
                       "grad_norm": grad_norm, "tok_per_s": tok_s})
         epoch_end = n_streams >= args.epoch_size
-        if epoch_end or (ok and args.eval_every and step % args.eval_every == 0) or step >= args.max_steps:
+        if epoch_end or (stepped and args.eval_every and step % args.eval_every == 0) or step >= args.max_steps:
             if epoch_end:  # XLM: the epoch counter moves on after the end-of-epoch evaluation
                 n_streams = 0
                 epoch += 1
