@@ -122,7 +122,11 @@ def mean_topk_sim(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
 
     MUSE `get_nn_avg_dist`: r_T(x) = mean_topk_sim(WX, Y) and r_S(y) = mean_topk_sim(Y, WX).
     """
-    X, Y = _unit(X, "X"), _unit(Y, "Y")
+    return _mean_topk_unit(_unit(X, "X"), _unit(Y, "Y"), k, chunk_bytes)
+
+
+def _mean_topk_unit(X, Y, k, chunk_bytes=CHUNK_BYTES):
+    # mean_topk_sim for rows already of unit length (no second normalised copy of X and Y)
     k = min(k, Y.shape[0])
     out = np.empty(X.shape[0], dtype=np.float64)
     step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
@@ -157,7 +161,7 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
     X, Y = _unit(X, "X"), _unit(Y, "Y")
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"X and Y must have the same dimension, got {X.shape} and {Y.shape}")
-    r_S = mean_topk_sim(Y, X, k, chunk_bytes).astype(X.dtype)   # (m,) hubness of each candidate
+    r_S = _mean_topk_unit(Y, X, k, chunk_bytes).astype(X.dtype)  # (m,) hubness of each candidate
     out = np.empty(X.shape[0], dtype=np.int64)
     step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
     for a in range(0, X.shape[0], step):
