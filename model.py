@@ -155,11 +155,13 @@ class MLM(nn.Module):
         blocks[i][l]                          (layer i+1: 1 or n_langs copies, by sep_layers)
     so state_dict keys look like `blocks.0.1.attn.qkv.weight` (layer 1, language 1's copy).
 
-    DDP: a language-A batch never touches language B's parameters, and which parameters are unused
-    changes from step to step with the sampled language. So wrap a model with any separate part as
-    DDP(model, find_unused_parameters=True) (see `has_lang_specific`); `static_graph=True` is wrong here
-    because the graph differs between languages. Unused parameters get no gradient contribution from
-    that rank, exactly as if their loss term were zero.
+    DDP: a language-A batch never touches language B's parameters (see `lang_specific_parameters`), and
+    which parameters are unused changes from step to step with the sampled language, so plain DDP, which
+    waits for a gradient of every parameter, fails. Two ways out: DDP(model, find_unused_parameters=True)
+    (unused ones then get no gradient from that rank; not static_graph, the graph differs by language),
+    or add 0 * (one element of every parameter) to the loss so every parameter is in every graph and
+    gets an exact zero where unused (pretrain.py does this). Trap of the second way: with Adam a zero
+    gradient is not "no update", momentum still moves language B's parameters on a language-A step.
     """
 
     def __init__(self, config):
