@@ -30,7 +30,7 @@ LAYER_NORM_EPS = 1e-12  # XLM model/transformer.py (BERT's value)
 
 @dataclass
 class ModelConfig:
-    vocab_size: int                  # size of the (shared) token table; comes from the tokenizer
+    vocab_size: int                  # size of the shared token table (from the tokenizer); unused if vocab_sizes
     n_langs: int = 2                 # paper §3.1: bilingual models (langs[0] = English)
     n_layers: int = 8                # paper §3.1
     n_heads: int = 12                # paper §3.1 (head dim 64)
@@ -196,7 +196,7 @@ class MLM(nn.Module):
         return copies[lang] if len(copies) > 1 else copies[0]
 
     def has_lang_specific(self):
-        """True when some parameters are language-specific (then DDP needs find_unused_parameters)."""
+        """True when some parameters are language-specific (then DDP needs one of the two ways above)."""
         return self.config.sep_emb or len(self.config.sep_layers) > 0
 
     def lang_specific_parameters(self, lang):
