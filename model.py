@@ -30,7 +30,7 @@ LAYER_NORM_EPS = 1e-12  # XLM model/transformer.py (BERT's value)
 
 @dataclass
 class ModelConfig:
-    vocab_size: int                  # size of the shared token table (from the tokenizer); unused if vocab_sizes
+    vocab_size: int                  # token table size (from the tokenizer); with sep_emb see vocab_sizes
     n_langs: int = 2                 # paper §3.1: bilingual models (langs[0] = English)
     n_layers: int = 8                # paper §3.1
     n_heads: int = 12                # paper §3.1 (head dim 64)
