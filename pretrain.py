@@ -253,7 +253,7 @@ def write_toy_world(args, langs):
     from toydata import write_world
     sizes = TOY_SIZES[args.toy_size]
     knobs = {"langs": langs, "overlap": args.toy_overlap, "order": args.toy_order,
-             "domain_shift": args.toy_domain_shift, "seed": args.toy_seed, **sizes}
+             "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic, "seed": args.toy_seed, **sizes}
     world, record = args.data, os.path.join(args.out, "toy.json")
     if os.path.exists(record):
         with open(record) as f:
@@ -263,7 +263,8 @@ def write_toy_world(args, langs):
     print(f"writing the toy world to {world}")
     try:
         write_world(world, langs=tuple(langs), overlap=args.toy_overlap, order=args.toy_order,
-                    domain_shift=args.toy_domain_shift, seed=args.toy_seed, force=True, **sizes)
+                    domain_shift=args.toy_domain_shift, cyrillic=args.toy_cyrillic, seed=args.toy_seed,
+                    force=True, **sizes)
     except ValueError as e:
         raise SystemExit(f"error: --toy-*: {e}")
     with open(record + ".tmp", "w") as f:
@@ -311,7 +312,8 @@ def get_args(argv=None):
     a("--merges", type=int, default=None, help="BPE merges: paper 80000 joint, 40000 per language for "
                                                 "separate/prefixed; --toy 2000 / 1000")
     a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch training text at preparation "
-                                            "(paper Extra anchors, p=0.3, at most 15%% of words)")
+                                            "(paper Extra anchors, p=0.3, at most 15%% of words); "
+                                            "'toy' = the toy world's dictionary")
     a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off by default, D5)")
     a("--bpe-lines", type=int, default=None, help="learn BPE on at most this many lines per language (default all)")
     a("--prep-dir", help="cache for prepared data (default OUT/data)")
@@ -324,6 +326,7 @@ def get_args(argv=None):
     a("--toy-order", default="svo", help="toy: word order of the second language, e.g. svo, sov-na-post "
                                          "(see toydata.py --help)")
     a("--toy-domain-shift", type=float, default=0.0, help="toy: topic shift between the languages (Wiki-CC row: 1.0)")
+    a("--toy-cyrillic", action="store_true", help="toy: write the second language in Cyrillic letters")
     a("--toy-seed", type=int, default=0, help="toy: world seed")
     # model (model.ModelConfig)
     a("--sep", default="", help="language-specific parts: '' all shared (Default), 'emb', "
@@ -383,7 +386,12 @@ def get_args(argv=None):
             p.error(f"--{k.replace('_', '-')} must be positive")
     if args.dim % args.n_heads:
         p.error(f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
-    if args.code_switch and not os.path.isfile(args.code_switch):
+    if args.code_switch == "toy":  # the toy world's own dictionary (written before the data are prepared)
+        if not args.toy_world:
+            p.error("--code-switch toy needs --toy without --data")
+        l0, l1 = args.langs.split(",")[:2]
+        args.code_switch = os.path.join(args.data, "dict", f"{l0}-{l1}.txt")
+    elif args.code_switch and not os.path.isfile(args.code_switch):
         p.error(f"--code-switch {args.code_switch}: no such file")
     if args.code_switch and args.sep_emb:
         p.error("--code-switch needs one shared vocabulary; it cannot be combined with --sep emb")
@@ -429,6 +437,8 @@ if __name__ == "__main__":
             ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         except Exception as e:
             raise SystemExit(f"error: --resume: cannot read {ckpt_path}: {e}")
+        if not isinstance(ckpt, dict) or not {"args", "model", "optimizer", "rng"} <= set(ckpt):
+            raise SystemExit(f"error: --resume: {ckpt_path} is not a checkpoint written by pretrain.py")
         old, new = ckpt["args"], vars(args)
         diff = [k for k in sorted(set(old) | set(new)) if k not in RESUME_MAY_CHANGE and old.get(k) != new.get(k)]
         if diff:
@@ -505,7 +515,8 @@ if __name__ == "__main__":
     if ckpt is not None:
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        scaler.load_state_dict(ckpt["scaler"])
+        if ckpt["scaler"] and scaler.is_enabled():  # empty when the run was not fp16
+            scaler.load_state_dict(ckpt["scaler"])
         step, epoch, n_streams, best_ppl = ckpt["step"], ckpt["epoch"], ckpt["n_streams"], ckpt["best_ppl"]
         rng = ckpt["rng"]
         if len(rng) == world_size:

@@ -233,13 +233,15 @@ TABLE1 = {
     "sep_emb_l1_3": ["--sep", "emb,1-3"],
     "sep_emb_l1_6": ["--sep", "emb,1-6"],
     "domain_shift": ["--toy-domain-shift", "1.0"],
+    "extra_anchors_toy_dict": ["--code-switch", "toy"],
 }
+OWN_WORLD = {"domain_shift", "extra_anchors_toy_dict"}  # these rows write their own tiny world
 
 
 @pytest.mark.parametrize("row", list(TABLE1))
 def test_table1_row_builds_and_trains(world, tmp_path, row):
     flags = [str(world["raw"] / "dict" / "en-fr.txt") if f == "DICT" else f for f in TABLE1[row]]
-    data = [] if row == "domain_shift" else ["--data", world["raw"], "--prep-dir", world["cache"]]
+    data = [] if row in OWN_WORLD else ["--data", world["raw"], "--prep-dir", world["cache"]]
     out = tmp_path / row
     run(TINY + data + flags + ["--n-layers", 6, "--out", out, "--max-steps", 2])
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
