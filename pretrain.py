@@ -242,9 +242,10 @@ def prepare_data(args, langs, master):
     except ValueError as e:  # bpe.py names the file (and line) at fault
         raise SystemExit(f"error: data preparation failed: {e}")
     tok.save(os.path.join(out, "tokenizer.json"))
-    with open(os.path.join(out, "recipe.json"), "w") as f:
+    with open(os.path.join(out, "recipe.json.tmp"), "w") as f:
         json.dump(recipe, f, indent=1)
-    open(done, "w").close()
+    os.replace(os.path.join(out, "recipe.json.tmp"), os.path.join(out, "recipe.json"))
+    open(done, "w").close()  # last: the cache is complete
     return out
 
 
@@ -562,7 +563,7 @@ if __name__ == "__main__":
             with open(os.path.join(args.out, "log.jsonl"), "a") as f:
                 f.write(json.dumps(obj) + "\n")
 
-    def evaluate_and_save(final=False):
+    def evaluate_and_save():
         global best_ppl
         rng_state = {"sampler": sampler.state_dict(), "mask": mask_gen.get_state(), "torch": torch.get_rng_state(),
                      "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}
