@@ -253,6 +253,7 @@ def write_toy_world(args, langs):
     """--toy without --data: the synthetic world of toydata.py under OUT/toy/ (reused if the same flags)."""
     from toydata import write_world
     sizes = TOY_SIZES[args.toy_size]
+    langs = args.toy_langs.split(",") if args.toy_langs else langs if len(langs) > 1 else ["en", "fr"]
     knobs = {"langs": langs, "overlap": args.toy_overlap, "order": args.toy_order,
              "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic, "seed": args.toy_seed, **sizes}
     world, record = args.data, os.path.join(args.out, "toy.json")
@@ -329,6 +330,8 @@ def get_args(argv=None):
     a("--toy-domain-shift", type=float, default=0.0, help="toy: topic shift between the languages (Wiki-CC row: 1.0)")
     a("--toy-cyrillic", action="store_true", help="toy: write the second language in Cyrillic letters")
     a("--toy-seed", type=int, default=0, help="toy: world seed")
+    a("--toy-langs", help="toy: languages of the world (default --langs, or en,fr for a monolingual --langs: "
+                          "monolingual models of one world for the paper's §5 alignment)")
     # model (model.ModelConfig)
     a("--sep", default="", help="language-specific parts: '' all shared (Default), 'emb', "
                                                         "'1-3', '1-6', 'emb,1-3', 'emb,1-6' (paper Table 1)")

@@ -234,8 +234,9 @@ TABLE1 = {
     "sep_emb_l1_6": ["--sep", "emb,1-6"],
     "domain_shift": ["--toy-domain-shift", "1.0"],
     "extra_anchors_toy_dict": ["--code-switch", "toy"],
+    "monolingual_fr": ["--langs", "fr"],  # §5: monolingual models of the same world, for alignment / CKA
 }
-OWN_WORLD = {"domain_shift", "extra_anchors_toy_dict"}  # these rows write their own tiny world
+OWN_WORLD = {"domain_shift", "extra_anchors_toy_dict", "monolingual_fr"}  # these rows write their own tiny world
 
 
 @pytest.mark.parametrize("row", list(TABLE1))
@@ -258,7 +259,7 @@ def test_table1_row_builds_and_trains(world, tmp_path, row):
         switched, _ = load_bin(os.path.join(data_dir, "en.train"))
         plain, _ = load_bin(os.path.join(world["joint"], "en.train"))
         assert not np.array_equal(np.asarray(switched), np.asarray(plain))
-    assert ck["tokenizer"] and ck["langs"] == ["en", "fr"]
+    assert ck["tokenizer"] and ck["langs"] == (["fr"] if row == "monolingual_fr" else ["en", "fr"])
 
 
 def test_bad_input_is_a_clear_error(world, tmp_path):
