@@ -97,6 +97,19 @@ def sampling_probs(sentence_counts, alpha=ALPHA):
 # -----------------------------------------------------------------------------
 # streams (XLM StreamDataset, PAPER_NOTES §3.1), read straight from the memory-mapped ids
 
+def drop_unused_lang_grads(model, used):
+    """Set to None the gradients of language-specific parameters (--sep) of every language j with
+    used[j] == 0, i.e. no micro-batch of this update (on any rank) was in that language.
+
+    The DDP zero term below gives such parameters an exactly-zero gradient; left in place, Adam would
+    still move them with its momentum (m / sqrt(v) stays non-zero for many steps). A None gradient
+    makes Adam skip them, so a language's private parts change only on its own updates."""
+    for j, u in enumerate(used):
+        if not u:
+            for p in model.lang_specific_parameters(j):
+                p.grad = None
+
+
 def n_stream_batches(n_tokens, batch_size, bptt):
     """Number of (batch_size x bptt) stream batches XLM cuts an array of n_tokens into."""
     return math.ceil(n_tokens / (batch_size * bptt))
@@ -547,7 +560,9 @@ if __name__ == "__main__":
     # to the loss: every parameter is then in every backward graph and gets a gradient (exactly zero
     # where unused), DDP averages them as usual, and no graph search (find_unused_parameters) is
     # needed. We do it in every run, 1 process or many, so that 1 GPU with --accumulate k and k GPUs
-    # do the same arithmetic (a language absent from an update gets a zero gradient, not None).
+    # do the same arithmetic. After the backward, drop_unused_lang_grads() resets to None the (zero)
+    # gradients of a language no rank saw in this update, so Adam's momentum does not move its private
+    # parameters (XLM's behaviour: unused parameters have no gradient and are skipped).
     def all_params_term():
         return sum(p.view(-1)[0] for p in params) * 0.0
 
@@ -623,6 +638,12 @@ if __name__ == "__main__":
         if ddp:  # every rank must agree whether to skip
             dist.all_reduce(loss_avg, op=dist.ReduceOp.AVG)
         loss_value = float(loss_avg)
+        if raw_model.has_lang_specific():  # which languages did this update see, on any rank?
+            used = torch.zeros(len(langs), device=device)
+            used[[langs.index(l) for l in micro_langs]] = 1.0
+            if ddp:
+                dist.all_reduce(used, op=dist.ReduceOp.MAX)
+            drop_unused_lang_grads(raw_model, used.tolist())
         grad_norm, stepped = float("nan"), False
         if math.isfinite(loss_value):
             scaler.unscale_(optimizer)

@@ -296,3 +296,37 @@ def test_torchrun_two_processes_with_separate_parts(world, tmp_path):
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
     assert ck["step"] == 3 and len(ck["rng"]) == 2
     assert "2 processes" in r.stdout
+
+
+def test_private_parameters_of_an_unseen_language_do_not_move():
+    """--sep: after an fr update gives Adam momentum to fr's private tables, an en update with the DDP
+    zero term must leave them exactly where they are (drop_unused_lang_grads); shared ones move."""
+    import torch
+    from model import MLM, ModelConfig
+    from pretrain import drop_unused_lang_grads
+
+    torch.manual_seed(0)
+    m = MLM(ModelConfig(vocab_size=40, n_layers=2, n_heads=2, dim=16, ffn_dim=32, max_positions=16,
+                        sep_emb=True, sep_layers=(1,)))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    params = list(m.parameters())
+
+    def update(lang, drop):
+        x = torch.randint(14, 40, (2, 8))
+        y = torch.full_like(x, -1)
+        y[:, 3] = x[:, 3]
+        _, loss = m(x, lang, y)
+        (loss + sum(p.view(-1)[0] for p in params) * 0.0).backward()
+        if drop:
+            drop_unused_lang_grads(m, [int(lang == j) for j in range(2)])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    update(1, True)  # fr: its private parameters now carry Adam moments
+    before = [p.detach().clone() for p in m.lang_specific_parameters(1)]
+    shared_before = m.blocks[1][0].ln2.weight.detach().clone()  # layer 2 is shared
+    update(0, True)  # en
+    assert all(torch.equal(b, p) for b, p in zip(before, m.lang_specific_parameters(1)))
+    assert not torch.equal(shared_before, m.blocks[1][0].ln2.weight)
+    update(0, False)  # without the fix momentum moves them: the test can fail
+    assert not all(torch.equal(b, p) for b, p in zip(before, m.lang_specific_parameters(1)))
