@@ -456,11 +456,13 @@ def encode_states(model, seqs, lang, max_len, layer=-1):
     idx = torch.full((len(pieces), T), PAD_ID, dtype=torch.long)
     rs, cs, rd, cd = [], [], [], []  # source (window row, col) -> destination (sentence row, col)
     for r, (b, (s, e, keep)) in enumerate(pieces):
-        idx[r, :e - s + 2] = torch.tensor([EOS_ID] + list(seqs[b][s:e]) + [EOS_ID])
-        ks = list(range(keep, e)) if seqs[b] else []
-        if s == 0:  # the first window also gives position 0 (ROOT)
-            rs.append(r); cs.append(0); rd.append(b); cd.append(0)
-        rs += [r] * len(ks); cs += [1 + k - s for k in ks]; rd += [b] * len(ks); cd += [1 + k for k in ks]
+        row = [EOS_ID] + list(seqs[b][s:e]) + [EOS_ID]
+        idx[r, :len(row)] = torch.tensor(row)
+        ks = ([-1] if s == 0 else []) + list(range(keep, min(e, len(seqs[b]))))  # -1: the first window's </s> = ROOT
+        rs += [r] * len(ks)
+        cs += [1 + k - s for k in ks]
+        rd += [b] * len(ks)
+        cd += [1 + k for k in ks]
     idx = idx.to(device)
     h = model.hidden_states(idx, lang, attn_mask=idx != PAD_ID)[layer]  # (n_windows, T, d)
     L = max(len(ids) for ids in seqs)
@@ -948,7 +950,7 @@ PAPER_PRESET = {
 }
 # --toy: a tiny model on the synthetic world learns in a few epochs at larger learning rates
 TOY_PRESET = {
-    "xnli": dict(epochs=4, epoch_size=0, batch_size=[16, 32], lr=[2e-4, 5e-4], head_lr=[1e-3]),
+    "xnli": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-4, 5e-4], head_lr=[1e-3]),
     "ner": dict(epochs=4, epoch_size=0, batch_size=[16, 32], lr=[3e-4, 1e-3], head_lr=[]),
     "parse": dict(epochs=4, epoch_size=0, batch_size=[16, 32], lr=[3e-4, 1e-3], head_lr=[]),
 }
