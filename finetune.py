@@ -12,10 +12,13 @@ evaluate the same model directly on the other languages' test sets.
   Chu-Liu-Edmonds MST decoding with exactly one root, UAS/LAS as the CoNLL 2018 scorer with gold
   tokenisation (punctuation counted, deprel subtypes stripped).
 
-Run (see --help for every flag):
-    python finetune.py --task ner --ckpt runs/toy/best.pt --toy runs/toy/toy --out runs/ft-ner
-    python finetune.py --toy --ckpt runs/toy/best.pt --out runs/ft            # all three tasks, toy preset
-    python finetune.py --task parse --ckpt best.pt --data ../shared/data --eval-langs fr,ru,zh --out runs/parse
+Run (see --help for every flag and the data layouts it detects):
+    python finetune.py --toy --ckpt runs/toy/best.pt --out runs/ft-toy        # all three tasks, toy preset
+    python finetune.py --toy --task ner --ckpt runs/toy/best.pt --out runs/ft-ner
+    python finetune.py --task parse --ckpt RUN/best.pt --data ../shared/data --eval-langs fr,ru,zh --out runs/parse
+    python finetune.py --compare runs/a/results.json runs/b/results.json     # one table with the Δ column
+    python finetune.py --task ner --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
+        --align-layer 4 --eval-langs fr --data DIR --out runs/aligned        # §5.1.2 aligned transfer
 """
 import argparse
 import glob
@@ -1053,9 +1056,9 @@ def build_parser():
                    help="NER/parsing: subwords per window; longer sentences are split into overlapping windows")
     p.add_argument("--head-dropout", type=float, default=0.1, help="dropout before the XNLI / NER linear layer")
     p.add_argument("--clip", type=float, default=5.0, help="gradient norm clipping (0 = off)")
-    p.add_argument("--eval-batch-size", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--eval-batch-size", type=int, default=64, help="sentences per batch when scoring")
+    p.add_argument("--seed", type=int, default=0, help="seed of every hyper-parameter set (head init, data order)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for training (GPU)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--align-layer", type=int, metavar="I",
