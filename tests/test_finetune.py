@@ -523,3 +523,15 @@ def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy
     assert res["test"]["fr"] == pytest.approx(res["dev"])  # same path, same weights, same sentences
     with pytest.raises(SystemExit, match="maps are for en->fr, not ru->en"):
         ft.load_align_map(str(maps), 1, "en", "ru", m.config.dim)
+
+
+def test_toy_runs_all_three_tasks(toy_world, toy_ckpt, tmp_path, capsys):
+    """--toy without --task: XNLI, NER and parsing each write out/TASK/results.json (1 epoch, 1 set)."""
+    import json
+    ft.main(["--toy", str(toy_world), "--ckpt", str(toy_ckpt), "--epochs", "1", "--batch-size", "32",
+             "--lr", "1e-3", "--head-lr", "1e-3", "--out", str(tmp_path)])
+    for task, metric in [("xnli", "acc"), ("ner", "f1"), ("parse", "las")]:
+        res = json.loads((tmp_path / task / "results.json").read_text())
+        assert res["task"] == task and res["metric"] == metric and len(res["configs"]) == 1
+        assert 0 <= res["dev"][metric] <= 1 and 0 <= res["test"]["fr"][metric] <= 1
+    assert capsys.readouterr().out.count("mean of the best two") == 3
