@@ -217,9 +217,12 @@ def prepare_data(args, langs, master):
     If --data already holds them (made by an earlier run or bpe.py), use it as is. Otherwise the
     master builds them under --prep-dir/<regime>-<hash of inputs and flags>/ (reused by any later
     run with the same inputs), and the other ranks wait for the `done` file."""
-    if prepared_files_exist(args.data, langs):
+    if args.train_files:  # explicit files (--train-files/--dev-files) instead of a --data layout
+        sources = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs}
+    elif prepared_files_exist(args.data, langs):
         return args.data
-    sources = {l: {s: find_text(args.data, l, s) for s in ("train", "dev")} for l in langs}
+    else:
+        sources = {l: {s: find_text(args.data, l, s) for s in ("train", "dev")} for l in langs}
     recipe = {"langs": langs, "bpe": args.bpe, "merges": args.merges, "separate_vocab": args.sep_emb,
               "lowercase": args.lowercase, "bpe_lines": args.bpe_lines,
               "code_switch": file_fingerprint(args.code_switch) if args.code_switch else None,
@@ -306,7 +309,7 @@ TOY_SIZES = {  # sentences per language for toydata.write_world
 # flags that may differ between a run and its --resume (everything else must match)
 # (the data themselves are checked by comparing the vocabulary and token counts, not the paths)
 RESUME_MAY_CHANGE = {"resume", "max_steps", "epochs", "log_every", "eval_every", "device", "compile", "workers",
-                     "threads", "out", "data", "prep_dir", "prepare_only"}
+                     "threads", "out", "data", "train_files", "dev_files", "prep_dir", "prepare_only"}
 
 
 def get_args(argv=None):
@@ -317,6 +320,9 @@ def get_args(argv=None):
     a("--toy", action="store_true", help="CPU-sized preset on the synthetic world of toydata.py (unless --data)")
     a("--data", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/), or with "
                      "tokenizer.json + {lang}.{train,dev}.bin from an earlier preparation")
+    a("--train-files", metavar="LANG=PATH,...", help="explicit training text per language instead of --data, "
+      "e.g. en=wiki.en.txt,fr=wiki.fr.txt (one sentence per line; needs --dev-files)")
+    a("--dev-files", metavar="LANG=PATH,...", help="explicit dev text per language (with --train-files)")
     a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
     a("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same data and flags required)")
     a("--seed", type=int, default=0, help="seed for init, data order, masking, dropout")
@@ -391,13 +397,21 @@ def get_args(argv=None):
     except ValueError as e:
         p.error(str(e))
     args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
-    if args.toy and args.data is None:
+    if (args.train_files is None) != (args.dev_files is None):
+        p.error("--train-files and --dev-files go together")
+    if args.train_files:
+        if args.data is not None:
+            p.error("give either --data or --train-files/--dev-files, not both")
+        for flag in ("train_files", "dev_files"):
+            setattr(args, flag, parse_lang_files(p, "--" + flag.replace("_", "-"), getattr(args, flag),
+                                                 args.langs.split(",")))
+    if args.toy and args.data is None and not args.train_files:
         args.toy_world = True
         args.data = os.path.join(args.out, "toy")
     else:
         args.toy_world = False
-        if args.data is None:
-            p.error("--data is required (or --toy for the synthetic world)")
+        if args.data is None and not args.train_files:
+            p.error("--data (or --train-files/--dev-files) is required (or --toy for the synthetic world)")
     for k in ("n_layers", "dim", "n_heads", "batch_size", "bptt", "accumulate", "epoch_size", "epochs", "max_steps"):
         if getattr(args, k) <= 0:
             p.error(f"--{k.replace('_', '-')} must be positive")
@@ -415,6 +429,23 @@ def get_args(argv=None):
     if args.code_switch and len(args.langs.split(",")) != 2:
         p.error("--code-switch needs exactly two --langs (the dictionary's source and target)")
     return args
+
+
+def parse_lang_files(p, flag, spec, langs):
+    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}: every --langs language once, files must exist."""
+    files = {}
+    for item in spec.split(","):
+        lang, eq, path = item.partition("=")
+        if not eq or not lang or not path:
+            p.error(f"{flag}: expected LANG=PATH[,LANG=PATH...], got '{item}'")
+        if lang in files:
+            p.error(f"{flag}: language '{lang}' given twice")
+        if not os.path.isfile(path):
+            p.error(f"{flag}: {path}: no such file")
+        files[lang] = path
+    if sorted(files) != sorted(langs):
+        p.error(f"{flag}: languages {','.join(sorted(files))} do not match --langs {','.join(langs)}")
+    return files
 
 
 def atomic_save(obj, path):

@@ -277,6 +277,36 @@ def test_bad_input_is_a_clear_error(world, tmp_path):
         run(TINY + ["--data", empty, "--out", tmp_path / "c"])
 
 
+def test_explicit_train_and_dev_files(world, tmp_path, capsys):
+    """--train-files/--dev-files take files of any name (e.g. the Leipzig samples) without a --data layout."""
+    from model import load_model
+    mono = world["raw"] / "mono"
+    files = {}
+    for l in ("en", "fr"):  # names pretrain.py could not guess
+        for s in ("train", "dev"):
+            files[l, s] = tmp_path / f"{l}.corpus_{s}_sample.txt"
+            shutil.copy(mono / f"{l}.{s}.txt", files[l, s])
+    spec = lambda s: ",".join(f"{l}={files[l, s]}" for l in ("en", "fr"))  # noqa: E731
+    out = tmp_path / "run"
+    run(TINY + ["--train-files", spec("train"), "--dev-files", spec("dev"), "--out", out, "--max-steps", 4])
+    model, extra = load_model(out / "best.pt")
+    assert extra["langs"] == ["en", "fr"] and extra["step"] == 4
+    (prep,) = [d for d in (out / "data").iterdir() if d.is_dir()]
+    with open(prep / "recipe.json") as f:
+        sources = json.load(f)["sources"]
+    assert sources["fr"]["dev"][0] == os.path.abspath(files["fr", "dev"])
+    assert not (out / "toy").exists()  # no toy world is written when files are given
+    bad = [(["--train-files", spec("train")], "--train-files and --dev-files go together"),
+           (["--train-files", f"en={files['en', 'train']},fr=/nonexistent.txt", "--dev-files", spec("dev")],
+            "/nonexistent.txt: no such file"),
+           (["--train-files", f"en={files['en', 'train']}", "--dev-files", spec("dev")], "do not match --langs"),
+           (["--train-files", "en", "--dev-files", spec("dev")], "expected LANG=PATH")]
+    for i, (flags, message) in enumerate(bad):
+        with pytest.raises(SystemExit) as e:
+            run(TINY + flags + ["--out", tmp_path / f"bad{i}"])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_non_finite_losses_skip_the_update_then_stop(world, tmp_path):
     with pytest.raises(SystemExit, match="non-finite losses in a row"):
         run(TINY + ["--data", world["joint"], "--out", tmp_path, "--lr", 1e30, "--warmup", 0, "--max-steps", 10,
