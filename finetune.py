@@ -17,6 +17,7 @@ Run (see --help for every flag and the data layouts it detects):
     python finetune.py --toy --task ner --ckpt runs/toy/best.pt --out runs/ft-ner
     python finetune.py --task parse --ckpt RUN/best.pt --data ../shared/data --eval-langs fr,ru,zh --out runs/parse
     python finetune.py --compare runs/a/results.json runs/b/results.json     # one table with the Δ column
+    python finetune.py --table runs/ft/default-s0 runs/ft/default-s1 runs/ft/sep-emb-s0  # Table 1 layout
     python finetune.py --task ner --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
         --align-layer 4 --eval-langs fr --data DIR --out runs/aligned        # §5.1.2 aligned transfer
 """
@@ -933,6 +934,48 @@ def format_table(results, names=None):
     return "\n".join(lines)
 
 
+def table1(run_dirs):
+    """The paper's Table 1 layout from several fine-tuned models. Each directory is one `finetune.py --out`
+    holding {xnli,ner,parse}/results.json (any subset). Rows = models; columns = task x target language
+    (test score, the selection metric: XNLI acc, NER F1, parsing LAS), their average, and Δ = the row's
+    average minus the first row's (the paper's Default). Directories named NAME-sSEED are one row NAME:
+    each cell is the mean over seeds, followed by (± the standard deviation) when there are several."""
+    rows = {}  # name -> list of {(task, lang): score}
+    for d in run_dirs:
+        name = re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(d)))
+        cells = {}
+        for task in ("xnli", "ner", "parse"):
+            for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
+                if os.path.exists(path):
+                    with open(path, encoding="utf-8") as f:
+                        r = json.load(f)
+                    if r["task"] == task:
+                        cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
+                        break
+        if not cells:
+            raise SystemExit(f"--table: no results.json under {d}")
+        rows.setdefault(name, []).append(cells)
+    cols = sorted({c for runs in rows.values() for cells in runs for c in cells},
+                  key=lambda c: (("xnli", "ner", "parse").index(c[0]), c[1]))
+    short = {"xnli": "XNLI", "ner": "NER", "parse": "Parse"}
+    header = ["model", "seeds"] + [f"{short[t]} {lang}" for t, lang in cols] + ["avg", "Δ"]
+    lines, first_avg = [], None
+    for name, runs in rows.items():
+        out = [name, str(len(runs))]
+        for c in cols:
+            v = [cells[c] for cells in runs if c in cells]
+            out.append("-" if not v else f"{np.mean(v):.1f}" + (f" ±{np.std(v):.1f}" if len(v) > 1 else ""))
+        avgs = [np.mean([cells[c] for c in cols]) for cells in runs if all(c in cells for c in cols)]
+        avg = float(np.mean(avgs)) if avgs else None
+        first_avg = avg if first_avg is None and not lines else first_avg
+        out.append("-" if avg is None else f"{avg:.1f}" + (f" ±{np.std(avgs):.1f}" if len(avgs) > 1 else ""))
+        out.append("-" if avg is None or first_avg is None else f"{avg - first_avg:+.1f}")
+        lines.append(out)
+    widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt(header)] + [fmt(r) for r in lines])
+
+
 def write_json(path, obj):
     """Atomic: write path.tmp, then rename."""
     tmp = str(path) + ".tmp"
@@ -952,10 +995,11 @@ PAPER_PRESET = {
     "parse": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[]),
 }
 # --toy: a tiny model on the synthetic world learns in a few epochs at larger learning rates
+# (two sets per task: the mean of the best two is then the mean of both)
 TOY_PRESET = {
-    "xnli": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-4, 5e-4], head_lr=[1e-3]),
-    "ner": dict(epochs=4, epoch_size=0, batch_size=[16, 32], lr=[3e-4, 1e-3], head_lr=[]),
-    "parse": dict(epochs=4, epoch_size=0, batch_size=[16, 32], lr=[3e-4, 1e-3], head_lr=[]),
+    "xnli": dict(epochs=10, epoch_size=0, batch_size=[16], lr=[2e-4, 5e-4], head_lr=[1e-3]),
+    "ner": dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[]),
+    "parse": dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[]),
 }
 
 
@@ -1069,6 +1113,10 @@ def build_parser():
     p.add_argument("--out", help="output directory: results.json (per task sub-folder when several tasks run)")
     p.add_argument("--compare", nargs="+", metavar="RESULTS_JSON",
                    help="only print one table for several results.json of the same task, with the Δ column")
+    p.add_argument("--table", nargs="+", metavar="OUT_DIR",
+                   help="only print the paper's Table 1 layout for several --out directories (rows = models, "
+                        "columns = task x target language, avg, Δ against the first row); NAME-s0, NAME-s1, ... "
+                        "are seeds of one row NAME: mean ± std")
     return p
 
 
@@ -1097,6 +1145,9 @@ def setup_aligned(model, tok, langs, args):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.table:
+        print(table1(args.table))
+        return
     if args.compare:
         results = []
         for path in args.compare:

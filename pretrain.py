@@ -418,10 +418,10 @@ def get_args(argv=None):
     if args.dim % args.n_heads:
         p.error(f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
     if args.code_switch == "toy":  # the toy world's own dictionary (written before the data are prepared)
-        if not args.toy_world:
-            p.error("--code-switch toy needs --toy without --data")
-        l0, l1 = args.langs.split(",")[:2]
-        args.code_switch = os.path.join(args.data, "dict", f"{l0}-{l1}.txt")
+        l0, l1 = (args.langs.split(",") + [""])[:2]
+        args.code_switch = os.path.join(args.data or "", "dict", f"{l0}-{l1}.txt")
+        if not args.toy_world and not os.path.isfile(args.code_switch):
+            p.error(f"--code-switch toy: no toy dictionary {args.code_switch} (needs --toy, or --data a toydata.py world)")
     elif args.code_switch and not os.path.isfile(args.code_switch):
         p.error(f"--code-switch {args.code_switch}: no such file")
     if args.code_switch and args.sep_emb:

@@ -4,6 +4,7 @@ Run: python -m pytest -q tests/test_finetune.py
 """
 import glob
 import itertools
+import json
 import os
 import re
 
@@ -535,3 +536,24 @@ def test_toy_runs_all_three_tasks(toy_world, toy_ckpt, tmp_path, capsys):
         assert res["task"] == task and res["metric"] == metric and len(res["configs"]) == 1
         assert 0 <= res["dev"][metric] <= 1 and 0 <= res["test"]["fr"][metric] <= 1
     assert capsys.readouterr().out.count("mean of the best two") == 3
+
+
+def test_table1_layout_means_seeds_and_delta(tmp_path, capsys):
+    """--table: rows are models (NAME-sSEED folded into NAME), cells the mean (± std) test score in %,
+    avg over the columns and Δ against the first row; checked against numbers worked out by hand."""
+    def write(run, task, metric, score):
+        d = tmp_path / run / task
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({"task": task, "metric": metric, "test": {"fr": {metric: score}}}))
+    for run, (acc, f1) in {"default-s0": (0.60, 0.40), "default-s1": (0.70, 0.50), "sep-s0": (0.40, 0.10)}.items():
+        write(run, "xnli", "acc", acc)
+        write(run, "ner", "f1", f1)
+    ft.main(["--table"] + [str(tmp_path / r) for r in ("default-s0", "default-s1", "sep-s0")])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["model", "seeds", "XNLI", "fr", "NER", "fr", "avg", "Δ"]
+    # default: XNLI (60, 70) -> 65 ± 5; NER (40, 50) -> 45 ± 5; avg per seed 50, 60 -> 55 ± 5
+    assert lines[1].split() == ["default", "2", "65.0", "±5.0", "45.0", "±5.0", "55.0", "±5.0", "+0.0"]
+    # sep: 40, 10 -> avg 25, Δ = 25 - 55 = -30
+    assert lines[2].split() == ["sep", "1", "40.0", "10.0", "25.0", "-30.0"]
+    with pytest.raises(SystemExit, match="no results.json"):
+        ft.main(["--table", str(tmp_path / "missing")])

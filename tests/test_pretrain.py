@@ -234,6 +234,7 @@ TABLE1 = {
     "sep_emb_l1_6": ["--sep", "emb,1-6"],
     "domain_shift": ["--toy-domain-shift", "1.0"],
     "extra_anchors_toy_dict": ["--code-switch", "toy"],
+    "extra_anchors_toy_dict_data": ["--code-switch", "toy"],  # --data is a toydata.py world: its dict/
     "monolingual_fr": ["--langs", "fr"],  # §5: monolingual models of the same world, for alignment / CKA
 }
 OWN_WORLD = {"domain_shift", "extra_anchors_toy_dict", "monolingual_fr"}  # these rows write their own tiny world
@@ -252,7 +253,7 @@ def test_table1_row_builds_and_trains(world, tmp_path, row):
         assert cfg["sep_emb"] and "tok_emb.1.weight" in ck["model"]
     if "1-6" in flags[-1:]:
         assert tuple(cfg["sep_layers"]) == (1, 2, 3, 4, 5, 6)
-    if row == "extra_anchors":  # same tokenizer as the default row, code-switched training text
+    if row in ("extra_anchors", "extra_anchors_toy_dict_data"):  # default tokenizer, code-switched text
         from bpe import Tokenizer, load_bin
         data_dir = ck["data"]["dir"]
         assert ck["tokenizer"] == Tokenizer.load(world["joint"] / "tokenizer.json").to_dict()
@@ -275,6 +276,9 @@ def test_bad_input_is_a_clear_error(world, tmp_path):
         (empty / f"{l}.train.txt").write_text("" if l == "fr" else (world["raw"] / "mono" / "en.train.txt").read_text())
     with pytest.raises(SystemExit, match="empty"):
         run(TINY + ["--data", empty, "--out", tmp_path / "c"])
+    with pytest.raises(SystemExit) as e:  # --code-switch toy on a --data folder that is no toy world
+        run(TINY + ["--data", empty, "--out", tmp_path / "d", "--code-switch", "toy"])
+    assert e.value.code == 2
 
 
 def test_explicit_train_and_dev_files(world, tmp_path, capsys):
