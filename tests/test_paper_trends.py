@@ -9,11 +9,17 @@ better, and the separated one falls near chance (span F1 close to 0).
 It can fail: with the sharing switch ignored (model.parse_sep patched to return "all shared" before
 pretrain.py runs) both models are the same and the near-chance assertion fails (fr F1 0.285 for both).
 
-Not asserted here: the paper's Fig. 7 claim that parallel-sentence CKA is higher for a trained bilingual
-model than for a random encoder. At this budget it did not hold robustly on the toy world (a random
-encoder is nearly a bag-of-words kernel, and the toy languages translate word for word); see the README.
+The paper's Fig. 7 claim, parallel-sentence CKA higher for a trained bilingual model than for a random
+encoder (an untrained model of the same config encoding the French side), is asserted on the shared model
+(cka.py's table on the world's Tatoeba-style pairs): higher on average and at most layers. On the toy world
+that baseline is beaten by any model that encodes both languages with one embedding table (an UNTRAINED
+shared model scores 0.56-0.66 on average against 0.52-0.61 for the baseline, seeds 1-3; the 30 % identical
+word forms and word-for-word translations do it), so the test also asks for the sharing ordering: the
+shared model's CKA is above Sep Emb + L1-6's (seed 0: shared 0.601, Sep 0.467, random baseline 0.554;
+seed 1: 0.590, 0.569, 0.511; the margin over Sep is not robust, so no margin is asked). With the sharing
+switch ignored both models are the same and that assertion fails.
 
-Run: python -m pytest -q tests/test_paper_trends.py   (about 2 minutes on 2 cores)
+Run: python -m pytest -q tests/test_paper_trends.py   (about 2.5 minutes on 2 cores; TREND_SEED=1 for another seed)
 """
 import json
 import os
@@ -80,3 +86,26 @@ def test_shared_model_transfers_far_better_than_sep_emb_l1_6(runs):
     assert en_shared > 0.6 and en_sep > 0.3, "both models must learn English NER (else the comparison is void)"
     assert fr_sep < 0.08, f"Sep Emb + L1-6 should transfer near chance, got fr F1 {fr_sep:.3f}"
     assert fr_shared > fr_sep + 0.12, f"shared {fr_shared:.3f} vs sep {fr_sep:.3f}: sharing should transfer far better"
+
+
+def cka_rows(ckpt, world):
+    import argparse
+    import cka
+    args = argparse.Namespace(ckpt=str(ckpt), ckpt2=None, src="en", tgt="fr", src_file=None, tgt_file=None,
+                              toy=str(world), max_sents=None, batch_size=64, device="cpu", seed=0)
+    header, rows = cka.cka_table(args)
+    return header, rows
+
+
+def test_bilingual_cka_beats_a_random_encoder(runs):
+    header, rows = cka_rows(runs["shared"]["ckpt"], runs["world"])
+    assert header == ["layer", "bilingual", "random"]
+    *layers, avg = rows
+    print(f"\nseed {SEED}: average CKA shared {avg[1]:.3f}, random encoder {avg[2]:.3f}")
+    assert avg[1] > avg[2], f"average CKA: bilingual {avg[1]:.3f} vs random encoder {avg[2]:.3f}"
+    wins = sum(r[1] > r[2] for r in layers)
+    assert wins > len(layers) / 2, f"bilingual CKA above the random encoder at only {wins} of {len(layers)} layers"
+    _, sep_rows = cka_rows(runs["sep"]["ckpt"], runs["world"])
+    print(f"seed {SEED}: average CKA Sep Emb + L1-6 {sep_rows[-1][1]:.3f}")
+    assert avg[1] > sep_rows[-1][1], \
+        f"shared model CKA {avg[1]:.3f} should be above Sep Emb + L1-6's {sep_rows[-1][1]:.3f}"
