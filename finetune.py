@@ -967,7 +967,8 @@ def table1(run_dirs):
             out.append("-" if not v else f"{np.mean(v):.1f}" + (f" ±{np.std(v):.1f}" if len(v) > 1 else ""))
         avgs = [np.mean([cells[c] for c in cols]) for cells in runs if all(c in cells for c in cols)]
         avg = float(np.mean(avgs)) if avgs else None
-        first_avg = avg if first_avg is None and not lines else first_avg
+        if not lines:  # the first row (the paper's Default) is the reference of Δ
+            first_avg = avg
         out.append("-" if avg is None else f"{avg:.1f}" + (f" ±{np.std(avgs):.1f}" if len(avgs) > 1 else ""))
         out.append("-" if avg is None or first_avg is None else f"{avg - first_avg:+.1f}")
         lines.append(out)

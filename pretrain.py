@@ -417,17 +417,17 @@ def get_args(argv=None):
             p.error(f"--{k.replace('_', '-')} must be positive")
     if args.dim % args.n_heads:
         p.error(f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
+    if args.code_switch and args.sep_emb:
+        p.error("--code-switch needs one shared vocabulary; it cannot be combined with --sep emb")
+    if args.code_switch and len(args.langs.split(",")) != 2:
+        p.error("--code-switch needs exactly two --langs (the dictionary's source and target)")
     if args.code_switch == "toy":  # the toy world's own dictionary (written before the data are prepared)
-        l0, l1 = (args.langs.split(",") + [""])[:2]
+        l0, l1 = args.langs.split(",")
         args.code_switch = os.path.join(args.data or "", "dict", f"{l0}-{l1}.txt")
         if not args.toy_world and not os.path.isfile(args.code_switch):
             p.error(f"--code-switch toy: no toy dictionary {args.code_switch} (needs --toy, or --data a toydata.py world)")
     elif args.code_switch and not os.path.isfile(args.code_switch):
         p.error(f"--code-switch {args.code_switch}: no such file")
-    if args.code_switch and args.sep_emb:
-        p.error("--code-switch needs one shared vocabulary; it cannot be combined with --sep emb")
-    if args.code_switch and len(args.langs.split(",")) != 2:
-        p.error("--code-switch needs exactly two --langs (the dictionary's source and target)")
     return args
 
 
