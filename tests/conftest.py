@@ -6,6 +6,21 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest
 
+
+def is_tree(heads):
+    """heads[k] = head of word k+1 (1-based ids, 0 = ROOT): exactly one word on ROOT, every word reaches it."""
+    n = len(heads)
+    if sum(h == 0 for h in heads) != 1 or not all(0 <= h <= n for h in heads):
+        return False
+    for k in range(1, n + 1):
+        v, steps = k, 0
+        while v != 0 and steps <= n:
+            v, steps = heads[v - 1], steps + 1
+        if v != 0:
+            return False
+    return True
+
+
 # The small synthetic world every test shares (toydata.py). Sizes are tiny so it is written in about a second.
 TOY_WORLD_SIZES = dict(n_train=2000, n_dev=200, n_test=200, n_parallel=300, n_tatoeba=200,
                        n_task_train=300, n_task_eval=120)

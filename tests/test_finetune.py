@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import finetune as ft
+from conftest import is_tree
 
 torch.set_num_threads(1)  # tiny tensors: extra threads only spin on a shared 2-core machine
 
@@ -142,18 +143,17 @@ def test_attachment_scores_subtypes_both_sides():
 # MST decoding
 
 
+def test_tree_check_used_by_these_tests():
+    assert is_tree([0]) and is_tree([2, 0, 2]) and is_tree([0, 1, 2, 3])
+    assert not is_tree([0, 0])          # two roots
+    assert not is_tree([2, 1])          # a cycle and no root
+    assert not is_tree([0, 3, 2])       # a root and a cycle beside it
+    assert not is_tree([0, 5])          # a head outside the sentence
+
+
 def _is_tree_with_one_root(heads):
-    """heads[0] = -1; every word reaches ROOT (0) by following heads; exactly one word hangs on ROOT."""
-    n = len(heads) - 1
-    if heads[0] != -1 or sum(h == 0 for h in heads[1:]) != 1:
-        return False
-    for i in range(1, n + 1):
-        v, steps = i, 0
-        while v != 0 and steps <= n:
-            v, steps = heads[v], steps + 1
-        if v != 0:
-            return False
-    return True
+    """heads[0] = -1 (the ROOT position); heads[1:] form one tree with exactly one word on ROOT."""
+    return heads[0] == -1 and is_tree(list(heads[1:]))
 
 
 def _brute_force(S):

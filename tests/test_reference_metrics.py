@@ -53,6 +53,7 @@ import random
 import pytest
 
 import finetune as ft
+from conftest import is_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UD_TEST = os.path.join(ROOT, "..", "shared", "data", "ud", "UD_French-GSD", "fr_gsd-ud-test.conllu")
@@ -190,19 +191,6 @@ UD_RELATIONS = ("acl", "advcl", "advmod", "amod", "appos", "aux", "case", "cc", 
 SUBTYPES = ("poss", "tmod", "pass", "relcl", "arg", "mod", "name")
 
 
-def _is_tree(heads):
-    """heads[k] = head of word k+1 (0 = root): exactly one root and no cycle."""
-    if sum(h == 0 for h in heads) != 1:
-        return False
-    for k in range(1, len(heads) + 1):
-        v, steps = k, 0
-        while v != 0 and steps <= len(heads):
-            v, steps = heads[v - 1], steps + 1
-        if v != 0:
-            return False
-    return True
-
-
 def _subtree(heads, k):
     """Word k and all its descendants (1-based ids)."""
     out = set()
@@ -245,7 +233,7 @@ def perturb_parse(gold_heads, gold_rels, seed=0):
             elif v < 0.25:
                 subs = [rel for rel in [base] + [base + ":" + s for s in SUBTYPES] if rel != r[i]]
                 r[i] = subs[rng.randrange(len(subs))]
-        assert _is_tree(h)
+        assert is_tree(h)
         pred_heads.append(h)
         pred_rels.append(r)
     return pred_heads, pred_rels

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import toydata
-from conftest import TOY_WORLD_SIZES
+from conftest import TOY_WORLD_SIZES, is_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UPOS = {"NOUN", "PROPN", "VERB", "ADJ", "ADV", "ADP", "DET", "PUNCT"}
@@ -149,14 +149,8 @@ def check_tree(rows, where):
     assert [int(r[0]) for r in rows] == list(range(1, n + 1)), where
     heads = [int(r[6]) for r in rows]
     assert all(0 <= h <= n for h in heads), where
-    roots = [i for i, h in enumerate(heads) if h == 0]
-    assert len(roots) == 1 and rows[roots[0]][7] == "root", where
-    for i in range(n):                                   # follow heads from every token: must reach the root
-        seen, j = set(), i
-        while heads[j] != 0:
-            assert j not in seen, f"{where}: cycle"
-            seen.add(j)
-            j = heads[j] - 1
+    assert is_tree(heads), f"{where}: not one tree (a cycle or not exactly one root)"
+    assert rows[heads.index(0)][7] == "root", where
     for r in rows:
         assert r[3] in UPOS and r[7] in DEPRELS, (where, r)
         assert r[1] and " " not in r[1], where
