@@ -298,10 +298,10 @@ PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attenti
              batch_size=96, bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200,
              max_steps=10**12, eval_every=0, log_every=100, accumulate=1)
 # Toy streams are short (16 tokens, 64 per batch: the same 1,024 tokens per update). A small post-LN MLM
-# must learn from learned absolute positions which position is its neighbour before context helps;
-# with 64-token streams it sat at unigram perplexity for thousands of updates (155 -> 118 after 2,000 on
-# one language), with 16-token streams it goes below unigram within 400 updates (dev ppl 78 / 101 at 1,000
-# vs unigram 155 / 159 on the Table 1 world). Toy sentences are about 10 tokens long.
+# must learn from learned absolute positions which position is its neighbour before context helps.
+# With 64-token streams it sat at unigram perplexity for thousands of updates (155 -> 118 after 2,000
+# on one language); with 16-token streams it goes below unigram within a few hundred updates (dev ppl
+# 78 / 101 at 1,000 vs unigram 155 / 159 on the Table 1 world). Toy sentences are about 10 tokens long.
 TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, lr=1e-3, warmup=100,
            epoch_size=12800, max_steps=1000, eval_every=0, log_every=50, threads=1)
 MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language for separate/prefixed)
