@@ -89,12 +89,8 @@ def test_shared_model_transfers_far_better_than_sep_emb_l1_6(runs):
 
 
 def cka_rows(ckpt, world):
-    import argparse
     import cka
-    args = argparse.Namespace(ckpt=str(ckpt), ckpt2=None, src="en", tgt="fr", src_file=None, tgt_file=None,
-                              toy=str(world), max_sents=None, batch_size=64, device="cpu", seed=0)
-    header, rows = cka.cka_table(args)
-    return header, rows
+    return cka.cka_table(cka.build_parser().parse_args(["--ckpt", str(ckpt), "--toy", str(world), "--batch-size", "64"]))
 
 
 def test_bilingual_cka_beats_a_random_encoder(runs):
