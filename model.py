@@ -8,12 +8,13 @@ parameter-sharing switches (§4.3, Figure 1, Table 1 "Parameter sharing").
   embedding with its own bias, no BERT transform head;
 - `sep_emb`: every language has its own token table, position table and (tied) softmax;
   `sep_layers=(1, 2, 3)`: every language has its own copy of layers 1-3. Everything else is shared.
+  Beyond the paper, the two halves of `sep_emb` can be switched alone: `sep_tok` (token table and
+  tied softmax) and `sep_pos` (position table), as in Dufter & Schütze (2020).
 
 Only torch is imported, so this file can be copied alone:
 
     from model import ModelConfig, MLM, parse_sep
-    sep_emb, sep_layers = parse_sep("emb,1-3")
-    model = MLM(ModelConfig(vocab_size=30000, sep_emb=sep_emb, sep_layers=sep_layers))
+    model = MLM(ModelConfig(vocab_size=30000, **parse_sep("emb,1-3")))
     logits, loss = model(idx, lang=0, targets=targets)      # idx (B, T) int64, targets -1 = ignore
     layers = model.hidden_states(idx, lang=1)                # n_layers + 1 tensors (B, T, dim)
 """
@@ -30,7 +31,7 @@ LAYER_NORM_EPS = 1e-12  # XLM model/transformer.py (BERT's value)
 
 @dataclass
 class ModelConfig:
-    vocab_size: int                  # token table size (from the tokenizer); with sep_emb see vocab_sizes
+    vocab_size: int                  # token table size (from the tokenizer); with sep_tok see vocab_sizes
     n_langs: int = 2                 # paper §3.1: bilingual models (langs[0] = English)
     n_layers: int = 8                # paper §3.1
     n_heads: int = 12                # paper §3.1 (head dim 64)
@@ -42,13 +43,19 @@ class ModelConfig:
     lang_emb: bool = False           # paper §3.1 is silent; off as mBERT / XLM-17/100 (DESIGN D1)
     sep_emb: bool = False            # paper §4.3: per-language token + position tables and softmax
     sep_layers: tuple = ()           # paper §4.3: per-language copies of these layers (1-based)
-    vocab_sizes: tuple = ()          # with sep_emb: one vocabulary size per language; () = vocab_size each
+    vocab_sizes: tuple = ()          # with sep_tok: one vocabulary size per language; () = vocab_size each
+    sep_tok: bool = False            # half of sep_emb: per-language token table and tied softmax only
+    sep_pos: bool = False            # the other half: per-language position table only
     pad_id: int = 2                  # XLM's <pad>: its embedding row starts at zero, gets no lookup grad
 
     def __post_init__(self):
         # lists come back from a checkpoint (plain types); keep tuples so configs compare equal
         self.sep_layers = tuple(int(i) for i in self.sep_layers)
         self.vocab_sizes = tuple(int(v) for v in self.vocab_sizes)
+        # sep_emb (the paper's switch) is both halves; both halves are sep_emb
+        if self.sep_emb:
+            self.sep_tok = self.sep_pos = True
+        self.sep_emb = bool(self.sep_tok and self.sep_pos)
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         bad = [i for i in self.sep_layers if not 1 <= i <= self.n_layers]
@@ -57,9 +64,9 @@ class ModelConfig:
         if self.vocab_sizes:
             if len(self.vocab_sizes) != self.n_langs:
                 raise ValueError(f"vocab_sizes has {len(self.vocab_sizes)} entries for {self.n_langs} languages")
-            if not self.sep_emb and set(self.vocab_sizes) != {self.vocab_size}:
+            if not self.sep_tok and set(self.vocab_sizes) != {self.vocab_size}:
                 raise ValueError(f"vocab_sizes {self.vocab_sizes} differ from vocab_size {self.vocab_size} "
-                                 "but embeddings are shared (sep_emb=False)")
+                                 "but token tables are shared (sep_tok=False)")
 
     def lang_vocab_size(self, lang):
         return self.vocab_sizes[lang] if self.vocab_sizes else self.vocab_size
@@ -67,16 +74,18 @@ class ModelConfig:
 
 def parse_sep(spec, n_layers=8):
     """
-    The --sep flag: which parts are language-specific (paper §4.3, Table 1).
-    "" -> (False, ()); "emb" -> (True, ()); "1-3" -> (False, (1, 2, 3)); "emb,1-3,5" -> (True, (1, 2, 3, 5)).
+    The --sep flag: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords.
+    "" -> all shared; "emb" -> token + position tables and softmax (sep_emb); "1-3" -> layers 1, 2, 3;
+    "tok" / "pos" -> only the token table + softmax / only the position table (the halves of "emb").
+    Example: "emb,1-3,5" -> {"sep_emb": True, "sep_tok": True, "sep_pos": True, "sep_layers": (1, 2, 3, 5)}.
     Layer numbers are 1-based as in the paper and must lie in 1..n_layers.
     """
-    sep_emb, layers = False, set()
+    tok = pos = False
+    layers = set()
     for part in (p.strip() for p in spec.split(",")):
-        if part == "":
-            continue
-        if part == "emb":
-            sep_emb = True
+        if part in ("", "emb", "tok", "pos"):
+            tok = tok or part in ("emb", "tok")
+            pos = pos or part in ("emb", "pos")
         elif part.isdigit():
             layers.add(int(part))
         elif part.count("-") == 1 and all(s.strip().isdigit() for s in part.split("-")):
@@ -85,11 +94,11 @@ def parse_sep(spec, n_layers=8):
                 raise ValueError(f"bad --sep range {part!r}: start > end")
             layers.update(range(lo, hi + 1))
         else:
-            raise ValueError(f"bad --sep part {part!r} in {spec!r}: expected 'emb', 'N' or 'N-M'")
+            raise ValueError(f"bad --sep part {part!r} in {spec!r}: expected 'emb', 'tok', 'pos', 'N' or 'N-M'")
     bad = sorted(i for i in layers if not 1 <= i <= n_layers)
     if bad:
         raise ValueError(f"bad --sep {spec!r}: layers {bad} outside 1..{n_layers} (paper numbering)")
-    return sep_emb, tuple(sorted(layers))
+    return {"sep_emb": tok and pos, "sep_tok": tok, "sep_pos": pos, "sep_layers": tuple(sorted(layers))}
 
 # -----------------------------------------------------------------------------
 # the encoder, bottom-up
@@ -151,7 +160,8 @@ class MLM(nn.Module):
     """
     Sharing layout. Every part that can be language-specific lives in a ModuleList / ParameterList
     indexed by language, with one entry when it is shared and n_langs entries when it is not:
-        tok_emb[l], pos_emb[l], pred_bias[l]  (1 or n_langs entries, by sep_emb)
+        tok_emb[l], pred_bias[l]              (1 or n_langs entries, by sep_tok; sep_emb sets it)
+        pos_emb[l]                            (1 or n_langs entries, by sep_pos; sep_emb sets it)
         blocks[i][l]                          (layer i+1: 1 or n_langs copies, by sep_layers)
     so state_dict keys look like `blocks.0.1.attn.qkv.weight` (layer 1, language 1's copy).
 
@@ -168,11 +178,11 @@ class MLM(nn.Module):
         super().__init__()
         self.config = config
         d, L = config.dim, config.n_langs
-        n_emb = L if config.sep_emb else 1
+        n_tok, n_pos = (L if config.sep_tok else 1), (L if config.sep_pos else 1)
         # paper §4.3: separate embeddings = own token table, own positions, own tied softmax (own bias)
         self.tok_emb = nn.ModuleList(nn.Embedding(config.lang_vocab_size(l), d, padding_idx=config.pad_id)
-                                     for l in range(n_emb))
-        self.pos_emb = nn.ModuleList(nn.Embedding(config.max_positions, d) for _ in range(n_emb))
+                                     for l in range(n_tok))
+        self.pos_emb = nn.ModuleList(nn.Embedding(config.max_positions, d) for _ in range(n_pos))
         self.lang_emb = nn.Embedding(L, d) if config.lang_emb else None
         self.ln_emb = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
         self.drop = nn.Dropout(config.dropout)
@@ -183,7 +193,7 @@ class MLM(nn.Module):
         # its own vector, initialised as XLM's nn.Linear(dim, n_words) bias: U(-1/sqrt(d), 1/sqrt(d))
         self.pred_bias = nn.ParameterList(
             nn.Parameter(torch.empty(config.lang_vocab_size(l)).uniform_(-d ** -0.5, d ** -0.5))
-            for l in range(n_emb))
+            for l in range(n_tok))
         # XLM init: embeddings N(0, d^-0.5), pad row zero; Linear and LayerNorm keep PyTorch's default
         for emb in [*self.tok_emb, *self.pos_emb] + ([self.lang_emb] if self.lang_emb is not None else []):
             nn.init.normal_(emb.weight, mean=0.0, std=d ** -0.5)
@@ -197,7 +207,7 @@ class MLM(nn.Module):
 
     def has_lang_specific(self):
         """True when some parameters are language-specific (then DDP needs one of the two ways above)."""
-        return self.config.sep_emb or len(self.config.sep_layers) > 0
+        return self.config.sep_tok or self.config.sep_pos or len(self.config.sep_layers) > 0
 
     def lang_specific_parameters(self, lang):
         """Parameters only language `lang` uses (empty for a fully shared model)."""
@@ -205,8 +215,10 @@ class MLM(nn.Module):
         if not 0 <= lang < c.n_langs:
             raise ValueError(f"lang {lang} outside 0..{c.n_langs - 1}")
         params = []
-        if c.sep_emb:
-            params += [self.tok_emb[lang].weight, self.pos_emb[lang].weight, self.pred_bias[lang]]
+        if c.sep_tok:
+            params += [self.tok_emb[lang].weight, self.pred_bias[lang]]
+        if c.sep_pos:
+            params += [self.pos_emb[lang].weight]
         for copies in self.blocks:
             if len(copies) > 1:
                 params += list(copies[lang].parameters())
@@ -274,7 +286,7 @@ class MLM(nn.Module):
         position_embeddings, lang_embeddings (optional), embeddings, layer_norm_emb,
         attentions.i.{q,k,v,out}_lin, layer_norm1.i, ffns.i.{lin1,lin2}, layer_norm2.i, pred_layer.proj.
         """
-        if config.sep_emb or config.sep_layers:
+        if config.sep_tok or config.sep_pos or config.sep_layers:
             raise ValueError("from_xlm: XLM checkpoints are fully shared; use sep_emb=False, sep_layers=()")
         sd = {}
         for k, v in state_dict.items():

@@ -76,12 +76,17 @@ def mask_tokens(x, vocab_size, generator, mask_prob=MASK_PROB, probs=PRED_PROBS,
     return inputs, targets
 
 
-def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7):
-    """XLM's adam_inverse_sqrt: linear warm-up from init_lr to lr over `warmup` updates, then
-    lr * sqrt(warmup / step). `step` = optimizer updates done so far.
-    Example: get_lr(0) = 1e-7, get_lr(15000) ~ 5.0e-5, get_lr(30000) = 1e-4, get_lr(120000) = 5e-5."""
+def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7, schedule="inverse_sqrt", max_steps=None):
+    """XLM's adam_inverse_sqrt (the paper's schedule): linear warm-up from init_lr to lr over `warmup`
+    updates, then lr * sqrt(warmup / step). `step` = optimizer updates done so far.
+    Example: get_lr(0) = 1e-7, get_lr(15000) ~ 5.0e-5, get_lr(30000) = 1e-4, get_lr(120000) = 5e-5.
+    schedule="linear" (the --toy preset): the same warm-up, then a straight line down to 0 at max_steps,
+    so a short run ends annealed instead of stopping at a still-high learning rate.
+    Example: lr 1e-3, warmup 100, max_steps 1100: get_lr(600, ...) = 5e-4, get_lr(1100, ...) = 0."""
     if step < warmup:
         return init_lr + step * (lr - init_lr) / warmup
+    if schedule == "linear":
+        return lr * max(0.0, (max_steps - step) / max(max_steps - warmup, 1))
     return lr * math.sqrt(warmup / max(step, 1)) if warmup > 0 else lr
 
 
@@ -224,12 +229,12 @@ def prepare_data(args, langs, master):
         return args.data
     else:
         sources = {l: {s: find_text(args.data, l, s) for s in ("train", "dev")} for l in langs}
-    recipe = {"langs": langs, "bpe": args.bpe, "merges": args.merges, "separate_vocab": args.sep_emb,
+    recipe = {"langs": langs, "bpe": args.bpe, "merges": args.merges, "separate_vocab": args.sep_tok,
               "lowercase": args.lowercase, "bpe_lines": args.bpe_lines,
               "code_switch": file_fingerprint(args.code_switch) if args.code_switch else None,
               "sources": {l: {s: file_fingerprint(p) for s, p in v.items()} for l, v in sources.items()}}
     key = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
-    out = os.path.join(args.prep_dir, f"{args.bpe}-{args.merges}{'-sepvocab' if args.sep_emb else ''}-{key}")
+    out = os.path.join(args.prep_dir, f"{args.bpe}-{args.merges}{'-sepvocab' if args.sep_tok else ''}-{key}")
     done = os.path.join(out, "done")
     if not master:
         while not os.path.exists(done):
@@ -242,7 +247,7 @@ def prepare_data(args, langs, master):
     print(f"preparing data in {out} ({args.bpe} BPE, {args.merges} merges)")
     try:
         tok = Tokenizer.build({l: sources[l]["train"] for l in langs}, mode=args.bpe, num_merges=args.merges,
-                              separate_vocab=args.sep_emb, lowercase=args.lowercase, max_lines=args.bpe_lines,
+                              separate_vocab=args.sep_tok, lowercase=args.lowercase, max_lines=args.bpe_lines,
                               seed=args.seed)
         switch = {}
         if args.code_switch:  # paper §4.2 extra anchors: code-switched training text (D11: at preparation)
@@ -296,7 +301,7 @@ def write_toy_world(args, langs):
 
 PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1,
              batch_size=96, bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200,
-             max_steps=10**12, eval_every=0, log_every=100, accumulate=1)
+             max_steps=10**12, eval_every=0, log_every=100, accumulate=1, schedule="inverse_sqrt")
 # Toy streams are short (16 tokens, 64 per batch: the same 1,024 tokens per update). A small post-LN MLM
 # must learn from learned absolute positions which position is its neighbour before context helps.
 # With 64-token streams it sat at unigram perplexity for thousands of updates (155 -> 118 after 2,000
@@ -314,7 +319,7 @@ TOY_SIZES = {  # sentences per language for toydata.write_world
 }
 # flags that may differ between a run and its --resume (everything else must match)
 # (the data themselves are checked by comparing the vocabulary and token counts, not the paths)
-RESUME_MAY_CHANGE = {"resume", "max_steps", "epochs", "log_every", "eval_every", "device", "compile", "workers",
+RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile", "workers",
                      "threads", "out", "data", "train_files", "dev_files", "prep_dir", "prepare_only"}
 
 
@@ -358,8 +363,9 @@ def get_args(argv=None):
     a("--toy-langs", help="toy: languages of the world (default --langs, or en,fr for a monolingual --langs: "
                           "monolingual models of one world for the paper's §5 alignment)")
     # model (model.ModelConfig)
-    a("--sep", default="", help="language-specific parts: '' all shared (Default), 'emb', "
-                                                        "'1-3', '1-6', 'emb,1-3', 'emb,1-6' (paper Table 1)")
+    a("--sep", default="", help="language-specific parts: '' all shared (Default), 'emb', '1-3', '1-6', "
+      "'emb,1-3', 'emb,1-6' (paper Table 1); beyond the paper, the halves of 'emb': 'tok' (token table and "
+      "softmax) and 'pos' (position table)")
     a("--lang-emb", action="store_true", help="add language embeddings (off, as mBERT/XLM-100; D1)")
     a("--n-layers", type=int, help="paper 8; --toy 8")
     a("--dim", type=int, help="paper 768; --toy 64")
@@ -374,6 +380,8 @@ def get_args(argv=None):
     a("--alpha", type=float, default=ALPHA, help="language sampling exponent, p ~ n^alpha: paper/XLM 0.7")
     a("--lr", type=float, help="peak learning rate: paper 1e-4; --toy 1e-3")
     a("--warmup", type=int, help="linear warm-up updates from 1e-7: paper 30000; --toy 100")
+    a("--schedule", choices=["inverse_sqrt", "linear"], help="after warm-up: inverse_sqrt = lr * sqrt(warmup / "
+      "step) (paper, XLM); linear = straight down to 0 at --max-steps (--toy)")
     a("--beta1", type=float, default=0.9, help="Adam beta1 (D3: 0.9)")
     a("--beta2", type=float, default=0.999, help="Adam beta2 (D3: 0.999)")
     a("--eps", type=float, default=1e-8, help="Adam eps (D3: 1e-8)")
@@ -383,6 +391,8 @@ def get_args(argv=None):
     a("--epochs", type=int, help="paper 200")
     a("--max-steps", type=int, help="stop after this many updates (paper: none; --toy 1000)")
     a("--eval-every", type=int, help="also evaluate and save every N updates (0 = only per epoch)")
+    a("--snapshots", default="", metavar="STEP,...", help="also keep the model at these updates as "
+      "OUT/step{N}.pt (same form as best.pt), e.g. 500,1000,2000,4000,8000 for learning curves")
     a("--log-every", type=int, help="progress line every N updates (paper run 100; --toy 50)")
     a("--max-bad-steps", type=int, default=5, help="stop after this many NaN/inf losses in a row")
     # system
@@ -399,9 +409,17 @@ def get_args(argv=None):
     if args.merges is None:
         args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
     try:
-        args.sep_emb, args.sep_layers = parse_sep(args.sep, args.n_layers)
+        sep = parse_sep(args.sep, args.n_layers)
     except ValueError as e:
         p.error(str(e))
+    args.sep_emb, args.sep_tok, args.sep_pos, args.sep_layers = (sep["sep_emb"], sep["sep_tok"], sep["sep_pos"],
+                                                                 sep["sep_layers"])
+    try:
+        args.snapshots = sorted({int(x) for x in args.snapshots.split(",") if x.strip()})
+    except ValueError:
+        p.error(f"--snapshots: expected update numbers like 500,1000,2000, got {args.snapshots!r}")
+    if any(n <= 0 for n in args.snapshots):
+        p.error(f"--snapshots: update numbers must be positive, got {args.snapshots}")
     args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
     if (args.train_files is None) != (args.dev_files is None):
         p.error("--train-files and --dev-files go together")
@@ -423,8 +441,8 @@ def get_args(argv=None):
             p.error(f"--{k.replace('_', '-')} must be positive")
     if args.dim % args.n_heads:
         p.error(f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
-    if args.code_switch and args.sep_emb:
-        p.error("--code-switch needs one shared vocabulary; it cannot be combined with --sep emb")
+    if args.code_switch and args.sep_tok:
+        p.error("--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok")
     if args.code_switch and len(args.langs.split(",")) != 2:
         p.error("--code-switch needs exactly two --langs (the dictionary's source and target)")
     if args.code_switch == "toy":  # the toy world's own dictionary (written before the data are prepared)
@@ -544,8 +562,8 @@ if __name__ == "__main__":
     config = ModelConfig(vocab_size=max(vocab_sizes), n_langs=len(langs), n_layers=args.n_layers,
                          n_heads=args.n_heads, dim=args.dim, ffn_dim=args.ffn_dim, dropout=args.dropout,
                          attention_dropout=args.attention_dropout, max_positions=max(512, args.bptt),
-                         lang_emb=args.lang_emb, sep_emb=args.sep_emb, sep_layers=tuple(args.sep_layers),
-                         vocab_sizes=tuple(vocab_sizes) if args.sep_emb else ())
+                         lang_emb=args.lang_emb, sep_emb=args.sep_emb, sep_tok=args.sep_tok, sep_pos=args.sep_pos,
+                         sep_layers=tuple(args.sep_layers), vocab_sizes=tuple(vocab_sizes) if args.sep_tok else ())
     raw_model = MLM(config).to(device)
     params = list(raw_model.parameters())
     # D3: Adam, no weight decay; XLM's weight decay, when asked for, is decoupled (= AdamW)
@@ -639,6 +657,9 @@ if __name__ == "__main__":
                          "tokenizer": tok.to_dict(), "langs": langs, "step": step, "epoch": epoch,
                          "n_streams": n_streams, "best_ppl": best_ppl, "rng": rngs,
                          "data": {"dir": data_dir, "n_tokens": [len(t) for t in train]}}, ckpt_path)
+            if step in args.snapshots:  # --snapshots: the model at this update, for learning curves
+                save_model(os.path.join(args.out, f"step{step}.pt"), raw_model, tokenizer=tok.to_dict(), langs=langs,
+                           args=vars(args), step=step, dev_ppl=ppl)
             log(f"eval step {step} epoch {epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
                 + (" (best)" if improved else ""))
             log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})
@@ -652,7 +673,7 @@ if __name__ == "__main__":
     model.train()
     t0 = time.time()
     while step < args.max_steps and epoch < args.epochs:
-        lr = get_lr(step, args.lr, args.warmup)
+        lr = get_lr(step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=device)
@@ -715,7 +736,8 @@ if __name__ == "__main__":
             log_json({"step": step, "epoch": epoch, "lang": ",".join(micro_langs), "loss": loss_value, "lr": lr,
                       "grad_norm": grad_norm, "tok_per_s": tok_s})
         epoch_end = n_streams >= args.epoch_size
-        if epoch_end or (stepped and args.eval_every and step % args.eval_every == 0) or step >= args.max_steps:
+        if (epoch_end or (stepped and args.eval_every and step % args.eval_every == 0) or step >= args.max_steps
+                or (stepped and step in args.snapshots)):
             if epoch_end:  # XLM: the epoch counter moves on after the end-of-epoch evaluation
                 n_streams = 0
                 epoch += 1

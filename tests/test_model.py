@@ -34,29 +34,33 @@ def block_params(d, f):
 # --sep parsing and config checks
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("", (False, ())),
-    ("emb", (True, ())),
-    ("1-3", (False, (1, 2, 3))),
-    ("emb,1-3", (True, (1, 2, 3))),
-    ("1-6", (False, (1, 2, 3, 4, 5, 6))),
-    ("2, 5,emb", (True, (2, 5))),
-    ("8", (False, (8,))),
-    ("1-3,2-4", (False, (1, 2, 3, 4))),
+@pytest.mark.parametrize("spec, expected", [  # (tok, pos, layers)
+    ("", (False, False, ())),
+    ("emb", (True, True, ())),
+    ("1-3", (False, False, (1, 2, 3))),
+    ("emb,1-3", (True, True, (1, 2, 3))),
+    ("1-6", (False, False, (1, 2, 3, 4, 5, 6))),
+    ("2, 5,emb", (True, True, (2, 5))),
+    ("8", (False, False, (8,))),
+    ("1-3,2-4", (False, False, (1, 2, 3, 4))),
+    ("tok", (True, False, ())),
+    ("pos,1-3", (False, True, (1, 2, 3))),
+    ("tok,pos", (True, True, ())),
 ])
 def test_parse_sep(spec, expected):
-    assert parse_sep(spec) == expected
+    tok, pos, layers = expected
+    assert parse_sep(spec) == {"sep_emb": tok and pos, "sep_tok": tok, "sep_pos": pos, "sep_layers": layers}
 
 
 @pytest.mark.parametrize("spec", ["0", "9", "0-3", "3-1", "1-9", "embs", "layers", "1-", "-2", "1--3", "1-2-3",
-                                  "emb;1", "x1"])
+                                  "emb;1", "x1", "tokens", "position"])
 def test_parse_sep_rejects_bad_specs(spec):
     with pytest.raises(ValueError):
         parse_sep(spec)
 
 
 def test_parse_sep_respects_n_layers():
-    assert parse_sep("1-12", n_layers=12)[1] == tuple(range(1, 13))
+    assert parse_sep("1-12", n_layers=12)["sep_layers"] == tuple(range(1, 13))
     with pytest.raises(ValueError):
         parse_sep("4", n_layers=3)
 
@@ -113,6 +117,24 @@ def test_param_count_sep_emb_adds_table_positions_bias():
     m = tiny(n_langs=3, sep_emb=True, vocab_sizes=sizes)
     assert m.n_params() - tiny(n_langs=3).n_params() == sum(v * d + P * d + v for v in sizes[1:])
     assert [m.tok_emb[l].weight.shape[0] for l in range(3)] == list(sizes)
+
+
+def test_sep_tok_and_sep_pos_are_the_two_halves_of_sep_emb():
+    """--sep tok: own token table + softmax bias, shared positions; --sep pos: own positions only."""
+    V, P, d = 37, 20, 16
+    shared = tiny().n_params()
+    tok, pos = tiny(sep_tok=True, vocab_sizes=(37, 30)), tiny(sep_pos=True)
+    assert tok.n_params() - shared == 30 * d + 30 and (len(tok.tok_emb), len(tok.pos_emb)) == (2, 1)
+    assert pos.n_params() - shared == P * d and (len(pos.tok_emb), len(pos.pos_emb)) == (1, 2)
+    assert tiny(sep_tok=True, sep_pos=True).config.sep_emb and tiny(sep_emb=True).config.sep_tok
+    assert [p.shape for p in pos.lang_specific_parameters(1)] == [(P, d)]
+    assert [p.shape for p in tok.lang_specific_parameters(1)] == [(30, d), (30,)]
+    # the halves change what a language computes: language 1 reads its own position table
+    x = batch(V=30)
+    with torch.no_grad():
+        pos.pos_emb[1].weight.add_(1.0)
+    pos.eval()
+    assert not torch.allclose(pos(x, 0)[0], pos(x, 1)[0])
 
 
 def test_output_weight_is_the_token_embedding():

@@ -70,6 +70,13 @@ def test_get_lr_paper_schedule(step, lr):
     assert get_lr(step) == pytest.approx(lr, rel=1e-9)
 
 
+@pytest.mark.parametrize("step, lr", [(0, 1e-7), (50, 1e-7 + 50 * (1e-3 - 1e-7) / 100), (100, 1e-3),
+                                      (600, 5e-4), (1050, 5e-5), (1100, 0.0), (1200, 0.0)])
+def test_get_lr_linear_schedule(step, lr):
+    """--schedule linear (the toy preset): same warm-up, then straight down to 0 at max_steps."""
+    assert get_lr(step, 1e-3, 100, schedule="linear", max_steps=1100) == pytest.approx(lr, rel=1e-9, abs=1e-15)
+
+
 def test_sampling_probs():
     assert sampling_probs([900, 100], alpha=0.5) == pytest.approx([0.75, 0.25])
     p = sampling_probs([1000, 10])
@@ -232,12 +239,29 @@ TABLE1 = {
     "sep_l1_6": ["--sep", "1-6"],
     "sep_emb_l1_3": ["--sep", "emb,1-3"],
     "sep_emb_l1_6": ["--sep", "emb,1-6"],
+    "sep_tok": ["--sep", "tok"],  # beyond the paper: the two halves of Sep Emb
+    "sep_pos": ["--sep", "pos"],
     "domain_shift": ["--toy-domain-shift", "1.0"],
     "extra_anchors_toy_dict": ["--code-switch", "toy"],
     "extra_anchors_toy_dict_data": ["--code-switch", "toy"],  # --data is a toydata.py world: its dict/
     "monolingual_fr": ["--langs", "fr"],  # §5: monolingual models of the same world, for alignment / CKA
 }
 OWN_WORLD = {"domain_shift", "extra_anchors_toy_dict", "monolingual_fr"}  # these rows write their own tiny world
+
+
+def test_snapshots_keep_the_model_at_the_given_updates(world, tmp_path):
+    """--snapshots 2,3: step2.pt and step3.pt beside best.pt, each the model at that update with its dev ppl."""
+    out = tmp_path / "snap"
+    run(TINY + ["--data", world["raw"], "--prep-dir", world["cache"], "--out", out, "--max-steps", 4,
+                "--snapshots", "2,3"])
+    assert sorted(p.name for p in out.glob("step*.pt")) == ["step2.pt", "step3.pt"]
+    from model import load_model
+    m2, extra2 = load_model(out / "step2.pt")
+    m3, extra3 = load_model(out / "step3.pt")
+    assert (extra2["step"], extra3["step"]) == (2, 3) and set(extra2["dev_ppl"]) == {"en", "fr"}
+    evals = {r["step"]: r["dev_ppl"] for r in read_log(out) if "dev_ppl" in r}
+    assert evals[2] == extra2["dev_ppl"] and evals[3] == extra3["dev_ppl"]
+    assert not torch.equal(m2.state_dict()["ln_emb.weight"], m3.state_dict()["ln_emb.weight"])
 
 
 @pytest.mark.parametrize("row", list(TABLE1))
@@ -251,6 +275,10 @@ def test_table1_row_builds_and_trains(world, tmp_path, row):
     cfg = ck["config"]
     if "emb" in " ".join(flags):
         assert cfg["sep_emb"] and "tok_emb.1.weight" in ck["model"]
+    if row in ("sep_tok", "sep_pos"):
+        assert (cfg["sep_tok"], cfg["sep_pos"], cfg["sep_emb"]) == (row == "sep_tok", row == "sep_pos", False)
+        assert ("tok_emb.1.weight" in ck["model"], "pos_emb.1.weight" in ck["model"]) == (
+            row == "sep_tok", row == "sep_pos")
     if "1-6" in flags[-1:]:
         assert tuple(cfg["sep_layers"]) == (1, 2, 3, 4, 5, 6)
     if row in ("extra_anchors", "extra_anchors_toy_dict_data"):  # default tokenizer, code-switched text
