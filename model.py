@@ -228,12 +228,14 @@ class MLM(nn.Module):
         """All parameters, the tied softmax weight counted once (it is the token table)."""
         return sum(p.numel() for p in self.parameters())
 
-    def hidden_states(self, idx, lang, attn_mask=None):
+    def hidden_states(self, idx, lang, attn_mask=None, pos_offset=None):
         """
         idx (B, T) token ids of language `lang` (an int); attn_mask optional bool (B, T), True at real
         tokens. Returns n_layers + 1 tensors (B, T, dim): L0 = embeddings after their LayerNorm (and
         dropout in training), L1..Ln = block outputs, as the paper's Figures 5-7 number layers.
         Padded positions are zeroed in every output, as in XLM.
+        pos_offset: optional (B,) int tensor, row b uses positions pos_offset[b] .. pos_offset[b] + T - 1
+        (pretrain.py --pos-offsets: short training streams that still train every position row).
         """
         B, T = idx.size()
         c = self.config
@@ -241,7 +243,9 @@ class MLM(nn.Module):
             raise ValueError(f"lang {lang} outside 0..{c.n_langs - 1}")
         if T > c.max_positions:
             raise ValueError(f"sequence length {T} > max_positions {c.max_positions}")
-        pos = torch.arange(T, device=idx.device)
+        pos = torch.arange(T, device=idx.device)                  # (T,)
+        if pos_offset is not None:                                 # the caller keeps offset + T <= max_positions
+            pos = pos_offset.view(B, 1) + pos                      # (B, T)
         x = self._pick(self.tok_emb, lang)(idx) + self._pick(self.pos_emb, lang)(pos)  # (B, T, C)
         if self.lang_emb is not None:
             x = x + self.lang_emb.weight[lang]
@@ -259,14 +263,14 @@ class MLM(nn.Module):
             hs.append(x)
         return hs
 
-    def forward(self, idx, lang, targets=None, attn_mask=None):
+    def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None):
         """
         With targets (B, T) (-1 = not a prediction target): returns logits (N, V_lang) for the N target
         positions only, in the order of targets[targets != -1] (row-major), and the mean cross-entropy
         over them. Projecting only the ~15 % masked positions is what XLM does and saves most of the
         softmax cost. Without targets: logits (B, T, V_lang) for every position and loss None.
         """
-        x = self.hidden_states(idx, lang, attn_mask)[-1]
+        x = self.hidden_states(idx, lang, attn_mask, pos_offset)[-1]
         W, b = self._pick(self.tok_emb, lang).weight, self._pick(self.pred_bias, lang)
         if targets is None:
             return F.linear(x, W, b), None

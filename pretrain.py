@@ -301,7 +301,8 @@ def write_toy_world(args, langs):
 
 PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1,
              batch_size=96, bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200,
-             max_steps=10**12, eval_every=0, log_every=100, accumulate=1, schedule="inverse_sqrt")
+             max_steps=10**12, eval_every=0, log_every=100, accumulate=1, schedule="inverse_sqrt",
+             pos_offsets=0)
 # Toy streams are short (16 tokens, 64 per batch: the same 1,024 tokens per update). A small post-LN MLM
 # must learn from learned absolute positions which position is its neighbour before context helps.
 # With 64-token streams it sat at unigram perplexity for thousands of updates (155 -> 118 after 2,000
@@ -376,6 +377,9 @@ def get_args(argv=None):
     # optimisation
     a("--batch-size", type=int, help="streams per GPU per micro-batch: paper 96 (x 8 GPUs); --toy 64")
     a("--bptt", type=int, help="tokens per stream: paper 256; --toy 16")
+    a("--pos-offsets", type=int, help="train positions 0..N-1 with --bptt-long streams: each stream starts at a "
+      "random position in [0, N - bptt] (paper: off = 0; --toy 64, so short streams still train the "
+      "positions of longer fine-tuning inputs)")
     a("--accumulate", type=int, help="micro-batches per update (1 GPU: 8 emulates the paper's 8 GPUs); default 1")
     a("--alpha", type=float, default=ALPHA, help="language sampling exponent, p ~ n^alpha: paper/XLM 0.7")
     a("--lr", type=float, help="peak learning rate: paper 1e-4; --toy 1e-3")
@@ -414,6 +418,8 @@ def get_args(argv=None):
         p.error(str(e))
     args.sep_emb, args.sep_tok, args.sep_pos, args.sep_layers = (sep["sep_emb"], sep["sep_tok"], sep["sep_pos"],
                                                                  sep["sep_layers"])
+    if args.pos_offsets and args.pos_offsets < args.bptt:
+        p.error(f"--pos-offsets {args.pos_offsets}: must be 0 (off) or at least --bptt {args.bptt}")
     try:
         args.snapshots = sorted({int(x) for x in args.snapshots.split(",") if x.strip()})
     except ValueError:
@@ -561,7 +567,7 @@ if __name__ == "__main__":
     torch.manual_seed(args.seed)  # same init on every rank (DDP broadcasts rank 0's anyway)
     config = ModelConfig(vocab_size=max(vocab_sizes), n_langs=len(langs), n_layers=args.n_layers,
                          n_heads=args.n_heads, dim=args.dim, ffn_dim=args.ffn_dim, dropout=args.dropout,
-                         attention_dropout=args.attention_dropout, max_positions=max(512, args.bptt),
+                         attention_dropout=args.attention_dropout, max_positions=max(512, args.bptt, args.pos_offsets),
                          lang_emb=args.lang_emb, sep_emb=args.sep_emb, sep_tok=args.sep_tok, sep_pos=args.sep_pos,
                          sep_layers=tuple(args.sep_layers), vocab_sizes=tuple(vocab_sizes) if args.sep_tok else ())
     raw_model = MLM(config).to(device)
@@ -684,10 +690,14 @@ if __name__ == "__main__":
             x = torch.from_numpy(get_batch(train[lang], i, args.batch_size, args.bptt))
             inputs, targets = mask_tokens(x, vocab_sizes[lang], mask_gen)
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            offset = None
+            if args.pos_offsets > args.bptt:  # --pos-offsets: each stream starts at a random position
+                offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=mask_gen)
+                offset = offset.to(device, non_blocking=True)
             if ddp:  # sync gradients only on the last micro-batch
                 model.require_backward_grad_sync = micro == args.accumulate - 1
             with ctx:
-                _, loss = model(inputs, lang, targets)
+                _, loss = model(inputs, lang, targets, pos_offset=offset)
                 loss = loss + all_params_term()
             scaler.scale(loss / args.accumulate).backward()
             loss_sum += loss.detach().float()

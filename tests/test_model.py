@@ -137,6 +137,21 @@ def test_sep_tok_and_sep_pos_are_the_two_halves_of_sep_emb():
     assert not torch.allclose(pos(x, 0)[0], pos(x, 1)[0])
 
 
+def test_pos_offset_shifts_the_positions_of_each_row():
+    """pos_offset[b] = k: row b reads position rows k .. k+T-1 (pretrain.py --pos-offsets)."""
+    m = tiny().eval()
+    x = batch(B=2, T=5)
+    with torch.no_grad():
+        base = m.hidden_states(x, 0)
+        same = m.hidden_states(x, 0, pos_offset=torch.zeros(2, dtype=torch.long))
+        shifted = m.hidden_states(x, 0, pos_offset=torch.tensor([0, 3]))
+        m.pos_emb[0].weight[:5] = m.pos_emb[0].weight[3:8].clone()   # row 1's positions, moved to 0..4
+        moved = m.hidden_states(x, 0)
+    for a, b, c, d in zip(base, same, shifted, moved):
+        assert torch.equal(a, b) and torch.equal(c[0], a[0])
+        assert torch.allclose(c[1], d[1], atol=1e-6) and not torch.allclose(c[1], a[1])
+
+
 def test_output_weight_is_the_token_embedding():
     """Tied softmax: no separate output matrix; logits = h·Eᵀ + b with E the token table itself."""
     for kw in (dict(), dict(sep_emb=True, vocab_sizes=(37, 30))):

@@ -264,6 +264,18 @@ def test_snapshots_keep_the_model_at_the_given_updates(world, tmp_path):
     assert not torch.equal(m2.state_dict()["ln_emb.weight"], m3.state_dict()["ln_emb.weight"])
 
 
+def test_pos_offsets_train_position_rows_beyond_bptt(world, tmp_path):
+    """--bptt 8 --pos-offsets 24: position rows 8..23 are trained too (without the flag they keep their init)."""
+    rows = {}
+    for name, extra in (("off", []), ("on", ["--pos-offsets", "24"])):
+        out = tmp_path / name
+        run(TINY + ["--data", world["raw"], "--prep-dir", world["cache"], "--out", out, "--max-steps", 3,
+                    "--bptt", "8", "--dropout", "0"] + extra)
+        rows[name] = torch.load(out / "best.pt", weights_only=True)["model"]["pos_emb.0.weight"]
+    assert torch.equal(rows["off"][24:], rows["on"][24:])  # never reached: both still at the same init
+    assert not torch.allclose(rows["on"][8:24], rows["off"][8:24])  # reached only with --pos-offsets
+
+
 @pytest.mark.parametrize("row", list(TABLE1))
 def test_table1_row_builds_and_trains(world, tmp_path, row):
     flags = [str(world["raw"] / "dict" / "en-fr.txt") if f == "DICT" else f for f in TABLE1[row]]
