@@ -41,7 +41,20 @@ from model import load_model
 # -----------------------------------------------------------------------------
 # Readers for the formats in data/ (and toydata.py, which writes the same formats)
 
-XNLI_LABELS = ("contradiction", "neutral", "entailment")  # XLM's label ids 0, 1, 2 (PAPER_NOTES §4.1)
+XNLI_LABELS = ("contradiction", "neutral", "entailment")  # XLM's label ids 0, 1, 2 (XLM `evaluation/xnli.py`)
+
+
+def _read_lines(path):
+    """(line number, line without its \\n or \\r\\n) for every line of a UTF-8 file. Bytes, not text mode:
+    a stray \\r inside a line is not a line end (XNLI test files have them), and a line that is not UTF-8
+    raises ValueError naming file and line instead of a bare UnicodeDecodeError."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            yield n, line[:-1] if line.endswith("\n") else line
 
 
 def read_xnli(path):
@@ -51,22 +64,24 @@ def read_xnli(path):
     A header line `premise hypo label` / `sentence1 sentence2 gold_label` is skipped; CRLF is fine.
     """
     examples = []
-    with open(path, encoding="utf-8", newline="\n") as f:  # a stray \r is not a line end
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if len(fields) != 3:
-                raise ValueError(f"{path}:{lineno}: expected premise<TAB>hypothesis<TAB>label, "
-                                 f"got {len(fields)} tab-separated field(s)")
-            premise, hypothesis, label = (x.strip() for x in fields)
-            if lineno == 1 and label in ("label", "gold_label"):
-                continue
-            label = "contradiction" if label == "contradictory" else label
-            if not premise or not hypothesis or not label:
-                raise ValueError(f"{path}:{lineno}: empty premise, hypothesis or label")
-            examples.append((premise, hypothesis, label))
+    for lineno, line in _read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 3:
+            raise ValueError(f"{path}:{lineno}: expected premise<TAB>hypothesis<TAB>label, "
+                             f"got {len(fields)} tab-separated field(s)")
+        premise, hypothesis, label = (x.strip() for x in fields)
+        if lineno == 1 and label in ("label", "gold_label"):
+            continue
+        label = "contradiction" if label == "contradictory" else label
+        if not premise or not hypothesis or not label:
+            raise ValueError(f"{path}:{lineno}: empty premise, hypothesis or label")
+        if label not in XNLI_LABELS:
+            raise ValueError(f"{path}:{lineno}: unknown XNLI label {label!r} "
+                             f"(expected {', '.join(reversed(XNLI_LABELS))})")
+        examples.append((premise, hypothesis, label))
     if not examples:
         raise ValueError(f"{path}: no examples (empty split)")
     return examples
@@ -82,23 +97,22 @@ def read_ner(path):
     EVERY token of the file carries the same one (so a token like `12:30` in a plain file stays whole).
     """
     sentences, words, tags, lines = [], [], [], []
-    with open(path, encoding="utf-8", newline="\n") as f:  # a stray \r is not a line end
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                if words:
-                    sentences.append((words, tags))
-                    words, tags = [], []
-                continue
-            fields = line.split("\t")
-            if len(fields) != 2 or not fields[0] or not fields[1].strip():
-                raise ValueError(f"{path}:{lineno}: expected token<TAB>tag, got {line!r}")
-            tag = fields[1].strip()
-            if tag != "O" and not re.match(r"^[BI]-\S+$", tag):
-                raise ValueError(f"{path}:{lineno}: tag {tag!r} is not O, B-X or I-X (IOB2)")
-            words.append(fields[0])
-            tags.append(tag)
-            lines.append(fields[0])
+    for lineno, line in _read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            if words:
+                sentences.append((words, tags))
+                words, tags = [], []
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2 or not fields[0] or not fields[1].strip():
+            raise ValueError(f"{path}:{lineno}: expected token<TAB>tag, got {line!r}")
+        tag = fields[1].strip()
+        if tag != "O" and not re.match(r"^[BI]-\S+$", tag):
+            raise ValueError(f"{path}:{lineno}: tag {tag!r} is not O, B-X or I-X (IOB2)")
+        words.append(fields[0])
+        tags.append(tag)
+        lines.append(fields[0])
     if words:
         sentences.append((words, tags))
     if not sentences:
@@ -115,10 +129,14 @@ def read_conllu(path):
 
     Comment lines (#), multiword ranges (`1-2`) and empty nodes (`1.1`) are skipped, as the CoNLL 2018
     scorer does for basic trees. DEPREL is kept as written (subtypes are stripped where it matters).
+    Every sentence must be a tree as the scorer requires (`conll18_ud_eval.py` rejects the file
+    otherwise): exactly one word on ROOT, no word its own head, no cycle; errors name the file and the
+    line where the sentence starts.
     """
     sentences, rows = [], []
+    start = None  # first line (comment or word) of the sentence being read
 
-    def flush(lineno):
+    def flush():
         if not rows:
             return
         n = len(rows)
@@ -127,32 +145,43 @@ def read_conllu(path):
                 raise ValueError(f"{path}:{ln}: word id {wid} out of sequence (expected {k})")
             if not 0 <= head <= n:
                 raise ValueError(f"{path}:{ln}: head {head} outside 0..{n}")
+            if head == wid:
+                raise ValueError(f"{path}:{ln}: word {wid} is its own head (HEAD = ID)")
+        heads = [r[4] for r in rows]
+        roots = [k for k, h in enumerate(heads, 1) if h == 0]
+        if len(roots) != 1:
+            raise ValueError(f"{path}:{start}: sentence is not a tree: {len(roots)} words on ROOT (HEAD 0)"
+                             + (f": words {', '.join(map(str, roots))}" if roots else "") + "; expected exactly one")
+        cycle = _find_cycle([-1] + heads)
+        if cycle:
+            raise ValueError(f"{path}:{start}: sentence is not a tree: words "
+                             f"{' -> '.join(map(str, cycle + cycle[:1]))} form a cycle (HEAD)")
         sentences.append({"words": [r[2] for r in rows], "upos": [r[3] for r in rows],
-                          "heads": [r[4] for r in rows], "rels": [r[5] for r in rows]})
+                          "heads": heads, "rels": [r[5] for r in rows]})
         rows.clear()
 
-    with open(path, encoding="utf-8", newline="\n") as f:  # a stray \r is not a line end
-        lineno = 0
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                flush(lineno)
-                continue
-            if line.startswith("#"):
-                continue
-            cols = line.split("\t")
-            if len(cols) != 10:
-                raise ValueError(f"{path}:{lineno}: expected 10 tab-separated CoNLL-U columns, got {len(cols)}")
-            if "-" in cols[0] or "." in cols[0]:
-                continue  # multiword token range or empty node
-            try:
-                wid, head = int(cols[0]), int(cols[6])
-            except ValueError:
-                raise ValueError(f"{path}:{lineno}: ID {cols[0]!r} / HEAD {cols[6]!r} is not an integer") from None
-            if not cols[7] or cols[7] == "_":
-                raise ValueError(f"{path}:{lineno}: missing DEPREL")
-            rows.append((lineno, wid, cols[1], cols[3], head, cols[7]))
-        flush(lineno)
+    for lineno, line in _read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            flush()
+            start = None
+            continue
+        start = start or lineno
+        if line.startswith("#"):
+            continue
+        cols = line.split("\t")
+        if len(cols) != 10:
+            raise ValueError(f"{path}:{lineno}: expected 10 tab-separated CoNLL-U columns, got {len(cols)}")
+        if "-" in cols[0] or "." in cols[0]:
+            continue  # multiword token range or empty node
+        try:
+            wid, head = int(cols[0]), int(cols[6])
+        except ValueError:
+            raise ValueError(f"{path}:{lineno}: ID {cols[0]!r} / HEAD {cols[6]!r} is not an integer") from None
+        if not cols[7] or cols[7] == "_":
+            raise ValueError(f"{path}:{lineno}: missing DEPREL")
+        rows.append((lineno, wid, cols[1], cols[3], head, cols[7]))
+    flush()
     if not sentences:
         raise ValueError(f"{path}: no sentences (empty split)")
     return sentences
