@@ -1171,9 +1171,9 @@ JOB_FLAGS = ("train_lang", "epochs", "epoch_size", "max_len", "head_dropout", "c
 def job_identity(task_name, files, args):
     """What a finished set's record depends on, as plain JSON: the task, the checkpoint(s) and data files
     (path and content digest) and the training flags. Two runs with equal identities give equal sets."""
+    paths = {"train": files["train"], "dev": files["dev"], **{f"test {c}": p for c, p in files["test"].items()}}
     ident = {"task": task_name, "ckpt": [os.path.abspath(args.ckpt), file_digest(args.ckpt)],
-             "files": {"train": files["train"], "dev": files["dev"], **{f"test {c}": p for c, p in files["test"].items()}}}
-    ident["files"] = {k: [os.path.abspath(p), file_digest(p)] for k, p in ident["files"].items()}
+             "files": {k: [os.path.abspath(p), file_digest(p)] for k, p in paths.items()}}
     for name in ("target_ckpt", "align_maps"):
         if getattr(args, name, None):
             ident[name] = [os.path.abspath(getattr(args, name)), file_digest(getattr(args, name))]
@@ -1480,7 +1480,8 @@ def main(argv=None):
     if args.toy is not None:  # --toy alone: the toy presets on --data, else on the world next to --ckpt
         args.data = args.toy or args.data or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "toy")
         if not os.path.isdir(args.data):
-            raise SystemExit(f"error: --toy: no toy world at {args.data} (run pretrain.py --toy, or toydata.py --out DIR)")
+            raise SystemExit(f"error: --toy: no toy world at {args.data} "
+                             "(run pretrain.py --toy, or toydata.py --out DIR)")
     tasks = [args.task] if args.task else (["xnli", "ner", "parse"] if args.toy is not None else [])
     if not tasks:
         raise SystemExit("error: --task is required (only --toy runs all three)")

@@ -336,3 +336,137 @@ def test_a_diverged_set_is_left_out_and_all_diverged_writes_nothing(toy_world, t
     with pytest.raises(SystemExit, match="every hyper-parameter set diverged"):
         ft.main(argv + ["--out", str(tmp_path / "b")])
     assert not (tmp_path / "b/results.json").exists()
+
+
+# -----------------------------------------------------------------------------
+# align.py and cka.py CLIs: bad flags and inputs, one line each, before the encoders run
+
+ALIGN_BAD_FLAGS = [
+    (["sentences", "--k", "0"], "argument --k: must be >= 1, got 0"),
+    (["sentences", "--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    (["sentences", "--max-sents", "0"], "argument --max-sents: must be >= 1"),
+    (["sentences", "--max-train", "-1"], "argument --max-train: must be >= 1"),
+    (["contextual", "--eval-frac", "1.5"], "argument --eval-frac: must be strictly between 0 and 1"),
+    (["contextual", "--eval-frac", "0"], "argument --eval-frac: must be strictly between 0 and 1"),
+    (["words", "--itn-iters", "-1"], "argument --itn-iters: must be >= 0"),
+    (["words", "--max-vocab", "0"], "argument --max-vocab: must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("argv, msg", ALIGN_BAD_FLAGS, ids=[" ".join(a) for a, _ in ALIGN_BAD_FLAGS])
+def test_align_bad_flag_values(argv, msg, capsys):
+    import align
+    with pytest.raises(SystemExit) as e:
+        align.main(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+BAD_UTF8 = b"le chat\nl'\xe9t\xe9\n"
+
+
+ALIGN_BAD_INPUTS = [
+    # (argv after the sub-command, expected message); {w} toy world, {c} checkpoint folder, {t} tmp_path
+    (["sentences", "--ckpt", "{t}/missing.pt", "--toy", "{w}"], "--ckpt {t}/missing.pt: no such file"),
+    (["sentences", "--ckpt", "{t}/empty.pt", "--toy", "{w}"], "{t}/empty.pt: empty file (0 bytes), not a checkpoint"),
+    (["sentences", "--ckpt", "{c}/nan.pt", "--toy", "{w}"], "{c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "{t}/noworld"], "--toy {t}/noworld: no such directory"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/no.en", "--test-tgt", "{t}/bad.fr"],
+     "--test-src {t}/no.en: no such file"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/ok.en", "--test-tgt", "{t}/ok.en", "--train-src",
+      "{t}/ok.en"], "--train-src and --train-tgt go together"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/ok.en", "--test-tgt", "{t}/bad.fr"],
+     "{t}/bad.fr:2: not valid UTF-8"),
+    (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--test-dict", "{t}/bad.fr"], "{t}/bad.fr:2: not valid UTF-8"),
+    (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--src-corpus", "{t}/bad.fr"], "{t}/bad.fr:2: not valid UTF-8"),
+    (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--vec-src", "{t}/ok.en"], "--vec-src and --vec-tgt go together"),
+    (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}/nodir/maps.npz"],
+     "--save-maps {t}/nodir/maps.npz: cannot write there"),
+    (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}"], "is a directory"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--device", "gpu"], "--device 'gpu' is not a torch device"),
+]
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "bad.fr").write_bytes(BAD_UTF8)
+    (tmp_path / "ok.en").write_text("the cat\nthe summer\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, msg", ALIGN_BAD_INPUTS, ids=[" ".join(a[:1] + a[-2:-1]) for a, _ in ALIGN_BAD_INPUTS])
+def test_align_bad_inputs_one_line(toy_world, toy_ckpt, nan_ckpt, bad_files, argv, msg):
+    import align
+    fill = lambda x: x.format(w=toy_world, c=toy_ckpt.parent, t=bad_files)  # noqa: E731
+    with pytest.raises(SystemExit, match=re.escape(fill(msg))) as e:
+        align.main([fill(a) for a in argv])
+    assert str(e.value.code).startswith(f"align.py {argv[0]}: error: ") and "\n" not in str(e.value.code)
+    assert not list(bad_files.rglob("*.npz*"))
+
+
+@pytest.mark.parametrize("content, msg", [
+    ("2 3\nchat 1 2 nan\n", ":2: the vector of 'chat' contains NaN or inf"),
+    ("2 3\nchat 1 2 x\n", ":2: the vector of 'chat' is not 3 numbers"),
+    ("two 3\nchat 1 2 3\n", ":1: expected a '.vec' header"),
+])
+def test_read_vec_bad_values(tmp_path, content, msg):
+    import align
+    p = tmp_path / "v.vec"
+    p.write_text(content)
+    with pytest.raises(ValueError, match=re.escape(f"{p}{msg}")):
+        align.read_vec(str(p))
+
+
+def test_align_save_maps_full_disk_leaves_no_file(tmp_path, monkeypatch):
+    import errno
+    import numpy as np
+    import align
+
+    def full(f, **kw):
+        f.write(b"PK half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(np, "savez", full)
+    target = str(tmp_path / "maps.npz")
+    with pytest.raises(ValueError, match=f"^no space left writing {re.escape(target)}$"):
+        align.save_maps(target, [np.eye(2)], "en", "fr")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_align_map_with_nan_is_refused():
+    import numpy as np
+    import align
+    with pytest.raises(ValueError, match="the L3 map contains NaN or inf"):
+        align._finite_map(np.array([[np.nan, 0], [0, 1]]), "L3")
+
+
+CKA_BAD = [
+    (["--max-sents", "1"], "argument --max-sents: must be >= 2"),
+    (["--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    (["--ckpt", "{t}/empty.pt"], "{t}/empty.pt: empty file (0 bytes)"),
+    (["--ckpt", "{c}/nan.pt"], "{c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN"),
+    (["--ckpt2", "{t}/none.pt"], "--ckpt2 {t}/none.pt: no such file"),
+    (["--src-file", "{t}/bad.fr", "--tgt-file", "{t}/ok.en"], "{t}/bad.fr:2: not valid UTF-8"),
+    (["--src-file", "{t}/ok.en", "--tgt-file", "{t}/nothere"], "--tgt-file {t}/nothere: no such file"),
+    (["--toy", "{t}/noworld"], "--toy {t}/noworld: no such directory"),
+    (["--device", "cuda:x"], "--device 'cuda:x' is not a torch device"),
+]
+
+
+@pytest.mark.parametrize("argv, msg", CKA_BAD, ids=[" ".join(a[:1]) for a, _ in CKA_BAD])
+def test_cka_bad_inputs_one_line(toy_world, toy_ckpt, nan_ckpt, bad_files, capsys, argv, msg):
+    import cka
+    fill = lambda x: x.format(w=toy_world, c=toy_ckpt.parent, t=bad_files)  # noqa: E731
+    base = ["--ckpt", str(toy_ckpt)] + ([] if "--toy" in argv or "--src-file" in argv else ["--toy", str(toy_world)])
+    with pytest.raises(SystemExit) as e:
+        cka.main(base + [fill(a) for a in argv])
+    text = str(e.value.code) if e.value.code != 2 else capsys.readouterr().err
+    assert fill(msg) in text and (e.value.code == 2 or text.startswith("cka.py: error: "))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_align_and_cka_device_cuda_without_cuda(toy_world, toy_ckpt):
+    import align
+    import cka
+    for main, argv in ((align.main, ["sentences"]), (cka.main, [])):
+        with pytest.raises(SystemExit, match="--device cuda: CUDA is not available on this machine"):
+            main(argv + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--device", "cuda"])
