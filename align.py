@@ -630,7 +630,7 @@ def _encoders(args):
 
 
 def _fill_toy(args, paths):
-    """--toy DIR: fill every unset path flag from toydata's layout (see CONTRACT / toydata.py)."""
+    """--toy DIR: fill every unset path flag from toydata's layout (see toydata.py)."""
     if not args.toy:
         return
     if not os.path.isdir(args.toy):

@@ -378,7 +378,7 @@ def mst_decode(scores):
 # -----------------------------------------------------------------------------
 # Biaffine parser head (Dozat & Manning 2017; D7)
 
-ARC_MLP, REL_MLP, MLP_DROPOUT, LEAKY_SLOPE = 500, 100, 0.33, 0.1  # D7, PAPER_NOTES §4.3
+ARC_MLP, REL_MLP, MLP_DROPOUT, LEAKY_SLOPE = 500, 100, 0.33, 0.1  # D7 (Dozat & Manning 2017)
 
 
 class Biaffine(nn.Module):
@@ -453,7 +453,7 @@ class BiaffineParser(nn.Module):
 
 def first_subwords(tok, words, lang):
     """Flat subword ids of a word list and the index of each word's first subword in them.
-    A word the tokenizer turns into nothing becomes <unk> (XTREME's choice, PAPER_NOTES §4.2)."""
+    A word the tokenizer turns into nothing becomes <unk> (XTREME's choice)."""
     ids, first = [], []
     for piece in tok.encode_words(words, lang):
         first.append(len(ids))
@@ -462,7 +462,7 @@ def first_subwords(tok, words, lang):
 
 
 def windows(n, size):
-    """Cover n subwords with windows of at most `size` (PAPER_NOTES §4.2, CLN): -> [(start, end, keep_from)].
+    """Cover n subwords with windows of at most `size` (CLN): -> [(start, end, keep_from)].
 
     Each next window restarts size // 2 subwords before the previous one ended; those are context only:
     positions [keep_from, end) take their states from this window, so every subword is taken exactly once.
@@ -507,7 +507,7 @@ def encode_states(model, seqs, lang, max_len, layer=-1):
 
 
 def pair_ids(tok, premise, hypothesis, lang, max_positions):
-    """XLM's XNLI input `</s> premise </s> hypothesis </s>` (PAPER_NOTES §4.1). When too long for the
+    """XLM's XNLI input `</s> premise </s> hypothesis </s>` (XLM `evaluation/xnli.py`). When too long for the
     positions, the longer side is cut first (XLM cuts each side to 256 tokens). Returns (ids, truncated)."""
     a, b = tok.encode(premise, lang), tok.encode(hypothesis, lang)
     budget = max_positions - 3
@@ -835,7 +835,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     if task.name == "xnli":  # XLM: two Adam optimisers with fixed learning rates, no schedule
         opts = [torch.optim.Adam(enc_params, lr=hp["lr"]), torch.optim.Adam(head.parameters(), lr=hp["head_lr"])]
         scheds = []
-    else:  # one Adam, 10 % linear warm-up then linear decay (PAPER_NOTES §4.2-4.3)
+    else:  # one Adam, 10 % linear warm-up then linear decay (CLN)
         opts = [torch.optim.Adam(enc_params + list(head.parameters()), lr=hp["lr"])]
         scheds = [torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: warmup_linear(s, total))]
     lang0 = data["lang_id"]
