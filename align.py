@@ -24,6 +24,7 @@ imports torch, model.py and bpe.py inside its functions.
         --test-src ../shared/data/tatoeba/tatoeba.fra-eng.eng --test-tgt ../shared/data/tatoeba/tatoeba.fra-eng.fra
 """
 import argparse
+import errno
 import math
 import os
 import sys
@@ -53,6 +54,18 @@ def _same_rows(X, Y, names=("X", "Y")):
     if X.shape[0] != Y.shape[0]:
         raise ValueError(f"{names[0]} has {X.shape[0]} rows but {names[1]} has {Y.shape[0]}: "
                          "row k of both must describe the same example")
+
+
+def read_lines(path):
+    """Yield the lines of a UTF-8 text file without their line ends. Bytes are split on \\n only (a stray \\r
+    or U+2028 inside a line does not shift the line numbering of a parallel file); a line that is not
+    UTF-8 raises ValueError naming the file and line."""
+    with open(path, "rb") as f:  # a generator: a large corpus is streamed, not held in memory
+        for n, raw in enumerate(f, 1):
+            try:
+                yield raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -198,15 +211,14 @@ def read_muse_dictionary(path, lowercase=True):
     Raises ValueError naming the file and line for a malformed line, and for an empty dictionary.
     """
     pairs = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            parts = line.split()
-            if not parts:
-                continue
-            if len(parts) not in (2, 3):  # optional 3rd column: a weight (bpe.read_dictionary)
-                raise ValueError(f"{path}:{n}: expected 'src tgt', got {line.rstrip()!r}")
-            s, t = parts[0], parts[1]
-            pairs.append((s.lower(), t.lower()) if lowercase else (s, t))
+    for n, line in enumerate(read_lines(path), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) not in (2, 3):  # optional 3rd column: a weight (bpe.read_dictionary)
+            raise ValueError(f"{path}:{n}: expected 'src tgt', got {line.rstrip()!r}")
+        s, t = parts[0], parts[1]
+        pairs.append((s.lower(), t.lower()) if lowercase else (s, t))
     if not pairs:
         raise ValueError(f"{path}: the dictionary is empty")
     return pairs
@@ -254,9 +266,9 @@ def read_vec(path, max_vocab=200000, lowercase=True):
     """fastText `.vec` text embeddings (header `n d`, then `word v1 ... vd`) -> (words, (n, d) float32).
     Like MUSE: first `max_vocab` words, lowercased, first occurrence kept."""
     words, vecs, seen = [], [], set()
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # as MUSE: a stray bad byte is not fatal here
         header = f.readline().split()
-        if len(header) != 2:
+        if len(header) != 2 or not all(h.isdigit() for h in header) or int(header[1]) < 1:
             raise ValueError(f"{path}:1: expected a '.vec' header 'n_words dim', got {header!r}")
         dim = int(header[1])
         for n, line in enumerate(f, 2):
@@ -266,9 +278,15 @@ def read_vec(path, max_vocab=200000, lowercase=True):
             w = parts[0].lower() if lowercase else parts[0]
             if w in seen:
                 continue
+            try:
+                v = np.array(parts[1:], dtype=np.float32)
+            except ValueError:
+                raise ValueError(f"{path}:{n}: the vector of {parts[0]!r} is not {dim} numbers") from None
+            if not np.isfinite(v).all():
+                raise ValueError(f"{path}:{n}: the vector of {parts[0]!r} contains NaN or inf")
             seen.add(w)
             words.append(w)
-            vecs.append(np.array(parts[1:], dtype=np.float32))
+            vecs.append(v)
             if len(words) >= max_vocab:
                 break
     if not words:
@@ -451,10 +469,7 @@ def one_to_one_pairs(links, src_words, tgt_words):
 def read_parallel(src_path, tgt_path, max_lines=None):
     """Two files, line k of one translating line k of the other -> (src_lines, tgt_lines).
     Raises ValueError naming both files when their line counts differ."""
-    out = []
-    for p in (src_path, tgt_path):
-        with open(p, encoding="utf-8") as f:
-            out.append([l.rstrip("\n") for l in f])
+    out = [list(read_lines(p)) for p in (src_path, tgt_path)]
     if len(out[0]) != len(out[1]):
         raise ValueError(f"parallel files differ in length: {src_path} has {len(out[0])} lines, "
                          f"{tgt_path} has {len(out[1])}")
@@ -554,15 +569,14 @@ def corpus_words(tok, path, lang, max_sents=None, max_vocab=200000):
     -> (keys, surface forms, sentences as word lists)."""
     from collections import Counter
     sents, counts, form = [], Counter(), {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f):
-            if max_sents and n >= max_sents:
-                break
-            ws = tok.words(line.strip(), lang)
-            sents.append(ws)
-            for w in ws:
-                counts[w.lower()] += 1
-                form.setdefault(w.lower(), w)
+    for n, line in enumerate(read_lines(path)):
+        if max_sents and n >= max_sents:
+            break
+        ws = tok.words(line.strip(), lang)
+        sents.append(ws)
+        for w in ws:
+            counts[w.lower()] += 1
+            form.setdefault(w.lower(), w)
     if not counts:
         raise ValueError(f"{path}: no words")
     keys = [w for w, _ in counts.most_common(max_vocab)]
@@ -616,26 +630,117 @@ def _encoders(args):
 
 
 def _fill_toy(args, paths):
-    """--toy DIR: fill every unset path flag from toydata's layout (see CONTRACT / toydata.py)."""
+    """--toy DIR: fill every unset path flag from toydata's layout (see toydata.py)."""
     if not args.toy:
         return
+    if not os.path.isdir(args.toy):
+        raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
     l0, l1 = args.src, args.tgt
     for flag, rel in paths.items():
         if getattr(args, flag) is None:
             setattr(args, flag, os.path.join(args.toy, rel.format(l0=l0, l1=l1)))
 
 
-def _need(args, flags):
+# every path flag of the three sub-commands (checked before any model is loaded)
+PATH_FLAGS = ("ckpt", "ckpt2", "train_dict", "test_dict", "src_corpus", "tgt_corpus", "vec_src", "vec_tgt",
+              "src_file", "tgt_file", "test_src", "test_tgt", "train_src", "train_tgt")
+
+
+def _need(args, flags, pairs=()):
+    """Required flags are set, flags that only work in pairs come in pairs, and every path given (or
+    filled in by --toy) is an existing file: one line naming the flag otherwise."""
     missing = [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f) is None]
     if missing:
         raise ValueError(f"missing {', '.join(missing)} (or give --toy DIR)")
+    for a, b in pairs:
+        if (getattr(args, a) is None) != (getattr(args, b) is None):
+            raise ValueError(f"--{a.replace('_', '-')} and --{b.replace('_', '-')} go together: give both or neither")
+    for f in PATH_FLAGS:
+        path = getattr(args, f, None)
+        if path is not None and not os.path.isfile(path):
+            why = "not a file" if os.path.exists(path) else "no such file"
+            raise ValueError(f"--{f.replace('_', '-')} {path}: {why}" + (" (filled in from --toy)" if args.toy else ""))
+
+
+def _finite_map(W, what):
+    """A learned map with NaN/inf (from inputs that overflowed) must not be used or saved."""
+    if not np.isfinite(W).all():
+        raise ValueError(f"the {what} map contains NaN or inf (non-finite encoder states?)")
+    return W
+
+
+def _int_min(lo):
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+    return parse
+
+
+def _fraction(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {s}")
+    return v
+
+
+def check_device(name):
+    """`name` as a usable torch device string, or ValueError with one line (no CUDA here, no such GPU).
+    "cuda" is the current GPU (cuda:0 on a one-GPU machine)."""
+    import torch
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:0, ...)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
+        n = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"--device {name}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {name}: MPS is not available on this machine; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device {name}: only cpu, cuda[:N] and mps are supported")
+    return str(dev)
+
+
+def save_maps(path, maps, src, tgt):
+    """Atomically write the per-layer maps (.npz); the temp file is removed on failure (full disk...)."""
+    M = np.stack(maps)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, src_to_tgt=M, tgt_to_src=M.transpose(0, 2, 1), src=src, tgt=tgt)
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if e.errno == errno.ENOSPC:
+            raise ValueError(f"no space left writing {path}") from None
+        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _check_writable(path, flag):
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: is a directory (give a file name, e.g. maps.npz)")
+    if not os.path.isdir(d) or not os.access(d, os.W_OK):
+        raise ValueError(f"{flag} {path}: cannot write there ({d} is not a writable directory)")
 
 
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     _fill_toy(args, {"train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
                      "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"})
-    _need(args, ["ckpt", "train_dict", "test_dict", "src_corpus", "tgt_corpus"])
+    _need(args, ["ckpt", "train_dict", "test_dict", "src_corpus", "tgt_corpus"], [("vec_src", "vec_tgt")])
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
     side = []
@@ -660,7 +765,7 @@ def cmd_words(args):
             continue
         if args.itn_iters:
             Xs, Xt = iterative_normalize(Xs, args.itn_iters), iterative_normalize(Xt, args.itn_iters)
-        W = procrustes(Xs[tr[0]], Xt[tr[1]])
+        W = _finite_map(procrustes(Xs[tr[0]], Xt[tr[1]]), name)
         p_map, n = word_translation_accuracy(Xs, Xt, *te, W=W, method="csls", k=args.k)
         p_raw, _ = word_translation_accuracy(Xs, Xt, *te, W=None, method="csls", k=args.k)
         rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
@@ -677,6 +782,8 @@ def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
     _fill_toy(args, {"src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"})
     _need(args, ["ckpt", "src_file", "tgt_file"])
+    if args.save_maps:
+        _check_writable(args.save_maps, "--save-maps")
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
     S = [ts.words(l, args.src) for l in src_lines]
@@ -701,7 +808,7 @@ def cmd_contextual(args):
     gold = np.array([pos[j] for j in ev[:, 1]])
     rows, maps = [], []
     for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
-        W = procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]])     # x_src @ W ~ x_tgt
+        W = _finite_map(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]), f"L{l}")  # x_src @ W ~ x_tgt
         maps.append(W)
         acc_raw = float(np.mean(csls_knn(Xs[ev[:, 0]], Xt[cand], args.k) == gold))
         acc_map = float(np.mean(csls_knn(Xs[ev[:, 0]] @ W, Xt[cand], args.k) == gold))
@@ -710,11 +817,7 @@ def cmd_contextual(args):
                 f"(last {args.eval_frac:.0%} of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"], rows)
     if args.save_maps:
-        M = np.stack(maps)
-        tmp = args.save_maps + ".tmp"
-        with open(tmp, "wb") as f:
-            np.savez(f, src_to_tgt=M, tgt_to_src=M.transpose(0, 2, 1), src=args.src, tgt=args.tgt)
-        os.replace(tmp, args.save_maps)
+        save_maps(args.save_maps, maps, args.src, args.tgt)
         print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ x_{args.tgt}, "
               f"x_{args.tgt} @ tgt_to_src[l] ~ x_{args.src} (l = 0 embeddings .. {len(maps) - 1})")
     return rows
@@ -724,7 +827,7 @@ def cmd_sentences(args):
     """Fig. 6: Tatoeba-style sentence retrieval P@1 per layer, without and with a Procrustes map."""
     _fill_toy(args, {"test_src": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "test_tgt": "tatoeba/tatoeba.{l1}-{l0}.{l1}",
                      "train_src": "parallel/{l0}-{l1}.train.{l0}", "train_tgt": "parallel/{l0}-{l1}.train.{l1}"})
-    _need(args, ["ckpt", "test_src", "test_tgt"])
+    _need(args, ["ckpt", "test_src", "test_tgt"], [("train_src", "train_tgt")])
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
     Es = encode_sentences(ms, ts, te_s, ls, args.src, args.batch_size)
@@ -739,7 +842,7 @@ def cmd_sentences(args):
     for l in range(len(Es)):
         row = [f"L{l}", float(np.mean(nn_knn(Es[l], Et[l]) == gold)), float(np.mean(nn_knn(Et[l], Es[l]) == gold))]
         if Fs is not None:
-            W = procrustes(Fs[l], Ft[l])                 # x_src @ W ~ x_tgt
+            W = _finite_map(procrustes(Fs[l], Ft[l]), f"L{l}")  # x_src @ W ~ x_tgt
             row += [float(np.mean(nn_knn(Es[l] @ W, Et[l]) == gold)),
                     float(np.mean(nn_knn(Et[l] @ W.T, Es[l]) == gold))]
         rows.append(row)
@@ -762,10 +865,10 @@ def build_parser():
         p.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
         p.add_argument("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
         p.add_argument("--toy", help="toydata.py world directory: fills in every data path not given")
-        p.add_argument("--max-sents", type=int, default=None, help="use at most this many lines per file")
-        p.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass")
-        p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
-        p.add_argument("--k", type=int, default=10, help="CSLS neighbourhood size (MUSE: 10)")
+        p.add_argument("--max-sents", type=_int_min(1), default=None, help="use at most this many lines per file")
+        p.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
+        p.add_argument("--device", default="cpu", help="torch device: cpu, cuda (the current GPU), cuda:N, mps")
+        p.add_argument("--k", type=_int_min(1), default=10, help="CSLS neighbourhood size (MUSE: 10)")
 
     p = sub.add_parser("words", help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
     common(p)
@@ -773,17 +876,17 @@ def build_parser():
     p.add_argument("--test-dict", help="MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)")
     p.add_argument("--src-corpus", help="source-language text: vocabulary and contextual averages")
     p.add_argument("--tgt-corpus", help="target-language text: vocabulary and contextual averages")
-    p.add_argument("--max-vocab", type=int, default=200000, help="most frequent corpus words kept (MUSE: 200k)")
-    p.add_argument("--itn-iters", type=int, default=5, help="iterative normalisation rounds (0 = off)")
+    p.add_argument("--max-vocab", type=_int_min(1), default=200000, help="most frequent corpus words kept (MUSE: 200k)")
+    p.add_argument("--itn-iters", type=_int_min(0), default=5, help="iterative normalisation rounds (0 = off)")
     p.add_argument("--vec-src", help="fastText .vec baseline for --src (optional)")
-    p.add_argument("--vec-tgt", help="fastText .vec baseline for --tgt (optional)")
+    p.add_argument("--vec-tgt", help="fastText .vec baseline for --tgt (optional, with --vec-src)")
     p.set_defaults(func=cmd_words)
 
     p = sub.add_parser("contextual", help="§5.1.2: contextual word alignment from fast_align pairs")
     common(p)
     p.add_argument("--src-file", help="parallel sentences, source side (one per line)")
     p.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
-    p.add_argument("--eval-frac", type=float, default=0.2, help="last fraction of sentences held out")
+    p.add_argument("--eval-frac", type=_fraction, default=0.2, help="last fraction of sentences held out")
     p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-layer)")
     p.set_defaults(func=cmd_contextual)
 
@@ -792,8 +895,8 @@ def build_parser():
     p.add_argument("--test-src", help="test pairs, source side (e.g. tatoeba.fra-eng.eng)")
     p.add_argument("--test-tgt", help="test pairs, target side (e.g. tatoeba.fra-eng.fra)")
     p.add_argument("--train-src", help="parallel sentences to fit a Procrustes map, source side (optional)")
-    p.add_argument("--train-tgt", help="parallel sentences to fit a Procrustes map, target side")
-    p.add_argument("--max-train", type=int, default=None, help="use at most this many training pairs")
+    p.add_argument("--train-tgt", help="parallel sentences to fit a Procrustes map, target side (with --train-src)")
+    p.add_argument("--max-train", type=_int_min(1), default=None, help="use at most this many training pairs")
     p.set_defaults(func=cmd_sentences)
     return ap
 
@@ -801,6 +904,7 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
+        args.device = check_device(args.device)
         return args.func(args)
     except (ValueError, OSError) as e:
         sys.exit(f"align.py {args.command}: error: {e}")

@@ -96,13 +96,24 @@ def cka_table(args):
     Returns (header, rows) with an average row last."""
     import torch
     import model as M
-    from align import encode_sentences, lang_index, load_encoder, read_parallel
+    from align import check_device, encode_sentences, lang_index, load_encoder, read_parallel
     if args.toy:
+        if not os.path.isdir(args.toy):
+            raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
         args.src_file = args.src_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.src}")
         args.tgt_file = args.tgt_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.tgt}")
     if not (args.ckpt and args.src_file and args.tgt_file):
         raise ValueError("need --ckpt and --src-file/--tgt-file (or --toy DIR)")
+    for flag in ("ckpt", "ckpt2", "src_file", "tgt_file"):  # every input exists before anything is loaded
+        path = getattr(args, flag)
+        if path is not None and not os.path.isfile(path):
+            why = "not a file" if os.path.exists(path) else "no such file"
+            raise ValueError(f"--{flag.replace('_', '-')} {path}: {why}"
+                             + (" (filled in from --toy)" if args.toy and flag.endswith("file") else ""))
+    args.device = check_device(args.device)
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
+    if len(src_lines) < 2:
+        raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
     m1, t1, langs1 = load_encoder(args.ckpt, args.device)
     enc = lambda m, t, langs, path, lang, lines: encode_sentences(
         m, t, lines, lang_index(langs, lang, path), lang, args.batch_size)
@@ -132,6 +143,18 @@ def cka_table(args):
     return header, rows
 
 
+def _int_min(lo):
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+    return parse
+
+
 def build_parser():
     ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).")
     ap.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt if bilingual)")
@@ -141,16 +164,20 @@ def build_parser():
     ap.add_argument("--src-file", help="parallel sentences, source side (e.g. tatoeba.fra-eng.eng)")
     ap.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
     ap.add_argument("--toy", help="toydata.py world directory: use its tatoeba/ pairs")
-    ap.add_argument("--max-sents", type=int, default=None, help="use at most this many pairs")
-    ap.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass")
-    ap.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    ap.add_argument("--max-sents", type=_int_min(2), default=None, help="use at most this many pairs (>= 2)")
+    ap.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
+    ap.add_argument("--device", default="cpu", help="torch device: cpu, cuda (the current GPU), cuda:N, mps")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random-encoder baseline")
     return ap
 
 
-if __name__ == "__main__":
-    args = build_parser().parse_args()
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     try:
-        cka_table(args)
-    except (ValueError, OSError) as e:
+        return cka_table(args)
+    except (ValueError, OSError) as e:  # bad inputs (files, checkpoints, languages): one line, no traceback
         sys.exit(f"cka.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -22,7 +22,9 @@ Run (see --help for every flag and the data layouts it detects):
         --align-layer 4 --eval-langs fr --data DIR --out runs/aligned        # §5.1.2 aligned transfer
 """
 import argparse
+import errno
 import glob
+import hashlib
 import json
 import math
 import os
@@ -41,7 +43,20 @@ from model import load_model
 # -----------------------------------------------------------------------------
 # Readers for the formats in data/ (and toydata.py, which writes the same formats)
 
-XNLI_LABELS = ("contradiction", "neutral", "entailment")  # XLM's label ids 0, 1, 2 (PAPER_NOTES §4.1)
+XNLI_LABELS = ("contradiction", "neutral", "entailment")  # XLM's label ids 0, 1, 2 (XLM `evaluation/xnli.py`)
+
+
+def _read_lines(path):
+    """(line number, line without its \\n or \\r\\n) for every line of a UTF-8 file. Bytes, not text mode:
+    a stray \\r inside a line is not a line end (XNLI test files have them), and a line that is not UTF-8
+    raises ValueError naming file and line instead of a bare UnicodeDecodeError."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            yield n, line[:-1] if line.endswith("\n") else line
 
 
 def read_xnli(path):
@@ -51,22 +66,24 @@ def read_xnli(path):
     A header line `premise hypo label` / `sentence1 sentence2 gold_label` is skipped; CRLF is fine.
     """
     examples = []
-    with open(path, encoding="utf-8", newline="\n") as f:  # a stray \r is not a line end
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if len(fields) != 3:
-                raise ValueError(f"{path}:{lineno}: expected premise<TAB>hypothesis<TAB>label, "
-                                 f"got {len(fields)} tab-separated field(s)")
-            premise, hypothesis, label = (x.strip() for x in fields)
-            if lineno == 1 and label in ("label", "gold_label"):
-                continue
-            label = "contradiction" if label == "contradictory" else label
-            if not premise or not hypothesis or not label:
-                raise ValueError(f"{path}:{lineno}: empty premise, hypothesis or label")
-            examples.append((premise, hypothesis, label))
+    for lineno, line in _read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 3:
+            raise ValueError(f"{path}:{lineno}: expected premise<TAB>hypothesis<TAB>label, "
+                             f"got {len(fields)} tab-separated field(s)")
+        premise, hypothesis, label = (x.strip() for x in fields)
+        if lineno == 1 and label in ("label", "gold_label"):
+            continue
+        label = "contradiction" if label == "contradictory" else label
+        if not premise or not hypothesis or not label:
+            raise ValueError(f"{path}:{lineno}: empty premise, hypothesis or label")
+        if label not in XNLI_LABELS:
+            raise ValueError(f"{path}:{lineno}: unknown XNLI label {label!r} "
+                             f"(expected {', '.join(reversed(XNLI_LABELS))})")
+        examples.append((premise, hypothesis, label))
     if not examples:
         raise ValueError(f"{path}: no examples (empty split)")
     return examples
@@ -82,23 +99,22 @@ def read_ner(path):
     EVERY token of the file carries the same one (so a token like `12:30` in a plain file stays whole).
     """
     sentences, words, tags, lines = [], [], [], []
-    with open(path, encoding="utf-8", newline="\n") as f:  # a stray \r is not a line end
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                if words:
-                    sentences.append((words, tags))
-                    words, tags = [], []
-                continue
-            fields = line.split("\t")
-            if len(fields) != 2 or not fields[0] or not fields[1].strip():
-                raise ValueError(f"{path}:{lineno}: expected token<TAB>tag, got {line!r}")
-            tag = fields[1].strip()
-            if tag != "O" and not re.match(r"^[BI]-\S+$", tag):
-                raise ValueError(f"{path}:{lineno}: tag {tag!r} is not O, B-X or I-X (IOB2)")
-            words.append(fields[0])
-            tags.append(tag)
-            lines.append(fields[0])
+    for lineno, line in _read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            if words:
+                sentences.append((words, tags))
+                words, tags = [], []
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2 or not fields[0] or not fields[1].strip():
+            raise ValueError(f"{path}:{lineno}: expected token<TAB>tag, got {line!r}")
+        tag = fields[1].strip()
+        if tag != "O" and not re.match(r"^[BI]-\S+$", tag):
+            raise ValueError(f"{path}:{lineno}: tag {tag!r} is not O, B-X or I-X (IOB2)")
+        words.append(fields[0])
+        tags.append(tag)
+        lines.append(fields[0])
     if words:
         sentences.append((words, tags))
     if not sentences:
@@ -115,10 +131,14 @@ def read_conllu(path):
 
     Comment lines (#), multiword ranges (`1-2`) and empty nodes (`1.1`) are skipped, as the CoNLL 2018
     scorer does for basic trees. DEPREL is kept as written (subtypes are stripped where it matters).
+    Every sentence must be a tree as the scorer requires (`conll18_ud_eval.py` rejects the file
+    otherwise): exactly one word on ROOT, no word its own head, no cycle; errors name the file and the
+    line where the sentence starts.
     """
     sentences, rows = [], []
+    start = None  # first line (comment or word) of the sentence being read
 
-    def flush(lineno):
+    def flush():
         if not rows:
             return
         n = len(rows)
@@ -127,32 +147,43 @@ def read_conllu(path):
                 raise ValueError(f"{path}:{ln}: word id {wid} out of sequence (expected {k})")
             if not 0 <= head <= n:
                 raise ValueError(f"{path}:{ln}: head {head} outside 0..{n}")
+            if head == wid:
+                raise ValueError(f"{path}:{ln}: word {wid} is its own head (HEAD = ID)")
+        heads = [r[4] for r in rows]
+        roots = [k for k, h in enumerate(heads, 1) if h == 0]
+        if len(roots) != 1:
+            raise ValueError(f"{path}:{start}: sentence is not a tree: {len(roots)} words on ROOT (HEAD 0)"
+                             + (f": words {', '.join(map(str, roots))}" if roots else "") + "; expected exactly one")
+        cycle = _find_cycle([-1] + heads)
+        if cycle:
+            raise ValueError(f"{path}:{start}: sentence is not a tree: words "
+                             f"{' -> '.join(map(str, cycle + cycle[:1]))} form a cycle (HEAD)")
         sentences.append({"words": [r[2] for r in rows], "upos": [r[3] for r in rows],
-                          "heads": [r[4] for r in rows], "rels": [r[5] for r in rows]})
+                          "heads": heads, "rels": [r[5] for r in rows]})
         rows.clear()
 
-    with open(path, encoding="utf-8", newline="\n") as f:  # a stray \r is not a line end
-        lineno = 0
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                flush(lineno)
-                continue
-            if line.startswith("#"):
-                continue
-            cols = line.split("\t")
-            if len(cols) != 10:
-                raise ValueError(f"{path}:{lineno}: expected 10 tab-separated CoNLL-U columns, got {len(cols)}")
-            if "-" in cols[0] or "." in cols[0]:
-                continue  # multiword token range or empty node
-            try:
-                wid, head = int(cols[0]), int(cols[6])
-            except ValueError:
-                raise ValueError(f"{path}:{lineno}: ID {cols[0]!r} / HEAD {cols[6]!r} is not an integer") from None
-            if not cols[7] or cols[7] == "_":
-                raise ValueError(f"{path}:{lineno}: missing DEPREL")
-            rows.append((lineno, wid, cols[1], cols[3], head, cols[7]))
-        flush(lineno)
+    for lineno, line in _read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            flush()
+            start = None
+            continue
+        start = start or lineno
+        if line.startswith("#"):
+            continue
+        cols = line.split("\t")
+        if len(cols) != 10:
+            raise ValueError(f"{path}:{lineno}: expected 10 tab-separated CoNLL-U columns, got {len(cols)}")
+        if "-" in cols[0] or "." in cols[0]:
+            continue  # multiword token range or empty node
+        try:
+            wid, head = int(cols[0]), int(cols[6])
+        except ValueError:
+            raise ValueError(f"{path}:{lineno}: ID {cols[0]!r} / HEAD {cols[6]!r} is not an integer") from None
+        if not cols[7] or cols[7] == "_":
+            raise ValueError(f"{path}:{lineno}: missing DEPREL")
+        rows.append((lineno, wid, cols[1], cols[3], head, cols[7]))
+    flush()
     if not sentences:
         raise ValueError(f"{path}: no sentences (empty split)")
     return sentences
@@ -347,7 +378,7 @@ def mst_decode(scores):
 # -----------------------------------------------------------------------------
 # Biaffine parser head (Dozat & Manning 2017; D7)
 
-ARC_MLP, REL_MLP, MLP_DROPOUT, LEAKY_SLOPE = 500, 100, 0.33, 0.1  # D7, PAPER_NOTES §4.3
+ARC_MLP, REL_MLP, MLP_DROPOUT, LEAKY_SLOPE = 500, 100, 0.33, 0.1  # D7 (Dozat & Manning 2017)
 
 
 class Biaffine(nn.Module):
@@ -422,7 +453,7 @@ class BiaffineParser(nn.Module):
 
 def first_subwords(tok, words, lang):
     """Flat subword ids of a word list and the index of each word's first subword in them.
-    A word the tokenizer turns into nothing becomes <unk> (XTREME's choice, PAPER_NOTES §4.2)."""
+    A word the tokenizer turns into nothing becomes <unk> (XTREME's choice)."""
     ids, first = [], []
     for piece in tok.encode_words(words, lang):
         first.append(len(ids))
@@ -431,7 +462,7 @@ def first_subwords(tok, words, lang):
 
 
 def windows(n, size):
-    """Cover n subwords with windows of at most `size` (PAPER_NOTES §4.2, CLN): -> [(start, end, keep_from)].
+    """Cover n subwords with windows of at most `size` (CLN): -> [(start, end, keep_from)].
 
     Each next window restarts size // 2 subwords before the previous one ended; those are context only:
     positions [keep_from, end) take their states from this window, so every subword is taken exactly once.
@@ -476,7 +507,7 @@ def encode_states(model, seqs, lang, max_len, layer=-1):
 
 
 def pair_ids(tok, premise, hypothesis, lang, max_positions):
-    """XLM's XNLI input `</s> premise </s> hypothesis </s>` (PAPER_NOTES §4.1). When too long for the
+    """XLM's XNLI input `</s> premise </s> hypothesis </s>` (XLM `evaluation/xnli.py`). When too long for the
     positions, the longer side is cut first (XLM cuts each side to 256 tokens). Returns (ids, truncated)."""
     a, b = tok.encode(premise, lang), tok.encode(hypothesis, lang)
     budget = max_positions - 3
@@ -716,16 +747,30 @@ class AlignedEncoder(nn.Module):
 def load_align_map(path, layer, train_lang, target, dim):
     """W (dim, dim) with x_target @ W ~ x_train_lang at `layer` from align.py's --save-maps .npz
     (keys src_to_tgt, tgt_to_src: (n_layers + 1, d, d); src, tgt: language codes)."""
-    z = np.load(path)
-    src, tgt = str(z["src"]), str(z["tgt"])
+    keys = ("src", "tgt", "src_to_tgt", "tgt_to_src")
+    try:
+        with np.load(path) as z:
+            missing = [k for k in keys if k not in z.files]
+            if missing:
+                raise SystemExit(f"error: --align-maps {path}: no {missing[0]!r} entry "
+                                 "(expected align.py contextual --save-maps)")
+            src, tgt = str(z["src"]), str(z["tgt"])
+            maps = {k: z[k] for k in ("src_to_tgt", "tgt_to_src")}
+    except SystemExit:
+        raise
+    except Exception as e:  # missing, truncated, not an .npz: numpy raises OSError, ValueError, BadZipFile, ...
+        raise SystemExit(f"error: --align-maps: cannot read {path}: {type(e).__name__}: {e} "
+                         "(expected align.py contextual --save-maps .npz)")
     if (src, tgt) == (train_lang, target):
-        M = z["tgt_to_src"]
+        M = maps["tgt_to_src"]
     elif (src, tgt) == (target, train_lang):
-        M = z["src_to_tgt"]
+        M = maps["src_to_tgt"]
     else:
-        raise SystemExit(f"{path}: maps are for {src}->{tgt}, not {target}->{train_lang}")
-    if not 0 <= layer < len(M) or M.shape[1:] != (dim, dim):
-        raise SystemExit(f"{path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
+        raise SystemExit(f"error: {path}: maps are for {src}->{tgt}, not {target}->{train_lang}")
+    if M.ndim != 3 or not 0 <= layer < len(M) or M.shape[1:] != (dim, dim):
+        raise SystemExit(f"error: {path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
+    if not np.isfinite(M[layer]).all():
+        raise SystemExit(f"error: --align-maps {path}: the layer-{layer} map contains NaN or inf")
     return torch.tensor(M[layer], dtype=torch.float32)
 
 
@@ -765,12 +810,17 @@ def evaluate(task, model, head, feats, examples, lang, max_len, batch_size=64):
     return task.score(examples, preds)
 
 
+class NonFiniteLoss(RuntimeError):
+    """A hyper-parameter set diverged (NaN/inf loss): the set stops and is left out of the selection."""
+
+
 def finetune_one(task, model, init_state, data, hp, args, log=print):
     """Train on English with one hyper-parameter set for args.epochs epochs, keep the epoch with the best
     English dev score, and score every target test set with that epoch's weights.
 
     data: {"train": (examples, feats), "dev": (examples, feats), "test": {lang: (examples, feats, lang_id)}}
-    hp: {"batch_size", "lr", "head_lr"}. Returns a JSON-able record.
+    hp: {"batch_size", "lr", "head_lr"}. Returns a JSON-able record. Raises NonFiniteLoss when the
+    training loss becomes NaN or inf.
     """
     device = next(model.parameters()).device
     torch.manual_seed(args.seed)
@@ -785,7 +835,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     if task.name == "xnli":  # XLM: two Adam optimisers with fixed learning rates, no schedule
         opts = [torch.optim.Adam(enc_params, lr=hp["lr"]), torch.optim.Adam(head.parameters(), lr=hp["head_lr"])]
         scheds = []
-    else:  # one Adam, 10 % linear warm-up then linear decay (PAPER_NOTES §4.2-4.3)
+    else:  # one Adam, 10 % linear warm-up then linear decay (CLN)
         opts = [torch.optim.Adam(enc_params + list(head.parameters()), lr=hp["lr"])]
         scheds = [torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: warmup_linear(s, total))]
     lang0 = data["lang_id"]
@@ -802,6 +852,9 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
             batch = [train[i] for i in order[k:k + hp["batch_size"]]]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                 loss = task.loss(model, head, batch, lang0, args.max_len)
+            if not torch.isfinite(loss):  # diverged: every later score would be argmax of NaN (0.00)
+                raise NonFiniteLoss(f"non-finite training loss ({loss.item()}) at epoch {epoch}, update "
+                                    f"{k // hp['batch_size'] + 1} of {steps_per_epoch}; try a lower --lr")
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -892,9 +945,9 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_f
             hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train "
                     "in XNLI tsv form)" if task == "xnli" and split == "train" else "")
             flag = {"train": "--train-file PATH", "dev": "--dev-file PATH", "test": f"--test-file {lang}=PATH"}[key]
-            raise SystemExit(f"{task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}")
+            raise SystemExit(f"error: {task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}")
         if not os.path.isfile(have):
-            raise SystemExit(f"{task}: {lang} {split} file {have!r} does not exist")
+            raise SystemExit(f"error: {task}: {lang} {split} file {have!r} does not exist")
         if key == "test":
             files["test"][lang] = have
         else:
@@ -947,13 +1000,12 @@ def table1(run_dirs):
         for task in ("xnli", "ner", "parse"):
             for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
                 if os.path.exists(path):
-                    with open(path, encoding="utf-8") as f:
-                        r = json.load(f)
-                    if r["task"] == task:
+                    r = read_json(path, "--table")
+                    if isinstance(r, dict) and r.get("task") == task and isinstance(r.get("test"), dict):
                         cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
                         break
         if not cells:
-            raise SystemExit(f"--table: no results.json under {d}")
+            raise SystemExit(f"error: --table: no results.json under {d}")
         rows.setdefault(name, []).append(cells)
     cols = sorted({c for runs in rows.values() for cells in runs for c in cells},
                   key=lambda c: (("xnli", "ner", "parse").index(c[0]), c[1]))
@@ -978,11 +1030,28 @@ def table1(run_dirs):
 
 
 def write_json(path, obj):
-    """Atomic: write path.tmp, then rename."""
+    """Atomic: write path.tmp, then rename. On failure the temp file is removed and the error is one line
+    (a full disk says so), so there is never a half-written or stale file at `path`."""
     tmp = str(path) + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, ensure_ascii=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if e.errno == errno.ENOSPC:
+            raise SystemExit(f"error: no space left writing {path}") from None
+        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
+
+
+def read_json(path, what):
+    """A JSON file written by this script, or one line saying why it cannot be used."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON (a hand edit?)
+        raise SystemExit(f"error: {what}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 # -----------------------------------------------------------------------------
@@ -1006,41 +1075,73 @@ TOY_PRESET = {
 
 def lang_index(langs, code, ckpt):
     if code not in langs:
-        raise SystemExit(f"language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
+        raise SystemExit(f"error: language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
     return langs.index(code)
 
 
-def run_task(task_name, model, tok, langs, files, args, log=print, routes=None):
-    """Fine-tune on English over the grid; returns the results dict written to results.json.
-    routes (optional): language code -> (tokenizer, language key for model.hidden_states); by default
-    every language uses `tok` and its index in `langs`."""
+def prepare_task(task_name, model, tok, langs, files, args, log=print, routes=None):
+    """Read and featurise every file of one task (train, dev, each target test) -> (task, data).
+    Runs before any training, so a bad file stops the run at once (one line naming file and line)."""
     Task, reader = TASKS[task_name]
     routes = routes or {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang, *files["test"]]}
-    train_ex = reader(files["train"])
-    task = Task(train_ex)
-    dev_ex = reader(files["dev"])
-    task.check_labels(dev_ex, files["dev"])
+    try:
+        train_ex = reader(files["train"])
+        task = Task(train_ex)
+        dev_ex = reader(files["dev"])
+        task.check_labels(dev_ex, files["dev"])
+        tests = {}
+        for code, path in files["test"].items():
+            tests[code] = reader(path)
+            task.check_labels(tests[code], path)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"error: {e}") from None
     mp = model.config.max_positions
     tok0, lang0 = routes[args.train_lang]
     data = {"lang_id": lang0,
             "train": (train_ex, task.featurize(train_ex, tok0, args.train_lang, mp)),
             "dev": (dev_ex, task.featurize(dev_ex, tok0, args.train_lang, mp)), "test": {}}
-    for code, path in files["test"].items():
+    for code, ex in tests.items():
         tok_c, lid = routes[code]
-        ex = reader(path)
-        task.check_labels(ex, path)
         data["test"][code] = (ex, task.featurize(ex, tok_c, code, mp), lid)
     log(f"{task_name}: train {len(train_ex)} ({files['train']}), dev {len(dev_ex)}, "
         + ", ".join(f"{c} test {len(v[0])}" for c, v in data["test"].items()))
+    return task, data
+
+
+def run_task(task_name, model, tok, langs, files, args, log=print, routes=None, prepared=None, sets=None):
+    """Fine-tune on English over the grid; returns the results dict written to results.json.
+    routes (optional): language code -> (tokenizer, language key for model.hidden_states); by default
+    every language uses `tok` and its index in `langs`. prepared: prepare_task's (task, data).
+    sets (optional): a SetStore; each finished set is written there as it ends, and sets it already
+    holds (an interrupted run with the same flags) are taken from it instead of trained again."""
+    task, data = prepared or prepare_task(task_name, model, tok, langs, files, args, log, routes)
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     hps = grid(task_name, args)
     records = []
     for i, hp in enumerate(hps, 1):
-        log(f"{task_name}: hyper-parameter set {i}/{len(hps)}: "
-            + ", ".join(f"{k} {v}" for k, v in hp.items() if v is not None))
-        records.append(finetune_one(task, model, init_state, data, hp, args, log))
+        desc = ", ".join(f"{k} {v}" for k, v in hp.items() if v is not None)
+        done = sets.get(hp) if sets else None
+        if done is not None:
+            log(f"{task_name}: hyper-parameter set {i}/{len(hps)}: {desc}: finished in an earlier run with the "
+                f"same flags ({sets.path(hp)}), skipped")
+            records.append(done)
+            continue
+        log(f"{task_name}: hyper-parameter set {i}/{len(hps)}: {desc}")
+        try:
+            rec = finetune_one(task, model, init_state, data, hp, args, log)
+        except NonFiniteLoss as e:
+            log(f"{task_name}: hyper-parameter set {i}/{len(hps)} stopped: {e}; it is left out of the selection")
+            rec = {**hp, "failed": str(e)}
+        if sets:
+            sets.put(hp, rec)
+        records.append(rec)
     model.load_state_dict(init_state)
-    top, dev, test = mean_of_best_two(records, task.metric)
+    ok = [i for i, r in enumerate(records) if "failed" not in r]
+    if not ok:
+        raise SystemExit(f"error: {task_name}: every hyper-parameter set diverged (non-finite loss); no results "
+                         "written. Try lower --lr / --head-lr (or --overwrite after changing nothing else)")
+    top, dev, test = mean_of_best_two([records[i] for i in ok], task.metric)
+    top = [ok[i] for i in top]
     return {"task": task_name, "metric": task.metric, "ckpt": args.ckpt, "train_lang": args.train_lang,
             "eval_langs": list(files["test"]), "files": files, "labels": task.labels,
             "protocol": "per set: epoch chosen by English dev; reported: mean of the best two sets by English dev",
@@ -1049,14 +1150,169 @@ def run_task(task_name, model, tok, langs, files, args, log=print, routes=None):
 
 
 # -----------------------------------------------------------------------------
+# Resuming: one file per finished hyper-parameter set, keyed by everything that decides its result
+
+def file_digest(path, _cache={}):
+    """sha256 (first 16 hex digits) of a file: a re-trained best.pt or an edited data file is another job."""
+    key = (os.path.abspath(path), os.path.getsize(path), os.path.getmtime(path))
+    if key not in _cache:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _cache[key] = h.hexdigest()[:16]
+    return _cache[key]
+
+
+# flags that change a set's result besides the grid itself (--device, --threads, --eval-batch-size do not)
+JOB_FLAGS = ("train_lang", "epochs", "epoch_size", "max_len", "head_dropout", "clip", "seed", "bf16", "align_layer")
+
+
+def job_identity(task_name, files, args):
+    """What a finished set's record depends on, as plain JSON: the task, the checkpoint(s) and data files
+    (path and content digest) and the training flags. Two runs with equal identities give equal sets."""
+    paths = {"train": files["train"], "dev": files["dev"], **{f"test {c}": p for c, p in files["test"].items()}}
+    ident = {"task": task_name, "ckpt": [os.path.abspath(args.ckpt), file_digest(args.ckpt)],
+             "files": {k: [os.path.abspath(p), file_digest(p)] for k, p in paths.items()}}
+    for name in ("target_ckpt", "align_maps"):
+        if getattr(args, name, None):
+            ident[name] = [os.path.abspath(getattr(args, name)), file_digest(getattr(args, name))]
+    ident.update({k: getattr(args, k) for k in JOB_FLAGS})
+    return ident
+
+
+def identity_diff(old, new):
+    """`--epochs: 3 there, 4 now; ...` for the keys that differ (one line)."""
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    flag = lambda k: k if k in ("task", "files") else "--" + k.replace("_", "-")  # noqa: E731
+    show = lambda v: v[0] + " (other content)" if isinstance(v, list) and len(v) == 2 else v  # noqa: E731
+    return "; ".join(f"{flag(k)}: {show(old.get(k))!s} there, {show(new.get(k))!s} now" for k in keys)
+
+
+class SetStore:
+    """OUT/sets/*.json: one file per finished hyper-parameter set ({"job", "hp", "record"}), written
+    atomically when the set ends, so an interrupted grid resumes where it stopped."""
+
+    def __init__(self, out, job):
+        self.dir, self.job, self.done = os.path.join(out, "sets"), job, {}
+
+    def name(self, hp):
+        return "bs{}-lr{:g}".format(hp["batch_size"], hp["lr"]) + (f"-hlr{hp['head_lr']:g}" if hp["head_lr"] else "")
+
+    def path(self, hp):
+        return os.path.join(self.dir, self.name(hp) + ".json")
+
+    def load(self):
+        """Read the sets of an earlier run; refuse (one line) when they come from other flags or data."""
+        for f in sorted(glob.glob(os.path.join(self.dir, "*.json"))):
+            rec = read_json(f, "resume")
+            if not isinstance(rec, dict) or not {"job", "hp", "record"} <= set(rec):
+                raise SystemExit(f"error: {f} is not a hyper-parameter set written by finetune.py; "
+                                 "move it away or pass --overwrite")
+            if rec["job"] != self.job:
+                raise SystemExit(f"error: {self.dir} holds hyper-parameter sets of a run with other flags or "
+                                 f"data ({identity_diff(rec['job'], self.job)}); rerun with the same flags to "
+                                 "resume, or use another --out, or pass --overwrite")
+            self.done[self.name(rec["hp"])] = rec["record"]
+        return self
+
+    def clear(self):
+        for f in glob.glob(os.path.join(self.dir, "*.json")) + glob.glob(os.path.join(self.dir, "*.tmp")):
+            os.remove(f)
+
+    def get(self, hp):
+        return self.done.get(self.name(hp))
+
+    def put(self, hp, record):
+        os.makedirs(self.dir, exist_ok=True)
+        write_json(self.path(hp), {"job": self.job, "hp": hp, "record": record})
+        self.done[self.name(hp)] = record
+
+
+def check_results(path, job, hps, overwrite):
+    """results.json policy: a finished run of the SAME job and grid is reused (returned, nothing to do);
+    anything else already at `path` is refused unless --overwrite. Returns the old results or None."""
+    if overwrite or not os.path.exists(path):
+        return None
+    old = read_json(path, "--out")
+    if isinstance(old, dict) and old.get("job") == job and [
+            {k: c.get(k) for k in ("batch_size", "lr", "head_lr")} for c in old.get("configs", [])] == hps:
+        return old
+    why = (identity_diff(old["job"], job) if isinstance(old, dict) and isinstance(old.get("job"), dict)
+           and old["job"] != job else "another grid, or written by an older finetune.py")
+    raise SystemExit(f"error: {path} already exists (a finished run with other flags: {why}); "
+                     "pass --overwrite to replace it, or use another --out")
+
+
+# -----------------------------------------------------------------------------
 # CLI
 
 def _floats(s):
-    return [float(x) for x in s.split(",") if x.strip()]
+    """`1e-4,3e-4` -> [1e-4, 3e-4]: a non-empty comma list of positive finite numbers."""
+    try:
+        v = [float(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of numbers, got {s!r}") from None
+    if not v or not all(math.isfinite(x) and x > 0 for x in v):
+        raise argparse.ArgumentTypeError(f"expected a comma list of positive numbers, got {s!r}")
+    return v
 
 
 def _ints(s):
-    return [int(x) for x in s.split(",") if x.strip()]
+    """`16,32` -> [16, 32]: a non-empty comma list of positive integers."""
+    try:
+        v = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {s!r}") from None
+    if not v or min(v) < 1:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers >= 1, got {s!r}")
+    return v
+
+
+def _int_min(lo):
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+    return parse
+
+
+def _float_in(lo, hi, hi_open=True):
+    def parse(s):
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+        if not (lo <= v and (v < hi if hi_open else v <= hi)):
+            raise argparse.ArgumentTypeError(f"must be in [{lo}, {hi}{')' if hi_open else ']'}, got {s}")
+        return v
+    return parse
+
+
+def check_device(name, flag="--device"):
+    """A usable torch device for `name`, or one line saying why not (no CUDA here, no such GPU index).
+    "cuda" means the current GPU (cuda:0 on a 1-GPU machine); torch.device needs no set_device for it."""
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise SystemExit(f"error: {flag} {name!r} is not a torch device (cpu, cuda, cuda:0, ...)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
+            raise SystemExit(f"error: {flag} {name}: CUDA is not available on this machine ({build}); use --device cpu")
+        n = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= n:
+            raise SystemExit(f"error: {flag} {name}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise SystemExit(f"error: {flag} {name}: MPS is not available on this machine; use --device cpu")
+    elif dev.type != "cpu":
+        raise SystemExit(f"error: {flag} {name}: only cpu, cuda[:N] and mps are supported")
+    return str(dev)
 
 
 def _lang_path(s):
@@ -1090,28 +1346,35 @@ def build_parser():
     p.add_argument("--dev-file", help="explicit English dev file")
     p.add_argument("--test-file", type=_lang_path, action="append", default=[], metavar="LANG=PATH",
                    help="explicit test file for one language (repeatable)")
-    p.add_argument("--epochs", type=int, help="epochs per hyper-parameter set (paper: 10 NER/parsing, 200 XNLI)")
-    p.add_argument("--epoch-size", type=int,
+    p.add_argument("--epochs", type=_int_min(1), help="epochs per hyper-parameter set (paper: 10 NER/parsing, 200 XNLI)")
+    p.add_argument("--epoch-size", type=_int_min(0),
                    help="training examples per epoch, 0 = one pass over train (XNLI default 20000, as XLM)")
     p.add_argument("--batch-size", type=_ints, help="comma list (paper: 16,32 NER/parsing; 4,8 XNLI)")
     p.add_argument("--lr", type=_floats,
                    help="comma list of encoder learning rates (paper: 2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
     p.add_argument("--head-lr", type=_floats, help="XNLI only: comma list of classifier lrs (paper 5e-6,2.5e-5,1.25e-4)")
-    p.add_argument("--max-len", type=int, default=128,
-                   help="NER/parsing: subwords per window; longer sentences are split into overlapping windows")
-    p.add_argument("--head-dropout", type=float, default=0.1, help="dropout before the XNLI / NER linear layer")
-    p.add_argument("--clip", type=float, default=5.0, help="gradient norm clipping (0 = off)")
-    p.add_argument("--eval-batch-size", type=int, default=64, help="sentences per batch when scoring")
+    p.add_argument("--max-len", type=_int_min(2), default=128,
+                   help="NER/parsing: subwords per window (at most the model's positions - 2); longer sentences are "
+                        "split into overlapping windows")
+    p.add_argument("--head-dropout", type=_float_in(0, 1), default=0.1, help="dropout before the XNLI / NER linear layer")
+    p.add_argument("--clip", type=_float_in(0, math.inf), default=5.0, help="gradient norm clipping (0 = off)")
+    p.add_argument("--eval-batch-size", type=_int_min(1), default=64, help="sentences per batch when scoring")
     p.add_argument("--seed", type=int, default=0, help="seed of every hyper-parameter set (head init, data order)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast for training (GPU)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    p.add_argument("--align-layer", type=int, metavar="I",
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device: cpu, cuda (the current GPU), cuda:N, mps")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for training (GPU with bf16 support)")
+    p.add_argument("--threads", type=_int_min(0), default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--align-layer", type=_int_min(0), metavar="I",
                    help="aligned transfer (§5.1.2, Fig. 5): freeze layers 0..I of --ckpt, train 4 new layers + head; "
                         "targets use --target-ckpt's layer I mapped by --align-maps (0 = embeddings)")
     p.add_argument("--target-ckpt", help="aligned transfer: the target language's own (monolingual) model")
     p.add_argument("--align-maps", help="aligned transfer: align.py contextual --save-maps .npz (per-layer maps)")
-    p.add_argument("--out", help="output directory: results.json (per task sub-folder when several tasks run)")
+    p.add_argument("--out", help="output directory: results.json, and sets/*.json with one file per finished "
+                        "hyper-parameter set (per task sub-folder when several tasks run). A rerun with the same "
+                        "flags skips the finished sets (resume); a finished results.json of another run is refused")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out's results.json and finished sets of an earlier run (by default refused "
+                        "unless the flags, checkpoint and data are the same, which resumes)")
     p.add_argument("--compare", nargs="+", metavar="RESULTS_JSON",
                    help="only print one table for several results.json of the same task, with the Δ column")
     p.add_argument("--table", nargs="+", metavar="OUT_DIR",
@@ -1121,27 +1384,69 @@ def build_parser():
     return p
 
 
+def _load(path, flag, device):
+    """load_model with its ValueError (missing, damaged, NaN weights, ...) as one line naming the flag."""
+    try:
+        return load_model(path, map_location=device)
+    except ValueError as e:
+        raise SystemExit(f"error: {flag}: {e}") from None
+
+
+def _tokenizer(extra, path, flag):
+    if "tokenizer" not in extra:
+        raise SystemExit(f"error: {flag} {path}: the checkpoint has no tokenizer (vocab/BPE); use pretrain.py's best.pt")
+    try:
+        return bpe.Tokenizer.from_dict(extra["tokenizer"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise SystemExit(f"error: {flag} {path}: unreadable tokenizer entry ({type(e).__name__}: {e})") from None
+
+
 def setup_aligned(model, tok, langs, args):
     """--align-layer: the English model's bottom layers + one target model per target language (the
     target checkpoint's tokenizer and language index) joined by the stored orthogonal map."""
     if not args.target_ckpt or not args.align_maps:
-        raise SystemExit("--align-layer needs --target-ckpt and --align-maps")
+        raise SystemExit("error: --align-layer needs --target-ckpt and --align-maps")
     if len(args.eval_langs) != 1:
-        raise SystemExit("--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
+        raise SystemExit("error: --align-layer: give exactly one --eval-langs (the --target-ckpt language)")
     code = args.eval_langs[0]
-    tmodel, textra = load_model(args.target_ckpt, map_location=args.device)
-    if "tokenizer" not in textra:
-        raise SystemExit(f"{args.target_ckpt}: the checkpoint has no tokenizer (vocab/BPE)")
-    ttok = bpe.Tokenizer.from_dict(textra["tokenizer"])
+    tmodel, textra = _load(args.target_ckpt, "--target-ckpt", args.device)
+    ttok = _tokenizer(textra, args.target_ckpt, "--target-ckpt")
     tlang = lang_index(list(textra.get("langs") or ttok.langs), code, args.target_ckpt)
-    if not 0 <= args.align_layer <= min(model.config.n_layers, tmodel.config.n_layers):
-        raise SystemExit(f"--align-layer {args.align_layer} outside 0..{model.config.n_layers}")
+    n = min(model.config.n_layers, tmodel.config.n_layers)
+    if not 0 <= args.align_layer <= n:
+        raise SystemExit(f"error: --align-layer {args.align_layer} outside 0..{n}")
     if tmodel.config.dim != model.config.dim:
-        raise SystemExit(f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
+        raise SystemExit(f"error: --target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
     W = load_align_map(args.align_maps, args.align_layer, args.train_lang, code, model.config.dim)
     enc = AlignedEncoder({args.train_lang: (model, lang_index(langs, args.train_lang, args.ckpt), None),
                           code: (tmodel, tlang, W.to(args.device))}, args.align_layer).to(args.device)
     return enc, {args.train_lang: (tok, args.train_lang), code: (ttok, code)}
+
+
+def check_out_dir(path):
+    """Create --out (and parents) and make sure a file can be written there, before any work."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except FileExistsError:
+        raise SystemExit(f"error: --out {path}: exists and is not a directory") from None
+    except OSError as e:
+        raise SystemExit(f"error: --out {path}: cannot write there ({e.strerror or e})") from None
+
+
+def check_files(args):
+    """Every data path flag names an existing file (a directory for --data) before anything is loaded
+    (the checkpoints and --align-maps are checked by their loaders)."""
+    named = [(f"--train-file {args.train_file}", args.train_file), (f"--dev-file {args.dev_file}", args.dev_file)]
+    named += [(f"--test-file {lang}={path}", path) for lang, path in args.test_file]
+    for what, path in named:
+        if path is not None and not os.path.isfile(path):
+            raise SystemExit(f"error: {what}: {'not a file' if os.path.exists(path) else 'no such file'}")
+    if args.data is not None and not os.path.isdir(args.data):
+        raise SystemExit(f"error: --data {args.data}: no such directory")
 
 
 def main(argv=None):
@@ -1150,39 +1455,60 @@ def main(argv=None):
         print(table1(args.table))
         return
     if args.compare:
-        results = []
-        for path in args.compare:
-            with open(path, encoding="utf-8") as f:
-                results.append(json.load(f))
+        results = [read_json(path, "--compare") for path in args.compare]
+        for path, r in zip(args.compare, results):
+            if not isinstance(r, dict) or not {"task", "metric", "dev", "test", "eval_langs", "train_lang"} <= set(r):
+                raise SystemExit(f"error: --compare: {path} is not a results.json written by finetune.py")
         if len({r["task"] for r in results}) > 1:
-            raise SystemExit("--compare: the results are from different tasks")
+            raise SystemExit("error: --compare: the results are from different tasks")
         print(format_table(results, names=args.compare))
         return
+
+    # -------------------------------------------------------------------------
+    # every flag and input file is checked before any work (one line each)
     if not args.ckpt or not args.out:
-        raise SystemExit("--ckpt and --out are required (or --compare)")
+        raise SystemExit("error: --ckpt and --out are required (or --compare / --table)")
+    args.device = check_device(args.device)
+    if args.bf16 and args.device.startswith("cuda") and not torch.cuda.is_bf16_supported():
+        raise SystemExit(f"error: --bf16: this GPU ({torch.cuda.get_device_name(args.device)}) has no bf16 support")
+    if args.align_layer is None and (args.target_ckpt or args.align_maps):
+        raise SystemExit("error: --target-ckpt and --align-maps are for aligned transfer: give --align-layer too")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.toy is not None:
-        args.data = args.toy or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "toy")
+    if args.toy and args.data and os.path.abspath(args.toy) != os.path.abspath(args.data):
+        raise SystemExit(f"error: --toy {args.toy} and --data {args.data} name two data directories; give one")
+    if args.toy is not None:  # --toy alone: the toy presets on --data, else on the world next to --ckpt
+        args.data = args.toy or args.data or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "toy")
         if not os.path.isdir(args.data):
-            raise SystemExit(f"--toy: no toy world at {args.data} (run pretrain.py --toy, or toydata.py --out DIR)")
+            raise SystemExit(f"error: --toy: no toy world at {args.data} "
+                             "(run pretrain.py --toy, or toydata.py --out DIR)")
     tasks = [args.task] if args.task else (["xnli", "ner", "parse"] if args.toy is not None else [])
     if not tasks:
-        raise SystemExit("--task is required (only --toy runs all three)")
-    model, extra = load_model(args.ckpt, map_location=args.device)
-    if "tokenizer" not in extra:
-        raise SystemExit(f"{args.ckpt}: the checkpoint has no tokenizer (vocab/BPE); use pretrain.py's best.pt")
-    tok = bpe.Tokenizer.from_dict(extra["tokenizer"])
+        raise SystemExit("error: --task is required (only --toy runs all three)")
+    check_files(args)
+    model, extra = _load(args.ckpt, "--ckpt", args.device)
+    tok = _tokenizer(extra, args.ckpt, "--ckpt")
     langs = list(extra.get("langs") or tok.langs)
-    args.eval_langs = ([x.strip() for x in args.eval_langs.split(",") if x.strip()] if args.eval_langs
-                       else [lang for lang in langs if lang != args.train_lang])
+    if args.eval_langs is not None:
+        given, args.eval_langs = args.eval_langs, list(dict.fromkeys(x.strip() for x in args.eval_langs.split(",")
+                                                                     if x.strip()))
+        if not args.eval_langs:
+            raise SystemExit(f"error: --eval-langs {given!r}: no language given")
+    else:
+        args.eval_langs = [lang for lang in langs if lang != args.train_lang]
+        if not args.eval_langs:
+            raise SystemExit(f"error: {args.ckpt} knows only {langs}: give --eval-langs (with --align-layer)")
+    for lang, _ in args.test_file:
+        if lang not in args.eval_langs:
+            raise SystemExit(f"error: --test-file {lang}=...: {lang!r} is not one of --eval-langs {args.eval_langs}")
     for code in [args.train_lang] + (args.eval_langs if args.align_layer is None else []):
         lang_index(langs, code, args.ckpt)  # fail before any data is read
     args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
     routes = None
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
-    os.makedirs(args.out, exist_ok=True)
+    check_out_dir(args.out)
+    jobs = []  # (name, targs, files, prepared, out, sets, finished results or None)
     for name in tasks:
         targs = argparse.Namespace(**vars(args))
         preset = (TOY_PRESET if args.toy is not None else PAPER_PRESET)[name]
@@ -1192,16 +1518,45 @@ def main(argv=None):
         targs.head_lr = targs.head_lr or [None]
         files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file, args.dev_file,
                               args.test_file)
-        res = run_task(name, model, tok, langs, files, targs, routes=routes)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
-        os.makedirs(out, exist_ok=True)
-        write_json(os.path.join(out, "results.json"), res)
+        job = job_identity(name, files, targs)
+        done = check_results(os.path.join(out, "results.json"), job, grid(name, targs), args.overwrite)
+        sets = SetStore(out, job)
+        if not args.overwrite:
+            sets.load()
+        prepared = None if done else prepare_task(name, model, tok, langs, files, targs, routes=routes)
+        jobs.append((name, targs, files, prepared, out, sets, done))
+
+    # -------------------------------------------------------------------------
+    # the grids; each finished set is on disk as soon as it ends
+    for name, targs, files, prepared, out, sets, done in jobs:
+        path = os.path.join(out, "results.json")
+        if done:
+            print(f"\n{name}: {path} is already complete for these flags, checkpoint and data: nothing to do "
+                  "(--overwrite runs it again)")
+            res = done
+        else:
+            check_out_dir(out)
+            if args.overwrite:
+                sets.clear()
+                if os.path.exists(path):
+                    os.remove(path)
+            n_done = sum(sets.get(hp) is not None for hp in grid(name, targs))
+            if n_done:
+                print(f"{name}: resuming: {n_done} of {len(grid(name, targs))} hyper-parameter sets finished in "
+                      f"an earlier run ({sets.dir})")
+            res = run_task(name, model, tok, langs, files, targs, routes=routes, prepared=prepared, sets=sets)
+            res["job"] = sets.job
+            write_json(path, res)
+        ok = [c for c in res["configs"] if "failed" not in c]
         picked = "; ".join(f"bs {res['configs'][i]['batch_size']} lr {res['configs'][i]['lr']:g}"
                            + (f" head lr {res['configs'][i]['head_lr']:g}" if res['configs'][i]['head_lr'] else "")
                            + f" (epoch {res['configs'][i]['best_epoch']})" for i in res["best_two"])
-        print(f"\n{name}: mean of the best two of {len(res['configs'])} hyper-parameter sets by en dev: {picked}")
+        failed = len(res["configs"]) - len(ok)
+        print(f"\n{name}: mean of the best two of {len(ok)} hyper-parameter sets by en dev: {picked}"
+              + (f" ({failed} diverged set(s) left out)" if failed else ""))
         print(format_table([res]))
-        print(f"wrote {os.path.join(out, 'results.json')}")
+        print(f"wrote {path}" if not done else f"results in {path}")
 
 
 if __name__ == "__main__":

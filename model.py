@@ -342,23 +342,72 @@ class MLM(nn.Module):
 
 def save_model(path, model, **extra):
     """Atomically write {"model": state_dict, "config": asdict(config), **extra}. Pass the raw model
-    (not a DDP or torch.compile wrapper) so that keys carry no `module.` / `_orig_mod.` prefix."""
+    (not a DDP or torch.compile wrapper) so that keys carry no `module.` / `_orig_mod.` prefix.
+    The temp file is removed when the write fails (e.g. a full disk), so no half-written file is left."""
     config = asdict(model.config)
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}
     tmp = str(path) + ".tmp"
-    torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+CKPT_HINT = "expected a checkpoint written by pretrain.py (best.pt or checkpoint.pt) or model.save_model"
+
+
+def _first_line(e, n=100):
+    """`Type: first sentence` of an exception (torch's load errors run to several paragraphs)."""
+    msg = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""
+    return type(e).__name__ + (f": {msg[:n]}" if msg else "")
 
 
 def load_model(path, map_location="cpu"):
-    """Returns (model in eval mode, extra dict with everything save_model got besides the model)."""
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    if "model" not in ckpt or "config" not in ckpt:
-        raise ValueError(f"{path}: not a model checkpoint (keys {sorted(ckpt)})")
+    """Returns (model in eval mode, extra dict with everything save_model got besides the model).
+
+    The model is moved to `map_location` when that is a device (string or torch.device). Every way a
+    file can be wrong (missing, empty, truncated, not a torch file, another kind of checkpoint, weights
+    that do not fit the config, NaN/inf weights from a diverged run) raises ValueError with one line
+    naming the file, which the command-line scripts print as their error.
+    """
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: no such file ({CKPT_HINT})")
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory ({CKPT_HINT}, e.g. {os.path.join(path, 'best.pt')})")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path}: empty file (0 bytes), not a checkpoint ({CKPT_HINT})")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many types here (RuntimeError, UnpicklingError, KeyError, EOFError)
+        raise ValueError(f"cannot read {path}: {_first_line(e)} (a truncated or damaged file? {CKPT_HINT})") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+        got = f"keys {sorted(map(str, ckpt))[:8]}" if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
+        raise ValueError(f"{path}: not a model checkpoint (got {got}; {CKPT_HINT})")
+    if not isinstance(ckpt["config"], dict) or not isinstance(ckpt["model"], dict):
+        raise ValueError(f"{path}: not a model checkpoint ('config' and 'model' must be dicts; {CKPT_HINT})")
     try:
         config = ModelConfig(**ckpt.pop("config"))
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad model config: {e}") from None
     model = MLM(config)
-    model.load_state_dict(ckpt.pop("model"))
+    state = ckpt.pop("model")
+    missing = sorted(set(model.state_dict()) - set(state))
+    unexpected = sorted(set(state) - set(model.state_dict()))
+    if missing or unexpected:
+        raise ValueError(f"{path}: the weights do not match the checkpoint's config ({len(missing)} missing, "
+                         f"{len(unexpected)} unexpected keys, e.g. {(missing + unexpected)[0]!r})")
+    for k, v in state.items():
+        if not isinstance(v, torch.Tensor):
+            raise ValueError(f"{path}: weight {k!r} is a {type(v).__name__}, not a tensor")
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise ValueError(f"{path}: weight {k!r} contains NaN or inf (a diverged run?); refusing to use it")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:  # shapes that do not fit the config
+        raise ValueError(f"{path}: the weights do not match the checkpoint's config: {_first_line(e)}") from None
+    if isinstance(map_location, (str, torch.device)):
+        model.to(map_location)
     return model.eval(), ckpt

@@ -9,7 +9,7 @@ import cka
 
 
 def test_known_answer_from_the_cka_demo():
-    """Kornblith et al.'s demo notebook: this seed gives linear CKA 0.55761 (PAPER_NOTES §6)."""
+    """Kornblith et al.'s demo notebook: this seed gives linear CKA 0.55761."""
     np.random.seed(1337)
     X = np.random.randn(100, 10)
     Y = np.random.randn(100, 10) + X

@@ -409,3 +409,79 @@ def test_load_model_rejects_other_files(tmp_path):
     torch.save({"weights": 1}, tmp_path / "x.pt")
     with pytest.raises(ValueError, match="not a model checkpoint"):
         load_model(tmp_path / "x.pt")
+
+
+def _damage(path, kind, tmp_path):
+    """Write one kind of wrong file at `path` (next to a good checkpoint in tmp_path/good.pt)."""
+    good = (tmp_path / "good.pt").read_bytes()
+    if kind == "truncated":
+        path.write_bytes(good[:len(good) // 2])
+    elif kind == "zero bytes":
+        path.write_bytes(b"")
+    elif kind == "random bytes":
+        path.write_bytes(bytes(range(256)) * 4)
+    elif kind == "text":
+        path.write_text("not a checkpoint\n")
+    elif kind == "plain tensor":
+        torch.save(torch.zeros(3), path)
+    elif kind == "dict without model/config":
+        torch.save({"state_dict": {}}, path)
+    elif kind == "wrong weights":
+        raw = torch.load(tmp_path / "good.pt", weights_only=True)
+        raw["model"].pop("ln_emb.weight")
+        torch.save(raw, path)
+    elif kind == "wrong shapes":
+        raw = torch.load(tmp_path / "good.pt", weights_only=True)
+        raw["config"]["dim"] = 8
+        raw["config"]["n_heads"] = 2
+        torch.save(raw, path)
+    elif kind == "bad config":
+        raw = torch.load(tmp_path / "good.pt", weights_only=True)
+        raw["config"]["n_layerz"] = raw["config"].pop("n_layers")
+        torch.save(raw, path)
+    elif kind == "NaN weight":
+        raw = torch.load(tmp_path / "good.pt", weights_only=True)
+        raw["model"]["blocks.1.0.ffn.lin1.weight"][0, 0] = float("nan")
+        torch.save(raw, path)
+    elif kind == "inf weight":
+        raw = torch.load(tmp_path / "good.pt", weights_only=True)
+        raw["model"]["tok_emb.0.weight"][3, 1] = float("inf")
+        torch.save(raw, path)
+
+
+DAMAGED = {"truncated": "cannot read .*truncated or damaged", "zero bytes": "empty file",
+           "random bytes": "cannot read", "text": "cannot read", "plain tensor": "not a model checkpoint .*Tensor",
+           "dict without model/config": "not a model checkpoint .*state_dict", "wrong weights": "1 missing",
+           "wrong shapes": "do not match", "bad config": "bad model config", "NaN weight": "blocks.1.0.ffn.lin1.weight",
+           "inf weight": "tok_emb.0.weight' contains NaN or inf", "missing": "no such file", "directory": "is a directory"}
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGED))
+def test_load_model_damaged_files_give_one_line_naming_the_file(tmp_path, kind):
+    save_model(tmp_path / "good.pt", tiny())
+    path = tmp_path / "bad.pt"
+    if kind == "directory":
+        path.mkdir()
+    elif kind != "missing":
+        _damage(path, kind, tmp_path)
+    with pytest.raises(ValueError, match=DAMAGED[kind]) as e:
+        load_model(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_load_model_reads_pretrain_checkpoint_pt(tiny_ckpt):
+    """pretrain.py's resumable checkpoint.pt also holds model + config: it loads like best.pt."""
+    m, extra = load_model(tiny_ckpt.parent / "checkpoint.pt")
+    m2, _ = load_model(tiny_ckpt)
+    assert m.config == m2.config and "optimizer" in extra and "tokenizer" in extra
+
+
+def test_save_model_leaves_no_temp_file_on_failure(tmp_path, monkeypatch):
+    def full_disk(obj, f, *a, **k):
+        with open(f, "wb") as fh:
+            fh.write(b"half")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError):
+        save_model(tmp_path / "best.pt", tiny())
+    assert os.listdir(tmp_path) == []

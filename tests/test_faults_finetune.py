@@ -1,0 +1,472 @@
+"""User-side faults in finetune.py, align.py and cka.py (issue 14): every mistake ends in one clear line
+naming the flag, or the file and line; none leaves a half-written file or a results file that looks valid.
+
+Run: python -m pytest -q tests/test_faults_finetune.py
+"""
+import re
+
+import pytest
+import torch
+
+import finetune as ft
+
+torch.set_num_threads(1)  # tiny tensors: extra threads only spin on a shared 2-core machine
+
+# -----------------------------------------------------------------------------
+# readers: file:line errors (XNLI labels, UTF-8, CoNLL-U trees)
+
+GOOD_XNLI = "A man.\tA person.\tentailment\nB.\tC.\tneutral\n"
+GOOD_NER = "Paris\tB-LOC\nis\tO\n\nRome\tB-LOC\n"
+# word ids 1..4, a valid tree: 2 is the root, 1 -> 2, 3 -> 2, 4 -> 3
+GOOD_CONLLU = ("# sent_id = a\n1\tA\ta\tDET\t_\t_\t2\tdet\t_\t_\n2\tdog\tdog\tNOUN\t_\t_\t0\troot\t_\t_\n\n"
+               "# sent_id = b\n# text = x\n1\tI\tI\tPRON\t_\t_\t2\tnsubj\t_\t_\n2\tsee\tsee\tVERB\t_\t_\t0\troot\t_\t_\n"
+               "3\tit\tit\tPRON\t_\t_\t2\tobj\t_\t_\n4\t.\t.\tPUNCT\t_\t_\t3\tpunct\t_\t_\n")
+
+
+def _conllu_heads(heads):
+    """Second sentence of GOOD_CONLLU (starting at line 5) with the given HEAD column for words 1..4."""
+    lines = GOOD_CONLLU.split("\n")
+    for k, h in enumerate(heads):
+        cols = lines[6 + k].split("\t")
+        cols[6] = str(h)
+        lines[6 + k] = "\t".join(cols)
+    return "\n".join(lines)
+
+
+READER_FAULTS = [
+    # (reader, file content (bytes or str), expected message; {p} = the file's path)
+    (ft.read_xnli, "A.\tB.\tentailment\nC.\tD.\tneutrall\n",
+     "{p}:2: unknown XNLI label 'neutrall' (expected entailment, neutral, contradiction)"),
+    (ft.read_xnli, GOOD_XNLI.encode() + b"caf\xe9\tx\tneutral\n", "{p}:3: not valid UTF-8"),
+    (ft.read_ner, GOOD_NER.encode() + b"\nM\xfcnchen\tB-LOC\n", "{p}:6: not valid UTF-8"),
+    (ft.read_conllu, GOOD_CONLLU.encode().replace(b"dog\tdog", b"d\xc3g\tdog"), "{p}:3: not valid UTF-8"),
+    (ft.read_conllu, _conllu_heads([2, 0, 2, 4]), "{p}:10: word 4 is its own head"),
+    (ft.read_conllu, _conllu_heads([2, 0, 0, 3]), "{p}:5: sentence is not a tree: 2 words on ROOT"),
+    (ft.read_conllu, _conllu_heads([2, 3, 2, 3]), "{p}:5: sentence is not a tree: 0 words on ROOT"),
+    (ft.read_conllu, _conllu_heads([2, 0, 4, 3]), "{p}:5: sentence is not a tree: words 3 -> 4 -> 3 form a cycle"),
+    (ft.read_conllu, _conllu_heads([2, 0, 2, 5]), "{p}:10: head 5 outside 0..4"),
+]
+
+
+@pytest.mark.parametrize("reader, content, msg", READER_FAULTS, ids=[
+    "xnli-label", "xnli-utf8", "ner-utf8", "conllu-utf8", "conllu-self-loop", "conllu-two-roots", "conllu-no-root",
+    "conllu-cycle", "conllu-head-range"])
+def test_reader_faults_name_file_and_line(tmp_path, reader, content, msg):
+    p = tmp_path / "data.txt"
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ValueError, match=re.escape(msg.format(p=p))) as e:
+        reader(str(p))
+    assert "\n" not in str(e.value)
+
+
+def test_readers_accept_the_good_files(tmp_path):
+    for reader, text in ((ft.read_xnli, GOOD_XNLI), (ft.read_ner, GOOD_NER), (ft.read_conllu, GOOD_CONLLU)):
+        p = tmp_path / "ok.txt"
+        p.write_text(text)
+        assert len(reader(str(p))) == 2
+    p.write_text(GOOD_CONLLU)
+    assert ft.read_conllu(str(p))[1]["heads"] == [2, 0, 2, 3]
+
+
+# -----------------------------------------------------------------------------
+# finetune.py CLI: bad flags and files, checked before any work
+
+
+@pytest.fixture(scope="module")
+def toy_ckpt(toy_world, tmp_path_factory):
+    """A tiny random-init checkpoint with a tokenizer (as tests/test_finetune.py builds it)."""
+    import bpe
+    from model import MLM, ModelConfig, save_model
+    tok = bpe.Tokenizer.build({l: str(toy_world / f"mono/{l}.train.txt") for l in ("en", "fr")},
+                              num_merges=300, verbose=False)
+    torch.manual_seed(0)
+    m = MLM(ModelConfig(vocab_size=tok.vocab_size("en"), n_layers=2, n_heads=2, dim=32, ffn_dim=64, max_positions=24))
+    path = tmp_path_factory.mktemp("faults_ckpt") / "best.pt"
+    save_model(path, m, tokenizer=tok.to_dict(), langs=["en", "fr"])
+    return path
+
+
+@pytest.fixture(scope="module")
+def nan_ckpt(toy_ckpt):
+    raw = torch.load(toy_ckpt, weights_only=True)
+    raw["model"]["blocks.0.0.attn.qkv.weight"][0, 0] = float("nan")
+    path = toy_ckpt.parent / "nan.pt"
+    torch.save(raw, path)
+    return path
+
+
+# (extra argv, expected message); argparse errors go to stderr as `finetune.py: error: argument --flag: ...`
+FT_BAD_FLAGS = [
+    (["--batch-size", "0"], "argument --batch-size: expected a comma list of integers >= 1"),
+    (["--batch-size", ","], "argument --batch-size: expected a comma list of integers >= 1, got ','"),
+    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    (["--epochs", "-3"], "argument --epochs: must be >= 1"),
+    (["--eval-batch-size", "0"], "argument --eval-batch-size: must be >= 1"),
+    (["--epoch-size", "-1"], "argument --epoch-size: must be >= 0"),
+    (["--lr", ","], "argument --lr: expected a comma list of positive numbers, got ','"),
+    (["--lr=-1e-3"], "argument --lr: expected a comma list of positive numbers"),
+    (["--lr", "nan"], "argument --lr: expected a comma list of positive numbers"),
+    (["--lr", "1e-3,x"], "argument --lr: expected a comma list of numbers"),
+    (["--head-lr", ""], "argument --head-lr: expected a comma list of positive numbers"),
+    (["--max-len", "1"], "argument --max-len: must be >= 2"),
+    (["--head-dropout", "1.5"], "argument --head-dropout: must be in [0, 1)"),
+    (["--clip", "-1"], "argument --clip: must be in [0, inf)"),
+    (["--threads", "-2"], "argument --threads: must be >= 0"),
+    (["--align-layer", "-1"], "argument --align-layer: must be >= 0"),
+    (["--test-file", "fr"], "argument --test-file: expected LANG=PATH"),
+]
+
+
+@pytest.mark.parametrize("extra, msg", FT_BAD_FLAGS, ids=[" ".join(a) for a, _ in FT_BAD_FLAGS])
+def test_finetune_bad_flag_values(toy_world, toy_ckpt, tmp_path, capsys, extra, msg):
+    with pytest.raises(SystemExit) as e:
+        ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(tmp_path / "o")]
+                + extra)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+FT_BAD_INPUTS = [
+    # (extra argv, expected message); {w} = the toy world, {c} = the checkpoint's folder, {t} = tmp_path
+    (["--eval-langs", "de"], "'de' is not one of the checkpoint's languages"),
+    (["--eval-langs", ","], "error: --eval-langs ',': no language given"),
+    (["--train-lang", "xx"], "'xx' is not one of the checkpoint's languages"),
+    (["--train-file", "{t}/missing.tsv"], "error: --train-file {t}/missing.tsv: no such file"),
+    (["--dev-file", "{t}"], "error: --dev-file {t}: not a file"),
+    (["--test-file", "fr={t}/none.tsv"], "error: --test-file fr={t}/none.tsv: no such file"),
+    (["--test-file", "ru={w}/ner/fr.test.tsv"], "error: --test-file ru=...: 'ru' is not one of --eval-langs ['fr']"),
+    (["--data", "{t}/nodata"], "error: --toy: no toy world at {t}/nodata"),
+    (["--toy", "{t}", "--data", "{w}"], "error: --toy {t} and --data {w} name two data directories"),
+    (["--device", "gpu0"], "error: --device 'gpu0' is not a torch device"),
+    (["--device", "xpu"], "error: --device xpu: only cpu, cuda[:N] and mps are supported"),
+    (["--target-ckpt", "{c}/best.pt"], "error: --target-ckpt and --align-maps are for aligned transfer"),
+    (["--align-layer", "1"], "error: --align-layer needs --target-ckpt and --align-maps"),
+    (["--align-layer", "9", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/maps.npz"],
+     "error: --align-layer 9 outside 0..2"),
+    (["--align-layer", "1", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/missing.npz"],
+     "error: --align-maps: cannot read {t}/missing.npz"),
+    (["--align-layer", "1", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/nan.npz"],
+     "error: --align-maps {t}/nan.npz: the layer-1 map contains NaN or inf"),
+    (["--align-layer", "1", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/bad.npz"],
+     "error: --align-maps {t}/bad.npz: no 'src_to_tgt' entry"),
+    (["--align-layer", "1", "--target-ckpt", "{c}/nan.pt", "--align-maps", "{t}/maps.npz"],
+     "error: --target-ckpt: {c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN or inf"),
+]
+
+
+@pytest.mark.parametrize("extra, msg", FT_BAD_INPUTS, ids=[" ".join(a) for a, _ in FT_BAD_INPUTS])
+def test_finetune_bad_inputs_one_line_before_any_work(toy_world, toy_ckpt, nan_ckpt, tmp_path, extra, msg):
+    import numpy as np
+    eye = np.stack([np.eye(32, dtype=np.float32)] * 3)
+    np.savez(tmp_path / "maps.npz", src_to_tgt=eye, tgt_to_src=eye, src="en", tgt="fr")
+    np.savez(tmp_path / "nan.npz", src_to_tgt=eye * np.nan, tgt_to_src=eye * np.nan, src="en", tgt="fr")
+    np.savez(tmp_path / "bad.npz", maps=eye, src="en", tgt="fr")
+    fill = lambda x: x.format(w=toy_world, c=toy_ckpt.parent, t=tmp_path)  # noqa: E731
+    if "--align-layer" in extra:
+        extra = extra + ["--eval-langs", "fr"]
+    toy = ["--toy"] if "--data" in extra else ["--toy", str(toy_world)]
+    with pytest.raises(SystemExit, match=re.escape(fill(msg))) as e:
+        ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--out", str(tmp_path / "o"), "--epochs", "1", "--lr",
+                 "1e-3", "--batch-size", "32"] + toy + [fill(a) for a in extra])
+    assert "\n" not in str(e.value.code)
+    assert not list(tmp_path.glob("o/**/*.json"))
+
+
+@pytest.mark.parametrize("kind", ["zero bytes", "truncated", "NaN weights", "plain tensor", "directory"])
+def test_finetune_damaged_checkpoint(toy_world, toy_ckpt, nan_ckpt, tmp_path, kind):
+    path = {"NaN weights": nan_ckpt, "directory": tmp_path}.get(kind, tmp_path / "bad.pt")
+    if kind == "zero bytes":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        path.write_bytes(toy_ckpt.read_bytes()[:1000])
+    elif kind == "plain tensor":
+        torch.save(torch.ones(2), path)
+    with pytest.raises(SystemExit, match=f"^error: --ckpt: .*{re.escape(str(path))}") as e:
+        ft.main(["--task", "ner", "--ckpt", str(path), "--toy", str(toy_world), "--out", str(tmp_path / "o")])
+    assert "\n" not in str(e.value.code)
+    assert not (tmp_path / "o").exists()
+
+
+def test_finetune_bad_data_file_stops_before_training(toy_world, toy_ckpt, tmp_path, monkeypatch):
+    """A bad test file of the LAST task (parsing) stops the --toy run before XNLI trains at all."""
+    world = tmp_path / "world"
+    import shutil
+    shutil.copytree(toy_world, world)
+    conllu = world / "ud/fr.test.conllu"
+    text = conllu.read_text().replace("\t0\troot\t", "\t1\troot\t", 1)  # the first sentence's root -> word 1
+    conllu.write_text(text)
+    trained = []
+    monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: trained.append(1))
+    with pytest.raises(SystemExit, match=re.escape(str(conllu)) + r":1: .*not a tree|its own head"):
+        ft.main(["--toy", str(world), "--ckpt", str(toy_ckpt), "--epochs", "1", "--lr", "1e-3", "--out",
+                 str(tmp_path / "o")])
+    assert trained == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_finetune_device_cuda_without_cuda(toy_world, toy_ckpt, tmp_path):
+    for dev in ("cuda", "cuda:0"):
+        with pytest.raises(SystemExit, match=f"^error: --device {dev}: CUDA is not available on this machine"):
+            ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(tmp_path),
+                     "--device", dev])
+
+
+def test_finetune_unwritable_out_and_compare_inputs(toy_world, toy_ckpt, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out, msg in ((afile, "exists and is not a directory"), (afile / "sub", "cannot write there")):
+        with pytest.raises(SystemExit, match=f"^error: --out {re.escape(str(out))}: {msg}"):
+            ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(out)])
+    with pytest.raises(SystemExit, match=f"^error: --compare: cannot read {re.escape(str(tmp_path / 'no.json'))}"):
+        ft.main(["--compare", str(tmp_path / "no.json")])
+    with pytest.raises(SystemExit, match=f"^error: --compare: cannot read {re.escape(str(afile))}"):
+        ft.main(["--compare", str(afile)])  # not JSON
+    (tmp_path / "r.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="is not a results.json written by finetune.py"):
+        ft.main(["--compare", str(tmp_path / "r.json")])
+
+
+def test_write_json_full_disk_leaves_no_file(tmp_path, monkeypatch):
+    import errno
+    import json
+
+    def full(obj, f, **kw):
+        f.write('{"half": ')
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(json, "dump", full)
+    target = tmp_path / "results.json"
+    with pytest.raises(SystemExit, match=f"^error: no space left writing {re.escape(str(target))}$"):
+        ft.write_json(target, {"a": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
+# -----------------------------------------------------------------------------
+# finetune.py: each finished set on disk at once, resume, results.json policy, diverged sets
+
+NER_RUN = ["--task", "ner", "--epochs", "1", "--batch-size", "32", "--lr", "1e-3,3e-4"]
+
+
+def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckpt, tmp_path, monkeypatch, capsys):
+    import json
+    out = tmp_path / "o"
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(out)]
+    real = ft.finetune_one
+    calls = []
+
+    def interrupted(*a, **k):  # the machine goes down during the second set
+        calls.append(a[4]["lr"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    monkeypatch.setattr(ft, "finetune_one", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ft.main(argv)
+    sets = sorted(p.name for p in (out / "sets").iterdir())
+    assert sets == ["bs32-lr0.001.json"] and not (out / "results.json").exists()  # the first set is kept
+
+    calls.clear()
+    monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: calls.append(a[4]["lr"]) or real(*a, **k))
+    ft.main(argv)  # same flags: resume, only the second set trains
+    text = capsys.readouterr().out
+    assert calls == [3e-4] and "resuming: 1 of 2" in text and "finished in an earlier run" in text
+    res = json.loads((out / "results.json").read_text())
+    assert [c["lr"] for c in res["configs"]] == [1e-3, 3e-4] and sorted(res["best_two"]) == [0, 1]
+    assert sorted(p.name for p in (out / "sets").iterdir()) == ["bs32-lr0.0003.json", "bs32-lr0.001.json"]
+
+    # the same command again: nothing to do, the finished results.json is kept
+    calls.clear()
+    before = (out / "results.json").read_bytes()
+    ft.main(argv)
+    assert calls == [] and "already complete" in capsys.readouterr().out
+    assert (out / "results.json").read_bytes() == before
+
+    # other flags: results.json is refused, and so are the sets of the other run
+    with pytest.raises(SystemExit, match=r"results.json already exists .*--epochs: 1 there, 2 now.*--overwrite"):
+        ft.main(argv + ["--epochs", "2"])
+    (out / "results.json").unlink()
+    with pytest.raises(SystemExit, match=r"holds hyper-parameter sets of a run with other flags .*--seed: 0 there, 1 now"):
+        ft.main(argv + ["--seed", "1"])
+    assert calls == []
+    # --overwrite: a fresh grid; the old sets are gone, every record is of the new flags
+    ft.main(argv + ["--seed", "1", "--overwrite"])
+    assert calls == [1e-3, 3e-4]
+    res = json.loads((out / "results.json").read_text())
+    assert res["args"]["seed"] == 1 and res["job"]["seed"] == 1
+    for p in (out / "sets").iterdir():
+        assert json.loads(p.read_text())["job"]["seed"] == 1
+
+
+def test_results_json_of_another_job_is_not_overwritten(toy_world, toy_ckpt, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "results.json").write_text('{"task": "ner", "note": "an earlier, precious run"}')
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(out), "--lr", "1e-3"]
+    with pytest.raises(SystemExit, match=f"^error: {re.escape(str(out / 'results.json'))} already exists"):
+        ft.main(argv)
+    assert "precious" in (out / "results.json").read_text()
+    ft.main(argv + ["--overwrite"])
+    assert "precious" not in (out / "results.json").read_text()
+
+
+def test_a_diverged_set_is_left_out_and_all_diverged_writes_nothing(toy_world, toy_ckpt, tmp_path, monkeypatch, capsys):
+    """NaN loss in the set with the larger learning rate: that set stops (named, with the epoch), the
+    selection uses the other; NaN in every set: no results.json at all, one error line."""
+    import json
+    real = ft.NERTask.loss
+    nan_if = {"lr": 1e-3}
+
+    def loss(self, model, head, batch, lang, max_len):
+        opt_lr = nan_if["lr"]
+        out = real(self, model, head, batch, lang, max_len)
+        return out * float("nan") if opt_lr is None or current["lr"] == opt_lr else out
+    current = {}
+    real_one = ft.finetune_one
+    monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: current.update(a[4]) or real_one(*a, **k))
+    monkeypatch.setattr(ft.NERTask, "loss", loss)
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world)]
+    ft.main(argv + ["--out", str(tmp_path / "a")])
+    text = capsys.readouterr().out
+    assert "set 1/2 stopped: non-finite training loss (nan) at epoch 1, update 1" in text
+    assert "1 diverged set(s) left out" in text
+    res = json.loads((tmp_path / "a/results.json").read_text())
+    assert "failed" in res["configs"][0] and res["best_two"] == [1]
+    assert res["dev"] == res["configs"][1]["dev"]
+
+    nan_if["lr"] = None  # every set diverges
+    with pytest.raises(SystemExit, match="every hyper-parameter set diverged"):
+        ft.main(argv + ["--out", str(tmp_path / "b")])
+    assert not (tmp_path / "b/results.json").exists()
+
+
+# -----------------------------------------------------------------------------
+# align.py and cka.py CLIs: bad flags and inputs, one line each, before the encoders run
+
+ALIGN_BAD_FLAGS = [
+    (["sentences", "--k", "0"], "argument --k: must be >= 1, got 0"),
+    (["sentences", "--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    (["sentences", "--max-sents", "0"], "argument --max-sents: must be >= 1"),
+    (["sentences", "--max-train", "-1"], "argument --max-train: must be >= 1"),
+    (["contextual", "--eval-frac", "1.5"], "argument --eval-frac: must be strictly between 0 and 1"),
+    (["contextual", "--eval-frac", "0"], "argument --eval-frac: must be strictly between 0 and 1"),
+    (["words", "--itn-iters", "-1"], "argument --itn-iters: must be >= 0"),
+    (["words", "--max-vocab", "0"], "argument --max-vocab: must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("argv, msg", ALIGN_BAD_FLAGS, ids=[" ".join(a) for a, _ in ALIGN_BAD_FLAGS])
+def test_align_bad_flag_values(argv, msg, capsys):
+    import align
+    with pytest.raises(SystemExit) as e:
+        align.main(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+BAD_UTF8 = b"le chat\nl'\xe9t\xe9\n"
+
+
+ALIGN_BAD_INPUTS = [
+    # (argv after the sub-command, expected message); {w} toy world, {c} checkpoint folder, {t} tmp_path
+    (["sentences", "--ckpt", "{t}/missing.pt", "--toy", "{w}"], "--ckpt {t}/missing.pt: no such file"),
+    (["sentences", "--ckpt", "{t}/empty.pt", "--toy", "{w}"], "{t}/empty.pt: empty file (0 bytes), not a checkpoint"),
+    (["sentences", "--ckpt", "{c}/nan.pt", "--toy", "{w}"], "{c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "{t}/noworld"], "--toy {t}/noworld: no such directory"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/no.en", "--test-tgt", "{t}/bad.fr"],
+     "--test-src {t}/no.en: no such file"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/ok.en", "--test-tgt", "{t}/ok.en", "--train-src",
+      "{t}/ok.en"], "--train-src and --train-tgt go together"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/ok.en", "--test-tgt", "{t}/bad.fr"],
+     "{t}/bad.fr:2: not valid UTF-8"),
+    (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--test-dict", "{t}/bad.fr"], "{t}/bad.fr:2: not valid UTF-8"),
+    (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--src-corpus", "{t}/bad.fr"], "{t}/bad.fr:2: not valid UTF-8"),
+    (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--vec-src", "{t}/ok.en"], "--vec-src and --vec-tgt go together"),
+    (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}/nodir/maps.npz"],
+     "--save-maps {t}/nodir/maps.npz: cannot write there"),
+    (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}"], "is a directory"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--device", "gpu"], "--device 'gpu' is not a torch device"),
+]
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "bad.fr").write_bytes(BAD_UTF8)
+    (tmp_path / "ok.en").write_text("the cat\nthe summer\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, msg", ALIGN_BAD_INPUTS, ids=[" ".join(a[:1] + a[-2:-1]) for a, _ in ALIGN_BAD_INPUTS])
+def test_align_bad_inputs_one_line(toy_world, toy_ckpt, nan_ckpt, bad_files, argv, msg):
+    import align
+    fill = lambda x: x.format(w=toy_world, c=toy_ckpt.parent, t=bad_files)  # noqa: E731
+    with pytest.raises(SystemExit, match=re.escape(fill(msg))) as e:
+        align.main([fill(a) for a in argv])
+    assert str(e.value.code).startswith(f"align.py {argv[0]}: error: ") and "\n" not in str(e.value.code)
+    assert not list(bad_files.rglob("*.npz*"))
+
+
+@pytest.mark.parametrize("content, msg", [
+    ("2 3\nchat 1 2 nan\n", ":2: the vector of 'chat' contains NaN or inf"),
+    ("2 3\nchat 1 2 x\n", ":2: the vector of 'chat' is not 3 numbers"),
+    ("two 3\nchat 1 2 3\n", ":1: expected a '.vec' header"),
+])
+def test_read_vec_bad_values(tmp_path, content, msg):
+    import align
+    p = tmp_path / "v.vec"
+    p.write_text(content)
+    with pytest.raises(ValueError, match=re.escape(f"{p}{msg}")):
+        align.read_vec(str(p))
+
+
+def test_align_save_maps_full_disk_leaves_no_file(tmp_path, monkeypatch):
+    import errno
+    import numpy as np
+    import align
+
+    def full(f, **kw):
+        f.write(b"PK half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(np, "savez", full)
+    target = str(tmp_path / "maps.npz")
+    with pytest.raises(ValueError, match=f"^no space left writing {re.escape(target)}$"):
+        align.save_maps(target, [np.eye(2)], "en", "fr")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_align_map_with_nan_is_refused():
+    import numpy as np
+    import align
+    with pytest.raises(ValueError, match="the L3 map contains NaN or inf"):
+        align._finite_map(np.array([[np.nan, 0], [0, 1]]), "L3")
+
+
+CKA_BAD = [
+    (["--max-sents", "1"], "argument --max-sents: must be >= 2"),
+    (["--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    (["--ckpt", "{t}/empty.pt"], "{t}/empty.pt: empty file (0 bytes)"),
+    (["--ckpt", "{c}/nan.pt"], "{c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN"),
+    (["--ckpt2", "{t}/none.pt"], "--ckpt2 {t}/none.pt: no such file"),
+    (["--src-file", "{t}/bad.fr", "--tgt-file", "{t}/ok.en"], "{t}/bad.fr:2: not valid UTF-8"),
+    (["--src-file", "{t}/ok.en", "--tgt-file", "{t}/nothere"], "--tgt-file {t}/nothere: no such file"),
+    (["--toy", "{t}/noworld"], "--toy {t}/noworld: no such directory"),
+    (["--device", "cuda:x"], "--device 'cuda:x' is not a torch device"),
+]
+
+
+@pytest.mark.parametrize("argv, msg", CKA_BAD, ids=[" ".join(a[:1]) for a, _ in CKA_BAD])
+def test_cka_bad_inputs_one_line(toy_world, toy_ckpt, nan_ckpt, bad_files, capsys, argv, msg):
+    import cka
+    fill = lambda x: x.format(w=toy_world, c=toy_ckpt.parent, t=bad_files)  # noqa: E731
+    base = ["--ckpt", str(toy_ckpt)] + ([] if "--toy" in argv or "--src-file" in argv else ["--toy", str(toy_world)])
+    with pytest.raises(SystemExit) as e:
+        cka.main(base + [fill(a) for a in argv])
+    text = str(e.value.code) if e.value.code != 2 else capsys.readouterr().err
+    assert fill(msg) in text and (e.value.code == 2 or text.startswith("cka.py: error: "))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_align_and_cka_device_cuda_without_cuda(toy_world, toy_ckpt):
+    import align
+    import cka
+    for main, argv in ((align.main, ["sentences"]), (cka.main, [])):
+        with pytest.raises(SystemExit, match="--device cuda: CUDA is not available on this machine"):
+            main(argv + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--device", "cuda"])
