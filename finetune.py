@@ -987,6 +987,40 @@ def format_table(results, names=None):
     return "\n".join(lines)
 
 
+def read_cells(d, flag):
+    """{(task, lang): test score in %} from one `finetune.py --out` directory ({xnli,ner,parse}/results.json,
+    or one results.json), and the pretraining record of the checkpoint ({"step", "dev_ppl"}, may be empty)."""
+    cells, pretrain = {}, {}
+    for task in ("xnli", "ner", "parse"):
+        for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
+            if os.path.exists(path):
+                r = read_json(path, flag)
+                if isinstance(r, dict) and r.get("task") == task and isinstance(r.get("test"), dict):
+                    cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
+                    pretrain = r.get("pretrain") or pretrain
+                    break
+    if not cells:
+        raise SystemExit(f"error: {flag}: no results.json under {d}")
+    return cells, pretrain
+
+
+def _columns(runs):
+    return sorted({c for cells in runs for c in cells}, key=lambda c: (("xnli", "ner", "parse").index(c[0]), c[1]))
+
+
+def _mean_std(v):
+    return "-" if not v else f"{np.mean(v):.1f}" + (f" ±{np.std(v):.1f}" if len(v) > 1 else "")
+
+
+def _format_rows(header, lines):
+    widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt(header)] + [fmt(r) for r in lines])
+
+
+SHORT = {"xnli": "XNLI", "ner": "NER", "parse": "Parse"}
+
+
 def table1(run_dirs):
     """The paper's Table 1 layout from several fine-tuned models. Each directory is one `finetune.py --out`
     holding {xnli,ner,parse}/results.json (any subset). Rows = models; columns = task x target language
@@ -996,27 +1030,12 @@ def table1(run_dirs):
     rows = {}  # name -> list of {(task, lang): score}
     for d in run_dirs:
         name = re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(d)))
-        cells = {}
-        for task in ("xnli", "ner", "parse"):
-            for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
-                if os.path.exists(path):
-                    r = read_json(path, "--table")
-                    if isinstance(r, dict) and r.get("task") == task and isinstance(r.get("test"), dict):
-                        cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
-                        break
-        if not cells:
-            raise SystemExit(f"error: --table: no results.json under {d}")
-        rows.setdefault(name, []).append(cells)
-    cols = sorted({c for runs in rows.values() for cells in runs for c in cells},
-                  key=lambda c: (("xnli", "ner", "parse").index(c[0]), c[1]))
-    short = {"xnli": "XNLI", "ner": "NER", "parse": "Parse"}
-    header = ["model", "seeds"] + [f"{short[t]} {lang}" for t, lang in cols] + ["avg", "Δ"]
+        rows.setdefault(name, []).append(read_cells(d, "--table")[0])
+    cols = _columns([cells for runs in rows.values() for cells in runs])
+    header = ["model", "seeds"] + [f"{SHORT[t]} {lang}" for t, lang in cols] + ["avg", "Δ"]
     lines, first_avg = [], None
     for name, runs in rows.items():
-        out = [name, str(len(runs))]
-        for c in cols:
-            v = [cells[c] for cells in runs if c in cells]
-            out.append("-" if not v else f"{np.mean(v):.1f}" + (f" ±{np.std(v):.1f}" if len(v) > 1 else ""))
+        out = [name, str(len(runs))] + [_mean_std([cells[c] for cells in runs if c in cells]) for c in cols]
         avgs = [np.mean([cells[c] for c in cols]) for cells in runs if all(c in cells for c in cols)]
         avg = float(np.mean(avgs)) if avgs else None
         if not lines:  # the first row (the paper's Default) is the reference of Δ
@@ -1024,9 +1043,67 @@ def table1(run_dirs):
         out.append("-" if avg is None else f"{avg:.1f}" + (f" ±{np.std(avgs):.1f}" if len(avgs) > 1 else ""))
         out.append("-" if avg is None or first_avg is None else f"{avg - first_avg:+.1f}")
         lines.append(out)
-    widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([fmt(header)] + [fmt(r) for r in lines])
+    return _format_rows(header, lines)
+
+
+def learning_curve(run_dirs):
+    """Transfer against pretraining updates (pretrain.py --snapshots, each snapshot fine-tuned). Directories
+    are named NAME-sSEED-stepN (or NAME-stepN): one row per (NAME, N), cells the mean (± std) over seeds of
+    the test scores, beside the snapshot's dev perplexity. Returns (text table, {name: {column: [(N, mean)]}})
+    where the second part is what plot_curve draws."""
+    runs = {}  # (name, step) -> list of (cells, pretrain)
+    for d in run_dirs:
+        m = re.fullmatch(r"(.+?)(?:-s\d+)?-step(\d+)", os.path.basename(os.path.normpath(d)))
+        if not m:
+            raise SystemExit(f"error: --curve: {d}: expected a directory named NAME-sSEED-stepN or NAME-stepN")
+        runs.setdefault((m.group(1), int(m.group(2))), []).append(read_cells(d, "--curve"))
+    cols = _columns([cells for v in runs.values() for cells, _ in v])
+    ppl_langs = sorted({l for v in runs.values() for _, pt in v for l in (pt.get("dev_ppl") or {})})
+    header = (["model", "updates", "seeds"] + [f"dev ppl {l}" for l in ppl_langs]
+              + [f"{SHORT[t]} {lang}" for t, lang in cols])
+    lines, series = [], {}
+    for (name, step) in sorted(runs, key=lambda k: (list(dict.fromkeys(n for n, _ in runs)).index(k[0]), k[1])):
+        v = runs[(name, step)]
+        ppl = [_mean_std([pt["dev_ppl"][l] for _, pt in v if l in (pt.get("dev_ppl") or {})]) for l in ppl_langs]
+        scores = [[cells[c] for cells, _ in v if c in cells] for c in cols]
+        lines.append([name, str(step), str(len(v))] + ppl + [_mean_std(s) for s in scores])
+        for c, s in zip(cols, scores):
+            if s:
+                series.setdefault(name, {}).setdefault(f"{SHORT[c[0]]} {c[1]}", []).append((step, float(np.mean(s))))
+        for l in ppl_langs:
+            p = [pt["dev_ppl"][l] for _, pt in v if l in (pt.get("dev_ppl") or {})]
+            if p:
+                series.setdefault(name, {}).setdefault(f"dev ppl {l}", []).append((step, float(np.mean(p))))
+    return _format_rows(header, lines), series
+
+
+def plot_curve(series, path):
+    """One panel per column (task x language, dev perplexity), one line per model, x = updates (log scale)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("error: --plot needs matplotlib, which is not a requirement: pip install matplotlib")
+    panels = list(dict.fromkeys(c for cols in series.values() for c in cols))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for name, cols in series.items():
+            if panel in cols:
+                x, y = zip(*cols[panel])
+                ax.plot(x, y, marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("pretraining updates")
+        ax.set_title(panel + ("" if panel.startswith("dev ppl") else " (test, %)"))
+        if panel.startswith("dev ppl"):
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    print(f"wrote {path}")
 
 
 def write_json(path, obj):
@@ -1377,6 +1454,12 @@ def build_parser():
                         "unless the flags, checkpoint and data are the same, which resumes)")
     p.add_argument("--compare", nargs="+", metavar="RESULTS_JSON",
                    help="only print one table for several results.json of the same task, with the Δ column")
+    p.add_argument("--curve", nargs="+", metavar="OUT_DIR",
+                   help="only print transfer against pretraining updates for --out directories named "
+                        "NAME-sSEED-stepN (fine-tuned pretrain.py --snapshots): rows = (model, updates), the "
+                        "snapshot's dev perplexity and the test scores, mean ± std over seeds")
+    p.add_argument("--plot", metavar="FILE.png", help="with --curve: also draw it (needs matplotlib, not a "
+                                                      "requirement)")
     p.add_argument("--table", nargs="+", metavar="OUT_DIR",
                    help="only print the paper's Table 1 layout for several --out directories (rows = models, "
                         "columns = task x target language, avg, Δ against the first row); NAME-s0, NAME-s1, ... "
@@ -1451,6 +1534,14 @@ def check_files(args):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.plot and not args.curve:
+        raise SystemExit("error: --plot goes with --curve")
+    if args.curve:
+        text, series = learning_curve(args.curve)
+        print(text)
+        if args.plot:
+            plot_curve(series, args.plot)
+        return
     if args.table:
         print(table1(args.table))
         return
@@ -1547,6 +1638,7 @@ def main(argv=None):
                       f"an earlier run ({sets.dir})")
             res = run_task(name, model, tok, langs, files, targs, routes=routes, prepared=prepared, sets=sets)
             res["job"] = sets.job
+            res["pretrain"] = {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")}  # for --curve
             write_json(path, res)
         ok = [c for c in res["configs"] if "failed" not in c]
         picked = "; ".join(f"bs {res['configs'][i]['batch_size']} lr {res['configs'][i]['lr']:g}"

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -557,3 +558,38 @@ def test_table1_layout_means_seeds_and_delta(tmp_path, capsys):
     assert lines[2].split() == ["sep", "1", "40.0", "10.0", "25.0", "-30.0"]
     with pytest.raises(SystemExit, match="no results.json"):
         ft.main(["--table", str(tmp_path / "missing")])
+
+
+def test_learning_curve_rows_per_model_and_update(tmp_path, capsys):
+    """--curve: NAME-sSEED-stepN directories -> one row per (NAME, N) in update order, seeds averaged, the
+    snapshot's dev perplexity beside the test scores; the plot series carry the same means."""
+    def write(run, task, metric, score, ppl):
+        d = tmp_path / run / task
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({"task": task, "metric": metric, "test": {"fr": {metric: score}},
+                                                    "pretrain": {"step": 0, "dev_ppl": {"en": ppl, "fr": ppl}}}))
+    for run, (f1, las, ppl) in {"default-s0-step1000": (0.50, 0.70, 20.0), "default-s1-step1000": (0.60, 0.80, 30.0),
+                                "default-s0-step500": (0.10, 0.20, 90.0), "sep-s0-step500": (0.01, 0.02, 95.0)}.items():
+        write(run, "ner", "f1", f1, ppl)
+        write(run, "parse", "las", las, ppl)
+    dirs = [str(tmp_path / r) for r in ("default-s0-step1000", "default-s1-step1000", "default-s0-step500",
+                                        "sep-s0-step500")]
+    text, series = ft.learning_curve(dirs)
+    lines = text.splitlines()
+    assert lines[0].split() == ["model", "updates", "seeds", "dev", "ppl", "en", "dev", "ppl", "fr", "NER", "fr",
+                                "Parse", "fr"]
+    assert lines[1].split() == ["default", "500", "1", "90.0", "90.0", "10.0", "20.0"]
+    assert lines[2].split() == ["default", "1000", "2", "25.0", "±5.0", "25.0", "±5.0", "55.0", "±5.0", "75.0", "±5.0"]
+    assert lines[3].split() == ["sep", "500", "1", "95.0", "95.0", "1.0", "2.0"]
+    assert series["default"]["NER fr"] == [(500, pytest.approx(10.0)), (1000, pytest.approx(55.0))]
+    with pytest.raises(SystemExit, match="NAME-sSEED-stepN"):
+        ft.learning_curve([str(tmp_path / "default-s0")])
+    with pytest.raises(SystemExit, match="--plot goes with --curve"):
+        ft.main(["--table", dirs[0], "--plot", str(tmp_path / "x.png")])
+
+
+def test_plot_curve_says_how_to_install_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(SystemExit, match="pip install matplotlib"):
+        ft.plot_curve({"default": {"NER fr": [(500, 1.0)]}}, str(tmp_path / "c.png"))
+    assert not (tmp_path / "c.png").exists()
