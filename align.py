@@ -457,7 +457,7 @@ def fast_align(src_sents, tgt_sents, symmetric=True, **kwargs):
 
 def one_to_one_pairs(links, src_words, tgt_words):
     """Keep links whose source word and target word are each linked exactly once, and drop pairs of
-    identical strings (CLN `_process_align`): copies say nothing about the two spaces' alignment."""
+    identical strings (shijie-wu/crosslingual-nlp `_process_align`): copies say nothing about the two spaces' alignment."""
     ci, cj = {}, {}
     for i, j in links:
         ci[i] = ci.get(i, 0) + 1

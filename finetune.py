@@ -387,7 +387,7 @@ class Biaffine(nn.Module):
     def __init__(self, n_in, n_out=1, bias_x=True, bias_y=True):
         super().__init__()
         self.n_out, self.bias_x, self.bias_y = n_out, bias_x, bias_y
-        self.weight = nn.Parameter(torch.zeros(n_out, n_in + bias_x, n_in + bias_y))  # zero init as SUPAR
+        self.weight = nn.Parameter(torch.zeros(n_out, n_in + bias_x, n_in + bias_y))  # zero init as yzhangcs/parser (supar)
 
     def forward(self, x, y):  # x, y: (B, T, n_in)
         if self.bias_x:
@@ -425,7 +425,7 @@ class BiaffineParser(nn.Module):
 
     @staticmethod
     def loss(s_arc, s_rel, heads, rels):
-        """CE over heads + CE over the label at the GOLD head, each averaged over words (SUPAR, CLN).
+        """CE over heads + CE over the label at the GOLD head, each averaged over words (yzhangcs/parser, shijie-wu/crosslingual-nlp).
         heads, rels: (B, T) gold head POSITION and label id per dependent, -1 where not a word."""
         words = heads >= 0
         arc_loss = F.cross_entropy(s_arc[words], heads[words])
@@ -462,7 +462,7 @@ def first_subwords(tok, words, lang):
 
 
 def windows(n, size):
-    """Cover n subwords with windows of at most `size` (CLN): -> [(start, end, keep_from)].
+    """Cover n subwords with windows of at most `size` (shijie-wu/crosslingual-nlp `dataset/tagging.py`): -> [(start, end, keep_from)].
 
     Each next window restarts size // 2 subwords before the previous one ended; those are context only:
     positions [keep_from, end) take their states from this window, so every subword is taken exactly once.
@@ -791,7 +791,7 @@ def freeze_lang_specific(model):
 
 
 def warmup_linear(step, total, warmup=0.1):
-    """LR factor: linear warm-up over the first 10 % of the updates, then linear decay to 0 (CLN)."""
+    """LR factor: linear warm-up over the first 10 % of the updates, then linear decay to 0 (shijie-wu/crosslingual-nlp)."""
     n_warm = max(1, int(warmup * total))
     return step / n_warm if step < n_warm else max(0.0, (total - step) / max(1, total - n_warm))
 
@@ -835,7 +835,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     if task.name == "xnli":  # XLM: two Adam optimisers with fixed learning rates, no schedule
         opts = [torch.optim.Adam(enc_params, lr=hp["lr"]), torch.optim.Adam(head.parameters(), lr=hp["head_lr"])]
         scheds = []
-    else:  # one Adam, 10 % linear warm-up then linear decay (CLN)
+    else:  # one Adam, 10 % linear warm-up then linear decay (crosslingual-nlp)
         opts = [torch.optim.Adam(enc_params + list(head.parameters()), lr=hp["lr"])]
         scheds = [torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: warmup_linear(s, total))]
     lang0 = data["lang_id"]

@@ -38,9 +38,9 @@ class ModelConfig:
     dim: int = 768                   # paper §3.1
     ffn_dim: int = 3072              # paper §3.1 (XLM hard-codes 4 * dim)
     dropout: float = 0.1             # paper §3.1
-    attention_dropout: float = 0.1   # paper §3.1 (DESIGN D4)
+    attention_dropout: float = 0.1   # paper §3.1 (README decision D4)
     max_positions: int = 512         # paper §3.1: learned positions, XLM N_MAX_POSITIONS
-    lang_emb: bool = False           # paper §3.1 is silent; off as mBERT / XLM-17/100 (DESIGN D1)
+    lang_emb: bool = False           # paper §3.1 is silent; off as mBERT / XLM-17/100 (README D1)
     sep_emb: bool = False            # paper §4.3: per-language token + position tables and softmax
     sep_layers: tuple = ()           # paper §4.3: per-language copies of these layers (1-based)
     vocab_sizes: tuple = ()          # with sep_tok: one vocabulary size per language; () = vocab_size each

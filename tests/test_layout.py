@@ -1,4 +1,4 @@
-"""The repository keeps the flat layout of DESIGN.md section 1."""
+"""The repository keeps its flat layout (README "Files")."""
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

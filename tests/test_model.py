@@ -82,7 +82,7 @@ def test_config_defaults_are_the_paper_values():
 
 
 def test_param_count_paper_config():
-    """PAPER_NOTES §7: 8 paper layers = 56,702,976; + positions 393,216 + emb LN 1,536 + V·d + V."""
+    """Paper §3.1 sizes: 8 layers = 56,702,976; + positions 393,216 + emb LN 1,536 + V·d + V."""
     V = 100
     m = MLM(ModelConfig(vocab_size=V))
     assert 8 * block_params(768, 3072) == 56_702_976
