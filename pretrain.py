@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from bpe import EOS_ID, MASK_ID, Tokenizer, binarize, load_bin, read_dictionary
-from model import MLM, ModelConfig, parse_sep, save_model
+from model import MLM, ModelConfig, parse_sep, pick_device, save_model
 
 MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
 PRED_PROBS = (0.8, 0.1, 0.1)  # of those: MASK, kept, random id (XLM word_mask_keep_rand)
@@ -386,7 +386,8 @@ def get_args(argv=None):
     a("--log-every", type=int, help="progress line every N updates (paper run 100; --toy 50)")
     a("--max-bad-steps", type=int, default=5, help="stop after this many NaN/inf losses in a row")
     # system
-    a("--device", default="auto", help="auto (cuda if available), cpu, cuda")
+    a("--device", default="auto", help="auto (cuda if available), cpu, cuda (= cuda:0, or cuda:LOCAL_RANK under "
+                                       "torchrun), cuda:N")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
       help="autocast dtype: auto = bf16 on GPUs that support it, else fp16 (+GradScaler); fp32 on CPU")
     a("--compile", action="store_true", help="torch.compile the model")
@@ -470,9 +471,10 @@ if __name__ == "__main__":
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     master = rank == 0
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = f"cuda:{local_rank}" if args.device == "cuda" and ddp else args.device
+    try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
+        device, args_dtype, backend = pick_device(args.device, args.dtype, local_rank if ddp else None)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     if device_type == "cuda":
         torch.cuda.set_device(device)
@@ -551,11 +553,6 @@ if __name__ == "__main__":
     # D3: Adam, no weight decay; XLM's weight decay, when asked for, is decoupled (= AdamW)
     optimizer = (torch.optim.AdamW if args.weight_decay > 0 else torch.optim.Adam)(
         params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, weight_decay=args.weight_decay)
-    if args.dtype == "auto":
-        args_dtype = "float32" if device_type == "cpu" else (
-            "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
-    else:
-        args_dtype = args.dtype
     ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args_dtype]
     ctx = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
     scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
@@ -589,8 +586,8 @@ if __name__ == "__main__":
 
     model = torch.compile(raw_model) if args.compile else raw_model
     if ddp:
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+        dist.init_process_group(backend=backend)
+        model = DDP(model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
     # DDP and language-specific parameters (--sep): a batch is one language, so the other language's
     # embeddings / bottom layers get no gradient on this rank, and plain DDP (which waits for a
     # gradient of every parameter) would hang or fail. We add 0 * (one element of every parameter)
