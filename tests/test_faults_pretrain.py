@@ -367,3 +367,80 @@ def test_unusable_out_is_one_line(world, tmp_path):
                      ("/proc/pretrain-test", "cannot create the directory")):
         with pytest.raises(SystemExit, match=f"^error: --out {out}: {why}"):
             run(flags_of(world) + ["--out", out, "--max-steps", 1])
+
+# -----------------------------------------------------------------------------
+# 7. bpe.py's command line: a mistake is one line naming the flag (or the file and line)
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bpe_cli")
+    (d / "en.txt").write_text("the cat sat on the mat\nthe dog sat\n" * 3)
+    (d / "fr.txt").write_text("le chat est sur le tapis\nle chien\n" * 3)
+    (d / "file").write_text("x")
+    (d / "latin1.txt").write_bytes(b"the cat\ncaf\xe9\n")
+    bpe_cli(d, "vocab", "--train", "en=en.txt", "fr=fr.txt", "--merges", "10", "--out", "tok")
+    bpe_cli(d, "learn", "--input", "en.txt", "--merges", "10", "--output", "codes")
+    return d
+
+
+def bpe_cli(cwd, *argv):
+    """python bpe.py ARGV in directory cwd, in this process; returns the exit code."""
+    import runpy
+    old, here = sys.argv, os.getcwd()
+    sys.argv = ["bpe.py", *argv]
+    os.chdir(cwd)
+    try:
+        runpy.run_path(os.path.join(ROOT, "bpe.py"), run_name="__main__")
+        return 0
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 1
+        return e.code
+    finally:
+        sys.argv = old
+        os.chdir(here)
+
+
+BPE_MISTAKES = [
+    (["vocab", "--train", "en=en.txt", "en=fr.txt", "--out", "t2"], "--train: language 'en' given twice"),
+    (["vocab", "--train", "en=nope.txt", "--out", "t2"], "--train en=nope.txt: no such file"),
+    (["vocab", "--train", "en=en.txt", "--out", "file"], "--out file: exists and is not a directory"),
+    (["vocab", "--train", "en=en.txt", "--out", "file/sub"], "--out file/sub: cannot create the directory"),
+    (["vocab", "--train", "en=en.txt", "--merges", "-5", "--out", "t2"], "--merges must be >= 1, got -5"),
+    (["binarize", "--tokenizer", "codes", "--lang", "en", "--input", "en.txt", "--out-prefix", "x"],
+     "--tokenizer codes: not a tokenizer.json written by bpe.py (not JSON"),
+    (["binarize", "--tokenizer", "en.txt", "--lang", "en", "--input", "en.txt", "--out-prefix", "x"],
+     "--tokenizer en.txt: not a tokenizer.json written by bpe.py"),
+    (["binarize", "--tokenizer", "nope.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x"],
+     "--tokenizer nope.json: no such file"),
+    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "de", "--input", "en.txt", "--out-prefix", "x"],
+     "--lang de: tok/tokenizer.json covers en, fr"),
+    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix",
+      "nodir/x"], "--out-prefix nodir/x: no directory nodir"),
+    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x",
+      "--workers", "0"], "--workers must be >= 1"),
+    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x",
+      "--code-switch", "codes", "--cs-p", "2"], "--cs-p must be in [0, 1]"),
+    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x",
+      "--code-switch", "codes", "--cs-lang", "xx"], "--cs-lang xx: tok/tokenizer.json covers en, fr"),
+    (["learn", "--input", "nope.txt", "--output", "c2"], "--input nope.txt: no such file"),
+    (["learn", "--input", "en.txt", "--output", "nodir/c2"], "--output nodir/c2: no directory nodir"),
+    (["learn", "--input", "en.txt", "--max-lines", "-1", "--output", "c2"], "--max-lines must be >= 1"),
+    (["learn", "--input", "en.txt", "--min-freq", "0", "--output", "c2"], "--min-freq must be >= 1"),
+    (["apply", "--codes", "tok/tokenizer.json", "--input", "en.txt", "--output", "o"],
+     "tokenizer.json:1: expected 'left right count' (fastBPE), got '{\"format\""),
+    (["apply", "--codes", "codes", "--input", "nope.txt", "--output", "o"], "--input nope.txt: no such file"),
+    (["apply", "--codes", "codes", "--input", "latin1.txt", "--output", "o"], "latin1.txt:2: not valid UTF-8"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BPE_MISTAKES, ids=[" ".join(a[:3]) for a, _ in BPE_MISTAKES])
+def test_bpe_cli_mistake_is_one_line(bpe_dir, capsys, argv, message):
+    before = sorted(os.listdir(bpe_dir))
+    assert bpe_cli(bpe_dir, *argv) in (1, 2)
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()[-1]) < 300, "one readable line"
+    assert sorted(os.listdir(bpe_dir)) == before and no_temp_files(bpe_dir), "nothing written, no temp file"
