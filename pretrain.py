@@ -364,11 +364,20 @@ RESUME_MAY_CHANGE = {"resume", "max_steps", "epochs", "log_every", "eval_every",
                      "threads", "out", "data", "train_files", "dev_files", "prep_dir", "prepare_only", "overwrite",
                      "lr", "warmup", "max_bad_steps"}
 RUN_FILES = ("checkpoint.pt", "best.pt", "log.jsonl")  # what a run writes in --out (--overwrite replaces them)
+WHEN_THINGS_GO_WRONG = """\
+when things go wrong:
+  SIGTERM or Ctrl-C   the current update is finished, OUT/checkpoint.pt is saved and the run exits with
+                      143 / 130; the same command plus --resume goes on exactly where it stopped
+  divergence          a dev perplexity that is not finite never overwrites checkpoint.pt or best.pt: the run
+                      stops (exit 1) saying which step they hold; --resume may change --lr and --warmup
+  an existing --out   holding checkpoint.pt, best.pt or log.jsonl needs --resume or --overwrite; the cached
+                      toy world and prepared data (OUT/toy, OUT/data) are always reused
+  a failed write      (disk full) leaves the previous checkpoint.pt / best.pt intact and no temp file"""
 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=WHEN_THINGS_GO_WRONG)
     a = p.add_argument
     a("--out", required=True, help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/ for --toy)")
     a("--toy", action="store_true", help="CPU-sized preset on the synthetic world of toydata.py (unless --data)")
@@ -667,7 +676,10 @@ if __name__ == "__main__":
     if args.prepare_only:
         log(f"data prepared in {data_dir}")
         sys.exit(0)
-    tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
+    try:
+        tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
     if set(langs) - set(tok.langs):
         raise SystemExit(f"error: {data_dir}/tokenizer.json covers {tok.langs}, not --langs {args.langs}")
     train, dev, n_sentences = [], [], []
