@@ -310,8 +310,11 @@ class BPE:
     def load(cls, path):
         """Read subword-nmt v0.2 codes ('#version: 0.2' header, 'left right' lines) or fastBPE codes
         ('left right count' lines, no header). Anything else raises ValueError naming file and line."""
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().rstrip("\n").split("\n")
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().rstrip("\n").split("\n")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
         if not lines or lines == [""]:
             raise ValueError(f"{path}: empty codes file")
         merges = []
@@ -330,17 +333,24 @@ class BPE:
                 merges.append((parts[0], parts[1]))
             else:
                 want = "'left right'" if fmt == "subword-nmt" else "'left right count' (fastBPE)"
-                raise ValueError(f"{path}:{n}: expected {want}, got {line!r}"
+                got = line if len(line) <= 60 else line[:60] + "..."  # a tokenizer.json is one long line
+                raise ValueError(f"{path}:{n}: expected {want}, got {got!r}"
                                  + ("" if fmt == "subword-nmt" else
                                     "; subword-nmt codes need a '#version: 0.2' first line"))
         return cls(merges)
 
 
 def _atomic_write_text(path, text):
+    """Write through path.tmp + rename; a failed write (disk full, Ctrl-C) removes the temp file."""
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 # -----------------------------------------------------------------------------
@@ -626,8 +636,23 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path):
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        """Read a tokenizer.json written by save(); anything else raises ValueError naming the file."""
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            d = json.loads(raw.decode("utf-8"))
+            if not isinstance(d, dict):
+                raise ValueError(f"a JSON {type(d).__name__}, not an object")
+            return cls.from_dict(d)
+        except UnicodeDecodeError as e:
+            reason = f"not valid UTF-8: {e.reason} at byte {e.start}"
+        except json.JSONDecodeError as e:
+            reason = f"not JSON: {e}"
+        except KeyError as e:
+            reason = f"no {e} entry"
+        except (ValueError, TypeError, IndexError) as e:
+            reason = str(e)
+        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})")
 
 
 def anchor_tokens(token_counts):
@@ -927,6 +952,25 @@ if __name__ == "__main__":
                    help="undecodable bytes: stop with file:line, or replace by U+FFFD")
 
     args = parser.parse_args()
+    # the user's mistakes are caught here, before any work, each as one line naming the flag
+    numbers = {"merges": 1, "min_freq": 1, "max_lines": 1, "workers": 1}  # flag: smallest value
+    for k, least in numbers.items():
+        if getattr(args, k, None) is not None and getattr(args, k) < least:
+            parser.error(f"--{k.replace('_', '-')} must be >= {least}, got {getattr(args, k)}")
+    for k in ("cs_p", "cs_max_frac"):
+        if getattr(args, k, None) is not None and not 0 <= getattr(args, k) <= 1:
+            parser.error(f"--{k.replace('_', '-')} must be in [0, 1], got {getattr(args, k)}")
+    inputs = [("--input", p) for p in getattr(args, "input", None) or []] if args.cmd == "learn" else [
+        (f"--{k.replace('_', '-')}", getattr(args, k, None)) for k in ("codes", "tokenizer", "input", "code_switch")]
+    for flag, path in inputs:
+        if path is not None and not os.path.isfile(path):
+            parser.error(f"{flag} {path}: no such file")
+    for flag, path in {"learn": [("--output", getattr(args, "output", None))],
+                       "apply": [("--output", getattr(args, "output", None))],
+                       "binarize": [("--out-prefix", getattr(args, "out_prefix", None))]}.get(args.cmd, []):
+        d = os.path.dirname(path) or "."
+        if not os.path.isdir(d):
+            parser.error(f"{flag} {path}: no directory {d}")
     try:
         if args.cmd == "learn":
             counts = Counter()
@@ -948,18 +992,23 @@ if __name__ == "__main__":
         elif args.cmd == "apply":
             codes, lang = BPE.load(args.codes), args.lang or lang_of(args.input)
             tmp = args.output + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as out:
-                for line in tqdm(_read_lines(args.input, None, args.errors), desc="apply bpe"):
-                    if args.lowercase:
-                        line = lowercase_and_strip_accents(line)
-                    if args.pretokenized:
-                        # as subword-nmt: keep leading/trailing spaces of the line
-                        lead = line[: len(line) - len(line.lstrip(" "))]
-                        trail = line[len(line.rstrip(" ")):] if line.strip(" ") else ""
-                        out.write(lead + codes.apply(line) + trail + "\n")
-                    else:
-                        out.write(" ".join(codes.apply_words(pretokenize(line, lang))) + "\n")
-            os.replace(tmp, args.output)
+            try:
+                with open(tmp, "w", encoding="utf-8") as out:
+                    for line in tqdm(_read_lines(args.input, None, args.errors), desc="apply bpe"):
+                        if args.lowercase:
+                            line = lowercase_and_strip_accents(line)
+                        if args.pretokenized:
+                            # as subword-nmt: keep leading/trailing spaces of the line
+                            lead = line[: len(line) - len(line.lstrip(" "))]
+                            trail = line[len(line.rstrip(" ")):] if line.strip(" ") else ""
+                            out.write(lead + codes.apply(line) + trail + "\n")
+                        else:
+                            out.write(" ".join(codes.apply_words(pretokenize(line, lang))) + "\n")
+                os.replace(tmp, args.output)
+            except BaseException:  # no half-written output left behind (bad line, disk full, Ctrl-C)
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
 
         elif args.cmd == "vocab":
             files = {}
@@ -967,10 +1016,19 @@ if __name__ == "__main__":
                 lang, sep, path = item.partition("=")
                 if not sep or not lang or not path:
                     raise ValueError(f"--train expects LANG=PATH, got {item!r}")
+                if lang in files:
+                    raise ValueError(f"--train: language '{lang}' given twice ({files[lang]} and {path})")
+                if not os.path.isfile(path):
+                    raise ValueError(f"--train {item}: no such file")
                 files[lang] = path
+            if os.path.exists(args.out) and not os.path.isdir(args.out):
+                raise ValueError(f"--out {args.out}: exists and is not a directory")
+            try:  # before BPE learning, which takes hours at paper scale
+                os.makedirs(args.out, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"--out {args.out}: cannot create the directory ({e.strerror})") from None
             tok = Tokenizer.build(files, args.mode, args.merges, args.separate_vocab, args.lowercase,
                                   args.max_lines, args.min_freq, args.seed)
-            os.makedirs(args.out, exist_ok=True)
             tok.save(os.path.join(args.out, "tokenizer.json"))
             for lang in tok.langs:
                 tok.bpes[lang].save(os.path.join(args.out, f"codes.{lang}"))
@@ -978,10 +1036,24 @@ if __name__ == "__main__":
             print(f"wrote {args.out}/tokenizer.json, codes.<lang>, vocab.<lang>")
 
         elif args.cmd == "binarize":
-            tok = Tokenizer.load(args.tokenizer)
+            try:
+                tok = Tokenizer.load(args.tokenizer)
+            except ValueError as e:
+                raise ValueError(f"--tokenizer {e}") from None
+            if args.lang not in tok.langs:
+                raise ValueError(f"--lang {args.lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
+            if args.code_switch and args.cs_lang is None and len(tok.langs) != 2:
+                raise ValueError(f"--code-switch: pass --cs-lang (the translations' language), {args.tokenizer} "
+                                 f"has {len(tok.langs)} languages")
+            if args.cs_lang is not None and args.cs_lang not in tok.langs:
+                raise ValueError(f"--cs-lang {args.cs_lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
             cs = read_dictionary(args.code_switch) if args.code_switch else None
             meta = binarize(args.input, tok, args.lang, args.out_prefix, args.workers, cs,
                             args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)
             print(json.dumps(meta))
     except (ValueError, OSError) as e:
+        if isinstance(e, OSError) and e.filename:  # "No such file or directory: x.tmp" -> the file meant
+            e = f"{str(e.filename).removesuffix('.tmp')}: {e.strerror}"
         sys.exit(f"bpe.py {args.cmd}: error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(f"bpe.py {args.cmd}: interrupted (no half-written file is left)")

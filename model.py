@@ -411,3 +411,47 @@ def load_model(path, map_location="cpu"):
     if isinstance(map_location, (str, torch.device)):
         model.to(map_location)
     return model.eval(), ckpt
+
+# -----------------------------------------------------------------------------
+# device and precision (one place for every CUDA/CPU decision of a run)
+
+
+def pick_device(device="auto", dtype="auto", local_rank=None):
+    """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo").
+
+    device: "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N". The answer always has
+    an index ("cuda" -> "cuda:0"): torch.cuda.set_device rejects a CUDA device without one.
+    dtype: "auto" (bfloat16 on GPUs that support it, else float16; float32 on CPU), "float32",
+    "bfloat16" or "float16". local_rank: torchrun's LOCAL_RANK (None for a single process); each
+    process then takes GPU `local_rank`, so an explicit cuda:N is refused. backend: torch.distributed's
+    nccl for CUDA, gloo for CPU. A request this machine cannot serve raises ValueError (one line).
+    """
+    cuda = torch.cuda.is_available()
+    if device == "auto":
+        device = "cuda" if cuda else "cpu"
+    kind, colon, index = device.partition(":")
+    if device == "cpu":
+        backend = "gloo"
+    elif kind == "cuda" and (not colon or index.isdigit()):
+        if not cuda:
+            raise ValueError(f"--device {device}: no CUDA device is available (torch.cuda.is_available() "
+                             "is False); use --device cpu or auto")
+        n = torch.cuda.device_count()
+        if colon and local_rank is not None:
+            raise ValueError(f"--device {device}: under torchrun each process takes the GPU of its "
+                             "LOCAL_RANK; use --device cuda (and CUDA_VISIBLE_DEVICES to choose GPUs)")
+        i = int(index) if colon else (local_rank or 0)
+        if i >= n:
+            raise ValueError(f"--device {device}: GPU {i} does not exist ({n} visible)" if colon else
+                             f"--device {device}: LOCAL_RANK {i} but only {n} GPU(s) visible; use --nproc_per_node {n} "
+                             "or less")
+        device, backend = f"cuda:{i}", "nccl"
+    else:
+        raise ValueError(f"--device {device}: expected auto, cpu, cuda or cuda:N")
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    elif dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
+    elif dtype == "bfloat16" and device != "cpu" and not torch.cuda.is_bf16_supported():
+        raise ValueError("--dtype bfloat16: this GPU does not support bfloat16; use --dtype float16 or auto")
+    return device, dtype, backend

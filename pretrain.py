@@ -25,6 +25,8 @@ import hashlib
 import json
 import math
 import os
+import shutil
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -37,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from bpe import EOS_ID, MASK_ID, Tokenizer, binarize, load_bin, read_dictionary
-from model import MLM, ModelConfig, parse_sep, save_model
+from model import MLM, ModelConfig, parse_sep, pick_device, save_model
 
 MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
 PRED_PROBS = (0.8, 0.1, 0.1)  # of those: MASK, kept, random id (XLM word_mask_keep_rand)
@@ -179,7 +181,8 @@ class StreamSampler:
 def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_forward=32):
     """MLM perplexity of a dev stream (batch size 1 as XLM, windows stacked for speed): RNG seeded
     with 0 at every call, 15 % selection, at least one target per window, every selected token
-    replaced by MASK. ppl = exp(sum CE / number of targets)."""
+    replaced by MASK. ppl = exp(sum CE / number of targets): inf when that overflows (a diverged model),
+    NaN when the loss is NaN."""
     was_training = model.training
     model.eval()
     g = torch.Generator().manual_seed(0)
@@ -194,7 +197,10 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
         total += float(loss) * k
         count += k
     model.train(was_training)
-    return math.exp(total / count)
+    try:
+        return math.exp(total / count)
+    except OverflowError:  # a mean cross-entropy above ~709.8 nats: a diverged model
+        return float("inf")
 
 # -----------------------------------------------------------------------------
 # data preparation: raw text -> tokenizer (bpe.py) -> flat .bin per language and split, cached once
@@ -218,11 +224,47 @@ def prepared_files_exist(d, langs):
         os.path.isfile(os.path.join(d, f"{l}.{s}.bin")) for l in langs for s in ("train", "dev"))
 
 
+def read_switch_dictionary(path, langs):
+    """--code-switch: {langs[0]: src -> [tgt], langs[1]: tgt -> [src]} from a MUSE `src tgt` file (paper
+    §4.2 extra anchors; both languages' training text is code-switched)."""
+    try:
+        forward = read_dictionary(path)
+    except (OSError, ValueError) as e:  # bpe.py names the file and line at fault
+        raise SystemExit(f"error: --code-switch {e}")
+    backward = type(forward)()
+    for src, tgts in forward.items():
+        for t in tgts:
+            backward.setdefault(t, []).append(src)
+    return {langs[0]: forward, langs[1]: backward}
+
+
+def check_inputs(args, langs):
+    """Before any work (BPE learning takes hours at paper scale): every input text file can be opened,
+    and the --code-switch dictionary parses. The toy world's files are checked once written."""
+    paths = []
+    if args.train_files:
+        paths = [f[l] for f in (args.train_files, args.dev_files) for l in langs]
+    elif not args.toy_world:
+        if not os.path.isdir(args.data):
+            raise SystemExit(f"error: --data {args.data}: no such directory")
+        if not prepared_files_exist(args.data, langs):
+            paths = [find_text(args.data, l, s) for l in langs for s in ("train", "dev")]
+    for path in paths:
+        try:
+            open(path, "rb").close()
+        except OSError as e:
+            raise SystemExit(f"error: cannot read {path}: {e.strerror}")
+    if args.code_switch and not (args.toy_world and not os.path.exists(args.code_switch)):
+        read_switch_dictionary(args.code_switch, langs)
+
+
 def prepare_data(args, langs, master):
     """Returns the directory holding tokenizer.json and {lang}.{train,dev}.{bin,json}.
     If --data already holds them (made by an earlier run or bpe.py), use it as is. Otherwise the
     master builds them under --prep-dir/<regime>-<hash of inputs and flags>/ (reused by any later
-    run with the same inputs), and the other ranks wait for the `done` file."""
+    run with the same inputs), and the other ranks wait for the `done` file. The learned tokenizer is
+    cached on its own (--prep-dir/tokenizer-<hash of what BPE learning reads>.json) before the text is
+    binarised: a retry after a bad dev file or dictionary does not learn BPE again."""
     if args.train_files:  # explicit files (--train-files/--dev-files) instead of a --data layout
         sources = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs}
     elif prepared_files_exist(args.data, langs):
@@ -230,7 +272,7 @@ def prepare_data(args, langs, master):
     else:
         sources = {l: {s: find_text(args.data, l, s) for s in ("train", "dev")} for l in langs}
     recipe = {"langs": langs, "bpe": args.bpe, "merges": args.merges, "separate_vocab": args.sep_tok,
-              "lowercase": args.lowercase, "bpe_lines": args.bpe_lines,
+              "lowercase": args.lowercase, "bpe_lines": args.bpe_lines, "seed": args.seed,
               "code_switch": file_fingerprint(args.code_switch) if args.code_switch else None,
               "sources": {l: {s: file_fingerprint(p) for s, p in v.items()} for l, v in sources.items()}}
     key = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
@@ -243,31 +285,34 @@ def prepare_data(args, langs, master):
     if os.path.exists(done):
         print(f"using prepared data in {out}")
         return out
-    os.makedirs(out, exist_ok=True)
-    print(f"preparing data in {out} ({args.bpe} BPE, {args.merges} merges)")
+    tok_recipe = {k: v for k, v in recipe.items() if k not in ("code_switch", "sources")}
+    tok_recipe["train"] = {l: recipe["sources"][l]["train"] for l in langs}
+    tok_key = hashlib.sha1(json.dumps(tok_recipe, sort_keys=True).encode()).hexdigest()[:10]
+    tok_path = os.path.join(args.prep_dir, f"tokenizer-{tok_key}.json")
+    make_dir("--prep-dir", out)
+    switch = read_switch_dictionary(args.code_switch, langs) if args.code_switch else {}
     try:
-        tok = Tokenizer.build({l: sources[l]["train"] for l in langs}, mode=args.bpe, num_merges=args.merges,
-                              separate_vocab=args.sep_tok, lowercase=args.lowercase, max_lines=args.bpe_lines,
-                              seed=args.seed)
-        switch = {}
-        if args.code_switch:  # paper §4.2 extra anchors: code-switched training text (D11: at preparation)
-            forward = read_dictionary(args.code_switch)  # langs[0] -> langs[1] words, MUSE `src tgt`
-            backward = type(forward)()                   # and the reverse for langs[1]'s text
-            for src, tgts in forward.items():
-                for t in tgts:
-                    backward.setdefault(t, []).append(src)
-            switch = {langs[0]: forward, langs[1]: backward}
-        for l in langs:
-            for s in ("train", "dev"):  # dev stays clean: it measures the language itself
+        if os.path.isfile(tok_path):
+            print(f"using the BPE tokenizer learned earlier: {tok_path}")
+            tok = Tokenizer.load(tok_path)
+        else:
+            print(f"learning BPE ({args.bpe}, {args.merges} merges) for {out}")
+            tok = Tokenizer.build({l: sources[l]["train"] for l in langs}, mode=args.bpe, num_merges=args.merges,
+                                  separate_vocab=args.sep_tok, lowercase=args.lowercase, max_lines=args.bpe_lines,
+                                  seed=args.seed)
+            atomic_write(tok_path, tok.save)
+        print(f"preparing data in {out}")
+        for s in ("dev", "train"):  # the small dev files first: a bad one is found in seconds
+            for l in langs:        # (dev stays clean of code-switching: it measures the language itself)
                 binarize(sources[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=args.workers,
                          code_switch=switch.get(l) if s == "train" else None, seed=args.seed)
     except ValueError as e:  # bpe.py names the file (and line) at fault
         raise SystemExit(f"error: data preparation failed: {e}")
-    tok.save(os.path.join(out, "tokenizer.json"))
-    with open(os.path.join(out, "recipe.json.tmp"), "w") as f:
-        json.dump(recipe, f, indent=1)
-    os.replace(os.path.join(out, "recipe.json.tmp"), os.path.join(out, "recipe.json"))
-    open(done, "w").close()  # last: the cache is complete
+    except OSError as e:
+        raise SystemExit(f"error: data preparation failed: {e.filename}: {e.strerror}")
+    atomic_write(os.path.join(out, "tokenizer.json"), tok.save)
+    atomic_write(os.path.join(out, "recipe.json"), lambda tmp: write_text(tmp, json.dumps(recipe, indent=1)))
+    atomic_write(done, lambda tmp: write_text(tmp, ""))  # last: the cache is complete
     return out
 
 
@@ -291,9 +336,9 @@ def write_toy_world(args, langs):
                     force=True, **sizes)
     except ValueError as e:
         raise SystemExit(f"error: --toy-*: {e}")
-    with open(record + ".tmp", "w") as f:
-        json.dump(knobs, f)
-    os.replace(record + ".tmp", record)
+    except OSError as e:
+        raise SystemExit(f"error: cannot write the toy world: {e.filename}: {e.strerror}")
+    atomic_write(record, lambda tmp: write_text(tmp, json.dumps(knobs)))
     return world
 
 # -----------------------------------------------------------------------------
@@ -319,14 +364,26 @@ TOY_SIZES = {  # sentences per language for toydata.write_world
                  n_tatoeba=1000),
 }
 # flags that may differ between a run and its --resume (everything else must match)
-# (the data themselves are checked by comparing the vocabulary and token counts, not the paths)
+# (the data themselves are checked by comparing the vocabulary and token counts, not the paths;
+# --lr and --warmup may change so that a diverged run can go on from its last good checkpoint)
 RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile", "workers",
-                     "threads", "out", "data", "train_files", "dev_files", "prep_dir", "prepare_only"}
+                     "threads", "out", "data", "train_files", "dev_files", "prep_dir", "prepare_only", "overwrite",
+                     "lr", "warmup", "max_bad_steps"}
+RUN_FILES = ("checkpoint.pt", "best.pt", "log.jsonl")  # what a run writes in --out (--overwrite replaces them)
+WHEN_THINGS_GO_WRONG = """\
+when things go wrong:
+  SIGTERM or Ctrl-C   the current update is finished, OUT/checkpoint.pt is saved and the run exits with
+                      143 / 130; the same command plus --resume goes on exactly where it stopped
+  divergence          a dev perplexity that is not finite never overwrites checkpoint.pt or best.pt: the run
+                      stops (exit 1) saying which step they hold; --resume may change --lr and --warmup
+  an existing --out   holding checkpoint.pt, best.pt or log.jsonl needs --resume or --overwrite; the cached
+                      toy world and prepared data (OUT/toy, OUT/data) are always reused
+  a failed write      (disk full) leaves the previous checkpoint.pt / best.pt intact and no temp file"""
 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=WHEN_THINGS_GO_WRONG)
     a = p.add_argument
     a("--out", required=True, help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/ for --toy)")
     a("--toy", action="store_true", help="CPU-sized preset on the synthetic world of toydata.py (unless --data)")
@@ -336,7 +393,12 @@ def get_args(argv=None):
       "e.g. en=wiki.en.txt,fr=wiki.fr.txt (one sentence per line; needs --dev-files)")
     a("--dev-files", metavar="LANG=PATH,...", help="explicit dev text per language (with --train-files)")
     a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
-    a("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same data and flags required)")
+    a("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same data and flags required, "
+                                              "except --lr, --warmup, --max-steps, --epochs, --eval-every, "
+                                              "--log-every and system flags)")
+    a("--overwrite", action="store_true", help="start a new run in an --out that holds an earlier run's "
+      "checkpoint.pt, best.pt or log.jsonl (they are replaced when training starts). Without it such an --out "
+      "is refused; the cached toy world and prepared data (toy/, data/) are always reused")
     a("--seed", type=int, default=0, help="seed for init, data order, masking, dropout")
     # data preparation (bpe.py)
     a("--bpe", choices=["joint", "separate", "prefixed"], default="joint",
@@ -400,7 +462,8 @@ def get_args(argv=None):
     a("--log-every", type=int, help="progress line every N updates (paper run 100; --toy 50)")
     a("--max-bad-steps", type=int, default=5, help="stop after this many NaN/inf losses in a row")
     # system
-    a("--device", default="auto", help="auto (cuda if available), cpu, cuda")
+    a("--device", default="auto", help="auto (cuda if available), cpu, cuda (= cuda:0, or cuda:LOCAL_RANK under "
+                                       "torchrun), cuda:N")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
       help="autocast dtype: auto = bf16 on GPUs that support it, else fp16 (+GradScaler); fp32 on CPU")
     a("--compile", action="store_true", help="torch.compile the model")
@@ -412,6 +475,35 @@ def get_args(argv=None):
             setattr(args, k, v)
     if args.merges is None:
         args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
+    if args.overwrite and args.resume:
+        p.error("--overwrite starts a new run; it cannot be combined with --resume")
+    langs = args.langs.split(",")
+    if not all(langs) or len(set(langs)) != len(langs):
+        p.error(f"--langs {args.langs}: expected distinct languages separated by commas, e.g. en,fr")
+    # every range up front: a bad value must not surface as a torch error after the data are prepared
+    ranges = {  # flag: (test, what it must be)
+        **{k: (lambda v: v > 0, "> 0") for k in ("n_layers", "dim", "n_heads", "batch_size", "bptt", "accumulate",
+                                                  "epoch_size", "epochs", "max_steps", "lr", "eps", "merges",
+                                                  "log_every", "max_bad_steps", "workers")},
+        **{k: (lambda v: v >= 0, ">= 0") for k in ("warmup", "eval_every", "weight_decay", "clip", "alpha", "seed",
+                                                   "toy_seed")},
+        **{k: (lambda v: 0 <= v < 1, "in [0, 1)") for k in ("dropout", "attention_dropout", "beta1", "beta2")},
+        **{k: (lambda v: 0 <= v <= 1, "in [0, 1]") for k in ("toy_overlap", "toy_domain_shift")},
+        **{k: (lambda v: v is None or v > 0, "> 0") for k in ("threads", "bpe_lines")},
+    }
+    for k, (ok, what) in ranges.items():
+        v = getattr(args, k)
+        if not (ok(v) and (not isinstance(v, float) or math.isfinite(v))):
+            p.error(f"--{k.replace('_', '-')} must be {what}, got {v}")
+    if args.toy:  # toydata.py's own checks, before anything is written
+        from toydata import parse_order
+        try:
+            parse_order(args.toy_order)
+        except ValueError as e:
+            p.error(f"--toy-order: {e}")
+        toy_langs = (args.toy_langs or "en,fr").split(",")
+        if len(toy_langs) < 2 or not all(toy_langs) or len(set(toy_langs)) != len(toy_langs):
+            p.error(f"--toy-langs {args.toy_langs}: expected two or more distinct languages, e.g. en,fr")
     try:
         sep = parse_sep(args.sep, args.n_layers)
     except ValueError as e:
@@ -442,9 +534,6 @@ def get_args(argv=None):
         args.toy_world = False
         if args.data is None and not args.train_files:
             p.error("--data (or --train-files/--dev-files) is required (or --toy for the synthetic world)")
-    for k in ("n_layers", "dim", "n_heads", "batch_size", "bptt", "accumulate", "epoch_size", "epochs", "max_steps"):
-        if getattr(args, k) <= 0:
-            p.error(f"--{k.replace('_', '-')} must be positive")
     if args.dim % args.n_heads:
         p.error(f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
     if args.code_switch and args.sep_tok:
@@ -478,9 +567,50 @@ def parse_lang_files(p, flag, spec, langs):
     return files
 
 
+# -----------------------------------------------------------------------------
+# files: every file is written through a temp file + rename, and a failed write is one line
+
+
+def atomic_write(path, write):
+    """Write `path` through `path.tmp` + rename, so a crash or a kill leaves the old file or the new one,
+    never half of one; write(tmp) writes the temp file. A failed write (disk full, ...) removes the temp
+    file, leaves the old `path` intact and stops the run with one line."""
+    tmp = path + ".tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        for t in (tmp, tmp + ".tmp"):  # model.save_model and Tokenizer.save write their own temp file first
+            if os.path.exists(t):
+                os.remove(t)
+        if isinstance(e, OSError):
+            raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
+        if isinstance(e, RuntimeError) and "unexpected pos" in str(e):  # torch.save's zip writer: a short write
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
+            raise SystemExit(f"error: no space left writing {path}? (torch.save wrote less than asked; "
+                             f"{free:,.0f} MiB free there)") from None
+        raise
+
+
 def atomic_save(obj, path):
-    torch.save(obj, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def write_text(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def make_dir(flag, path):
+    """os.makedirs, or one line saying why --out / --prep-dir cannot be used."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise SystemExit(f"error: {flag} {path}: exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: {flag} {path}: cannot create the directory: {e.filename}: {e.strerror}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SystemExit(f"error: {flag} {path}: the directory is not writable")
 
 
 if __name__ == "__main__":
@@ -494,15 +624,35 @@ if __name__ == "__main__":
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     master = rank == 0
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = f"cuda:{local_rank}" if args.device == "cuda" and ddp else args.device
+    try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
+        device, args_dtype, backend = pick_device(args.device, args.dtype, local_rank if ddp else None)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     if device_type == "cuda":
         torch.cuda.set_device(device)
     log = print if master else (lambda *a, **k: None)
     if args.threads:
         torch.set_num_threads(args.threads)
+
+    # SIGTERM (a preempted cluster job) or Ctrl-C. Before training: stop at once with one line (temp files are
+    # removed on the way out, and the data prepared so far stay cached). During training: finish the update,
+    # save checkpoint.pt and exit with a --resume hint. The handler only sets a flag then (no printing: it may
+    # interrupt a print); the training loop checks it after every update.
+    stop_signal, training = None, False
+
+    def on_signal(signum, frame):
+        global stop_signal
+        name = signal.Signals(signum).name
+        if not training:
+            raise SystemExit(f"error: stopped by {name} before training started; no run file was written (data "
+                             "prepared so far stay cached): run the same command again")
+        if stop_signal is not None:  # the second one: stop now, the last checkpoint.pt stays as it is
+            raise SystemExit(f"error: {name} again: stopped without saving; the last {ckpt_path}, if any, goes on "
+                             "with --resume")
+        stop_signal = signum
+
+    old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     # -------------------------------------------------------------------------
     # refuse to clobber: a fresh run must not overwrite a checkpoint, a resume must find one
@@ -524,9 +674,19 @@ if __name__ == "__main__":
                               for k in diff)
             raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:\n{lines}\n"
                              "use the same flags, or another --out for a new run")
-    elif os.path.exists(ckpt_path):
-        raise SystemExit(f"error: {ckpt_path} exists; pass --resume to continue that run, or choose another --out")
-    os.makedirs(args.out, exist_ok=True)
+    elif not args.overwrite and not args.prepare_only:
+        # a run's files without --resume: never overwrite best.pt or append to another run's log.jsonl.
+        # The cached toy world (toy/) and prepared data (data/) are not a run's files: a rerun reuses them.
+        if os.path.exists(ckpt_path):
+            raise SystemExit(f"error: {ckpt_path} exists; pass --resume to continue that run, --overwrite to "
+                             "start again in it, or choose another --out")
+        found = [f for f in RUN_FILES if os.path.exists(os.path.join(args.out, f))]
+        if found:
+            raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run (with no "
+                             "checkpoint.pt to resume); pass --overwrite to replace them, or choose another --out")
+    make_dir("--out", args.out)
+    if master:
+        check_inputs(args, langs)
 
     # -------------------------------------------------------------------------
     # data: prepare once (master), then memory-map every language's train and dev ids
@@ -540,7 +700,10 @@ if __name__ == "__main__":
     if args.prepare_only:
         log(f"data prepared in {data_dir}")
         sys.exit(0)
-    tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
+    try:
+        tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
     if set(langs) - set(tok.langs):
         raise SystemExit(f"error: {data_dir}/tokenizer.json covers {tok.langs}, not --langs {args.langs}")
     train, dev, n_sentences = [], [], []
@@ -575,11 +738,6 @@ if __name__ == "__main__":
     # D3: Adam, no weight decay; XLM's weight decay, when asked for, is decoupled (= AdamW)
     optimizer = (torch.optim.AdamW if args.weight_decay > 0 else torch.optim.Adam)(
         params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, weight_decay=args.weight_decay)
-    if args.dtype == "auto":
-        args_dtype = "float32" if device_type == "cpu" else (
-            "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
-    else:
-        args_dtype = args.dtype
     ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args_dtype]
     ctx = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
     scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
@@ -590,6 +748,7 @@ if __name__ == "__main__":
     mask_gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
     torch.manual_seed(args.seed * 1000 + rank + 2)
     step, epoch, n_streams, best_ppl, bad_steps = 0, 0, 0, float("inf"), 0
+    saved_step, log_bytes = None, None  # the step checkpoint.pt holds; the size log.jsonl had then
     if ckpt is not None:
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -608,13 +767,16 @@ if __name__ == "__main__":
             log(f"warning: checkpoint was written by {len(rng)} processes, now {world_size}: fresh RNG streams")
             sampler = StreamSampler(sampler.n_batches, probs, seed=[args.seed, rank, step])
             mask_gen.manual_seed(args.seed * 1000 + rank + 1 + 7919 * step)
-        log(f"resumed from {ckpt_path} at step {step}, epoch {epoch}")
+        saved_step, log_bytes = step, ckpt.get("log_bytes")
+        changed = [f"--{k} {ckpt['args'].get(k)} -> {getattr(args, k)}" for k in ("lr", "warmup")
+                   if ckpt["args"].get(k) != getattr(args, k)]
+        log(f"resumed from {ckpt_path} at step {step}, epoch {epoch}" + (f" ({', '.join(changed)})" if changed else ""))
         del ckpt
 
     model = torch.compile(raw_model) if args.compile else raw_model
     if ddp:
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+        dist.init_process_group(backend=backend)
+        model = DDP(model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
     # DDP and language-specific parameters (--sep): a batch is one language, so the other language's
     # embeddings / bottom layers get no gradient on this rank, and plain DDP (which waits for a
     # gradient of every parameter) would hang or fail. We add 0 * (one element of every parameter)
@@ -637,13 +799,28 @@ if __name__ == "__main__":
 
     # -------------------------------------------------------------------------
     # checkpoints (master writes; every rank contributes its RNG states)
+    log_path = os.path.join(args.out, "log.jsonl")
+    if master and args.overwrite:  # a new run: no file of the earlier one may survive to be mixed in
+        for f in RUN_FILES:
+            if os.path.exists(os.path.join(args.out, f)):
+                os.remove(os.path.join(args.out, f))
+    if master and log_bytes is not None and os.path.exists(log_path) and os.path.getsize(log_path) > log_bytes:
+        # a resume: drop what was logged after the checkpoint (killed before the next one); it is redone
+        with open(log_path, "r+b") as f:
+            f.truncate(log_bytes)
+        log(f"{log_path}: records after step {step} dropped (they are redone from the checkpoint)")
+
     def log_json(obj):
         if master:
-            with open(os.path.join(args.out, "log.jsonl"), "a") as f:
-                f.write(json.dumps(obj) + "\n")
+            try:
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(obj) + "\n")
+            except OSError as e:
+                raise SystemExit(f"error: cannot write {log_path}: {e.strerror}")
 
-    def evaluate_and_save():
-        global best_ppl
+    def save_checkpoint():
+        """checkpoint.pt: everything needed to go on bit for bit (collective: gathers every rank's RNGs)."""
+        global saved_step
         rng_state = {"sampler": sampler.state_dict(), "mask": mask_gen.get_state(), "torch": torch.get_rng_state(),
                      "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}
         rngs = [rng_state]
@@ -651,28 +828,60 @@ if __name__ == "__main__":
             rngs = [None] * world_size
             dist.all_gather_object(rngs, rng_state)
         if master:
-            ppl = {l: evaluate_ppl(raw_model, dev[j], j, vocab_sizes[j], args.bptt, device, ctx)
-                   for j, l in enumerate(langs)}
-            improved = ppl[langs[0]] < best_ppl
-            if improved:  # paper §3.1: select the best model by English dev perplexity
-                best_ppl = ppl[langs[0]]
-                save_model(os.path.join(args.out, "best.pt"), raw_model, tokenizer=tok.to_dict(), langs=langs,
-                           args=vars(args), step=step, dev_ppl=ppl)
             atomic_save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                          "scaler": scaler.state_dict(), "config": asdict(config), "args": vars(args),
                          "tokenizer": tok.to_dict(), "langs": langs, "step": step, "epoch": epoch,
                          "n_streams": n_streams, "best_ppl": best_ppl, "rng": rngs,
-                         "data": {"dir": data_dir, "n_tokens": [len(t) for t in train]}}, ckpt_path)
-            if step in args.snapshots:  # --snapshots: the model at this update, for learning curves
-                save_model(os.path.join(args.out, f"step{step}.pt"), raw_model, tokenizer=tok.to_dict(), langs=langs,
-                           args=vars(args), step=step, dev_ppl=ppl)
+                         "data": {"dir": data_dir, "n_tokens": [len(t) for t in train]},
+                         "log_bytes": os.path.getsize(log_path) if os.path.exists(log_path) else 0}, ckpt_path)
+        saved_step = step
+
+    def evaluate_and_save():
+        """Dev perplexity (master); best.pt when English improves, then checkpoint.pt. A perplexity that is
+        not finite means the run diverged: nothing is saved (the last good files stay), returns False."""
+        global best_ppl
+        ok = True
+        if master:
+            ppl = {l: evaluate_ppl(raw_model, dev[j], j, vocab_sizes[j], args.bptt, device, ctx)
+                   for j, l in enumerate(langs)}
+            ok = all(math.isfinite(v) for v in ppl.values())
+            improved = ok and ppl[langs[0]] < best_ppl
             log(f"eval step {step} epoch {epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
                 + (" (best)" if improved else ""))
+            for j, l in enumerate(langs):  # a uniform guess scores V, a fresh model a few times V
+                if math.isfinite(ppl[l]) and ppl[l] > 10 * vocab_sizes[j]:
+                    log(f"warning: {l} dev ppl {ppl[l]:.3g} is over 10 times the vocabulary size {vocab_sizes[j]} "
+                        "(a uniform guess scores the vocabulary size): training is diverging; a lower --lr may help")
+            # logged before checkpoint.pt is written: a resume cuts log.jsonl back to the checkpoint's size
             log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})
+            if improved:  # paper §3.1: select the best model by English dev perplexity
+                best_ppl = ppl[langs[0]]
+                atomic_write(os.path.join(args.out, "best.pt"),
+                             lambda tmp: save_model(tmp, raw_model, tokenizer=tok.to_dict(), langs=langs,
+                                                    args=vars(args), step=step, dev_ppl=ppl))
+            if ok and step in args.snapshots:  # --snapshots: the model at this update, for learning curves
+                atomic_write(os.path.join(args.out, f"step{step}.pt"),
+                             lambda tmp: save_model(tmp, raw_model, tokenizer=tok.to_dict(), langs=langs,
+                                                    args=vars(args), step=step, dev_ppl=ppl))
         if ddp:
-            obj = [best_ppl]
+            obj = [best_ppl, ok]
             dist.broadcast_object_list(obj, src=0)
-            best_ppl = obj[0]
+            best_ppl, ok = obj
+        if ok:
+            save_checkpoint()
+        else:
+            log(f"warning: step {step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
+        return ok
+
+    def how_to_go_on():
+        if saved_step is None:
+            return ("no checkpoint was saved: start again with a lower --lr (add --overwrite to reuse this --out)")
+        return (f"{ckpt_path} holds step {saved_step} (best.pt the best model up to it): go on from there with a "
+                "lower learning rate, i.e. the same command plus --resume --lr X (--lr and --warmup may change on "
+                "--resume), or try --dtype float32")
+
+    stopped_by, diverged = 0, None
+    training = True  # from now on a signal stops the run after the current update (on_signal)
 
     # -------------------------------------------------------------------------
     # training loop: one update = `accumulate` micro-batches, each one language (XLM mlm_step)
@@ -733,8 +942,8 @@ if __name__ == "__main__":
                 f"({bad_steps} in a row)")
             log_json({"step": step, "skipped": True, "loss": loss_value, "grad_norm": grad_norm})
             if bad_steps >= args.max_bad_steps:
-                raise SystemExit(f"error: {bad_steps} non-finite losses in a row at step {step}; stopping (the "
-                                 f"last saved state, if any, is {ckpt_path}; try a lower --lr or --dtype float32)")
+                diverged = f"{bad_steps} non-finite losses in a row at step {step}"
+                break
         optimizer.zero_grad(set_to_none=True)
 
         if stepped and step % args.log_every == 0:
@@ -751,8 +960,21 @@ if __name__ == "__main__":
             if epoch_end:  # XLM: the epoch counter moves on after the end-of-epoch evaluation
                 n_streams = 0
                 epoch += 1
-            evaluate_and_save()
-    log(f"done: step {step}, epoch {epoch}, best {langs[0]} dev ppl {best_ppl:.2f}; files in {args.out}")
+            if not evaluate_and_save():
+                diverged = f"the dev perplexity is not finite at step {step}"
+                break
+        stop = torch.tensor(float(stop_signal or 0), device=device)
+        if ddp:  # every rank stops after the same update (and joins the checkpoint's RNG gather)
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item():
+            stopped_by = int(stop.item())
+            if saved_step != step:
+                save_checkpoint()
+            if ddp:  # no rank leaves before the master has written it (torchrun kills the rest when one exits)
+                dist.barrier()
+            break
+    for sig, handler in old_handlers.items():
+        signal.signal(sig, handler)
     if ddp:
         # Free the DDP wrapper (its gradient reducer holds gloo work) before tearing the group down:
         # with torch 2.13 + gloo, destroying the group while it is alive aborts the process now and then
@@ -761,3 +983,11 @@ if __name__ == "__main__":
         del model
         gc.collect()
         dist.destroy_process_group()
+    if stopped_by:
+        if master:
+            print(f"stopped by {signal.Signals(stopped_by).name} after step {step}: saved {ckpt_path}; to go on, "
+                  "run the same command with --resume", file=sys.stderr)
+        sys.exit(128 + stopped_by)  # the shell's code for a process ended by that signal
+    if diverged:
+        raise SystemExit(f"error: {diverged}; stopping. {how_to_go_on()}" if master else 1)
+    log(f"done: step {step}, epoch {epoch}, best {langs[0]} dev ppl {best_ppl:.2f}; files in {args.out}")

@@ -508,4 +508,4 @@ def test_cli(files, tmp_path):
     r = run("apply", "--codes", "bad.codes", "--input", "in.txt", "--output", "x.txt")
     assert r.returncode != 0 and "bad.codes:2:" in r.stderr
     r = run("learn", "--input", "in.txt", "--merges", "0", "--output", "c2")
-    assert r.returncode != 0 and "num_merges" in r.stderr
+    assert r.returncode != 0 and "--merges must be >= 1" in r.stderr

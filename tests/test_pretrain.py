@@ -155,7 +155,9 @@ def test_sampler_one_language_per_batch_each_pass_a_permutation_and_resumable():
 def run(argv):
     """python pretrain.py ARGV, in this process."""
     import runpy
+    import signal
     old = sys.argv
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     sys.argv = ["pretrain.py"] + [str(a) for a in argv]
     try:
         runpy.run_path(os.path.join(ROOT, "pretrain.py"), run_name="__main__")
@@ -164,6 +166,8 @@ def run(argv):
             raise
     finally:
         sys.argv = old
+        for s, h in handlers.items():  # pretrain.py's own (SIGTERM/Ctrl-C save a checkpoint) stay in it
+            signal.signal(s, h)
 
 
 def read_log(out):
@@ -222,7 +226,7 @@ def test_resume_is_bit_exact_and_refuses_other_flags(world, tmp_path):
     # a resume with different training flags is refused and leaves the checkpoint alone
     before = (tmp_path / "split" / "checkpoint.pt").read_bytes()
     with pytest.raises(SystemExit, match="different flags"):
-        run(flags + ["--out", tmp_path / "split", "--max-steps", 30, "--resume", "--lr", 5e-4])
+        run(flags + ["--out", tmp_path / "split", "--max-steps", 30, "--resume", "--dropout", 0.2])
     with pytest.raises(SystemExit, match="pass --resume"):
         run(flags + ["--out", tmp_path / "split", "--max-steps", 30])
     assert (tmp_path / "split" / "checkpoint.pt").read_bytes() == before

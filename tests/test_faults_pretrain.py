@@ -1,0 +1,446 @@
+"""pretrain.py and bpe.py under user mistakes and accidents (GitHub issue 14): every one ends in one
+clear line, never a traceback, a half-written file or a result that looks valid but is not."""
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from model import pick_device
+from test_pretrain import ENV, ROOT, TINY, read_log, run
+
+# -----------------------------------------------------------------------------
+# 1. device and precision: one pure function, every case on a CPU (CUDA faked with monkeypatch)
+
+
+def fake_cuda(monkeypatch, n_gpus, bf16=True):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n_gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n_gpus)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+
+
+# (device flag, LOCAL_RANK or None, GPUs, bf16) -> (device, dtype of --dtype auto, backend) or an error
+CASES = [
+    ("auto", None, 0, False, ("cpu", "float32", "gloo")),
+    ("auto", 1, 0, False, ("cpu", "float32", "gloo")),          # torchrun on a CPU machine
+    ("auto", None, 1, True, ("cuda:0", "bfloat16", "nccl")),     # the 1-GPU run of issue 14
+    ("auto", None, 1, False, ("cuda:0", "float16", "nccl")),     # V100: fp16 + GradScaler
+    ("auto", 3, 4, True, ("cuda:3", "bfloat16", "nccl")),
+    ("cpu", None, 2, True, ("cpu", "float32", "gloo")),
+    ("cpu", 1, 2, True, ("cpu", "float32", "gloo")),
+    ("cuda", None, 2, True, ("cuda:0", "bfloat16", "nccl")),
+    ("cuda", 1, 2, False, ("cuda:1", "float16", "nccl")),
+    ("cuda:1", None, 2, True, ("cuda:1", "bfloat16", "nccl")),
+    ("cuda", None, 0, True, "no CUDA device is available"),
+    ("cuda", 0, 0, True, "no CUDA device is available"),
+    ("cuda:1", None, 0, True, "no CUDA device is available"),
+    ("cuda:1", None, 1, True, "GPU 1 does not exist"),
+    ("cuda:1", 0, 2, True, "under torchrun"),
+    ("auto", 2, 2, True, "LOCAL_RANK 2 but only 2 GPU"),
+    ("gpu", None, 1, True, "expected auto, cpu, cuda or cuda:N"),
+    ("cuda:x", None, 1, True, "expected auto, cpu, cuda or cuda:N"),
+]
+
+
+@pytest.mark.parametrize("flag, local_rank, n_gpus, bf16, want", CASES)
+def test_pick_device(monkeypatch, flag, local_rank, n_gpus, bf16, want):
+    fake_cuda(monkeypatch, n_gpus, bf16)
+    if isinstance(want, str):
+        with pytest.raises(ValueError, match=want) as e:
+            pick_device(flag, "auto", local_rank)
+        assert "\n" not in str(e.value) and str(e.value).startswith("--device")
+        return
+    assert pick_device(flag, "auto", local_rank) == want
+    assert pick_device(flag, "float32", local_rank) == (want[0], "float32", want[2])
+
+
+def test_pick_device_explicit_dtype(monkeypatch):
+    fake_cuda(monkeypatch, 1, bf16=False)
+    assert pick_device("cuda", "float16") == ("cuda:0", "float16", "nccl")
+    with pytest.raises(ValueError, match="does not support bfloat16"):
+        pick_device("cuda", "bfloat16")
+    assert pick_device("cpu", "bfloat16") == ("cpu", "bfloat16", "gloo")  # CPU autocast has bf16
+    with pytest.raises(ValueError, match="--dtype"):
+        pick_device("cpu", "fp8")
+
+
+def test_device_cuda_without_cuda_is_one_line(monkeypatch, tmp_path, capsys):
+    fake_cuda(monkeypatch, 0)
+    with pytest.raises(SystemExit, match="^error: --device cuda: no CUDA device"):
+        run(TINY + ["--out", tmp_path, "--device", "cuda"])
+    assert not os.listdir(tmp_path), "nothing is written before the device is known to work"
+
+# -----------------------------------------------------------------------------
+# shared: a tiny prepared world (as test_pretrain.py's) and a run that has a checkpoint at step 2
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prep")
+    run(TINY + ["--out", out, "--prepare-only"])
+    (prepared,) = [d for d in (out / "data").iterdir() if d.is_dir()]
+    return {"raw": out / "toy", "joint": prepared, "cache": out / "data"}
+
+
+def flags_of(world):
+    return TINY + ["--data", world["joint"], "--lr", 1e-3, "--warmup", 100]
+
+
+@pytest.fixture
+def at_step_2(world, tmp_path):
+    """OUT with checkpoint.pt, best.pt, log.jsonl of 2 updates; returns (OUT, flags, {file: bytes})."""
+    out = tmp_path / "run"
+    flags = flags_of(world) + ["--out", out]
+    run(flags + ["--max-steps", 2])
+    return out, flags, {f: (out / f).read_bytes() for f in ("checkpoint.pt", "best.pt", "log.jsonl")}
+
+
+def step_of(path):
+    return torch.load(path, weights_only=True)["step"]
+
+
+def no_temp_files(out):
+    return not [f for f in os.listdir(out) if ".tmp" in f]
+
+# -----------------------------------------------------------------------------
+# 2. SIGTERM / Ctrl-C: finish the update, save checkpoint.pt, exit 128 + signal with a --resume hint
+
+
+def start(cmd, out):
+    """Popen cmd, then wait until OUT/log.jsonl has 5 records (5 updates with --log-every 1)."""
+    p = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not ((out / "log.jsonl").exists() and len((out / "log.jsonl").read_text().splitlines()) >= 5):
+        if p.poll() is not None or time.time() > deadline:
+            p.kill()
+            raise AssertionError("the run did not start: " + "".join(p.communicate())[-3000:])
+        time.sleep(0.05)
+    return p
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_checkpoint_and_resume_is_exact(world, tmp_path, sig):
+    flags = flags_of(world) + ["--sep", "1"]
+    out = tmp_path / "run"
+    p = start([sys.executable, os.path.join(ROOT, "pretrain.py")] + flags + ["--out", out, "--max-steps", 100000],
+              out)
+    p.send_signal(sig)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 128 + sig, stdout[-2000:] + stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert f"stopped by {signal.Signals(sig).name}" in stderr and "--resume" in stderr
+    k = step_of(out / "checkpoint.pt")
+    assert k >= 5 and no_temp_files(out)
+    assert [r["step"] for r in read_log(out)] == list(range(1, k + 1)), "every update logged once"
+    run(flags + ["--out", out, "--max-steps", k + 3, "--resume"])
+    run(flags + ["--out", tmp_path / "straight", "--max-steps", k + 3])
+    a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
+    b = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert a["step"] == b["step"] == k + 3
+    assert all(torch.equal(a["model"][n], b["model"][n]) for n in a["model"])
+    strip = lambda log: [{x: y for x, y in r.items() if x != "tok_per_s"} for r in log]  # noqa: E731
+    assert strip(read_log(out)) == strip(read_log(tmp_path / "straight"))
+
+
+def test_sigterm_to_one_torchrun_rank_stops_every_rank(world, tmp_path):
+    """Only rank 1 gets the signal: the ranks agree (all_reduce of a stop flag) and stop after the same update."""
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           os.path.join(ROOT, "pretrain.py")] + flags_of(world) + ["--out", out, "--max-steps", 100000]
+    p = start(cmd, out)
+    rank1 = [pid for pid in os.listdir("/proc") if pid.isdigit() and is_rank(int(pid), p.pid, "1")]
+    assert len(rank1) == 1
+    os.kill(int(rank1[0]), signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert "stopped by SIGTERM" in stderr and "exitcode  : 143" in stderr, stderr[-3000:]
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ck["step"] >= 5 and len(ck["rng"]) == 2
+
+
+def is_rank(pid, parent, local_rank):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    return ppid == parent and f"LOCAL_RANK={local_rank}".encode() in env
+
+# -----------------------------------------------------------------------------
+# 3. an --out with an earlier run's files is refused unless --resume or --overwrite
+
+
+def test_out_with_an_earlier_run_is_refused(at_step_2, capsys):
+    out, flags, before = at_step_2
+    (out / "checkpoint.pt").unlink()
+    with pytest.raises(SystemExit, match="holds best.pt, log.jsonl of an earlier run.*--overwrite"):
+        run(flags + ["--max-steps", 3])
+    assert (out / "best.pt").read_bytes() == before["best.pt"]
+    assert (out / "log.jsonl").read_bytes() == before["log.jsonl"]
+    with pytest.raises(SystemExit) as e:
+        run(flags + ["--max-steps", 3, "--overwrite", "--resume"])
+    assert e.value.code == 2 and "cannot be combined with --resume" in capsys.readouterr().err
+    run(flags + ["--max-steps", 3, "--overwrite"])
+    assert [r["step"] for r in read_log(out)] == [1, 2, 3, 3], "a fresh log: progress 1-3 and the eval of 3"
+    assert step_of(out / "checkpoint.pt") == 3
+
+
+def test_toy_rerun_after_a_crash_before_the_first_checkpoint_reuses_world_and_data(tmp_path, capsys):
+    out = tmp_path / "toy"
+    run(TINY + ["--out", out, "--prepare-only"])  # what a crash at step 0 leaves: toy/ and data/, no run files
+    capsys.readouterr()
+    run(TINY + ["--out", out, "--max-steps", 2])
+    assert "using prepared data" in capsys.readouterr().out
+    assert step_of(out / "checkpoint.pt") == 2
+
+# -----------------------------------------------------------------------------
+# 4. divergence: an overflowing perplexity is inf, a non-finite one never overwrites the saved files
+
+
+def test_evaluate_ppl_overflow_is_inf():
+    from pretrain import evaluate_ppl
+
+    class Diverged(torch.nn.Module):
+        def forward(self, idx, lang, targets):
+            return None, torch.tensor(self.loss)
+
+    ids = torch.arange(14, 100).numpy()
+    for loss, want in ((800.0, float("inf")), (float("inf"), float("inf")), (2.0, 7.38905609893065)):
+        m = Diverged()
+        m.loss = loss
+        assert evaluate_ppl(m, ids, 0, 100, 8, "cpu", torch.no_grad()) == pytest.approx(want)
+    m.loss = float("nan")
+    assert evaluate_ppl(m, ids, 0, 100, 8, "cpu", torch.no_grad()) != evaluate_ppl(m, ids, 0, 100, 8, "cpu",
+                                                                                     torch.no_grad())  # NaN
+
+
+def test_divergence_keeps_the_last_good_files_and_resume_may_lower_lr(at_step_2, capsys):
+    out, flags, before = at_step_2
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # a huge learning rate from step 2 on: NaN dev perplexity at step 3
+        run(flags + ["--max-steps", 4, "--eval-every", 1, "--resume", "--lr", 1e30])
+    message = str(e.value.code)
+    assert message.startswith("error:") and "\n" not in message
+    assert "holds step 2" in message and "--resume --lr" in message
+    assert "not overwritten" in capsys.readouterr().out
+    assert (out / "checkpoint.pt").read_bytes() == before["checkpoint.pt"]
+    assert (out / "best.pt").read_bytes() == before["best.pt"]
+    run(flags + ["--max-steps", 4, "--resume", "--lr", 5e-4])  # the advice can be followed
+    assert "--lr 0.001 -> 0.0005" in capsys.readouterr().out
+    assert step_of(out / "checkpoint.pt") == 4
+    assert all(math_finite(r) for r in read_log(out)), "the diverged records were cut from log.jsonl"
+
+
+def math_finite(record):
+    import math
+    return all(math.isfinite(v) for v in record.get("dev_ppl", {}).values())
+
+
+def test_huge_but_finite_dev_ppl_is_saved_with_a_warning(world, tmp_path, capsys):
+    run(flags_of(world) + ["--out", tmp_path, "--lr", 10, "--max-steps", 5])
+    out = capsys.readouterr().out
+    assert "warning: en dev ppl" in out and "over 10 times the vocabulary size" in out
+    assert step_of(tmp_path / "checkpoint.pt") == 5
+
+# -----------------------------------------------------------------------------
+# 5. every flag and input file is checked before any work
+
+
+BAD_FLAGS = [
+    (["--lr", -1], "--lr must be > 0"),
+    (["--lr", 0], "--lr must be > 0"),
+    (["--lr", "nan"], "--lr must be > 0"),
+    (["--warmup", -5], "--warmup must be >= 0"),
+    (["--dropout", 1.5], "--dropout must be in [0, 1)"),
+    (["--attention-dropout", -0.1], "--attention-dropout must be in [0, 1)"),
+    (["--beta2", 1.5], "--beta2 must be in [0, 1)"),
+    (["--eps", 0], "--eps must be > 0"),
+    (["--clip", -1], "--clip must be >= 0"),
+    (["--threads", -1], "--threads must be > 0"),
+    (["--log-every", 0], "--log-every must be > 0"),
+    (["--eval-every", -1], "--eval-every must be >= 0"),
+    (["--max-bad-steps", 0], "--max-bad-steps must be > 0"),
+    (["--workers", 0], "--workers must be > 0"),
+    (["--seed", -1], "--seed must be >= 0"),
+    (["--merges", 0], "--merges must be > 0"),
+    (["--langs", "en,en"], "--langs en,en: expected distinct languages"),
+    (["--langs", "en,"], "--langs en,: expected distinct languages"),
+    (["--toy-order", "xyz"], "--toy-order"),
+    (["--toy-overlap", 2], "--toy-overlap must be in [0, 1]"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_FLAGS, ids=[" ".join(map(str, f)) for f, _ in BAD_FLAGS])
+def test_bad_flag_is_one_line_before_any_work(world, tmp_path, capsys, flags, message):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        run(TINY + ["--data", world["joint"], "--out", out] + flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_bad_dictionary_fails_before_bpe_and_bad_dev_file_does_not_redo_bpe(world, tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(world["raw"] / "mono", data)
+    bad_dict = tmp_path / "dict.txt"
+    bad_dict.write_text("chat cat\nchien\n")
+    with pytest.raises(SystemExit, match=r"--code-switch .*dict.txt:2: expected 'source target'"):
+        run(TINY + ["--data", data, "--out", tmp_path / "a", "--code-switch", bad_dict])
+    assert "learning BPE" not in capsys.readouterr().out
+    assert not (tmp_path / "a" / "data").exists()
+    with pytest.raises(SystemExit, match="--data .*nothing: no such directory"):
+        run(TINY + ["--data", tmp_path / "nothing", "--out", tmp_path / "a"])
+    good = (data / "fr.dev.txt").read_bytes()
+    (data / "fr.dev.txt").write_bytes(good + b"caf\xe9\n")  # Latin-1, not UTF-8
+    with pytest.raises(SystemExit, match=r"fr.dev.txt:\d+: not valid UTF-8"):
+        run(TINY + ["--data", data, "--out", tmp_path / "a"])
+    assert "learning BPE" in capsys.readouterr().out
+    (data / "fr.dev.txt").write_bytes(good)
+    run(TINY + ["--data", data, "--out", tmp_path / "a", "--max-steps", 1])
+    out = capsys.readouterr().out
+    assert "using the BPE tokenizer learned earlier" in out and "learning BPE" not in out
+
+# -----------------------------------------------------------------------------
+# 6. log.jsonl after a kill and a resume: every record once, the checkpoint's eval record kept
+
+
+def test_resume_cuts_the_log_back_to_the_checkpoint(world, tmp_path):
+    flags = flags_of(world) + ["--eval-every", 2]
+    run(flags + ["--out", tmp_path / "straight", "--max-steps", 4])
+    out = tmp_path / "killed"
+    run(flags + ["--out", out, "--max-steps", 2])
+    at_2 = (out / "checkpoint.pt").read_bytes()
+    run(flags + ["--out", out, "--max-steps", 4, "--resume"])
+    # a kill between the log records of steps 3-4 and the rename of checkpoint.pt leaves the step-2 checkpoint
+    (out / "checkpoint.pt").write_bytes(at_2)
+    run(flags + ["--out", out, "--max-steps", 4, "--resume"])
+    strip = lambda log: [{x: y for x, y in r.items() if x != "tok_per_s"} for r in log]  # noqa: E731
+    assert strip(read_log(out)) == strip(read_log(tmp_path / "straight"))
+    assert [(r["step"], "dev_ppl" in r) for r in read_log(out)] == [
+        (1, False), (2, False), (2, True), (3, False), (4, False), (4, True)]
+
+# -----------------------------------------------------------------------------
+# 8. disk full and unusable --out paths
+
+
+@pytest.mark.parametrize("victim", ["best.pt", "checkpoint.pt"])
+@pytest.mark.parametrize("error", ["ENOSPC", "torch"])
+def test_disk_full_keeps_old_files_and_leaves_no_temp_file(at_step_2, monkeypatch, victim, error):
+    out, flags, before = at_step_2
+    save = torch.save
+
+    def full_disk(obj, f, *a, **k):
+        if str(f).startswith(str(out / victim)):
+            with open(f, "wb") as h:
+                h.write(b"PK\x03\x04 half a checkpoint")
+            if error == "ENOSPC":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+        return save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(SystemExit) as e:
+        run(flags + ["--max-steps", 4, "--resume"])
+    message = str(e.value.code)
+    assert message.startswith("error:") and str(out / victim) in message and "\n" not in message
+    assert ("No space left on device" if error == "ENOSPC" else "no space left writing") in message
+    assert no_temp_files(out)
+    assert (out / "checkpoint.pt").read_bytes() == before["checkpoint.pt"]
+    monkeypatch.setattr(torch, "save", save)
+    run(flags + ["--max-steps", 4, "--resume"])  # once there is room again, the run goes on
+    assert step_of(out / "checkpoint.pt") == 4
+
+
+def test_unusable_out_is_one_line(world, tmp_path):
+    (tmp_path / "file").write_text("x")
+    for out, why in ((tmp_path / "file", "exists and is not a directory"),
+                     (tmp_path / "file" / "sub", "cannot create the directory"),
+                     ("/proc/pretrain-test", "cannot create the directory")):
+        with pytest.raises(SystemExit, match=f"^error: --out {out}: {why}"):
+            run(flags_of(world) + ["--out", out, "--max-steps", 1])
+
+# -----------------------------------------------------------------------------
+# 7. bpe.py's command line: a mistake is one line naming the flag (or the file and line)
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bpe_cli")
+    (d / "en.txt").write_text("the cat sat on the mat\nthe dog sat\n" * 3)
+    (d / "fr.txt").write_text("le chat est sur le tapis\nle chien\n" * 3)
+    (d / "file").write_text("x")
+    (d / "latin1.txt").write_bytes(b"the cat\ncaf\xe9\n")
+    bpe_cli(d, "vocab", "--train", "en=en.txt", "fr=fr.txt", "--merges", "10", "--out", "tok")
+    bpe_cli(d, "learn", "--input", "en.txt", "--merges", "10", "--output", "codes")
+    return d
+
+
+def bpe_cli(cwd, *argv):
+    """python bpe.py ARGV in directory cwd, in this process; returns the exit code."""
+    import runpy
+    old, here = sys.argv, os.getcwd()
+    sys.argv = ["bpe.py", *argv]
+    os.chdir(cwd)
+    try:
+        runpy.run_path(os.path.join(ROOT, "bpe.py"), run_name="__main__")
+        return 0
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 1
+        return e.code
+    finally:
+        sys.argv = old
+        os.chdir(here)
+
+
+BPE_MISTAKES = [
+    (["vocab", "--train", "en=en.txt", "en=fr.txt", "--out", "t2"], "--train: language 'en' given twice"),
+    (["vocab", "--train", "en=nope.txt", "--out", "t2"], "--train en=nope.txt: no such file"),
+    (["vocab", "--train", "en=en.txt", "--out", "file"], "--out file: exists and is not a directory"),
+    (["vocab", "--train", "en=en.txt", "--out", "file/sub"], "--out file/sub: cannot create the directory"),
+    (["vocab", "--train", "en=en.txt", "--merges", "-5", "--out", "t2"], "--merges must be >= 1, got -5"),
+    (["binarize", "--tokenizer", "codes", "--lang", "en", "--input", "en.txt", "--out-prefix", "x"],
+     "--tokenizer codes: not a tokenizer.json written by bpe.py (not JSON"),
+    (["binarize", "--tokenizer", "en.txt", "--lang", "en", "--input", "en.txt", "--out-prefix", "x"],
+     "--tokenizer en.txt: not a tokenizer.json written by bpe.py"),
+    (["binarize", "--tokenizer", "nope.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x"],
+     "--tokenizer nope.json: no such file"),
+    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "de", "--input", "en.txt", "--out-prefix", "x"],
+     "--lang de: tok/tokenizer.json covers en, fr"),
+    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix",
+      "nodir/x"], "--out-prefix nodir/x: no directory nodir"),
+    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x",
+      "--workers", "0"], "--workers must be >= 1"),
+    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x",
+      "--code-switch", "codes", "--cs-p", "2"], "--cs-p must be in [0, 1]"),
+    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x",
+      "--code-switch", "codes", "--cs-lang", "xx"], "--cs-lang xx: tok/tokenizer.json covers en, fr"),
+    (["learn", "--input", "nope.txt", "--output", "c2"], "--input nope.txt: no such file"),
+    (["learn", "--input", "en.txt", "--output", "nodir/c2"], "--output nodir/c2: no directory nodir"),
+    (["learn", "--input", "en.txt", "--max-lines", "-1", "--output", "c2"], "--max-lines must be >= 1"),
+    (["learn", "--input", "en.txt", "--min-freq", "0", "--output", "c2"], "--min-freq must be >= 1"),
+    (["apply", "--codes", "tok/tokenizer.json", "--input", "en.txt", "--output", "o"],
+     "tokenizer.json:1: expected 'left right count' (fastBPE), got '{\"format\""),
+    (["apply", "--codes", "codes", "--input", "nope.txt", "--output", "o"], "--input nope.txt: no such file"),
+    (["apply", "--codes", "codes", "--input", "latin1.txt", "--output", "o"], "latin1.txt:2: not valid UTF-8"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BPE_MISTAKES, ids=[" ".join(a[:3]) for a, _ in BPE_MISTAKES])
+def test_bpe_cli_mistake_is_one_line(bpe_dir, capsys, argv, message):
+    before = sorted(os.listdir(bpe_dir))
+    assert bpe_cli(bpe_dir, *argv) in (1, 2)
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()[-1]) < 300, "one readable line"
+    assert sorted(os.listdir(bpe_dir)) == before and no_temp_files(bpe_dir), "nothing written, no temp file"
