@@ -8,9 +8,10 @@ language-specific vocabularies with and without shared strings, and code-switchi
 What is in here, in reading order:
   1. pretokenize        Unicode-aware word/punctuation split (the stand-in for Moses; one Han char per
                         token for zh, the stand-in for a Chinese word segmenter)
-  2. learn_bpe          Sennrich et al. (2016) BPE, merge for merge identical to subword-nmt 0.3.8
-                        `learn-bpe` (codes version 0.2), but incremental: pair counts + pair -> words
-                        index + a max-heap, so each merge only touches the words that contain the pair
+  2. learn_bpe_simple   Sennrich et al. (2016) BPE as the paper states it (count pairs, merge the best,
+                        repeat), merge for merge identical to subword-nmt 0.3.8 `learn-bpe` (codes v0.2)
+     learn_bpe          the same merges, incremental: pair counts + pair -> words index + a max-heap,
+                        so each merge only touches the words that contain the pair
   3. BPE                apply merges to words / whitespace-tokenised lines (== subword-nmt `apply-bpe`),
                         load subword-nmt and fastBPE codes, save subword-nmt codes
   4. Vocab, Tokenizer   XLM's dictionary layout (14 special tokens first) and the three regimes of §4.2:
@@ -26,11 +27,14 @@ Run:
 """
 
 import argparse
+import hashlib
 import heapq
 import json
 import os
 import random
+import shutil
 import sys
+import time
 import unicodedata
 from collections import Counter, defaultdict
 
@@ -39,7 +43,7 @@ import regex
 from tqdm import tqdm
 
 # -----------------------------------------------------------------------------
-# XLM's special tokens (PAPER_NOTES §1.3, XLM data/dictionary.py). They come first in every vocabulary,
+# XLM's special tokens (XLM src/data/dictionary.py). They come first in every vocabulary,
 # in this fixed order, and are the only tokens that every regime shares.
 
 SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
@@ -71,7 +75,7 @@ SPACE_RE = regex.compile(rf"[{_SPACE}]")
 def lowercase_and_strip_accents(text):
     """XLM-15 style normalisation (XLM tools/lowercase_and_remove_accent.py): lower, NFD, drop Mn.
 
-    'Été à Noël' -> 'ete a noel'. Off by default (DESIGN D5).
+    'Été à Noël' -> 'ete a noel'. Off by default (README decision D5).
     """
     text = unicodedata.normalize("NFD", text.lower())
     return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
@@ -94,6 +98,51 @@ def pretokenize(line, lang):
 # 2. Learning BPE (Sennrich et al. 2016; subword-nmt learn_bpe.py, codes version 0.2)
 
 
+def learn_bpe_simple(word_counts, num_merges, min_freq=2):
+    """BPE straight from the definition (Sennrich et al. 2016, Algorithm 1): count every adjacent pair,
+    merge the most frequent one everywhere, repeat. Returns [(left, right), ...].
+
+    Every word is a sequence of characters, the last one carrying '</w>' ('low' -> l o w</w>). Pair
+    counts are weighted by word count; ties go to the lexicographically LARGEST pair (subword-nmt
+    picks max over (count, pair)); stop when the best count is below `min_freq` or nothing is left.
+
+    Example (Sennrich et al. 2016, Fig. 1): {'low': 5, 'lower': 2, 'newest': 6, 'widest': 3}
+      counts: (e,s)=9 (s,t</w>)=9 (w,e)=8 (l,o)=7 (n,e)=6 (e,w)=6 (o,w</w>)=5 ...
+      step 1: (e,s) and (s,t</w>) tie at 9; 's' > 'e', so ('s', 't</w>')  -> n e w e st</w>, w i d e st</w>
+      step 2: (e,st</w>) = 9                                             -> n e w est</w>, w i d est</w>
+      step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2)        -> lo w</w>, lo w e r</w>
+      step 4: (w,est</w>), (n,e), (e,w) tie at 6; 'w' is largest, so ('w', 'est</w>')
+      ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more cases).
+    Recounting every pair after every merge costs O(merges x corpus): learn_bpe below gives the same
+    merges incrementally."""
+    words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}  # (symbols) -> count
+    merges = []
+    for _ in range(num_merges):
+        stats = Counter()  # (left, right) -> count
+        for w, c in words.items():
+            for pair in zip(w, w[1:]):
+                stats[pair] += c
+        if not stats:
+            break
+        pair = max(stats, key=lambda p: (stats[p], p))
+        if stats[pair] < min_freq:
+            break
+        merges.append(pair)
+        merged = Counter()
+        for w, c in words.items():  # replace every occurrence of the pair, left to right
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == pair:
+                    out.append(w[i] + w[i + 1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] += c
+        words = merged
+    return merges
+
+
 def _symbol_key(s):
     """A key that sorts strings in REVERSE order: heapq is a min-heap, we want the largest pair.
 
@@ -105,20 +154,8 @@ def _symbol_key(s):
 
 
 def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
-    """Learn up to `num_merges` merges from a {word: count} table. Returns [(left, right), ...].
-
-    Every word is a sequence of characters, the last one carrying '</w>' ('low' -> l o w</w>). At each
-    step the adjacent pair with the highest count (summed over words, weighted by word count) is merged
-    everywhere; ties go to the lexicographically LARGEST pair (subword-nmt picks max over (count, pair)).
-    Learning stops early when the best count is below `min_freq` or nothing is left to merge.
-
-    Example (Sennrich et al. 2016, Fig. 1): {'low': 5, 'lower': 2, 'newest': 6, 'widest': 3}
-      counts: (e,s)=9 (s,t</w>)=9 (w,e)=8 (l,o)=7 (n,e)=6 (e,w)=6 (o,w</w>)=5 ...
-      step 1: (e,s) and (s,t</w>) tie at 9; 's' > 'e', so ('s', 't</w>')  -> n e w e st</w>, w i d e st</w>
-      step 2: (e,st</w>) = 9                                             -> n e w est</w>, w i d est</w>
-      step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2)        -> lo w</w>, lo w e r</w>
-      step 4: (w,est</w>), (n,e), (e,w) tie at 6; 'w' is largest, so ('w', 'est</w>')
-      ... the list subword-nmt writes (tests/test_bpe.py checks this and more cases).
+    """Same merges as learn_bpe_simple(word_counts, num_merges, min_freq), faster: each merge only
+    touches the words that contain the pair (tests/test_bpe.py checks that the two agree).
 
     subword-nmt recounts nothing either, but finds the best pair with max() over a dict (kept small by
     pruning heuristics). Here: `stats` pair -> count, `where` pair -> ids of the words that may contain
@@ -213,16 +250,6 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
             heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
     bar.close()
     return merges
-
-
-def count_words(lines, lang, lowercase=False):
-    """{word: count} over pretokenised lines (the input learn_bpe expects)."""
-    counts = Counter()
-    for line in lines:
-        if lowercase:
-            line = lowercase_and_strip_accents(line)
-        counts.update(pretokenize(line, lang))
-    return counts
 
 
 # -----------------------------------------------------------------------------
@@ -665,7 +692,7 @@ def anchor_tokens(token_counts):
 
 
 # -----------------------------------------------------------------------------
-# 5. Code-switching: extra anchors (paper §4.2; PAPER_NOTES §3.6, DESIGN D11)
+# 5. Code-switching: extra anchors (paper §4.2; README decision D11)
 
 
 class Dictionary(dict):
@@ -806,7 +833,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
     encodes chunks in a process pool, in order. Both files are written atomically.
 
     code_switch: a bilingual dictionary (read_dictionary) to code-switch the text before BPE (paper
-    §4.2 extra anchors, DESIGN D11): words are replaced with code_switch(words, dictionary, rng, p,
+    §4.2 extra anchors, README decision D11): words are replaced with code_switch(words, dictionary, rng, p,
     max_frac), rng seeded per line. A replaced word is segmented with the BPE of `cs_lang` (default:
     the other language of a two-language tokenizer) but looked up in `lang`'s vocabulary, so this needs
     one shared id space (separate_vocab=False).
@@ -877,10 +904,193 @@ def load_bin(out_prefix):
 
 
 # -----------------------------------------------------------------------------
+# 7. Data preparation for pretrain.py: tokenizer + binarised train/dev splits, cached once
+#    (nanoGPT's prepare.py step; `python bpe.py prepare ...` or pretrain.py does it on first use)
+
+
+def atomic_write(path, write):
+    """Write `path` through `path.tmp` + rename, so a crash or a kill leaves the old file or the new one,
+    never half of one; write(tmp) writes the temp file. A failed write (disk full, ...) removes the temp
+    file, leaves the old `path` intact and stops the program with one line."""
+    tmp = path + ".tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        for t in (tmp, tmp + ".tmp"):  # model.save_model and Tokenizer.save write their own temp file first
+            if os.path.exists(t):
+                os.remove(t)
+        if isinstance(e, OSError):
+            raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
+        if isinstance(e, RuntimeError) and "unexpected pos" in str(e):  # torch.save's zip writer: a short write
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
+            raise SystemExit(f"error: no space left writing {path}? (torch.save wrote less than asked; "
+                             f"{free:,.0f} MiB free there)") from None
+        raise
+
+
+def write_text(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def make_dir(flag, path):
+    """os.makedirs, or one line saying why the directory of `flag` (--out, --prep-dir) cannot be used."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise SystemExit(f"error: {flag} {path}: exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: {flag} {path}: cannot create the directory: {e.filename}: {e.strerror}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SystemExit(f"error: {flag} {path}: the directory is not writable")
+
+
+def parse_lang_path(item):
+    """'en=data/en.txt' -> ('en', 'data/en.txt'): the LANG=PATH of every script's per-language file flags."""
+    lang, eq, path = item.partition("=")
+    if not eq or not lang.strip() or not path:
+        raise ValueError(f"expected LANG=PATH, got {item!r}")
+    return lang.strip(), path
+
+
+def parse_lang_files(flag, items, langs=None):
+    """['en=a.txt', 'fr=b.txt'] (or 'en=a.txt,fr=b.txt') -> {'en': 'a.txt', 'fr': 'b.txt'}: each language
+    once, every file present, and (when `langs` is given) exactly those languages. Errors name `flag`."""
+    files = {}
+    for item in items.split(",") if isinstance(items, str) else items:
+        try:
+            lang, path = parse_lang_path(item)
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e}") from None
+        if lang in files:
+            raise ValueError(f"{flag}: language '{lang}' given twice")
+        if not os.path.isfile(path):
+            raise ValueError(f"{flag} {item}: no such file")
+        files[lang] = path
+    if langs is not None and sorted(files) != sorted(langs):
+        raise ValueError(f"{flag}: languages {','.join(sorted(files))} do not match --langs {','.join(langs)}")
+    return files
+
+
+def find_text(data_dir, lang, split):
+    """`DIR/{lang}.{split}.txt`, or toydata's `DIR/mono/{lang}.{split}.txt`."""
+    for path in (os.path.join(data_dir, f"{lang}.{split}.txt"), os.path.join(data_dir, "mono", f"{lang}.{split}.txt")):
+        if os.path.isfile(path):
+            return path
+    raise SystemExit(f"error: --data {data_dir}: no {lang}.{split}.txt (nor mono/{lang}.{split}.txt) "
+                     f"for language '{lang}'")
+
+
+def _fingerprint(path):
+    st = os.stat(path)
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+
+
+def is_prepared(d, langs):
+    """Does `d` hold tokenizer.json and {lang}.{train,dev}.bin for every language?"""
+    return os.path.isfile(os.path.join(d, "tokenizer.json")) and all(
+        os.path.isfile(os.path.join(d, f"{l}.{s}.bin")) for l in langs for s in ("train", "dev"))
+
+
+def read_switch_dictionary(path, langs):
+    """--code-switch: {langs[0]: src -> [tgt], langs[1]: tgt -> [src]} from a MUSE `src tgt` file (paper
+    §4.2 extra anchors; both languages' training text is code-switched)."""
+    try:
+        forward = read_dictionary(path)
+    except (OSError, ValueError) as e:  # read_dictionary names the file and line at fault
+        raise SystemExit(f"error: --code-switch {e}")
+    backward = type(forward)()
+    for src, tgts in forward.items():
+        for t in tgts:
+            backward.setdefault(t, []).append(src)
+    return {langs[0]: forward, langs[1]: backward}
+
+
+def check_inputs(langs, data=None, files=None, code_switch=None):
+    """Before any work (BPE learning takes hours at paper scale): every input text file can be opened,
+    and the --code-switch dictionary parses. `files`: {lang: {"train": path, "dev": path}}."""
+    paths = [files[l][s] for s in ("train", "dev") for l in langs] if files else []
+    if data is not None and not files:
+        if not os.path.isdir(data):
+            raise SystemExit(f"error: --data {data}: no such directory")
+        if not is_prepared(data, langs):
+            paths = [find_text(data, l, s) for l in langs for s in ("train", "dev")]
+    for path in paths:
+        try:
+            open(path, "rb").close()
+        except OSError as e:
+            raise SystemExit(f"error: cannot read {path}: {e.strerror}")
+    if code_switch:
+        read_switch_dictionary(code_switch, langs)
+
+
+def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
+            lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True):
+    """Raw text -> tokenizer.json + {lang}.{train,dev}.{bin,json}; returns the directory that holds them.
+
+    The text is `files` {lang: {"train": path, "dev": path}}, or found in `data` ({lang}.{split}.txt or
+    toydata's mono/). If `data` already holds prepared files (an earlier prepare), it is used as is.
+    Otherwise the master builds them under prep_dir/<mode>-<merges>-<hash of inputs and flags>/ (reused by
+    any later call with the same inputs), and the other ranks of a DDP run (master=False) wait for its
+    `done` file. The learned tokenizer is cached on its own (prep_dir/tokenizer-<hash of what BPE learning
+    reads>.json) before the text is binarised: a retry after a bad dev file or dictionary does not learn
+    BPE again. The training text is code-switched with the MUSE dictionary `code_switch` (paper §4.2,
+    D11); dev text stays clean (it measures the language itself). Errors are one line (SystemExit)."""
+    if files:
+        sources = files
+    elif is_prepared(data, langs):
+        return data
+    else:
+        sources = {l: {s: find_text(data, l, s) for s in ("train", "dev")} for l in langs}
+    recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
+              "lowercase": lowercase, "bpe_lines": max_lines, "seed": seed,
+              "code_switch": _fingerprint(code_switch) if code_switch else None,
+              "sources": {l: {s: _fingerprint(p) for s, p in v.items()} for l, v in sources.items()}}
+    key = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+    out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{key}")
+    done = os.path.join(out, "done")
+    if not master:
+        while not os.path.exists(done):
+            time.sleep(2)
+        return out
+    if os.path.exists(done):
+        print(f"using prepared data in {out}")
+        return out
+    tok_recipe = {k: v for k, v in recipe.items() if k not in ("code_switch", "sources")}
+    tok_recipe["train"] = {l: recipe["sources"][l]["train"] for l in langs}
+    tok_key = hashlib.sha1(json.dumps(tok_recipe, sort_keys=True).encode()).hexdigest()[:10]
+    tok_path = os.path.join(prep_dir, f"tokenizer-{tok_key}.json")
+    make_dir("--prep-dir", out)
+    switch = read_switch_dictionary(code_switch, langs) if code_switch else {}
+    try:
+        if os.path.isfile(tok_path):
+            print(f"using the BPE tokenizer learned earlier: {tok_path}")
+            tok = Tokenizer.load(tok_path)
+        else:
+            print(f"learning BPE ({mode}, {merges} merges) for {out}")
+            tok = Tokenizer.build({l: sources[l]["train"] for l in langs}, mode=mode, num_merges=merges,
+                                  separate_vocab=separate_vocab, lowercase=lowercase, max_lines=max_lines, seed=seed)
+            atomic_write(tok_path, tok.save)
+        print(f"preparing data in {out}")
+        for s in ("dev", "train"):  # the small dev files first: a bad one is found in seconds
+            for l in langs:
+                binarize(sources[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
+                         code_switch=switch.get(l) if s == "train" else None, seed=seed)
+    except ValueError as e:  # the readers name the file (and line) at fault
+        raise SystemExit(f"error: data preparation failed: {e}")
+    except OSError as e:
+        raise SystemExit(f"error: data preparation failed: {e.filename}: {e.strerror}")
+    atomic_write(os.path.join(out, "tokenizer.json"), tok.save)
+    atomic_write(os.path.join(out, "recipe.json"), lambda tmp: write_text(tmp, json.dumps(recipe, indent=1)))
+    atomic_write(done, lambda tmp: write_text(tmp, ""))  # last: the cache is complete
+    return out
+
+
+# -----------------------------------------------------------------------------
 # Command line
 
-if __name__ == "__main__":
-
+def main(argv=None):
     def lang_of(path):
         """'../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt' -> 'en'."""
         return os.path.basename(path).split(".")[0]
@@ -951,7 +1161,24 @@ if __name__ == "__main__":
     p.add_argument("--errors", choices=["strict", "replace"], default="strict",
                    help="undecodable bytes: stop with file:line, or replace by U+FFFD")
 
-    args = parser.parse_args()
+    p = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py --data "
+                       "(code-switching included), cached under --out", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")
+    p.add_argument("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data")
+    p.add_argument("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
+    p.add_argument("--langs", default="en,fr", help="comma-separated languages")
+    p.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
+    p.add_argument("--merges", type=int, default=None, help="default: paper 80000 joint, 40000 per language")
+    p.add_argument("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
+    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
+    p.add_argument("--max-lines", type=int, default=None, help="learn BPE on at most this many lines per language")
+    p.add_argument("--seed", type=int, default=0, help="seed of the joint-BPE line sampling and code-switching")
+    p.add_argument("--code-switch", default=None, metavar="DICT", help="MUSE dictionary: code-switch the "
+                   "training text (extra anchors, paper §4.2)")
+    p.add_argument("--workers", type=int, default=1, help="encoding processes")
+    p.add_argument("--out", required=True, help="cache directory; the prepared directory inside it is printed")
+
+    args = parser.parse_args(argv)
     # the user's mistakes are caught here, before any work, each as one line naming the flag
     numbers = {"merges": 1, "min_freq": 1, "max_lines": 1, "workers": 1}  # flag: smallest value
     for k, least in numbers.items():
@@ -1011,16 +1238,7 @@ if __name__ == "__main__":
                 raise
 
         elif args.cmd == "vocab":
-            files = {}
-            for item in args.train:
-                lang, sep, path = item.partition("=")
-                if not sep or not lang or not path:
-                    raise ValueError(f"--train expects LANG=PATH, got {item!r}")
-                if lang in files:
-                    raise ValueError(f"--train: language '{lang}' given twice ({files[lang]} and {path})")
-                if not os.path.isfile(path):
-                    raise ValueError(f"--train {item}: no such file")
-                files[lang] = path
+            files = parse_lang_files("--train", args.train)
             if os.path.exists(args.out) and not os.path.isdir(args.out):
                 raise ValueError(f"--out {args.out}: exists and is not a directory")
             try:  # before BPE learning, which takes hours at paper scale
@@ -1034,6 +1252,22 @@ if __name__ == "__main__":
                 tok.bpes[lang].save(os.path.join(args.out, f"codes.{lang}"))
                 tok.vocab(lang).save(os.path.join(args.out, f"vocab.{lang}"))
             print(f"wrote {args.out}/tokenizer.json, codes.<lang>, vocab.<lang>")
+
+        elif args.cmd == "prepare":
+            langs = args.langs.split(",")
+            if (args.train_files is None) != (args.dev_files is None) or (args.data is None) == (args.train_files is None):
+                raise ValueError("give --data, or --train-files with --dev-files")
+            files = None
+            if args.train_files:
+                both = [parse_lang_files(f, v, langs) for f, v in (("--train-files", args.train_files),
+                                                                   ("--dev-files", args.dev_files))]
+                files = {l: {"train": both[0][l], "dev": both[1][l]} for l in langs}
+            if args.code_switch and (args.separate_vocab or len(langs) != 2):
+                raise ValueError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
+            check_inputs(langs, args.data, files, args.code_switch)
+            merges = args.merges or (80000 if args.mode == "joint" else 40000)
+            print(prepare(langs, args.out, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,
+                          args.max_lines, args.seed, args.code_switch, args.workers))
 
         elif args.cmd == "binarize":
             try:
@@ -1057,3 +1291,7 @@ if __name__ == "__main__":
         sys.exit(f"bpe.py {args.cmd}: error: {e}")
     except KeyboardInterrupt:
         sys.exit(f"bpe.py {args.cmd}: interrupted (no half-written file is left)")
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,7 @@ Trains the XLM-style encoder of model.py with BERT's MLM objective on monolingua
 languages, in every sharing regime of the paper's Table 1 (joint / separate / prefixed BPE,
 code-switched "extra anchors", separate embeddings and bottom layers). Data handling, masking,
 language sampling, the learning-rate schedule and model selection follow facebookresearch/XLM
-(PAPER_NOTES.md §3): 256-token streams with `</s>` separators and no padding, one language per
+(src/data/dataset.py StreamDataset, src/trainer.py): 256-token streams with `</s>` separators and no padding, one language per
 batch drawn with p ∝ n^0.7, 15 % of tokens predicted (80 % MASK / 10 % kept / 10 % random),
 Adam with linear warm-up then inverse square root decay, best model by English dev perplexity.
 
@@ -17,15 +17,17 @@ Run:
     python pretrain.py --data DIR --langs en,fr --accumulate 8 --out runs/default        # 1 GPU
     torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3 --out runs/sep
     python pretrain.py ... --resume                               # continue from runs/.../checkpoint.pt
+
+The text is prepared once by bpe.prepare (tokenizer.json + {lang}.{train,dev}.bin, cached; the same as
+`python bpe.py prepare`); this file reads what it wrote. Sections: masking / schedule / sampling,
+streams, evaluation, the toy world, flags, then main(): device, data, model, optimiser, loop.
 """
 
 import argparse
 import gc
-import hashlib
 import json
 import math
 import os
-import shutil
 import signal
 import sys
 import time
@@ -38,8 +40,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bpe import EOS_ID, MASK_ID, Tokenizer, binarize, load_bin, read_dictionary
+from bpe import (EOS_ID, MASK_ID, Tokenizer, atomic_write, check_inputs, load_bin, make_dir, parse_lang_files,
+                 prepare, write_text)
 from model import MLM, ModelConfig, parse_sep, pick_device, save_model
+from toydata import SIZES as TOY_SIZES
+from toydata import parse_order, write_world
 
 MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
 PRED_PROBS = (0.8, 0.1, 0.1)  # of those: MASK, kept, random id (XLM word_mask_keep_rand)
@@ -103,7 +108,7 @@ def sampling_probs(sentence_counts, alpha=ALPHA):
     return p / p.sum()
 
 # -----------------------------------------------------------------------------
-# streams (XLM StreamDataset, PAPER_NOTES §3.1), read straight from the memory-mapped ids
+# streams (XLM src/data/dataset.py StreamDataset), read straight from the memory-mapped ids
 
 def drop_unused_lang_grads(model, used):
     """Set to None the gradients of language-specific parameters (--sep) of every language j with
@@ -203,126 +208,13 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
         return float("inf")
 
 # -----------------------------------------------------------------------------
-# data preparation: raw text -> tokenizer (bpe.py) -> flat .bin per language and split, cached once
-
-def find_text(data_dir, lang, split):
-    """`DIR/{lang}.{split}.txt`, or toydata's `DIR/mono/{lang}.{split}.txt`."""
-    for path in (os.path.join(data_dir, f"{lang}.{split}.txt"), os.path.join(data_dir, "mono", f"{lang}.{split}.txt")):
-        if os.path.isfile(path):
-            return path
-    raise SystemExit(f"error: --data {data_dir}: no {lang}.{split}.txt (nor mono/{lang}.{split}.txt) "
-                     f"for language '{lang}'")
-
-
-def file_fingerprint(path):
-    st = os.stat(path)
-    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
-
-
-def prepared_files_exist(d, langs):
-    return os.path.isfile(os.path.join(d, "tokenizer.json")) and all(
-        os.path.isfile(os.path.join(d, f"{l}.{s}.bin")) for l in langs for s in ("train", "dev"))
-
-
-def read_switch_dictionary(path, langs):
-    """--code-switch: {langs[0]: src -> [tgt], langs[1]: tgt -> [src]} from a MUSE `src tgt` file (paper
-    §4.2 extra anchors; both languages' training text is code-switched)."""
-    try:
-        forward = read_dictionary(path)
-    except (OSError, ValueError) as e:  # bpe.py names the file and line at fault
-        raise SystemExit(f"error: --code-switch {e}")
-    backward = type(forward)()
-    for src, tgts in forward.items():
-        for t in tgts:
-            backward.setdefault(t, []).append(src)
-    return {langs[0]: forward, langs[1]: backward}
-
-
-def check_inputs(args, langs):
-    """Before any work (BPE learning takes hours at paper scale): every input text file can be opened,
-    and the --code-switch dictionary parses. The toy world's files are checked once written."""
-    paths = []
-    if args.train_files:
-        paths = [f[l] for f in (args.train_files, args.dev_files) for l in langs]
-    elif not args.toy_world:
-        if not os.path.isdir(args.data):
-            raise SystemExit(f"error: --data {args.data}: no such directory")
-        if not prepared_files_exist(args.data, langs):
-            paths = [find_text(args.data, l, s) for l in langs for s in ("train", "dev")]
-    for path in paths:
-        try:
-            open(path, "rb").close()
-        except OSError as e:
-            raise SystemExit(f"error: cannot read {path}: {e.strerror}")
-    if args.code_switch and not (args.toy_world and not os.path.exists(args.code_switch)):
-        read_switch_dictionary(args.code_switch, langs)
-
-
-def prepare_data(args, langs, master):
-    """Returns the directory holding tokenizer.json and {lang}.{train,dev}.{bin,json}.
-    If --data already holds them (made by an earlier run or bpe.py), use it as is. Otherwise the
-    master builds them under --prep-dir/<regime>-<hash of inputs and flags>/ (reused by any later
-    run with the same inputs), and the other ranks wait for the `done` file. The learned tokenizer is
-    cached on its own (--prep-dir/tokenizer-<hash of what BPE learning reads>.json) before the text is
-    binarised: a retry after a bad dev file or dictionary does not learn BPE again."""
-    if args.train_files:  # explicit files (--train-files/--dev-files) instead of a --data layout
-        sources = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs}
-    elif prepared_files_exist(args.data, langs):
-        return args.data
-    else:
-        sources = {l: {s: find_text(args.data, l, s) for s in ("train", "dev")} for l in langs}
-    recipe = {"langs": langs, "bpe": args.bpe, "merges": args.merges, "separate_vocab": args.sep_tok,
-              "lowercase": args.lowercase, "bpe_lines": args.bpe_lines, "seed": args.seed,
-              "code_switch": file_fingerprint(args.code_switch) if args.code_switch else None,
-              "sources": {l: {s: file_fingerprint(p) for s, p in v.items()} for l, v in sources.items()}}
-    key = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
-    out = os.path.join(args.prep_dir, f"{args.bpe}-{args.merges}{'-sepvocab' if args.sep_tok else ''}-{key}")
-    done = os.path.join(out, "done")
-    if not master:
-        while not os.path.exists(done):
-            time.sleep(2)
-        return out
-    if os.path.exists(done):
-        print(f"using prepared data in {out}")
-        return out
-    tok_recipe = {k: v for k, v in recipe.items() if k not in ("code_switch", "sources")}
-    tok_recipe["train"] = {l: recipe["sources"][l]["train"] for l in langs}
-    tok_key = hashlib.sha1(json.dumps(tok_recipe, sort_keys=True).encode()).hexdigest()[:10]
-    tok_path = os.path.join(args.prep_dir, f"tokenizer-{tok_key}.json")
-    make_dir("--prep-dir", out)
-    switch = read_switch_dictionary(args.code_switch, langs) if args.code_switch else {}
-    try:
-        if os.path.isfile(tok_path):
-            print(f"using the BPE tokenizer learned earlier: {tok_path}")
-            tok = Tokenizer.load(tok_path)
-        else:
-            print(f"learning BPE ({args.bpe}, {args.merges} merges) for {out}")
-            tok = Tokenizer.build({l: sources[l]["train"] for l in langs}, mode=args.bpe, num_merges=args.merges,
-                                  separate_vocab=args.sep_tok, lowercase=args.lowercase, max_lines=args.bpe_lines,
-                                  seed=args.seed)
-            atomic_write(tok_path, tok.save)
-        print(f"preparing data in {out}")
-        for s in ("dev", "train"):  # the small dev files first: a bad one is found in seconds
-            for l in langs:        # (dev stays clean of code-switching: it measures the language itself)
-                binarize(sources[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=args.workers,
-                         code_switch=switch.get(l) if s == "train" else None, seed=args.seed)
-    except ValueError as e:  # bpe.py names the file (and line) at fault
-        raise SystemExit(f"error: data preparation failed: {e}")
-    except OSError as e:
-        raise SystemExit(f"error: data preparation failed: {e.filename}: {e.strerror}")
-    atomic_write(os.path.join(out, "tokenizer.json"), tok.save)
-    atomic_write(os.path.join(out, "recipe.json"), lambda tmp: write_text(tmp, json.dumps(recipe, indent=1)))
-    atomic_write(done, lambda tmp: write_text(tmp, ""))  # last: the cache is complete
-    return out
-
+# the toy world (toydata.py); data preparation itself is bpe.prepare
 
 def write_toy_world(args, langs):
     """--toy without --data: the synthetic world of toydata.py under OUT/toy/ (reused if the same flags)."""
-    from toydata import write_world
-    sizes = TOY_SIZES[args.toy_size]
     langs = args.toy_langs.split(",") if args.toy_langs else langs if len(langs) > 1 else ["en", "fr"]
-    knobs = {"langs": langs, "overlap": args.toy_overlap, "order": args.toy_order,
-             "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic, "seed": args.toy_seed, **sizes}
+    knobs = {"langs": langs, "overlap": args.toy_overlap, "order": args.toy_order, "domain_shift": args.toy_domain_shift,
+             "cyrillic": args.toy_cyrillic, "seed": args.toy_seed, **TOY_SIZES[args.toy_size]}
     world, record = args.data, os.path.join(args.out, "toy.json")
     if os.path.exists(record):
         with open(record) as f:
@@ -331,9 +223,7 @@ def write_toy_world(args, langs):
         return world
     print(f"writing the toy world to {world}")
     try:
-        write_world(world, langs=tuple(langs), overlap=args.toy_overlap, order=args.toy_order,
-                    domain_shift=args.toy_domain_shift, cyrillic=args.toy_cyrillic, seed=args.toy_seed,
-                    force=True, **sizes)
+        write_world(world, force=True, **knobs)
     except ValueError as e:
         raise SystemExit(f"error: --toy-*: {e}")
     except OSError as e:
@@ -357,13 +247,6 @@ PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attenti
 TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, pos_offsets=48, lr=2e-3,
            warmup=500, schedule="linear", epoch_size=32000, max_steps=8000, eval_every=0, log_every=500, threads=1)
 MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language for separate/prefixed)
-TOY_SIZES = {  # sentences per language for toydata.write_world
-    "tiny": dict(n_train=400, n_dev=60, n_test=60, n_parallel=60, n_task_train=60, n_task_eval=30, n_tatoeba=60),
-    "small": dict(n_train=5000, n_dev=300, n_test=300, n_parallel=500, n_task_train=500, n_task_eval=200,
-                  n_tatoeba=300),
-    "full": dict(n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000, n_task_eval=500,
-                 n_tatoeba=1000),
-}
 # flags that may differ between a run and its --resume (everything else must match)
 # (the data themselves are checked by comparing the vocabulary and token counts, not the paths;
 # --lr and --warmup may change so that a diverged run can go on from its last good checkpoint)
@@ -498,7 +381,6 @@ def get_args(argv=None):
         if not (ok(v) and (not isinstance(v, float) or math.isfinite(v))):
             p.error(f"--{k.replace('_', '-')} must be {what}, got {v}")
     if args.toy:  # toydata.py's own checks, before anything is written
-        from toydata import parse_order
         try:
             parse_order(args.toy_order)
         except ValueError as e:
@@ -528,9 +410,11 @@ def get_args(argv=None):
     if args.train_files:
         if args.data is not None:
             p.error("give either --data or --train-files/--dev-files, not both")
-        for flag in ("train_files", "dev_files"):
-            setattr(args, flag, parse_lang_files(p, "--" + flag.replace("_", "-"), getattr(args, flag),
-                                                 args.langs.split(",")))
+        try:
+            args.train_files, args.dev_files = (parse_lang_files("--" + f.replace("_", "-"), getattr(args, f), langs)
+                                                for f in ("train_files", "dev_files"))
+        except ValueError as e:
+            p.error(str(e))
     if args.toy and args.data is None and not args.train_files:
         args.toy_world = True
         args.data = os.path.join(args.out, "toy")
@@ -554,71 +438,12 @@ def get_args(argv=None):
     return args
 
 
-def parse_lang_files(p, flag, spec, langs):
-    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}: every --langs language once, files must exist."""
-    files = {}
-    for item in spec.split(","):
-        lang, eq, path = item.partition("=")
-        if not eq or not lang or not path:
-            p.error(f"{flag}: expected LANG=PATH[,LANG=PATH...], got '{item}'")
-        if lang in files:
-            p.error(f"{flag}: language '{lang}' given twice")
-        if not os.path.isfile(path):
-            p.error(f"{flag}: {path}: no such file")
-        files[lang] = path
-    if sorted(files) != sorted(langs):
-        p.error(f"{flag}: languages {','.join(sorted(files))} do not match --langs {','.join(langs)}")
-    return files
-
-
-# -----------------------------------------------------------------------------
-# files: every file is written through a temp file + rename, and a failed write is one line
-
-
-def atomic_write(path, write):
-    """Write `path` through `path.tmp` + rename, so a crash or a kill leaves the old file or the new one,
-    never half of one; write(tmp) writes the temp file. A failed write (disk full, ...) removes the temp
-    file, leaves the old `path` intact and stops the run with one line."""
-    tmp = path + ".tmp"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
-        for t in (tmp, tmp + ".tmp"):  # model.save_model and Tokenizer.save write their own temp file first
-            if os.path.exists(t):
-                os.remove(t)
-        if isinstance(e, OSError):
-            raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
-        if isinstance(e, RuntimeError) and "unexpected pos" in str(e):  # torch.save's zip writer: a short write
-            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
-            raise SystemExit(f"error: no space left writing {path}? (torch.save wrote less than asked; "
-                             f"{free:,.0f} MiB free there)") from None
-        raise
-
-
 def atomic_save(obj, path):
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
-def write_text(path, text):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def make_dir(flag, path):
-    """os.makedirs, or one line saying why --out / --prep-dir cannot be used."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise SystemExit(f"error: {flag} {path}: exists and is not a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise SystemExit(f"error: {flag} {path}: cannot create the directory: {e.filename}: {e.strerror}")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise SystemExit(f"error: {flag} {path}: the directory is not writable")
-
-
-if __name__ == "__main__":
-    args = get_args()
+def main(argv=None):
+    args = get_args(argv)
     langs = args.langs.split(",")
 
     # -------------------------------------------------------------------------
@@ -646,7 +471,7 @@ if __name__ == "__main__":
     stop_signal, training = None, False
 
     def on_signal(signum, frame):
-        global stop_signal
+        nonlocal stop_signal
         name = signal.Signals(signum).name
         if not training:
             raise SystemExit(f"error: stopped by {name} before training started; no run file was written (data "
@@ -689,8 +514,10 @@ if __name__ == "__main__":
             raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run (with no "
                              "checkpoint.pt to resume); pass --overwrite to replace them, or choose another --out")
     make_dir("--out", args.out)
-    if master:
-        check_inputs(args, langs)
+    files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
+    if master:  # every input readable, before any work; the toy world's files are checked once written
+        check_inputs(langs, None if args.toy_world else args.data, files,
+                     None if args.toy_world and not os.path.exists(args.code_switch or "") else args.code_switch)
 
     # -------------------------------------------------------------------------
     # data: prepare once (master), then memory-map every language's train and dev ids
@@ -700,7 +527,9 @@ if __name__ == "__main__":
         else:
             while not os.path.exists(os.path.join(args.out, "toy.json")):
                 time.sleep(2)
-    data_dir = prepare_data(args, langs, master)
+    data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
+                       separate_vocab=args.sep_tok, lowercase=args.lowercase, max_lines=args.bpe_lines,
+                       seed=args.seed, code_switch=args.code_switch, workers=args.workers, master=master)
     if args.prepare_only:
         log(f"data prepared in {data_dir}")
         sys.exit(0)
@@ -824,7 +653,7 @@ if __name__ == "__main__":
 
     def save_checkpoint():
         """checkpoint.pt: everything needed to go on bit for bit (collective: gathers every rank's RNGs)."""
-        global saved_step
+        nonlocal saved_step
         rng_state = {"sampler": sampler.state_dict(), "mask": mask_gen.get_state(), "torch": torch.get_rng_state(),
                      "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}
         rngs = [rng_state]
@@ -843,7 +672,7 @@ if __name__ == "__main__":
     def evaluate_and_save():
         """Dev perplexity (master); best.pt when English improves, then checkpoint.pt. A perplexity that is
         not finite means the run diverged: nothing is saved (the last good files stay), returns False."""
-        global best_ppl
+        nonlocal best_ppl
         ok = True
         if master:
             ppl = {l: evaluate_ppl(raw_model, dev[j], j, vocab_sizes[j], args.bptt, device, ctx)
@@ -995,3 +824,7 @@ if __name__ == "__main__":
     if diverged:
         raise SystemExit(f"error: {diverged}; stopping. {how_to_go_on()}" if master else 1)
     log(f"done: step {step}, epoch {epoch}, best {langs[0]} dev ppl {best_ppl:.2f}; files in {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -666,6 +666,13 @@ def _sample_trees(world, rng, n, mixture=None, need_entity=False):
     return trees
 
 
+SIZES = {  # sentences per language for write_world: tiny (tests), small, full (the README's toy runs)
+    "tiny": dict(n_train=400, n_dev=60, n_test=60, n_parallel=60, n_task_train=60, n_task_eval=30, n_tatoeba=60),
+    "small": dict(n_train=5000, n_dev=300, n_test=300, n_parallel=500, n_task_train=500, n_task_eval=200,
+                  n_tatoeba=300),
+    "full": dict(n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000, n_task_eval=500,
+                 n_tatoeba=1000),
+}
 OUTPUT_ENTRIES = ("mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli", "world.json")
 
 

@@ -21,7 +21,7 @@ TINY = ["--toy", "--toy-size", "tiny", "--n-layers", "2", "--dim", "32", "--n-he
         "--batch-size", "4", "--bptt", "32", "--merges", "300", "--log-every", "1"]
 
 # -----------------------------------------------------------------------------
-# masking (PAPER_NOTES §3.2)
+# masking (paper §3.1, BERT; XLM src/trainer.py mask_out)
 
 
 def test_mask_statistics_15_percent_and_80_10_10():
@@ -88,11 +88,11 @@ def test_sampling_probs():
         sampling_probs([10, 0])
 
 # -----------------------------------------------------------------------------
-# streams (PAPER_NOTES §3.1)
+# streams (XLM src/data/dataset.py StreamDataset)
 
 
 def xlm_stream_data(S, bs, bptt):
-    """PAPER_NOTES §3.1 literally: left-pad with </s>, reshape to bs columns, add a </s> row on top."""
+    """XLM StreamDataset literally: left-pad with </s>, reshape to bs columns, add a </s> row on top."""
     N = len(S)
     n_batches = math.ceil(N / (bs * bptt))
     T = n_batches * bptt * bs
