@@ -25,36 +25,6 @@ MONO = os.path.join(ROOT, "..", "shared", "data", "monolingual")
 # learn_bpe
 
 
-def naive_learn_bpe(word_counts, num_merges, min_freq=2):
-    """Reference straight from the definition: recount every pair after every merge."""
-    words = {tuple(w[:-1]) + (w[-1] + "</w>",): c for w, c in word_counts.items()}
-    merges = []
-    for _ in range(num_merges):
-        stats = Counter()
-        for w, c in words.items():
-            for pair in zip(w, w[1:]):
-                stats[pair] += c
-        if not stats:
-            break
-        pair = max(stats, key=lambda p: (stats[p], p))
-        if stats[pair] < min_freq:
-            break
-        merges.append(pair)
-        new_words = {}
-        for w, c in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == pair:
-                    out.append(w[i] + w[i + 1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            new_words[tuple(out)] = new_words.get(tuple(out), 0) + c
-        words = new_words
-    return merges
-
-
 SENNRICH = {"low": 5, "lower": 2, "newest": 6, "widest": 3}
 SENNRICH_MERGES = [("s", "t</w>"), ("e", "st</w>"), ("l", "o"), ("w", "est</w>"), ("n", "e"),
                    ("ne", "west</w>"), ("lo", "w</w>"), ("w", "i"), ("wi", "d"), ("wid", "est</w>"),
@@ -69,8 +39,9 @@ def test_learn_known_answer_sennrich():
     2. (e,st</w>)=9.  3. (w,e) fell to 2 (newest is now n e w est</w>), so (l,o)=7.
     4. (w,est</w>), (n,e), (e,w) tie at 6: ('w','est</w>').  ... 13 merges until all counts are 1
     (min_freq=2 stops there). Identical to subword-nmt's output."""
-    assert bpe.learn_bpe(SENNRICH, 100) == SENNRICH_MERGES
-    assert bpe.learn_bpe(SENNRICH, 4) == SENNRICH_MERGES[:4]
+    for learn in (bpe.learn_bpe_simple, bpe.learn_bpe):
+        assert learn(SENNRICH, 100) == SENNRICH_MERGES
+        assert learn(SENNRICH, 4) == SENNRICH_MERGES[:4]
 
 
 # (word counts, num_merges, min_freq, merges subword-nmt 0.3.8 wrote)
@@ -96,10 +67,12 @@ SUBWORD_NMT_CASES = [
 
 @pytest.mark.parametrize("counts,n,min_freq,expected", SUBWORD_NMT_CASES)
 def test_learn_matches_subword_nmt(counts, n, min_freq, expected):
+    assert bpe.learn_bpe_simple(counts, n, min_freq) == expected
     assert bpe.learn_bpe(counts, n, min_freq) == expected
 
 
-def test_learn_matches_naive_recount_on_random_tables():
+def test_fast_learn_bpe_gives_the_simple_versions_merges_on_random_tables():
+    """learn_bpe (incremental, heap) == learn_bpe_simple (recount every pair after every merge)."""
     rng = random.Random(0)
     for _ in range(150):
         alphabet = rng.choice(["ab", "abc", "aab", "xyzé"])
@@ -107,7 +80,7 @@ def test_learn_matches_naive_recount_on_random_tables():
         for _ in range(rng.randint(1, 12)):
             counts["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9)))] += rng.randint(1, 5)
         n, min_freq = rng.randint(1, 25), rng.choice([1, 2, 3])
-        assert bpe.learn_bpe(counts, n, min_freq) == naive_learn_bpe(counts, n, min_freq), counts
+        assert bpe.learn_bpe(counts, n, min_freq) == bpe.learn_bpe_simple(counts, n, min_freq), counts
 
 
 @pytest.mark.skipif(not os.path.isdir(MONO), reason="../shared/data not available")
