@@ -1095,7 +1095,7 @@ def main(argv=None):
         """'../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt' -> 'en'."""
         return os.path.basename(path).split(".")[0]
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
 

@@ -44,23 +44,26 @@ def toy_world_overlap(tmp_path_factory):
     return out
 
 
-# A tiny pretrained model for the tests of finetune.py / align.py / cka.py (owned by pretrain.py's helper).
-TINY_PRETRAIN = ["--toy", "--n-layers", "2", "--dim", "32", "--n-heads", "2", "--ffn-dim", "64", "--batch-size", "8",
-                 "--bptt", "32", "--merges", "500", "--max-steps", "30", "--lr", "3e-3", "--warmup", "5",
-                 "--log-every", "10"]
+# The smoke preset every pretraining test starts from: the toy preset shrunk to a 2-layer, d=32 model on
+# 32-token streams (each test adds its own batch size, merges and length).
+SMOKE = ["--toy", "--n-layers", "2", "--dim", "32", "--n-heads", "2", "--ffn-dim", "64", "--bptt", "32"]
+# A tiny pretrained model for the tests of finetune.py / align.py / cka.py.
+TINY_PRETRAIN = SMOKE + ["--batch-size", "8", "--merges", "500", "--max-steps", "30", "--lr", "3e-3", "--warmup", "5",
+                         "--log-every", "10"]
 
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(toy_world, tmp_path_factory):
     """Path (pathlib.Path) of best.pt from a 30-update pretraining run on toy_world (2 layers, d=32, joint
-    BPE, langs en,fr); load it with model.load_model. Runs pretrain.py in this process (a few seconds)."""
-    import runpy
+    BPE, langs en,fr); load it with model.load_model. Runs pretrain.main in this process (a few seconds)."""
+    import signal
+
+    import pretrain
     out = tmp_path_factory.mktemp("tiny_ckpt")
-    argv = sys.argv
-    sys.argv = ["pretrain.py", "--data", str(toy_world), "--out", str(out)] + TINY_PRETRAIN
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        runpy.run_path(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pretrain.py"),
-                       run_name="__main__")
+        pretrain.main(["--data", str(toy_world), "--out", str(out)] + TINY_PRETRAIN)
     finally:
-        sys.argv = argv
+        for s, h in handlers.items():
+            signal.signal(s, h)
     return out / "best.pt"

@@ -386,12 +386,11 @@ def bpe_dir(tmp_path_factory):
 
 def bpe_cli(cwd, *argv):
     """python bpe.py ARGV in directory cwd, in this process; returns the exit code."""
-    import runpy
-    old, here = sys.argv, os.getcwd()
-    sys.argv = ["bpe.py", *argv]
+    import bpe
+    here = os.getcwd()
     os.chdir(cwd)
     try:
-        runpy.run_path(os.path.join(ROOT, "bpe.py"), run_name="__main__")
+        bpe.main(list(argv))
         return 0
     except SystemExit as e:
         if isinstance(e.code, str):
@@ -399,7 +398,6 @@ def bpe_cli(cwd, *argv):
             return 1
         return e.code
     finally:
-        sys.argv = old
         os.chdir(here)
 
 

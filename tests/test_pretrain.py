@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from bpe import EOS_ID, MASK_ID, PAD_ID
+from conftest import SMOKE
 from pretrain import StreamSampler, get_batch, get_lr, mask_tokens, n_stream_batches, sampling_probs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # the canonical smoke flags (README uses the same): tiny world, tiny model, a few steps
-TINY = ["--toy", "--toy-size", "tiny", "--n-layers", "2", "--dim", "32", "--n-heads", "2", "--ffn-dim", "64",
-        "--batch-size", "4", "--bptt", "32", "--merges", "300", "--log-every", "1"]
+TINY = SMOKE + ["--toy-size", "tiny", "--batch-size", "4", "--merges", "300", "--log-every", "1"]
 
 # -----------------------------------------------------------------------------
 # masking (paper §3.1, BERT; XLM src/trainer.py mask_out)
@@ -154,18 +154,16 @@ def test_sampler_one_language_per_batch_each_pass_a_permutation_and_resumable():
 
 def run(argv):
     """python pretrain.py ARGV, in this process."""
-    import runpy
     import signal
-    old = sys.argv
+
+    import pretrain
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    sys.argv = ["pretrain.py"] + [str(a) for a in argv]
     try:
-        runpy.run_path(os.path.join(ROOT, "pretrain.py"), run_name="__main__")
+        pretrain.main([str(a) for a in argv])
     except SystemExit as e:
         if e.code not in (0, None):
             raise
     finally:
-        sys.argv = old
         for s, h in handlers.items():  # pretrain.py's own (SIGTERM/Ctrl-C save a checkpoint) stay in it
             signal.signal(s, h)
 
@@ -305,6 +303,37 @@ def test_table1_row_builds_and_trains(world, tmp_path, row):
         plain, _ = load_bin(os.path.join(world["joint"], "en.train"))
         assert not np.array_equal(np.asarray(switched), np.asarray(plain))
     assert ck["tokenizer"] and ck["langs"] == (["fr"] if row == "monolingual_fr" else ["en", "fr"])
+    # each row's own effect, not only that it trains
+    tok = ck["tokenizer"]
+    if row in ("default", "no_anchors", "default_anchors"):
+        from bpe import N_SPECIAL, load_bin
+        ids = {l: set(np.asarray(load_bin(os.path.join(ck["data"]["dir"], f"{l}.train"))[0]).tolist())
+               for l in ("en", "fr")}
+        shared = {i for i in ids["en"] & ids["fr"] if i >= N_SPECIAL}  # token ids both languages' text uses
+        assert (len(tok["bpes"]), tok["mode"]) == {"default": (1, "joint"), "no_anchors": (2, "prefixed"),
+                                                   "default_anchors": (2, "separate")}[row]
+        if row == "no_anchors":  # prefixed: no shared token but the specials
+            assert not shared and tok["bpe_of"]["en"] != tok["bpe_of"]["fr"]
+        else:  # joint / separate: identical strings are anchors
+            assert shared
+        if row == "default_anchors":  # separate: one BPE learned per language
+            assert tok["bpe_of"]["en"] != tok["bpe_of"]["fr"] and tok["bpes"][0] != tok["bpes"][1]
+    if row in ("sep_l1_3", "sep_emb_l1_3"):  # layers 1-3 have a copy per language, layer 4 one
+        keys = ck["model"]
+        assert "blocks.0.1.attn.qkv.weight" in keys and "blocks.2.1.attn.qkv.weight" in keys
+        assert "blocks.3.0.attn.qkv.weight" in keys and "blocks.3.1.attn.qkv.weight" not in keys
+    if row == "domain_shift":  # the world's topic mix differs, so its corpora differ from the shared world's
+        with open(out / "toy.json") as f:
+            assert json.load(f)["domain_shift"] == 1.0
+        shifted = (out / "toy" / "mono" / "en.train.txt").read_text(encoding="utf-8")
+        assert shifted != (world["raw"] / "mono" / "en.train.txt").read_text(encoding="utf-8")
+
+
+def test_bpe_prepare_cli_is_pretrains_preparation(world, capsys):
+    """`python bpe.py prepare` with pretrain.py's flags finds the very directory pretrain.py prepared (same recipe)."""
+    import bpe
+    bpe.main(["prepare", "--data", str(world["raw"]), "--merges", "300", "--out", str(world["cache"])])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(world["joint"])
 
 
 def test_bad_input_is_a_clear_error(world, tmp_path):

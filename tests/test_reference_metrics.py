@@ -153,6 +153,7 @@ def test_ner_case_is_the_recorded_one():
 def test_span_f1_equals_seqeval():
     p, r, f = ft.span_f1(*ner_case())
     assert abs(p - SEQEVAL_P) < 1e-12 and abs(r - SEQEVAL_R) < 1e-12 and abs(f - SEQEVAL_F1) < 1e-12
+    assert conlleval_prf(*ner_case()) == pytest.approx((SEQEVAL_P, SEQEVAL_R, SEQEVAL_F1), abs=1e-12)
 
 
 # Type changes inside a run, where the paper's repair and seqeval part ways (derivation in the test).
@@ -160,6 +161,28 @@ TYPE_CHANGE_GOLD = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "I-ORG", "I-ORG"
 TYPE_CHANGE_PRED = [["B-PER", "I-PER", "O", "B-LOC"], ["B-PER", "I-LOC", "I-ORG"], ["B-LOC", "I-PER", "O"]]
 # seqeval 1.2.2 (default mode) on them, computed as above
 SEQEVAL_TYPE_CHANGE = (0.2857142857142857, 0.5, 0.36363636363636365)
+
+
+def conlleval_chunks(tags):
+    """(type, start, end) chunks as conlleval / seqeval's default mode cut them from IOB2 tags: a chunk
+    ends before a B-, an O or a type change, and a type change (or an I- after O) starts a new one.
+    An independent re-derivation of seqeval's numbers, not span_f1's repair."""
+    chunks, start, typ = [], None, None
+    for i, t in enumerate(list(tags) + ["O"]):
+        prefix, t_typ = (t.split("-", 1) + [None])[:2] if t != "O" else ("O", None)
+        if start is not None and (prefix in ("B", "O") or t_typ != typ):
+            chunks.append((typ, start, i))
+            start = None
+        if prefix != "O" and start is None:
+            start, typ = i, t_typ
+    return chunks
+
+
+def conlleval_prf(gold, pred):
+    g = {(s, c) for s, tags in enumerate(gold) for c in conlleval_chunks(tags)}
+    p = {(s, c) for s, tags in enumerate(pred) for c in conlleval_chunks(tags)}
+    P, R = len(g & p) / len(p), len(g & p) / len(g)
+    return P, R, 2 * P * R / (P + R)
 
 
 def test_span_f1_differs_from_seqeval_on_type_changes():
@@ -171,6 +194,7 @@ def test_span_f1_differs_from_seqeval_on_type_changes():
     LOC 0-1, PER 1-2, none correct: 7 predicted, 2 correct -> P = 2/7, R = 2/4, F1 = 2PR/(P+R) = 4/11.
     """
     assert ft.span_f1(TYPE_CHANGE_GOLD, TYPE_CHANGE_PRED) == pytest.approx((3 / 4, 3 / 4, 3 / 4), abs=1e-12)
+    assert conlleval_prf(TYPE_CHANGE_GOLD, TYPE_CHANGE_PRED) == pytest.approx(SEQEVAL_TYPE_CHANGE, abs=1e-12)
     assert SEQEVAL_TYPE_CHANGE == pytest.approx((2 / 7, 1 / 2, 4 / 11), abs=1e-12)  # the hand derivation
     assert ft.span_f1(TYPE_CHANGE_GOLD, TYPE_CHANGE_PRED) != pytest.approx(SEQEVAL_TYPE_CHANGE)
 
@@ -259,4 +283,7 @@ def test_attachment_scores_equal_conll18_ud_eval():
     assert same_head_subtype_only > 1000
     las_without_stripping = sum(a == c and b == d for a, b, c, d in pairs) / n
     assert las_without_stripping < CONLL18_LAS[2] - 0.05
+    # the reference numbers recounted from the pairs, independently of attachment_scores
+    assert sum(a == c for a, b, c, d in pairs) == CONLL18_UAS[0]
+    assert sum(a == c and b.split(":")[0] == d.split(":")[0] for a, b, c, d in pairs) == CONLL18_LAS[0]
     assert CONLL18_UAS[2] < 0.95 and CONLL18_LAS[2] < CONLL18_UAS[2]
