@@ -167,8 +167,8 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
         r_T(x) = mean cos of x to its k nearest rows of Y,  r_S(y) = mean cos of y to its k nearest rows of X
 
     X are the (already mapped) queries, Y the candidates; both are length-normalised here. r_T(x) is the
-    same for every candidate of one query, so it cannot change the argmax and is not computed (see
-    `csls_scores` for the full matrix). Cost: two passes of n*m*d multiply-adds, memory O(chunk * m).
+    same for every candidate of one query, so it cannot change the argmax and is not computed (the
+    dense matrix is in tests/test_align.py, as the reference). Cost: two passes of n*m*d multiply-adds, memory O(chunk * m).
     Penalising "hubs" (y close to everything, large r_S) is what makes CSLS beat plain NN retrieval.
     """
     X, Y = _unit(X, "X"), _unit(Y, "Y")
@@ -183,12 +183,6 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
         S -= r_S[None, :]                                       # 2cos - r_S  (r_T(x) is constant per row)
         out[a:a + step] = np.argmax(S, axis=1)
     return out
-
-
-def csls_scores(X, Y, k=10):
-    """The full CSLS matrix (n, m), dense: for small inputs and for checking `csls_knn`."""
-    X, Y = _unit(X, "X"), _unit(Y, "Y")
-    return 2 * (X @ Y.T) - mean_topk_sim(X, Y, k)[:, None] - mean_topk_sim(Y, X, k)[None, :]
 
 
 def retrieve(X, Y, method="csls", k=10):
