@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import bpe
-from bpe import EOS_ID, PAD_ID, UNK_ID
+from bpe import EOS_ID, PAD_ID, UNK_ID, parse_lang_path
 from model import load_model
 
 # -----------------------------------------------------------------------------
@@ -1393,10 +1393,10 @@ def check_device(name, flag="--device"):
 
 
 def _lang_path(s):
-    if "=" not in s:
-        raise argparse.ArgumentTypeError(f"expected LANG=PATH, got {s!r}")
-    lang, path = s.split("=", 1)
-    return lang.strip(), path
+    try:
+        return parse_lang_path(s)  # the one LANG=PATH parser (bpe.py)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser():
