@@ -12,6 +12,11 @@ evaluate the same model directly on the other languages' test sets.
   Chu-Liu-Edmonds MST decoding with exactly one root, UAS/LAS as the CoNLL 2018 scorer with gold
   tokenisation (punctuation counted, deprel subtypes stripped).
 
+Reading order (one section per ruler): shared encoding (`</s> ids </s>` windows, first subwords, the
+Task interface); XNLI; NER; parsing; the §3.2 protocol (grid, finetune_one, mean_of_best_two,
+run_task); the resumable set store (OUT/sets/); §5.1.2 aligned transfer; the printers (--compare,
+--table, --curve); the CLI (main(argv)).
+
 Run (see --help for every flag and the data layouts it detects):
     python finetune.py --toy --ckpt runs/toy/best.pt --out runs/ft-toy        # all three tasks, toy preset
     python finetune.py --toy --task ner --ckpt runs/toy/best.pt --out runs/ft-ner
@@ -37,8 +42,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import bpe
-from bpe import EOS_ID, PAD_ID, UNK_ID, parse_lang_path
-from model import load_model
+from bpe import EOS_ID, UNK_ID, parse_lang_path
+from model import check_device as _check_device, encode_batch, load_model
 
 # -----------------------------------------------------------------------------
 # Shared encoding: subword ids as XLM feeds them (`</s> ids </s>`), first subwords, windows
@@ -90,21 +95,17 @@ def encode_states(model, seqs, lang, max_len, layer=-1):
     Every sequence runs as `</s> ids[s:e] </s>` windows of at most max_len content subwords; a sentence
     that fits is exactly one window, so this is plain batching then. Longer ones are split, never dropped.
     """
-    device = next(model.parameters()).device
     pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
-    T = max(e - s for _, (s, e, _) in pieces) + 2
-    idx = torch.full((len(pieces), T), PAD_ID, dtype=torch.long)
     rs, cs, rd, cd = [], [], [], []  # source (window row, col) -> destination (sentence row, col)
     for r, (b, (s, e, keep)) in enumerate(pieces):
-        row = [EOS_ID] + list(seqs[b][s:e]) + [EOS_ID]
-        idx[r, :len(row)] = torch.tensor(row)
         ks = ([-1] if s == 0 else []) + list(range(keep, min(e, len(seqs[b]))))  # -1: the first window's </s> = ROOT
         rs += [r] * len(ks)
         cs += [1 + k - s for k in ks]
         rd += [b] * len(ks)
         cd += [1 + k for k in ks]
-    idx = idx.to(device)
-    h = model.hidden_states(idx, lang, attn_mask=idx != PAD_ID)[layer]  # (n_windows, T, d)
+    rows = [[EOS_ID] + list(seqs[b][s:e]) + [EOS_ID] for b, (s, e, _) in pieces]
+    h = encode_batch(model, rows, lang)[0][layer]  # (n_windows, T, d)
+    device = h.device
     L = max(len(ids) for ids in seqs)
     out = h.new_zeros(len(seqs), 1 + L, h.size(-1))
     index = lambda *xs: tuple(torch.tensor(x, device=device) for x in xs)  # noqa: E731
@@ -123,6 +124,26 @@ def gather_words(states, firsts, with_root):
         mask[b, :len(pos)] = True
     cols, mask = cols.to(states.device), mask.to(states.device)
     return states.gather(1, cols[..., None].expand(-1, -1, states.size(-1))), mask
+
+
+class Task:
+    """What the §3.2 protocol asks of a task (XNLITask, NERTask, ParseTask below).
+
+    Task(train_examples) fixes `labels` (label strings; a label's id is its index) from the English
+    train set; `metric` is the score English dev selects by. Per split: featurize(examples, tok, lang,
+    max_positions) -> features; per batch of features: loss(model, head, batch, lang, max_len) -> scalar
+    and predict(...) -> one prediction per example; score(examples, preds) -> {name: fraction}.
+    max_len is the window of the word-level tasks (encode_states); an XNLI pair is cut to the model's
+    positions when featurized (pair_ids), so XNLI has no window.
+    """
+    name = metric = None
+
+    def __init__(self, train_examples):
+        self.labels = self.label_set(train_examples)
+
+    def head(self, d, dropout):
+        """dropout + Linear(d, n_labels) (XNLI, NER; the parser has its own)."""
+        return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
 
 
 # -----------------------------------------------------------------------------
@@ -175,20 +196,18 @@ def pair_ids(tok, premise, hypothesis, lang, max_positions):
     return [EOS_ID] + a + [EOS_ID] + b + [EOS_ID], truncated
 
 
-class XNLITask:
+class XNLITask(Task):
     """Pair classification: dropout + Linear(d, 3) on the last layer at position 0 (the first </s>)."""
     name, metric = "xnli", "acc"
 
-    def __init__(self, train_examples):
-        self.labels = list(XNLI_LABELS)
+    @staticmethod
+    def label_set(train_examples):
+        return list(XNLI_LABELS)  # XLM's fixed ids, whatever the train set holds (read_xnli admits no other)
 
     def check_labels(self, examples, path):
         bad = sorted({lab for _, _, lab in examples} - set(self.labels))
         if bad:
             raise ValueError(f"{path}: labels {bad} are not XNLI labels {self.labels}")
-
-    def head(self, d, dropout):
-        return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
 
     def featurize(self, examples, tok, lang, max_positions):
         feats, n_cut = [], 0
@@ -201,14 +220,8 @@ class XNLITask:
         return feats
 
     def _logits(self, model, head, batch, lang):
-        device = next(model.parameters()).device
-        T = max(len(ids) for ids, _ in batch)
-        idx = torch.full((len(batch), T), PAD_ID, dtype=torch.long)
-        for r, (ids, _) in enumerate(batch):
-            idx[r, :len(ids)] = torch.tensor(ids)
-        idx = idx.to(device)
-        h = model.hidden_states(idx, lang, attn_mask=idx != PAD_ID)[-1][:, 0]  # (B, d) at the first </s>
-        return head(h)
+        hs, _ = encode_batch(model, [ids for ids, _ in batch], lang)
+        return head(hs[-1][:, 0])  # (B, d) at the first </s>
 
     def loss(self, model, head, batch, lang, max_len):
         y = torch.tensor([lab for _, lab in batch], device=next(model.parameters()).device)
@@ -329,21 +342,18 @@ def span_f1(gold, pred):
     return precision, recall, f1
 
 
-class NERTask:
+class NERTask(Task):
     """BIO tagging: dropout + Linear(d, n_tags) on the first subword of every word; span F1 after repair."""
     name, metric = "ner", "f1"
 
-    def __init__(self, train_examples):
-        tags = sorted({t for _, ts in train_examples for t in ts} - {"O"})
-        self.labels = ["O"] + tags
+    @staticmethod
+    def label_set(train_examples):
+        return ["O"] + sorted({t for _, ts in train_examples for t in ts} - {"O"})
 
     def check_labels(self, examples, path):
         bad = sorted({t for _, ts in examples for t in ts} - set(self.labels))
         if bad:
             raise ValueError(f"{path}: tags {bad} never occur in the English train set ({self.labels})")
-
-    def head(self, d, dropout):
-        return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
 
     def featurize(self, examples, tok, lang, max_positions):
         feats = []
@@ -623,12 +633,13 @@ class BiaffineParser(nn.Module):
         return out_heads, out_rels
 
 
-class ParseTask:
+class ParseTask(Task):
     """Biaffine parsing on first subwords, ROOT = the leading </s>; MST decoding; UAS/LAS (CoNLL 2018)."""
     name, metric = "parse", "las"
 
-    def __init__(self, train_examples):
-        self.labels = sorted({strip_subtype(r) for s in train_examples for r in s["rels"]})
+    @staticmethod
+    def label_set(train_examples):
+        return sorted({strip_subtype(r) for s in train_examples for r in s["rels"]})
 
     def check_labels(self, examples, path):
         unseen = {}
@@ -1382,25 +1393,11 @@ def _float_in(lo, hi, hi_open=True):
 
 
 def check_device(name, flag="--device"):
-    """A usable torch device for `name`, or one line saying why not (no CUDA here, no such GPU index).
-    "cuda" means the current GPU (cuda:0 on a 1-GPU machine); torch.device needs no set_device for it."""
+    """model.check_device as one line for the CLI (no CUDA here, no such GPU index, not a device)."""
     try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise SystemExit(f"error: {flag} {name!r} is not a torch device (cpu, cuda, cuda:0, ...)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
-            raise SystemExit(f"error: {flag} {name}: CUDA is not available on this machine ({build}); use --device cpu")
-        n = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= n:
-            raise SystemExit(f"error: {flag} {name}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
-    elif dev.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise SystemExit(f"error: {flag} {name}: MPS is not available on this machine; use --device cpu")
-    elif dev.type != "cpu":
-        raise SystemExit(f"error: {flag} {name}: only cpu, cuda[:N] and mps are supported")
-    return str(dev)
+        return _check_device(name)
+    except ValueError as e:
+        raise SystemExit(f"error: {str(e).replace('--device', flag, 1)}") from None
 
 
 def _lang_path(s):
