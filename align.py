@@ -804,10 +804,10 @@ def build_parser():
         p.add_argument("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
         p.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
         p.add_argument("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
-        p.add_argument("--toy", help="toydata.py world directory: fills in every data path not given")
+        p.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in every data path not given")
         p.add_argument("--max-sents", type=_int_min(1), default=None, help="use at most this many lines per file")
         p.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
-        p.add_argument("--device", default="cpu", help="torch device: cpu, cuda (the current GPU), cuda:N, mps")
+        p.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (the current GPU), cuda:N, mps (default cpu)")
         p.add_argument("--k", type=_int_min(1), default=10, help="CSLS neighbourhood size (MUSE: 10)")
 
     p = sub.add_parser("words", help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")

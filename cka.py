@@ -7,7 +7,8 @@ maps. The paper uses it to show that layers of a bilingual model, and of two sep
 monolingual models, represent translations similarly, well above a random-encoder baseline.
 
 The numpy part (`linear_cka`, `linear_cka_gram`) can be copied alone. The CLI imports torch, model.py
-and bpe.py inside its functions and prints the per-layer Figure 7 table:
+(the padded-batch encoder) and bpe.py (the checkpoint's tokenizer) inside its functions, never
+align.py, and prints the per-layer Figure 7 table:
 
     python cka.py --toy DIR --ckpt RUN/best.pt                         # bilingual model, both languages
     python cka.py --toy DIR --ckpt RUN_EN/best.pt --ckpt2 RUN_FR/best.pt   # two monolingual models
@@ -214,10 +215,10 @@ def build_parser():
     ap.add_argument("--tgt", default="fr", help="target language code (default fr)")
     ap.add_argument("--src-file", help="parallel sentences, source side (e.g. tatoeba.fra-eng.eng)")
     ap.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
-    ap.add_argument("--toy", help="toydata.py world directory: use its tatoeba/ pairs")
+    ap.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in --src-file/--tgt-file from its tatoeba/ pairs")
     ap.add_argument("--max-sents", type=_int_min(2), default=None, help="use at most this many pairs (>= 2)")
     ap.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
-    ap.add_argument("--device", default="cpu", help="torch device: cpu, cuda (the current GPU), cuda:N, mps")
+    ap.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (the current GPU), cuda:N, mps (default cpu)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random-encoder baseline")
     return ap
 

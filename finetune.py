@@ -1422,8 +1422,8 @@ def build_parser():
     p.add_argument("--ckpt", required=False, help="model checkpoint from pretrain.py (best.pt: model, config, tokenizer)")
     p.add_argument("--data", help="data directory (toydata world or ../shared/data style, see below)")
     p.add_argument("--toy", nargs="?", const="", default=None, metavar="DIR",
-                   help="toy world directory (default: toy/ next to --ckpt, as pretrain.py --toy writes it); "
-                        "small epochs and grids")
+                   help="toydata.py world directory (default: toy/ next to --ckpt, where pretrain.py --toy writes "
+                        "it): the data directory, plus the toy presets (small epochs and grids)")
     p.add_argument("--train-lang", default="en", help="the language fine-tuned on (its dev set selects)")
     p.add_argument("--eval-langs", default=None,
                    help="comma list of target languages (default: the checkpoint's other languages)")
@@ -1445,8 +1445,7 @@ def build_parser():
     p.add_argument("--clip", type=_float_in(0, math.inf), default=5.0, help="gradient norm clipping (0 = off)")
     p.add_argument("--eval-batch-size", type=_int_min(1), default=64, help="sentences per batch when scoring")
     p.add_argument("--seed", type=int, default=0, help="seed of every hyper-parameter set (head init, data order)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="torch device: cpu, cuda (the current GPU), cuda:N, mps")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda (the current GPU), cuda:N, mps")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for training (GPU with bf16 support)")
     p.add_argument("--threads", type=_int_min(0), default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--align-layer", type=_int_min(0), metavar="I",

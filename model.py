@@ -17,6 +17,12 @@ Only torch is imported, so this file can be copied alone:
     model = MLM(ModelConfig(vocab_size=30000, **parse_sep("emb,1-3")))
     logits, loss = model(idx, lang=0, targets=targets)      # idx (B, T) int64, targets -1 = ignore
     layers = model.hidden_states(idx, lang=1)                # n_layers + 1 tensors (B, T, dim)
+    hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # padded batch of id lists
+
+Below the model: checkpoints (save_model / load_model, MLM.from_xlm for released XLM weights), the
+padded-batch forward pass that align.py (§5.1), cka.py (§5.2) and finetune.py (§3.2) share
+(encode_batch, iter_states), and device checks (pick_device for pretrain.py, check_device for the
+others). No CLI: pretrain.py trains it; `python -m pytest -q tests/test_model.py` checks it.
 """
 
 import os
@@ -500,8 +506,11 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
 
 def check_device(name):
     """`name` as a usable torch device string ("cpu", "cuda", "cuda:1", "mps"), or ValueError with one
-    line saying why not (no CUDA here, no such GPU index). "cuda" is the current GPU. The analysis and
-    fine-tuning scripts take any such device; pretrain.py uses pick_device (auto, dtype, torchrun)."""
+    line saying why not (no CUDA here, no such GPU index). "auto" is cuda when available, else cpu, as
+    in pick_device; "cuda" is the current GPU. finetune.py, align.py and cka.py take these; pretrain.py
+    uses pick_device (which adds dtype and torchrun's LOCAL_RANK)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(name)
     except RuntimeError:
