@@ -652,6 +652,12 @@ def _fraction(s):
     return v
 
 
+def check_device(name):
+    """model.check_device (kept here for callers of the old align.check_device)."""
+    from model import check_device
+    return check_device(name)
+
+
 def save_maps(path, maps, src, tgt):
     """Atomically write the per-layer maps (.npz); the temp file is removed on failure (full disk...)."""
     M = np.stack(maps)
@@ -844,7 +850,6 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        from model import check_device
         args.device = check_device(args.device)
         return args.func(args)
     except (ValueError, OSError) as e:
