@@ -199,23 +199,14 @@ def retrieve(X, Y, method="csls", k=10):
 
 
 def read_muse_dictionary(path, lowercase=True):
-    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> list of pairs.
+    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> list of pairs in
+    file order, read by bpe.read_dictionary (the one reader: same format, same one-line errors).
 
     Lines are lowercased as MUSE does (its dictionaries are lowercase and its embeddings lowercased).
-    Raises ValueError naming the file and line for a malformed line, and for an empty dictionary.
     """
-    pairs = []
-    for n, line in enumerate(read_lines(path), 1):
-        parts = line.split()
-        if not parts:
-            continue
-        if len(parts) not in (2, 3):  # optional 3rd column: a weight (bpe.read_dictionary)
-            raise ValueError(f"{path}:{n}: expected 'src tgt', got {line.rstrip()!r}")
-        s, t = parts[0], parts[1]
-        pairs.append((s.lower(), t.lower()) if lowercase else (s, t))
-    if not pairs:
-        raise ValueError(f"{path}: the dictionary is empty")
-    return pairs
+    import bpe
+    pairs = bpe.read_dictionary(path).pairs
+    return [(s.lower(), t.lower()) for s, t in pairs] if lowercase else pairs
 
 
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
@@ -499,39 +490,14 @@ def lang_index(langs, lang, path):
     return langs.index(lang)
 
 
-def _forward(model, id_lists, lang_idx, batch_size=32):
-    """Yield (k, states) for every id list k: states (n_layers + 1, len_k + 2, dim) float32 numpy, the
-    hidden states of `</s> ids </s>` (length-sorted batches, padding masked out). Sequences longer than
-    the model's positions are cut (the cut subwords get no state)."""
-    import torch
-    from bpe import EOS_ID, PAD_ID
-    device = next(model.parameters()).device
-    keep = model.config.max_positions - 2
-    order = sorted(range(len(id_lists)), key=lambda k: len(id_lists[k]))
-    model.eval()
-    with torch.no_grad():
-        for a in range(0, len(order), batch_size):
-            ks = order[a:a + batch_size]
-            seqs = [[EOS_ID] + list(id_lists[k][:keep]) + [EOS_ID] for k in ks]
-            T = max(len(s) for s in seqs)
-            idx = torch.full((len(seqs), T), PAD_ID, dtype=torch.long)
-            mask = torch.zeros((len(seqs), T), dtype=torch.bool)
-            for b, s in enumerate(seqs):
-                idx[b, :len(s)] = torch.tensor(s)
-                mask[b, :len(s)] = True
-            hs = model.hidden_states(idx.to(device), lang_idx, mask.to(device))
-            hs = torch.stack(hs, dim=1).float().cpu().numpy()          # (B, L+1, T, dim)
-            for b, k in enumerate(ks):
-                yield k, hs[b, :, :len(seqs[b])]
-
-
 def encode_sentences(model, tok, sents, lang_idx, lang_code, batch_size=32):
     """Sentence vectors per layer (paper §5.1.3, decision D9): the mean of the subword states, special
     tokens excluded -> list of n_layers + 1 arrays (n_sents, dim). An empty sentence (no subword) falls
     back to the mean of its two </s> states."""
+    import model as M
     ids = [tok.encode(s, lang_code) for s in sents]
     out = None
-    for k, H in _forward(model, ids, lang_idx, batch_size):
+    for k, H in M.iter_states(model, ids, lang_idx, batch_size):
         if out is None:
             out = np.zeros((H.shape[0], len(sents), H.shape[2]), dtype=np.float32)
         out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
@@ -542,10 +508,11 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
     """Contextual vector of every word token (decision D8: a word = the mean of its subword states).
     sents_words: list of word lists. Returns (list of n_layers + 1 arrays (n_words_total, dim), offsets)
     with sentence k's words at rows offsets[k]:offsets[k+1]. Words cut off by max_positions are NaN."""
+    import model as M
     per_word = [tok.encode_words(ws, lang_code) if ws else [] for ws in sents_words]
     offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
     out = None
-    for k, H in _forward(model, [sum(w, []) for w in per_word], lang_idx, batch_size):
+    for k, H in M.iter_states(model, [sum(w, []) for w in per_word], lang_idx, batch_size):
         if out is None:
             out = np.full((H.shape[0], offsets[-1], H.shape[2]), np.nan, dtype=np.float32)
         pos = 1                                                       # position 0 is </s>
@@ -686,24 +653,9 @@ def _fraction(s):
 
 
 def check_device(name):
-    """`name` as a usable torch device string, or ValueError with one line (no CUDA here, no such GPU).
-    "cuda" is the current GPU (cuda:0 on a one-GPU machine)."""
-    import torch
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:0, ...)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
-        n = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= n:
-            raise ValueError(f"--device {name}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
-    elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {name}: MPS is not available on this machine; use --device cpu")
-    elif dev.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"--device {name}: only cpu, cuda[:N] and mps are supported")
-    return str(dev)
+    """model.check_device (kept here for callers of the old align.check_device)."""
+    from model import check_device
+    return check_device(name)
 
 
 def save_maps(path, maps, src, tgt):
@@ -858,10 +810,10 @@ def build_parser():
         p.add_argument("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
         p.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
         p.add_argument("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
-        p.add_argument("--toy", help="toydata.py world directory: fills in every data path not given")
+        p.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in every data path not given")
         p.add_argument("--max-sents", type=_int_min(1), default=None, help="use at most this many lines per file")
         p.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
-        p.add_argument("--device", default="cpu", help="torch device: cpu, cuda (the current GPU), cuda:N, mps")
+        p.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (the current GPU), cuda:N, mps (default cpu)")
         p.add_argument("--k", type=_int_min(1), default=10, help="CSLS neighbourhood size (MUSE: 10)")
 
     p = sub.add_parser("words", help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")

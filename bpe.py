@@ -697,14 +697,16 @@ def anchor_tokens(token_counts):
 
 class Dictionary(dict):
     """A bilingual dictionary {source word: [translations]}; `weights` {source: [float]} when the
-    file has a third column (else None: translations are drawn uniformly)."""
+    file has a third column (else None: translations are drawn uniformly); `pairs` [(source, target)]
+    in file order (align.py's word translation reads the same file)."""
     weights = None
+    pairs = ()
 
 
 def read_dictionary(path):
     """Read a MUSE dictionary: 'src tgt' per line (space or tab), a source may have several lines;
     an optional third column is a weight for that translation. Bad lines raise with file and line."""
-    d, w, has_w = Dictionary(), {}, None
+    d, w, has_w, pairs = Dictionary(), {}, None, []
     for n, line in enumerate(_read_lines(path), 1):
         parts = line.split()
         if not parts:
@@ -723,8 +725,10 @@ def read_dictionary(path):
                 raise ValueError(f"{path}:{n}: negative weight {weight}")
             w.setdefault(src, []).append(weight)
         d.setdefault(src, []).append(tgt)
+        pairs.append((src, tgt))
     if not d:
-        raise ValueError(f"{path}: empty dictionary")
+        raise ValueError(f"{path}: the dictionary is empty")
+    d.pairs = pairs
     if has_w:
         d.weights = w
     return d

@@ -7,7 +7,8 @@ maps. The paper uses it to show that layers of a bilingual model, and of two sep
 monolingual models, represent translations similarly, well above a random-encoder baseline.
 
 The numpy part (`linear_cka`, `linear_cka_gram`) can be copied alone. The CLI imports torch, model.py
-and bpe.py inside its functions and prints the per-layer Figure 7 table:
+(the padded-batch encoder) and bpe.py (the checkpoint's tokenizer) inside its functions, never
+align.py, and prints the per-layer Figure 7 table:
 
     python cka.py --toy DIR --ckpt RUN/best.pt                         # bilingual model, both languages
     python cka.py --toy DIR --ckpt RUN_EN/best.pt --ckpt2 RUN_FR/best.pt   # two monolingual models
@@ -84,7 +85,53 @@ def linear_cka_gram(X, Y):
 
 
 # =====================================================================================================
-# CLI: the Figure 7 table (torch, model.py, bpe.py and align.py's encoder are imported inside)
+# CLI: the Figure 7 table (torch, model.py and bpe.py are imported inside; align.py is not needed)
+
+
+def read_parallel(src_path, tgt_path, max_lines=None):
+    """Two UTF-8 files, line k of one translating line k of the other -> (src_lines, tgt_lines). Lines
+    are split on \\n only; a line that is not UTF-8, unequal lengths or empty files raise ValueError
+    naming the files (the same reader as align.py's)."""
+    out = []
+    for path in (src_path, tgt_path):
+        with open(path, "rb") as f:
+            lines = []
+            for n, raw in enumerate(f, 1):
+                try:
+                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        out.append(lines)
+    if len(out[0]) != len(out[1]):
+        raise ValueError(f"parallel files differ in length: {src_path} has {len(out[0])} lines, "
+                         f"{tgt_path} has {len(out[1])}")
+    if not out[0]:
+        raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
+    return (out[0][:max_lines], out[1][:max_lines]) if max_lines else (out[0], out[1])
+
+
+def load_encoder(path, device="cpu"):
+    """(model in eval mode, bpe.Tokenizer, language codes) from pretrain.py's best.pt."""
+    import bpe
+    import model as M
+    mdl, extra = M.load_model(path, map_location=device)
+    for key in ("tokenizer", "langs"):
+        if key not in extra:
+            raise ValueError(f"{path}: the checkpoint has no '{key}' entry (use pretrain.py's best.pt)")
+    return mdl.to(device), bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
+
+
+def encode_sentences(model, tok, sents, lang, lang_code, batch_size=32):
+    """Sentence vectors per layer (paper §5.2 and decision D9): the mean of the subword states of
+    `</s> ids </s>`, the two </s> excluded -> n_layers + 1 arrays (n_sents, dim). An empty sentence
+    falls back to the mean of its two </s> states."""
+    import model as M
+    out = None
+    for k, H in M.iter_states(model, [tok.encode(s, lang_code) for s in sents], lang, batch_size):
+        if out is None:  # H: (n_layers + 1, len + 2, dim)
+            out = np.zeros((H.shape[0], len(sents), H.shape[2]), dtype=np.float32)
+        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
+    return list(out)
 
 
 def cka_table(args):
@@ -96,7 +143,12 @@ def cka_table(args):
     Returns (header, rows) with an average row last."""
     import torch
     import model as M
-    from align import check_device, encode_sentences, lang_index, load_encoder, read_parallel
+
+    def lang_index(langs, lang, path):
+        if lang not in langs:
+            raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
+        return langs.index(lang)
+
     if args.toy:
         if not os.path.isdir(args.toy):
             raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
@@ -110,7 +162,7 @@ def cka_table(args):
             why = "not a file" if os.path.exists(path) else "no such file"
             raise ValueError(f"--{flag.replace('_', '-')} {path}: {why}"
                              + (" (filled in from --toy)" if args.toy and flag.endswith("file") else ""))
-    args.device = check_device(args.device)
+    args.device = M.check_device(args.device)
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     if len(src_lines) < 2:
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
@@ -163,10 +215,10 @@ def build_parser():
     ap.add_argument("--tgt", default="fr", help="target language code (default fr)")
     ap.add_argument("--src-file", help="parallel sentences, source side (e.g. tatoeba.fra-eng.eng)")
     ap.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
-    ap.add_argument("--toy", help="toydata.py world directory: use its tatoeba/ pairs")
+    ap.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in --src-file/--tgt-file from its tatoeba/ pairs")
     ap.add_argument("--max-sents", type=_int_min(2), default=None, help="use at most this many pairs (>= 2)")
     ap.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
-    ap.add_argument("--device", default="cpu", help="torch device: cpu, cuda (the current GPU), cuda:N, mps")
+    ap.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (the current GPU), cuda:N, mps (default cpu)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random-encoder baseline")
     return ap
 

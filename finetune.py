@@ -12,6 +12,11 @@ evaluate the same model directly on the other languages' test sets.
   Chu-Liu-Edmonds MST decoding with exactly one root, UAS/LAS as the CoNLL 2018 scorer with gold
   tokenisation (punctuation counted, deprel subtypes stripped).
 
+Reading order (one section per ruler): shared encoding (`</s> ids </s>` windows, first subwords, the
+Task interface); XNLI; NER; parsing; the §3.2 protocol (grid, finetune_one, mean_of_best_two,
+run_task); the resumable set store (OUT/sets/); §5.1.2 aligned transfer; the printers (--compare,
+--table, --curve); the CLI (main(argv)).
+
 Run (see --help for every flag and the data layouts it detects):
     python finetune.py --toy --ckpt runs/toy/best.pt --out runs/ft-toy        # all three tasks, toy preset
     python finetune.py --toy --task ner --ckpt runs/toy/best.pt --out runs/ft-ner
@@ -37,14 +42,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import bpe
-from bpe import EOS_ID, PAD_ID, UNK_ID, parse_lang_path
-from model import load_model
+from bpe import EOS_ID, UNK_ID, parse_lang_path
+from model import check_device as _check_device, encode_batch, load_model
 
 # -----------------------------------------------------------------------------
-# Readers for the formats in data/ (and toydata.py, which writes the same formats)
-
-XNLI_LABELS = ("contradiction", "neutral", "entailment")  # XLM's label ids 0, 1, 2 (XLM `evaluation/xnli.py`)
-
+# Shared encoding: subword ids as XLM feeds them (`</s> ids </s>`), first subwords, windows
 
 def _read_lines(path):
     """(line number, line without its \\n or \\r\\n) for every line of a UTF-8 file. Bytes, not text mode:
@@ -57,6 +59,97 @@ def _read_lines(path):
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
             yield n, line[:-1] if line.endswith("\n") else line
+
+
+def first_subwords(tok, words, lang):
+    """Flat subword ids of a word list and the index of each word's first subword in them.
+    A word the tokenizer turns into nothing becomes <unk> (XTREME's choice)."""
+    ids, first = [], []
+    for piece in tok.encode_words(words, lang):
+        first.append(len(ids))
+        ids.extend(piece if piece else [UNK_ID])
+    return ids, first
+
+
+def windows(n, size):
+    """Cover n subwords with windows of at most `size` (shijie-wu/crosslingual-nlp `dataset/tagging.py`): -> [(start, end, keep_from)].
+
+    Each next window restarts size // 2 subwords before the previous one ended; those are context only:
+    positions [keep_from, end) take their states from this window, so every subword is taken exactly once.
+    windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
+    """
+    if size < 2:
+        raise ValueError(f"window size {size} < 2")
+    out = [(0, min(n, size), 0)]
+    while out[-1][1] < n:
+        prev_end = out[-1][1]
+        start = prev_end - size // 2
+        out.append((start, min(start + size, n), prev_end))
+    return out
+
+
+def encode_states(model, seqs, lang, max_len, layer=-1):
+    """States (B, 1 + L, d) of `layer` for content-id sequences (no specials), L = longest sequence:
+    position 0 = the leading </s> (the parser's ROOT), position 1 + k = subword k; zeros after the end.
+
+    Every sequence runs as `</s> ids[s:e] </s>` windows of at most max_len content subwords; a sentence
+    that fits is exactly one window, so this is plain batching then. Longer ones are split, never dropped.
+    """
+    pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
+    rs, cs, rd, cd = [], [], [], []  # source (window row, col) -> destination (sentence row, col)
+    for r, (b, (s, e, keep)) in enumerate(pieces):
+        ks = ([-1] if s == 0 else []) + list(range(keep, min(e, len(seqs[b]))))  # -1: the first window's </s> = ROOT
+        rs += [r] * len(ks)
+        cs += [1 + k - s for k in ks]
+        rd += [b] * len(ks)
+        cd += [1 + k for k in ks]
+    rows = [[EOS_ID] + list(seqs[b][s:e]) + [EOS_ID] for b, (s, e, _) in pieces]
+    h = encode_batch(model, rows, lang)[0][layer]  # (n_windows, T, d)
+    device = h.device
+    L = max(len(ids) for ids in seqs)
+    out = h.new_zeros(len(seqs), 1 + L, h.size(-1))
+    index = lambda *xs: tuple(torch.tensor(x, device=device) for x in xs)  # noqa: E731
+    return out.index_put(index(rd, cd), h[index(rs, cs)])
+
+
+def gather_words(states, firsts, with_root):
+    """(B, 1 + L, d) subword states -> (B, W, d) first-subword states (+ ROOT at 0 when with_root) and
+    the (B, W) bool mask of real positions."""
+    W = max(len(f) for f in firsts) + with_root
+    cols = torch.zeros(len(firsts), W, dtype=torch.long)
+    mask = torch.zeros(len(firsts), W, dtype=torch.bool)
+    for b, f in enumerate(firsts):
+        pos = ([0] if with_root else []) + [1 + k for k in f]
+        cols[b, :len(pos)] = torch.tensor(pos)
+        mask[b, :len(pos)] = True
+    cols, mask = cols.to(states.device), mask.to(states.device)
+    return states.gather(1, cols[..., None].expand(-1, -1, states.size(-1))), mask
+
+
+class Task:
+    """What the §3.2 protocol asks of a task (XNLITask, NERTask, ParseTask below).
+
+    Task(train_examples) fixes `labels` (label strings; a label's id is its index) from the English
+    train set; `metric` is the score English dev selects by. Per split: featurize(examples, tok, lang,
+    max_positions) -> features; per batch of features: loss(model, head, batch, lang, max_len) -> scalar
+    and predict(...) -> one prediction per example; score(examples, preds) -> {name: fraction}.
+    max_len is the window of the word-level tasks (encode_states); an XNLI pair is cut to the model's
+    positions when featurized (pair_ids), so XNLI has no window.
+    """
+    name = metric = None
+
+    def __init__(self, train_examples):
+        self.labels = self.label_set(train_examples)
+
+    def head(self, d, dropout):
+        """dropout + Linear(d, n_labels) (XNLI, NER; the parser has its own)."""
+        return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
+
+
+# -----------------------------------------------------------------------------
+# XNLI (§3.2): `premise<TAB>hypothesis<TAB>label`, `</s> premise </s> hypothesis </s>`, a linear head at position 0
+
+XNLI_LABELS = ("contradiction", "neutral", "entailment")  # XLM's label ids 0, 1, 2 (XLM `evaluation/xnli.py`)
 
 
 def read_xnli(path):
@@ -88,6 +181,62 @@ def read_xnli(path):
         raise ValueError(f"{path}: no examples (empty split)")
     return examples
 
+
+def pair_ids(tok, premise, hypothesis, lang, max_positions):
+    """XLM's XNLI input `</s> premise </s> hypothesis </s>` (XLM `evaluation/xnli.py`). When too long for the
+    positions, the longer side is cut first (XLM cuts each side to 256 tokens). Returns (ids, truncated)."""
+    a, b = tok.encode(premise, lang), tok.encode(hypothesis, lang)
+    budget = max_positions - 3
+    truncated = len(a) + len(b) > budget
+    while len(a) + len(b) > budget:
+        if len(a) >= len(b):
+            a = a[:-1]
+        else:
+            b = b[:-1]
+    return [EOS_ID] + a + [EOS_ID] + b + [EOS_ID], truncated
+
+
+class XNLITask(Task):
+    """Pair classification: dropout + Linear(d, 3) on the last layer at position 0 (the first </s>)."""
+    name, metric = "xnli", "acc"
+
+    @staticmethod
+    def label_set(train_examples):
+        return list(XNLI_LABELS)  # XLM's fixed ids, whatever the train set holds (read_xnli admits no other)
+
+    def check_labels(self, examples, path):
+        bad = sorted({lab for _, _, lab in examples} - set(self.labels))
+        if bad:
+            raise ValueError(f"{path}: labels {bad} are not XNLI labels {self.labels}")
+
+    def featurize(self, examples, tok, lang, max_positions):
+        feats, n_cut = [], 0
+        for p, h, lab in examples:
+            ids, cut = pair_ids(tok, p, h, lang, max_positions)
+            feats.append((ids, self.labels.index(lab)))
+            n_cut += cut
+        if n_cut:
+            print(f"xnli: {n_cut} of {len(feats)} pairs were too long for {max_positions} positions and were cut")
+        return feats
+
+    def _logits(self, model, head, batch, lang):
+        hs, _ = encode_batch(model, [ids for ids, _ in batch], lang)
+        return head(hs[-1][:, 0])  # (B, d) at the first </s>
+
+    def loss(self, model, head, batch, lang, max_len):
+        y = torch.tensor([lab for _, lab in batch], device=next(model.parameters()).device)
+        return F.cross_entropy(self._logits(model, head, batch, lang).float(), y)
+
+    def predict(self, model, head, batch, lang, max_len):
+        return self._logits(model, head, batch, lang).argmax(-1).tolist()
+
+    def score(self, examples, preds):
+        acc = sum(self.labels[p] == lab for (_, _, lab), p in zip(examples, preds)) / len(examples)
+        return {"acc": acc}
+
+
+# -----------------------------------------------------------------------------
+# NER (§3.2): PAN-X `token<TAB>tag`, the paper's BIO repair, micro span F1, a linear tagger
 
 _LANG_PREFIX = re.compile(r"^([a-z]{2,3}):")
 
@@ -125,72 +274,6 @@ def read_ner(path):
         sentences = [([w[n:] for w in ws], ts) for ws, ts in sentences]
     return sentences
 
-
-def read_conllu(path):
-    """CoNLL-U -> list of sentences, each a dict with `words`, `upos`, `heads` (0 = root), `rels`.
-
-    Comment lines (#), multiword ranges (`1-2`) and empty nodes (`1.1`) are skipped, as the CoNLL 2018
-    scorer does for basic trees. DEPREL is kept as written (subtypes are stripped where it matters).
-    Every sentence must be a tree as the scorer requires (`conll18_ud_eval.py` rejects the file
-    otherwise): exactly one word on ROOT, no word its own head, no cycle; errors name the file and the
-    line where the sentence starts.
-    """
-    sentences, rows = [], []
-    start = None  # first line (comment or word) of the sentence being read
-
-    def flush():
-        if not rows:
-            return
-        n = len(rows)
-        for k, (ln, wid, _, _, head, _) in enumerate(rows, 1):
-            if wid != k:
-                raise ValueError(f"{path}:{ln}: word id {wid} out of sequence (expected {k})")
-            if not 0 <= head <= n:
-                raise ValueError(f"{path}:{ln}: head {head} outside 0..{n}")
-            if head == wid:
-                raise ValueError(f"{path}:{ln}: word {wid} is its own head (HEAD = ID)")
-        heads = [r[4] for r in rows]
-        roots = [k for k, h in enumerate(heads, 1) if h == 0]
-        if len(roots) != 1:
-            raise ValueError(f"{path}:{start}: sentence is not a tree: {len(roots)} words on ROOT (HEAD 0)"
-                             + (f": words {', '.join(map(str, roots))}" if roots else "") + "; expected exactly one")
-        cycle = _find_cycle([-1] + heads)
-        if cycle:
-            raise ValueError(f"{path}:{start}: sentence is not a tree: words "
-                             f"{' -> '.join(map(str, cycle + cycle[:1]))} form a cycle (HEAD)")
-        sentences.append({"words": [r[2] for r in rows], "upos": [r[3] for r in rows],
-                          "heads": heads, "rels": [r[5] for r in rows]})
-        rows.clear()
-
-    for lineno, line in _read_lines(path):
-        line = line.rstrip("\r\n")
-        if not line.strip():
-            flush()
-            start = None
-            continue
-        start = start or lineno
-        if line.startswith("#"):
-            continue
-        cols = line.split("\t")
-        if len(cols) != 10:
-            raise ValueError(f"{path}:{lineno}: expected 10 tab-separated CoNLL-U columns, got {len(cols)}")
-        if "-" in cols[0] or "." in cols[0]:
-            continue  # multiword token range or empty node
-        try:
-            wid, head = int(cols[0]), int(cols[6])
-        except ValueError:
-            raise ValueError(f"{path}:{lineno}: ID {cols[0]!r} / HEAD {cols[6]!r} is not an integer") from None
-        if not cols[7] or cols[7] == "_":
-            raise ValueError(f"{path}:{lineno}: missing DEPREL")
-        rows.append((lineno, wid, cols[1], cols[3], head, cols[7]))
-    flush()
-    if not sentences:
-        raise ValueError(f"{path}: no sentences (empty split)")
-    return sentences
-
-
-# -----------------------------------------------------------------------------
-# NER scoring: the paper's BIO repair, then micro span F1
 
 def repair_bio(tags):
     """The paper's repair heuristic (Wu & Dredze 2019, used in §3.2), applied left to right.
@@ -259,8 +342,131 @@ def span_f1(gold, pred):
     return precision, recall, f1
 
 
+class NERTask(Task):
+    """BIO tagging: dropout + Linear(d, n_tags) on the first subword of every word; span F1 after repair."""
+    name, metric = "ner", "f1"
+
+    @staticmethod
+    def label_set(train_examples):
+        return ["O"] + sorted({t for _, ts in train_examples for t in ts} - {"O"})
+
+    def check_labels(self, examples, path):
+        bad = sorted({t for _, ts in examples for t in ts} - set(self.labels))
+        if bad:
+            raise ValueError(f"{path}: tags {bad} never occur in the English train set ({self.labels})")
+
+    def featurize(self, examples, tok, lang, max_positions):
+        feats = []
+        for words, tags in examples:
+            ids, first = first_subwords(tok, words, lang)
+            feats.append((ids, first, [self.labels.index(t) if t in self.labels else -1 for t in tags]))
+        return feats
+
+    def _logits(self, model, head, batch, max_len, lang):
+        states = encode_states(model, [ids for ids, _, _ in batch], lang, max_len)
+        h, mask = gather_words(states, [f for _, f, _ in batch], with_root=False)
+        return head(h), mask
+
+    def loss(self, model, head, batch, lang, max_len):
+        logits, mask = self._logits(model, head, batch, max_len, lang)
+        y = torch.full(mask.shape, -1, dtype=torch.long)
+        for b, (_, _, tags) in enumerate(batch):
+            y[b, :len(tags)] = torch.tensor(tags)
+        return F.cross_entropy(logits[mask].float(), y.to(mask.device)[mask], ignore_index=-1)
+
+    def predict(self, model, head, batch, lang, max_len):
+        logits, _ = self._logits(model, head, batch, max_len, lang)
+        best = logits.argmax(-1).tolist()
+        return [[self.labels[k] for k in best[b][:len(f)]] for b, (_, f, _) in enumerate(batch)]
+
+    def score(self, examples, preds):
+        p, r, f1 = span_f1([tags for _, tags in examples], preds)
+        return {"precision": p, "recall": r, "f1": f1}
+
+
 # -----------------------------------------------------------------------------
-# Parsing scoring (CoNLL 2018 with gold tokenisation) and MST decoding
+# UD parsing (§3.2): CoNLL-U with its tree check, biaffine scorer (D7), MST decoding, UAS/LAS (CoNLL 2018)
+
+def read_conllu(path):
+    """CoNLL-U -> list of sentences, each a dict with `words`, `upos`, `heads` (0 = root), `rels`.
+
+    Comment lines (#), multiword ranges (`1-2`) and empty nodes (`1.1`) are skipped, as the CoNLL 2018
+    scorer does for basic trees. DEPREL is kept as written (subtypes are stripped where it matters).
+    Every sentence must be a tree as the scorer requires (`conll18_ud_eval.py` rejects the file
+    otherwise): exactly one word on ROOT, no word its own head, no cycle; errors name the file and the
+    line where the sentence starts.
+    """
+    sentences, rows = [], []
+    start = None  # first line (comment or word) of the sentence being read
+
+    def flush():
+        if not rows:
+            return
+        n = len(rows)
+        for k, (ln, wid, _, _, head, _) in enumerate(rows, 1):
+            if wid != k:
+                raise ValueError(f"{path}:{ln}: word id {wid} out of sequence (expected {k})")
+            if not 0 <= head <= n:
+                raise ValueError(f"{path}:{ln}: head {head} outside 0..{n}")
+            if head == wid:
+                raise ValueError(f"{path}:{ln}: word {wid} is its own head (HEAD = ID)")
+        heads = [r[4] for r in rows]
+        roots = [k for k, h in enumerate(heads, 1) if h == 0]
+        if len(roots) != 1:
+            raise ValueError(f"{path}:{start}: sentence is not a tree: {len(roots)} words on ROOT (HEAD 0)"
+                             + (f": words {', '.join(map(str, roots))}" if roots else "") + "; expected exactly one")
+        cycle = _find_cycle([-1] + heads)
+        if cycle:
+            raise ValueError(f"{path}:{start}: sentence is not a tree: words "
+                             f"{' -> '.join(map(str, cycle + cycle[:1]))} form a cycle (HEAD)")
+        sentences.append({"words": [r[2] for r in rows], "upos": [r[3] for r in rows],
+                          "heads": heads, "rels": [r[5] for r in rows]})
+        rows.clear()
+
+    for lineno, line in _read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            flush()
+            start = None
+            continue
+        start = start or lineno
+        if line.startswith("#"):
+            continue
+        cols = line.split("\t")
+        if len(cols) != 10:
+            raise ValueError(f"{path}:{lineno}: expected 10 tab-separated CoNLL-U columns, got {len(cols)}")
+        if "-" in cols[0] or "." in cols[0]:
+            continue  # multiword token range or empty node
+        try:
+            wid, head = int(cols[0]), int(cols[6])
+        except ValueError:
+            raise ValueError(f"{path}:{lineno}: ID {cols[0]!r} / HEAD {cols[6]!r} is not an integer") from None
+        if not cols[7] or cols[7] == "_":
+            raise ValueError(f"{path}:{lineno}: missing DEPREL")
+        rows.append((lineno, wid, cols[1], cols[3], head, cols[7]))
+    flush()
+    if not sentences:
+        raise ValueError(f"{path}: no sentences (empty split)")
+    return sentences
+
+
+def _find_cycle(heads):
+    """First cycle (list of nodes) in a head array where heads[0] = -1, or None."""
+    n = len(heads)
+    color = [0] * n  # 0 unseen, 1 on the current path, 2 done
+    color[0] = 2
+    for s in range(1, n):
+        path, v = [], s
+        while color[v] == 0:
+            color[v] = 1
+            path.append(v)
+            v = heads[v]
+        if color[v] == 1:  # closed a loop on the current path
+            return path[path.index(v):]
+        for u in path:
+            color[u] = 2
+    return None
+
 
 def strip_subtype(rel):
     """`nmod:poss` -> `nmod` (CoNLL 2018 compares the universal part only)."""
@@ -296,24 +502,6 @@ def attachment_scores(gold_heads, gold_rels, pred_heads, pred_rels, mask=None):
     if len(gold_heads) != len(pred_heads):
         raise ValueError(f"attachment_scores: {len(gold_heads)} gold sentences but {len(pred_heads)} predicted")
     return (uas / n, las / n) if n else (0.0, 0.0)
-
-
-def _find_cycle(heads):
-    """First cycle (list of nodes) in a head array where heads[0] = -1, or None."""
-    n = len(heads)
-    color = [0] * n  # 0 unseen, 1 on the current path, 2 done
-    color[0] = 2
-    for s in range(1, n):
-        path, v = [], s
-        while color[v] == 0:
-            color[v] = 1
-            path.append(v)
-            v = heads[v]
-        if color[v] == 1:  # closed a loop on the current path
-            return path[path.index(v):]
-        for u in path:
-            color[u] = 2
-    return None
 
 
 def _chu_liu_edmonds(S):
@@ -374,9 +562,6 @@ def mst_decode(scores):
     np.fill_diagonal(S, -np.inf)
     return _chu_liu_edmonds(S)
 
-
-# -----------------------------------------------------------------------------
-# Biaffine parser head (Dozat & Manning 2017; D7)
 
 ARC_MLP, REL_MLP, MLP_DROPOUT, LEAKY_SLOPE = 500, 100, 0.33, 0.1  # D7 (Dozat & Manning 2017)
 
@@ -448,193 +633,13 @@ class BiaffineParser(nn.Module):
         return out_heads, out_rels
 
 
-# -----------------------------------------------------------------------------
-# Encoding: subword ids as XLM feeds them, first subwords, windows for long sentences
-
-def first_subwords(tok, words, lang):
-    """Flat subword ids of a word list and the index of each word's first subword in them.
-    A word the tokenizer turns into nothing becomes <unk> (XTREME's choice)."""
-    ids, first = [], []
-    for piece in tok.encode_words(words, lang):
-        first.append(len(ids))
-        ids.extend(piece if piece else [UNK_ID])
-    return ids, first
-
-
-def windows(n, size):
-    """Cover n subwords with windows of at most `size` (shijie-wu/crosslingual-nlp `dataset/tagging.py`): -> [(start, end, keep_from)].
-
-    Each next window restarts size // 2 subwords before the previous one ended; those are context only:
-    positions [keep_from, end) take their states from this window, so every subword is taken exactly once.
-    windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
-    """
-    if size < 2:
-        raise ValueError(f"window size {size} < 2")
-    out = [(0, min(n, size), 0)]
-    while out[-1][1] < n:
-        prev_end = out[-1][1]
-        start = prev_end - size // 2
-        out.append((start, min(start + size, n), prev_end))
-    return out
-
-
-def encode_states(model, seqs, lang, max_len, layer=-1):
-    """States (B, 1 + L, d) of `layer` for content-id sequences (no specials), L = longest sequence:
-    position 0 = the leading </s> (the parser's ROOT), position 1 + k = subword k; zeros after the end.
-
-    Every sequence runs as `</s> ids[s:e] </s>` windows of at most max_len content subwords; a sentence
-    that fits is exactly one window, so this is plain batching then. Longer ones are split, never dropped.
-    """
-    device = next(model.parameters()).device
-    pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
-    T = max(e - s for _, (s, e, _) in pieces) + 2
-    idx = torch.full((len(pieces), T), PAD_ID, dtype=torch.long)
-    rs, cs, rd, cd = [], [], [], []  # source (window row, col) -> destination (sentence row, col)
-    for r, (b, (s, e, keep)) in enumerate(pieces):
-        row = [EOS_ID] + list(seqs[b][s:e]) + [EOS_ID]
-        idx[r, :len(row)] = torch.tensor(row)
-        ks = ([-1] if s == 0 else []) + list(range(keep, min(e, len(seqs[b]))))  # -1: the first window's </s> = ROOT
-        rs += [r] * len(ks)
-        cs += [1 + k - s for k in ks]
-        rd += [b] * len(ks)
-        cd += [1 + k for k in ks]
-    idx = idx.to(device)
-    h = model.hidden_states(idx, lang, attn_mask=idx != PAD_ID)[layer]  # (n_windows, T, d)
-    L = max(len(ids) for ids in seqs)
-    out = h.new_zeros(len(seqs), 1 + L, h.size(-1))
-    index = lambda *xs: tuple(torch.tensor(x, device=device) for x in xs)  # noqa: E731
-    return out.index_put(index(rd, cd), h[index(rs, cs)])
-
-
-def pair_ids(tok, premise, hypothesis, lang, max_positions):
-    """XLM's XNLI input `</s> premise </s> hypothesis </s>` (XLM `evaluation/xnli.py`). When too long for the
-    positions, the longer side is cut first (XLM cuts each side to 256 tokens). Returns (ids, truncated)."""
-    a, b = tok.encode(premise, lang), tok.encode(hypothesis, lang)
-    budget = max_positions - 3
-    truncated = len(a) + len(b) > budget
-    while len(a) + len(b) > budget:
-        if len(a) >= len(b):
-            a = a[:-1]
-        else:
-            b = b[:-1]
-    return [EOS_ID] + a + [EOS_ID] + b + [EOS_ID], truncated
-
-
-def gather_words(states, firsts, with_root):
-    """(B, 1 + L, d) subword states -> (B, W, d) first-subword states (+ ROOT at 0 when with_root) and
-    the (B, W) bool mask of real positions."""
-    W = max(len(f) for f in firsts) + with_root
-    cols = torch.zeros(len(firsts), W, dtype=torch.long)
-    mask = torch.zeros(len(firsts), W, dtype=torch.bool)
-    for b, f in enumerate(firsts):
-        pos = ([0] if with_root else []) + [1 + k for k in f]
-        cols[b, :len(pos)] = torch.tensor(pos)
-        mask[b, :len(pos)] = True
-    cols, mask = cols.to(states.device), mask.to(states.device)
-    return states.gather(1, cols[..., None].expand(-1, -1, states.size(-1))), mask
-
-
-# -----------------------------------------------------------------------------
-# The three tasks: examples -> features, batch loss, predictions, scores
-
-class XNLITask:
-    """Pair classification: dropout + Linear(d, 3) on the last layer at position 0 (the first </s>)."""
-    name, metric = "xnli", "acc"
-
-    def __init__(self, train_examples):
-        self.labels = list(XNLI_LABELS)
-
-    def check_labels(self, examples, path):
-        bad = sorted({lab for _, _, lab in examples} - set(self.labels))
-        if bad:
-            raise ValueError(f"{path}: labels {bad} are not XNLI labels {self.labels}")
-
-    def head(self, d, dropout):
-        return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
-
-    def featurize(self, examples, tok, lang, max_positions):
-        feats, n_cut = [], 0
-        for p, h, lab in examples:
-            ids, cut = pair_ids(tok, p, h, lang, max_positions)
-            feats.append((ids, self.labels.index(lab)))
-            n_cut += cut
-        if n_cut:
-            print(f"xnli: {n_cut} of {len(feats)} pairs were too long for {max_positions} positions and were cut")
-        return feats
-
-    def _logits(self, model, head, batch, lang):
-        device = next(model.parameters()).device
-        T = max(len(ids) for ids, _ in batch)
-        idx = torch.full((len(batch), T), PAD_ID, dtype=torch.long)
-        for r, (ids, _) in enumerate(batch):
-            idx[r, :len(ids)] = torch.tensor(ids)
-        idx = idx.to(device)
-        h = model.hidden_states(idx, lang, attn_mask=idx != PAD_ID)[-1][:, 0]  # (B, d) at the first </s>
-        return head(h)
-
-    def loss(self, model, head, batch, lang, max_len):
-        y = torch.tensor([lab for _, lab in batch], device=next(model.parameters()).device)
-        return F.cross_entropy(self._logits(model, head, batch, lang).float(), y)
-
-    def predict(self, model, head, batch, lang, max_len):
-        return self._logits(model, head, batch, lang).argmax(-1).tolist()
-
-    def score(self, examples, preds):
-        acc = sum(self.labels[p] == lab for (_, _, lab), p in zip(examples, preds)) / len(examples)
-        return {"acc": acc}
-
-
-class NERTask:
-    """BIO tagging: dropout + Linear(d, n_tags) on the first subword of every word; span F1 after repair."""
-    name, metric = "ner", "f1"
-
-    def __init__(self, train_examples):
-        tags = sorted({t for _, ts in train_examples for t in ts} - {"O"})
-        self.labels = ["O"] + tags
-
-    def check_labels(self, examples, path):
-        bad = sorted({t for _, ts in examples for t in ts} - set(self.labels))
-        if bad:
-            raise ValueError(f"{path}: tags {bad} never occur in the English train set ({self.labels})")
-
-    def head(self, d, dropout):
-        return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
-
-    def featurize(self, examples, tok, lang, max_positions):
-        feats = []
-        for words, tags in examples:
-            ids, first = first_subwords(tok, words, lang)
-            feats.append((ids, first, [self.labels.index(t) if t in self.labels else -1 for t in tags]))
-        return feats
-
-    def _logits(self, model, head, batch, max_len, lang):
-        states = encode_states(model, [ids for ids, _, _ in batch], lang, max_len)
-        h, mask = gather_words(states, [f for _, f, _ in batch], with_root=False)
-        return head(h), mask
-
-    def loss(self, model, head, batch, lang, max_len):
-        logits, mask = self._logits(model, head, batch, max_len, lang)
-        y = torch.full(mask.shape, -1, dtype=torch.long)
-        for b, (_, _, tags) in enumerate(batch):
-            y[b, :len(tags)] = torch.tensor(tags)
-        return F.cross_entropy(logits[mask].float(), y.to(mask.device)[mask], ignore_index=-1)
-
-    def predict(self, model, head, batch, lang, max_len):
-        logits, _ = self._logits(model, head, batch, max_len, lang)
-        best = logits.argmax(-1).tolist()
-        return [[self.labels[k] for k in best[b][:len(f)]] for b, (_, f, _) in enumerate(batch)]
-
-    def score(self, examples, preds):
-        p, r, f1 = span_f1([tags for _, tags in examples], preds)
-        return {"precision": p, "recall": r, "f1": f1}
-
-
-class ParseTask:
+class ParseTask(Task):
     """Biaffine parsing on first subwords, ROOT = the leading </s>; MST decoding; UAS/LAS (CoNLL 2018)."""
     name, metric = "parse", "las"
 
-    def __init__(self, train_examples):
-        self.labels = sorted({strip_subtype(r) for s in train_examples for r in s["rels"]})
+    @staticmethod
+    def label_set(train_examples):
+        return sorted({strip_subtype(r) for s in train_examples for r in s["rels"]})
 
     def check_labels(self, examples, path):
         unseen = {}
@@ -694,88 +699,30 @@ TASKS = {"xnli": (XNLITask, read_xnli), "ner": (NERTask, read_ner), "parse": (Pa
 
 
 # -----------------------------------------------------------------------------
-# Aligned transfer (§5.1.2, Figure 5): frozen bottom i layers + 4 new layers; targets mapped into English
+# The zero-shot protocol (§3.2): grids, one set trained with its epoch chosen by English dev,
+# the mean of the best two sets, language-specific parts frozen
 
-N_NEW_LAYERS = 4  # paper §5.1.2
-
-
-class AlignedEncoder(nn.Module):
-    """The encoder of the aligned-transfer experiment, with MLM.hidden_states' interface.
-
-    English input runs through the pretrained English model up to layer i (frozen, eval mode), then
-    through 4 NEW Transformer layers that are trained with the task head. A target-language input runs
-    through its own (monolingual) target model up to layer i, is mapped into the English space by the
-    orthogonal map W (x_tgt @ W ~ x_en, Procrustes from align.py), then through the same new layers.
-    `lang` is a language code here; `routes[code] = (model, lang index in that model, W or None)`.
-    """
-
-    def __init__(self, routes, layer, n_new=N_NEW_LAYERS):
-        super().__init__()
-        from dataclasses import replace
-        from model import Block
-        self._routes = routes  # a plain dict: the frozen models are no submodules (not trained, not saved)
-        for m, _, _ in routes.values():
-            m.eval()
-            m.requires_grad_(False)
-        base = next(iter(routes.values()))[0].config
-        self.config = replace(base, max_positions=min(m.config.max_positions for m, _, _ in routes.values()))
-        self.layer = layer
-        self.blocks = nn.ModuleList(Block(base) for _ in range(n_new))
-
-    def lang_specific_parameters(self, lang):
-        return []  # everything below layer i is frozen anyway; the new layers are shared
-
-    def hidden_states(self, idx, lang, attn_mask=None):
-        if lang not in self._routes:
-            raise ValueError(f"aligned transfer: no model for language {lang!r}")
-        model, lang_id, W = self._routes[lang]
-        with torch.no_grad():
-            x = model.hidden_states(idx, lang_id, attn_mask)[self.layer]
-            if W is not None:
-                x = x @ W.to(x)  # into the English space
-        mask = keep = None
-        if attn_mask is not None:
-            mask, keep = attn_mask[:, None, None, :], attn_mask[..., None].to(x.dtype)
-        hs = [x]
-        for block in self.blocks:
-            x = block(x, mask)
-            x = x * keep if keep is not None else x
-            hs.append(x)
-        return hs
+# paper §3.2 grids (XNLI's epoch = 20000 pairs as XLM's --epoch_size; NER/parsing: a pass over train)
+PAPER_PRESET = {
+    "xnli": dict(epochs=200, epoch_size=20000, batch_size=[4, 8], lr=[1.25e-6, 2.5e-6, 5e-6],
+                 head_lr=[5e-6, 2.5e-5, 1.25e-4]),
+    "ner": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[]),
+    "parse": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[]),
+}
+# --toy: a tiny model on the synthetic world learns in a few epochs at larger learning rates
+# (two sets per task: the mean of the best two is then the mean of both)
+TOY_PRESET = {
+    "xnli": dict(epochs=10, epoch_size=0, batch_size=[16], lr=[2e-4, 5e-4], head_lr=[1e-3]),
+    "ner": dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[]),
+    "parse": dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[]),
+}
 
 
-def load_align_map(path, layer, train_lang, target, dim):
-    """W (dim, dim) with x_target @ W ~ x_train_lang at `layer` from align.py's --save-maps .npz
-    (keys src_to_tgt, tgt_to_src: (n_layers + 1, d, d); src, tgt: language codes)."""
-    keys = ("src", "tgt", "src_to_tgt", "tgt_to_src")
-    try:
-        with np.load(path) as z:
-            missing = [k for k in keys if k not in z.files]
-            if missing:
-                raise SystemExit(f"error: --align-maps {path}: no {missing[0]!r} entry "
-                                 "(expected align.py contextual --save-maps)")
-            src, tgt = str(z["src"]), str(z["tgt"])
-            maps = {k: z[k] for k in ("src_to_tgt", "tgt_to_src")}
-    except SystemExit:
-        raise
-    except Exception as e:  # missing, truncated, not an .npz: numpy raises OSError, ValueError, BadZipFile, ...
-        raise SystemExit(f"error: --align-maps: cannot read {path}: {type(e).__name__}: {e} "
-                         "(expected align.py contextual --save-maps .npz)")
-    if (src, tgt) == (train_lang, target):
-        M = maps["tgt_to_src"]
-    elif (src, tgt) == (target, train_lang):
-        M = maps["src_to_tgt"]
-    else:
-        raise SystemExit(f"error: {path}: maps are for {src}->{tgt}, not {target}->{train_lang}")
-    if M.ndim != 3 or not 0 <= layer < len(M) or M.shape[1:] != (dim, dim):
-        raise SystemExit(f"error: {path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
-    if not np.isfinite(M[layer]).all():
-        raise SystemExit(f"error: --align-maps {path}: the layer-{layer} map contains NaN or inf")
-    return torch.tensor(M[layer], dtype=torch.float32)
+def grid(task_name, args):
+    """Hyper-parameter sets in a fixed order: batch size x encoder lr (x classifier lr for XNLI)."""
+    head_lrs = args.head_lr if task_name == "xnli" else [None]
+    return [{"batch_size": b, "lr": lr, "head_lr": hl} for b in args.batch_size for lr in args.lr for hl in head_lrs]
 
-
-# -----------------------------------------------------------------------------
-# Fine-tuning one hyper-parameter set, and the paper's protocol over the grid (§3.2)
 
 def freeze_lang_specific(model):
     """Language-specific parameters (separate embeddings / layers) stay frozen; the rest is tuned.
@@ -892,71 +839,307 @@ def mean_of_best_two(records, metric):
     return top, dev, test
 
 
-def grid(task_name, args):
-    """Hyper-parameter sets in a fixed order: batch size x encoder lr (x classifier lr for XNLI)."""
-    head_lrs = args.head_lr if task_name == "xnli" else [None]
-    return [{"batch_size": b, "lr": lr, "head_lr": hl} for b in args.batch_size for lr in args.lr for hl in head_lrs]
+def lang_index(langs, code, ckpt):
+    if code not in langs:
+        raise SystemExit(f"error: language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
+    return langs.index(code)
+
+
+def prepare_task(task_name, model, tok, langs, files, args, log=print, routes=None):
+    """Read and featurise every file of one task (train, dev, each target test) -> (task, data).
+    Runs before any training, so a bad file stops the run at once (one line naming file and line)."""
+    Task, reader = TASKS[task_name]
+    routes = routes or {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang, *files["test"]]}
+    try:
+        train_ex = reader(files["train"])
+        task = Task(train_ex)
+        dev_ex = reader(files["dev"])
+        task.check_labels(dev_ex, files["dev"])
+        tests = {}
+        for code, path in files["test"].items():
+            tests[code] = reader(path)
+            task.check_labels(tests[code], path)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"error: {e}") from None
+    mp = model.config.max_positions
+    tok0, lang0 = routes[args.train_lang]
+    data = {"lang_id": lang0,
+            "train": (train_ex, task.featurize(train_ex, tok0, args.train_lang, mp)),
+            "dev": (dev_ex, task.featurize(dev_ex, tok0, args.train_lang, mp)), "test": {}}
+    for code, ex in tests.items():
+        tok_c, lid = routes[code]
+        data["test"][code] = (ex, task.featurize(ex, tok_c, code, mp), lid)
+    log(f"{task_name}: train {len(train_ex)} ({files['train']}), dev {len(dev_ex)}, "
+        + ", ".join(f"{c} test {len(v[0])}" for c, v in data["test"].items()))
+    return task, data
+
+
+def run_task(task_name, model, tok, langs, files, args, log=print, routes=None, prepared=None, sets=None):
+    """Fine-tune on English over the grid; returns the results dict written to results.json.
+    routes (optional): language code -> (tokenizer, language key for model.hidden_states); by default
+    every language uses `tok` and its index in `langs`. prepared: prepare_task's (task, data).
+    sets (optional): a SetStore; each finished set is written there as it ends, and sets it already
+    holds (an interrupted run with the same flags) are taken from it instead of trained again."""
+    task, data = prepared or prepare_task(task_name, model, tok, langs, files, args, log, routes)
+    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    hps = grid(task_name, args)
+    records = []
+    for i, hp in enumerate(hps, 1):
+        desc = ", ".join(f"{k} {v}" for k, v in hp.items() if v is not None)
+        done = sets.get(hp) if sets else None
+        if done is not None:
+            log(f"{task_name}: hyper-parameter set {i}/{len(hps)}: {desc}: finished in an earlier run with the "
+                f"same flags ({sets.path(hp)}), skipped")
+            records.append(done)
+            continue
+        log(f"{task_name}: hyper-parameter set {i}/{len(hps)}: {desc}")
+        try:
+            rec = finetune_one(task, model, init_state, data, hp, args, log)
+        except NonFiniteLoss as e:
+            log(f"{task_name}: hyper-parameter set {i}/{len(hps)} stopped: {e}; it is left out of the selection")
+            rec = {**hp, "failed": str(e)}
+        if sets:
+            sets.put(hp, rec)
+        records.append(rec)
+    model.load_state_dict(init_state)
+    ok = [i for i, r in enumerate(records) if "failed" not in r]
+    if not ok:
+        raise SystemExit(f"error: {task_name}: every hyper-parameter set diverged (non-finite loss); no results "
+                         "written. Try lower --lr / --head-lr (or --overwrite after changing nothing else)")
+    top, dev, test = mean_of_best_two([records[i] for i in ok], task.metric)
+    top = [ok[i] for i in top]
+    return {"task": task_name, "metric": task.metric, "ckpt": args.ckpt, "train_lang": args.train_lang,
+            "eval_langs": list(files["test"]), "files": files, "labels": task.labels,
+            "protocol": "per set: epoch chosen by English dev; reported: mean of the best two sets by English dev",
+            "best_two": top, "dev": dev, "test": test, "configs": records,
+            "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}
 
 
 # -----------------------------------------------------------------------------
-# Where the files are: toydata's layout and the real data/ layout, detected automatically
+# Resuming: OUT/sets/ holds one file per finished hyper-parameter set, keyed by everything that decides it
 
-TOY_LAYOUT = {"xnli": "xnli/{lang}.{split}.tsv", "ner": "ner/{lang}.{split}.tsv", "parse": "ud/{lang}.{split}.conllu"}
-REAL_DIRS = {"xnli": "xnli", "ner": "wikiann_panx", "parse": "ud"}
-# PAN-X's labelled test stand-in (data/wikiann_panx/SOURCE.md): the official test files have no labels
-REAL_SPLIT_NAMES = {"train": ["train"], "dev": ["dev"], "test": ["test", "heldout-from-dev"]}
-
-
-def find_file(data_dir, task, lang, split):
-    """Path of one split, or None. Looks for, in order:
-    toydata  DIR/{xnli,ner,ud}/{lang}.{split}.{tsv,tsv,conllu}
-    data/    DIR/xnli/{split}-{lang}.tsv, DIR/wikiann_panx/{split}-{lang}.tsv (test = heldout-from-dev),
-             DIR/ud/UD_*/{lang}_*-ud-{split}[.*].conllu (e.g. en_ewt-ud-train.first3000.conllu)
-    DIR may also be the task folder itself. Several UD treebanks for one language: the first in sorted
-    order is taken and the others are named (override with --test-file LANG=PATH)."""
-    toy = os.path.join(data_dir, TOY_LAYOUT[task].format(lang=lang, split=split))
-    if os.path.isfile(toy):
-        return toy
-    for base in (os.path.join(data_dir, REAL_DIRS[task]), data_dir):
-        for name in REAL_SPLIT_NAMES[split]:
-            if task == "parse":
-                hits = sorted(glob.glob(os.path.join(base, "UD_*", f"{lang}_*-ud-{name}.conllu")) +
-                              glob.glob(os.path.join(base, "UD_*", f"{lang}_*-ud-{name}.*.conllu")))
-            else:
-                hits = [p for p in [os.path.join(base, f"{name}-{lang}.tsv")] if os.path.isfile(p)]
-            if hits:
-                if len(hits) > 1:
-                    print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
-                return hits[0]
-    return None
+def write_json(path, obj):
+    """Atomic: write path.tmp, then rename. On failure the temp file is removed and the error is one line
+    (a full disk says so), so there is never a half-written or stale file at `path`."""
+    tmp = str(path) + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, ensure_ascii=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if e.errno == errno.ENOSPC:
+            raise SystemExit(f"error: no space left writing {path}") from None
+        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
 
 
-def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_file=None, test_files=()):
-    """{"train": path, "dev": path, "test": {lang: path}}: explicit flags first, else find_file."""
-    tests = dict(test_files)
-    files = {"train": train_file, "dev": dev_file,
-             "test": {lang: tests.get(lang) for lang in eval_langs}}
-    need = [("train", train_lang, "train"), ("dev", train_lang, "dev")] + [("test", lang, "test") for lang in eval_langs]
-    for key, lang, split in need:
-        have = files[key] if key != "test" else files["test"][lang]
-        if have is None and data_dir:
-            have = find_file(data_dir, task, lang, split)
-        if have is None:
-            hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train "
-                    "in XNLI tsv form)" if task == "xnli" and split == "train" else "")
-            flag = {"train": "--train-file PATH", "dev": "--dev-file PATH", "test": f"--test-file {lang}=PATH"}[key]
-            raise SystemExit(f"error: {task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}")
-        if not os.path.isfile(have):
-            raise SystemExit(f"error: {task}: {lang} {split} file {have!r} does not exist")
-        if key == "test":
-            files["test"][lang] = have
-        else:
-            files[key] = have
-    return files
+def read_json(path, what):
+    """A JSON file written by this script, or one line saying why it cannot be used."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON (a hand edit?)
+        raise SystemExit(f"error: {what}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def file_digest(path, _cache={}):
+    """sha256 (first 16 hex digits) of a file: a re-trained best.pt or an edited data file is another job."""
+    key = (os.path.abspath(path), os.path.getsize(path), os.path.getmtime(path))
+    if key not in _cache:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _cache[key] = h.hexdigest()[:16]
+    return _cache[key]
+
+
+# flags that change a set's result besides the grid itself (--device, --threads, --eval-batch-size do not)
+JOB_FLAGS = ("train_lang", "epochs", "epoch_size", "max_len", "head_dropout", "clip", "seed", "bf16", "align_layer")
+
+
+def job_identity(task_name, files, args):
+    """What a finished set's record depends on, as plain JSON: the task, the checkpoint(s) and data files
+    (path and content digest) and the training flags. Two runs with equal identities give equal sets."""
+    paths = {"train": files["train"], "dev": files["dev"], **{f"test {c}": p for c, p in files["test"].items()}}
+    ident = {"task": task_name, "ckpt": [os.path.abspath(args.ckpt), file_digest(args.ckpt)],
+             "files": {k: [os.path.abspath(p), file_digest(p)] for k, p in paths.items()}}
+    for name in ("target_ckpt", "align_maps"):
+        if getattr(args, name, None):
+            ident[name] = [os.path.abspath(getattr(args, name)), file_digest(getattr(args, name))]
+    ident.update({k: getattr(args, k) for k in JOB_FLAGS})
+    return ident
+
+
+def identity_diff(old, new):
+    """`--epochs: 3 there, 4 now; ...` for the keys that differ (one line)."""
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    flag = lambda k: k if k in ("task", "files") else "--" + k.replace("_", "-")  # noqa: E731
+    show = lambda v: v[0] + " (other content)" if isinstance(v, list) and len(v) == 2 else v  # noqa: E731
+    return "; ".join(f"{flag(k)}: {show(old.get(k))!s} there, {show(new.get(k))!s} now" for k in keys)
+
+
+class SetStore:
+    """OUT/sets/*.json: one file per finished hyper-parameter set ({"job", "hp", "record"}), written
+    atomically when the set ends, so an interrupted grid resumes where it stopped."""
+
+    def __init__(self, out, job):
+        self.dir, self.job, self.done = os.path.join(out, "sets"), job, {}
+
+    def name(self, hp):
+        return "bs{}-lr{:g}".format(hp["batch_size"], hp["lr"]) + (f"-hlr{hp['head_lr']:g}" if hp["head_lr"] else "")
+
+    def path(self, hp):
+        return os.path.join(self.dir, self.name(hp) + ".json")
+
+    def load(self):
+        """Read the sets of an earlier run; refuse (one line) when they come from other flags or data."""
+        for f in sorted(glob.glob(os.path.join(self.dir, "*.json"))):
+            rec = read_json(f, "resume")
+            if not isinstance(rec, dict) or not {"job", "hp", "record"} <= set(rec):
+                raise SystemExit(f"error: {f} is not a hyper-parameter set written by finetune.py; "
+                                 "move it away or pass --overwrite")
+            if rec["job"] != self.job:
+                raise SystemExit(f"error: {self.dir} holds hyper-parameter sets of a run with other flags or "
+                                 f"data ({identity_diff(rec['job'], self.job)}); rerun with the same flags to "
+                                 "resume, or use another --out, or pass --overwrite")
+            self.done[self.name(rec["hp"])] = rec["record"]
+        return self
+
+    def clear(self):
+        for f in glob.glob(os.path.join(self.dir, "*.json")) + glob.glob(os.path.join(self.dir, "*.tmp")):
+            os.remove(f)
+
+    def get(self, hp):
+        return self.done.get(self.name(hp))
+
+    def put(self, hp, record):
+        os.makedirs(self.dir, exist_ok=True)
+        write_json(self.path(hp), {"job": self.job, "hp": hp, "record": record})
+        self.done[self.name(hp)] = record
+
+
+def check_results(path, job, hps, overwrite):
+    """results.json policy: a finished run of the SAME job and grid is reused (returned, nothing to do);
+    anything else already at `path` is refused unless --overwrite. Returns the old results or None."""
+    if overwrite or not os.path.exists(path):
+        return None
+    old = read_json(path, "--out")
+    if isinstance(old, dict) and old.get("job") == job and [
+            {k: c.get(k) for k in ("batch_size", "lr", "head_lr")} for c in old.get("configs", [])] == hps:
+        return old
+    why = (identity_diff(old["job"], job) if isinstance(old, dict) and isinstance(old.get("job"), dict)
+           and old["job"] != job else "another grid, or written by an older finetune.py")
+    raise SystemExit(f"error: {path} already exists (a finished run with other flags: {why}); "
+                     "pass --overwrite to replace it, or use another --out")
 
 
 # -----------------------------------------------------------------------------
-# Tables
+# Aligned transfer (§5.1.2, Figure 5): frozen bottom i layers + 4 new layers; targets mapped into English
+
+N_NEW_LAYERS = 4  # paper §5.1.2
+
+
+class AlignedEncoder(nn.Module):
+    """The encoder of the aligned-transfer experiment, with MLM.hidden_states' interface.
+
+    English input runs through the pretrained English model up to layer i (frozen, eval mode), then
+    through 4 NEW Transformer layers that are trained with the task head. A target-language input runs
+    through its own (monolingual) target model up to layer i, is mapped into the English space by the
+    orthogonal map W (x_tgt @ W ~ x_en, Procrustes from align.py), then through the same new layers.
+    `lang` is a language code here; `routes[code] = (model, lang index in that model, W or None)`.
+    """
+
+    def __init__(self, routes, layer, n_new=N_NEW_LAYERS):
+        super().__init__()
+        from dataclasses import replace
+        from model import Block
+        self._routes = routes  # a plain dict: the frozen models are no submodules (not trained, not saved)
+        for m, _, _ in routes.values():
+            m.eval()
+            m.requires_grad_(False)
+        base = next(iter(routes.values()))[0].config
+        self.config = replace(base, max_positions=min(m.config.max_positions for m, _, _ in routes.values()))
+        self.layer = layer
+        self.blocks = nn.ModuleList(Block(base) for _ in range(n_new))
+
+    def lang_specific_parameters(self, lang):
+        return []  # everything below layer i is frozen anyway; the new layers are shared
+
+    def hidden_states(self, idx, lang, attn_mask=None):
+        if lang not in self._routes:
+            raise ValueError(f"aligned transfer: no model for language {lang!r}")
+        model, lang_id, W = self._routes[lang]
+        with torch.no_grad():
+            x = model.hidden_states(idx, lang_id, attn_mask)[self.layer]
+            if W is not None:
+                x = x @ W.to(x)  # into the English space
+        mask = keep = None
+        if attn_mask is not None:
+            mask, keep = attn_mask[:, None, None, :], attn_mask[..., None].to(x.dtype)
+        hs = [x]
+        for block in self.blocks:
+            x = block(x, mask)
+            x = x * keep if keep is not None else x
+            hs.append(x)
+        return hs
+
+
+def load_align_map(path, layer, train_lang, target, dim):
+    """W (dim, dim) with x_target @ W ~ x_train_lang at `layer` from align.py's --save-maps .npz
+    (keys src_to_tgt, tgt_to_src: (n_layers + 1, d, d); src, tgt: language codes)."""
+    keys = ("src", "tgt", "src_to_tgt", "tgt_to_src")
+    try:
+        with np.load(path) as z:
+            missing = [k for k in keys if k not in z.files]
+            if missing:
+                raise SystemExit(f"error: --align-maps {path}: no {missing[0]!r} entry "
+                                 "(expected align.py contextual --save-maps)")
+            src, tgt = str(z["src"]), str(z["tgt"])
+            maps = {k: z[k] for k in ("src_to_tgt", "tgt_to_src")}
+    except SystemExit:
+        raise
+    except Exception as e:  # missing, truncated, not an .npz: numpy raises OSError, ValueError, BadZipFile, ...
+        raise SystemExit(f"error: --align-maps: cannot read {path}: {type(e).__name__}: {e} "
+                         "(expected align.py contextual --save-maps .npz)")
+    if (src, tgt) == (train_lang, target):
+        M = maps["tgt_to_src"]
+    elif (src, tgt) == (target, train_lang):
+        M = maps["src_to_tgt"]
+    else:
+        raise SystemExit(f"error: {path}: maps are for {src}->{tgt}, not {target}->{train_lang}")
+    if M.ndim != 3 or not 0 <= layer < len(M) or M.shape[1:] != (dim, dim):
+        raise SystemExit(f"error: {path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
+    if not np.isfinite(M[layer]).all():
+        raise SystemExit(f"error: --align-maps {path}: the layer-{layer} map contains NaN or inf")
+    return torch.tensor(M[layer], dtype=torch.float32)
+
+
+def setup_aligned(model, tok, langs, args):
+    """--align-layer: the English model's bottom layers + one target model per target language (the
+    target checkpoint's tokenizer and language index) joined by the stored orthogonal map."""
+    if not args.target_ckpt or not args.align_maps:
+        raise SystemExit("error: --align-layer needs --target-ckpt and --align-maps")
+    if len(args.eval_langs) != 1:
+        raise SystemExit("error: --align-layer: give exactly one --eval-langs (the --target-ckpt language)")
+    code = args.eval_langs[0]
+    tmodel, textra = _load(args.target_ckpt, "--target-ckpt", args.device)
+    ttok = _tokenizer(textra, args.target_ckpt, "--target-ckpt")
+    tlang = lang_index(list(textra.get("langs") or ttok.langs), code, args.target_ckpt)
+    n = min(model.config.n_layers, tmodel.config.n_layers)
+    if not 0 <= args.align_layer <= n:
+        raise SystemExit(f"error: --align-layer {args.align_layer} outside 0..{n}")
+    if tmodel.config.dim != model.config.dim:
+        raise SystemExit(f"error: --target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
+    W = load_align_map(args.align_maps, args.align_layer, args.train_lang, code, model.config.dim)
+    enc = AlignedEncoder({args.train_lang: (model, lang_index(langs, args.train_lang, args.ckpt), None),
+                          code: (tmodel, tlang, W.to(args.device))}, args.align_layer).to(args.device)
+    return enc, {args.train_lang: (tok, args.train_lang), code: (ttok, code)}
+
+
+# -----------------------------------------------------------------------------
+# Printers: one results.json (--compare), the paper's Table 1 layout (--table), transfer vs. updates (--curve)
 
 METRIC_NAMES = {"xnli": ["acc"], "ner": ["f1", "precision", "recall"], "parse": ["las", "uas", "las_nopunct"]}
 
@@ -1106,223 +1289,62 @@ def plot_curve(series, path):
     print(f"wrote {path}")
 
 
-def write_json(path, obj):
-    """Atomic: write path.tmp, then rename. On failure the temp file is removed and the error is one line
-    (a full disk says so), so there is never a half-written or stale file at `path`."""
-    tmp = str(path) + ".tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, ensure_ascii=False)
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if e.errno == errno.ENOSPC:
-            raise SystemExit(f"error: no space left writing {path}") from None
-        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
-
-
-def read_json(path, what):
-    """A JSON file written by this script, or one line saying why it cannot be used."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON (a hand edit?)
-        raise SystemExit(f"error: {what}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-
-
 # -----------------------------------------------------------------------------
-# One task end to end: read, featurise, grid search, the mean of the best two
+# CLI: data files, flags, checks before any work, main(argv)
 
-# paper §3.2 grids (XNLI's epoch = 20000 pairs as XLM's --epoch_size; NER/parsing: a pass over train)
-PAPER_PRESET = {
-    "xnli": dict(epochs=200, epoch_size=20000, batch_size=[4, 8], lr=[1.25e-6, 2.5e-6, 5e-6],
-                 head_lr=[5e-6, 2.5e-5, 1.25e-4]),
-    "ner": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[]),
-    "parse": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[]),
-}
-# --toy: a tiny model on the synthetic world learns in a few epochs at larger learning rates
-# (two sets per task: the mean of the best two is then the mean of both)
-TOY_PRESET = {
-    "xnli": dict(epochs=10, epoch_size=0, batch_size=[16], lr=[2e-4, 5e-4], head_lr=[1e-3]),
-    "ner": dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[]),
-    "parse": dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[]),
-}
+TOY_LAYOUT = {"xnli": "xnli/{lang}.{split}.tsv", "ner": "ner/{lang}.{split}.tsv", "parse": "ud/{lang}.{split}.conllu"}
+REAL_DIRS = {"xnli": "xnli", "ner": "wikiann_panx", "parse": "ud"}
+# PAN-X's labelled test stand-in (data/wikiann_panx/SOURCE.md): the official test files have no labels
+REAL_SPLIT_NAMES = {"train": ["train"], "dev": ["dev"], "test": ["test", "heldout-from-dev"]}
 
 
-def lang_index(langs, code, ckpt):
-    if code not in langs:
-        raise SystemExit(f"error: language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
-    return langs.index(code)
+def find_file(data_dir, task, lang, split):
+    """Path of one split, or None. Looks for, in order:
+    toydata  DIR/{xnli,ner,ud}/{lang}.{split}.{tsv,tsv,conllu}
+    data/    DIR/xnli/{split}-{lang}.tsv, DIR/wikiann_panx/{split}-{lang}.tsv (test = heldout-from-dev),
+             DIR/ud/UD_*/{lang}_*-ud-{split}[.*].conllu (e.g. en_ewt-ud-train.first3000.conllu)
+    DIR may also be the task folder itself. Several UD treebanks for one language: the first in sorted
+    order is taken and the others are named (override with --test-file LANG=PATH)."""
+    toy = os.path.join(data_dir, TOY_LAYOUT[task].format(lang=lang, split=split))
+    if os.path.isfile(toy):
+        return toy
+    for base in (os.path.join(data_dir, REAL_DIRS[task]), data_dir):
+        for name in REAL_SPLIT_NAMES[split]:
+            if task == "parse":
+                hits = sorted(glob.glob(os.path.join(base, "UD_*", f"{lang}_*-ud-{name}.conllu")) +
+                              glob.glob(os.path.join(base, "UD_*", f"{lang}_*-ud-{name}.*.conllu")))
+            else:
+                hits = [p for p in [os.path.join(base, f"{name}-{lang}.tsv")] if os.path.isfile(p)]
+            if hits:
+                if len(hits) > 1:
+                    print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
+                return hits[0]
+    return None
 
 
-def prepare_task(task_name, model, tok, langs, files, args, log=print, routes=None):
-    """Read and featurise every file of one task (train, dev, each target test) -> (task, data).
-    Runs before any training, so a bad file stops the run at once (one line naming file and line)."""
-    Task, reader = TASKS[task_name]
-    routes = routes or {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang, *files["test"]]}
-    try:
-        train_ex = reader(files["train"])
-        task = Task(train_ex)
-        dev_ex = reader(files["dev"])
-        task.check_labels(dev_ex, files["dev"])
-        tests = {}
-        for code, path in files["test"].items():
-            tests[code] = reader(path)
-            task.check_labels(tests[code], path)
-    except (ValueError, OSError) as e:
-        raise SystemExit(f"error: {e}") from None
-    mp = model.config.max_positions
-    tok0, lang0 = routes[args.train_lang]
-    data = {"lang_id": lang0,
-            "train": (train_ex, task.featurize(train_ex, tok0, args.train_lang, mp)),
-            "dev": (dev_ex, task.featurize(dev_ex, tok0, args.train_lang, mp)), "test": {}}
-    for code, ex in tests.items():
-        tok_c, lid = routes[code]
-        data["test"][code] = (ex, task.featurize(ex, tok_c, code, mp), lid)
-    log(f"{task_name}: train {len(train_ex)} ({files['train']}), dev {len(dev_ex)}, "
-        + ", ".join(f"{c} test {len(v[0])}" for c, v in data["test"].items()))
-    return task, data
+def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_file=None, test_files=()):
+    """{"train": path, "dev": path, "test": {lang: path}}: explicit flags first, else find_file."""
+    tests = dict(test_files)
+    files = {"train": train_file, "dev": dev_file,
+             "test": {lang: tests.get(lang) for lang in eval_langs}}
+    need = [("train", train_lang, "train"), ("dev", train_lang, "dev")] + [("test", lang, "test") for lang in eval_langs]
+    for key, lang, split in need:
+        have = files[key] if key != "test" else files["test"][lang]
+        if have is None and data_dir:
+            have = find_file(data_dir, task, lang, split)
+        if have is None:
+            hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train "
+                    "in XNLI tsv form)" if task == "xnli" and split == "train" else "")
+            flag = {"train": "--train-file PATH", "dev": "--dev-file PATH", "test": f"--test-file {lang}=PATH"}[key]
+            raise SystemExit(f"error: {task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}")
+        if not os.path.isfile(have):
+            raise SystemExit(f"error: {task}: {lang} {split} file {have!r} does not exist")
+        if key == "test":
+            files["test"][lang] = have
+        else:
+            files[key] = have
+    return files
 
-
-def run_task(task_name, model, tok, langs, files, args, log=print, routes=None, prepared=None, sets=None):
-    """Fine-tune on English over the grid; returns the results dict written to results.json.
-    routes (optional): language code -> (tokenizer, language key for model.hidden_states); by default
-    every language uses `tok` and its index in `langs`. prepared: prepare_task's (task, data).
-    sets (optional): a SetStore; each finished set is written there as it ends, and sets it already
-    holds (an interrupted run with the same flags) are taken from it instead of trained again."""
-    task, data = prepared or prepare_task(task_name, model, tok, langs, files, args, log, routes)
-    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    hps = grid(task_name, args)
-    records = []
-    for i, hp in enumerate(hps, 1):
-        desc = ", ".join(f"{k} {v}" for k, v in hp.items() if v is not None)
-        done = sets.get(hp) if sets else None
-        if done is not None:
-            log(f"{task_name}: hyper-parameter set {i}/{len(hps)}: {desc}: finished in an earlier run with the "
-                f"same flags ({sets.path(hp)}), skipped")
-            records.append(done)
-            continue
-        log(f"{task_name}: hyper-parameter set {i}/{len(hps)}: {desc}")
-        try:
-            rec = finetune_one(task, model, init_state, data, hp, args, log)
-        except NonFiniteLoss as e:
-            log(f"{task_name}: hyper-parameter set {i}/{len(hps)} stopped: {e}; it is left out of the selection")
-            rec = {**hp, "failed": str(e)}
-        if sets:
-            sets.put(hp, rec)
-        records.append(rec)
-    model.load_state_dict(init_state)
-    ok = [i for i, r in enumerate(records) if "failed" not in r]
-    if not ok:
-        raise SystemExit(f"error: {task_name}: every hyper-parameter set diverged (non-finite loss); no results "
-                         "written. Try lower --lr / --head-lr (or --overwrite after changing nothing else)")
-    top, dev, test = mean_of_best_two([records[i] for i in ok], task.metric)
-    top = [ok[i] for i in top]
-    return {"task": task_name, "metric": task.metric, "ckpt": args.ckpt, "train_lang": args.train_lang,
-            "eval_langs": list(files["test"]), "files": files, "labels": task.labels,
-            "protocol": "per set: epoch chosen by English dev; reported: mean of the best two sets by English dev",
-            "best_two": top, "dev": dev, "test": test, "configs": records,
-            "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}
-
-
-# -----------------------------------------------------------------------------
-# Resuming: one file per finished hyper-parameter set, keyed by everything that decides its result
-
-def file_digest(path, _cache={}):
-    """sha256 (first 16 hex digits) of a file: a re-trained best.pt or an edited data file is another job."""
-    key = (os.path.abspath(path), os.path.getsize(path), os.path.getmtime(path))
-    if key not in _cache:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        _cache[key] = h.hexdigest()[:16]
-    return _cache[key]
-
-
-# flags that change a set's result besides the grid itself (--device, --threads, --eval-batch-size do not)
-JOB_FLAGS = ("train_lang", "epochs", "epoch_size", "max_len", "head_dropout", "clip", "seed", "bf16", "align_layer")
-
-
-def job_identity(task_name, files, args):
-    """What a finished set's record depends on, as plain JSON: the task, the checkpoint(s) and data files
-    (path and content digest) and the training flags. Two runs with equal identities give equal sets."""
-    paths = {"train": files["train"], "dev": files["dev"], **{f"test {c}": p for c, p in files["test"].items()}}
-    ident = {"task": task_name, "ckpt": [os.path.abspath(args.ckpt), file_digest(args.ckpt)],
-             "files": {k: [os.path.abspath(p), file_digest(p)] for k, p in paths.items()}}
-    for name in ("target_ckpt", "align_maps"):
-        if getattr(args, name, None):
-            ident[name] = [os.path.abspath(getattr(args, name)), file_digest(getattr(args, name))]
-    ident.update({k: getattr(args, k) for k in JOB_FLAGS})
-    return ident
-
-
-def identity_diff(old, new):
-    """`--epochs: 3 there, 4 now; ...` for the keys that differ (one line)."""
-    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-    flag = lambda k: k if k in ("task", "files") else "--" + k.replace("_", "-")  # noqa: E731
-    show = lambda v: v[0] + " (other content)" if isinstance(v, list) and len(v) == 2 else v  # noqa: E731
-    return "; ".join(f"{flag(k)}: {show(old.get(k))!s} there, {show(new.get(k))!s} now" for k in keys)
-
-
-class SetStore:
-    """OUT/sets/*.json: one file per finished hyper-parameter set ({"job", "hp", "record"}), written
-    atomically when the set ends, so an interrupted grid resumes where it stopped."""
-
-    def __init__(self, out, job):
-        self.dir, self.job, self.done = os.path.join(out, "sets"), job, {}
-
-    def name(self, hp):
-        return "bs{}-lr{:g}".format(hp["batch_size"], hp["lr"]) + (f"-hlr{hp['head_lr']:g}" if hp["head_lr"] else "")
-
-    def path(self, hp):
-        return os.path.join(self.dir, self.name(hp) + ".json")
-
-    def load(self):
-        """Read the sets of an earlier run; refuse (one line) when they come from other flags or data."""
-        for f in sorted(glob.glob(os.path.join(self.dir, "*.json"))):
-            rec = read_json(f, "resume")
-            if not isinstance(rec, dict) or not {"job", "hp", "record"} <= set(rec):
-                raise SystemExit(f"error: {f} is not a hyper-parameter set written by finetune.py; "
-                                 "move it away or pass --overwrite")
-            if rec["job"] != self.job:
-                raise SystemExit(f"error: {self.dir} holds hyper-parameter sets of a run with other flags or "
-                                 f"data ({identity_diff(rec['job'], self.job)}); rerun with the same flags to "
-                                 "resume, or use another --out, or pass --overwrite")
-            self.done[self.name(rec["hp"])] = rec["record"]
-        return self
-
-    def clear(self):
-        for f in glob.glob(os.path.join(self.dir, "*.json")) + glob.glob(os.path.join(self.dir, "*.tmp")):
-            os.remove(f)
-
-    def get(self, hp):
-        return self.done.get(self.name(hp))
-
-    def put(self, hp, record):
-        os.makedirs(self.dir, exist_ok=True)
-        write_json(self.path(hp), {"job": self.job, "hp": hp, "record": record})
-        self.done[self.name(hp)] = record
-
-
-def check_results(path, job, hps, overwrite):
-    """results.json policy: a finished run of the SAME job and grid is reused (returned, nothing to do);
-    anything else already at `path` is refused unless --overwrite. Returns the old results or None."""
-    if overwrite or not os.path.exists(path):
-        return None
-    old = read_json(path, "--out")
-    if isinstance(old, dict) and old.get("job") == job and [
-            {k: c.get(k) for k in ("batch_size", "lr", "head_lr")} for c in old.get("configs", [])] == hps:
-        return old
-    why = (identity_diff(old["job"], job) if isinstance(old, dict) and isinstance(old.get("job"), dict)
-           and old["job"] != job else "another grid, or written by an older finetune.py")
-    raise SystemExit(f"error: {path} already exists (a finished run with other flags: {why}); "
-                     "pass --overwrite to replace it, or use another --out")
-
-
-# -----------------------------------------------------------------------------
-# CLI
 
 def _floats(s):
     """`1e-4,3e-4` -> [1e-4, 3e-4]: a non-empty comma list of positive finite numbers."""
@@ -1371,25 +1393,11 @@ def _float_in(lo, hi, hi_open=True):
 
 
 def check_device(name, flag="--device"):
-    """A usable torch device for `name`, or one line saying why not (no CUDA here, no such GPU index).
-    "cuda" means the current GPU (cuda:0 on a 1-GPU machine); torch.device needs no set_device for it."""
+    """model.check_device as one line for the CLI (no CUDA here, no such GPU index, not a device)."""
     try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise SystemExit(f"error: {flag} {name!r} is not a torch device (cpu, cuda, cuda:0, ...)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
-            raise SystemExit(f"error: {flag} {name}: CUDA is not available on this machine ({build}); use --device cpu")
-        n = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= n:
-            raise SystemExit(f"error: {flag} {name}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
-    elif dev.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise SystemExit(f"error: {flag} {name}: MPS is not available on this machine; use --device cpu")
-    elif dev.type != "cpu":
-        raise SystemExit(f"error: {flag} {name}: only cpu, cuda[:N] and mps are supported")
-    return str(dev)
+        return _check_device(name)
+    except ValueError as e:
+        raise SystemExit(f"error: {str(e).replace('--device', flag, 1)}") from None
 
 
 def _lang_path(s):
@@ -1414,8 +1422,8 @@ def build_parser():
     p.add_argument("--ckpt", required=False, help="model checkpoint from pretrain.py (best.pt: model, config, tokenizer)")
     p.add_argument("--data", help="data directory (toydata world or ../shared/data style, see below)")
     p.add_argument("--toy", nargs="?", const="", default=None, metavar="DIR",
-                   help="toy world directory (default: toy/ next to --ckpt, as pretrain.py --toy writes it); "
-                        "small epochs and grids")
+                   help="toydata.py world directory (default: toy/ next to --ckpt, where pretrain.py --toy writes "
+                        "it): the data directory, plus the toy presets (small epochs and grids)")
     p.add_argument("--train-lang", default="en", help="the language fine-tuned on (its dev set selects)")
     p.add_argument("--eval-langs", default=None,
                    help="comma list of target languages (default: the checkpoint's other languages)")
@@ -1437,8 +1445,7 @@ def build_parser():
     p.add_argument("--clip", type=_float_in(0, math.inf), default=5.0, help="gradient norm clipping (0 = off)")
     p.add_argument("--eval-batch-size", type=_int_min(1), default=64, help="sentences per batch when scoring")
     p.add_argument("--seed", type=int, default=0, help="seed of every hyper-parameter set (head init, data order)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="torch device: cpu, cuda (the current GPU), cuda:N, mps")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda (the current GPU), cuda:N, mps")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for training (GPU with bf16 support)")
     p.add_argument("--threads", type=_int_min(0), default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--align-layer", type=_int_min(0), metavar="I",
@@ -1482,28 +1489,6 @@ def _tokenizer(extra, path, flag):
         return bpe.Tokenizer.from_dict(extra["tokenizer"])
     except (KeyError, TypeError, ValueError) as e:
         raise SystemExit(f"error: {flag} {path}: unreadable tokenizer entry ({type(e).__name__}: {e})") from None
-
-
-def setup_aligned(model, tok, langs, args):
-    """--align-layer: the English model's bottom layers + one target model per target language (the
-    target checkpoint's tokenizer and language index) joined by the stored orthogonal map."""
-    if not args.target_ckpt or not args.align_maps:
-        raise SystemExit("error: --align-layer needs --target-ckpt and --align-maps")
-    if len(args.eval_langs) != 1:
-        raise SystemExit("error: --align-layer: give exactly one --eval-langs (the --target-ckpt language)")
-    code = args.eval_langs[0]
-    tmodel, textra = _load(args.target_ckpt, "--target-ckpt", args.device)
-    ttok = _tokenizer(textra, args.target_ckpt, "--target-ckpt")
-    tlang = lang_index(list(textra.get("langs") or ttok.langs), code, args.target_ckpt)
-    n = min(model.config.n_layers, tmodel.config.n_layers)
-    if not 0 <= args.align_layer <= n:
-        raise SystemExit(f"error: --align-layer {args.align_layer} outside 0..{n}")
-    if tmodel.config.dim != model.config.dim:
-        raise SystemExit(f"error: --target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
-    W = load_align_map(args.align_maps, args.align_layer, args.train_lang, code, model.config.dim)
-    enc = AlignedEncoder({args.train_lang: (model, lang_index(langs, args.train_lang, args.ckpt), None),
-                          code: (tmodel, tlang, W.to(args.device))}, args.align_layer).to(args.device)
-    return enc, {args.train_lang: (tok, args.train_lang), code: (ttok, code)}
 
 
 def check_out_dir(path):

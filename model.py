@@ -17,6 +17,12 @@ Only torch is imported, so this file can be copied alone:
     model = MLM(ModelConfig(vocab_size=30000, **parse_sep("emb,1-3")))
     logits, loss = model(idx, lang=0, targets=targets)      # idx (B, T) int64, targets -1 = ignore
     layers = model.hidden_states(idx, lang=1)                # n_layers + 1 tensors (B, T, dim)
+    hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # padded batch of id lists
+
+Below the model: checkpoints (save_model / load_model, MLM.from_xlm for released XLM weights), the
+padded-batch forward pass that align.py (§5.1), cka.py (§5.2) and finetune.py (§3.2) share
+(encode_batch, iter_states), and device checks (pick_device for pretrain.py, check_device for the
+others). No CLI: pretrain.py trains it; `python -m pytest -q tests/test_model.py` checks it.
 """
 
 import os
@@ -27,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 LAYER_NORM_EPS = 1e-12  # XLM model/transformer.py (BERT's value)
+EOS_ID, PAD_ID = 1, 2  # XLM's fixed special ids (<s> 0, </s> 1, <pad> 2, <unk> 3), as bpe.py writes them
 
 
 @dataclass
@@ -413,6 +420,46 @@ def load_model(path, map_location="cpu"):
     return model.eval(), ckpt
 
 # -----------------------------------------------------------------------------
+# padded batches: the one forward pass that align.py, cka.py and finetune.py share
+
+def encode_batch(model, rows, lang, pad_id=PAD_ID):
+    """Hidden states of B id lists of different lengths, run as one right-padded batch.
+
+    rows: B lists of token ids already in input form (XLM's `</s> ids </s>`, or XNLI's
+    `</s> a </s> b </s>`); lang: the `lang` argument of model.hidden_states. Returns (hs, mask):
+    hs = n_layers + 1 tensors (B, T, dim), T = the longest row, zeros at padding; mask (B, T) bool,
+    True at real tokens. Padding is masked out of attention, so row b's states are those of row b
+    run alone. Works for any model with MLM.hidden_states' signature.
+    """
+    device = next(model.parameters()).device
+    T = max(len(r) for r in rows)
+    idx = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.bool)
+    for b, r in enumerate(rows):
+        idx[b, :len(r)] = torch.tensor(r)
+        mask[b, :len(r)] = True
+    idx, mask = idx.to(device), mask.to(device)
+    return model.hidden_states(idx, lang, attn_mask=mask), mask
+
+
+@torch.no_grad()
+def iter_states(model, id_lists, lang, batch_size=32):
+    """Yield (k, states) for every id list k: states (n_layers + 1, len_k + 2, dim) float32 numpy, the
+    hidden states of `</s> ids </s>` (batches in length order, padding masked out). Lists longer than
+    the model's positions are cut (the cut subwords get no state)."""
+    keep = model.config.max_positions - 2
+    order = sorted(range(len(id_lists)), key=lambda k: len(id_lists[k]))
+    model.eval()
+    for a in range(0, len(order), batch_size):
+        ks = order[a:a + batch_size]
+        rows = [[EOS_ID] + list(id_lists[k][:keep]) + [EOS_ID] for k in ks]
+        hs, _ = encode_batch(model, rows, lang)
+        hs = torch.stack(hs, dim=1).float().cpu().numpy()             # (B, n_layers + 1, T, dim)
+        for b, k in enumerate(ks):
+            yield k, hs[b, :, :len(rows[b])]
+
+
+# -----------------------------------------------------------------------------
 # device and precision (one place for every CUDA/CPU decision of a run)
 
 
@@ -455,3 +502,29 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
     elif dtype == "bfloat16" and device != "cpu" and not torch.cuda.is_bf16_supported():
         raise ValueError("--dtype bfloat16: this GPU does not support bfloat16; use --dtype float16 or auto")
     return device, dtype, backend
+
+
+def check_device(name):
+    """`name` as a usable torch device string ("cpu", "cuda", "cuda:1", "mps"), or ValueError with one
+    line saying why not (no CUDA here, no such GPU index). "auto" is cuda when available, else cpu, as
+    in pick_device; "cuda" is the current GPU. finetune.py, align.py and cka.py take these; pretrain.py
+    uses pick_device (which adds dtype and torchrun's LOCAL_RANK)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:0, ...)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
+            raise ValueError(f"--device {name}: CUDA is not available on this machine ({build}); use --device cpu")
+        n = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"--device {name}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"--device {name}: MPS is not available on this machine; use --device cpu")
+    elif dev.type != "cpu":
+        raise ValueError(f"--device {name}: only cpu, cuda[:N] and mps are supported")
+    return str(dev)
