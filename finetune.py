@@ -27,7 +27,6 @@ Run (see --help for every flag and the data layouts it detects):
         --align-layer 4 --eval-langs fr --data DIR --out runs/aligned        # §5.1.2 aligned transfer
 """
 import argparse
-import errno
 import glob
 import hashlib
 import json
@@ -919,19 +918,11 @@ def run_task(task_name, model, tok, langs, files, args, log=print, routes=None, 
 # Resuming: OUT/sets/ holds one file per finished hyper-parameter set, keyed by everything that decides it
 
 def write_json(path, obj):
-    """Atomic: write path.tmp, then rename. On failure the temp file is removed and the error is one line
-    (a full disk says so), so there is never a half-written or stale file at `path`."""
-    tmp = str(path) + ".tmp"
-    try:
+    """bpe.atomic_write of a JSON file: never half a file at `path`; a failure (full disk) is one line."""
+    def dump(tmp):
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=1, ensure_ascii=False)
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if e.errno == errno.ENOSPC:
-            raise SystemExit(f"error: no space left writing {path}") from None
-        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
+    bpe.atomic_write(path, dump)
 
 
 def read_json(path, what):

@@ -357,7 +357,7 @@ def test_disk_full_keeps_old_files_and_leaves_no_temp_file(at_step_2, monkeypatc
         run(flags + ["--max-steps", 4, "--resume"])
     message = str(e.value.code)
     assert message.startswith("error:") and str(out / victim) in message and "\n" not in message
-    assert ("No space left on device" if error == "ENOSPC" else "no space left writing") in message
+    assert "no space left writing" in message
     assert no_temp_files(out)
     assert (out / "checkpoint.pt").read_bytes() == before["checkpoint.pt"]
     monkeypatch.setattr(torch, "save", save)
