@@ -22,6 +22,9 @@ imports torch, model.py and bpe.py inside its functions.
     python align.py sentences  --toy DIR --ckpt RUN/best.pt
     python align.py sentences  --ckpt RUN/best.pt --src en --tgt fr \\
         --test-src ../shared/data/tatoeba/tatoeba.fra-eng.eng --test-tgt ../shared/data/tatoeba/tatoeba.fra-eng.fra
+    python align.py sentences  --toy DIR --ckpt RUN/best.pt --device auto   # GPU if any (bf16 autocast there)
+
+--device (default cpu) and --dtype (default auto: float32 on CPU) mean what they mean in pretrain.py.
 """
 import argparse
 import errno

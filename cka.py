@@ -14,6 +14,8 @@ align.py, and prints the per-layer Figure 7 table:
     python cka.py --toy DIR --ckpt RUN_EN/best.pt --ckpt2 RUN_FR/best.pt   # two monolingual models
     python cka.py --ckpt RUN/best.pt --src en --tgt fr \\
         --src-file ../shared/data/tatoeba/tatoeba.fra-eng.eng --tgt-file ../shared/data/tatoeba/tatoeba.fra-eng.fra
+
+--device (default cpu) and --dtype (default auto: float32 on CPU) mean what they mean in pretrain.py.
 """
 import argparse
 import os

@@ -25,6 +25,9 @@ Run (see --help for every flag and the data layouts it detects):
     python finetune.py --table runs/ft/default-s0 runs/ft/default-s1 runs/ft/sep-emb-s0  # Table 1 layout
     python finetune.py --task ner --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
         --align-layer 4 --eval-langs fr --data DIR --out runs/aligned        # §5.1.2 aligned transfer
+
+--device and --dtype mean what they mean in pretrain.py (model.pick_device): on a GPU, --dtype auto
+trains under bfloat16 autocast where supported, else float32; on CPU float32 (--bf16 = --dtype bfloat16).
 """
 import argparse
 import glob
@@ -1396,11 +1399,9 @@ def build_parser():
                     "hyper-parameters on English dev, report each target language's test score as the mean "
                     "of the best two hyper-parameter sets.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="Data files: --data DIR is searched for toydata's layout (DIR/{xnli,ner,ud}/LANG.SPLIT.{tsv,conllu}) "
-               "and for data/'s layout (DIR/xnli/SPLIT-LANG.tsv, DIR/wikiann_panx/SPLIT-LANG.tsv with "
-               "heldout-from-dev as the labelled test, DIR/ud/UD_*/LANG_*-ud-SPLIT*.conllu); DIR may also be "
-               "the task folder. --train-file/--dev-file/--test-file override single files. "
-               "Grids left unset take the paper's values (or the toy preset with --toy).")
+        epilog="Data files: --data DIR is a toydata.py world or laid out as ../shared/data (xnli/, "
+               "wikiann_panx/, ud/UD_*/; see find_file); --train-file/--dev-file/--test-file override single files. Grids left unset "
+               "take the paper's values (or the toy preset with --toy).")
     p.add_argument("--task", choices=sorted(TASKS), help="task; with --toy and no --task, all three run")
     p.add_argument("--ckpt", required=False, help="model checkpoint from pretrain.py (best.pt: model, config, tokenizer)")
     p.add_argument("--data", help="data directory (toydata world or ../shared/data style, see below)")

@@ -18,6 +18,10 @@ Run:
     torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3 --out runs/sep
     python pretrain.py ... --resume                               # continue from runs/.../checkpoint.pt
 
+--device auto|cpu|cuda|cuda:N|mps and --dtype auto|float32|bfloat16|float16 (model.pick_device) mean the
+same in finetune.py, align.py and cka.py: auto = bfloat16 autocast on GPUs that support it (else float16
+with a GradScaler here), float32 on CPU.
+
 The text is prepared once by bpe.prepare (tokenizer.json + {lang}.{train,dev}.bin, cached; the same as
 `python bpe.py prepare`); this file reads what it wrote. Sections: masking / schedule / sampling,
 streams, evaluation, the toy world, flags, then main(): device, data, model, optimiser, loop.
@@ -348,7 +352,7 @@ def get_args(argv=None):
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda (= cuda:0, or cuda:LOCAL_RANK under "
                                        "torchrun), cuda:N, mps")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-      help="autocast dtype: auto = bf16 on GPUs that support it, else fp16 (+GradScaler); fp32 on CPU")
+      help="autocast dtype: auto = bf16 on GPUs that support it, else fp16 (+GradScaler); fp32 on CPU and MPS")
     a("--compile", action="store_true", help="torch.compile the model")
     a("--threads", type=int, help="CPU threads for torch (default torch's; --toy 1: a tiny model gains little "
                                   "from more and a shared machine loses a lot)")
