@@ -22,6 +22,9 @@ imports torch, model.py and bpe.py inside its functions.
     python align.py sentences  --toy DIR --ckpt RUN/best.pt
     python align.py sentences  --ckpt RUN/best.pt --src en --tgt fr \\
         --test-src ../shared/data/tatoeba/tatoeba.fra-eng.eng --test-tgt ../shared/data/tatoeba/tatoeba.fra-eng.fra
+    python align.py sentences  --toy DIR --ckpt RUN/best.pt --device auto   # GPU if any (bf16 autocast there)
+
+--device (default cpu) and --dtype (default auto: float32 on CPU) mean what they mean in pretrain.py.
 """
 import argparse
 import errno
@@ -652,12 +655,6 @@ def _fraction(s):
     return v
 
 
-def check_device(name):
-    """model.check_device (kept here for callers of the old align.check_device)."""
-    from model import check_device
-    return check_device(name)
-
-
 def save_maps(path, maps, src, tgt):
     """Atomically write the per-layer maps (.npz); the temp file is removed on failure (full disk...)."""
     M = np.stack(maps)
@@ -813,7 +810,10 @@ def build_parser():
         p.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in every data path not given")
         p.add_argument("--max-sents", type=_int_min(1), default=None, help="use at most this many lines per file")
         p.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
-        p.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (the current GPU), cuda:N, mps (default cpu)")
+        p.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (= cuda:0), cuda:N, mps (default cpu)")
+        p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                       help="autocast of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, "
+                            "float32 on CPU")
         p.add_argument("--k", type=_int_min(1), default=10, help="CSLS neighbourhood size (MUSE: 10)")
 
     p = sub.add_parser("words", help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
@@ -849,9 +849,11 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    import model as M
     try:
-        args.device = check_device(args.device)
-        return args.func(args)
+        args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
+        with M.autocast(args.device, args.dtype):
+            return args.func(args)
     except (ValueError, OSError) as e:
         sys.exit(f"align.py {args.command}: error: {e}")
 

@@ -27,6 +27,7 @@ Run:
 """
 
 import argparse
+import errno
 import hashlib
 import heapq
 import json
@@ -916,7 +917,7 @@ def atomic_write(path, write):
     """Write `path` through `path.tmp` + rename, so a crash or a kill leaves the old file or the new one,
     never half of one; write(tmp) writes the temp file. A failed write (disk full, ...) removes the temp
     file, leaves the old `path` intact and stops the program with one line."""
-    tmp = path + ".tmp"
+    tmp = str(path) + ".tmp"
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -924,6 +925,8 @@ def atomic_write(path, write):
         for t in (tmp, tmp + ".tmp"):  # model.save_model and Tokenizer.save write their own temp file first
             if os.path.exists(t):
                 os.remove(t)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise SystemExit(f"error: no space left writing {path}") from None
         if isinstance(e, OSError):
             raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
         if isinstance(e, RuntimeError) and "unexpected pos" in str(e):  # torch.save's zip writer: a short write

@@ -14,6 +14,8 @@ align.py, and prints the per-layer Figure 7 table:
     python cka.py --toy DIR --ckpt RUN_EN/best.pt --ckpt2 RUN_FR/best.pt   # two monolingual models
     python cka.py --ckpt RUN/best.pt --src en --tgt fr \\
         --src-file ../shared/data/tatoeba/tatoeba.fra-eng.eng --tgt-file ../shared/data/tatoeba/tatoeba.fra-eng.fra
+
+--device (default cpu) and --dtype (default auto: float32 on CPU) mean what they mean in pretrain.py.
 """
 import argparse
 import os
@@ -162,13 +164,15 @@ def cka_table(args):
             why = "not a file" if os.path.exists(path) else "no such file"
             raise ValueError(f"--{flag.replace('_', '-')} {path}: {why}"
                              + (" (filled in from --toy)" if args.toy and flag.endswith("file") else ""))
-    args.device = M.check_device(args.device)
+    args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     if len(src_lines) < 2:
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
     m1, t1, langs1 = load_encoder(args.ckpt, args.device)
-    enc = lambda m, t, langs, path, lang, lines: encode_sentences(
-        m, t, lines, lang_index(langs, lang, path), lang, args.batch_size)
+
+    def enc(m, t, langs, path, lang, lines):
+        with M.autocast(args.device, args.dtype):
+            return encode_sentences(m, t, lines, lang_index(langs, lang, path), lang, args.batch_size)
     E_src = enc(m1, t1, langs1, args.ckpt, args.src, src_lines)
     columns = {}
     if args.tgt in langs1:
@@ -218,7 +222,10 @@ def build_parser():
     ap.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in --src-file/--tgt-file from its tatoeba/ pairs")
     ap.add_argument("--max-sents", type=_int_min(2), default=None, help="use at most this many pairs (>= 2)")
     ap.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
-    ap.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (the current GPU), cuda:N, mps (default cpu)")
+    ap.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (= cuda:0), cuda:N, mps (default cpu)")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                    help="autocast of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, "
+                         "float32 on CPU")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random-encoder baseline")
     return ap
 

@@ -25,9 +25,11 @@ Run (see --help for every flag and the data layouts it detects):
     python finetune.py --table runs/ft/default-s0 runs/ft/default-s1 runs/ft/sep-emb-s0  # Table 1 layout
     python finetune.py --task ner --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
         --align-layer 4 --eval-langs fr --data DIR --out runs/aligned        # §5.1.2 aligned transfer
+
+--device and --dtype mean what they mean in pretrain.py (model.pick_device): on a GPU, --dtype auto
+trains under bfloat16 autocast where supported, else float32; on CPU float32 (--bf16 = --dtype bfloat16).
 """
 import argparse
-import errno
 import glob
 import hashlib
 import json
@@ -43,7 +45,7 @@ import torch.nn.functional as F
 
 import bpe
 from bpe import EOS_ID, UNK_ID, parse_lang_path
-from model import check_device as _check_device, encode_batch, load_model
+from model import DTYPES, encode_batch, load_model, pick_device
 
 # -----------------------------------------------------------------------------
 # Shared encoding: subword ids as XLM feeds them (`</s> ids </s>`), first subwords, windows
@@ -919,19 +921,11 @@ def run_task(task_name, model, tok, langs, files, args, log=print, routes=None, 
 # Resuming: OUT/sets/ holds one file per finished hyper-parameter set, keyed by everything that decides it
 
 def write_json(path, obj):
-    """Atomic: write path.tmp, then rename. On failure the temp file is removed and the error is one line
-    (a full disk says so), so there is never a half-written or stale file at `path`."""
-    tmp = str(path) + ".tmp"
-    try:
+    """bpe.atomic_write of a JSON file: never half a file at `path`; a failure (full disk) is one line."""
+    def dump(tmp):
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=1, ensure_ascii=False)
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if e.errno == errno.ENOSPC:
-            raise SystemExit(f"error: no space left writing {path}") from None
-        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
+    bpe.atomic_write(path, dump)
 
 
 def read_json(path, what):
@@ -1392,14 +1386,6 @@ def _float_in(lo, hi, hi_open=True):
     return parse
 
 
-def check_device(name, flag="--device"):
-    """model.check_device as one line for the CLI (no CUDA here, no such GPU index, not a device)."""
-    try:
-        return _check_device(name)
-    except ValueError as e:
-        raise SystemExit(f"error: {str(e).replace('--device', flag, 1)}") from None
-
-
 def _lang_path(s):
     try:
         return parse_lang_path(s)  # the one LANG=PATH parser (bpe.py)
@@ -1413,11 +1399,9 @@ def build_parser():
                     "hyper-parameters on English dev, report each target language's test score as the mean "
                     "of the best two hyper-parameter sets.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="Data files: --data DIR is searched for toydata's layout (DIR/{xnli,ner,ud}/LANG.SPLIT.{tsv,conllu}) "
-               "and for data/'s layout (DIR/xnli/SPLIT-LANG.tsv, DIR/wikiann_panx/SPLIT-LANG.tsv with "
-               "heldout-from-dev as the labelled test, DIR/ud/UD_*/LANG_*-ud-SPLIT*.conllu); DIR may also be "
-               "the task folder. --train-file/--dev-file/--test-file override single files. "
-               "Grids left unset take the paper's values (or the toy preset with --toy).")
+        epilog="Data files: --data DIR is a toydata.py world or laid out as ../shared/data (xnli/, "
+               "wikiann_panx/, ud/UD_*/; see find_file); --train-file/--dev-file/--test-file override single files. Grids left unset "
+               "take the paper's values (or the toy preset with --toy).")
     p.add_argument("--task", choices=sorted(TASKS), help="task; with --toy and no --task, all three run")
     p.add_argument("--ckpt", required=False, help="model checkpoint from pretrain.py (best.pt: model, config, tokenizer)")
     p.add_argument("--data", help="data directory (toydata world or ../shared/data style, see below)")
@@ -1445,8 +1429,11 @@ def build_parser():
     p.add_argument("--clip", type=_float_in(0, math.inf), default=5.0, help="gradient norm clipping (0 = off)")
     p.add_argument("--eval-batch-size", type=_int_min(1), default=64, help="sentences per batch when scoring")
     p.add_argument("--seed", type=int, default=0, help="seed of every hyper-parameter set (head init, data order)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda (the current GPU), cuda:N, mps")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast for training (GPU with bf16 support)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda (= cuda:0), cuda:N, mps")
+    p.add_argument("--dtype", default="auto", choices=("auto",) + DTYPES,
+                   help="training autocast, as in pretrain.py: auto = bfloat16 on GPUs that support it, else "
+                        "float32; float16 is refused (no GradScaler here)")
+    p.add_argument("--bf16", dest="dtype", action="store_const", const="bfloat16", help="= --dtype bfloat16")
     p.add_argument("--threads", type=_int_min(0), default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--align-layer", type=_int_min(0), metavar="I",
                    help="aligned transfer (§5.1.2, Fig. 5): freeze layers 0..I of --ckpt, train 4 new layers + head; "
@@ -1544,9 +1531,14 @@ def main(argv=None):
     # every flag and input file is checked before any work (one line each)
     if not args.ckpt or not args.out:
         raise SystemExit("error: --ckpt and --out are required (or --compare / --table)")
-    args.device = check_device(args.device)
-    if args.bf16 and args.device.startswith("cuda") and not torch.cuda.is_bf16_supported():
-        raise SystemExit(f"error: --bf16: this GPU ({torch.cuda.get_device_name(args.device)}) has no bf16 support")
+    if args.dtype == "float16":
+        raise SystemExit("error: --dtype float16: fine-tuning in float16 needs a GradScaler, which finetune.py "
+                         "does not have; use --dtype bfloat16 or float32")
+    try:
+        args.device, dtype, _ = pick_device(args.device, args.dtype)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    args.bf16 = dtype == "bfloat16"  # auto on a GPU without bfloat16: float32 (the set's identity keeps bf16)
     if args.align_layer is None and (args.target_ckpt or args.align_maps):
         raise SystemExit("error: --target-ckpt and --align-maps are for aligned transfer: give --align-layer too")
     if args.threads:

@@ -21,11 +21,12 @@ Only torch is imported, so this file can be copied alone:
 
 Below the model: checkpoints (save_model / load_model, MLM.from_xlm for released XLM weights), the
 padded-batch forward pass that align.py (§5.1), cka.py (§5.2) and finetune.py (§3.2) share
-(encode_batch, iter_states), and device checks (pick_device for pretrain.py, check_device for the
-others). No CLI: pretrain.py trains it; `python -m pytest -q tests/test_model.py` checks it.
+(encode_batch, iter_states), and what --device and --dtype mean in every script (pick_device,
+autocast). No CLI: pretrain.py trains it; `python -m pytest -q tests/test_model.py` checks it.
 """
 
 import os
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
@@ -460,18 +461,21 @@ def iter_states(model, id_lists, lang, batch_size=32):
 
 
 # -----------------------------------------------------------------------------
-# device and precision (one place for every CUDA/CPU decision of a run)
+# device and precision: --device and --dtype mean the same in pretrain.py, finetune.py, align.py, cka.py
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def pick_device(device="auto", dtype="auto", local_rank=None):
     """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo").
 
-    device: "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N". The answer always has
-    an index ("cuda" -> "cuda:0"): torch.cuda.set_device rejects a CUDA device without one.
-    dtype: "auto" (bfloat16 on GPUs that support it, else float16; float32 on CPU), "float32",
+    device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" or "mps". A CUDA answer
+    always has an index ("cuda" -> "cuda:0"): torch.cuda.set_device rejects a CUDA device without one.
+    dtype: "auto" (bfloat16 on GPUs that support it, else float16; float32 on CPU and MPS), "float32",
     "bfloat16" or "float16". local_rank: torchrun's LOCAL_RANK (None for a single process); each
     process then takes GPU `local_rank`, so an explicit cuda:N is refused. backend: torch.distributed's
-    nccl for CUDA, gloo for CPU. A request this machine cannot serve raises ValueError (one line).
+    nccl for CUDA, gloo otherwise. A request this machine cannot serve raises ValueError (one line
+    naming the flag).
     """
     cuda = torch.cuda.is_available()
     if device == "auto":
@@ -479,10 +483,15 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
     kind, colon, index = device.partition(":")
     if device == "cpu":
         backend = "gloo"
+    elif device == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError("--device mps: MPS is not available on this machine; use --device cpu or auto")
+        backend = "gloo"
     elif kind == "cuda" and (not colon or index.isdigit()):
         if not cuda:
-            raise ValueError(f"--device {device}: no CUDA device is available (torch.cuda.is_available() "
-                             "is False); use --device cpu or auto")
+            build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
+            raise ValueError(f"--device {device}: CUDA is not available on this machine ({build}); "
+                             "use --device cpu or auto")
         n = torch.cuda.device_count()
         if colon and local_rank is not None:
             raise ValueError(f"--device {device}: under torchrun each process takes the GPU of its "
@@ -494,37 +503,20 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
                              "or less")
         device, backend = f"cuda:{i}", "nccl"
     else:
-        raise ValueError(f"--device {device}: expected auto, cpu, cuda or cuda:N")
+        raise ValueError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
+    gpu = device.startswith("cuda")
     if dtype == "auto":
-        dtype = "float32" if device == "cpu" else "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    elif dtype not in ("float32", "bfloat16", "float16"):
+        dtype = "float32" if not gpu else "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    elif dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
-    elif dtype == "bfloat16" and device != "cpu" and not torch.cuda.is_bf16_supported():
+    elif dtype == "bfloat16" and gpu and not torch.cuda.is_bf16_supported():
         raise ValueError("--dtype bfloat16: this GPU does not support bfloat16; use --dtype float16 or auto")
     return device, dtype, backend
 
 
-def check_device(name):
-    """`name` as a usable torch device string ("cpu", "cuda", "cuda:1", "mps"), or ValueError with one
-    line saying why not (no CUDA here, no such GPU index). "auto" is cuda when available, else cpu, as
-    in pick_device; "cuda" is the current GPU. finetune.py, align.py and cka.py take these; pretrain.py
-    uses pick_device (which adds dtype and torchrun's LOCAL_RANK)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:0, ...)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
-            raise ValueError(f"--device {name}: CUDA is not available on this machine ({build}); use --device cpu")
-        n = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= n:
-            raise ValueError(f"--device {name}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
-    elif dev.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise ValueError(f"--device {name}: MPS is not available on this machine; use --device cpu")
-    elif dev.type != "cpu":
-        raise ValueError(f"--device {name}: only cpu, cuda[:N] and mps are supported")
-    return str(dev)
+def autocast(device, dtype):
+    """The context of every forward pass under --dtype: nothing for float32 (bit-identical to no
+    autocast), else torch.autocast. float16 training also needs a GradScaler (pretrain.py)."""
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))

@@ -18,6 +18,10 @@ Run:
     torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3 --out runs/sep
     python pretrain.py ... --resume                               # continue from runs/.../checkpoint.pt
 
+--device auto|cpu|cuda|cuda:N|mps and --dtype auto|float32|bfloat16|float16 (model.pick_device) mean the
+same in finetune.py, align.py and cka.py: auto = bfloat16 autocast on GPUs that support it (else float16
+with a GradScaler here), float32 on CPU.
+
 The text is prepared once by bpe.prepare (tokenizer.json + {lang}.{train,dev}.bin, cached; the same as
 `python bpe.py prepare`); this file reads what it wrote. Sections: masking / schedule / sampling,
 streams, evaluation, the toy world, flags, then main(): device, data, model, optimiser, loop.
@@ -31,7 +35,6 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 
 import numpy as np
@@ -42,7 +45,7 @@ from tqdm import tqdm
 
 from bpe import (EOS_ID, MASK_ID, Tokenizer, atomic_write, check_inputs, load_bin, make_dir, parse_lang_files,
                  prepare, write_text)
-from model import MLM, ModelConfig, parse_sep, pick_device, save_model
+from model import MLM, ModelConfig, autocast, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES
 from toydata import parse_order, write_world
 
@@ -347,9 +350,9 @@ def get_args(argv=None):
     a("--max-bad-steps", type=int, default=5, help="stop after this many NaN/inf losses in a row")
     # system
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda (= cuda:0, or cuda:LOCAL_RANK under "
-                                       "torchrun), cuda:N")
+                                       "torchrun), cuda:N, mps")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-      help="autocast dtype: auto = bf16 on GPUs that support it, else fp16 (+GradScaler); fp32 on CPU")
+      help="autocast dtype: auto = bf16 on GPUs that support it, else fp16 (+GradScaler); fp32 on CPU and MPS")
     a("--compile", action="store_true", help="torch.compile the model")
     a("--threads", type=int, help="CPU threads for torch (default torch's; --toy 1: a tiny model gains little "
                                   "from more and a shared machine loses a lot)")
@@ -457,7 +460,7 @@ def main(argv=None):
         device, args_dtype, backend = pick_device(args.device, args.dtype, local_rank if ddp else None)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
-    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    device_type = torch.device(device).type  # cuda, cpu or mps
     if device_type == "cuda":
         torch.cuda.set_device(device)
     log = print if master else (lambda *a, **k: None)
@@ -571,9 +574,8 @@ def main(argv=None):
     # D3: Adam, no weight decay; XLM's weight decay, when asked for, is decoupled (= AdamW)
     optimizer = (torch.optim.AdamW if args.weight_decay > 0 else torch.optim.Adam)(
         params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, weight_decay=args.weight_decay)
-    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args_dtype]
-    ctx = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
-    scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
+    ctx = autocast(device, args_dtype)  # float32: no autocast at all
+    scaler = torch.amp.GradScaler(device_type, enabled=(args_dtype == "float16"))
 
     # per-rank randomness: data order (numpy), masking (torch CPU generator), dropout (torch global)
     sampler = StreamSampler([n_stream_batches(len(t), args.batch_size, args.bptt) for t in train], probs,

@@ -137,8 +137,9 @@ FT_BAD_INPUTS = [
     (["--test-file", "ru={w}/ner/fr.test.tsv"], "error: --test-file ru=...: 'ru' is not one of --eval-langs ['fr']"),
     (["--data", "{t}/nodata"], "error: --toy: no toy world at {t}/nodata"),
     (["--toy", "{t}", "--data", "{w}"], "error: --toy {t} and --data {w} name two data directories"),
-    (["--device", "gpu0"], "error: --device 'gpu0' is not a torch device"),
-    (["--device", "xpu"], "error: --device xpu: only cpu, cuda[:N] and mps are supported"),
+    (["--device", "gpu0"], "error: --device gpu0: expected auto, cpu, cuda, cuda:N or mps"),
+    (["--device", "xpu"], "error: --device xpu: expected auto, cpu, cuda, cuda:N or mps"),
+    (["--dtype", "float16"], "error: --dtype float16: fine-tuning in float16 needs a GradScaler"),
     (["--target-ckpt", "{c}/best.pt"], "error: --target-ckpt and --align-maps are for aligned transfer"),
     (["--align-layer", "1"], "error: --align-layer needs --target-ckpt and --align-maps"),
     (["--align-layer", "9", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/maps.npz"],
@@ -382,7 +383,7 @@ ALIGN_BAD_INPUTS = [
     (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}/nodir/maps.npz"],
      "--save-maps {t}/nodir/maps.npz: cannot write there"),
     (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}"], "is a directory"),
-    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--device", "gpu"], "--device 'gpu' is not a torch device"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--device", "gpu"], "--device gpu: expected auto, cpu, cuda, cuda:N or mps"),
 ]
 
 
@@ -448,7 +449,7 @@ CKA_BAD = [
     (["--src-file", "{t}/bad.fr", "--tgt-file", "{t}/ok.en"], "{t}/bad.fr:2: not valid UTF-8"),
     (["--src-file", "{t}/ok.en", "--tgt-file", "{t}/nothere"], "--tgt-file {t}/nothere: no such file"),
     (["--toy", "{t}/noworld"], "--toy {t}/noworld: no such directory"),
-    (["--device", "cuda:x"], "--device 'cuda:x' is not a torch device"),
+    (["--device", "cuda:x"], "--device cuda:x: expected auto, cpu, cuda, cuda:N or mps"),
 ]
 
 
@@ -470,3 +471,19 @@ def test_align_and_cka_device_cuda_without_cuda(toy_world, toy_ckpt):
     for main, argv in ((align.main, ["sentences"]), (cka.main, [])):
         with pytest.raises(SystemExit, match="--device cuda: CUDA is not available on this machine"):
             main(argv + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--device", "cuda"])
+
+
+def test_dtype_flags_mean_the_same_in_every_script():
+    """--dtype takes pretrain.py's values in finetune.py, align.py and cka.py; --bf16 = --dtype bfloat16."""
+    import align
+    import cka
+    import pretrain
+    assert ft.build_parser().parse_args(["--bf16"]).dtype == "bfloat16"
+    assert ft.build_parser().parse_args([]).dtype == "auto"
+    for parse in (ft.build_parser().parse_args, cka.build_parser().parse_args,
+                  lambda a: align.build_parser().parse_args(["words"] + a)):
+        assert parse(["--dtype", "float16"]).dtype == "float16"
+        with pytest.raises(SystemExit):
+            parse(["--dtype", "fp8"])
+    with pytest.raises(SystemExit):
+        pretrain.get_args(["--dtype", "fp8"])
