@@ -1270,6 +1270,9 @@ def plot_curve(series, path):
                 x, y = zip(*cols[panel])
                 ax.plot(x, y, marker="o", label=name)
         ax.set_xscale("log")
+        steps = sorted({x for cols in series.values() for x, _ in cols.get(panel, [])})
+        ax.set_xticks(steps, [f"{x:,}" for x in steps])
+        ax.minorticks_off()
         ax.set_xlabel("pretraining updates")
         ax.set_title(panel + ("" if panel.startswith("dev ppl") else " (test, %)"))
         if panel.startswith("dev ppl"):
