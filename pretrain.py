@@ -5,15 +5,15 @@ Trains the XLM-style encoder of model.py with BERT's MLM objective on monolingua
 languages, in every sharing regime of the paper's Table 1 (joint / separate / prefixed BPE,
 code-switched "extra anchors", separate embeddings and bottom layers). Data handling, masking,
 language sampling, the learning-rate schedule and model selection follow facebookresearch/XLM
-(src/data/dataset.py StreamDataset, src/trainer.py): 256-token streams with `</s>` separators and no padding, one language per
-batch drawn with p ∝ n^0.7, 15 % of tokens predicted (80 % MASK / 10 % kept / 10 % random),
+(src/data/dataset.py StreamDataset, src/trainer.py): 256-token streams with `</s>` separators and no
+padding, one language per batch drawn with p ∝ n^0.7, 15 % of tokens predicted (80 % MASK / 10 % kept / 10 % random),
 Adam with linear warm-up then inverse square root decay, best model by English dev perplexity.
 
 References: Conneau, Wu, Li, Zettlemoyer, Stoyanov 2020 (the paper); Devlin et al. 2019 (BERT);
 Lample & Conneau 2019 (XLM) and github.com/facebookresearch/XLM.
 
 Run:
-    python pretrain.py --toy --out runs/toy                       # synthetic world, CPU, ~5 minutes
+    python pretrain.py --toy --out runs/toy                       # synthetic world, one CPU core, ~8 minutes
     python pretrain.py --data DIR --langs en,fr --accumulate 8 --out runs/default        # 1 GPU
     torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3 --out runs/sep
     python pretrain.py ... --resume                               # continue from runs/.../checkpoint.pt
