@@ -572,14 +572,18 @@ def word_vectors(model, tok, lang_idx, lang, keys, forms, sents, batch_size=32):
     return (keys_a, X_a), (keys_b, [X[seen] for X in X_b])
 
 
-def print_table(title, header, rows):
-    """Markdown table to stdout (numbers as percentages with one decimal)."""
+def print_table(title, header, rows, plot=None):
+    """Markdown table to stdout (numbers as percentages with one decimal); --plot FILE.png draws it too."""
     fmt = lambda v: f"{100 * v:.1f}" if isinstance(v, float) else str(v)
     print(f"\n{title}\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows:
         print("| " + " | ".join(fmt(v) for v in r) + " |")
+    if plot:
+        import model as M
+        pct = [[100 * v if isinstance(v, float) else v for v in r] for r in rows]
+        M.plot_layers(plot, title, header, pct, "P@1 (%)")
 
 
 def _encoders(args):
@@ -717,7 +721,7 @@ def cmd_words(args):
     for e in errors:
         print(f"note: {e}")
     print_table(f"Word translation {args.src}->{args.tgt}: P@1 (CSLS) on {args.test_dict}",
-                ["vectors", "no map", "Procrustes", "train pairs", "test words", "vocab src/tgt"], rows)
+                ["vectors", "no map", "Procrustes", "train pairs", "test words", "vocab src/tgt"], rows, args.plot)
     return rows
 
 
@@ -758,7 +762,7 @@ def cmd_contextual(args):
         rows.append([f"L{l}", acc_raw, acc_map, len(fit), len(ev), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out fast_align pairs "
                 f"(last {args.eval_frac:.0%} of {len(S)} sentences)",
-                ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"], rows)
+                ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"], rows, args.plot)
     if args.save_maps:
         save_maps(args.save_maps, maps, args.src, args.tgt)
         print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ x_{args.tgt}, "
@@ -794,7 +798,7 @@ def cmd_sentences(args):
         header += [f"{args.src}->{args.tgt} mapped", f"{args.tgt}->{args.src} mapped"]
     print_table(f"Sentence retrieval P@1 (cosine NN) on {len(te_s)} pairs of {args.test_src}"
                 + (f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}" if Fs is not None else ""),
-                header, rows)
+                header, rows, args.plot)
     return rows
 
 
@@ -815,6 +819,7 @@ def build_parser():
                        help="autocast of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, "
                             "float32 on CPU")
         p.add_argument("--k", type=_int_min(1), default=10, help="CSLS neighbourhood size (MUSE: 10)")
+        p.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
 
     p = sub.add_parser("words", help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
     common(p)
@@ -852,6 +857,8 @@ def main(argv=None):
     import model as M
     try:
         args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
+        if args.plot:
+            M.check_plot(args.plot)
         with M.autocast(args.device, args.dtype):
             return args.func(args)
     except (ValueError, OSError) as e:

@@ -165,6 +165,8 @@ def cka_table(args):
             raise ValueError(f"--{flag.replace('_', '-')} {path}: {why}"
                              + (" (filled in from --toy)" if args.toy and flag.endswith("file") else ""))
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
+    if args.plot:
+        M.check_plot(args.plot)
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     if len(src_lines) < 2:
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
@@ -196,6 +198,8 @@ def cka_table(args):
     print("|" + "---|" * len(header))
     for r in rows:
         print("| " + " | ".join([r[0]] + [f"{v:.3f}" for v in r[1:]]) + " |")
+    if args.plot:
+        M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer", header, rows[:-1], "linear CKA")
     return header, rows
 
 
@@ -227,6 +231,7 @@ def build_parser():
                     help="autocast of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, "
                          "float32 on CPU")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random-encoder baseline")
+    ap.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
     return ap
 
 

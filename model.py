@@ -520,3 +520,43 @@ def autocast(device, dtype):
     if dtype == "float32":
         return nullcontext()
     return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
+
+
+# -----------------------------------------------------------------------------
+# per-layer figures (--plot of align.py and cka.py, Figs. 4-7); matplotlib is not a requirement
+
+def check_plot(path):
+    """--plot FILE.png, checked before any work: matplotlib importable, the directory writable."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("--plot needs matplotlib, which is not a requirement: pip install matplotlib") from None
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(d) or not os.access(d, os.W_OK):
+        raise ValueError(f"--plot {path}: cannot write a file there")
+
+
+def plot_layers(path, title, header, rows, ylabel):
+    """Draw a per-layer table as a PNG: x = the first column (layer names), one line per column whose
+    values are floats (ints such as pair counts and '-' cells are left out). Written atomically."""
+    check_plot(path)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    xs = [str(r[0]) for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for c in range(1, len(header)):
+        points = [(x, r[c]) for x, r in zip(xs, rows) if isinstance(r[c], float)]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=header[c])
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    print(f"wrote {path}")

@@ -2,6 +2,8 @@
 
 Run: python -m pytest -q tests/test_cka.py
 """
+import sys
+
 import numpy as np
 import pytest
 
@@ -104,3 +106,41 @@ def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys):
                                           "--src-file", args.tgt_file, "--tgt-file", args.src_file])
     with pytest.raises(ValueError, match="no model for 'en'"):
         cka.cka_table(args)
+
+
+def test_plot_is_checked_before_any_work(tmp_path, monkeypatch):
+    """--plot without matplotlib (not a requirement) fails at once with how to install it, in cka.py
+    and align.py alike; nothing is loaded or encoded first (the checkpoint path does not even exist)."""
+    import align
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    world = tmp_path / "w"
+    (world / "tatoeba").mkdir(parents=True)
+    for side in ("en", "fr"):
+        (world / f"tatoeba/tatoeba.fr-en.{side}").write_text("a b\nc d\n")
+    (tmp_path / "x.pt").write_bytes(b"")
+    with pytest.raises(SystemExit, match="pip install matplotlib"):
+        cka.main(["--toy", str(world), "--ckpt", str(tmp_path / "x.pt"), "--plot", str(tmp_path / "c.png")])
+    with pytest.raises(SystemExit, match="pip install matplotlib"):
+        align.main(["sentences", "--toy", str(world), "--ckpt", str(tmp_path / "x.pt"),
+                    "--plot", str(tmp_path / "s.png")])
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_plot_layers_draws_the_float_columns(tmp_path):
+    """model.plot_layers: one line per float column (int counts and '-' cells are not drawn)."""
+    pytest.importorskip("matplotlib", reason="matplotlib is optional (only --plot needs it)")
+    import matplotlib.pyplot as plt
+    import model as M
+    drawn = {}
+    real = plt.Axes.plot
+    def spy(ax, *a, **k):
+        drawn[k["label"]] = list(a[1])
+        return real(ax, *a, **k)
+    plt.Axes.plot = spy
+    try:
+        M.plot_layers(str(tmp_path / "p.png"), "t", ["layer", "a", "n", "b"],
+                      [["L0", 0.5, 10, "-"], ["L1", 0.25, 12, 0.75]], "y")
+    finally:
+        plt.Axes.plot = real
+    assert drawn == {"a": [0.5, 0.25], "b": [0.75]}
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and not list(tmp_path.glob("*.tmp*"))
