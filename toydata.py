@@ -437,11 +437,14 @@ def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
 
 
 # -----------------------------------------------------------------------------
-# NLI pairs: premise and hypothesis trees whose label follows from the meaning
-#   entailment:    drop a modifier (amod/advmod/nmod/obl), or generalise a noun to its group's hypernym
-#   neutral:       add an unsupported modifier, replace a modifier by another, or specialise a hypernym
-#   contradiction: change an argument (another noun of the same group / another entity) or use the
-#                  verb's antonym; sometimes a modifier is also dropped or added
+# NLI pairs: premise and hypothesis trees whose label follows from the meaning *and* from how the two
+# sentences line up, so that it rests on structure a shared encoder can carry to another language (the
+# words of the hypothesis against the words and roles of the premise), not on single-word lexical
+# relations (an antonym verb shares its frame with the verb, so an MLM cannot tell the two apart):
+#   entailment:    the premise with one modifier (amod/advmod/nmod/obl) dropped
+#   neutral:       the premise with one modifier it does not state added
+#   contradiction: subject and object swapped (same words, other roles), or an argument changed to
+#                  another noun of its group or another entity of its type
 
 LABELS = ("entailment", "neutral", "contradiction")
 
@@ -466,10 +469,6 @@ def _copy(tree):
 
 def _modifiers(tree):
     return [i for i, n in enumerate(tree) if n[2] in ("amod", "advmod", "nmod", "obl")]
-
-
-def _specific_nouns(world, tree):
-    return [i for i, n in enumerate(tree) if world.kind[n[0]] == "noun" and n[0] not in world.hypernyms]
 
 
 def _drop(world, rng, tree):
@@ -505,25 +504,23 @@ def _add(world, rng, tree):
     return tree
 
 
-def _generalise(world, rng, tree):
-    nouns = _specific_nouns(world, tree)
-    if not nouns:
+def _swap(tree):
+    """Subject and object change places (with their modifiers): the same words, other roles."""
+    roles = {n[2]: i for i, n in enumerate(tree) if n[1] == 0}
+    if "nsubj" not in roles or "obj" not in roles:
         return None
     tree = _copy(tree)
-    i = nouns[int(rng.random() * len(nouns))]
-    tree[i][0] = world.hypernym[world.noun_group[tree[i][0]]]
+    tree[roles["nsubj"]][2], tree[roles["obj"]][2] = "obj", "nsubj"
     return tree
 
 
 def _contradict(world, rng, tree):
+    """Another noun of the same group, or another entity of the same type, as subject or object."""
     tree = _copy(tree)
-    args = [i for i in _specific_nouns(world, tree) if tree[i][2] in ("nsubj", "obj")]
-    ents = [i for i, n in enumerate(tree) if world.kind[n[0]] == "name" and n[2] in ("nsubj", "obj")]
-    r = rng.random()
-    if r < 0.35 or not (args or ents):                      # antonym verb
-        tree[0][0] = world.antonym[tree[0][0]]
-        return tree
-    cands = args + ents
+    cands = [i for i, n in enumerate(tree) if n[2] in ("nsubj", "obj")
+             and (world.kind[n[0]] == "name" or (world.kind[n[0]] == "noun" and n[0] not in world.hypernyms))]
+    if not cands:
+        return None
     i = cands[int(rng.random() * len(cands))]
     if world.kind[tree[i][0]] == "noun":
         g = world.noun_group[tree[i][0]]
@@ -536,8 +533,7 @@ def _contradict(world, rng, tree):
     typ = world.name[tree[i][0]].split(".")[0]
     old = tuple(tree[j][0] for j in [i] + flats)
     if len(world._items(f"entity:{typ},{len(old)}")[0]) < 2:
-        tree[0][0] = world.antonym[tree[0][0]]
-        return tree
+        return None
     while True:
         e = -world.draw(rng, f"entity:{typ},{len(old)}") - 1
         if world.entity_parts[e] != old:
@@ -550,30 +546,14 @@ def _contradict(world, rng, tree):
 def sample_nli(world, rng, label):
     """(premise tree, hypothesis tree) for one label."""
     while True:
-        d = sample_tree(world, rng)
-        r = rng.random()
-        # Mostly one-word substitutions, which only word meaning (hypernym / antonym / same-group noun) can
-        # label: a bag-of-words overlap heuristic should not solve the task, as on real XNLI.
+        p = sample_tree(world, rng)
         if label == "entailment":
-            p, h = d, (_drop(world, rng, d) if r < 0.5 else _generalise(world, rng, d))
+            h = _drop(world, rng, p)
         elif label == "neutral":
-            if r < 0.3:
-                p, h = d, _add(world, rng, d)
-            elif r < 0.5:
-                dropped = _drop(world, rng, d)
-                p, h = d, (_add(world, rng, dropped) if dropped else None)
-            else:
-                p, h = _generalise(world, rng, d), d
+            h = _add(world, rng, p)
         else:
-            p, h = d, _contradict(world, rng, d)
-            if r < 0.15:
-                h = _drop(world, rng, h)
-            elif r < 0.3:
-                h = _add(world, rng, h)
-        if p is None or h is None:
-            continue
-        cp, ch = sorted(n[0] for n in p), sorted(n[0] for n in h)
-        if cp == ch:            # e.g. a modifier dropped and the same one added back
+            h = _swap(p) if rng.random() < 0.5 else _contradict(world, rng, p)
+        if h is None or h == p:
             continue
         if label == "neutral" and not _new_concepts(p, h):
             continue

@@ -195,22 +195,32 @@ def test_xnli_format_and_balance(toy_world):
             assert all(r[0] != r[1] for r in rows)
 
 
-def test_nli_label_follows_from_meaning():
-    """Entailment only removes or generalises, neutral states something new, contradiction changes a fact."""
+def test_nli_label_follows_from_meaning_and_alignment():
+    """Entailment drops a modifier, neutral adds one, contradiction swaps subject and object or changes
+    an argument: the label follows from how the words of the two sentences line up, never from a
+    single-word lexical relation (no antonym, no hypernym)."""
     world = toydata.World(0)
     rng = random.Random(0)
-    hyper = set(world.hypernym.values())
+    bag = lambda t: collections.Counter(n[0] for n in t)
+    role = lambda t, r: [n[0] for n in t if n[1] == 0 and n[2] == r]
+    swaps = changes = 0
     for _ in range(300):
         p, h = toydata.sample_nli(world, rng, "entailment")
-        new = toydata._new_concepts(p, h)
-        assert all(c in hyper for c in new) and len(h) <= len(p)
+        assert bag(h) < bag(p) and not toydata._new_concepts(p, h)
         p, h = toydata.sample_nli(world, rng, "neutral")
-        assert toydata._new_concepts(p, h)
+        assert bag(p) < bag(h) and toydata._new_concepts(p, h)
         p, h = toydata.sample_nli(world, rng, "contradiction")
-        changed_verb = h[0][0] == world.antonym[p[0][0]]
-        assert changed_verb or toydata._new_concepts(p, h)
+        if bag(p) == bag(h):     # same words, the roles exchanged
+            assert role(p, "nsubj") == role(h, "obj") and role(p, "obj") == role(h, "nsubj") != []
+            swaps += 1
+        else:                    # one argument (a noun or an entity's tokens) replaced, nothing else
+            assert len(p) == len(h) and h[0][0] == p[0][0]
+            diff = [i for i in range(len(p)) if p[i][0] != h[i][0]]
+            assert diff and all(p[i][2] in ("nsubj", "obj", "flat") for i in diff)
+            changes += 1
         for t in (p, h):
             assert sum(n[1] == -1 for n in t) == 1 and any(n[2] == "nsubj" for n in t)
+    assert swaps > 50 and changes > 50
 
 
 def test_mono_parallel_tatoeba_are_plain_text(toy_world):
