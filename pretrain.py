@@ -69,17 +69,14 @@ def mask_tokens(x, vocab_size, generator, mask_prob=MASK_PROB, probs=PRED_PROBS,
     selected = torch.rand(B, T, generator=generator) < mask_prob
     selected[:, 0] = False
     if at_least_one and T > 1:
-        empty = ~selected.any(dim=1)
-        selected[empty, T - 1] = True
+        selected[~selected.any(dim=1), T - 1] = True
     u = torch.rand(B, T, generator=generator)  # which of the three treatments
     random_ids = torch.randint(vocab_size, (B, T), generator=generator)
-    to_mask = selected & (u < probs[0])
     to_random = selected & (u >= probs[0] + probs[1])
     inputs = x.clone()
-    inputs[to_mask] = MASK_ID
+    inputs[selected & (u < probs[0])] = MASK_ID
     inputs[to_random] = random_ids[to_random]
-    targets = torch.where(selected, x, torch.full_like(x, -1))
-    return inputs, targets
+    return inputs, torch.where(selected, x, torch.full_like(x, -1))
 
 
 def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7, schedule="inverse_sqrt", max_steps=None):
