@@ -388,15 +388,16 @@ def setup_device(args):
 
 
 def open_run(args, ckpt_path):
-    """--resume: the checkpoint, made with these flags but RESUME_MAY_CHANGE. A new run refuses an --out
-    holding an earlier run's files unless --overwrite (never overwrite its best.pt or append to its log.jsonl);
-    the cached toy world (toy/) and prepared data (data/) are not a run's files: a rerun reuses them."""
+    """--resume: the checkpoint, refused unless made with the same flags (RESUME_MAY_CHANGE aside). A new run
+    refuses an --out holding an earlier run's files unless --overwrite (never overwrite its best.pt or append to
+    its log.jsonl); the cached toy world (toy/) and prepared data (data/) are not a run's files: they are reused."""
     if not args.resume:
         found = [f for f in RUN_FILES if os.path.exists(os.path.join(args.out, f))]
         if found and not args.overwrite and not args.prepare_only:
-            raise SystemExit(f"error: {ckpt_path} exists; pass --resume to continue that run, --overwrite to start "
-                             "again in it, or choose another --out" if found[0] == RUN_FILES[0] else
-                             f"error: --out {args.out} holds {', '.join(found)} of an earlier run (with no "
+            if os.path.exists(ckpt_path):
+                raise SystemExit(f"error: {ckpt_path} exists; pass --resume to continue that run, --overwrite to "
+                                 "start again in it, or choose another --out")
+            raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run (with no "
                              "checkpoint.pt to resume); pass --overwrite to replace them, or choose another --out")
         return None
     if not os.path.isfile(ckpt_path):
