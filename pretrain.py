@@ -24,7 +24,7 @@ with a GradScaler here), float32 on CPU.
 
 The text is prepared once by bpe.prepare (tokenizer.json + {lang}.{train,dev}.bin, cached; the same as
 `python bpe.py prepare`); this file reads what it wrote. Sections: masking / schedule / sampling,
-streams, evaluation, the toy world, flags, then main(): device, data, model, optimiser, loop.
+streams, evaluation, config and flags, then main: device, run directory, data, model, optimiser, loop.
 """
 
 import argparse
@@ -57,42 +57,34 @@ ALPHA = 0.7                   # language sampling exponent (XLM lg_sampling_fact
 # masking, schedule, language sampling (pure functions, imported by the tests)
 
 def mask_tokens(x, vocab_size, generator, mask_prob=MASK_PROB, probs=PRED_PROBS, at_least_one=False):
-    """BERT/XLM masking of a batch of streams.
+    """BERT/XLM masking of x, a (B, T) int64 CPU tensor of one language's ids -> (inputs, targets).
 
-    x: (B, T) int64 CPU tensor of token ids, all of one language. Every position except position 0
-    is selected independently with probability `mask_prob` (so the count is random, as in XLM; XLM
-    never predicts the first position of a stream). A selected position becomes MASK with
-    probs[0], keeps its id with probs[1], or gets a uniform random id in [0, vocab_size) with probs[2]
-    (specials included, as XLM; vocab_size is the batch language's own vocabulary size when
-    embeddings are separate: "we only sample random words within one language").
-    Returns (inputs, targets): targets hold the original id at selected positions and -1 elsewhere.
-    at_least_one=True forces one target per row (XLM's evaluation does this).
-    Example: x = [[1, 20, 21, 1]] -> inputs [[1, 5, 21, 1]], targets [[-1, 20, -1, -1]].
-    """
+    Every position but 0 (XLM never predicts a stream's first) is selected with probability `mask_prob`
+    (a random count, as XLM). A selected position becomes MASK with probs[0], keeps its id with probs[1],
+    or gets a uniform random id in [0, vocab_size) with probs[2] (specials included, as XLM; with separate
+    embeddings vocab_size is the language's own: "we only sample random words within one language").
+    targets: the original id at selected positions, -1 elsewhere. at_least_one: one target per row (XLM's
+    evaluation). Example: x = [[1, 20, 21, 1]] -> inputs [[1, 5, 21, 1]], targets [[-1, 20, -1, -1]]."""
     B, T = x.shape
     selected = torch.rand(B, T, generator=generator) < mask_prob
     selected[:, 0] = False
     if at_least_one and T > 1:
-        empty = ~selected.any(dim=1)
-        selected[empty, T - 1] = True
+        selected[~selected.any(dim=1), T - 1] = True
     u = torch.rand(B, T, generator=generator)  # which of the three treatments
     random_ids = torch.randint(vocab_size, (B, T), generator=generator)
-    to_mask = selected & (u < probs[0])
     to_random = selected & (u >= probs[0] + probs[1])
     inputs = x.clone()
-    inputs[to_mask] = MASK_ID
+    inputs[selected & (u < probs[0])] = MASK_ID
     inputs[to_random] = random_ids[to_random]
-    targets = torch.where(selected, x, torch.full_like(x, -1))
-    return inputs, targets
+    return inputs, torch.where(selected, x, torch.full_like(x, -1))
 
 
 def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7, schedule="inverse_sqrt", max_steps=None):
     """XLM's adam_inverse_sqrt (the paper's schedule): linear warm-up from init_lr to lr over `warmup`
-    updates, then lr * sqrt(warmup / step). `step` = optimizer updates done so far.
-    Example: get_lr(0) = 1e-7, get_lr(15000) ~ 5.0e-5, get_lr(30000) = 1e-4, get_lr(120000) = 5e-5.
-    schedule="linear" (the --toy preset): the same warm-up, then a straight line down to 0 at max_steps,
-    so a short run ends annealed instead of stopping at a still-high learning rate.
-    Example: lr 1e-3, warmup 100, max_steps 1100: get_lr(600, ...) = 5e-4, get_lr(1100, ...) = 0."""
+    updates, then lr * sqrt(warmup / step); `step` = updates done. Example: get_lr(0) = 1e-7,
+    get_lr(15000) ~ 5.0e-5, get_lr(30000) = 1e-4, get_lr(120000) = 5e-5. schedule="linear" (--toy): the
+    same warm-up, then straight down to 0 at max_steps, so a short run ends annealed. Example: lr 1e-3,
+    warmup 100, max_steps 1100: get_lr(600, ...) = 5e-4, get_lr(1100, ...) = 0."""
     if step < warmup:
         return init_lr + step * (lr - init_lr) / warmup
     if schedule == "linear":
@@ -113,19 +105,6 @@ def sampling_probs(sentence_counts, alpha=ALPHA):
 # -----------------------------------------------------------------------------
 # streams (XLM src/data/dataset.py StreamDataset), read straight from the memory-mapped ids
 
-def drop_unused_lang_grads(model, used):
-    """Set to None the gradients of language-specific parameters (--sep) of every language j with
-    used[j] == 0, i.e. no micro-batch of this update (on any rank) was in that language.
-
-    The DDP zero term below gives such parameters an exactly-zero gradient; left in place, Adam would
-    still move them with its momentum (m / sqrt(v) stays non-zero for many steps). A None gradient
-    makes Adam skip them, so a language's private parts change only on its own updates."""
-    for j, u in enumerate(used):
-        if not u:
-            for p in model.lang_specific_parameters(j):
-                p.grad = None
-
-
 def n_stream_batches(n_tokens, batch_size, bptt):
     """Number of (batch_size x bptt) stream batches XLM cuts an array of n_tokens into."""
     return math.ceil(n_tokens / (batch_size * bptt))
@@ -136,12 +115,10 @@ def get_batch(ids, i, batch_size, bptt):
 
     XLM left-pads the flat corpus S (N ids, `</s>` after every sentence) with `</s>` to
     T = n_batches * bptt * batch_size ids, lays it out as batch_size columns of L = n_batches * bptt
-    contiguous ids, puts one extra `</s>` row on top, and batch i is rows [i*bptt, (i+1)*bptt).
-    So row j of our batch is a contiguous slice of the corpus; no <pad> anywhere, sentences are cut
-    wherever the window ends. We compute the indices instead of building the buffer, so a
-    Wikipedia-size memmap is never copied. Example: ids = [7 8 1 9 1], batch_size 1, bptt 4:
-    data column = [</s>] + [</s> </s> </s> 7 8 1 9 1] -> batch 0 = [1 1 1 1], batch 1 = [7 8 1 9].
-    """
+    contiguous ids, puts one extra `</s>` row on top, and batch i is rows [i*bptt, (i+1)*bptt): each row a
+    contiguous slice of the corpus, no <pad>, sentences cut wherever the window ends. The indices are
+    computed, so a Wikipedia-size memmap is never copied. Example: ids = [7 8 1 9 1], batch_size 1, bptt 4:
+    data column = [</s>] + [</s> </s> </s> 7 8 1 9 1] -> batch 0 = [1 1 1 1], batch 1 = [7 8 1 9]."""
     n = len(ids)
     L = n_stream_batches(n, batch_size, bptt) * bptt
     pad = L * batch_size - n
@@ -191,10 +168,8 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
     with 0 at every call, 15 % selection, at least one target per window, every selected token
     replaced by MASK. ppl = exp(sum CE / number of targets): inf when that overflows (a diverged model),
     NaN when the loss is NaN."""
-    was_training = model.training
+    was_training, g, total, count = model.training, torch.Generator().manual_seed(0), 0.0, 0
     model.eval()
-    g = torch.Generator().manual_seed(0)
-    total, count = 0.0, 0
     n = n_stream_batches(len(ids), 1, bptt)
     for start in tqdm(range(0, n, windows_per_forward), desc=f"eval lang {lang}", leave=False, mininterval=2):
         x = np.concatenate([get_batch(ids, i, 1, bptt) for i in range(start, min(n, start + windows_per_forward))])
@@ -211,52 +186,29 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
         return float("inf")
 
 # -----------------------------------------------------------------------------
-# the toy world (toydata.py); data preparation itself is bpe.prepare
-
-def write_toy_world(args, langs):
-    """--toy without --data: the synthetic world of toydata.py under OUT/toy/ (reused if the same flags)."""
-    langs = args.toy_langs.split(",") if args.toy_langs else langs if len(langs) > 1 else ["en", "fr"]
-    knobs = {"langs": langs, "overlap": args.toy_overlap, "order": args.toy_order, "domain_shift": args.toy_domain_shift,
-             "cyrillic": args.toy_cyrillic, "seed": args.toy_seed, **TOY_SIZES[args.toy_size]}
-    world, record = args.data, os.path.join(args.out, "toy.json")
-    if os.path.exists(record):
-        with open(record) as f:
-            if json.load(f) != knobs:
-                raise SystemExit(f"error: {world} was written with other --toy-* flags; use another --out")
-        return world
-    print(f"writing the toy world to {world}")
-    try:
-        write_world(world, force=True, **knobs)
-    except ValueError as e:
-        raise SystemExit(f"error: --toy-*: {e}")
-    except OSError as e:
-        raise SystemExit(f"error: cannot write the toy world: {e.filename}: {e.strerror}")
-    atomic_write(record, lambda tmp: write_text(tmp, json.dumps(knobs)))
-    return world
-
-# -----------------------------------------------------------------------------
-# flags: paper values by default; --toy swaps in a CPU-sized preset; an explicit flag always wins
+# config and flags: the paper's values by default; --toy swaps in a CPU-sized preset; an explicit flag wins
 
 PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1,
              batch_size=96, bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200,
              max_steps=10**12, eval_every=0, log_every=100, accumulate=1, schedule="inverse_sqrt",
              pos_offsets=0)
-# The toy preset, chosen on the Default model only (README "Toy pretraining"): 64 streams of 16 tokens, each
-# stream placed at a random offset in positions 0..47 (--pos-offsets 48: every position a toy fine-tuning
-# input uses, up to 45 subwords, is trained, while the model still learns from short streams, which
-# leave the unigram plateau far sooner than 64-token ones), peak lr 2e-3 after 500 warm-up updates, then a
-# linear decay to 0 at update 8,000 (about 8 minutes on one core). The Default ends at dev ppl en 9.8,
-# below a both-neighbour count model of the same tokens (13.1); evaluation every 500 updates.
+# The toy preset, chosen on the Default model only (README "Calibrating the --toy preset") and frozen: 64 streams
+# of 16 tokens at random offsets in positions 0..47 (every position a toy fine-tuning input uses is trained),
+# peak lr 2e-3 after 500 warm-up updates, linear decay to 0 at update 8,000, an evaluation every 500 updates.
 TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, pos_offsets=48, lr=2e-3,
            warmup=500, schedule="linear", epoch_size=32000, max_steps=8000, eval_every=0, log_every=500, threads=1)
 MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language for separate/prefixed)
-# flags that may differ between a run and its --resume (everything else must match)
-# (the data themselves are checked by comparing the vocabulary and token counts, not the paths;
-# --lr and --warmup may change so that a diverged run can go on from its last good checkpoint)
-RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile", "workers",
-                     "threads", "out", "data", "train_files", "dev_files", "prep_dir", "prepare_only", "overwrite",
-                     "lr", "warmup", "max_bad_steps"}
+# flags that may differ between a run and its --resume (the data are compared by vocabulary and token counts,
+# not paths; --lr and --warmup may change so that a diverged run can go on from its last good checkpoint)
+RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile",
+                     "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "prepare_only",
+                     "overwrite", "lr", "warmup", "max_bad_steps"}
 RUN_FILES = ("checkpoint.pt", "best.pt", "log.jsonl")  # what a run writes in --out (--overwrite replaces them)
+RANGES = [("> 0", lambda v: v > 0, "n_layers dim n_heads batch_size bptt accumulate epoch_size epochs max_steps "
+                                   "lr eps merges log_every max_bad_steps workers threads bpe_lines"),
+          (">= 0", lambda v: v >= 0, "warmup eval_every weight_decay clip alpha seed toy_seed"),
+          ("in [0, 1)", lambda v: 0 <= v < 1, "dropout attention_dropout beta1 beta2"),
+          ("in [0, 1]", lambda v: 0 <= v <= 1, "toy_overlap toy_domain_shift")]
 WHEN_THINGS_GO_WRONG = """\
 when things go wrong:
   SIGTERM or Ctrl-C   the current update is finished, OUT/checkpoint.pt is saved and the run exits with
@@ -272,276 +224,233 @@ def get_args(argv=None):
     p = argparse.ArgumentParser(prog="pretrain.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=WHEN_THINGS_GO_WRONG)
     a = p.add_argument
+
+    def preset(flag, typ, what, **kw):  # unset: PAPER's value, or TOY's with --toy
+        k = flag[2:].replace("-", "_")
+        a(flag, type=typ, help=f"{what}: paper {PAPER[k]}" + (f"; --toy {TOY[k]}" if k in TOY else ""), **kw)
+
     a("--out", required=True, help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/ for --toy)")
     a("--toy", action="store_true", help="CPU-sized preset on the synthetic world of toydata.py (unless --data)")
-    a("--data", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/), or with "
+    a("--data", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or of "
                      "tokenizer.json + {lang}.{train,dev}.bin from an earlier preparation")
-    a("--train-files", metavar="LANG=PATH,...", help="explicit training text per language instead of --data, "
-      "e.g. en=wiki.en.txt,fr=wiki.fr.txt (one sentence per line; needs --dev-files)")
-    a("--dev-files", metavar="LANG=PATH,...", help="explicit dev text per language (with --train-files)")
+    a("--train-files", metavar="LANG=PATH,...", help="text per language instead of --data, e.g. en=a.txt,fr=b.txt")
+    a("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
     a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
-    a("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same data and flags required, "
-                                              "except --lr, --warmup, --max-steps, --epochs, --eval-every, "
-                                              "--log-every and system flags)")
-    a("--overwrite", action="store_true", help="start a new run in an --out that holds an earlier run's "
-      "checkpoint.pt, best.pt or log.jsonl (they are replaced when training starts). Without it such an --out "
-      "is refused; the cached toy world and prepared data (toy/, data/) are always reused")
+    a("--resume", action="store_true", help="continue from OUT/checkpoint.pt: same data and flags, but --lr, --warmup, "
+      "--max-steps, --epochs, --eval-every, --log-every, --snapshots, --max-bad-steps and system flags may change")
+    a("--overwrite", action="store_true", help="start a new run in an --out holding an earlier run's files")
     a("--seed", type=int, default=0, help="seed for init, data order, masking, dropout")
-    # data preparation (bpe.py)
-    a("--bpe", choices=["joint", "separate", "prefixed"], default="joint",
-      help="joint: one BPE+vocab (paper Default); separate: per-language BPE, union vocab (Default anchors); "
-           "prefixed: per-language BPE, no shared token but specials (No anchors)")
-    a("--merges", type=int, default=None, help="BPE merges: paper 80000 joint, 40000 per language for "
-                                                "separate/prefixed; --toy 2000 / 1000")
-    a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch training text at preparation "
-                                            "(paper Extra anchors, p=0.3, at most 15%% of words); "
-                                            "'toy' = the toy world's dictionary")
-    a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off by default, D5)")
-    a("--bpe-lines", type=int, default=None, help="learn BPE on at most this many lines per language (default all)")
+    # data preparation (bpe.prepare)
+    a("--bpe", choices=["joint", "separate", "prefixed"], default="joint", help="joint: one BPE and vocabulary "
+      "(Default); separate: per-language BPE (Default anchors); prefixed: nothing shared but specials (No anchors)")
+    a("--merges", type=int, help="BPE merges: paper 80000 joint, 40000 per language; --toy 2000 / 1000")
+    a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (Extra anchors, p=0.3, "
+                                            "at most 15%% of words; D11); 'toy': the toy world's dictionary")
+    a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off, D5)")
+    a("--bpe-lines", type=int, help="learn BPE on at most this many lines per language (default all)")
     a("--prep-dir", help="cache for prepared data (default OUT/data)")
     a("--workers", type=int, default=1, help="processes for binarising text")
-    a("--prepare-only", action="store_true", help="prepare and cache the data, then exit (run it once, "
-                                                   "without torchrun, before a multi-GPU run)")
+    a("--prepare-only", action="store_true", help="prepare the data, then exit (once, before a torchrun run)")
     # toy world (toydata.py)
     a("--toy-size", choices=list(TOY_SIZES), default="full", help="toy world size (tiny is for tests)")
     a("--toy-overlap", type=float, default=0.0, help="toy: fraction of shared word forms (anchors)")
-    a("--toy-order", default="svo", help="toy: word order of the second language, e.g. svo, sov-na-post "
-                                         "(see toydata.py --help)")
-    a("--toy-domain-shift", type=float, default=0.0, help="toy: topic shift between the languages (Wiki-CC row: 1.0)")
+    a("--toy-order", default="svo", help="toy: word order of the second language, e.g. sov-na-post (toydata.py)")
+    a("--toy-domain-shift", type=float, default=0.0, help="toy: topic shift between the languages (Wiki-CC: 1.0)")
     a("--toy-cyrillic", action="store_true", help="toy: write the second language in Cyrillic letters")
     a("--toy-seed", type=int, default=0, help="toy: world seed")
-    a("--toy-langs", help="toy: languages of the world (default --langs, or en,fr for a monolingual --langs: "
-                          "monolingual models of one world for the paper's §5 alignment)")
+    a("--toy-langs", help="toy: the world's languages (default --langs; en,fr for monolingual --langs, §5)")
     # model (model.ModelConfig)
-    a("--sep", default="", help="language-specific parts: '' all shared (Default), 'emb', '1-3', '1-6', "
-      "'emb,1-3', 'emb,1-6' (paper Table 1); beyond the paper, the halves of 'emb': 'tok' (token table and "
-      "softmax) and 'pos' (position table)")
+    a("--sep", default="", help="language-specific parts (Table 1): '' (Default), emb, 1-3, 1-6, emb,1-3, emb,1-6; "
+                                "beyond the paper: tok (token table, softmax), pos (position table)")
     a("--lang-emb", action="store_true", help="add language embeddings (off, as mBERT/XLM-100; D1)")
-    a("--n-layers", type=int, help="paper 8; --toy 8")
-    a("--dim", type=int, help="paper 768; --toy 64")
-    a("--n-heads", type=int, help="paper 12; --toy 4")
-    a("--ffn-dim", type=int, help="paper 3072; --toy 256")
-    a("--dropout", type=float, help="paper 0.1")
-    a("--attention-dropout", type=float, help="paper 0.1 (D4)")
+    preset("--n-layers", int, "layers")
+    preset("--dim", int, "hidden size")
+    preset("--n-heads", int, "attention heads")
+    preset("--ffn-dim", int, "feed-forward size")
+    preset("--dropout", float, "dropout")
+    preset("--attention-dropout", float, "attention dropout (D4)")
     # optimisation
-    a("--batch-size", type=int, help="streams per GPU per micro-batch: paper 96 (x 8 GPUs); --toy 64")
-    a("--bptt", type=int, help="tokens per stream: paper 256; --toy 16")
-    a("--pos-offsets", type=int, help="train positions 0..N-1 with --bptt-long streams: each stream starts at a "
-      "random position in [0, N - bptt] (paper: off = 0; --toy 48, so short streams still train the "
-      "positions of longer fine-tuning inputs; off when --bptt is longer)")
-    a("--accumulate", type=int, help="micro-batches per update (1 GPU: 8 emulates the paper's 8 GPUs); default 1")
-    a("--alpha", type=float, default=ALPHA, help="language sampling exponent, p ~ n^alpha: paper/XLM 0.7")
-    a("--lr", type=float, help="peak learning rate: paper 1e-4; --toy 2e-3")
-    a("--warmup", type=int, help="linear warm-up updates from 1e-7: paper 30000; --toy 500")
-    a("--schedule", choices=["inverse_sqrt", "linear"], help="after warm-up: inverse_sqrt = lr * sqrt(warmup / "
-      "step) (paper, XLM); linear = straight down to 0 at --max-steps (--toy)")
-    a("--beta1", type=float, default=0.9, help="Adam beta1 (D3: 0.9)")
-    a("--beta2", type=float, default=0.999, help="Adam beta2 (D3: 0.999)")
-    a("--eps", type=float, default=1e-8, help="Adam eps (D3: 1e-8)")
+    preset("--batch-size", int, "streams per GPU per micro-batch (x 8 GPUs in the paper)")
+    preset("--bptt", int, "tokens per stream")
+    preset("--pos-offsets", int, "N: each stream starts at a random position in [0, N - bptt] (0 = off)")
+    a("--accumulate", type=int, help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
+    a("--alpha", type=float, default=ALPHA, help="language sampling exponent, p ~ n^alpha (XLM 0.7)")
+    preset("--lr", float, "peak learning rate")
+    preset("--warmup", int, "linear warm-up updates from 1e-7")
+    preset("--schedule", None, "after warm-up: lr * sqrt(warmup / step) (XLM) or linear to 0 at --max-steps",
+           choices=["inverse_sqrt", "linear"])
+    a("--beta1", type=float, default=0.9, help="Adam beta1 (D3)")
+    a("--beta2", type=float, default=0.999, help="Adam beta2 (D3)")
+    a("--eps", type=float, default=1e-8, help="Adam eps (D3)")
     a("--weight-decay", type=float, default=0.0, help="decoupled weight decay (D3: 0)")
-    a("--clip", type=float, default=5.0, help="gradient clipping norm, 0 = off (XLM 5)")
-    a("--epoch-size", type=int, help="streams per GPU per epoch: XLM/D2 200000; --toy 32000 (an evaluation every 500 updates)")
-    a("--epochs", type=int, help="paper 200")
+    a("--clip", type=float, default=5.0, help="gradient clipping norm, 0 = off (D3)")
+    preset("--epoch-size", int, "streams per GPU per epoch (D2)")
+    preset("--epochs", int, "epochs")
     a("--max-steps", type=int, help="stop after this many updates (paper: none; --toy 8000)")
-    a("--eval-every", type=int, help="also evaluate and save every N updates (0 = only per epoch)")
-    a("--snapshots", default="", metavar="STEP,...", help="also keep the model at these updates as "
-      "OUT/step{N}.pt (same form as best.pt), e.g. 500,1000,2000,4000,8000 for learning curves")
-    a("--log-every", type=int, help="progress line every N updates (paper run 100; --toy 500)")
+    a("--eval-every", type=int, help="also evaluate and save every N updates (default 0: once per epoch)")
+    a("--snapshots", default="", metavar="STEP,...", help="also keep the model at these updates as OUT/step{N}.pt "
+      "(as best.pt), e.g. 500,1000,2000,4000,8000 for learning curves")
+    preset("--log-every", int, "progress line every N updates")
     a("--max-bad-steps", type=int, default=5, help="stop after this many NaN/inf losses in a row")
     # system
-    a("--device", default="auto", help="auto (cuda if available), cpu, cuda (= cuda:0, or cuda:LOCAL_RANK under "
-                                       "torchrun), cuda:N, mps")
+    a("--device", default="auto", help="auto, cpu, cuda (cuda:LOCAL_RANK under torchrun), cuda:N, mps")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
       help="autocast dtype: auto = bf16 on GPUs that support it, else fp16 (+GradScaler); fp32 on CPU and MPS")
     a("--compile", action="store_true", help="torch.compile the model")
-    a("--threads", type=int, help="CPU threads for torch (default torch's; --toy 1: a tiny model gains little "
-                                  "from more and a shared machine loses a lot)")
+    a("--threads", type=int, help="CPU threads for torch (default torch's; --toy 1)")
     args = p.parse_args(argv)
-    preset_offsets = args.pos_offsets is None
+    offsets_unset = args.pos_offsets is None
     for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
-        if getattr(args, k, None) is None:
+        if getattr(args, k) is None:
             setattr(args, k, v)
     if args.merges is None:
         args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
-    if args.overwrite and args.resume:
-        p.error("--overwrite starts a new run; it cannot be combined with --resume")
-    langs = args.langs.split(",")
-    if not all(langs) or len(set(langs)) != len(langs):
-        p.error(f"--langs {args.langs}: expected distinct languages separated by commas, e.g. en,fr")
-    # every range up front: a bad value must not surface as a torch error after the data are prepared
-    ranges = {  # flag: (test, what it must be)
-        **{k: (lambda v: v > 0, "> 0") for k in ("n_layers", "dim", "n_heads", "batch_size", "bptt", "accumulate",
-                                                  "epoch_size", "epochs", "max_steps", "lr", "eps", "merges",
-                                                  "log_every", "max_bad_steps", "workers")},
-        **{k: (lambda v: v >= 0, ">= 0") for k in ("warmup", "eval_every", "weight_decay", "clip", "alpha", "seed",
-                                                   "toy_seed")},
-        **{k: (lambda v: 0 <= v < 1, "in [0, 1)") for k in ("dropout", "attention_dropout", "beta1", "beta2")},
-        **{k: (lambda v: 0 <= v <= 1, "in [0, 1]") for k in ("toy_overlap", "toy_domain_shift")},
-        **{k: (lambda v: v is None or v > 0, "> 0") for k in ("threads", "bpe_lines")},
-    }
-    for k, (ok, what) in ranges.items():
-        v = getattr(args, k)
-        if not (ok(v) and (not isinstance(v, float) or math.isfinite(v))):
-            p.error(f"--{k.replace('_', '-')} must be {what}, got {v}")
-    if args.toy:  # toydata.py's own checks, before anything is written
+    check_args(p, args, offsets_unset)
+    return args
+
+
+def check_args(p, args, offsets_unset):
+    """Every flag checked up front, one usage line each (a bad value must not surface as a torch error after
+    the data are prepared); resolves --sep, --snapshots, --train-files/--dev-files, --code-switch toy."""
+    def need(ok, message):
+        if not ok:
+            p.error(message)
+
+    def parsed(prefix, parse, *a):  # a parser's ValueError -> one usage line
         try:
-            parse_order(args.toy_order)
+            return parse(*a)
         except ValueError as e:
-            p.error(f"--toy-order: {e}")
+            p.error(prefix + str(e))
+
+    def distinct(langs):
+        return all(langs) and len(set(langs)) == len(langs)
+
+    langs = args.langs.split(",")
+    need(not (args.overwrite and args.resume), "--overwrite starts a new run; it cannot be combined with --resume")
+    need(distinct(langs), f"--langs {args.langs}: expected distinct languages separated by commas, e.g. en,fr")
+    for what, ok, names in RANGES:
+        for k in names.split():
+            v = getattr(args, k)  # None: not given (--threads, --bpe-lines)
+            need(v is None or ok(v) and math.isfinite(v), f"--{k.replace('_', '-')} must be {what}, got {v}")
+    if args.toy:  # toydata.py's own checks, before anything is written
+        parsed("--toy-order: ", parse_order, args.toy_order)
         toy_langs = (args.toy_langs or "en,fr").split(",")
-        if len(toy_langs) < 2 or not all(toy_langs) or len(set(toy_langs)) != len(toy_langs):
-            p.error(f"--toy-langs {args.toy_langs}: expected two or more distinct languages, e.g. en,fr")
-    try:
-        sep = parse_sep(args.sep, args.n_layers)
-    except ValueError as e:
-        p.error(str(e))
-    args.sep_emb, args.sep_tok, args.sep_pos, args.sep_layers = (sep["sep_emb"], sep["sep_tok"], sep["sep_pos"],
-                                                                 sep["sep_layers"])
-    if preset_offsets and args.pos_offsets < args.bptt:  # --toy with longer --bptt: offsets off, not an error
+        need(len(toy_langs) > 1 and distinct(toy_langs),
+             f"--toy-langs {args.toy_langs}: expected two or more distinct languages, e.g. en,fr")
+    vars(args).update(parsed("", parse_sep, args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers
+    if offsets_unset and args.pos_offsets < args.bptt:  # the --toy preset with a longer --bptt: off, not an error
         args.pos_offsets = 0
-    if args.pos_offsets and args.pos_offsets < args.bptt:
-        p.error(f"--pos-offsets {args.pos_offsets}: must be 0 (off) or at least --bptt {args.bptt}")
+    need(not args.pos_offsets or args.pos_offsets >= args.bptt,
+         f"--pos-offsets {args.pos_offsets}: must be 0 (off) or at least --bptt {args.bptt}")
     try:
         args.snapshots = sorted({int(x) for x in args.snapshots.split(",") if x.strip()})
     except ValueError:
         p.error(f"--snapshots: expected update numbers like 500,1000,2000, got {args.snapshots!r}")
-    if any(n <= 0 for n in args.snapshots):
-        p.error(f"--snapshots: update numbers must be positive, got {args.snapshots}")
+    need(all(n > 0 for n in args.snapshots), f"--snapshots: update numbers must be positive, got {args.snapshots}")
     args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
-    if (args.train_files is None) != (args.dev_files is None):
-        p.error("--train-files and --dev-files go together")
+    need((args.train_files is None) == (args.dev_files is None), "--train-files and --dev-files go together")
     if args.train_files:
-        if args.data is not None:
-            p.error("give either --data or --train-files/--dev-files, not both")
-        try:
-            args.train_files, args.dev_files = (parse_lang_files("--" + f.replace("_", "-"), getattr(args, f), langs)
-                                                for f in ("train_files", "dev_files"))
-        except ValueError as e:
-            p.error(str(e))
-    if args.toy and args.data is None and not args.train_files:
-        args.toy_world = True
+        need(args.data is None, "give either --data or --train-files/--dev-files, not both")
+        args.train_files = parsed("", parse_lang_files, "--train-files", args.train_files, langs)
+        args.dev_files = parsed("", parse_lang_files, "--dev-files", args.dev_files, langs)
+    args.toy_world = args.toy and args.data is None and not args.train_files  # toydata.py's world in OUT/toy
+    if args.toy_world:
         args.data = os.path.join(args.out, "toy")
-    else:
-        args.toy_world = False
-        if args.data is None and not args.train_files:
-            p.error("--data (or --train-files/--dev-files) is required (or --toy for the synthetic world)")
-    if args.dim % args.n_heads:
-        p.error(f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
-    if args.code_switch and args.sep_tok:
-        p.error("--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok")
-    if args.code_switch and len(args.langs.split(",")) != 2:
-        p.error("--code-switch needs exactly two --langs (the dictionary's source and target)")
-    if args.code_switch == "toy":  # the toy world's own dictionary (written before the data are prepared)
-        l0, l1 = args.langs.split(",")
-        args.code_switch = os.path.join(args.data or "", "dict", f"{l0}-{l1}.txt")
-        if not args.toy_world and not os.path.isfile(args.code_switch):
-            p.error(f"--code-switch toy: no toy dictionary {args.code_switch} (needs --toy, or --data a toydata.py world)")
-    elif args.code_switch and not os.path.isfile(args.code_switch):
-        p.error(f"--code-switch {args.code_switch}: no such file")
-    return args
+    need(args.data is not None or args.train_files,
+         "--data (or --train-files/--dev-files) is required (or --toy for the synthetic world)")
+    need(args.dim % args.n_heads == 0, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
+    if args.code_switch:
+        need(not args.sep_tok, "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok")
+        need(len(langs) == 2, "--code-switch needs exactly two --langs (the dictionary's source and target)")
+        if args.code_switch == "toy":  # the toy world's own dictionary (written before the data are prepared)
+            args.code_switch = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[1]}.txt")
+            need(args.toy_world or os.path.isfile(args.code_switch), f"--code-switch toy: no toy dictionary "
+                 f"{args.code_switch} (needs --toy, or --data a toydata.py world)")
+        else:
+            need(os.path.isfile(args.code_switch), f"--code-switch {args.code_switch}: no such file")
 
+# -----------------------------------------------------------------------------
+# main: device, run directory, data, model and optimiser, training loop with evaluation and checkpoints
 
-def atomic_save(obj, path):
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
-
-
-def main(argv=None):
-    args = get_args(argv)
-    langs = args.langs.split(",")
-
-    # -------------------------------------------------------------------------
-    # DDP (torchrun's environment variables only) and device
+def setup_device(args):
+    """torchrun's environment and --device/--dtype -> (ddp, rank, world size, device, dtype, DDP backend)."""
     ddp = int(os.environ.get("RANK", -1)) != -1
-    rank = int(os.environ.get("RANK", 0))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    master = rank == 0
     try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
-        device, args_dtype, backend = pick_device(args.device, args.dtype, local_rank if ddp else None)
+        device, dtype, backend = pick_device(args.device, args.dtype,
+                                             int(os.environ.get("LOCAL_RANK", 0)) if ddp else None)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
-    device_type = torch.device(device).type  # cuda, cpu or mps
-    if device_type == "cuda":
+    if device.startswith("cuda"):
         torch.cuda.set_device(device)
-    log = print if master else (lambda *a, **k: None)
     if args.threads:
         torch.set_num_threads(args.threads)
+    return ddp, int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), device, dtype, backend
 
-    # SIGTERM (a preempted cluster job) or Ctrl-C. Before training: stop at once with one line (temp files are
-    # removed on the way out, and the data prepared so far stay cached). During training: finish the update,
-    # save checkpoint.pt and exit with a --resume hint. The handler only sets a flag then (no printing: it may
-    # interrupt a print); the training loop checks it after every update.
-    stop_signal, training = None, False
 
-    def on_signal(signum, frame):
-        nonlocal stop_signal
-        name = signal.Signals(signum).name
-        if not training:
-            raise SystemExit(f"error: stopped by {name} before training started; no run file was written (data "
-                             "prepared so far stay cached): run the same command again")
-        if stop_signal is not None:  # the second one: stop now, the last checkpoint.pt stays as it is
-            raise SystemExit(f"error: {name} again: stopped without saving; the last {ckpt_path}, if any, goes on "
-                             "with --resume")
-        stop_signal = signum
-
-    old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    # -------------------------------------------------------------------------
-    # refuse to clobber: a fresh run must not overwrite a checkpoint, a resume must find one
-    ckpt_path = os.path.join(args.out, "checkpoint.pt")
-    ckpt = None
-    if args.resume:
-        if not os.path.isfile(ckpt_path):
-            raise SystemExit(f"error: --resume: {ckpt_path} does not exist")
-        try:
-            ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise SystemExit(f"error: --resume: cannot read {ckpt_path}: {e}")
-        if not isinstance(ckpt, dict) or not {"args", "model", "optimizer", "rng"} <= set(ckpt):
-            raise SystemExit(f"error: --resume: {ckpt_path} is not a checkpoint written by pretrain.py")
-        old, new = ckpt["args"], vars(args)
-        diff = [k for k in sorted(set(old) | set(new)) if k not in RESUME_MAY_CHANGE and old.get(k) != new.get(k)]
-        if diff:
-            lines = "\n".join(f"  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now"
-                              for k in diff)
-            raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:\n{lines}\n"
-                             "use the same flags, or another --out for a new run")
-    elif not args.overwrite and not args.prepare_only:
-        # a run's files without --resume: never overwrite best.pt or append to another run's log.jsonl.
-        # The cached toy world (toy/) and prepared data (data/) are not a run's files: a rerun reuses them.
-        if os.path.exists(ckpt_path):
-            raise SystemExit(f"error: {ckpt_path} exists; pass --resume to continue that run, --overwrite to "
-                             "start again in it, or choose another --out")
+def open_run(args, ckpt_path):
+    """--resume: the checkpoint, refused unless made with the same flags (RESUME_MAY_CHANGE aside). A new run
+    refuses an --out holding an earlier run's files unless --overwrite (never overwrite its best.pt or append to
+    its log.jsonl); the cached toy world (toy/) and prepared data (data/) are not a run's files: they are reused."""
+    if not args.resume:
         found = [f for f in RUN_FILES if os.path.exists(os.path.join(args.out, f))]
-        if found:
+        if found and not args.overwrite and not args.prepare_only:
+            if os.path.exists(ckpt_path):
+                raise SystemExit(f"error: {ckpt_path} exists; pass --resume to continue that run, --overwrite to "
+                                 "start again in it, or choose another --out")
             raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run (with no "
                              "checkpoint.pt to resume); pass --overwrite to replace them, or choose another --out")
-    make_dir("--out", args.out)
-    files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
-    if master:  # every input readable, before any work; the toy world's files are checked once written
-        check_inputs(langs, None if args.toy_world else args.data, files,
-                     None if args.toy_world and not os.path.exists(args.code_switch or "") else args.code_switch)
+        return None
+    if not os.path.isfile(ckpt_path):
+        raise SystemExit(f"error: --resume: {ckpt_path} does not exist")
+    try:
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise SystemExit(f"error: --resume: cannot read {ckpt_path}: {e}")
+    if not isinstance(ckpt, dict) or not {"args", "model", "optimizer", "rng"} <= set(ckpt):
+        raise SystemExit(f"error: --resume: {ckpt_path} is not a checkpoint written by pretrain.py")
+    old, new = ckpt["args"], vars(args)
+    diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now"
+                   for k in sorted(set(old) | set(new)) if k not in RESUME_MAY_CHANGE and old.get(k) != new.get(k))
+    if diff:
+        raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:{diff}\n"
+                         "use the same flags, or another --out for a new run")
+    return ckpt
 
-    # -------------------------------------------------------------------------
-    # data: prepare once (master), then memory-map every language's train and dev ids
-    if args.toy_world:
-        if master:
-            write_toy_world(args, langs)
-        else:
-            while not os.path.exists(os.path.join(args.out, "toy.json")):
-                time.sleep(2)
-    data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
-                       separate_vocab=args.sep_tok, lowercase=args.lowercase, max_lines=args.bpe_lines,
-                       seed=args.seed, code_switch=args.code_switch, workers=args.workers, master=master)
-    if args.prepare_only:
-        log(f"data prepared in {data_dir}")
-        sys.exit(0)
+
+def write_toy_world(args, langs, master):
+    """--toy without --data: the world of toydata.py in OUT/toy/ (the master writes it once per set of flags)."""
+    record = os.path.join(args.out, "toy.json")
+    if not master:
+        while not os.path.exists(record):
+            time.sleep(2)
+        return
+    langs = args.toy_langs.split(",") if args.toy_langs else langs if len(langs) > 1 else ["en", "fr"]
+    knobs = {"langs": langs, "overlap": args.toy_overlap, "order": args.toy_order,
+             "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic, "seed": args.toy_seed,
+             **TOY_SIZES[args.toy_size]}
+    if os.path.exists(record):
+        with open(record) as f:
+            if json.load(f) != knobs:
+                raise SystemExit(f"error: {args.data} was written with other --toy-* flags; use another --out")
+        return
+    print(f"writing the toy world to {args.data}")
+    try:
+        write_world(args.data, force=True, **knobs)
+    except ValueError as e:
+        raise SystemExit(f"error: --toy-*: {e}")
+    except OSError as e:
+        raise SystemExit(f"error: cannot write the toy world: {e.filename}: {e.strerror}")
+    atomic_write(record, lambda tmp: write_text(tmp, json.dumps(knobs)))
+
+
+def load_data(data_dir, langs):
+    """The prepared directory -> (tokenizer, [train ids], [dev ids], [sentence counts]), ids memory-mapped."""
     try:
         tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}")
     if set(langs) - set(tok.langs):
-        raise SystemExit(f"error: {data_dir}/tokenizer.json covers {tok.langs}, not --langs {args.langs}")
+        raise SystemExit(f"error: {data_dir}/tokenizer.json covers {tok.langs}, not --langs {','.join(langs)}")
     train, dev, n_sentences = [], [], []
     for l in langs:
         try:
@@ -554,15 +463,72 @@ def main(argv=None):
         train.append(ids)
         dev.append(dev_ids)
         n_sentences.append(meta["n_sentences"])
-    vocab_sizes = [tok.vocab_size(l) for l in langs]
-    probs = sampling_probs(n_sentences, args.alpha)
-    if ckpt is not None:
-        if ckpt["tokenizer"] != tok.to_dict() or ckpt["data"]["n_tokens"] != [len(t) for t in train]:
-            raise SystemExit(f"error: --resume: the data or vocabulary in {data_dir} differ from the ones "
-                             f"{ckpt_path} was trained on; use the same data, or another --out")
+    return tok, train, dev, n_sentences
+
+
+def drop_unused_lang_grads(model, used):
+    """Set to None the gradients of language-specific parameters (--sep) of every language j with
+    used[j] == 0 (no micro-batch of this update, on any rank, was in it). The DDP zero term in main() gives
+    them an exactly-zero gradient, and Adam would still move them with its momentum; a None gradient makes
+    Adam skip them, so a language's private parts change only on its own updates (as in XLM)."""
+    for j, u in enumerate(used):
+        if not u:
+            for p in model.lang_specific_parameters(j):
+                p.grad = None
+
+
+def main(argv=None):
+    args = get_args(argv)
+    langs = args.langs.split(",")
+    ddp, rank, world_size, device, dtype, backend = setup_device(args)
+    device_type, master = torch.device(device).type, rank == 0  # device_type: cuda, cpu or mps
+    log = print if master else (lambda *a, **k: None)
+    ckpt_path, log_path = os.path.join(args.out, "checkpoint.pt"), os.path.join(args.out, "log.jsonl")
+
+    # SIGTERM (a preempted job) or Ctrl-C. Before training: stop at once with one line (temp files are removed on
+    # the way out, prepared data stay cached). During training the handler only sets a flag (it may interrupt a
+    # print): the loop finishes the update, saves checkpoint.pt and exits 128 + signal. A second one: stop now.
+    stop_signal, training = None, False
+
+    def on_signal(signum, frame):
+        nonlocal stop_signal
+        name = signal.Signals(signum).name
+        if not training:
+            raise SystemExit(f"error: stopped by {name} before training started; no run file was written (data "
+                             "prepared so far stay cached): run the same command again")
+        if stop_signal is not None:
+            raise SystemExit(f"error: {name} again: stopped without saving; the last {ckpt_path}, if any, goes on "
+                             "with --resume")
+        stop_signal = signum
+
+    old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     # -------------------------------------------------------------------------
-    # model, optimizer, precision
+    # run directory and data: every input checked before any work, prepared once (bpe.prepare; the master
+    # prepares, the other ranks wait), then memory-mapped
+    ckpt = open_run(args, ckpt_path)
+    make_dir("--out", args.out)
+    files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
+    if master:  # the toy world's files are checked once written
+        check_inputs(langs, None if args.toy_world else args.data, files,
+                     None if args.toy_world and not os.path.exists(args.code_switch or "") else args.code_switch)
+    if args.toy_world:
+        write_toy_world(args, langs, master)
+    data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
+                       separate_vocab=args.sep_tok, lowercase=args.lowercase, max_lines=args.bpe_lines,
+                       seed=args.seed, code_switch=args.code_switch, workers=args.workers, master=master)
+    if args.prepare_only:
+        log(f"data prepared in {data_dir}")
+        sys.exit(0)
+    tok, train, dev, n_sentences = load_data(data_dir, langs)
+    n_tokens, vocab_sizes = [len(t) for t in train], [tok.vocab_size(l) for l in langs]
+    probs = sampling_probs(n_sentences, args.alpha)
+    if ckpt is not None and (ckpt["tokenizer"] != tok.to_dict() or ckpt["data"]["n_tokens"] != n_tokens):
+        raise SystemExit(f"error: --resume: the data or vocabulary in {data_dir} differ from the ones "
+                         f"{ckpt_path} was trained on; use the same data, or another --out")
+
+    # -------------------------------------------------------------------------
+    # model and optimiser (D3: Adam, no weight decay; XLM's weight decay, when asked for, is decoupled = AdamW)
     torch.manual_seed(args.seed)  # same init on every rank (DDP broadcasts rank 0's anyway)
     config = ModelConfig(vocab_size=max(vocab_sizes), n_langs=len(langs), n_layers=args.n_layers,
                          n_heads=args.n_heads, dim=args.dim, ffn_dim=args.ffn_dim, dropout=args.dropout,
@@ -571,14 +537,13 @@ def main(argv=None):
                          sep_layers=tuple(args.sep_layers), vocab_sizes=tuple(vocab_sizes) if args.sep_tok else ())
     raw_model = MLM(config).to(device)
     params = list(raw_model.parameters())
-    # D3: Adam, no weight decay; XLM's weight decay, when asked for, is decoupled (= AdamW)
     optimizer = (torch.optim.AdamW if args.weight_decay > 0 else torch.optim.Adam)(
         params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, weight_decay=args.weight_decay)
-    ctx = autocast(device, args_dtype)  # float32: no autocast at all
-    scaler = torch.amp.GradScaler(device_type, enabled=(args_dtype == "float16"))
+    ctx = autocast(device, dtype)  # float32: no autocast at all
+    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 
     # per-rank randomness: data order (numpy), masking (torch CPU generator), dropout (torch global)
-    sampler = StreamSampler([n_stream_batches(len(t), args.batch_size, args.bptt) for t in train], probs,
+    sampler = StreamSampler([n_stream_batches(n, args.batch_size, args.bptt) for n in n_tokens], probs,
                             seed=[args.seed, rank])
     mask_gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
     torch.manual_seed(args.seed * 1000 + rank + 2)
@@ -590,58 +555,49 @@ def main(argv=None):
         if ckpt["scaler"] and scaler.is_enabled():  # empty when the run was not fp16
             scaler.load_state_dict(ckpt["scaler"])
         step, epoch, n_streams, best_ppl = ckpt["step"], ckpt["epoch"], ckpt["n_streams"], ckpt["best_ppl"]
-        rng = ckpt["rng"]
-        if len(rng) == world_size:
-            r = rng[rank]
+        if len(ckpt["rng"]) == world_size:
+            r = ckpt["rng"][rank]
             sampler.load_state_dict(r["sampler"])
             mask_gen.set_state(r["mask"])
             torch.set_rng_state(r["torch"])
             if device_type == "cuda" and r.get("cuda") is not None:
                 torch.cuda.set_rng_state(r["cuda"])
         else:  # a different number of processes: carry on, but the data order is no longer the same
-            log(f"warning: checkpoint was written by {len(rng)} processes, now {world_size}: fresh RNG streams")
+            log(f"warning: checkpoint was written by {len(ckpt['rng'])} processes, now {world_size}: fresh RNG streams")
             sampler = StreamSampler(sampler.n_batches, probs, seed=[args.seed, rank, step])
             mask_gen.manual_seed(args.seed * 1000 + rank + 1 + 7919 * step)
         saved_step, log_bytes = step, ckpt.get("log_bytes")
-        changed = [f"--{k} {ckpt['args'].get(k)} -> {getattr(args, k)}" for k in ("lr", "warmup")
-                   if ckpt["args"].get(k) != getattr(args, k)]
-        log(f"resumed from {ckpt_path} at step {step}, epoch {epoch}" + (f" ({', '.join(changed)})" if changed else ""))
+        changed = ", ".join(f"--{k} {ckpt['args'].get(k)} -> {getattr(args, k)}" for k in ("lr", "warmup")
+                            if ckpt["args"].get(k) != getattr(args, k))
+        log(f"resumed from {ckpt_path} at step {step}, epoch {epoch}" + (f" ({changed})" if changed else ""))
         del ckpt
 
     model = torch.compile(raw_model) if args.compile else raw_model
     if ddp:
         dist.init_process_group(backend=backend)
         model = DDP(model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
-    # DDP and language-specific parameters (--sep): a batch is one language, so the other language's
-    # embeddings / bottom layers get no gradient on this rank, and plain DDP (which waits for a
-    # gradient of every parameter) would hang or fail. We add 0 * (one element of every parameter)
-    # to the loss: every parameter is then in every backward graph and gets a gradient (exactly zero
-    # where unused), DDP averages them as usual, and no graph search (find_unused_parameters) is
-    # needed. We do it in every run, 1 process or many, so that 1 GPU with --accumulate k and k GPUs
-    # do the same arithmetic. After the backward, drop_unused_lang_grads() resets to None the (zero)
-    # gradients of a language no rank saw in this update, so Adam's momentum does not move its private
-    # parameters (XLM's behaviour: unused parameters have no gradient and are skipped).
-    def all_params_term():
+    # DDP and language-specific parameters (--sep): a batch is one language, so the other's parts get no gradient on
+    # this rank and plain DDP (which waits for a gradient of every parameter) would hang. 0 * (one element of every
+    # parameter) added to the loss puts every parameter in every backward graph (no find_unused_parameters search).
+    # Every run does it, so 1 GPU with --accumulate k and k GPUs do the same arithmetic (see drop_unused_lang_grads).
+    def zero_term():
         return sum(p.view(-1)[0] for p in params) * 0.0
 
-    n_params = sum(p.numel() for p in params)
     tokens_per_update = args.batch_size * args.bptt * args.accumulate * world_size
     log(f"languages {langs} (sampling p = {np.round(probs, 3).tolist()}), vocab sizes {vocab_sizes}, "
-        f"train tokens {[len(t) for t in train]}")
-    log(f"model: {n_params:,} parameters, sep={args.sep or 'none'}, bpe={args.bpe}; "
+        f"train tokens {n_tokens}")
+    log(f"model: {sum(p.numel() for p in params):,} parameters, sep={args.sep or 'none'}, bpe={args.bpe}; "
         f"{tokens_per_update:,} tokens per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} "
-        f"accumulation x {world_size} processes), dtype {args_dtype}, device {device}")
+        f"accumulation x {world_size} processes), dtype {dtype}, device {device}")
 
     # -------------------------------------------------------------------------
-    # checkpoints (master writes; every rank contributes its RNG states)
-    log_path = os.path.join(args.out, "log.jsonl")
+    # checkpoints and log.jsonl (the master writes, each file through a temp file and a rename: bpe.atomic_write)
     if master and args.overwrite:  # a new run: no file of the earlier one may survive to be mixed in
         for f in RUN_FILES:
             if os.path.exists(os.path.join(args.out, f)):
                 os.remove(os.path.join(args.out, f))
     if master and log_bytes is not None and os.path.exists(log_path) and os.path.getsize(log_path) > log_bytes:
-        # a resume: drop what was logged after the checkpoint (killed before the next one); it is redone
-        with open(log_path, "r+b") as f:
+        with open(log_path, "r+b") as f:  # a resume: what was logged after the checkpoint is redone
             f.truncate(log_bytes)
         log(f"{log_path}: records after step {step} dropped (they are redone from the checkpoint)")
 
@@ -656,24 +612,23 @@ def main(argv=None):
     def save_checkpoint():
         """checkpoint.pt: everything needed to go on bit for bit (collective: gathers every rank's RNGs)."""
         nonlocal saved_step
-        rng_state = {"sampler": sampler.state_dict(), "mask": mask_gen.get_state(), "torch": torch.get_rng_state(),
-                     "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}
-        rngs = [rng_state]
+        rngs = [{"sampler": sampler.state_dict(), "mask": mask_gen.get_state(), "torch": torch.get_rng_state(),
+                 "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}]
         if ddp:
-            rngs = [None] * world_size
-            dist.all_gather_object(rngs, rng_state)
+            rngs, mine = [None] * world_size, rngs[0]
+            dist.all_gather_object(rngs, mine)
         if master:
-            atomic_save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "scaler": scaler.state_dict(), "config": asdict(config), "args": vars(args),
-                         "tokenizer": tok.to_dict(), "langs": langs, "step": step, "epoch": epoch,
-                         "n_streams": n_streams, "best_ppl": best_ppl, "rng": rngs,
-                         "data": {"dir": data_dir, "n_tokens": [len(t) for t in train]},
-                         "log_bytes": os.path.getsize(log_path) if os.path.exists(log_path) else 0}, ckpt_path)
+            ck = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                  "config": asdict(config), "args": vars(args), "tokenizer": tok.to_dict(), "langs": langs,
+                  "step": step, "epoch": epoch, "n_streams": n_streams, "best_ppl": best_ppl, "rng": rngs,
+                  "data": {"dir": data_dir, "n_tokens": n_tokens},
+                  "log_bytes": os.path.getsize(log_path) if os.path.exists(log_path) else 0}
+            atomic_write(ckpt_path, lambda tmp: torch.save(ck, tmp))
         saved_step = step
 
     def evaluate_and_save():
-        """Dev perplexity (master); best.pt when English improves, then checkpoint.pt. A perplexity that is
-        not finite means the run diverged: nothing is saved (the last good files stay), returns False."""
+        """Dev perplexity (master); best.pt when English improves (paper §3.1), step{N}.pt for --snapshots, then
+        checkpoint.pt. A perplexity that is not finite (diverged): nothing is saved, returns False."""
         nonlocal best_ppl
         ok = True
         if master:
@@ -687,17 +642,12 @@ def main(argv=None):
                 if math.isfinite(ppl[l]) and ppl[l] > 10 * vocab_sizes[j]:
                     log(f"warning: {l} dev ppl {ppl[l]:.3g} is over 10 times the vocabulary size {vocab_sizes[j]} "
                         "(a uniform guess scores the vocabulary size): training is diverging; a lower --lr may help")
-            # logged before checkpoint.pt is written: a resume cuts log.jsonl back to the checkpoint's size
-            log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})
-            if improved:  # paper §3.1: select the best model by English dev perplexity
-                best_ppl = ppl[langs[0]]
-                atomic_write(os.path.join(args.out, "best.pt"),
-                             lambda tmp: save_model(tmp, raw_model, tokenizer=tok.to_dict(), langs=langs,
-                                                    args=vars(args), step=step, dev_ppl=ppl))
-            if ok and step in args.snapshots:  # --snapshots: the model at this update, for learning curves
-                atomic_write(os.path.join(args.out, f"step{step}.pt"),
-                             lambda tmp: save_model(tmp, raw_model, tokenizer=tok.to_dict(), langs=langs,
-                                                    args=vars(args), step=step, dev_ppl=ppl))
+            log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
+            best_ppl = ppl[langs[0]] if improved else best_ppl
+            names = (["best.pt"] if improved else []) + ([f"step{step}.pt"] if ok and step in args.snapshots else [])
+            for name in names:
+                atomic_write(os.path.join(args.out, name), lambda tmp: save_model(
+                    tmp, raw_model, tokenizer=tok.to_dict(), langs=langs, args=vars(args), step=step, dev_ppl=ppl))
         if ddp:
             obj = [best_ppl, ok]
             dist.broadcast_object_list(obj, src=0)
@@ -708,32 +658,22 @@ def main(argv=None):
             log(f"warning: step {step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
         return ok
 
-    def how_to_go_on():
-        if saved_step is None:
-            return ("no checkpoint was saved: start again with a lower --lr (add --overwrite to reuse this --out)")
-        return (f"{ckpt_path} holds step {saved_step} (best.pt the best model up to it): go on from there with a "
-                "lower learning rate, i.e. the same command plus --resume --lr X (--lr and --warmup may change on "
-                "--resume), or try --dtype float32")
-
+    # -------------------------------------------------------------------------
+    # training loop: one update = `accumulate` micro-batches, each one language (XLM src/trainer.py mlm_step)
     stopped_by, diverged = 0, None
     training = True  # from now on a signal stops the run after the current update (on_signal)
-
-    # -------------------------------------------------------------------------
-    # training loop: one update = `accumulate` micro-batches, each one language (XLM mlm_step)
     model.train()
     t0 = time.time()
     while step < args.max_steps and epoch < args.epochs:
         lr = get_lr(step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = torch.zeros((), device=device)
-        micro_langs = []
+        loss_sum, micro_langs = torch.zeros((), device=device), []
         for micro in range(args.accumulate):
             lang, i = sampler.next()
             micro_langs.append(langs[lang])
             x = torch.from_numpy(get_batch(train[lang], i, args.batch_size, args.bptt))
-            inputs, targets = mask_tokens(x, vocab_sizes[lang], mask_gen)
-            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            inputs, targets = (t.to(device, non_blocking=True) for t in mask_tokens(x, vocab_sizes[lang], mask_gen))
             offset = None
             if args.pos_offsets > args.bptt:  # --pos-offsets: each stream starts at a random position
                 offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=mask_gen)
@@ -742,7 +682,7 @@ def main(argv=None):
                 model.require_backward_grad_sync = micro == args.accumulate - 1
             with ctx:
                 _, loss = model(inputs, lang, targets, pos_offset=offset)
-                loss = loss + all_params_term()
+                loss = loss + zero_term()
             scaler.scale(loss / args.accumulate).backward()
             loss_sum += loss.detach().float()
             n_streams += args.batch_size
@@ -765,12 +705,11 @@ def main(argv=None):
             scale = scaler.get_scale()
             scaler.step(optimizer)
             scaler.update()
-            stepped = scaler.get_scale() >= scale
+            stepped, bad_steps = scaler.get_scale() >= scale, 0
             if stepped:
                 step += 1
             else:
                 log(f"step {step}: fp16 gradient overflow, update skipped, loss scale now {scaler.get_scale():g}")
-            bad_steps = 0
         else:
             bad_steps += 1
             log(f"step {step}: non-finite loss {loss_value} / grad norm {grad_norm}, update skipped "
@@ -782,19 +721,16 @@ def main(argv=None):
         optimizer.zero_grad(set_to_none=True)
 
         if stepped and step % args.log_every == 0:
-            dt = time.time() - t0
-            t0 = time.time()
-            tok_s = tokens_per_update * args.log_every / dt
+            tok_s, t0 = tokens_per_update * args.log_every / (time.time() - t0), time.time()
             log(f"step {step} | epoch {epoch} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_norm:.2f} | "
                 f"{tok_s:,.0f} tok/s")
             log_json({"step": step, "epoch": epoch, "lang": ",".join(micro_langs), "loss": loss_value, "lr": lr,
                       "grad_norm": grad_norm, "tok_per_s": tok_s})
         epoch_end = n_streams >= args.epoch_size
-        if (epoch_end or (stepped and args.eval_every and step % args.eval_every == 0) or step >= args.max_steps
-                or (stepped and step in args.snapshots)):
+        if (epoch_end or step >= args.max_steps
+                or stepped and (args.eval_every and step % args.eval_every == 0 or step in args.snapshots)):
             if epoch_end:  # XLM: the epoch counter moves on after the end-of-epoch evaluation
-                n_streams = 0
-                epoch += 1
+                n_streams, epoch = 0, epoch + 1
             if not evaluate_and_save():
                 diverged = f"the dev perplexity is not finite at step {step}"
                 break
@@ -811,10 +747,9 @@ def main(argv=None):
     for sig, handler in old_handlers.items():
         signal.signal(sig, handler)
     if ddp:
-        # Free the DDP wrapper (its gradient reducer holds gloo work) before tearing the group down:
-        # with torch 2.13 + gloo, destroying the group while it is alive aborts the process now and then
-        # ("terminate called without an active exception": 3 of 25 runs of the 2-process test, 0 of 30
-        # after this del).
+        # free the DDP wrapper (its gradient reducer holds gloo work) before tearing the group down: with torch
+        # 2.13 + gloo, destroying the group while it lived aborted 3 of 25 two-process runs ("terminate called
+        # without an active exception"), 0 of 30 after this del
         del model
         gc.collect()
         dist.destroy_process_group()
@@ -824,7 +759,12 @@ def main(argv=None):
                   "run the same command with --resume", file=sys.stderr)
         sys.exit(128 + stopped_by)  # the shell's code for a process ended by that signal
     if diverged:
-        raise SystemExit(f"error: {diverged}; stopping. {how_to_go_on()}" if master else 1)
+        raise SystemExit(1 if not master else f"error: {diverged}; stopping. " + (
+            "no checkpoint was saved: start again with a lower --lr (add --overwrite to reuse this --out)"
+            if saved_step is None else
+            f"{ckpt_path} holds step {saved_step} (best.pt the best model up to it): go on from there with a lower "
+            "learning rate, i.e. the same command plus --resume --lr X (--lr and --warmup may change on --resume), "
+            "or try --dtype float32"))
     log(f"done: step {step}, epoch {epoch}, best {langs[0]} dev ppl {best_ppl:.2f}; files in {args.out}")
 
 
