@@ -101,14 +101,10 @@ def encode_states(model, seqs, lang, max_len, layer=-1):
 def gather_words(states, firsts, with_root):
     """(B, 1 + L, d) subword states -> (B, W, d) first-subword states (ROOT first when with_root) and the
     (B, W) mask of real positions."""
-    W = max(len(f) for f in firsts) + with_root
-    cols = torch.zeros(len(firsts), W, dtype=torch.long)
-    mask = torch.zeros(len(firsts), W, dtype=torch.bool)
-    for b, f in enumerate(firsts):
-        pos = [0] * with_root + [1 + k for k in f]
-        cols[b, :len(pos)] = torch.tensor(pos)
-        mask[b, :len(pos)] = True
-    cols, mask = cols.to(states.device), mask.to(states.device)
+    pos = [[0] * with_root + [1 + k for k in f] for f in firsts]
+    W = max(map(len, pos))
+    cols = torch.tensor([p + [0] * (W - len(p)) for p in pos], device=states.device)
+    mask = torch.tensor([[True] * len(p) + [False] * (W - len(p)) for p in pos], device=states.device)
     return states.gather(1, cols[..., None].expand(-1, -1, states.size(-1))), mask
 
 
@@ -473,7 +469,8 @@ class BiaffineParser(nn.Module):
 
         def mlp(n):
             return nn.Sequential(nn.Linear(d_model, n), nn.LeakyReLU(LEAKY_SLOPE), nn.Dropout(dropout))
-        self.arc_dep, self.arc_head, self.rel_dep, self.rel_head = mlp(arc_mlp), mlp(arc_mlp), mlp(rel_mlp), mlp(rel_mlp)
+        self.arc_dep, self.arc_head = mlp(arc_mlp), mlp(arc_mlp)
+        self.rel_dep, self.rel_head = mlp(rel_mlp), mlp(rel_mlp)
         self.arc_attn = Biaffine(arc_mlp, 1, bias_x=True, bias_y=False)
         self.rel_attn = Biaffine(rel_mlp, n_rels, bias_x=True, bias_y=True)
 
@@ -671,7 +668,8 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
             total_loss += loss.item() * len(batch)
         dev = evaluate(task, model, head, dev_feats, dev_ex, lang, args.max_len, args.eval_batch_size)
         dev_curve.append(dev[task.metric])
-        log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} {100 * dev[task.metric]:.2f}")
+        log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  "
+            f"en dev {task.metric} {100 * dev[task.metric]:.2f}")
         if best is None or dev[task.metric] > best["dev"][task.metric]:
             best = {"epoch": epoch, "dev": dev, "state": cpu_copy(model), "head": cpu_copy(head)}
     model.load_state_dict(best["state"])
@@ -846,7 +844,7 @@ def find_file(data_dir, task, lang, split):
     if task == "parse":
         real = sorted(glob.glob(os.path.join(data_dir, "ud", "UD_*", f"{lang}_*-ud-{split}*.conllu")))
     elif task == "ner":
-        real = [os.path.join(data_dir, "wikiann_panx", f"{'heldout-from-dev' if split == 'test' else split}-{lang}.tsv")]
+        real = [os.path.join(data_dir, "wikiann_panx", f"{split.replace('test', 'heldout-from-dev')}-{lang}.tsv")]
     else:
         real = [os.path.join(data_dir, "xnli", f"{split}-{lang}.tsv")]
     hits = [p for p in [os.path.join(data_dir, TOY_LAYOUT[task].format(lang=lang, split=split))] + real
@@ -1105,7 +1103,8 @@ def number(lo, hi=math.inf, cast=int):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, got {s!r}")
         if not lo <= v < hi:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {s}" if cast is int else f"must be in [{lo}, {hi}), got {s}")
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {s}" if hi == math.inf and cast is int
+                                              else f"must be in [{lo}, {hi}), got {s}")
         return v
     return parse
 
@@ -1128,7 +1127,8 @@ def build_parser():
     p.add_argument("--data", help="data directory: a toydata.py world, or laid out as ../shared/data (xnli/, "
                                   "wikiann_panx/, ud/UD_*/; see find_file)")
     p.add_argument("--toy", nargs="?", const="", metavar="DIR",
-                   help="the toy presets on a toydata.py world (default: toy/ next to --ckpt, as pretrain.py --toy writes it)")
+                   help="the toy presets on a toydata.py world (default: toy/ next to --ckpt, where pretrain.py "
+                        "--toy writes it)")
     p.add_argument("--train-lang", default="en", help="the language fine-tuned on; its dev set selects")
     p.add_argument("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
     p.add_argument("--train-file", help="the train file, instead of --data's")
@@ -1144,7 +1144,7 @@ def build_parser():
                                                                 "(paper: 5e-6,2.5e-5,1.25e-4)")
     p.add_argument("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (at most the "
                    "model's positions - 2); longer sentences are split into overlapping windows")
-    p.add_argument("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER linear layer")
+    p.add_argument("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
     p.add_argument("--clip", type=number(0, math.inf, float), default=5.0, help="gradient norm clipping (0 = off)")
     p.add_argument("--eval-batch-size", type=number(1), default=64, help="sentences per batch when scoring")
     p.add_argument("--seed", type=int, default=0, help="seed of every set (head init, data order)")
@@ -1242,7 +1242,7 @@ def main(argv=None):
     if args.toy is not None:
         args.data = args.toy or args.data or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "toy")
         if not os.path.isdir(args.data):
-            raise SystemExit(f"error: --toy: no toy world at {args.data} (run pretrain.py --toy, or toydata.py --out DIR)")
+            raise SystemExit(f"error: --toy: no toy world at {args.data} (run pretrain.py --toy or toydata.py)")
     elif args.data is not None and not os.path.isdir(args.data):
         raise SystemExit(f"error: --data {args.data}: no such directory")
     tasks = [args.task] if args.task else list(TASKS) if args.toy is not None else []
@@ -1282,7 +1282,8 @@ def main(argv=None):
         job = job_identity(name, files, targs)
         done = None if args.overwrite else finished(os.path.join(out, "results.json"), job, grid(name, targs))
         sets = {} if args.overwrite or done else load_sets(out, job)
-        jobs.append((name, targs, files, out, job, sets, done, None if done else prepare_task(name, files, model, routes, targs)))
+        prepared = None if done else prepare_task(name, files, model, routes, targs)
+        jobs.append((name, targs, files, out, job, sets, done, prepared))
 
     for name, targs, files, out, job, sets, done, prepared in jobs:
         path = os.path.join(out, "results.json")
