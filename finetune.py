@@ -715,7 +715,7 @@ def prepare_task(task_name, files, model, routes, args):
 def run_task(task, data, model, files, args, out, job, done, log=print):
     """§3.2 on one task: train every set of the grid, then report the mean of the best two by English dev.
     Each finished set is written to OUT/sets/ at once; those in `done` (an earlier run of the same job,
-    load_sets) are taken from there instead of trained again. Returns what results.json holds."""
+    earlier_run) are taken from there instead of trained again. Returns what results.json holds."""
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     hps = grid(task.name, args)
     n_done = sum(set_path(out, hp) in done for hp in hps)
@@ -740,7 +740,7 @@ def run_task(task, data, model, files, args, out, job, done, log=print):
     ok = [i for i, r in enumerate(records) if "failed" not in r]
     if not ok:
         raise SystemExit(f"error: {task.name}: every hyper-parameter set diverged (non-finite loss); no results "
-                         "written. Try a lower --lr / --head-lr (and --overwrite)")
+                         "written. Try a lower --lr / --head-lr")
     top, dev, test = mean_of_best_two([records[i] for i in ok], task.metric)
     return {"task": task.name, "metric": task.metric, "ckpt": args.ckpt, "train_lang": args.train_lang,
             "eval_langs": list(files["test"]), "files": files, "labels": task.labels,
@@ -925,9 +925,19 @@ def set_path(out, hp):
                         + (f"-hlr{hp['head_lr']:g}" if hp["head_lr"] else "") + ".json")
 
 
-def load_sets(out, job):
-    """{path: record} of the sets in OUT/sets/ that an interrupted run of the same job finished; sets of
-    another job are refused (one line)."""
+def earlier_run(out, job, hps):
+    """What an earlier run left in `out`: (its results.json when it is of the same job and grid: nothing to
+    do; else {path: record} of the sets it finished, to resume). Anything of another job is refused."""
+    path = os.path.join(out, "results.json")
+    if os.path.exists(path):
+        old = read_json(path, "--out")
+        same = isinstance(old, dict) and old.get("job") == job
+        if same and [{k: c.get(k) for k in hps[0]} for c in old.get("configs", [])] == hps:
+            return old, {}
+        why = ("another grid" if same else job_diff(old["job"], job) if isinstance(old, dict)
+               and isinstance(old.get("job"), dict) else "not written by this finetune.py")
+        raise SystemExit(f"error: {path} already exists (a finished run with other flags: {why}); pass "
+                         "--overwrite to replace it, or use another --out")
     done = {}
     for path in sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
         saved = read_json(path, "resume")
@@ -939,22 +949,7 @@ def load_sets(out, job):
                              f"or data ({job_diff(saved['job'], job)}); rerun with the same flags to resume, or "
                              "use another --out, or pass --overwrite")
         done[path] = saved["record"]
-    return done
-
-
-def finished(path, job, hps):
-    """results.json of the same job and grid: returned (nothing to do). Anything else there is refused
-    unless --overwrite."""
-    if not os.path.exists(path):
-        return None
-    old = read_json(path, "--out")
-    same = isinstance(old, dict) and old.get("job") == job
-    if same and [{k: c.get(k) for k in hps[0]} for c in old.get("configs", [])] == hps:
-        return old
-    why = ("another grid" if same else job_diff(old["job"], job) if isinstance(old, dict)
-           and isinstance(old.get("job"), dict) else "not written by this finetune.py")
-    raise SystemExit(f"error: {path} already exists (a finished run with other flags: {why}); pass --overwrite "
-                     "to replace it, or use another --out")
+    return None, done
 
 
 METRICS = {"xnli": ["acc"], "ner": ["f1", "precision", "recall"], "parse": ["las", "uas", "las_nopunct"]}
@@ -1280,8 +1275,7 @@ def main(argv=None):
                               args.test_file)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job = job_identity(name, files, targs)
-        done = None if args.overwrite else finished(os.path.join(out, "results.json"), job, grid(name, targs))
-        sets = {} if args.overwrite or done else load_sets(out, job)
+        done, sets = (None, {}) if args.overwrite else earlier_run(out, job, grid(name, targs))
         prepared = None if done else prepare_task(name, files, model, routes, targs)
         jobs.append((name, targs, files, out, job, sets, done, prepared))
 
