@@ -834,21 +834,19 @@ def setup_aligned(model, tok, langs, args):
 # -----------------------------------------------------------------------------
 # CLI: data files; OUT/results.json and OUT/sets/ (resume); the printers; flags; main(argv)
 
-TOY_LAYOUT = {"xnli": "xnli/{lang}.{split}.tsv", "ner": "ner/{lang}.{split}.tsv", "parse": "ud/{lang}.{split}.conllu"}
+# --data: a toydata.py world, or ../shared/data's layout. PAN-X's official test files have no labels, so its
+# test split is heldout-from-dev (data/wikiann_panx/SOURCE.md); a language with several UD treebanks takes the
+# first in sorted order.
+LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
+           "ner": ["ner/{lang}.{split}.tsv", "wikiann_panx/{panx_split}-{lang}.tsv"],
+           "parse": ["ud/{lang}.{split}.conllu", "ud/UD_*/{lang}_*-ud-{split}*.conllu"]}
 
 
 def find_file(data_dir, task, lang, split):
-    """One split under --data, or None: a toydata.py world (TOY_LAYOUT), or ../shared/data's layout:
-    xnli/{split}-{lang}.tsv, wikiann_panx/{split}-{lang}.tsv (test = heldout-from-dev: PAN-X's official
-    test files have no labels), ud/UD_*/{lang}_*-ud-{split}*.conllu (the first treebank in sorted order)."""
-    if task == "parse":
-        real = sorted(glob.glob(os.path.join(data_dir, "ud", "UD_*", f"{lang}_*-ud-{split}*.conllu")))
-    elif task == "ner":
-        real = [os.path.join(data_dir, "wikiann_panx", f"{split.replace('test', 'heldout-from-dev')}-{lang}.tsv")]
-    else:
-        real = [os.path.join(data_dir, "xnli", f"{split}-{lang}.tsv")]
-    hits = [p for p in [os.path.join(data_dir, TOY_LAYOUT[task].format(lang=lang, split=split))] + real
-            if os.path.isfile(p)]
+    """The path of one split under --data (LAYOUTS), or None."""
+    panx_split = "heldout-from-dev" if split == "test" else split
+    hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(os.path.join(
+        glob.escape(data_dir), layout.format(lang=lang, split=split, panx_split=panx_split))))]
     if len(hits) > 1:
         print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
     return hits[0] if hits else None
@@ -1120,7 +1118,7 @@ def build_parser():
     p.add_argument("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
     p.add_argument("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
     p.add_argument("--data", help="data directory: a toydata.py world, or laid out as ../shared/data (xnli/, "
-                                  "wikiann_panx/, ud/UD_*/; see find_file)")
+                                  "wikiann_panx/, ud/UD_*/; see LAYOUTS)")
     p.add_argument("--toy", nargs="?", const="", metavar="DIR",
                    help="the toy presets on a toydata.py world (default: toy/ next to --ckpt, where pretrain.py "
                         "--toy writes it)")
