@@ -825,6 +825,7 @@ def setup_aligned(model, tok, langs, args):
     if tmodel.config.dim != model.config.dim:
         raise SystemExit(f"error: --target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
     W = load_align_map(args.align_maps, args.align_layer, args.train_lang, code, model.config.dim)
+    torch.manual_seed(args.seed)  # the new layers' init, so that --seed decides a run
     enc = AlignedEncoder({args.train_lang: (model, lang_index(langs, args.train_lang, args.ckpt), None),
                           code: (tmodel, lang_index(tlangs, code, args.target_ckpt), W.to(args.device))},
                          args.align_layer).to(args.device)
