@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 import bpe
 from bpe import EOS_ID, UNK_ID, parse_lang_path
-from model import DTYPES, Block, encode_batch, load_model, pick_device
+from model import DTYPES, Block, check_plot, encode_batch, load_model, pick_device
 
 # -----------------------------------------------------------------------------
 # Shared encoding: subwords as XLM feeds them (`</s> ids </s>`), first subwords, windows for long sentences
@@ -1048,11 +1048,12 @@ def learning_curve(run_dirs):
 def plot_curve(series, path):
     """A panel per column, a line per model, x = updates (log scale)."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("error: --plot needs matplotlib, which is not a requirement: pip install matplotlib")
+        check_plot(path)  # as align.py and cka.py --plot: matplotlib importable, the directory writable
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     panels = list(dict.fromkeys(c for cols in series.values() for c in cols))
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
     for ax, panel in zip(axes[0], panels):
@@ -1070,6 +1071,7 @@ def plot_curve(series, path):
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path + ".tmp.png", dpi=110)
+    plt.close(fig)
     os.replace(path + ".tmp.png", path)
     print(f"wrote {path}")
 
