@@ -106,7 +106,7 @@ FT_BAD_FLAGS = [
     (["--lr", ","], "argument --lr: expected a comma list of positive numbers, got ','"),
     (["--lr=-1e-3"], "argument --lr: expected a comma list of positive numbers"),
     (["--lr", "nan"], "argument --lr: expected a comma list of positive numbers"),
-    (["--lr", "1e-3,x"], "argument --lr: expected a comma list of numbers"),
+    (["--lr", "1e-3,x"], "argument --lr: expected a comma list of positive numbers, got '1e-3,x'"),
     (["--head-lr", ""], "argument --head-lr: expected a comma list of positive numbers"),
     (["--max-len", "1"], "argument --max-len: must be >= 2"),
     (["--head-dropout", "1.5"], "argument --head-dropout: must be in [0, 1)"),

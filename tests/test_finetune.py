@@ -404,7 +404,7 @@ def test_resolve_files_real_layout():
     assert f["test"]["fr"].endswith("heldout-from-dev-fr.tsv")  # labelled test stand-in
     f = ft.resolve_files("parse", DATA, "en", ["ru"])
     assert f["train"].endswith("en_ewt-ud-train.first3000.conllu") and f["test"]["ru"].endswith("ru_gsd-ud-test.conllu")
-    f = ft.resolve_files("xnli", os.path.join(DATA, "xnli"), "en", ["fr"], train_file=f["train"])  # task folder
+    f = ft.resolve_files("xnli", DATA, "en", ["fr"], train_file=f["train"])
     assert f["dev"].endswith("dev-en.tsv") and f["test"]["fr"].endswith("test-fr.tsv")
     with pytest.raises(SystemExit, match="no English NLI train set"):
         ft.resolve_files("xnli", DATA, "en", ["fr"])
