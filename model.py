@@ -26,6 +26,7 @@ autocast). No CLI: pretrain.py trains it; `python -m pytest -q tests/test_model.
 """
 
 import os
+import re
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
@@ -551,7 +552,8 @@ def plot_layers(path, title, header, rows, ylabel):
             ax.plot(*zip(*points), marker="o", label=header[c])
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
+    ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+    ax.set_title(re.sub(r"\S*/(\S+)", r"\1", title), fontsize=9)  # file names without their directories
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
