@@ -545,7 +545,7 @@ def plot_layers(path, title, header, rows, ylabel):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     xs = [str(r[0]) for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     for c in range(1, len(header)):
         points = [(x, r[c]) for x, r in zip(xs, rows) if isinstance(r[c], float)]
         if points:
@@ -555,10 +555,10 @@ def plot_layers(path, title, header, rows, ylabel):
     ax.tick_params(axis="x", labelrotation=45, labelsize=8)
     ax.set_title(re.sub(r"\S*/(\S+)", r"\1", title), fontsize=9)  # file names without their directories
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the plot, never over a line
     fig.tight_layout()
     tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
     os.replace(tmp, path)
     print(f"wrote {path}")
