@@ -203,15 +203,12 @@ def cka_table(args):
     return header, rows
 
 
-def _int_min(lo):
+def _at_least(lo):
+    """argparse type: an integer >= lo, refused in one line otherwise."""
     def parse(s):
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
-        return v
+        if not s.lstrip("-").isdigit() or int(s) < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {s!r}")
+        return int(s)
     return parse
 
 
@@ -224,8 +221,8 @@ def build_parser():
     ap.add_argument("--src-file", help="parallel sentences, source side (e.g. tatoeba.fra-eng.eng)")
     ap.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
     ap.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in --src-file/--tgt-file from its tatoeba/ pairs")
-    ap.add_argument("--max-sents", type=_int_min(2), default=None, help="use at most this many pairs (>= 2)")
-    ap.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
+    ap.add_argument("--max-sents", type=_at_least(2), default=None, help="use at most this many pairs (>= 2)")
+    ap.add_argument("--batch-size", type=_at_least(1), default=32, help="sentences per forward pass")
     ap.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (= cuda:0), cuda:N, mps (default cpu)")
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                     help="autocast of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, "

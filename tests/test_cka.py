@@ -144,3 +144,12 @@ def test_plot_layers_draws_the_float_columns(tmp_path):
         plt.Axes.plot = real
     assert drawn == {"a": [0.5, 0.25], "b": [0.75]}
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and not list(tmp_path.glob("*.tmp*"))
+
+
+@pytest.mark.parametrize("flag, value", [("--max-sents", "1"), ("--batch-size", "0"), ("--batch-size", "x")])
+def test_bad_counts_are_refused_in_one_line(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        cka.main([flag, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument {flag}: expected an integer >= " in err and repr(value) in err
