@@ -807,7 +807,7 @@ def _langs(s):
     return ls
 
 
-if __name__ == "__main__":
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (must be empty or absent unless --force)")
@@ -827,7 +827,7 @@ if __name__ == "__main__":
     ap.add_argument("--n-task-eval", type=_positive, default=500, help="NER/UD/XNLI dev and test examples each")
     ap.add_argument("--seed", type=int, default=0, help="random seed (same seed, same files)")
     ap.add_argument("--force", action="store_true", help="overwrite a non-empty --out (earlier outputs removed)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     try:
         s = write_world(args.out, langs=args.langs, overlap=args.overlap, order=args.order,
                         domain_shift=args.domain_shift, n_train=args.n_train, n_dev=args.n_dev,
@@ -838,3 +838,8 @@ if __name__ == "__main__":
         sys.exit(f"toydata.py: error: {e}")
     print(f"wrote {s['out_dir']} in {s['seconds']} s: {s['n_concepts']} concepts, vocab {s['vocab_sizes']}, "
           f"shared forms {s['shared']}")
+    return s
+
+
+if __name__ == "__main__":
+    main()
