@@ -11,9 +11,6 @@ dev, and score the same weights on each target language's test set:
 --align-layer runs §5.1.2 (Figure 5): English layers 0..i frozen, 4 new layers and the head trained on
 top, and a monolingual target model's layer i mapped into them by align.py's orthogonal map.
 
-Reading order: shared encoding; XNLI; NER; parsing; the §3.2 protocol; §5.1.2; the CLI (data files,
-resumable results, the --compare / --table / --curve printers, main).
-
     python finetune.py --toy --ckpt runs/toy/best.pt --out runs/toy/ft      # all three tasks, toy presets
     python finetune.py --task parse --ckpt RUN/best.pt --data ../shared/data --eval-langs fr,ru,zh --out runs/parse
     python finetune.py --task ner --toy WORLD --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
@@ -45,20 +42,19 @@ from model import DTYPES, Block, check_plot, encode_batch, load_model, pick_devi
 # Shared encoding: subwords as XLM feeds them (`</s> ids </s>`), first subwords, windows for long sentences
 
 def read_lines(path):
-    """(line number, line without its line end) of a UTF-8 file. Bytes, not text mode: a stray \\r inside a
-    line is no line end (XNLI test files have them), and a line that is not UTF-8 is an error at file:line."""
+    """(line number, line) of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside lines);
+    a line that is not UTF-8 is an error at file:line."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                yield n, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-            yield n, line.rstrip("\r\n")
 
 
 def first_subwords(tok, words, lang):
-    """Flat subword ids of a word list and the index of each word's first subword in them.
-    A word the tokenizer turns into nothing becomes <unk> (as XTREME)."""
+    """Flat subword ids of a word list and the index of each word's first subword in them; a word the
+    tokenizer turns into nothing becomes <unk> (as XTREME)."""
     ids, first = [], []
     for piece in tok.encode_words(words, lang):
         first.append(len(ids))
@@ -109,14 +105,15 @@ def gather_words(states, firsts, with_root):
 
 
 class Task:
-    """What the §3.2 protocol asks of a task. `labels` (a label's id is its index) come from the English
-    train set; English dev selects by `metric`. featurize(examples, tok, lang, max_positions) -> features;
-    loss and predict(model, head, batch of features, lang, max_len); score(examples, preds) -> {name:
-    fraction}. max_len is the word-level tasks' window (encode_states)."""
-    name = metric = None
+    """What the §3.2 protocol asks of a task: `labels` (id = index) from the English train set, English dev
+    selecting by `metric`; featurize(examples, tok, lang, max_positions); loss and predict(model, head, batch,
+    lang, max_len), max_len being the word-level tasks' window; score(examples, preds) -> {name: fraction}."""
 
     def __init__(self, train_examples):
         self.labels = self.label_set(train_examples)
+
+    def check_labels(self, examples, path):  # XNLI: read_xnli admits no other label
+        pass
 
     def head(self, d, dropout):  # XNLI, NER (the parser has its own)
         return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
@@ -133,14 +130,12 @@ def read_xnli(path):
     line is skipped; MultiNLI's `contradictory` (XNLI-MT train) is read as `contradiction`."""
     examples = []
     for n, line in read_lines(path):
-        if not line.strip():
-            continue
         fields = [x.strip() for x in line.split("\t")]
+        if not line.strip() or n == 1 and len(fields) == 3 and fields[2] in ("label", "gold_label"):
+            continue
         if len(fields) != 3:
             raise ValueError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {len(fields)} field(s)")
         premise, hypothesis, label = fields
-        if n == 1 and label in ("label", "gold_label"):
-            continue
         label = "contradiction" if label == "contradictory" else label
         if not premise or not hypothesis:
             raise ValueError(f"{path}:{n}: empty premise or hypothesis")
@@ -167,12 +162,7 @@ class XNLITask(Task):
     name, metric = "xnli", "acc"
 
     def label_set(self, train_examples):
-        return list(XNLI_LABELS)  # XLM's fixed ids (read_xnli admits no other label)
-
-    def check_labels(self, examples, path):
-        bad = sorted({lab for _, _, lab in examples} - set(self.labels))
-        if bad:
-            raise ValueError(f"{path}: labels {bad} are not XNLI labels {self.labels}")
+        return list(XNLI_LABELS)  # XLM's fixed ids
 
     def featurize(self, examples, tok, lang, max_positions):
         feats = [pair_ids(tok, p, h, lang, max_positions) + (self.labels.index(lab),) for p, h, lab in examples]
@@ -182,8 +172,7 @@ class XNLITask(Task):
         return [(ids, y) for ids, _, y in feats]
 
     def logits(self, model, head, batch, lang):
-        hs, _ = encode_batch(model, [ids for ids, _ in batch], lang)
-        return head(hs[-1][:, 0])
+        return head(encode_batch(model, [ids for ids, _ in batch], lang)[0][-1][:, 0])
 
     def loss(self, model, head, batch, lang, max_len):
         y = torch.tensor([y for _, y in batch], device=next(model.parameters()).device)
@@ -205,8 +194,7 @@ def read_ner(path):
     sentences, words, tags = [], [], []
     for n, line in itertools.chain(read_lines(path), [(0, "")]):  # a last blank line ends the last sentence
         if not line.strip():
-            if words:
-                sentences.append((words, tags))
+            sentences += [(words, tags)] if words else []
             words, tags = [], []
             continue
         fields = line.split("\t")
@@ -219,8 +207,7 @@ def read_ner(path):
         tags.append(tag)
     if not sentences:
         raise ValueError(f"{path}: no sentences (empty split)")
-    prefix = re.compile(r"[a-z]{2,3}:")
-    prefixes = {m and m.group() for ws, _ in sentences for m in map(prefix.match, ws)}
+    prefixes = {m and m.group() for ws, _ in sentences for m in map(re.compile(r"[a-z]{2,3}:").match, ws)}
     if len(prefixes) == 1 and None not in prefixes:
         n = len(prefixes.pop())
         sentences = [([w[n:] for w in ws], ts) for ws, ts in sentences]
@@ -444,20 +431,17 @@ ARC_MLP, REL_MLP, MLP_DROPOUT, LEAKY_SLOPE = 500, 100, 0.33, 0.1  # D7 (Dozat & 
 
 
 class Biaffine(nn.Module):
-    """s[b, i, j, o] = [x_i ; 1]^T W_o [y_j ; 1], the bias columns optional."""
+    """s[b, x, y, o] = [x ; 1]^T W_o [y ; 1] (B, T, T, n_out), the bias column on y optional."""
 
-    def __init__(self, n_in, n_out=1, bias_x=True, bias_y=True):
+    def __init__(self, n_in, n_out, bias_y):
         super().__init__()
-        self.n_out, self.bias_x, self.bias_y = n_out, bias_x, bias_y
-        self.weight = nn.Parameter(torch.zeros(n_out, n_in + bias_x, n_in + bias_y))  # zero init as yzhangcs/parser
+        self.bias_y = bias_y
+        self.weight = nn.Parameter(torch.zeros(n_out, n_in + 1, n_in + bias_y))  # zero init as yzhangcs/parser
 
     def forward(self, x, y):  # (B, T, n_in) each
-        if self.bias_x:
-            x = torch.cat([x, torch.ones_like(x[..., :1])], -1)
-        if self.bias_y:
-            y = torch.cat([y, torch.ones_like(y[..., :1])], -1)
-        s = torch.einsum("bxi,oij,byj->bxyo", x, self.weight, y)
-        return s.squeeze(-1) if self.n_out == 1 else s
+        x = torch.cat([x, torch.ones_like(x[..., :1])], -1)
+        y = torch.cat([y, torch.ones_like(y[..., :1])], -1) if self.bias_y else y
+        return torch.einsum("bxi,oij,byj->bxyo", x, self.weight, y)
 
 
 class BiaffineParser(nn.Module):
@@ -471,13 +455,12 @@ class BiaffineParser(nn.Module):
             return nn.Sequential(nn.Linear(d_model, n), nn.LeakyReLU(LEAKY_SLOPE), nn.Dropout(dropout))
         self.arc_dep, self.arc_head = mlp(arc_mlp), mlp(arc_mlp)
         self.rel_dep, self.rel_head = mlp(rel_mlp), mlp(rel_mlp)
-        self.arc_attn = Biaffine(arc_mlp, 1, bias_x=True, bias_y=False)
-        self.rel_attn = Biaffine(rel_mlp, n_rels, bias_x=True, bias_y=True)
+        self.arc_attn, self.rel_attn = Biaffine(arc_mlp, 1, bias_y=False), Biaffine(rel_mlp, n_rels, bias_y=True)
 
     def forward(self, h, mask):
         """mask (B, T): True at the candidate heads (ROOT and words); the others score -inf."""
-        s_arc = self.arc_attn(self.arc_dep(h), self.arc_head(h)).masked_fill(~mask[:, None, :], float("-inf"))
-        return s_arc, self.rel_attn(self.rel_dep(h), self.rel_head(h))
+        s_arc = self.arc_attn(self.arc_dep(h), self.arc_head(h)).squeeze(-1)
+        return s_arc.masked_fill(~mask[:, None, :], float("-inf")), self.rel_attn(self.rel_dep(h), self.rel_head(h))
 
     @staticmethod
     def loss(s_arc, s_rel, heads, rels):
@@ -617,15 +600,10 @@ class NonFiniteLoss(RuntimeError):
     """A hyper-parameter set diverged (NaN/inf loss): it stops and is left out of the selection."""
 
 
-def cpu_copy(module):
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-
-
 def finetune_one(task, model, init_state, data, hp, args, log=print):
     """One hyper-parameter set: train on English for args.epochs epochs, keep the epoch with the best English
     dev score, and score every target test set with that epoch's weights. data: {"lang_id", "train" and
-    "dev": (examples, feats), "test": {code: (examples, feats, lang_id)}}. Returns a JSON-able record;
-    raises NonFiniteLoss when the training loss turns NaN or inf."""
+    "dev": (examples, feats), "test": {code: (examples, feats, lang_id)}}. Returns a JSON-able record."""
     device = next(model.parameters()).device
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
@@ -642,6 +620,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         opts = [torch.optim.Adam(params + list(head.parameters()), lr=hp["lr"])]
         scheds = [torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: warmup_linear(s, steps_per_epoch * args.epochs))]
     lang, dev_ex, dev_feats = data["lang_id"], *data["dev"]
+    cpu_copy = lambda m: {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}  # noqa: E731
     stream = np.array([], dtype=np.int64)  # as XLM: an endless shuffled stream, cut into epochs
     best, dev_curve = None, []
     for epoch in range(1, args.epochs + 1):
@@ -690,8 +669,8 @@ def mean_of_best_two(records, metric):
 
 
 def prepare_task(task_name, files, model, routes, args):
-    """Read and featurise every file of one task -> (task, data). Runs before any training, so a bad file
-    stops the run at once with one line naming file and line. routes: code -> (tokenizer, model language)."""
+    """Read and featurise every file of one task -> (task, data), before any training: a bad file stops the
+    run at once with one line naming file and line. routes: code -> (tokenizer, model language)."""
     Task, reader = TASKS[task_name]
     try:
         train = reader(files["train"])
@@ -715,7 +694,7 @@ def prepare_task(task_name, files, model, routes, args):
 def run_task(task, data, model, files, args, out, job, done, log=print):
     """§3.2 on one task: train every set of the grid, then report the mean of the best two by English dev.
     Each finished set is written to OUT/sets/ at once; those in `done` (an earlier run of the same job,
-    earlier_run) are taken from there instead of trained again. Returns what results.json holds."""
+    earlier_run) are taken from there instead. Returns what results.json holds."""
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     hps = grid(task.name, args)
     n_done = sum(set_path(out, hp) in done for hp in hps)
@@ -723,16 +702,16 @@ def run_task(task, data, model, files, args, out, job, done, log=print):
         log(f"{task.name}: resuming: {n_done} of {len(hps)} hyper-parameter sets finished in an earlier run")
     records = []
     for i, hp in enumerate(hps, 1):
-        path = set_path(out, hp)
+        path, what = set_path(out, hp), f"{task.name}: hyper-parameter set {i}/{len(hps)}"
         if path in done:
-            log(f"{task.name}: hyper-parameter set {i}/{len(hps)}: {hp_text(hp)}: finished in an earlier run ({path})")
+            log(f"{what}: {hp_text(hp)}: finished in an earlier run ({path})")
             records.append(done[path])
             continue
-        log(f"{task.name}: hyper-parameter set {i}/{len(hps)}: {hp_text(hp)}")
+        log(f"{what}: {hp_text(hp)}")
         try:
             rec = finetune_one(task, model, init_state, data, hp, args, log)
         except NonFiniteLoss as e:
-            log(f"{task.name}: hyper-parameter set {i}/{len(hps)} stopped: {e}; it is left out of the selection")
+            log(f"{what} stopped: {e}; it is left out of the selection")
             rec = {**hp, "failed": str(e)}
         write_json(path, {"job": job, "record": rec})
         records.append(rec)
@@ -775,15 +754,15 @@ class AlignedEncoder(nn.Module):
     def lang_specific_parameters(self, lang):
         return []  # below layer i everything is frozen anyway; the new layers are shared
 
-    def hidden_states(self, idx, lang, attn_mask=None):
+    def hidden_states(self, idx, lang, attn_mask):  # attn_mask (B, T) as model.encode_batch passes it
         model, lang_id, W = self.routes[lang]
         with torch.no_grad():
             x = model.hidden_states(idx, lang_id, attn_mask)[self.layer]
             x = x @ W.to(x) if W is not None else x
         hs = [x]
         for block in self.blocks:
-            x = block(x, None if attn_mask is None else attn_mask[:, None, None, :])
-            x = x if attn_mask is None else x * attn_mask[..., None].to(x.dtype)
+            x = block(x, attn_mask[:, None, None, :])
+            x = x * attn_mask[..., None].to(x.dtype)
             hs.append(x)
         return hs
 
@@ -843,36 +822,28 @@ LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
            "parse": ["ud/{lang}.{split}.conllu", "ud/UD_*/{lang}_*-ud-{split}*.conllu"]}
 
 
-def find_file(data_dir, task, lang, split):
-    """The path of one split under --data (LAYOUTS), or None."""
-    panx_split = "heldout-from-dev" if split == "test" else split
-    hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(os.path.join(
-        glob.escape(data_dir), layout.format(lang=lang, split=split, panx_split=panx_split))))]
-    if len(hits) > 1:
-        print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
-    return hits[0] if hits else None
-
-
 def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_file=None, test_files=()):
     """{"train": path, "dev": path, "test": {lang: path}}: --train-file / --dev-file / --test-file first,
-    else find_file under --data."""
+    else the first LAYOUTS match under --data."""
     tests = dict(test_files)
     need = [("train", train_lang, train_file, "--train-file "), ("dev", train_lang, dev_file, "--dev-file ")]
     need += [("test", lang, tests.get(lang), f"--test-file {lang}=") for lang in eval_langs]
-    files = {"test": {}}
+    found = []
     for split, lang, path, flag in need:
         if path is not None and not os.path.isfile(path):
             raise SystemExit(f"error: {flag}{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
-        path = path or (find_file(data_dir, task, lang, split) if data_dir else None)
+        if path is None and data_dir:
+            hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(os.path.join(glob.escape(data_dir), layout
+                    .format(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split))))]
+            if len(hits) > 1:
+                print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
+            path = hits[0] if hits else None
         if path is None:
             hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train in "
                     "XNLI tsv form)" if (task, split) == ("xnli", "train") else "")
             raise SystemExit(f"error: {task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}PATH")
-        if split == "test":
-            files["test"][lang] = path
-        else:
-            files[split] = path
-    return files
+        found.append(path)
+    return {"test": dict(zip(eval_langs, found[2:])), "train": found[0], "dev": found[1]}
 
 
 def write_json(path, obj):
@@ -891,14 +862,6 @@ def read_json(path, flag):
         raise SystemExit(f"error: {flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-def digest(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return "sha256:" + h.hexdigest()[:16]
-
-
 # what a set's result depends on besides the grid (not --device, --threads, --eval-batch-size)
 JOB_FLAGS = ("train_lang", "epochs", "epoch_size", "max_len", "head_dropout", "clip", "seed", "bf16", "align_layer")
 
@@ -909,6 +872,10 @@ def job_identity(task_name, files, args):
     paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps,
              "train file": files["train"], "dev file": files["dev"],
              **{f"{lang} test file": p for lang, p in files["test"].items()}}
+
+    def digest(path):
+        with open(path, "rb") as f:
+            return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
     return {"task": task_name, **{k: digest(p) for k, p in paths.items() if p}, **{k: vars(args)[k] for k in JOB_FLAGS}}
 
 
@@ -977,31 +944,27 @@ def format_table(results, names=()):
     return format_rows(["lang", "split"] + (list(names) + ["Δ"] if many else cols), lines)
 
 
-def read_cells(d, flag):
-    """{(task, lang): test score in %} of one --out directory ({xnli,ner,parse}/results.json, or one
-    results.json) and its checkpoint's pretraining record ({"step", "dev_ppl"}; may be empty)."""
-    cells, pretrain = {}, {}
-    for task in SHORT:
-        for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
-            r = read_json(path, flag) if os.path.exists(path) else None
-            if isinstance(r, dict) and r.get("task") == task and isinstance(r.get("test"), dict):
-                cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
-                pretrain = r.get("pretrain") or pretrain
-                break
-    if not cells:
-        raise SystemExit(f"error: {flag}: no results.json under {d}")
-    return cells, pretrain
-
-
 def read_runs(run_dirs, flag, pattern, expected):
     """--out directories grouped by what `pattern` matches in their names (seeds folded together), in
-    first-seen order -> ({key: [(cells, pretrain)]}, the (task, lang) columns)."""
+    first-seen order -> ({key: [(cells, pretrain)]}, the (task, lang) columns). cells: {(task, lang): test
+    score in %} from DIR/{xnli,ner,parse}/results.json or DIR/results.json; pretrain: the checkpoint's
+    pretraining record ({"step", "dev_ppl"}; may be empty)."""
     groups = {}
     for d in run_dirs:
         m = re.fullmatch(pattern, os.path.basename(os.path.normpath(d)))
         if not m:
             raise SystemExit(f"error: {flag}: {d}: expected a directory named {expected}")
-        groups.setdefault(m.groups(), []).append(read_cells(d, flag))
+        cells, pretrain = {}, {}
+        for task in SHORT:
+            for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
+                r = read_json(path, flag) if os.path.exists(path) else None
+                if isinstance(r, dict) and r.get("task") == task and isinstance(r.get("test"), dict):
+                    cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
+                    pretrain = r.get("pretrain") or pretrain
+                    break
+        if not cells:
+            raise SystemExit(f"error: {flag}: no results.json under {d}")
+        groups.setdefault(m.groups(), []).append((cells, pretrain))
     cols = sorted({c for runs in groups.values() for cells, _ in runs for c in cells},
                   key=lambda c: (list(SHORT).index(c[0]), c[1]))
     return groups, cols
@@ -1064,9 +1027,9 @@ def plot_curve(series, path):
         ax.set_xscale("log")
         ax.set_xticks(steps, [f"{x:,}" for x in steps])
         ax.minorticks_off()
-        ax.set_xlabel("pretraining updates")
-        ax.set_title(panel if panel.startswith("dev ppl") else panel + " (test, %)")
-        ax.set_yscale("log" if panel.startswith("dev ppl") else "linear")
+        ppl = panel.startswith("dev ppl")
+        ax.set(xlabel="pretraining updates", title=panel if ppl else panel + " (test, %)",
+               yscale="log" if ppl else "linear")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
@@ -1118,53 +1081,52 @@ def build_parser():
                     "the hyper-parameters on English dev, report each target language's test score as the mean "
                     "of the best two hyper-parameter sets. Grid flags left unset take the paper's values (the "
                     "toy presets with --toy).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
-    p.add_argument("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
-    p.add_argument("--data", help="data directory: a toydata.py world, or laid out as ../shared/data (xnli/, "
-                                  "wikiann_panx/, ud/UD_*/; see LAYOUTS)")
-    p.add_argument("--toy", nargs="?", const="", metavar="DIR",
-                   help="the toy presets on a toydata.py world (default: toy/ next to --ckpt, where pretrain.py "
-                        "--toy writes it)")
-    p.add_argument("--train-lang", default="en", help="the language fine-tuned on; its dev set selects")
-    p.add_argument("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
-    p.add_argument("--train-file", help="the train file, instead of --data's")
-    p.add_argument("--dev-file", help="the dev file, instead of --data's")
-    p.add_argument("--test-file", type=lang_path, action="append", default=[], metavar="LANG=PATH",
-                   help="one target language's test file, instead of --data's (repeatable)")
-    p.add_argument("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
-    p.add_argument("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
-    p.add_argument("--batch-size", type=positive_list(int), help="comma list (paper: 16,32; XNLI 4,8)")
-    p.add_argument("--lr", type=positive_list(float),
-                   help="comma list of encoder learning rates (paper: 2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
-    p.add_argument("--head-lr", type=positive_list(float), help="XNLI: comma list of classifier learning rates "
-                                                                "(paper: 5e-6,2.5e-5,1.25e-4)")
-    p.add_argument("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (at most the "
-                   "model's positions - 2); longer sentences are split into overlapping windows")
-    p.add_argument("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
-    p.add_argument("--clip", type=number(0, math.inf, float), default=5.0, help="gradient norm clipping (0 = off)")
-    p.add_argument("--eval-batch-size", type=number(1), default=64, help="sentences per batch when scoring")
-    p.add_argument("--seed", type=int, default=0, help="seed of every set (head init, data order)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
-    p.add_argument("--dtype", default="auto", choices=("auto",) + DTYPES, help="training autocast as in pretrain.py: "
-                   "auto = bfloat16 on GPUs that support it, else float32; float16 is refused (no GradScaler)")
-    p.add_argument("--bf16", dest="dtype", action="store_const", const="bfloat16", help="= --dtype bfloat16")
-    p.add_argument("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
-    p.add_argument("--align-layer", type=number(0), metavar="I", help="§5.1.2 aligned transfer: freeze layers 0..I "
-                   "of --ckpt (0 = embeddings), train 4 new layers + head; the target takes --target-ckpt's layer I "
-                   "mapped by --align-maps")
-    p.add_argument("--target-ckpt", help="aligned transfer: the target language's own (monolingual) model")
-    p.add_argument("--align-maps", help="aligned transfer: align.py contextual --save-maps .npz")
-    p.add_argument("--out", help="output directory: results.json, and sets/ with one file per finished set (a "
-                   "sub-folder per task when several run); the same command again resumes or reuses them")
-    p.add_argument("--overwrite", action="store_true", help="replace --out's results.json and sets of a run with "
-                   "other flags, checkpoint or data (refused otherwise)")
-    p.add_argument("--compare", nargs="+", metavar="RESULTS_JSON",
-                   help="only print one table for results.json files of one task, with the Δ column")
-    p.add_argument("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1's layout for --out directories: "
-                   "a row per model (NAME-sSEED: seeds of one row, mean ± std), task x language columns, avg, Δ")
-    p.add_argument("--curve", nargs="+", metavar="OUT_DIR", help="only print transfer against pretraining updates "
-                   "for --out directories named NAME-sSEED-stepN (fine-tuned pretrain.py --snapshots)")
-    p.add_argument("--plot", metavar="FILE.png", help="with --curve: also draw it (needs matplotlib)")
+    add = p.add_argument
+    add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
+    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
+    add("--data", help="data directory: a toydata.py world, or laid out as ../shared/data (xnli/, wikiann_panx/, "
+        "ud/UD_*/; see LAYOUTS)")
+    add("--toy", nargs="?", const="", metavar="DIR", help="the toy presets on a toydata.py world (default: toy/ "
+        "next to --ckpt, where pretrain.py --toy writes it)")
+    add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects")
+    add("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
+    add("--train-file", help="the train file, instead of --data's")
+    add("--dev-file", help="the dev file, instead of --data's")
+    add("--test-file", type=lang_path, action="append", default=[], metavar="LANG=PATH",
+        help="one target language's test file, instead of --data's (repeatable)")
+    add("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
+    add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
+    add("--batch-size", type=positive_list(int), help="comma list (paper: 16,32; XNLI 4,8)")
+    add("--lr", type=positive_list(float), help="comma list of encoder learning rates (paper: 2e-5,3e-5,5e-5; XNLI "
+        "1.25e-6,2.5e-6,5e-6)")
+    add("--head-lr", type=positive_list(float), help="XNLI: comma list of classifier learning rates (paper: "
+        "5e-6,2.5e-5,1.25e-4)")
+    add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (at most the model's "
+        "positions - 2); longer sentences are split into overlapping windows")
+    add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
+    add("--clip", type=number(0, math.inf, float), default=5.0, help="gradient norm clipping (0 = off)")
+    add("--eval-batch-size", type=number(1), default=64, help="sentences per batch when scoring")
+    add("--seed", type=int, default=0, help="seed of every set (head init, data order)")
+    add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
+    add("--dtype", default="auto", choices=("auto",) + DTYPES, help="training autocast as in pretrain.py: auto = "
+        "bfloat16 on GPUs that support it, else float32; float16 is refused (no GradScaler)")
+    add("--bf16", dest="dtype", action="store_const", const="bfloat16", help="= --dtype bfloat16")
+    add("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
+    add("--align-layer", type=number(0), metavar="I", help="§5.1.2 aligned transfer: freeze layers 0..I of --ckpt "
+        "(0 = embeddings), train 4 new layers + head; the target takes --target-ckpt's layer I mapped by --align-maps")
+    add("--target-ckpt", help="aligned transfer: the target language's own (monolingual) model")
+    add("--align-maps", help="aligned transfer: align.py contextual --save-maps .npz")
+    add("--out", help="output directory: results.json, and sets/ with one file per finished set (a sub-folder per "
+        "task when several run); the same command again resumes or reuses them")
+    add("--overwrite", action="store_true", help="replace --out's results.json and sets of a run with other flags, "
+        "checkpoint or data (refused otherwise)")
+    add("--compare", nargs="+", metavar="RESULTS_JSON", help="only print one table for results.json files of one "
+        "task, with the Δ column")
+    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1's layout for --out directories: a row per "
+        "model (NAME-sSEED: seeds of one row, mean ± std), task x language columns, avg, Δ")
+    add("--curve", nargs="+", metavar="OUT_DIR", help="only print transfer against pretraining updates for --out "
+        "directories named NAME-sSEED-stepN (fine-tuned pretrain.py --snapshots)")
+    add("--plot", metavar="FILE.png", help="with --curve: also draw it (needs matplotlib)")
     return p
 
 
@@ -1186,19 +1148,6 @@ def lang_index(langs, code, ckpt):
     return langs.index(code)
 
 
-def check_out_dir(path):
-    """Create --out and make sure a file can be written there, before any work."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise SystemExit(f"error: --out {path}: exists and is not a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".write-test-{os.getpid()}")
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        raise SystemExit(f"error: --out {path}: cannot write there ({e.strerror or e})") from None
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.plot and not args.curve:
@@ -1206,9 +1155,7 @@ def main(argv=None):
     if args.curve:
         text, series = learning_curve(args.curve)
         print(text)
-        if args.plot:
-            plot_curve(series, args.plot)
-        return
+        return plot_curve(series, args.plot) if args.plot else None
     if args.table:
         return print(table1(args.table))
     if args.compare:
@@ -1247,15 +1194,12 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device)
-    if args.eval_langs is None:
-        args.eval_langs = [lang for lang in langs if lang != args.train_lang]
-        if not args.eval_langs:
-            raise SystemExit(f"error: {args.ckpt} knows only {langs}: give --eval-langs (with --align-layer)")
-    else:
-        given, args.eval_langs = args.eval_langs, list(dict.fromkeys(x.strip() for x in args.eval_langs.split(",")
-                                                                     if x.strip()))
-        if not args.eval_langs:
-            raise SystemExit(f"error: --eval-langs {given!r}: no language given")
+    given = args.eval_langs
+    args.eval_langs = ([lang for lang in langs if lang != args.train_lang] if given is None
+                       else list(dict.fromkeys(x.strip() for x in given.split(",") if x.strip())))
+    if not args.eval_langs:
+        raise SystemExit(f"error: {args.ckpt} knows only {langs}: give --eval-langs (with --align-layer)"
+                         if given is None else f"error: --eval-langs {given!r}: no language given")
     for lang, _ in args.test_file:
         if lang not in args.eval_langs:
             raise SystemExit(f"error: --test-file {lang}=...: {lang!r} is not one of --eval-langs {args.eval_langs}")
@@ -1264,13 +1208,19 @@ def main(argv=None):
         model, routes = setup_aligned(model, tok, langs, args)
     else:
         routes = {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang] + args.eval_langs}
-    check_out_dir(args.out)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise SystemExit(f"error: --out {args.out}: exists and is not a directory")
+    try:  # --out is created, and a file written there, before any work
+        os.makedirs(args.out, exist_ok=True)
+        probe = os.path.join(args.out, f".write-test-{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        raise SystemExit(f"error: --out {args.out}: cannot write there ({e.strerror or e})") from None
     jobs = []
     for name in tasks:  # every file of every task is read before the first set trains
-        targs = argparse.Namespace(**vars(args))
-        for k, v in (TOY_PRESET if args.toy is not None else PAPER_PRESET)[name].items():
-            if getattr(targs, k) is None:
-                setattr(targs, k, v)
+        preset = (TOY_PRESET if args.toy is not None else PAPER_PRESET)[name]
+        targs = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if getattr(args, k) is None}})
         targs.head_lr = targs.head_lr or [None]
         files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file, args.dev_file,
                               args.test_file)
