@@ -1,15 +1,12 @@
 """Zero-shot cross-lingual transfer, the measure of the paper (Conneau et al. 2020, §3.2, Table 1).
 
-Fine-tune a pretrained encoder on English only, choose the epoch and the hyper-parameters on English
-dev, and score the same weights on each target language's test set:
-- XNLI: `</s> premise </s> hypothesis </s>`, dropout + linear softmax at position 0, accuracy
-  (XLM `src/evaluation/xnli.py`);
-- NER (WikiAnn / PAN-X): a linear tagger on the first subword of every word, span F1 (seqeval's
-  matching) after the paper's BIO repair;
-- UD parsing: Dozat & Manning's biaffine parser on first subwords, MST decoding with one root, UAS/LAS
-  as CoNLL 2018 `conll18_ud_eval.py` with gold tokenisation.
---align-layer runs §5.1.2 (Figure 5): English layers 0..i frozen, 4 new layers and the head trained on
-top, and a monolingual target model's layer i mapped into them by align.py's orthogonal map.
+Fine-tune a pretrained encoder on English only, choose the epoch and the hyper-parameters on English dev, and
+score the same weights on each target language's test set: XNLI (a linear softmax at position 0 of
+`</s> premise </s> hypothesis </s>`, accuracy, as XLM `src/evaluation/xnli.py`), NER (WikiAnn / PAN-X: a linear
+tagger on first subwords, span F1 as seqeval after the paper's BIO repair) and UD parsing (Dozat & Manning's
+biaffine parser on first subwords, MST with one root, UAS/LAS as CoNLL 2018 `conll18_ud_eval.py`).
+--align-layer runs §5.1.2 (Figure 5): English layers 0..i frozen, 4 new layers and the head trained on top, and
+a monolingual target model's layer i mapped into them by align.py's orthogonal map.
 
     python finetune.py --toy --ckpt runs/toy/best.pt --out runs/toy/ft      # all three tasks, toy presets
     python finetune.py --task parse --ckpt RUN/best.pt --data ../shared/data --eval-langs fr,ru,zh --out runs/parse
@@ -38,12 +35,17 @@ import bpe
 from bpe import EOS_ID, UNK_ID, parse_lang_path
 from model import DTYPES, Block, check_plot, encode_batch, load_model, pick_device
 
+
+def need(ok, msg):
+    """Every bad flag or input file stops the run before any work with one line: `error: msg`."""
+    if not ok:
+        raise SystemExit(f"error: {msg}")
+
 # -----------------------------------------------------------------------------
 # Shared encoding: subwords as XLM feeds them (`</s> ids </s>`), first subwords, windows for long sentences
 
 def read_lines(path):
-    """(line number, line) of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside lines);
-    a line that is not UTF-8 is an error at file:line."""
+    """(line number, line) of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside lines)."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -53,8 +55,7 @@ def read_lines(path):
 
 
 def first_subwords(tok, words, lang):
-    """Flat subword ids of a word list and the index of each word's first subword in them; a word the
-    tokenizer turns into nothing becomes <unk> (as XTREME)."""
+    """Subword ids of a word list and where each word starts; a word that encodes to nothing is <unk> (XTREME)."""
     ids, first = [], []
     for piece in tok.encode_words(words, lang):
         first.append(len(ids))
@@ -67,8 +68,6 @@ def windows(n, size):
     (shijie-wu/crosslingual-nlp `dataset/tagging.py`). Each next window starts size // 2 before the
     previous one ended; positions [keep_from, end) take their states from it, so each subword once.
     windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]"""
-    if size < 2:
-        raise ValueError(f"window size {size} < 2")
     out = [(0, min(n, size), 0)]
     while out[-1][1] < n:
         start = out[-1][1] - size // 2
@@ -95,8 +94,7 @@ def encode_states(model, seqs, lang, max_len, layer=-1):
 
 
 def gather_words(states, firsts, with_root):
-    """(B, 1 + L, d) subword states -> (B, W, d) first-subword states (ROOT first when with_root) and the
-    (B, W) mask of real positions."""
+    """(B, 1 + L, d) states -> (B, W, d) at the first subwords (ROOT first when with_root), (B, W) real-word mask."""
     pos = [[0] * with_root + [1 + k for k in f] for f in firsts]
     W = max(map(len, pos))
     cols = torch.tensor([p + [0] * (W - len(p)) for p in pos], device=states.device)
@@ -126,8 +124,8 @@ XNLI_LABELS = ("contradiction", "neutral", "entailment")  # ids 0, 1, 2 as XLM `
 
 
 def read_xnli(path):
-    """`premise<TAB>hypothesis<TAB>label` per line (XTREME's form) -> [(premise, hypothesis, label)]. A header
-    line is skipped; MultiNLI's `contradictory` (XNLI-MT train) is read as `contradiction`."""
+    """`premise<TAB>hypothesis<TAB>label` lines (XTREME) -> [(premise, hypothesis, label)]; a header line is
+    skipped, MultiNLI's `contradictory` (XNLI-MT train) read as `contradiction`."""
     examples = []
     for n, line in read_lines(path):
         fields = [x.strip() for x in line.split("\t")]
@@ -135,8 +133,7 @@ def read_xnli(path):
             continue
         if len(fields) != 3:
             raise ValueError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {len(fields)} field(s)")
-        premise, hypothesis, label = fields
-        label = "contradiction" if label == "contradictory" else label
+        premise, hypothesis, label = fields[:2] + ["contradiction" if fields[2] == "contradictory" else fields[2]]
         if not premise or not hypothesis:
             raise ValueError(f"{path}:{n}: empty premise or hypothesis")
         if label not in XNLI_LABELS:
@@ -148,8 +145,8 @@ def read_xnli(path):
 
 
 def pair_ids(tok, premise, hypothesis, lang, max_positions):
-    """XLM's `</s> premise </s> hypothesis </s>`. A pair too long for the positions loses subwords from the
-    end of its longer side (XLM cuts each side to 256). Returns (ids, cut)."""
+    """XLM's `</s> premise </s> hypothesis </s>`, and whether it was cut: a pair too long for the positions loses
+    subwords from the end of its longer side (XLM cuts each side to 256)."""
     a, b = tok.encode(premise, lang), tok.encode(hypothesis, lang)
     cut = len(a) + len(b) > max_positions - 3
     while len(a) + len(b) > max_positions - 3:
@@ -200,11 +197,10 @@ def read_ner(path):
         fields = line.split("\t")
         if len(fields) != 2 or not fields[0] or not fields[1].strip():
             raise ValueError(f"{path}:{n}: expected token<TAB>tag, got {line!r}")
-        tag = fields[1].strip()
-        if tag != "O" and not re.fullmatch(r"[BI]-\S+", tag):
-            raise ValueError(f"{path}:{n}: tag {tag!r} is not O, B-X or I-X (IOB2)")
         words.append(fields[0])
-        tags.append(tag)
+        tags.append(fields[1].strip())
+        if tags[-1] != "O" and not re.fullmatch(r"[BI]-\S+", tags[-1]):
+            raise ValueError(f"{path}:{n}: tag {tags[-1]!r} is not O, B-X or I-X (IOB2)")
     if not sentences:
         raise ValueError(f"{path}: no sentences (empty split)")
     prefixes = {m and m.group() for ws, _ in sentences for m in map(re.compile(r"[a-z]{2,3}:").match, ws)}
@@ -262,8 +258,7 @@ def span_f1(gold, pred):
             raise ValueError(f"span_f1: sentence {k} has {len(g)} gold tags but {len(p)} predicted")
         G, P = bio_spans(repair_bio(g)), bio_spans(repair_bio(p))
         tp, n_gold, n_pred = tp + len(G & P), n_gold + len(G), n_pred + len(P)
-    precision = tp / n_pred if n_pred else 0.0
-    recall = tp / n_gold if n_gold else 0.0
+    precision, recall = tp / n_pred if n_pred else 0.0, tp / n_gold if n_gold else 0.0
     return precision, recall, 2 * precision * recall / (precision + recall) if tp else 0.0
 
 
@@ -304,10 +299,9 @@ class NERTask(Task):
 # UD parsing (§3.2): CoNLL-U with its tree check, biaffine scorer (D7), MST decoding, UAS/LAS (CoNLL 2018)
 
 def read_conllu(path):
-    """CoNLL-U -> per sentence {"words", "upos", "heads" (0 = ROOT), "rels"}. Comments, multiword ranges
-    (`1-2`) and empty nodes (`1.1`) are skipped, and every sentence must be a tree (one word on ROOT, no
-    cycle), as `conll18_ud_eval.py` requires. Errors name the file and the line (the word's, or the first
-    of the sentence)."""
+    """CoNLL-U -> per sentence {"words", "upos", "heads" (0 = ROOT), "rels"}. Comments, multiword ranges (`1-2`)
+    and empty nodes (`1.1`) are skipped; every sentence must be a tree (one word on ROOT, no cycle), as
+    `conll18_ud_eval.py` requires. Errors name the file and the line (the word's, or the sentence's first)."""
     sentences, rows, start = [], [], None
     for n, line in itertools.chain(read_lines(path), [(0, "")]):  # a last blank line ends the last sentence
         if line.strip():
@@ -336,13 +330,12 @@ def read_conllu(path):
         if rows and heads.count(0) != 1:
             raise ValueError(f"{path}:{start}: sentence is not a tree: {heads.count(0)} words on ROOT (HEAD 0), "
                              "expected exactly one")
-        cycle = find_cycle([-1] + heads)
-        if cycle:
+        if cycle := find_cycle([-1] + heads):
             raise ValueError(f"{path}:{start}: sentence is not a tree: words "
                              f"{' -> '.join(map(str, cycle + cycle[:1]))} form a cycle (HEAD)")
         if rows:
-            _, _, words, upos, _, rels = zip(*rows)
-            sentences.append({"words": list(words), "upos": list(upos), "heads": heads, "rels": list(rels)})
+            _, _, words, upos, _, rels = map(list, zip(*rows))
+            sentences.append({"words": words, "upos": upos, "heads": heads, "rels": rels})
         rows, start = [], None
     if not sentences:
         raise ValueError(f"{path}: no sentences (empty split)")
@@ -418,8 +411,6 @@ def mst_decode(scores):
     loses a constant M larger than the whole score range, so one root arc beats two and the order among
     one-root trees is unchanged."""
     S = np.array(scores, dtype=np.float64)
-    if len(S) < 2:
-        return np.array([-1] * len(S))
     finite = S[np.isfinite(S)]
     S[:, 0] -= (finite.max() - finite.min() + 1.0) * len(S) if finite.size else 1.0
     S[0, :] = -np.inf
@@ -457,8 +448,7 @@ class BiaffineParser(nn.Module):
         self.rel_dep, self.rel_head = mlp(rel_mlp), mlp(rel_mlp)
         self.arc_attn, self.rel_attn = Biaffine(arc_mlp, 1, bias_y=False), Biaffine(rel_mlp, n_rels, bias_y=True)
 
-    def forward(self, h, mask):
-        """mask (B, T): True at the candidate heads (ROOT and words); the others score -inf."""
+    def forward(self, h, mask):  # mask (B, T): True at the candidate heads (ROOT and words); the others score -inf
         s_arc = self.arc_attn(self.arc_dep(h), self.arc_head(h)).squeeze(-1)
         return s_arc.masked_fill(~mask[:, None, :], float("-inf")), self.rel_attn(self.rel_dep(h), self.rel_head(h))
 
@@ -583,7 +573,7 @@ def warmup_linear(step, total, warmup=0.1):
 
 
 @torch.no_grad()
-def evaluate(task, model, head, feats, examples, lang, max_len, batch_size=64):
+def evaluate(task, model, head, feats, examples, lang, max_len, batch_size):
     """Scores of one split: batches in length order (less padding), predictions back in file order."""
     model.eval()
     head.eval()
@@ -610,7 +600,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     model.load_state_dict(init_state)
     head = task.head(model.config.dim, args.head_dropout).to(device)
     params = freeze_lang_specific(model)
-    train = data["train"][1]
+    train, lang, (dev_ex, dev_feats) = data["train"][1], data["lang_id"], data["dev"]
     n_per_epoch = args.epoch_size or len(train)
     steps_per_epoch = math.ceil(n_per_epoch / hp["batch_size"])
     if task.name == "xnli":  # XLM: two Adam optimisers with fixed learning rates, no schedule
@@ -619,7 +609,6 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     else:  # one Adam, 10 % linear warm-up then linear decay (crosslingual-nlp)
         opts = [torch.optim.Adam(params + list(head.parameters()), lr=hp["lr"])]
         scheds = [torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: warmup_linear(s, steps_per_epoch * args.epochs))]
-    lang, dev_ex, dev_feats = data["lang_id"], *data["dev"]
     cpu_copy = lambda m: {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}  # noqa: E731
     stream = np.array([], dtype=np.int64)  # as XLM: an endless shuffled stream, cut into epochs
     best, dev_curve = None, []
@@ -647,8 +636,8 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
             total_loss += loss.item() * len(batch)
         dev = evaluate(task, model, head, dev_feats, dev_ex, lang, args.max_len, args.eval_batch_size)
         dev_curve.append(dev[task.metric])
-        log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  "
-            f"en dev {task.metric} {100 * dev[task.metric]:.2f}")
+        log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
+            f"{100 * dev_curve[-1]:.2f}")
         if best is None or dev[task.metric] > best["dev"][task.metric]:
             best = {"epoch": epoch, "dev": dev, "state": cpu_copy(model), "head": cpu_copy(head)}
     model.load_state_dict(best["state"])
@@ -691,35 +680,33 @@ def prepare_task(task_name, files, model, routes, args):
     return task, data
 
 
-def run_task(task, data, model, files, args, out, job, done, log=print):
+def run_task(task, data, model, files, args, out, job, done):
     """§3.2 on one task: train every set of the grid, then report the mean of the best two by English dev.
     Each finished set is written to OUT/sets/ at once; those in `done` (an earlier run of the same job,
     earlier_run) are taken from there instead. Returns what results.json holds."""
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     hps = grid(task.name, args)
-    n_done = sum(set_path(out, hp) in done for hp in hps)
-    if n_done:
-        log(f"{task.name}: resuming: {n_done} of {len(hps)} hyper-parameter sets finished in an earlier run")
+    if n_done := sum(set_path(out, hp) in done for hp in hps):
+        print(f"{task.name}: resuming: {n_done} of {len(hps)} hyper-parameter sets finished in an earlier run")
     records = []
     for i, hp in enumerate(hps, 1):
         path, what = set_path(out, hp), f"{task.name}: hyper-parameter set {i}/{len(hps)}"
         if path in done:
-            log(f"{what}: {hp_text(hp)}: finished in an earlier run ({path})")
+            print(f"{what}: {hp_text(hp)}: finished in an earlier run ({path})")
             records.append(done[path])
             continue
-        log(f"{what}: {hp_text(hp)}")
+        print(f"{what}: {hp_text(hp)}")
         try:
-            rec = finetune_one(task, model, init_state, data, hp, args, log)
+            rec = finetune_one(task, model, init_state, data, hp, args)
         except NonFiniteLoss as e:
-            log(f"{what} stopped: {e}; it is left out of the selection")
+            print(f"{what} stopped: {e}; it is left out of the selection")
             rec = {**hp, "failed": str(e)}
         write_json(path, {"job": job, "record": rec})
         records.append(rec)
     model.load_state_dict(init_state)
     ok = [i for i, r in enumerate(records) if "failed" not in r]
-    if not ok:
-        raise SystemExit(f"error: {task.name}: every hyper-parameter set diverged (non-finite loss); no results "
-                         "written. Try a lower --lr / --head-lr")
+    need(ok, f"{task.name}: every hyper-parameter set diverged (non-finite loss); no results written. Try a lower "
+         "--lr / --head-lr")
     top, dev, test = mean_of_best_two([records[i] for i in ok], task.metric)
     return {"task": task.name, "metric": task.metric, "ckpt": args.ckpt, "train_lang": args.train_lang,
             "eval_langs": list(files["test"]), "files": files, "labels": task.labels,
@@ -776,33 +763,28 @@ def load_align_map(path, layer, train_lang, target, dim):
     except Exception as e:  # missing, truncated, not an .npz: OSError, ValueError, BadZipFile, ...
         raise SystemExit(f"error: --align-maps: cannot read {path}: {type(e).__name__}: {e}") from None
     for k in ("src", "tgt", "src_to_tgt", "tgt_to_src"):
-        if k not in entries:
-            raise SystemExit(f"error: --align-maps {path}: no {k!r} entry (expected align.py contextual --save-maps)")
+        need(k in entries, f"--align-maps {path}: no {k!r} entry (expected align.py contextual --save-maps)")
     pair = str(entries["src"]), str(entries["tgt"])
-    if pair not in ((train_lang, target), (target, train_lang)):
-        raise SystemExit(f"error: {path}: maps are for {pair[0]}->{pair[1]}, not {target}->{train_lang}")
+    need(pair in ((train_lang, target), (target, train_lang)),
+         f"{path}: maps are for {pair[0]}->{pair[1]}, not {target}->{train_lang}")
     M = entries["tgt_to_src" if pair[0] == train_lang else "src_to_tgt"]
-    if M.ndim != 3 or not 0 <= layer < len(M) or M.shape[1:] != (dim, dim):
-        raise SystemExit(f"error: {path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
-    if not np.isfinite(M[layer]).all():
-        raise SystemExit(f"error: --align-maps {path}: the layer-{layer} map contains NaN or inf")
+    need(M.ndim == 3 and 0 <= layer < len(M) and M.shape[1:] == (dim, dim),
+         f"{path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
+    need(np.isfinite(M[layer]).all(), f"--align-maps {path}: the layer-{layer} map contains NaN or inf")
     return torch.tensor(M[layer], dtype=torch.float32)
 
 
 def setup_aligned(model, tok, langs, args):
     """--align-layer: the English model's bottom layers and the target model (its own tokenizer and
     language index) joined by the stored map -> (AlignedEncoder, routes for prepare_task)."""
-    if not args.target_ckpt or not args.align_maps:
-        raise SystemExit("error: --align-layer needs --target-ckpt and --align-maps")
-    if len(args.eval_langs) != 1:
-        raise SystemExit("error: --align-layer: give exactly one --eval-langs (the --target-ckpt language)")
+    need(args.target_ckpt and args.align_maps, "--align-layer needs --target-ckpt and --align-maps")
+    need(len(args.eval_langs) == 1, "--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
     code = args.eval_langs[0]
     tmodel, ttok, tlangs, _ = load_ckpt(args.target_ckpt, "--target-ckpt", args.device)
     n = min(model.config.n_layers, tmodel.config.n_layers)
-    if not 0 <= args.align_layer <= n:
-        raise SystemExit(f"error: --align-layer {args.align_layer} outside 0..{n}")
-    if tmodel.config.dim != model.config.dim:
-        raise SystemExit(f"error: --target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
+    need(0 <= args.align_layer <= n, f"--align-layer {args.align_layer} outside 0..{n}")
+    need(tmodel.config.dim == model.config.dim,
+         f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
     W = load_align_map(args.align_maps, args.align_layer, args.train_lang, code, model.config.dim)
     torch.manual_seed(args.seed)  # the new layers' init, so that --seed decides a run
     enc = AlignedEncoder({args.train_lang: (model, lang_index(langs, args.train_lang, args.ckpt), None),
@@ -826,22 +808,21 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_f
     """{"train": path, "dev": path, "test": {lang: path}}: --train-file / --dev-file / --test-file first,
     else the first LAYOUTS match under --data."""
     tests = dict(test_files)
-    need = [("train", train_lang, train_file, "--train-file "), ("dev", train_lang, dev_file, "--dev-file ")]
-    need += [("test", lang, tests.get(lang), f"--test-file {lang}=") for lang in eval_langs]
+    wanted = [("train", train_lang, train_file, "--train-file "), ("dev", train_lang, dev_file, "--dev-file ")]
+    wanted += [("test", lang, tests.get(lang), f"--test-file {lang}=") for lang in eval_langs]
     found = []
-    for split, lang, path, flag in need:
-        if path is not None and not os.path.isfile(path):
-            raise SystemExit(f"error: {flag}{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
+    for split, lang, path, flag in wanted:
+        need(path is None or os.path.isfile(path),
+             f"{flag}{path}: {'not a file' if path and os.path.exists(path) else 'no such file'}")
         if path is None and data_dir:
             hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(os.path.join(glob.escape(data_dir), layout
                     .format(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split))))]
             if len(hits) > 1:
                 print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
             path = hits[0] if hits else None
-        if path is None:
-            hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train in "
-                    "XNLI tsv form)" if (task, split) == ("xnli", "train") else "")
-            raise SystemExit(f"error: {task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}PATH")
+        hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train in XNLI tsv "
+                "form)" if (task, split) == ("xnli", "train") else "")
+        need(path, f"{task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}PATH")
         found.append(path)
     return {"test": dict(zip(eval_langs, found[2:])), "train": found[0], "dev": found[1]}
 
@@ -907,13 +888,11 @@ def earlier_run(out, job, hps):
     done = {}
     for path in sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
         saved = read_json(path, "resume")
-        if not isinstance(saved, dict) or not {"job", "record"} <= set(saved):
-            raise SystemExit(f"error: {path} is not a hyper-parameter set written by finetune.py; move it away "
-                             "or pass --overwrite")
-        if saved["job"] != job:
-            raise SystemExit(f"error: {os.path.dirname(path)} holds hyper-parameter sets of a run with other flags "
-                             f"or data ({job_diff(saved['job'], job)}); rerun with the same flags to resume, or "
-                             "use another --out, or pass --overwrite")
+        need(isinstance(saved, dict) and {"job", "record"} <= set(saved),
+             f"{path} is not a hyper-parameter set written by finetune.py; move it away or pass --overwrite")
+        need(saved["job"] == job, f"{os.path.dirname(path)} holds hyper-parameter sets of a run with other flags or "
+             f"data ({job_diff(saved['job'], job)}); rerun with the same flags to resume, or use another --out, or "
+             "pass --overwrite")
         done[path] = saved["record"]
     return None, done
 
@@ -945,15 +924,13 @@ def format_table(results, names=()):
 
 
 def read_runs(run_dirs, flag, pattern, expected):
-    """--out directories grouped by what `pattern` matches in their names (seeds folded together), in
-    first-seen order -> ({key: [(cells, pretrain)]}, the (task, lang) columns). cells: {(task, lang): test
-    score in %} from DIR/{xnli,ner,parse}/results.json or DIR/results.json; pretrain: the checkpoint's
-    pretraining record ({"step", "dev_ppl"}; may be empty)."""
+    """--out directories grouped by what `pattern` matches in their names (seeds folded together), in first-seen
+    order -> ({key: [(cells, pretrain)]}, the (task, lang) columns). cells: {(task, lang): test score in %} from
+    DIR/{xnli,ner,parse}/results.json or DIR/results.json; pretrain: the checkpoint's {"step", "dev_ppl"} or {}."""
     groups = {}
     for d in run_dirs:
         m = re.fullmatch(pattern, os.path.basename(os.path.normpath(d)))
-        if not m:
-            raise SystemExit(f"error: {flag}: {d}: expected a directory named {expected}")
+        need(m, f"{flag}: {d}: expected a directory named {expected}")
         cells, pretrain = {}, {}
         for task in SHORT:
             for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
@@ -962,8 +939,7 @@ def read_runs(run_dirs, flag, pattern, expected):
                     cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
                     pretrain = r.get("pretrain") or pretrain
                     break
-        if not cells:
-            raise SystemExit(f"error: {flag}: no results.json under {d}")
+        need(cells, f"{flag}: no results.json under {d}")
         groups.setdefault(m.groups(), []).append((cells, pretrain))
     cols = sorted({c for runs in groups.values() for cells, _ in runs for c in cells},
                   key=lambda c: (list(SHORT).index(c[0]), c[1]))
@@ -1097,10 +1073,10 @@ def build_parser():
     add("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
     add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
     add("--batch-size", type=positive_list(int), help="comma list (paper: 16,32; XNLI 4,8)")
-    add("--lr", type=positive_list(float), help="comma list of encoder learning rates (paper: 2e-5,3e-5,5e-5; XNLI "
-        "1.25e-6,2.5e-6,5e-6)")
-    add("--head-lr", type=positive_list(float), help="XNLI: comma list of classifier learning rates (paper: "
-        "5e-6,2.5e-5,1.25e-4)")
+    add("--lr", type=positive_list(float), help="comma list of encoder learning rates (paper: "
+        "2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
+    add("--head-lr", type=positive_list(float), help="XNLI: comma list of classifier learning rates "
+        "(paper: 5e-6,2.5e-5,1.25e-4)")
     add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (at most the model's "
         "positions - 2); longer sentences are split into overlapping windows")
     add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
@@ -1143,15 +1119,13 @@ def load_ckpt(path, flag, device):
 
 
 def lang_index(langs, code, ckpt):
-    if code not in langs:
-        raise SystemExit(f"error: language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
+    need(code in langs, f"language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
     return langs.index(code)
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.plot and not args.curve:
-        raise SystemExit("error: --plot goes with --curve")
+    need(args.curve or not args.plot, "--plot goes with --curve")
     if args.curve:
         text, series = learning_curve(args.curve)
         print(text)
@@ -1161,55 +1135,46 @@ def main(argv=None):
     if args.compare:
         results = [read_json(path, "--compare") for path in args.compare]
         for path, r in zip(args.compare, results):
-            if not isinstance(r, dict) or not {"task", "metric", "dev", "test", "eval_langs", "train_lang"} <= set(r):
-                raise SystemExit(f"error: --compare: {path} is not a results.json written by finetune.py")
-        if len({r["task"] for r in results}) > 1:
-            raise SystemExit("error: --compare: the results are from different tasks")
+            need(isinstance(r, dict) and {"task", "metric", "dev", "test", "eval_langs", "train_lang"} <= set(r),
+                 f"--compare: {path} is not a results.json written by finetune.py")
+        need(len({r["task"] for r in results}) == 1, "--compare: the results are from different tasks")
         return print(format_table(results, args.compare))
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
-    if not args.ckpt or not args.out:
-        raise SystemExit("error: --ckpt and --out are required (or --compare / --table / --curve)")
-    if args.dtype == "float16":
-        raise SystemExit("error: --dtype float16: fine-tuning in float16 needs a GradScaler, which finetune.py "
-                         "does not have; use --dtype bfloat16 or float32")
+    need(args.ckpt and args.out, "--ckpt and --out are required (or --compare / --table / --curve)")
+    need(args.dtype != "float16", "--dtype float16: fine-tuning in float16 needs a GradScaler, which finetune.py "
+         "does not have; use --dtype bfloat16 or float32")
     try:
         args.device, dtype, _ = pick_device(args.device, args.dtype)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     args.bf16 = dtype == "bfloat16"  # (auto on a GPU without bfloat16: float32)
-    if args.align_layer is None and (args.target_ckpt or args.align_maps):
-        raise SystemExit("error: --target-ckpt and --align-maps are for aligned transfer: give --align-layer too")
-    if args.toy and args.data and os.path.abspath(args.toy) != os.path.abspath(args.data):
-        raise SystemExit(f"error: --toy {args.toy} and --data {args.data} name two data directories; give one")
+    need(args.align_layer is not None or not (args.target_ckpt or args.align_maps),
+         "--target-ckpt and --align-maps are for aligned transfer: give --align-layer too")
+    need(not (args.toy and args.data) or os.path.abspath(args.toy) == os.path.abspath(args.data),
+         f"--toy {args.toy} and --data {args.data} name two data directories; give one")
     if args.toy is not None:
         args.data = args.toy or args.data or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "toy")
-        if not os.path.isdir(args.data):
-            raise SystemExit(f"error: --toy: no toy world at {args.data} (run pretrain.py --toy or toydata.py)")
-    elif args.data is not None and not os.path.isdir(args.data):
-        raise SystemExit(f"error: --data {args.data}: no such directory")
+        need(os.path.isdir(args.data), f"--toy: no toy world at {args.data} (run pretrain.py --toy or toydata.py)")
+    need(args.data is None or os.path.isdir(args.data), f"--data {args.data}: no such directory")
     tasks = [args.task] if args.task else list(TASKS) if args.toy is not None else []
-    if not tasks:
-        raise SystemExit("error: --task is required (only --toy runs all three)")
+    need(tasks, "--task is required (only --toy runs all three)")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device)
     given = args.eval_langs
     args.eval_langs = ([lang for lang in langs if lang != args.train_lang] if given is None
                        else list(dict.fromkeys(x.strip() for x in given.split(",") if x.strip())))
-    if not args.eval_langs:
-        raise SystemExit(f"error: {args.ckpt} knows only {langs}: give --eval-langs (with --align-layer)"
-                         if given is None else f"error: --eval-langs {given!r}: no language given")
+    need(args.eval_langs, f"{args.ckpt} knows only {langs}: give --eval-langs (with --align-layer)" if given is None
+         else f"--eval-langs {given!r}: no language given")
     for lang, _ in args.test_file:
-        if lang not in args.eval_langs:
-            raise SystemExit(f"error: --test-file {lang}=...: {lang!r} is not one of --eval-langs {args.eval_langs}")
+        need(lang in args.eval_langs, f"--test-file {lang}=...: {lang!r} is not one of --eval-langs {args.eval_langs}")
     args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
     else:
         routes = {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang] + args.eval_langs}
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise SystemExit(f"error: --out {args.out}: exists and is not a directory")
+    need(not os.path.exists(args.out) or os.path.isdir(args.out), f"--out {args.out}: exists and is not a directory")
     try:  # --out is created, and a file written there, before any work
         os.makedirs(args.out, exist_ok=True)
         probe = os.path.join(args.out, f".write-test-{os.getpid()}")
