@@ -1,10 +1,11 @@
 """Zero-shot cross-lingual transfer, the measure of the paper (Conneau et al. 2020, §3.2, Table 1).
 
 Fine-tune a pretrained encoder on English only, choose the epoch and the hyper-parameters on English dev, and
-score the same weights on each target language's test set: XNLI (a linear softmax at position 0 of
-`</s> premise </s> hypothesis </s>`, accuracy, as XLM `src/evaluation/xnli.py`), NER (WikiAnn / PAN-X: a linear
-tagger on first subwords, span F1 as seqeval after the paper's BIO repair) and UD parsing (Dozat & Manning's
-biaffine parser on first subwords, MST with one root, UAS/LAS as CoNLL 2018 `conll18_ud_eval.py`).
+score the same weights on each target language's test set:
+- XNLI: `</s> premise </s> hypothesis </s>`, dropout + linear softmax at position 0, accuracy (XLM `xnli.py`);
+- NER (WikiAnn / PAN-X): a linear tagger on first subwords, span F1 (seqeval) after the paper's BIO repair;
+- UD parsing: Dozat & Manning's biaffine parser on first subwords, MST decoding with one root, UAS/LAS as
+  CoNLL 2018 `conll18_ud_eval.py` with gold tokenisation.
 --align-layer runs §5.1.2 (Figure 5): English layers 0..i frozen, 4 new layers and the head trained on top, and
 a monolingual target model's layer i mapped into them by align.py's orthogonal map.
 
@@ -103,9 +104,8 @@ def gather_words(states, firsts, with_root):
 
 
 class Task:
-    """What the §3.2 protocol asks of a task: `labels` (id = index) from the English train set, English dev
-    selecting by `metric`; featurize(examples, tok, lang, max_positions); loss and predict(model, head, batch,
-    lang, max_len), max_len being the word-level tasks' window; score(examples, preds) -> {name: fraction}."""
+    """What the §3.2 protocol asks of a task: `labels` (id = index) from English train, English dev selecting by
+    `metric`; featurize, then loss / predict on batches of features, score(examples, preds) -> {name: fraction}."""
 
     def __init__(self, train_examples):
         self.labels = self.label_set(train_examples)
@@ -133,7 +133,8 @@ def read_xnli(path):
             continue
         if len(fields) != 3:
             raise ValueError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {len(fields)} field(s)")
-        premise, hypothesis, label = fields[:2] + ["contradiction" if fields[2] == "contradictory" else fields[2]]
+        premise, hypothesis, label = fields
+        label = "contradiction" if label == "contradictory" else label
         if not premise or not hypothesis:
             raise ValueError(f"{path}:{n}: empty premise or hypothesis")
         if label not in XNLI_LABELS:
@@ -203,7 +204,8 @@ def read_ner(path):
             raise ValueError(f"{path}:{n}: tag {tags[-1]!r} is not O, B-X or I-X (IOB2)")
     if not sentences:
         raise ValueError(f"{path}: no sentences (empty split)")
-    prefixes = {m and m.group() for ws, _ in sentences for m in map(re.compile(r"[a-z]{2,3}:").match, ws)}
+    prefix = re.compile(r"[a-z]{2,3}:")
+    prefixes = {m and m.group() for ws, _ in sentences for m in map(prefix.match, ws)}
     if len(prefixes) == 1 and None not in prefixes:
         n = len(prefixes.pop())
         sentences = [([w[n:] for w in ws], ts) for ws, ts in sentences]
@@ -299,9 +301,8 @@ class NERTask(Task):
 # UD parsing (§3.2): CoNLL-U with its tree check, biaffine scorer (D7), MST decoding, UAS/LAS (CoNLL 2018)
 
 def read_conllu(path):
-    """CoNLL-U -> per sentence {"words", "upos", "heads" (0 = ROOT), "rels"}. Comments, multiword ranges (`1-2`)
-    and empty nodes (`1.1`) are skipped; every sentence must be a tree (one word on ROOT, no cycle), as
-    `conll18_ud_eval.py` requires. Errors name the file and the line (the word's, or the sentence's first)."""
+    """CoNLL-U -> per sentence {"words", "upos", "heads" (0 = ROOT), "rels"}, without comments, multiword ranges
+    and empty nodes; every sentence must be a tree (one word on ROOT, no cycle), as `conll18_ud_eval.py` requires."""
     sentences, rows, start = [], [], None
     for n, line in itertools.chain(read_lines(path), [(0, "")]):  # a last blank line ends the last sentence
         if line.strip():
@@ -364,9 +365,8 @@ def strip_subtype(rel):
 
 
 def attachment_scores(gold_heads, gold_rels, pred_heads, pred_rels, mask=None):
-    """(UAS, LAS) over all words of all sentences (D6: punctuation counted); LAS also needs the deprel with
-    subtypes stripped on both sides. With gold tokenisation this is `conll18_ud_eval.py`'s F1. `mask`
-    (same nesting, True = scored) gives e.g. the no-punctuation variant."""
+    """(UAS, LAS) over all words (D6: punctuation counted, unless `mask` is False there), deprels without subtypes:
+    with gold tokenisation, `conll18_ud_eval.py`'s F1."""
     if len(gold_heads) != len(pred_heads):
         raise ValueError(f"attachment_scores: {len(gold_heads)} gold sentences but {len(pred_heads)} predicted")
     n = uas = las = 0
@@ -557,9 +557,8 @@ def hp_text(hp):
 
 
 def freeze_lang_specific(model):
-    """Language-specific parameters (Sep Emb, Sep L1-k; §4.3) stay frozen, the rest is tuned: English trains
-    the shared parts through its own frozen parts, and a target language is tested through ITS own parts
-    and the same shared top. Returns the trainable parameters."""
+    """Language-specific parameters (Sep Emb, Sep L1-k; §4.3) stay frozen: English tunes the shared parts through
+    its own, a target language is tested through ITS own parts and the same shared top. -> the trainable ones."""
     frozen = {id(p) for lang in range(model.config.n_langs) for p in model.lang_specific_parameters(lang)}
     for p in model.parameters():
         p.requires_grad_(id(p) not in frozen)
@@ -591,9 +590,8 @@ class NonFiniteLoss(RuntimeError):
 
 
 def finetune_one(task, model, init_state, data, hp, args, log=print):
-    """One hyper-parameter set: train on English for args.epochs epochs, keep the epoch with the best English
-    dev score, and score every target test set with that epoch's weights. data: {"lang_id", "train" and
-    "dev": (examples, feats), "test": {code: (examples, feats, lang_id)}}. Returns a JSON-able record."""
+    """One hyper-parameter set: train on English, keep the epoch with the best English dev score, test every target
+    with it. data: {"lang_id", "train"/"dev": (examples, feats), "test": {code: (examples, feats, lang_id)}}."""
     device = next(model.parameters()).device
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
@@ -658,8 +656,7 @@ def mean_of_best_two(records, metric):
 
 
 def prepare_task(task_name, files, model, routes, args):
-    """Read and featurise every file of one task -> (task, data), before any training: a bad file stops the
-    run at once with one line naming file and line. routes: code -> (tokenizer, model language)."""
+    """Read and featurise every file of one task before any training -> (task, data); routes: code -> (tok, lang)."""
     Task, reader = TASKS[task_name]
     try:
         train = reader(files["train"])
@@ -681,9 +678,8 @@ def prepare_task(task_name, files, model, routes, args):
 
 
 def run_task(task, data, model, files, args, out, job, done):
-    """§3.2 on one task: train every set of the grid, then report the mean of the best two by English dev.
-    Each finished set is written to OUT/sets/ at once; those in `done` (an earlier run of the same job,
-    earlier_run) are taken from there instead. Returns what results.json holds."""
+    """§3.2 on one task: every set of the grid (each written to OUT/sets/ when it ends, or taken from `done`), then
+    the mean of the best two by English dev -> what results.json holds."""
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     hps = grid(task.name, args)
     if n_done := sum(set_path(out, hp) in done for hp in hps):
@@ -755,8 +751,7 @@ class AlignedEncoder(nn.Module):
 
 
 def load_align_map(path, layer, train_lang, target, dim):
-    """W (dim, dim), x_target @ W ~ x_train_lang at `layer`, from align.py contextual --save-maps (an .npz
-    with src, tgt and the per-layer maps src_to_tgt, tgt_to_src: (n_layers + 1, d, d))."""
+    """W with x_target @ W ~ x_train_lang at `layer`, from align.py contextual --save-maps (src, tgt, src_to_tgt...)."""
     try:
         with np.load(path) as z:
             entries = {k: z[k] for k in z.files}
@@ -775,8 +770,7 @@ def load_align_map(path, layer, train_lang, target, dim):
 
 
 def setup_aligned(model, tok, langs, args):
-    """--align-layer: the English model's bottom layers and the target model (its own tokenizer and
-    language index) joined by the stored map -> (AlignedEncoder, routes for prepare_task)."""
+    """--align-layer: the English and the target model joined by the stored map -> (AlignedEncoder, routes)."""
     need(args.target_ckpt and args.align_maps, "--align-layer needs --target-ckpt and --align-maps")
     need(len(args.eval_langs) == 1, "--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
     code = args.eval_langs[0]
@@ -805,15 +799,14 @@ LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
 
 
 def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_file=None, test_files=()):
-    """{"train": path, "dev": path, "test": {lang: path}}: --train-file / --dev-file / --test-file first,
-    else the first LAYOUTS match under --data."""
+    """{"train", "dev": path, "test": {lang: path}}: --train-file / --dev-file / --test-file, else LAYOUTS."""
     tests = dict(test_files)
     wanted = [("train", train_lang, train_file, "--train-file "), ("dev", train_lang, dev_file, "--dev-file ")]
     wanted += [("test", lang, tests.get(lang), f"--test-file {lang}=") for lang in eval_langs]
     found = []
     for split, lang, path, flag in wanted:
-        need(path is None or os.path.isfile(path),
-             f"{flag}{path}: {'not a file' if path and os.path.exists(path) else 'no such file'}")
+        if path is not None and not os.path.isfile(path):
+            raise SystemExit(f"error: {flag}{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
         if path is None and data_dir:
             hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(os.path.join(glob.escape(data_dir), layout
                     .format(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split))))]
@@ -848,8 +841,7 @@ JOB_FLAGS = ("train_lang", "epochs", "epoch_size", "max_len", "head_dropout", "c
 
 
 def job_identity(task_name, files, args):
-    """The task, the contents of the checkpoint(s) and data files, and the training flags: two runs with equal
-    identities train equal sets (a re-trained best.pt or an edited data file is another job)."""
+    """Task, checkpoint and data file contents, training flags: equal identities train equal sets."""
     paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps,
              "train file": files["train"], "dev file": files["dev"],
              **{f"{lang} test file": p for lang, p in files["test"].items()}}
@@ -873,8 +865,7 @@ def set_path(out, hp):
 
 
 def earlier_run(out, job, hps):
-    """What an earlier run left in `out`: (its results.json when it is of the same job and grid: nothing to
-    do; else {path: record} of the sets it finished, to resume). Anything of another job is refused."""
+    """(results.json of the same job and grid, or None; {path: record} of its finished sets); another job's: refused."""
     path = os.path.join(out, "results.json")
     if os.path.exists(path):
         old = read_json(path, "--out")
@@ -908,8 +899,7 @@ def format_rows(header, rows):
 
 
 def format_table(results, names=()):
-    """English dev, then each target test, in %. One result: all its metrics; several (--compare): each
-    one's selection metric and Δ = the last minus the first."""
+    """English dev, then each target test, in %: one result's metrics, or several's (--compare) selection metric, Δ."""
     metric, many = results[0]["metric"], len(results) > 1
     cols = [metric] if many else METRICS[results[0]["task"]]
     rows = [(results[0]["train_lang"], "dev", [r["dev"] for r in results])]
@@ -924,9 +914,8 @@ def format_table(results, names=()):
 
 
 def read_runs(run_dirs, flag, pattern, expected):
-    """--out directories grouped by what `pattern` matches in their names (seeds folded together), in first-seen
-    order -> ({key: [(cells, pretrain)]}, the (task, lang) columns). cells: {(task, lang): test score in %} from
-    DIR/{xnli,ner,parse}/results.json or DIR/results.json; pretrain: the checkpoint's {"step", "dev_ppl"} or {}."""
+    """--out directories grouped by `pattern`'s match in their names -> ({key: [(cells, pretrain)]}, columns); cells:
+    {(task, lang): test score in %}, pretrain: {"step", "dev_ppl"} of the checkpoint (or {})."""
     groups = {}
     for d in run_dirs:
         m = re.fullmatch(pattern, os.path.basename(os.path.normpath(d)))
@@ -951,9 +940,8 @@ def mean_std(v):
 
 
 def table1(run_dirs):
-    """Table 1's layout: a row per model (NAME-s0, NAME-s1, ... are seeds of one row NAME), a column per task
-    x target language (the test score of the selection metric: XNLI acc, NER F1, LAS), their average, and
-    Δ = the average minus the first row's (the paper's Default). Cells: mean (± std over seeds)."""
+    """Table 1's layout: a row per model (NAME-sSEED: seeds of NAME), test scores per task x language (XNLI acc, NER
+    F1, LAS; mean ± std over seeds), their average, Δ = the average minus the first row's (the paper's Default)."""
     groups, cols = read_runs(run_dirs, "--table", r"(.+?)(?:-s\d+)?", "NAME or NAME-sSEED")
     lines, first = [], None
     for (name,), runs in groups.items():
@@ -965,9 +953,8 @@ def table1(run_dirs):
 
 
 def learning_curve(run_dirs):
-    """Transfer against pretraining updates (pretrain.py --snapshots, each fine-tuned): directories
-    NAME-sSEED-stepN; a row per (NAME, N) with the snapshot's dev perplexity and the test scores, mean (± std)
-    over seeds. Returns (the table, {name: {column: [(N, mean)]}} for plot_curve)."""
+    """Transfer against pretraining updates (fine-tuned pretrain.py --snapshots, NAME-sSEED-stepN): a row per (NAME,
+    N), dev ppl and test scores, mean ± std over seeds -> (table, {name: {column: [(N, mean)]}} for plot_curve)."""
     groups, cols = read_runs(run_dirs, "--curve", r"(.+?)(?:-s\d+)?-step(\d+)", "NAME-sSEED-stepN or NAME-stepN")
     ppl = sorted({lang for runs in groups.values() for _, pt in runs for lang in pt.get("dev_ppl") or {}})
     header = [f"dev ppl {lang}" for lang in ppl] + [f"{SHORT[t]} {lang}" for t, lang in cols]
@@ -1149,10 +1136,10 @@ def main(argv=None):
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     args.bf16 = dtype == "bfloat16"  # (auto on a GPU without bfloat16: float32)
-    need(args.align_layer is not None or not (args.target_ckpt or args.align_maps),
-         "--target-ckpt and --align-maps are for aligned transfer: give --align-layer too")
-    need(not (args.toy and args.data) or os.path.abspath(args.toy) == os.path.abspath(args.data),
-         f"--toy {args.toy} and --data {args.data} name two data directories; give one")
+    if args.align_layer is None and (args.target_ckpt or args.align_maps):
+        raise SystemExit("error: --target-ckpt and --align-maps are for aligned transfer: give --align-layer too")
+    if args.toy and args.data and os.path.abspath(args.toy) != os.path.abspath(args.data):
+        raise SystemExit(f"error: --toy {args.toy} and --data {args.data} name two data directories; give one")
     if args.toy is not None:
         args.data = args.toy or args.data or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "toy")
         need(os.path.isdir(args.data), f"--toy: no toy world at {args.data} (run pretrain.py --toy or toydata.py)")
