@@ -38,9 +38,10 @@ from model import DTYPES, Block, check_plot, encode_batch, load_model, pick_devi
 
 
 def need(ok, msg):
-    """Every bad flag or input file stops the run before any work with one line: `error: msg`."""
+    """Stop with one line, `error: msg`, unless ok (bad flags and input files are caught before any work)."""
     if not ok:
         raise SystemExit(f"error: {msg}")
+
 
 # -----------------------------------------------------------------------------
 # Shared encoding: subwords as XLM feeds them (`</s> ids </s>`), first subwords, windows for long sentences
