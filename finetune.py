@@ -1,18 +1,13 @@
 """Zero-shot cross-lingual transfer, the measure of the paper (Conneau et al. 2020, §3.2, Table 1).
 
-Fine-tune a pretrained encoder on English only, choose the epoch and the hyper-parameters on English
-dev, and score the same weights on each target language's test set:
-- XNLI: `</s> premise </s> hypothesis </s>`, dropout + linear softmax at position 0, accuracy
-  (XLM `src/evaluation/xnli.py`);
-- NER (WikiAnn / PAN-X): a linear tagger on the first subword of every word, span F1 (seqeval's
-  matching) after the paper's BIO repair;
-- UD parsing: Dozat & Manning's biaffine parser on first subwords, MST decoding with one root, UAS/LAS
-  as CoNLL 2018 `conll18_ud_eval.py` with gold tokenisation.
---align-layer runs §5.1.2 (Figure 5): English layers 0..i frozen, 4 new layers and the head trained on
-top, and a monolingual target model's layer i mapped into them by align.py's orthogonal map.
-
-Reading order: shared encoding; XNLI; NER; parsing; the §3.2 protocol; §5.1.2; the CLI (data files,
-resumable results, the --compare / --table / --curve printers, main).
+Fine-tune a pretrained encoder on English only, choose the epoch and the hyper-parameters on English dev, and
+score the same weights on each target language's test set:
+- XNLI: `</s> premise </s> hypothesis </s>`, dropout + linear softmax at position 0, accuracy (XLM `xnli.py`);
+- NER (WikiAnn / PAN-X): a linear tagger on first subwords, span F1 (seqeval) after the paper's BIO repair;
+- UD parsing: Dozat & Manning's biaffine parser on first subwords, MST decoding with one root, UAS/LAS as
+  CoNLL 2018 `conll18_ud_eval.py` with gold tokenisation.
+--align-layer runs §5.1.2 (Figure 5): English layers 0..i frozen, 4 new layers and the head trained on top, and
+a monolingual target model's layer i mapped into them by align.py's orthogonal map.
 
     python finetune.py --toy --ckpt runs/toy/best.pt --out runs/toy/ft      # all three tasks, toy presets
     python finetune.py --task parse --ckpt RUN/best.pt --data ../shared/data --eval-langs fr,ru,zh --out runs/parse
@@ -41,24 +36,28 @@ import bpe
 from bpe import EOS_ID, UNK_ID, parse_lang_path
 from model import DTYPES, Block, check_plot, encode_batch, load_model, pick_device
 
+
+def need(ok, msg):
+    """Stop with one line, `error: msg`, unless ok (bad flags and input files are caught before any work)."""
+    if not ok:
+        raise SystemExit(f"error: {msg}")
+
+
 # -----------------------------------------------------------------------------
 # Shared encoding: subwords as XLM feeds them (`</s> ids </s>`), first subwords, windows for long sentences
 
 def read_lines(path):
-    """(line number, line without its line end) of a UTF-8 file. Bytes, not text mode: a stray \\r inside a
-    line is no line end (XNLI test files have them), and a line that is not UTF-8 is an error at file:line."""
+    """(line number, line) of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside lines)."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                yield n, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-            yield n, line.rstrip("\r\n")
 
 
 def first_subwords(tok, words, lang):
-    """Flat subword ids of a word list and the index of each word's first subword in them.
-    A word the tokenizer turns into nothing becomes <unk> (as XTREME)."""
+    """Subword ids of a word list and where each word starts; a word that encodes to nothing is <unk> (XTREME)."""
     ids, first = [], []
     for piece in tok.encode_words(words, lang):
         first.append(len(ids))
@@ -71,8 +70,6 @@ def windows(n, size):
     (shijie-wu/crosslingual-nlp `dataset/tagging.py`). Each next window starts size // 2 before the
     previous one ended; positions [keep_from, end) take their states from it, so each subword once.
     windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]"""
-    if size < 2:
-        raise ValueError(f"window size {size} < 2")
     out = [(0, min(n, size), 0)]
     while out[-1][1] < n:
         start = out[-1][1] - size // 2
@@ -99,8 +96,7 @@ def encode_states(model, seqs, lang, max_len, layer=-1):
 
 
 def gather_words(states, firsts, with_root):
-    """(B, 1 + L, d) subword states -> (B, W, d) first-subword states (ROOT first when with_root) and the
-    (B, W) mask of real positions."""
+    """(B, 1 + L, d) states -> (B, W, d) at the first subwords (ROOT first when with_root), (B, W) real-word mask."""
     pos = [[0] * with_root + [1 + k for k in f] for f in firsts]
     W = max(map(len, pos))
     cols = torch.tensor([p + [0] * (W - len(p)) for p in pos], device=states.device)
@@ -109,14 +105,14 @@ def gather_words(states, firsts, with_root):
 
 
 class Task:
-    """What the §3.2 protocol asks of a task. `labels` (a label's id is its index) come from the English
-    train set; English dev selects by `metric`. featurize(examples, tok, lang, max_positions) -> features;
-    loss and predict(model, head, batch of features, lang, max_len); score(examples, preds) -> {name:
-    fraction}. max_len is the word-level tasks' window (encode_states)."""
-    name = metric = None
+    """What the §3.2 protocol asks of a task: `labels` (id = index) from English train, English dev selecting by
+    `metric`; featurize, then loss / predict on batches of features, score(examples, preds) -> {name: fraction}."""
 
     def __init__(self, train_examples):
         self.labels = self.label_set(train_examples)
+
+    def check_labels(self, examples, path):  # XNLI: read_xnli admits no other label
+        pass
 
     def head(self, d, dropout):  # XNLI, NER (the parser has its own)
         return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
@@ -129,18 +125,16 @@ XNLI_LABELS = ("contradiction", "neutral", "entailment")  # ids 0, 1, 2 as XLM `
 
 
 def read_xnli(path):
-    """`premise<TAB>hypothesis<TAB>label` per line (XTREME's form) -> [(premise, hypothesis, label)]. A header
-    line is skipped; MultiNLI's `contradictory` (XNLI-MT train) is read as `contradiction`."""
+    """`premise<TAB>hypothesis<TAB>label` lines (XTREME) -> [(premise, hypothesis, label)]; a header line is
+    skipped, MultiNLI's `contradictory` (XNLI-MT train) read as `contradiction`."""
     examples = []
     for n, line in read_lines(path):
-        if not line.strip():
-            continue
         fields = [x.strip() for x in line.split("\t")]
+        if not line.strip() or n == 1 and len(fields) == 3 and fields[2] in ("label", "gold_label"):
+            continue
         if len(fields) != 3:
             raise ValueError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {len(fields)} field(s)")
         premise, hypothesis, label = fields
-        if n == 1 and label in ("label", "gold_label"):
-            continue
         label = "contradiction" if label == "contradictory" else label
         if not premise or not hypothesis:
             raise ValueError(f"{path}:{n}: empty premise or hypothesis")
@@ -153,8 +147,8 @@ def read_xnli(path):
 
 
 def pair_ids(tok, premise, hypothesis, lang, max_positions):
-    """XLM's `</s> premise </s> hypothesis </s>`. A pair too long for the positions loses subwords from the
-    end of its longer side (XLM cuts each side to 256). Returns (ids, cut)."""
+    """XLM's `</s> premise </s> hypothesis </s>`, and whether it was cut: a pair too long for the positions loses
+    subwords from the end of its longer side (XLM cuts each side to 256)."""
     a, b = tok.encode(premise, lang), tok.encode(hypothesis, lang)
     cut = len(a) + len(b) > max_positions - 3
     while len(a) + len(b) > max_positions - 3:
@@ -167,12 +161,7 @@ class XNLITask(Task):
     name, metric = "xnli", "acc"
 
     def label_set(self, train_examples):
-        return list(XNLI_LABELS)  # XLM's fixed ids (read_xnli admits no other label)
-
-    def check_labels(self, examples, path):
-        bad = sorted({lab for _, _, lab in examples} - set(self.labels))
-        if bad:
-            raise ValueError(f"{path}: labels {bad} are not XNLI labels {self.labels}")
+        return list(XNLI_LABELS)  # XLM's fixed ids
 
     def featurize(self, examples, tok, lang, max_positions):
         feats = [pair_ids(tok, p, h, lang, max_positions) + (self.labels.index(lab),) for p, h, lab in examples]
@@ -182,8 +171,7 @@ class XNLITask(Task):
         return [(ids, y) for ids, _, y in feats]
 
     def logits(self, model, head, batch, lang):
-        hs, _ = encode_batch(model, [ids for ids, _ in batch], lang)
-        return head(hs[-1][:, 0])
+        return head(encode_batch(model, [ids for ids, _ in batch], lang)[0][-1][:, 0])
 
     def loss(self, model, head, batch, lang, max_len):
         y = torch.tensor([y for _, y in batch], device=next(model.parameters()).device)
@@ -205,18 +193,16 @@ def read_ner(path):
     sentences, words, tags = [], [], []
     for n, line in itertools.chain(read_lines(path), [(0, "")]):  # a last blank line ends the last sentence
         if not line.strip():
-            if words:
-                sentences.append((words, tags))
+            sentences += [(words, tags)] if words else []
             words, tags = [], []
             continue
         fields = line.split("\t")
         if len(fields) != 2 or not fields[0] or not fields[1].strip():
             raise ValueError(f"{path}:{n}: expected token<TAB>tag, got {line!r}")
-        tag = fields[1].strip()
-        if tag != "O" and not re.fullmatch(r"[BI]-\S+", tag):
-            raise ValueError(f"{path}:{n}: tag {tag!r} is not O, B-X or I-X (IOB2)")
         words.append(fields[0])
-        tags.append(tag)
+        tags.append(fields[1].strip())
+        if tags[-1] != "O" and not re.fullmatch(r"[BI]-\S+", tags[-1]):
+            raise ValueError(f"{path}:{n}: tag {tags[-1]!r} is not O, B-X or I-X (IOB2)")
     if not sentences:
         raise ValueError(f"{path}: no sentences (empty split)")
     prefix = re.compile(r"[a-z]{2,3}:")
@@ -275,8 +261,7 @@ def span_f1(gold, pred):
             raise ValueError(f"span_f1: sentence {k} has {len(g)} gold tags but {len(p)} predicted")
         G, P = bio_spans(repair_bio(g)), bio_spans(repair_bio(p))
         tp, n_gold, n_pred = tp + len(G & P), n_gold + len(G), n_pred + len(P)
-    precision = tp / n_pred if n_pred else 0.0
-    recall = tp / n_gold if n_gold else 0.0
+    precision, recall = tp / n_pred if n_pred else 0.0, tp / n_gold if n_gold else 0.0
     return precision, recall, 2 * precision * recall / (precision + recall) if tp else 0.0
 
 
@@ -317,10 +302,8 @@ class NERTask(Task):
 # UD parsing (§3.2): CoNLL-U with its tree check, biaffine scorer (D7), MST decoding, UAS/LAS (CoNLL 2018)
 
 def read_conllu(path):
-    """CoNLL-U -> per sentence {"words", "upos", "heads" (0 = ROOT), "rels"}. Comments, multiword ranges
-    (`1-2`) and empty nodes (`1.1`) are skipped, and every sentence must be a tree (one word on ROOT, no
-    cycle), as `conll18_ud_eval.py` requires. Errors name the file and the line (the word's, or the first
-    of the sentence)."""
+    """CoNLL-U -> per sentence {"words", "upos", "heads" (0 = ROOT), "rels"}, without comments, multiword ranges
+    and empty nodes; every sentence must be a tree (one word on ROOT, no cycle), as `conll18_ud_eval.py` requires."""
     sentences, rows, start = [], [], None
     for n, line in itertools.chain(read_lines(path), [(0, "")]):  # a last blank line ends the last sentence
         if line.strip():
@@ -349,13 +332,12 @@ def read_conllu(path):
         if rows and heads.count(0) != 1:
             raise ValueError(f"{path}:{start}: sentence is not a tree: {heads.count(0)} words on ROOT (HEAD 0), "
                              "expected exactly one")
-        cycle = find_cycle([-1] + heads)
-        if cycle:
+        if cycle := find_cycle([-1] + heads):
             raise ValueError(f"{path}:{start}: sentence is not a tree: words "
                              f"{' -> '.join(map(str, cycle + cycle[:1]))} form a cycle (HEAD)")
         if rows:
-            _, _, words, upos, _, rels = zip(*rows)
-            sentences.append({"words": list(words), "upos": list(upos), "heads": heads, "rels": list(rels)})
+            _, _, words, upos, _, rels = map(list, zip(*rows))
+            sentences.append({"words": words, "upos": upos, "heads": heads, "rels": rels})
         rows, start = [], None
     if not sentences:
         raise ValueError(f"{path}: no sentences (empty split)")
@@ -384,9 +366,8 @@ def strip_subtype(rel):
 
 
 def attachment_scores(gold_heads, gold_rels, pred_heads, pred_rels, mask=None):
-    """(UAS, LAS) over all words of all sentences (D6: punctuation counted); LAS also needs the deprel with
-    subtypes stripped on both sides. With gold tokenisation this is `conll18_ud_eval.py`'s F1. `mask`
-    (same nesting, True = scored) gives e.g. the no-punctuation variant."""
+    """(UAS, LAS) over all words (D6: punctuation counted, unless `mask` is False there), deprels without subtypes:
+    with gold tokenisation, `conll18_ud_eval.py`'s F1."""
     if len(gold_heads) != len(pred_heads):
         raise ValueError(f"attachment_scores: {len(gold_heads)} gold sentences but {len(pred_heads)} predicted")
     n = uas = las = 0
@@ -431,8 +412,6 @@ def mst_decode(scores):
     loses a constant M larger than the whole score range, so one root arc beats two and the order among
     one-root trees is unchanged."""
     S = np.array(scores, dtype=np.float64)
-    if len(S) < 2:
-        return np.array([-1] * len(S))
     finite = S[np.isfinite(S)]
     S[:, 0] -= (finite.max() - finite.min() + 1.0) * len(S) if finite.size else 1.0
     S[0, :] = -np.inf
@@ -444,20 +423,17 @@ ARC_MLP, REL_MLP, MLP_DROPOUT, LEAKY_SLOPE = 500, 100, 0.33, 0.1  # D7 (Dozat & 
 
 
 class Biaffine(nn.Module):
-    """s[b, i, j, o] = [x_i ; 1]^T W_o [y_j ; 1], the bias columns optional."""
+    """s[b, x, y, o] = [x ; 1]^T W_o [y ; 1] (B, T, T, n_out), the bias column on y optional."""
 
-    def __init__(self, n_in, n_out=1, bias_x=True, bias_y=True):
+    def __init__(self, n_in, n_out, bias_y):
         super().__init__()
-        self.n_out, self.bias_x, self.bias_y = n_out, bias_x, bias_y
-        self.weight = nn.Parameter(torch.zeros(n_out, n_in + bias_x, n_in + bias_y))  # zero init as yzhangcs/parser
+        self.bias_y = bias_y
+        self.weight = nn.Parameter(torch.zeros(n_out, n_in + 1, n_in + bias_y))  # zero init as yzhangcs/parser
 
     def forward(self, x, y):  # (B, T, n_in) each
-        if self.bias_x:
-            x = torch.cat([x, torch.ones_like(x[..., :1])], -1)
-        if self.bias_y:
-            y = torch.cat([y, torch.ones_like(y[..., :1])], -1)
-        s = torch.einsum("bxi,oij,byj->bxyo", x, self.weight, y)
-        return s.squeeze(-1) if self.n_out == 1 else s
+        x = torch.cat([x, torch.ones_like(x[..., :1])], -1)
+        y = torch.cat([y, torch.ones_like(y[..., :1])], -1) if self.bias_y else y
+        return torch.einsum("bxi,oij,byj->bxyo", x, self.weight, y)
 
 
 class BiaffineParser(nn.Module):
@@ -471,13 +447,11 @@ class BiaffineParser(nn.Module):
             return nn.Sequential(nn.Linear(d_model, n), nn.LeakyReLU(LEAKY_SLOPE), nn.Dropout(dropout))
         self.arc_dep, self.arc_head = mlp(arc_mlp), mlp(arc_mlp)
         self.rel_dep, self.rel_head = mlp(rel_mlp), mlp(rel_mlp)
-        self.arc_attn = Biaffine(arc_mlp, 1, bias_x=True, bias_y=False)
-        self.rel_attn = Biaffine(rel_mlp, n_rels, bias_x=True, bias_y=True)
+        self.arc_attn, self.rel_attn = Biaffine(arc_mlp, 1, bias_y=False), Biaffine(rel_mlp, n_rels, bias_y=True)
 
-    def forward(self, h, mask):
-        """mask (B, T): True at the candidate heads (ROOT and words); the others score -inf."""
-        s_arc = self.arc_attn(self.arc_dep(h), self.arc_head(h)).masked_fill(~mask[:, None, :], float("-inf"))
-        return s_arc, self.rel_attn(self.rel_dep(h), self.rel_head(h))
+    def forward(self, h, mask):  # mask (B, T): True at the candidate heads (ROOT and words); the others score -inf
+        s_arc = self.arc_attn(self.arc_dep(h), self.arc_head(h)).squeeze(-1)
+        return s_arc.masked_fill(~mask[:, None, :], float("-inf")), self.rel_attn(self.rel_dep(h), self.rel_head(h))
 
     @staticmethod
     def loss(s_arc, s_rel, heads, rels):
@@ -584,9 +558,8 @@ def hp_text(hp):
 
 
 def freeze_lang_specific(model):
-    """Language-specific parameters (Sep Emb, Sep L1-k; §4.3) stay frozen, the rest is tuned: English trains
-    the shared parts through its own frozen parts, and a target language is tested through ITS own parts
-    and the same shared top. Returns the trainable parameters."""
+    """Language-specific parameters (Sep Emb, Sep L1-k; §4.3) stay frozen: English tunes the shared parts through
+    its own, a target language is tested through ITS own parts and the same shared top. -> the trainable ones."""
     frozen = {id(p) for lang in range(model.config.n_langs) for p in model.lang_specific_parameters(lang)}
     for p in model.parameters():
         p.requires_grad_(id(p) not in frozen)
@@ -600,7 +573,7 @@ def warmup_linear(step, total, warmup=0.1):
 
 
 @torch.no_grad()
-def evaluate(task, model, head, feats, examples, lang, max_len, batch_size=64):
+def evaluate(task, model, head, feats, examples, lang, max_len, batch_size):
     """Scores of one split: batches in length order (less padding), predictions back in file order."""
     model.eval()
     head.eval()
@@ -617,22 +590,16 @@ class NonFiniteLoss(RuntimeError):
     """A hyper-parameter set diverged (NaN/inf loss): it stops and is left out of the selection."""
 
 
-def cpu_copy(module):
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-
-
 def finetune_one(task, model, init_state, data, hp, args, log=print):
-    """One hyper-parameter set: train on English for args.epochs epochs, keep the epoch with the best English
-    dev score, and score every target test set with that epoch's weights. data: {"lang_id", "train" and
-    "dev": (examples, feats), "test": {code: (examples, feats, lang_id)}}. Returns a JSON-able record;
-    raises NonFiniteLoss when the training loss turns NaN or inf."""
+    """One hyper-parameter set: train on English, keep the epoch with the best English dev score, test every target
+    with it. data: {"lang_id", "train"/"dev": (examples, feats), "test": {code: (examples, feats, lang_id)}}."""
     device = next(model.parameters()).device
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     model.load_state_dict(init_state)
     head = task.head(model.config.dim, args.head_dropout).to(device)
     params = freeze_lang_specific(model)
-    train = data["train"][1]
+    train, lang, (dev_ex, dev_feats) = data["train"][1], data["lang_id"], data["dev"]
     n_per_epoch = args.epoch_size or len(train)
     steps_per_epoch = math.ceil(n_per_epoch / hp["batch_size"])
     if task.name == "xnli":  # XLM: two Adam optimisers with fixed learning rates, no schedule
@@ -641,7 +608,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     else:  # one Adam, 10 % linear warm-up then linear decay (crosslingual-nlp)
         opts = [torch.optim.Adam(params + list(head.parameters()), lr=hp["lr"])]
         scheds = [torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: warmup_linear(s, steps_per_epoch * args.epochs))]
-    lang, dev_ex, dev_feats = data["lang_id"], *data["dev"]
+    cpu_copy = lambda m: {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}  # noqa: E731
     stream = np.array([], dtype=np.int64)  # as XLM: an endless shuffled stream, cut into epochs
     best, dev_curve = None, []
     for epoch in range(1, args.epochs + 1):
@@ -668,8 +635,8 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
             total_loss += loss.item() * len(batch)
         dev = evaluate(task, model, head, dev_feats, dev_ex, lang, args.max_len, args.eval_batch_size)
         dev_curve.append(dev[task.metric])
-        log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  "
-            f"en dev {task.metric} {100 * dev[task.metric]:.2f}")
+        log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
+            f"{100 * dev_curve[-1]:.2f}")
         if best is None or dev[task.metric] > best["dev"][task.metric]:
             best = {"epoch": epoch, "dev": dev, "state": cpu_copy(model), "head": cpu_copy(head)}
     model.load_state_dict(best["state"])
@@ -690,8 +657,7 @@ def mean_of_best_two(records, metric):
 
 
 def prepare_task(task_name, files, model, routes, args):
-    """Read and featurise every file of one task -> (task, data). Runs before any training, so a bad file
-    stops the run at once with one line naming file and line. routes: code -> (tokenizer, model language)."""
+    """Read and featurise every file of one task before any training -> (task, data); routes: code -> (tok, lang)."""
     Task, reader = TASKS[task_name]
     try:
         train = reader(files["train"])
@@ -712,35 +678,32 @@ def prepare_task(task_name, files, model, routes, args):
     return task, data
 
 
-def run_task(task, data, model, files, args, out, job, done, log=print):
-    """§3.2 on one task: train every set of the grid, then report the mean of the best two by English dev.
-    Each finished set is written to OUT/sets/ at once; those in `done` (an earlier run of the same job,
-    earlier_run) are taken from there instead of trained again. Returns what results.json holds."""
+def run_task(task, data, model, files, args, out, job, done):
+    """§3.2 on one task: every set of the grid (each written to OUT/sets/ when it ends, or taken from `done`), then
+    the mean of the best two by English dev -> what results.json holds."""
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     hps = grid(task.name, args)
-    n_done = sum(set_path(out, hp) in done for hp in hps)
-    if n_done:
-        log(f"{task.name}: resuming: {n_done} of {len(hps)} hyper-parameter sets finished in an earlier run")
+    if n_done := sum(set_path(out, hp) in done for hp in hps):
+        print(f"{task.name}: resuming: {n_done} of {len(hps)} hyper-parameter sets finished in an earlier run")
     records = []
     for i, hp in enumerate(hps, 1):
-        path = set_path(out, hp)
+        path, what = set_path(out, hp), f"{task.name}: hyper-parameter set {i}/{len(hps)}"
         if path in done:
-            log(f"{task.name}: hyper-parameter set {i}/{len(hps)}: {hp_text(hp)}: finished in an earlier run ({path})")
+            print(f"{what}: {hp_text(hp)}: finished in an earlier run ({path})")
             records.append(done[path])
             continue
-        log(f"{task.name}: hyper-parameter set {i}/{len(hps)}: {hp_text(hp)}")
+        print(f"{what}: {hp_text(hp)}")
         try:
-            rec = finetune_one(task, model, init_state, data, hp, args, log)
+            rec = finetune_one(task, model, init_state, data, hp, args)
         except NonFiniteLoss as e:
-            log(f"{task.name}: hyper-parameter set {i}/{len(hps)} stopped: {e}; it is left out of the selection")
+            print(f"{what} stopped: {e}; it is left out of the selection")
             rec = {**hp, "failed": str(e)}
         write_json(path, {"job": job, "record": rec})
         records.append(rec)
     model.load_state_dict(init_state)
     ok = [i for i, r in enumerate(records) if "failed" not in r]
-    if not ok:
-        raise SystemExit(f"error: {task.name}: every hyper-parameter set diverged (non-finite loss); no results "
-                         "written. Try a lower --lr / --head-lr")
+    need(ok, f"{task.name}: every hyper-parameter set diverged (non-finite loss); no results written. Try a lower "
+         "--lr / --head-lr")
     top, dev, test = mean_of_best_two([records[i] for i in ok], task.metric)
     return {"task": task.name, "metric": task.metric, "ckpt": args.ckpt, "train_lang": args.train_lang,
             "eval_langs": list(files["test"]), "files": files, "labels": task.labels,
@@ -775,55 +738,48 @@ class AlignedEncoder(nn.Module):
     def lang_specific_parameters(self, lang):
         return []  # below layer i everything is frozen anyway; the new layers are shared
 
-    def hidden_states(self, idx, lang, attn_mask=None):
+    def hidden_states(self, idx, lang, attn_mask):  # attn_mask (B, T) as model.encode_batch passes it
         model, lang_id, W = self.routes[lang]
         with torch.no_grad():
             x = model.hidden_states(idx, lang_id, attn_mask)[self.layer]
             x = x @ W.to(x) if W is not None else x
         hs = [x]
         for block in self.blocks:
-            x = block(x, None if attn_mask is None else attn_mask[:, None, None, :])
-            x = x if attn_mask is None else x * attn_mask[..., None].to(x.dtype)
+            x = block(x, attn_mask[:, None, None, :])
+            x = x * attn_mask[..., None].to(x.dtype)
             hs.append(x)
         return hs
 
 
 def load_align_map(path, layer, train_lang, target, dim):
-    """W (dim, dim), x_target @ W ~ x_train_lang at `layer`, from align.py contextual --save-maps (an .npz
-    with src, tgt and the per-layer maps src_to_tgt, tgt_to_src: (n_layers + 1, d, d))."""
+    """W with x_target @ W ~ x_train_lang at `layer`, from align.py contextual --save-maps (src, tgt, src_to_tgt...)."""
     try:
         with np.load(path) as z:
             entries = {k: z[k] for k in z.files}
     except Exception as e:  # missing, truncated, not an .npz: OSError, ValueError, BadZipFile, ...
         raise SystemExit(f"error: --align-maps: cannot read {path}: {type(e).__name__}: {e}") from None
     for k in ("src", "tgt", "src_to_tgt", "tgt_to_src"):
-        if k not in entries:
-            raise SystemExit(f"error: --align-maps {path}: no {k!r} entry (expected align.py contextual --save-maps)")
+        need(k in entries, f"--align-maps {path}: no {k!r} entry (expected align.py contextual --save-maps)")
     pair = str(entries["src"]), str(entries["tgt"])
-    if pair not in ((train_lang, target), (target, train_lang)):
-        raise SystemExit(f"error: {path}: maps are for {pair[0]}->{pair[1]}, not {target}->{train_lang}")
+    need(pair in ((train_lang, target), (target, train_lang)),
+         f"{path}: maps are for {pair[0]}->{pair[1]}, not {target}->{train_lang}")
     M = entries["tgt_to_src" if pair[0] == train_lang else "src_to_tgt"]
-    if M.ndim != 3 or not 0 <= layer < len(M) or M.shape[1:] != (dim, dim):
-        raise SystemExit(f"error: {path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
-    if not np.isfinite(M[layer]).all():
-        raise SystemExit(f"error: --align-maps {path}: the layer-{layer} map contains NaN or inf")
+    need(M.ndim == 3 and 0 <= layer < len(M) and M.shape[1:] == (dim, dim),
+         f"{path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
+    need(np.isfinite(M[layer]).all(), f"--align-maps {path}: the layer-{layer} map contains NaN or inf")
     return torch.tensor(M[layer], dtype=torch.float32)
 
 
 def setup_aligned(model, tok, langs, args):
-    """--align-layer: the English model's bottom layers and the target model (its own tokenizer and
-    language index) joined by the stored map -> (AlignedEncoder, routes for prepare_task)."""
-    if not args.target_ckpt or not args.align_maps:
-        raise SystemExit("error: --align-layer needs --target-ckpt and --align-maps")
-    if len(args.eval_langs) != 1:
-        raise SystemExit("error: --align-layer: give exactly one --eval-langs (the --target-ckpt language)")
+    """--align-layer: the English and the target model joined by the stored map -> (AlignedEncoder, routes)."""
+    need(args.target_ckpt and args.align_maps, "--align-layer needs --target-ckpt and --align-maps")
+    need(len(args.eval_langs) == 1, "--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
     code = args.eval_langs[0]
     tmodel, ttok, tlangs, _ = load_ckpt(args.target_ckpt, "--target-ckpt", args.device)
     n = min(model.config.n_layers, tmodel.config.n_layers)
-    if not 0 <= args.align_layer <= n:
-        raise SystemExit(f"error: --align-layer {args.align_layer} outside 0..{n}")
-    if tmodel.config.dim != model.config.dim:
-        raise SystemExit(f"error: --target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
+    need(0 <= args.align_layer <= n, f"--align-layer {args.align_layer} outside 0..{n}")
+    need(tmodel.config.dim == model.config.dim,
+         f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
     W = load_align_map(args.align_maps, args.align_layer, args.train_lang, code, model.config.dim)
     torch.manual_seed(args.seed)  # the new layers' init, so that --seed decides a run
     enc = AlignedEncoder({args.train_lang: (model, lang_index(langs, args.train_lang, args.ckpt), None),
@@ -843,36 +799,26 @@ LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
            "parse": ["ud/{lang}.{split}.conllu", "ud/UD_*/{lang}_*-ud-{split}*.conllu"]}
 
 
-def find_file(data_dir, task, lang, split):
-    """The path of one split under --data (LAYOUTS), or None."""
-    panx_split = "heldout-from-dev" if split == "test" else split
-    hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(os.path.join(
-        glob.escape(data_dir), layout.format(lang=lang, split=split, panx_split=panx_split))))]
-    if len(hits) > 1:
-        print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
-    return hits[0] if hits else None
-
-
 def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_file=None, test_files=()):
-    """{"train": path, "dev": path, "test": {lang: path}}: --train-file / --dev-file / --test-file first,
-    else find_file under --data."""
+    """{"train", "dev": path, "test": {lang: path}}: --train-file / --dev-file / --test-file, else LAYOUTS."""
     tests = dict(test_files)
-    need = [("train", train_lang, train_file, "--train-file "), ("dev", train_lang, dev_file, "--dev-file ")]
-    need += [("test", lang, tests.get(lang), f"--test-file {lang}=") for lang in eval_langs]
-    files = {"test": {}}
-    for split, lang, path, flag in need:
+    wanted = [("train", train_lang, train_file, "--train-file "), ("dev", train_lang, dev_file, "--dev-file ")]
+    wanted += [("test", lang, tests.get(lang), f"--test-file {lang}=") for lang in eval_langs]
+    found = []
+    for split, lang, path, flag in wanted:
         if path is not None and not os.path.isfile(path):
             raise SystemExit(f"error: {flag}{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
-        path = path or (find_file(data_dir, task, lang, split) if data_dir else None)
-        if path is None:
-            hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train in "
-                    "XNLI tsv form)" if (task, split) == ("xnli", "train") else "")
-            raise SystemExit(f"error: {task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}PATH")
-        if split == "test":
-            files["test"][lang] = path
-        else:
-            files[split] = path
-    return files
+        if path is None and data_dir:
+            hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(os.path.join(glob.escape(data_dir), layout
+                    .format(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split))))]
+            if len(hits) > 1:
+                print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
+            path = hits[0] if hits else None
+        hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train in XNLI tsv "
+                "form)" if (task, split) == ("xnli", "train") else "")
+        need(path, f"{task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}PATH")
+        found.append(path)
+    return {"test": dict(zip(eval_langs, found[2:])), "train": found[0], "dev": found[1]}
 
 
 def write_json(path, obj):
@@ -891,24 +837,19 @@ def read_json(path, flag):
         raise SystemExit(f"error: {flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-def digest(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return "sha256:" + h.hexdigest()[:16]
-
-
 # what a set's result depends on besides the grid (not --device, --threads, --eval-batch-size)
 JOB_FLAGS = ("train_lang", "epochs", "epoch_size", "max_len", "head_dropout", "clip", "seed", "bf16", "align_layer")
 
 
 def job_identity(task_name, files, args):
-    """The task, the contents of the checkpoint(s) and data files, and the training flags: two runs with equal
-    identities train equal sets (a re-trained best.pt or an edited data file is another job)."""
+    """Task, checkpoint and data file contents, training flags: equal identities train equal sets."""
     paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps,
              "train file": files["train"], "dev file": files["dev"],
              **{f"{lang} test file": p for lang, p in files["test"].items()}}
+
+    def digest(path):
+        with open(path, "rb") as f:
+            return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
     return {"task": task_name, **{k: digest(p) for k, p in paths.items() if p}, **{k: vars(args)[k] for k in JOB_FLAGS}}
 
 
@@ -925,8 +866,7 @@ def set_path(out, hp):
 
 
 def earlier_run(out, job, hps):
-    """What an earlier run left in `out`: (its results.json when it is of the same job and grid: nothing to
-    do; else {path: record} of the sets it finished, to resume). Anything of another job is refused."""
+    """(results.json of the same job and grid, or None; {path: record} of its finished sets); another job's: refused."""
     path = os.path.join(out, "results.json")
     if os.path.exists(path):
         old = read_json(path, "--out")
@@ -940,13 +880,11 @@ def earlier_run(out, job, hps):
     done = {}
     for path in sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
         saved = read_json(path, "resume")
-        if not isinstance(saved, dict) or not {"job", "record"} <= set(saved):
-            raise SystemExit(f"error: {path} is not a hyper-parameter set written by finetune.py; move it away "
-                             "or pass --overwrite")
-        if saved["job"] != job:
-            raise SystemExit(f"error: {os.path.dirname(path)} holds hyper-parameter sets of a run with other flags "
-                             f"or data ({job_diff(saved['job'], job)}); rerun with the same flags to resume, or "
-                             "use another --out, or pass --overwrite")
+        need(isinstance(saved, dict) and {"job", "record"} <= set(saved),
+             f"{path} is not a hyper-parameter set written by finetune.py; move it away or pass --overwrite")
+        need(saved["job"] == job, f"{os.path.dirname(path)} holds hyper-parameter sets of a run with other flags or "
+             f"data ({job_diff(saved['job'], job)}); rerun with the same flags to resume, or use another --out, or "
+             "pass --overwrite")
         done[path] = saved["record"]
     return None, done
 
@@ -962,8 +900,7 @@ def format_rows(header, rows):
 
 
 def format_table(results, names=()):
-    """English dev, then each target test, in %. One result: all its metrics; several (--compare): each
-    one's selection metric and Δ = the last minus the first."""
+    """English dev, then each target test, in %: one result's metrics, or several's (--compare) selection metric, Δ."""
     metric, many = results[0]["metric"], len(results) > 1
     cols = [metric] if many else METRICS[results[0]["task"]]
     rows = [(results[0]["train_lang"], "dev", [r["dev"] for r in results])]
@@ -977,31 +914,23 @@ def format_table(results, names=()):
     return format_rows(["lang", "split"] + (list(names) + ["Δ"] if many else cols), lines)
 
 
-def read_cells(d, flag):
-    """{(task, lang): test score in %} of one --out directory ({xnli,ner,parse}/results.json, or one
-    results.json) and its checkpoint's pretraining record ({"step", "dev_ppl"}; may be empty)."""
-    cells, pretrain = {}, {}
-    for task in SHORT:
-        for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
-            r = read_json(path, flag) if os.path.exists(path) else None
-            if isinstance(r, dict) and r.get("task") == task and isinstance(r.get("test"), dict):
-                cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
-                pretrain = r.get("pretrain") or pretrain
-                break
-    if not cells:
-        raise SystemExit(f"error: {flag}: no results.json under {d}")
-    return cells, pretrain
-
-
 def read_runs(run_dirs, flag, pattern, expected):
-    """--out directories grouped by what `pattern` matches in their names (seeds folded together), in
-    first-seen order -> ({key: [(cells, pretrain)]}, the (task, lang) columns)."""
+    """--out directories grouped by `pattern`'s match in their names -> ({key: [(cells, pretrain)]}, columns); cells:
+    {(task, lang): test score in %}, pretrain: {"step", "dev_ppl"} of the checkpoint (or {})."""
     groups = {}
     for d in run_dirs:
         m = re.fullmatch(pattern, os.path.basename(os.path.normpath(d)))
-        if not m:
-            raise SystemExit(f"error: {flag}: {d}: expected a directory named {expected}")
-        groups.setdefault(m.groups(), []).append(read_cells(d, flag))
+        need(m, f"{flag}: {d}: expected a directory named {expected}")
+        cells, pretrain = {}, {}
+        for task in SHORT:
+            for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
+                r = read_json(path, flag) if os.path.exists(path) else None
+                if isinstance(r, dict) and r.get("task") == task and isinstance(r.get("test"), dict):
+                    cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
+                    pretrain = r.get("pretrain") or pretrain
+                    break
+        need(cells, f"{flag}: no results.json under {d}")
+        groups.setdefault(m.groups(), []).append((cells, pretrain))
     cols = sorted({c for runs in groups.values() for cells, _ in runs for c in cells},
                   key=lambda c: (list(SHORT).index(c[0]), c[1]))
     return groups, cols
@@ -1012,9 +941,8 @@ def mean_std(v):
 
 
 def table1(run_dirs):
-    """Table 1's layout: a row per model (NAME-s0, NAME-s1, ... are seeds of one row NAME), a column per task
-    x target language (the test score of the selection metric: XNLI acc, NER F1, LAS), their average, and
-    Δ = the average minus the first row's (the paper's Default). Cells: mean (± std over seeds)."""
+    """Table 1's layout: a row per model (NAME-sSEED: seeds of NAME), test scores per task x language (XNLI acc, NER
+    F1, LAS; mean ± std over seeds), their average, Δ = the average minus the first row's (the paper's Default)."""
     groups, cols = read_runs(run_dirs, "--table", r"(.+?)(?:-s\d+)?", "NAME or NAME-sSEED")
     lines, first = [], None
     for (name,), runs in groups.items():
@@ -1026,9 +954,8 @@ def table1(run_dirs):
 
 
 def learning_curve(run_dirs):
-    """Transfer against pretraining updates (pretrain.py --snapshots, each fine-tuned): directories
-    NAME-sSEED-stepN; a row per (NAME, N) with the snapshot's dev perplexity and the test scores, mean (± std)
-    over seeds. Returns (the table, {name: {column: [(N, mean)]}} for plot_curve)."""
+    """Transfer against pretraining updates (fine-tuned pretrain.py --snapshots, NAME-sSEED-stepN): a row per (NAME,
+    N), dev ppl and test scores, mean ± std over seeds -> (table, {name: {column: [(N, mean)]}} for plot_curve)."""
     groups, cols = read_runs(run_dirs, "--curve", r"(.+?)(?:-s\d+)?-step(\d+)", "NAME-sSEED-stepN or NAME-stepN")
     ppl = sorted({lang for runs in groups.values() for _, pt in runs for lang in pt.get("dev_ppl") or {}})
     header = [f"dev ppl {lang}" for lang in ppl] + [f"{SHORT[t]} {lang}" for t, lang in cols]
@@ -1064,9 +991,9 @@ def plot_curve(series, path):
         ax.set_xscale("log")
         ax.set_xticks(steps, [f"{x:,}" for x in steps])
         ax.minorticks_off()
-        ax.set_xlabel("pretraining updates")
-        ax.set_title(panel if panel.startswith("dev ppl") else panel + " (test, %)")
-        ax.set_yscale("log" if panel.startswith("dev ppl") else "linear")
+        ppl = panel.startswith("dev ppl")
+        ax.set(xlabel="pretraining updates", title=panel if ppl else panel + " (test, %)",
+               yscale="log" if ppl else "linear")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
@@ -1118,53 +1045,52 @@ def build_parser():
                     "the hyper-parameters on English dev, report each target language's test score as the mean "
                     "of the best two hyper-parameter sets. Grid flags left unset take the paper's values (the "
                     "toy presets with --toy).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
-    p.add_argument("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
-    p.add_argument("--data", help="data directory: a toydata.py world, or laid out as ../shared/data (xnli/, "
-                                  "wikiann_panx/, ud/UD_*/; see LAYOUTS)")
-    p.add_argument("--toy", nargs="?", const="", metavar="DIR",
-                   help="the toy presets on a toydata.py world (default: toy/ next to --ckpt, where pretrain.py "
-                        "--toy writes it)")
-    p.add_argument("--train-lang", default="en", help="the language fine-tuned on; its dev set selects")
-    p.add_argument("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
-    p.add_argument("--train-file", help="the train file, instead of --data's")
-    p.add_argument("--dev-file", help="the dev file, instead of --data's")
-    p.add_argument("--test-file", type=lang_path, action="append", default=[], metavar="LANG=PATH",
-                   help="one target language's test file, instead of --data's (repeatable)")
-    p.add_argument("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
-    p.add_argument("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
-    p.add_argument("--batch-size", type=positive_list(int), help="comma list (paper: 16,32; XNLI 4,8)")
-    p.add_argument("--lr", type=positive_list(float),
-                   help="comma list of encoder learning rates (paper: 2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
-    p.add_argument("--head-lr", type=positive_list(float), help="XNLI: comma list of classifier learning rates "
-                                                                "(paper: 5e-6,2.5e-5,1.25e-4)")
-    p.add_argument("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (at most the "
-                   "model's positions - 2); longer sentences are split into overlapping windows")
-    p.add_argument("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
-    p.add_argument("--clip", type=number(0, math.inf, float), default=5.0, help="gradient norm clipping (0 = off)")
-    p.add_argument("--eval-batch-size", type=number(1), default=64, help="sentences per batch when scoring")
-    p.add_argument("--seed", type=int, default=0, help="seed of every set (head init, data order)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
-    p.add_argument("--dtype", default="auto", choices=("auto",) + DTYPES, help="training autocast as in pretrain.py: "
-                   "auto = bfloat16 on GPUs that support it, else float32; float16 is refused (no GradScaler)")
-    p.add_argument("--bf16", dest="dtype", action="store_const", const="bfloat16", help="= --dtype bfloat16")
-    p.add_argument("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
-    p.add_argument("--align-layer", type=number(0), metavar="I", help="§5.1.2 aligned transfer: freeze layers 0..I "
-                   "of --ckpt (0 = embeddings), train 4 new layers + head; the target takes --target-ckpt's layer I "
-                   "mapped by --align-maps")
-    p.add_argument("--target-ckpt", help="aligned transfer: the target language's own (monolingual) model")
-    p.add_argument("--align-maps", help="aligned transfer: align.py contextual --save-maps .npz")
-    p.add_argument("--out", help="output directory: results.json, and sets/ with one file per finished set (a "
-                   "sub-folder per task when several run); the same command again resumes or reuses them")
-    p.add_argument("--overwrite", action="store_true", help="replace --out's results.json and sets of a run with "
-                   "other flags, checkpoint or data (refused otherwise)")
-    p.add_argument("--compare", nargs="+", metavar="RESULTS_JSON",
-                   help="only print one table for results.json files of one task, with the Δ column")
-    p.add_argument("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1's layout for --out directories: "
-                   "a row per model (NAME-sSEED: seeds of one row, mean ± std), task x language columns, avg, Δ")
-    p.add_argument("--curve", nargs="+", metavar="OUT_DIR", help="only print transfer against pretraining updates "
-                   "for --out directories named NAME-sSEED-stepN (fine-tuned pretrain.py --snapshots)")
-    p.add_argument("--plot", metavar="FILE.png", help="with --curve: also draw it (needs matplotlib)")
+    add = p.add_argument
+    add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
+    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
+    add("--data", help="data directory: a toydata.py world, or laid out as ../shared/data (xnli/, wikiann_panx/, "
+        "ud/UD_*/; see LAYOUTS)")
+    add("--toy", nargs="?", const="", metavar="DIR", help="the toy presets on a toydata.py world (default: toy/ "
+        "next to --ckpt, where pretrain.py --toy writes it)")
+    add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects")
+    add("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
+    add("--train-file", help="the train file, instead of --data's")
+    add("--dev-file", help="the dev file, instead of --data's")
+    add("--test-file", type=lang_path, action="append", default=[], metavar="LANG=PATH",
+        help="one target language's test file, instead of --data's (repeatable)")
+    add("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
+    add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
+    add("--batch-size", type=positive_list(int), help="comma list (paper: 16,32; XNLI 4,8)")
+    add("--lr", type=positive_list(float), help="comma list of encoder learning rates (paper: "
+        "2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
+    add("--head-lr", type=positive_list(float), help="XNLI: comma list of classifier learning rates "
+        "(paper: 5e-6,2.5e-5,1.25e-4)")
+    add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (at most the model's "
+        "positions - 2); longer sentences are split into overlapping windows")
+    add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
+    add("--clip", type=number(0, math.inf, float), default=5.0, help="gradient norm clipping (0 = off)")
+    add("--eval-batch-size", type=number(1), default=64, help="sentences per batch when scoring")
+    add("--seed", type=int, default=0, help="seed of every set (head init, data order)")
+    add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
+    add("--dtype", default="auto", choices=("auto",) + DTYPES, help="training autocast as in pretrain.py: auto = "
+        "bfloat16 on GPUs that support it, else float32; float16 is refused (no GradScaler)")
+    add("--bf16", dest="dtype", action="store_const", const="bfloat16", help="= --dtype bfloat16")
+    add("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
+    add("--align-layer", type=number(0), metavar="I", help="§5.1.2 aligned transfer: freeze layers 0..I of --ckpt "
+        "(0 = embeddings), train 4 new layers + head; the target takes --target-ckpt's layer I mapped by --align-maps")
+    add("--target-ckpt", help="aligned transfer: the target language's own (monolingual) model")
+    add("--align-maps", help="aligned transfer: align.py contextual --save-maps .npz")
+    add("--out", help="output directory: results.json, and sets/ with one file per finished set (a sub-folder per "
+        "task when several run); the same command again resumes or reuses them")
+    add("--overwrite", action="store_true", help="replace --out's results.json and sets of a run with other flags, "
+        "checkpoint or data (refused otherwise)")
+    add("--compare", nargs="+", metavar="RESULTS_JSON", help="only print one table for results.json files of one "
+        "task, with the Δ column")
+    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1's layout for --out directories: a row per "
+        "model (NAME-sSEED: seeds of one row, mean ± std), task x language columns, avg, Δ")
+    add("--curve", nargs="+", metavar="OUT_DIR", help="only print transfer against pretraining updates for --out "
+        "directories named NAME-sSEED-stepN (fine-tuned pretrain.py --snapshots)")
+    add("--plot", metavar="FILE.png", help="with --curve: also draw it (needs matplotlib)")
     return p
 
 
@@ -1181,51 +1107,31 @@ def load_ckpt(path, flag, device):
 
 
 def lang_index(langs, code, ckpt):
-    if code not in langs:
-        raise SystemExit(f"error: language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
+    need(code in langs, f"language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
     return langs.index(code)
-
-
-def check_out_dir(path):
-    """Create --out and make sure a file can be written there, before any work."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise SystemExit(f"error: --out {path}: exists and is not a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".write-test-{os.getpid()}")
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        raise SystemExit(f"error: --out {path}: cannot write there ({e.strerror or e})") from None
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.plot and not args.curve:
-        raise SystemExit("error: --plot goes with --curve")
+    need(args.curve or not args.plot, "--plot goes with --curve")
     if args.curve:
         text, series = learning_curve(args.curve)
         print(text)
-        if args.plot:
-            plot_curve(series, args.plot)
-        return
+        return plot_curve(series, args.plot) if args.plot else None
     if args.table:
         return print(table1(args.table))
     if args.compare:
         results = [read_json(path, "--compare") for path in args.compare]
         for path, r in zip(args.compare, results):
-            if not isinstance(r, dict) or not {"task", "metric", "dev", "test", "eval_langs", "train_lang"} <= set(r):
-                raise SystemExit(f"error: --compare: {path} is not a results.json written by finetune.py")
-        if len({r["task"] for r in results}) > 1:
-            raise SystemExit("error: --compare: the results are from different tasks")
+            need(isinstance(r, dict) and {"task", "metric", "dev", "test", "eval_langs", "train_lang"} <= set(r),
+                 f"--compare: {path} is not a results.json written by finetune.py")
+        need(len({r["task"] for r in results}) == 1, "--compare: the results are from different tasks")
         return print(format_table(results, args.compare))
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
-    if not args.ckpt or not args.out:
-        raise SystemExit("error: --ckpt and --out are required (or --compare / --table / --curve)")
-    if args.dtype == "float16":
-        raise SystemExit("error: --dtype float16: fine-tuning in float16 needs a GradScaler, which finetune.py "
-                         "does not have; use --dtype bfloat16 or float32")
+    need(args.ckpt and args.out, "--ckpt and --out are required (or --compare / --table / --curve)")
+    need(args.dtype != "float16", "--dtype float16: fine-tuning in float16 needs a GradScaler, which finetune.py "
+         "does not have; use --dtype bfloat16 or float32")
     try:
         args.device, dtype, _ = pick_device(args.device, args.dtype)
     except ValueError as e:
@@ -1237,40 +1143,37 @@ def main(argv=None):
         raise SystemExit(f"error: --toy {args.toy} and --data {args.data} name two data directories; give one")
     if args.toy is not None:
         args.data = args.toy or args.data or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "toy")
-        if not os.path.isdir(args.data):
-            raise SystemExit(f"error: --toy: no toy world at {args.data} (run pretrain.py --toy or toydata.py)")
-    elif args.data is not None and not os.path.isdir(args.data):
-        raise SystemExit(f"error: --data {args.data}: no such directory")
+        need(os.path.isdir(args.data), f"--toy: no toy world at {args.data} (run pretrain.py --toy or toydata.py)")
+    need(args.data is None or os.path.isdir(args.data), f"--data {args.data}: no such directory")
     tasks = [args.task] if args.task else list(TASKS) if args.toy is not None else []
-    if not tasks:
-        raise SystemExit("error: --task is required (only --toy runs all three)")
+    need(tasks, "--task is required (only --toy runs all three)")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device)
-    if args.eval_langs is None:
-        args.eval_langs = [lang for lang in langs if lang != args.train_lang]
-        if not args.eval_langs:
-            raise SystemExit(f"error: {args.ckpt} knows only {langs}: give --eval-langs (with --align-layer)")
-    else:
-        given, args.eval_langs = args.eval_langs, list(dict.fromkeys(x.strip() for x in args.eval_langs.split(",")
-                                                                     if x.strip()))
-        if not args.eval_langs:
-            raise SystemExit(f"error: --eval-langs {given!r}: no language given")
+    given = args.eval_langs
+    args.eval_langs = ([lang for lang in langs if lang != args.train_lang] if given is None
+                       else list(dict.fromkeys(x.strip() for x in given.split(",") if x.strip())))
+    need(args.eval_langs, f"{args.ckpt} knows only {langs}: give --eval-langs (with --align-layer)" if given is None
+         else f"--eval-langs {given!r}: no language given")
     for lang, _ in args.test_file:
-        if lang not in args.eval_langs:
-            raise SystemExit(f"error: --test-file {lang}=...: {lang!r} is not one of --eval-langs {args.eval_langs}")
+        need(lang in args.eval_langs, f"--test-file {lang}=...: {lang!r} is not one of --eval-langs {args.eval_langs}")
     args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
     else:
         routes = {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang] + args.eval_langs}
-    check_out_dir(args.out)
+    need(not os.path.exists(args.out) or os.path.isdir(args.out), f"--out {args.out}: exists and is not a directory")
+    try:  # --out is created, and a file written there, before any work
+        os.makedirs(args.out, exist_ok=True)
+        probe = os.path.join(args.out, f".write-test-{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        raise SystemExit(f"error: --out {args.out}: cannot write there ({e.strerror or e})") from None
     jobs = []
     for name in tasks:  # every file of every task is read before the first set trains
-        targs = argparse.Namespace(**vars(args))
-        for k, v in (TOY_PRESET if args.toy is not None else PAPER_PRESET)[name].items():
-            if getattr(targs, k) is None:
-                setattr(targs, k, v)
+        preset = (TOY_PRESET if args.toy is not None else PAPER_PRESET)[name]
+        targs = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if getattr(args, k) is None}})
         targs.head_lr = targs.head_lr or [None]
         files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file, args.dev_file,
                               args.test_file)

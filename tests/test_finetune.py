@@ -500,8 +500,11 @@ def test_bad_inputs(toy_world, toy_ckpt, tmp_path):
     task = ft.NERTask([(["a"], ["B-PER"])])
     with pytest.raises(ValueError, match="never occur in the English train set"):
         task.check_labels([(["a"], ["B-LOC"])], "dev.tsv")
-    with pytest.raises(ValueError, match="not XNLI labels"):
-        ft.XNLITask([]).check_labels([("a", "b", "maybe")], "x.tsv")
+    bad = tmp_path / "dev.tsv"  # XNLI's labels are fixed: read_xnli refuses any other before training
+    bad.write_text("A man.\tA person.\tentailment\nA man.\tA dog.\tmaybe\n")
+    with pytest.raises(SystemExit, match=re.escape(f"error: {bad}:2: unknown XNLI label 'maybe'")):
+        ft.main(["--task", "xnli", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--dev-file", str(bad),
+                 "--out", str(tmp_path / "o")])
 
 
 def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy_ckpt, tmp_path):
