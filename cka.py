@@ -207,7 +207,7 @@ def _at_least(lo):
     """argparse type: an integer >= lo, refused in one line otherwise."""
     def parse(s):
         if not s.lstrip("-").isdigit() or int(s) < lo:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {s!r}")
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {s!r}")
         return int(s)
     return parse
 

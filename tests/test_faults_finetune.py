@@ -344,7 +344,7 @@ def test_a_diverged_set_is_left_out_and_all_diverged_writes_nothing(toy_world, t
 
 ALIGN_BAD_FLAGS = [
     (["sentences", "--k", "0"], "argument --k: must be >= 1, got 0"),
-    (["sentences", "--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    (["sentences", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1"),
     (["sentences", "--max-sents", "0"], "argument --max-sents: must be >= 1"),
     (["sentences", "--max-train", "-1"], "argument --max-train: must be >= 1"),
     (["contextual", "--eval-frac", "1.5"], "argument --eval-frac: must be strictly between 0 and 1"),
@@ -441,8 +441,8 @@ def test_align_map_with_nan_is_refused():
 
 
 CKA_BAD = [
-    (["--max-sents", "1"], "argument --max-sents: must be >= 2"),
-    (["--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    (["--max-sents", "1"], "argument --max-sents: must be an integer >= 2"),
+    (["--batch-size", "0"], "argument --batch-size: must be an integer >= 1"),
     (["--ckpt", "{t}/empty.pt"], "{t}/empty.pt: empty file (0 bytes)"),
     (["--ckpt", "{c}/nan.pt"], "{c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN"),
     (["--ckpt2", "{t}/none.pt"], "--ckpt2 {t}/none.pt: no such file"),
