@@ -168,18 +168,15 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
 # -----------------------------------------------------------------------------
 # config and flags: the paper's values by default; --toy swaps in a CPU-sized preset; an explicit flag wins
 
-PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1,
-             batch_size=96, bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200,
-             max_steps=10**12, eval_every=0, log_every=100, accumulate=1, schedule="inverse_sqrt",
-             pos_offsets=0)
-# The toy preset, chosen on the Default model only (README "Calibrating the --toy preset") and frozen: 64 streams
-# of 16 tokens at random offsets in positions 0..47 (every position a toy fine-tuning input uses is trained),
-# peak lr 2e-3 after 500 warm-up updates, linear decay to 0 at update 8,000, an evaluation every 500 updates.
+PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1, batch_size=96,
+             bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200, max_steps=10**12, eval_every=0,
+             log_every=100, accumulate=1, schedule="inverse_sqrt", pos_offsets=0)
+# chosen on the Default model only (README "Calibrating the --toy preset") and frozen; streams at random offsets in
+# positions 0..47 train every position a toy fine-tuning input uses
 TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, pos_offsets=48, lr=2e-3,
            warmup=500, schedule="linear", epoch_size=32000, max_steps=8000, eval_every=0, log_every=500, threads=1)
 MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language for separate/prefixed)
-# flags that may differ between a run and its --resume (the data are compared by vocabulary and token counts,
-# not paths; --lr and --warmup may change so that a diverged run can go on from its last good checkpoint)
+# may differ on --resume (data are compared by vocabulary and token counts; --lr, --warmup: a diverged run goes on)
 RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile",
                      "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "prepare_only",
                      "overwrite", "lr", "warmup", "max_bad_steps"}
@@ -213,8 +210,7 @@ def get_args(argv=None):
 
     a("--out", required=True, help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/ for --toy)")
     a("--toy", action="store_true", help="CPU-sized preset on the synthetic world of toydata.py (unless --data)")
-    a("--data", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or of "
-                     "tokenizer.json + {lang}.{train,dev}.bin from an earlier preparation")
+    a("--data", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or an earlier preparation's")
     a("--train-files", metavar="LANG=PATH,...", help="text per language instead of --data, e.g. en=a.txt,fr=b.txt")
     a("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
     a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
@@ -419,7 +415,9 @@ def load_data(data_dir, langs):
             raise SystemExit(f"error: cannot read the prepared data of '{l}' in {data_dir}: {e}")
         if meta["n_sentences"] == 0 or len(ids) == 0 or len(dev_ids) == 0:
             raise SystemExit(f"error: language '{l}' has an empty train or dev corpus in {data_dir}")
-        train, dev, n_sentences = train + [ids], dev + [dev_ids], n_sentences + [meta["n_sentences"]]
+        train.append(ids)
+        dev.append(dev_ids)
+        n_sentences.append(meta["n_sentences"])
     return tok, train, dev, n_sentences
 
 
@@ -440,10 +438,10 @@ def main(argv=None):
     args = get_args(argv)
     langs = args.langs.split(",")
     ddp = int(os.environ.get("RANK", -1)) != -1  # under torchrun
-    rank, world_size, local_rank = (int(os.environ.get(k, 0)) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    world_size = world_size or 1
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
-        device, dtype, backend = pick_device(args.device, args.dtype, local_rank if ddp else None)
+        device, dtype, backend = pick_device(args.device, args.dtype,
+                                             int(os.environ.get("LOCAL_RANK", 0)) if ddp else None)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     if device.startswith("cuda"):
@@ -454,10 +452,9 @@ def main(argv=None):
     log = print if master else (lambda *a, **k: None)
     ckpt_path, log_path = os.path.join(args.out, "checkpoint.pt"), os.path.join(args.out, "log.jsonl")
 
-    # SIGTERM (a preempted job) or Ctrl-C. Before training: stop at once with one line (temp files are removed on the
-    # way out, prepared data stay cached). During training the handler only sets a flag (it may interrupt a print):
-    # the loop finishes the update, saves checkpoint.pt and exits 128 + signal. A second one: stop now.
-    stop_signal, training = None, False
+    # SIGTERM (a preempted job) or Ctrl-C: before training, stop at once with one line; during training only set a
+    # flag (the handler may interrupt a print): the loop finishes the update, saves checkpoint.pt, exits 128 + signal
+    stop_signal, training = None, False  # training: set just before the loop
 
     def on_signal(signum, frame):
         nonlocal stop_signal
@@ -551,10 +548,9 @@ def main(argv=None):
         f"accumulation x {world_size} processes), dtype {dtype}, device {device}")
 
     # checkpoints and log.jsonl (the master writes, each file through a temp file and a rename: bpe.atomic_write)
-    if master and args.overwrite:  # a new run: no file of the earlier one may survive to be mixed in
-        for f in RUN_FILES:
-            if os.path.exists(os.path.join(args.out, f)):
-                os.remove(os.path.join(args.out, f))
+    for f in RUN_FILES if master and args.overwrite else ():  # a new run: no earlier file may survive to be mixed in
+        if os.path.exists(os.path.join(args.out, f)):
+            os.remove(os.path.join(args.out, f))
     if master and log_bytes is not None and os.path.exists(log_path) and os.path.getsize(log_path) > log_bytes:
         with open(log_path, "r+b") as f:  # a resume: what was logged after the checkpoint is redone
             f.truncate(log_bytes)
@@ -641,9 +637,8 @@ def main(argv=None):
                 model.require_backward_grad_sync = micro == args.accumulate - 1
             with ctx:
                 _, loss = model(inputs, lang, targets, pos_offset=offset)
-                # DDP and --sep: a batch is one language, so the other's parts get no gradient on this rank and
-                # plain DDP (waiting for a gradient of every parameter) would hang. 0 * (one element of every
-                # parameter) puts every parameter in every backward graph (no find_unused_parameters search); every
+                # DDP and --sep: the other language's parts get no gradient on this rank and plain DDP would hang;
+                # 0 * (one element of every parameter) puts them all in the graph (no find_unused_parameters). Every
                 # run adds it, so 1 GPU with --accumulate k and k GPUs do the same arithmetic (drop_unused_lang_grads)
                 loss = loss + sum(p.view(-1)[0] for p in params) * 0.0
             scaler.scale(loss / args.accumulate).backward()
@@ -710,9 +705,8 @@ def main(argv=None):
     for sig, handler in old_handlers.items():
         signal.signal(sig, handler)
     if ddp:
-        # free the DDP wrapper (its gradient reducer holds gloo work) before tearing the group down: with torch
-        # 2.13 + gloo, destroying the group while it lived aborted 3 of 25 two-process runs ("terminate called
-        # without an active exception"), 0 of 30 after this del
+        # free the DDP wrapper (its reducer holds gloo work) first: with torch 2.13 + gloo, destroying the group while
+        # it lived aborted 3 of 25 two-process runs ("terminate called without an active exception"), 0 of 30 after
         del model
         gc.collect()
         dist.destroy_process_group()
