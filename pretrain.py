@@ -210,7 +210,8 @@ def get_args(argv=None):
 
     a("--out", required=True, help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/ for --toy)")
     a("--toy", action="store_true", help="CPU-sized preset on the synthetic world of toydata.py (unless --data)")
-    a("--data", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or an earlier preparation's")
+    a("--data", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or of "
+                     "tokenizer.json + {lang}.{train,dev}.bin from an earlier preparation")
     a("--train-files", metavar="LANG=PATH,...", help="text per language instead of --data, e.g. en=a.txt,fr=b.txt")
     a("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
     a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
@@ -341,7 +342,7 @@ def get_args(argv=None):
     return args
 
 # -----------------------------------------------------------------------------
-# run directory and data
+# helpers of main: run directory, toy world, prepared data, --sep gradients
 
 def open_run(args, ckpt_path):
     """--resume: the checkpoint, refused unless made with the same flags (RESUME_MAY_CHANGE aside). A new run refuses
