@@ -1,16 +1,13 @@
 """
 Bilingual masked language model (MLM) pretraining, paper §3.1 and Table 1.
 
-Trains the XLM-style encoder of model.py with BERT's MLM objective on monolingual streams of two
-languages, in every sharing regime of the paper's Table 1 (joint / separate / prefixed BPE,
-code-switched "extra anchors", separate embeddings and bottom layers). Data handling, masking,
-language sampling, the learning-rate schedule and model selection follow facebookresearch/XLM
-(src/data/dataset.py StreamDataset, src/trainer.py): 256-token streams with `</s>` separators and no
-padding, one language per batch drawn with p ∝ n^0.7, 15 % of tokens predicted (80 % MASK / 10 % kept / 10 % random),
-Adam with linear warm-up then inverse square root decay, best model by English dev perplexity.
-
-References: Conneau, Wu, Li, Zettlemoyer, Stoyanov 2020 (the paper); Devlin et al. 2019 (BERT);
-Lample & Conneau 2019 (XLM) and github.com/facebookresearch/XLM.
+The XLM-style encoder of model.py, trained with BERT's MLM objective on monolingual streams of two languages in
+every sharing regime of Table 1 (joint / separate / prefixed BPE, code-switched "extra anchors", separate
+embeddings and bottom layers). As facebookresearch/XLM (src/data/dataset.py StreamDataset, src/trainer.py):
+256-token streams with `</s>` separators and no padding, one language per batch drawn with p ∝ n^0.7, 15 % of
+tokens predicted (80 % MASK / 10 % kept / 10 % random), Adam with linear warm-up then inverse square root decay,
+best model by English dev perplexity. References: the paper (Conneau et al. 2020), BERT (Devlin et al. 2019),
+XLM (Lample & Conneau 2019, github.com/facebookresearch/XLM).
 
 Run:
     python pretrain.py --toy --out runs/toy                       # synthetic world, one CPU core, ~8 minutes
@@ -18,13 +15,9 @@ Run:
     torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3 --out runs/sep
     python pretrain.py ... --resume                               # continue from runs/.../checkpoint.pt
 
---device auto|cpu|cuda|cuda:N|mps and --dtype auto|float32|bfloat16|float16 (model.pick_device) mean the
-same in finetune.py, align.py and cka.py: auto = bfloat16 autocast on GPUs that support it (else float16
-with a GradScaler here), float32 on CPU.
-
-The text is prepared once by bpe.prepare (tokenizer.json + {lang}.{train,dev}.bin, cached; the same as
-`python bpe.py prepare`); this file reads what it wrote. Sections: masking / schedule / sampling,
-streams, evaluation, config and flags, then main: device, run directory, data, model, optimiser, loop.
+--device and --dtype are model.pick_device's (as in finetune.py, align.py, cka.py): auto = bfloat16 autocast on
+GPUs that support it (else float16 with a GradScaler), float32 on CPU. The text is prepared once by bpe.prepare
+(the same as `python bpe.py prepare`); this file reads what it wrote.
 """
 
 import argparse
@@ -57,14 +50,11 @@ ALPHA = 0.7                   # language sampling exponent (XLM lg_sampling_fact
 # masking, schedule, language sampling (pure functions, imported by the tests)
 
 def mask_tokens(x, vocab_size, generator, mask_prob=MASK_PROB, probs=PRED_PROBS, at_least_one=False):
-    """BERT/XLM masking of x, a (B, T) int64 CPU tensor of one language's ids -> (inputs, targets).
-
-    Every position but 0 (XLM never predicts a stream's first) is selected with probability `mask_prob`
-    (a random count, as XLM). A selected position becomes MASK with probs[0], keeps its id with probs[1],
-    or gets a uniform random id in [0, vocab_size) with probs[2] (specials included, as XLM; with separate
-    embeddings vocab_size is the language's own: "we only sample random words within one language").
-    targets: the original id at selected positions, -1 elsewhere. at_least_one: one target per row (XLM's
-    evaluation). Example: x = [[1, 20, 21, 1]] -> inputs [[1, 5, 21, 1]], targets [[-1, 20, -1, -1]]."""
+    """BERT/XLM masking of x, (B, T) int64 ids of one language -> (inputs, targets: the id where selected, else -1).
+    Every position but 0 (XLM never predicts a stream's first) is selected with probability mask_prob, then becomes
+    MASK / keeps its id / gets a uniform random id in [0, vocab_size) with `probs` (specials included, as XLM; with
+    separate embeddings the language's own vocabulary: "we only sample random words within one language").
+    at_least_one: one target per row (XLM's evaluation). [[1, 20, 21, 1]] -> [[1, 5, 21, 1]], [[-1, 20, -1, -1]]."""
     B, T = x.shape
     selected = torch.rand(B, T, generator=generator) < mask_prob
     selected[:, 0] = False
@@ -80,11 +70,9 @@ def mask_tokens(x, vocab_size, generator, mask_prob=MASK_PROB, probs=PRED_PROBS,
 
 
 def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7, schedule="inverse_sqrt", max_steps=None):
-    """XLM's adam_inverse_sqrt (the paper's schedule): linear warm-up from init_lr to lr over `warmup`
-    updates, then lr * sqrt(warmup / step); `step` = updates done. Example: get_lr(0) = 1e-7,
-    get_lr(15000) ~ 5.0e-5, get_lr(30000) = 1e-4, get_lr(120000) = 5e-5. schedule="linear" (--toy): the
-    same warm-up, then straight down to 0 at max_steps, so a short run ends annealed. Example: lr 1e-3,
-    warmup 100, max_steps 1100: get_lr(600, ...) = 5e-4, get_lr(1100, ...) = 0."""
+    """XLM's adam_inverse_sqrt (the paper's): linear warm-up from init_lr to lr over `warmup` updates, then
+    lr * sqrt(warmup / step), e.g. get_lr(120000) = 5e-5. schedule="linear" (--toy): the same warm-up, then straight
+    down to 0 at max_steps, so a short run ends annealed."""
     if step < warmup:
         return init_lr + step * (lr - init_lr) / warmup
     if schedule == "linear":
@@ -93,8 +81,7 @@ def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7, schedule="inverse_sqrt", m
 
 
 def sampling_probs(sentence_counts, alpha=ALPHA):
-    """XLM's language sampling: q_l = n_l / sum n, p_l = q_l^alpha / sum_k q_k^alpha.
-    Example: counts [900, 100], alpha 0.5 -> q = [.9, .1] -> p = [.75, .25]."""
+    """XLM's language sampling: q_l = n_l / sum n, p_l = q_l^alpha / sum_k q_k^alpha."""
     n = np.asarray(sentence_counts, dtype=np.float64)
     if (n <= 0).any():
         raise ValueError(f"every language needs at least one sentence, got counts {list(sentence_counts)}")
@@ -111,14 +98,10 @@ def n_stream_batches(n_tokens, batch_size, bptt):
 
 
 def get_batch(ids, i, batch_size, bptt):
-    """Batch i of XLM's stream layout, batch-first: (batch_size, bptt) int64 numpy array.
-
-    XLM left-pads the flat corpus S (N ids, `</s>` after every sentence) with `</s>` to
-    T = n_batches * bptt * batch_size ids, lays it out as batch_size columns of L = n_batches * bptt
-    contiguous ids, puts one extra `</s>` row on top, and batch i is rows [i*bptt, (i+1)*bptt): each row a
-    contiguous slice of the corpus, no <pad>, sentences cut wherever the window ends. The indices are
-    computed, so a Wikipedia-size memmap is never copied. Example: ids = [7 8 1 9 1], batch_size 1, bptt 4:
-    data column = [</s>] + [</s> </s> </s> 7 8 1 9 1] -> batch 0 = [1 1 1 1], batch 1 = [7 8 1 9]."""
+    """Batch i of XLM's stream layout, batch-first (batch_size, bptt) int64. XLM left-pads the corpus (`</s>` after
+    every sentence) with `</s>` to a multiple of batch_size * bptt, lays it out as batch_size contiguous columns
+    with one extra `</s>` row on top, and batch i is rows [i*bptt, (i+1)*bptt): no <pad>, sentences cut wherever
+    the window ends. The indices are computed, so a Wikipedia-size memmap is never copied."""
     n = len(ids)
     L = n_stream_batches(n, batch_size, bptt) * bptt
     pad = L * batch_size - n
@@ -131,9 +114,8 @@ def get_batch(ids, i, batch_size, bptt):
 
 
 class StreamSampler:
-    """Which batch comes next, on one rank: a language drawn with `probs`, then the next batch index
-    of that language's current random permutation (a fresh one each pass, as XLM shuffles).
-    Its own seeded RNG, so every rank draws independently; state_dict() makes it resumable."""
+    """Next (language drawn with `probs`, batch index from that language's current permutation, a fresh one each
+    pass as XLM shuffles), from its own seeded RNG: every rank draws independently; state_dict() resumes it."""
 
     def __init__(self, n_batches, probs, seed):
         self.n_batches, self.probs = list(n_batches), np.asarray(probs, dtype=np.float64)
@@ -164,10 +146,8 @@ class StreamSampler:
 
 @torch.no_grad()
 def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_forward=32):
-    """MLM perplexity of a dev stream (batch size 1 as XLM, windows stacked for speed): RNG seeded
-    with 0 at every call, 15 % selection, at least one target per window, every selected token
-    replaced by MASK. ppl = exp(sum CE / number of targets): inf when that overflows (a diverged model),
-    NaN when the loss is NaN."""
+    """MLM perplexity of a dev stream (batch size 1 as XLM, windows stacked for speed), masking seeded with 0:
+    exp(sum CE / number of targets); inf when that overflows (a diverged model), NaN when the loss is NaN."""
     was_training, g, total, count = model.training, torch.Generator().manual_seed(0), 0.0, 0
     model.eval()
     n = n_stream_batches(len(ids), 1, bptt)
@@ -188,18 +168,15 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
 # -----------------------------------------------------------------------------
 # config and flags: the paper's values by default; --toy swaps in a CPU-sized preset; an explicit flag wins
 
-PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1,
-             batch_size=96, bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200,
-             max_steps=10**12, eval_every=0, log_every=100, accumulate=1, schedule="inverse_sqrt",
-             pos_offsets=0)
-# The toy preset, chosen on the Default model only (README "Calibrating the --toy preset") and frozen: 64 streams
-# of 16 tokens at random offsets in positions 0..47 (every position a toy fine-tuning input uses is trained),
-# peak lr 2e-3 after 500 warm-up updates, linear decay to 0 at update 8,000, an evaluation every 500 updates.
+PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1, batch_size=96,
+             bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200, max_steps=10**12, eval_every=0,
+             log_every=100, accumulate=1, schedule="inverse_sqrt", pos_offsets=0)
+# chosen on the Default model only (README "Calibrating the --toy preset") and frozen; streams at random offsets in
+# positions 0..47 train every position a toy fine-tuning input uses
 TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, pos_offsets=48, lr=2e-3,
            warmup=500, schedule="linear", epoch_size=32000, max_steps=8000, eval_every=0, log_every=500, threads=1)
 MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language for separate/prefixed)
-# flags that may differ between a run and its --resume (the data are compared by vocabulary and token counts,
-# not paths; --lr and --warmup may change so that a diverged run can go on from its last good checkpoint)
+# may differ on --resume (data are compared by vocabulary and token counts; --lr, --warmup: a diverged run goes on)
 RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile",
                      "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "prepare_only",
                      "overwrite", "lr", "warmup", "max_bad_steps"}
@@ -221,6 +198,8 @@ when things go wrong:
 
 
 def get_args(argv=None):
+    """The flags, presets filled in, then every value checked up front, one usage line each (a bad value must not
+    surface as a torch error after the data are prepared); resolves --sep, --snapshots, --train-files/--dev-files."""
     p = argparse.ArgumentParser(prog="pretrain.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=WHEN_THINGS_GO_WRONG)
     a = p.add_argument
@@ -305,13 +284,7 @@ def get_args(argv=None):
             setattr(args, k, v)
     if args.merges is None:
         args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
-    check_args(p, args, offsets_unset)
-    return args
 
-
-def check_args(p, args, offsets_unset):
-    """Every flag checked up front, one usage line each (a bad value must not surface as a torch error after
-    the data are prepared); resolves --sep, --snapshots, --train-files/--dev-files, --code-switch toy."""
     def need(ok, message):
         if not ok:
             p.error(message)
@@ -322,9 +295,7 @@ def check_args(p, args, offsets_unset):
         except ValueError as e:
             p.error(prefix + str(e))
 
-    def distinct(langs):
-        return all(langs) and len(set(langs)) == len(langs)
-
+    distinct = lambda ls: all(ls) and len(set(ls)) == len(ls)  # noqa: E731
     langs = args.langs.split(",")
     need(not (args.overwrite and args.resume), "--overwrite starts a new run; it cannot be combined with --resume")
     need(distinct(langs), f"--langs {args.langs}: expected distinct languages separated by commas, e.g. en,fr")
@@ -368,29 +339,15 @@ def check_args(p, args, offsets_unset):
                  f"{args.code_switch} (needs --toy, or --data a toydata.py world)")
         else:
             need(os.path.isfile(args.code_switch), f"--code-switch {args.code_switch}: no such file")
+    return args
 
 # -----------------------------------------------------------------------------
-# main: device, run directory, data, model and optimiser, training loop with evaluation and checkpoints
-
-def setup_device(args):
-    """torchrun's environment and --device/--dtype -> (ddp, rank, world size, device, dtype, DDP backend)."""
-    ddp = int(os.environ.get("RANK", -1)) != -1
-    try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
-        device, dtype, backend = pick_device(args.device, args.dtype,
-                                             int(os.environ.get("LOCAL_RANK", 0)) if ddp else None)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return ddp, int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), device, dtype, backend
-
+# helpers of main: run directory, toy world, prepared data, --sep gradients
 
 def open_run(args, ckpt_path):
-    """--resume: the checkpoint, refused unless made with the same flags (RESUME_MAY_CHANGE aside). A new run
-    refuses an --out holding an earlier run's files unless --overwrite (never overwrite its best.pt or append to
-    its log.jsonl); the cached toy world (toy/) and prepared data (data/) are not a run's files: they are reused."""
+    """--resume: the checkpoint, refused unless made with the same flags (RESUME_MAY_CHANGE aside). A new run refuses
+    an --out holding an earlier run's files unless --overwrite (never overwrite its best.pt or append to its
+    log.jsonl); the cached toy world (toy/) and prepared data (data/) are not a run's files: they are reused."""
     if not args.resume:
         found = [f for f in RUN_FILES if os.path.exists(os.path.join(args.out, f))]
         if found and not args.overwrite and not args.prepare_only:
@@ -418,7 +375,7 @@ def open_run(args, ckpt_path):
 
 
 def write_toy_world(args, langs, master):
-    """--toy without --data: the world of toydata.py in OUT/toy/ (the master writes it once per set of flags)."""
+    """--toy without --data: toydata.py's world in OUT/toy/, written once per set of flags by the master."""
     record = os.path.join(args.out, "toy.json")
     if not master:
         while not os.path.exists(record):
@@ -454,8 +411,7 @@ def load_data(data_dir, langs):
     train, dev, n_sentences = [], [], []
     for l in langs:
         try:
-            ids, meta = load_bin(os.path.join(data_dir, f"{l}.train"))
-            dev_ids, _ = load_bin(os.path.join(data_dir, f"{l}.dev"))
+            (ids, meta), (dev_ids, _) = (load_bin(os.path.join(data_dir, f"{l}.{s}")) for s in ("train", "dev"))
         except (OSError, ValueError) as e:
             raise SystemExit(f"error: cannot read the prepared data of '{l}' in {data_dir}: {e}")
         if meta["n_sentences"] == 0 or len(ids) == 0 or len(dev_ids) == 0:
@@ -467,28 +423,39 @@ def load_data(data_dir, langs):
 
 
 def drop_unused_lang_grads(model, used):
-    """Set to None the gradients of language-specific parameters (--sep) of every language j with
-    used[j] == 0 (no micro-batch of this update, on any rank, was in it). The DDP zero term in main() gives
-    them an exactly-zero gradient, and Adam would still move them with its momentum; a None gradient makes
-    Adam skip them, so a language's private parts change only on its own updates (as in XLM)."""
+    """None for the gradients of the language-specific parameters (--sep) of every language j that no micro-batch
+    of this update was in, on any rank (used[j] == 0). The DDP zero term gives them an exactly-zero gradient and Adam
+    would still move them by momentum; a None gradient makes Adam skip them, so they change only on their own
+    language's updates (as in XLM)."""
     for j, u in enumerate(used):
         if not u:
             for p in model.lang_specific_parameters(j):
                 p.grad = None
 
+# -----------------------------------------------------------------------------
+# main: device, run directory, data, model and optimiser, training loop with evaluation and checkpoints
 
 def main(argv=None):
     args = get_args(argv)
     langs = args.langs.split(",")
-    ddp, rank, world_size, device, dtype, backend = setup_device(args)
+    ddp = int(os.environ.get("RANK", -1)) != -1  # under torchrun
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
+        device, dtype, backend = pick_device(args.device, args.dtype,
+                                             int(os.environ.get("LOCAL_RANK", 0)) if ddp else None)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device_type, master = torch.device(device).type, rank == 0  # device_type: cuda, cpu or mps
     log = print if master else (lambda *a, **k: None)
     ckpt_path, log_path = os.path.join(args.out, "checkpoint.pt"), os.path.join(args.out, "log.jsonl")
 
-    # SIGTERM (a preempted job) or Ctrl-C. Before training: stop at once with one line (temp files are removed on
-    # the way out, prepared data stay cached). During training the handler only sets a flag (it may interrupt a
-    # print): the loop finishes the update, saves checkpoint.pt and exits 128 + signal. A second one: stop now.
-    stop_signal, training = None, False
+    # SIGTERM (a preempted job) or Ctrl-C: before training, stop at once with one line; during training only set a
+    # flag (the handler may interrupt a print): the loop finishes the update, saves checkpoint.pt, exits 128 + signal
+    stop_signal, training = None, False  # training: set just before the loop
 
     def on_signal(signum, frame):
         nonlocal stop_signal
@@ -503,9 +470,8 @@ def main(argv=None):
 
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
-    # -------------------------------------------------------------------------
-    # run directory and data: every input checked before any work, prepared once (bpe.prepare; the master
-    # prepares, the other ranks wait), then memory-mapped
+    # run directory and data: every input checked before any work, prepared once (bpe.prepare: the master prepares,
+    # the other ranks wait), then memory-mapped
     ckpt = open_run(args, ckpt_path)
     make_dir("--out", args.out)
     files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
@@ -527,7 +493,6 @@ def main(argv=None):
         raise SystemExit(f"error: --resume: the data or vocabulary in {data_dir} differ from the ones "
                          f"{ckpt_path} was trained on; use the same data, or another --out")
 
-    # -------------------------------------------------------------------------
     # model and optimiser (D3: Adam, no weight decay; XLM's weight decay, when asked for, is decoupled = AdamW)
     torch.manual_seed(args.seed)  # same init on every rank (DDP broadcasts rank 0's anyway)
     config = ModelConfig(vocab_size=max(vocab_sizes), n_langs=len(langs), n_layers=args.n_layers,
@@ -542,7 +507,7 @@ def main(argv=None):
     ctx = autocast(device, dtype)  # float32: no autocast at all
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 
-    # per-rank randomness: data order (numpy), masking (torch CPU generator), dropout (torch global)
+    # per-rank randomness: data order (numpy), masking (torch CPU generator), dropout (torch global); then --resume
     sampler = StreamSampler([n_stream_batches(n, args.batch_size, args.bptt) for n in n_tokens], probs,
                             seed=[args.seed, rank])
     mask_gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
@@ -576,13 +541,6 @@ def main(argv=None):
     if ddp:
         dist.init_process_group(backend=backend)
         model = DDP(model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
-    # DDP and language-specific parameters (--sep): a batch is one language, so the other's parts get no gradient on
-    # this rank and plain DDP (which waits for a gradient of every parameter) would hang. 0 * (one element of every
-    # parameter) added to the loss puts every parameter in every backward graph (no find_unused_parameters search).
-    # Every run does it, so 1 GPU with --accumulate k and k GPUs do the same arithmetic (see drop_unused_lang_grads).
-    def zero_term():
-        return sum(p.view(-1)[0] for p in params) * 0.0
-
     tokens_per_update = args.batch_size * args.bptt * args.accumulate * world_size
     log(f"languages {langs} (sampling p = {np.round(probs, 3).tolist()}), vocab sizes {vocab_sizes}, "
         f"train tokens {n_tokens}")
@@ -590,12 +548,10 @@ def main(argv=None):
         f"{tokens_per_update:,} tokens per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} "
         f"accumulation x {world_size} processes), dtype {dtype}, device {device}")
 
-    # -------------------------------------------------------------------------
     # checkpoints and log.jsonl (the master writes, each file through a temp file and a rename: bpe.atomic_write)
-    if master and args.overwrite:  # a new run: no file of the earlier one may survive to be mixed in
-        for f in RUN_FILES:
-            if os.path.exists(os.path.join(args.out, f)):
-                os.remove(os.path.join(args.out, f))
+    for f in RUN_FILES if master and args.overwrite else ():  # a new run: no earlier file may survive to be mixed in
+        if os.path.exists(os.path.join(args.out, f)):
+            os.remove(os.path.join(args.out, f))
     if master and log_bytes is not None and os.path.exists(log_path) and os.path.getsize(log_path) > log_bytes:
         with open(log_path, "r+b") as f:  # a resume: what was logged after the checkpoint is redone
             f.truncate(log_bytes)
@@ -682,7 +638,10 @@ def main(argv=None):
                 model.require_backward_grad_sync = micro == args.accumulate - 1
             with ctx:
                 _, loss = model(inputs, lang, targets, pos_offset=offset)
-                loss = loss + zero_term()
+                # DDP and --sep: the other language's parts get no gradient on this rank and plain DDP would hang;
+                # 0 * (one element of every parameter) puts them all in the graph (no find_unused_parameters). Every
+                # run adds it, so 1 GPU with --accumulate k and k GPUs do the same arithmetic (drop_unused_lang_grads)
+                loss = loss + sum(p.view(-1)[0] for p in params) * 0.0
             scaler.scale(loss / args.accumulate).backward()
             loss_sum += loss.detach().float()
             n_streams += args.batch_size
@@ -747,9 +706,8 @@ def main(argv=None):
     for sig, handler in old_handlers.items():
         signal.signal(sig, handler)
     if ddp:
-        # free the DDP wrapper (its gradient reducer holds gloo work) before tearing the group down: with torch
-        # 2.13 + gloo, destroying the group while it lived aborted 3 of 25 two-process runs ("terminate called
-        # without an active exception"), 0 of 30 after this del
+        # free the DDP wrapper (its reducer holds gloo work) first: with torch 2.13 + gloo, destroying the group while
+        # it lived aborted 3 of 25 two-process runs ("terminate called without an active exception"), 0 of 30 after
         del model
         gc.collect()
         dist.destroy_process_group()
