@@ -441,8 +441,8 @@ def test_align_map_with_nan_is_refused():
 
 
 CKA_BAD = [
-    (["--max-sents", "1"], "argument --max-sents: must be >= 2"),
-    (["--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    (["--max-sents", "1"], "argument --max-sents: expected an integer >= 2"),
+    (["--batch-size", "0"], "argument --batch-size: expected an integer >= 1"),
     (["--ckpt", "{t}/empty.pt"], "{t}/empty.pt: empty file (0 bytes)"),
     (["--ckpt", "{c}/nan.pt"], "{c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN"),
     (["--ckpt2", "{t}/none.pt"], "--ckpt2 {t}/none.pt: no such file"),
