@@ -1,9 +1,8 @@
 """Post-hoc alignment of pretrained representations (paper §5.1, Figures 4-6).
 
-The question of §5 is whether two (monolingual or bilingual) BERT-style models encode words and sentences
-in spaces that differ only by a rotation. If they do, one orthogonal map W fitted on a few thousand
-translation pairs (orthogonal Procrustes) should make nearest-neighbour retrieval across the two spaces
-work. This file is that experiment, in three granularities:
+Do two (monolingual or bilingual) BERT-style models encode words and sentences in spaces that differ
+only by a rotation? If so, one orthogonal map W fitted on translation pairs (Procrustes) makes
+nearest-neighbour retrieval across the two spaces work. Three granularities:
 
   Fig. 4  words       word vectors from the embedding table (a) or averaged contextual states (b),
                       Procrustes on a MUSE train dictionary, CSLS precision@1 on the test dictionary
@@ -14,8 +13,7 @@ References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translati
 (MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al. 2013 (fast_align),
 Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
-The numpy part (everything above the CLI ruler) needs only numpy and can be copied alone. The CLI part
-imports torch, model.py and bpe.py inside its functions.
+Everything above the CLI ruler needs only numpy; the CLI imports torch, model.py and bpe.py inside functions.
 
     python align.py words      --toy DIR --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy DIR --ckpt RUN/best.pt --save-maps maps.npz
@@ -31,6 +29,7 @@ import errno
 import math
 import os
 import sys
+from collections import Counter
 
 import numpy as np
 
@@ -39,7 +38,6 @@ import numpy as np
 
 
 def _as_matrix(X, name):
-    """Return X as a 2-D float array, or raise ValueError naming the input."""
     X = np.asarray(X)
     if X.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array (rows are examples), got shape {X.shape}")
@@ -53,17 +51,10 @@ def _as_matrix(X, name):
     return X
 
 
-def _same_rows(X, Y, names=("X", "Y")):
-    if X.shape[0] != Y.shape[0]:
-        raise ValueError(f"{names[0]} has {X.shape[0]} rows but {names[1]} has {Y.shape[0]}: "
-                         "row k of both must describe the same example")
-
-
 def read_lines(path):
-    """Yield the lines of a UTF-8 text file without their line ends. Bytes are split on \\n only (a stray \\r
-    or U+2028 inside a line does not shift the line numbering of a parallel file); a line that is not
-    UTF-8 raises ValueError naming the file and line."""
-    with open(path, "rb") as f:  # a generator: a large corpus is streamed, not held in memory
+    """Lines of a UTF-8 file, streamed, split on \\n only (a stray \\r or U+2028 does not shift the numbering
+    of a parallel file); a line that is not UTF-8 raises ValueError naming file and line."""
+    with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
                 yield raw.decode("utf-8").rstrip("\r\n")
@@ -78,19 +69,19 @@ def read_lines(path):
 def procrustes(X, Y):
     """Orthogonal W minimising ||X W - Y||_F, rows of X and Y are paired examples (n, d).
 
-    Closed form (Schönemann 1966): with the SVD  XᵀY = U Σ Vᵀ,  W = U Vᵀ.
-    This is the same W as SciPy's `orthogonal_procrustes(X, Y)[0]`. The paper (and MUSE) write the
-    transposed convention  W* = argmin ||W X - Y||  with examples as *columns*, i.e. W_paper = Wᵀ.
+    Closed form (Schönemann 1966): XᵀY = U Σ Vᵀ, W = U Vᵀ, as SciPy's `orthogonal_procrustes(X, Y)[0]`.
+    The paper (and MUSE) put examples in columns, argmin ||W X - Y||, i.e. W_paper = Wᵀ.
 
     >>> R = np.array([[0., -1.], [1., 0.]]); X = np.random.randn(5, 2)
     >>> np.allclose(procrustes(X, X @ R), R)
     True
     """
     X, Y = _as_matrix(X, "X"), _as_matrix(Y, "Y")
-    _same_rows(X, Y)
+    if X.shape[0] != Y.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}: row k of both must describe the same example")
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"Procrustes needs equal dimensions, got X {X.shape} and Y {Y.shape}")
-    U, _, Vt = np.linalg.svd(X.T @ Y)  # XᵀY = U Σ Vᵀ  (d, d)
+    U, _, Vt = np.linalg.svd(X.T @ Y)
     return U @ Vt
 
 
@@ -100,12 +91,8 @@ def normalize_rows(X, eps=1e-8):
 
 
 def iterative_normalize(X, n_iter=5):
-    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`): unit length AND zero mean.
-
-    Length-normalising breaks the zero mean and centring breaks the unit length, so the two steps
-    are repeated n_iter times and a final length normalisation ends it: after a few rounds the mean
-    is ~1e-3 or smaller and every row has norm 1. Apply to each language separately.
-    """
+    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`): unit length AND zero mean. Each step
+    breaks the other's property, so both are repeated, ending on unit length. One language at a time."""
     X = _as_matrix(X, "X").astype(np.float64)
     for _ in range(n_iter):
         X = normalize_rows(X)
@@ -116,15 +103,10 @@ def iterative_normalize(X, n_iter=5):
 # -----------------------------------------------------------------------------------------------------
 # §5.1 retrieval: nearest neighbour by cosine and CSLS (Conneau et al. 2018), in chunks
 #
-# Both take queries X (n, d) and candidates Y (m, d) and return, for every row of X, the index of the
-# best row of Y. Similarities are computed block by block, so memory is O(chunk * m), never O(n * m):
-# 200k x 200k float32 similarities would be 160 GB.
+# Queries X (n, d), candidates Y (m, d) -> index of the best row of Y for every row of X. Similarities
+# are computed block by block, memory O(chunk * m): 200k x 200k float32 similarities would be 160 GB.
 
 CHUNK_BYTES = 128 * 2**20  # ~128 MB per similarity block (float32: 671 rows x 50k candidates)
-
-
-def _chunk_rows(m, itemsize, chunk_bytes=CHUNK_BYTES):
-    return max(1, int(chunk_bytes // (itemsize * m)))
 
 
 def _unit(X, name):
@@ -133,34 +115,25 @@ def _unit(X, name):
     return normalize_rows(X.astype(dtype, copy=False))
 
 
-def mean_topk_sim(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
-    """r(x) = mean of the k largest cos(x, y) over all rows y of Y, for every row x of X -> (n,).
-
-    MUSE `get_nn_avg_dist`: r_T(x) = mean_topk_sim(WX, Y) and r_S(y) = mean_topk_sim(Y, WX).
-    """
-    return _mean_topk_unit(_unit(X, "X"), _unit(Y, "Y"), k, chunk_bytes)
+def _blocks(X, Y, chunk_bytes):
+    step = max(1, int(chunk_bytes // (X.itemsize * Y.shape[0])))
+    for a in range(0, X.shape[0], step):
+        yield slice(a, a + step), X[a:a + step] @ Y.T
 
 
-def _mean_topk_unit(X, Y, k, chunk_bytes=CHUNK_BYTES):
-    # mean_topk_sim for rows already of unit length (no second normalised copy of X and Y)
+def _mean_topk(X, Y, k, chunk_bytes):
+    """Mean of the k largest cosines of every (unit) row of X to the rows of Y: MUSE `get_nn_avg_dist`."""
     k = min(k, Y.shape[0])
     out = np.empty(X.shape[0], dtype=np.float64)
-    step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
-    for a in range(0, X.shape[0], step):
-        S = X[a:a + step] @ Y.T                                  # (chunk, m) cosines
-        top = np.partition(S, S.shape[1] - k, axis=1)[:, -k:]    # k largest per row, unordered
-        out[a:a + step] = top.mean(axis=1)
+    for rows, S in _blocks(X, Y, chunk_bytes):
+        out[rows] = np.partition(S, S.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
     return out
 
 
 def nn_knn(X, Y, chunk_bytes=CHUNK_BYTES):
     """Nearest neighbour by cosine: best row of Y for every row of X -> (n,) int."""
     X, Y = _unit(X, "X"), _unit(Y, "Y")
-    out = np.empty(X.shape[0], dtype=np.int64)
-    step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
-    for a in range(0, X.shape[0], step):
-        out[a:a + step] = np.argmax(X[a:a + step] @ Y.T, axis=1)
-    return out
+    return np.concatenate([S.argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
 
 def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
@@ -169,23 +142,14 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
         CSLS(x, y) = 2 cos(x, y) - r_T(x) - r_S(y)
         r_T(x) = mean cos of x to its k nearest rows of Y,  r_S(y) = mean cos of y to its k nearest rows of X
 
-    X are the (already mapped) queries, Y the candidates; both are length-normalised here. r_T(x) is the
-    same for every candidate of one query, so it cannot change the argmax and is not computed (the
-    dense matrix is in tests/test_align.py, as the reference). Cost: two passes of n*m*d multiply-adds, memory O(chunk * m).
-    Penalising "hubs" (y close to everything, large r_S) is what makes CSLS beat plain NN retrieval.
+    r_T(x) is the same for every candidate of one query, so it cannot change the argmax and is not
+    computed. Penalising "hubs" (y close to everything, large r_S) is what makes CSLS beat plain NN.
     """
     X, Y = _unit(X, "X"), _unit(Y, "Y")
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"X and Y must have the same dimension, got {X.shape} and {Y.shape}")
-    r_S = _mean_topk_unit(Y, X, k, chunk_bytes).astype(X.dtype)  # (m,) hubness of each candidate
-    out = np.empty(X.shape[0], dtype=np.int64)
-    step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
-    for a in range(0, X.shape[0], step):
-        S = X[a:a + step] @ Y.T
-        S *= 2
-        S -= r_S[None, :]                                       # 2cos - r_S  (r_T(x) is constant per row)
-        out[a:a + step] = np.argmax(S, axis=1)
-    return out
+    r_S = _mean_topk(Y, X, k, chunk_bytes).astype(X.dtype)
+    return np.concatenate([(2 * S - r_S).argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
 
 def retrieve(X, Y, method="csls", k=10):
@@ -202,22 +166,16 @@ def retrieve(X, Y, method="csls", k=10):
 
 
 def read_muse_dictionary(path, lowercase=True):
-    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> list of pairs in
-    file order, read by bpe.read_dictionary (the one reader: same format, same one-line errors).
-
-    Lines are lowercased as MUSE does (its dictionaries are lowercase and its embeddings lowercased).
-    """
+    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> pairs in file order,
+    read by bpe.read_dictionary (same format, same errors), lowercased as MUSE's embeddings are."""
     import bpe
     pairs = bpe.read_dictionary(path).pairs
     return [(s.lower(), t.lower()) for s, t in pairs] if lowercase else pairs
 
 
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
-    """Keep the pairs whose two words both have a vector -> (src_idx, tgt_idx) int arrays.
-
-    src_words / tgt_words list the words that own rows of the two embedding matrices.
-    Raises ValueError if no pair survives (nothing to fit or evaluate).
-    """
+    """Keep the pairs whose two words both own a row (src_words / tgt_words) -> (src_idx, tgt_idx) arrays;
+    ValueError if none survives."""
     s_id = {w: i for i, w in enumerate(src_words)}
     t_id = {w: i for i, w in enumerate(tgt_words)}
     kept = [(s_id[s], t_id[t]) for s, t in pairs if s in s_id and t in t_id]
@@ -229,9 +187,8 @@ def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
 
 
 def translation_precision(pred, src_idx, tgt_idx):
-    """Precision@1 over unique source words: a source word is right if ANY of its gold translations
-    is the retrieved word (MUSE). pred[q] is the retrieved target row for source row q; the pairs
-    (src_idx[i], tgt_idx[i]) are the gold dictionary. Returns (p_at_1, n_source_words)."""
+    """P@1 over unique source words, right if ANY gold translation is retrieved (MUSE): pred[q] is the
+    target row retrieved for source row q -> (p_at_1, n_source_words)."""
     gold = {}
     for s, t in zip(src_idx.tolist(), tgt_idx.tolist()):
         gold.setdefault(s, set()).add(t)
@@ -240,8 +197,7 @@ def translation_precision(pred, src_idx, tgt_idx):
 
 
 def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, method="csls", k=10):
-    """Map X_src with W (if given), retrieve among ALL rows of X_tgt for each test source word,
-    score P@1 with the any-gold rule. Returns (p_at_1, n_source_words)."""
+    """Map X_src with W (if given), retrieve among ALL rows of X_tgt -> translation_precision."""
     X_src, X_tgt = _as_matrix(X_src, "X_src"), _as_matrix(X_tgt, "X_tgt")
     queries = np.unique(src_idx)
     Q = X_src[queries] if W is None else X_src[queries] @ W
@@ -289,20 +245,15 @@ def read_vec(path, max_vocab=200000, lowercase=True):
 #     p(a_j = 0)          = p0                                           (p0 = 0.08)
 #     p(a_j = i | j,m,n)  = (1 - p0) exp(λ h(i,j,m,n)) / Z_λ(j,m,n),      h = -| i/n - j/m |,  i = 1..n
 #     p(f_j, a_j = i)     = p(a_j = i) θ(f_j | e_i)
-# EM: the E-step computes the posterior q(i) ∝ p(f_j, a_j = i) for every target token, the M-step
-# re-estimates θ from the expected counts, with -v as variational Bayes under a Dirichlet(α) prior:
-#     θ(f|e) = exp(ψ(c(e,f) + α) - ψ(Σ_f' c(e,f') + α))
-# and -o moves λ towards the value where the prior's expected h equals the posterior's. The last of the
-# `n_iter` passes only decodes: argmax_i per target word, NULL links dropped. Defaults = `fast_align -d -o -v`.
-#
-# Vectorised over the whole corpus: every (target token, candidate source position) is one "cell"; a
-# sentence pair with n source and m target words owns m * (n + 1) consecutive cells, token-major.
-# Sums per token are np.bincount over the cell -> token index, so one EM pass is a handful of numpy calls.
+# EM with -v (variational Bayes, Dirichlet(α) prior): θ(f|e) = exp(ψ(c(e,f) + α) - ψ(Σ_f' c(e,f') + α));
+# -o moves λ until the prior's expected h equals the posterior's. The last pass only decodes (argmax_i,
+# NULL links dropped). Defaults = `fast_align -d -o -v`. Vectorised over the corpus: every (target token,
+# source position) is one "cell", a pair owns m * (n + 1) consecutive cells; per-token sums are np.bincount.
 
 
 def digamma(x):
-    """ψ(x) for x > 0, elementwise (recurrence ψ(x) = ψ(x+1) - 1/x up to x >= 10, then the asymptotic
-    series; fast_align's own `digamma` shifts to 6, accurate to ~1e-11). ψ(1) = -0.5772156649 (minus the Euler-Mascheroni constant)."""
+    """ψ(x) for x > 0: recurrence ψ(x) = ψ(x+1) - 1/x up to x >= 10, then the asymptotic series
+    (fast_align's `digamma` shifts to 6, accurate to ~1e-11)."""
     x = np.array(x, dtype=np.float64)
     out = np.zeros_like(x)
     for _ in range(10):
@@ -316,23 +267,17 @@ def digamma(x):
     return out + np.log(x) - 0.5 / x - series
 
 
-def _words(sent):
-    return sent.split() if isinstance(sent, str) else list(sent)
-
-
 def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diagonal=True,
                optimize_tension=True, variational_bayes=True, alpha=0.01):
     """One direction of fast_align: every target word picks at most one source word.
 
-    src_sents, tgt_sents: equal-length lists of sentences (strings split on whitespace, or word lists).
-    Returns one list of (i, j) links per pair (0-based, i in the source, j in the target), as
-    `fast_align -i src ||| tgt` prints them. Pairs with an empty side get no links (fast_align stops
-    with an error there instead).
+    src_sents, tgt_sents: equal-length lists of sentences (strings or word lists) -> one list of 0-based
+    (i, j) links per pair, as `fast_align -i src ||| tgt` prints them. A pair with an empty side gets
+    no links (fast_align stops with an error there instead).
     """
     if len(src_sents) != len(tgt_sents):
         raise ValueError(f"{len(src_sents)} source but {len(tgt_sents)} target sentences")
-    src = [_words(s) for s in src_sents]
-    tgt = [_words(t) for t in tgt_sents]
+    src, tgt = [[s.split() if isinstance(s, str) else list(s) for s in side] for side in (src_sents, tgt_sents)]
     e_id, f_id = {"<NULL>": 0}, {}
     cell_e, cell_f, cell_i, cell_tok, cell_h = [], [], [], [], []
     blocks = []  # (pair index, first cell, m, n): where each pair's cells live, for decoding
@@ -366,16 +311,19 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
     theta = np.ones(len(pairs))                  # fast_align starts from a constant (1e-9): uniform
     n_src_plus_null = np.bincount(tok)           # n + 1 for every token's pair
 
+    def diag(lam):                               # exp(λ h) per cell (0 for NULL) and its token's Z_λ
+        u = np.where(null, 0.0, np.exp(lam * h))
+        return u, np.bincount(tok, u, minlength=n_tok)[tok]
+
     def prior(lam):                              # p(a_j = i) per cell
         if not favor_diagonal:                   # IBM Model 1: uniform over n + 1 positions
             return 1.0 / n_src_plus_null[tok]
-        u = np.where(null, 0.0, np.exp(lam * h))
-        Z = np.bincount(tok, u, minlength=n_tok)
-        return np.where(null, p0, (1 - p0) * u / Z[tok])
+        u, Z = diag(lam)
+        return np.where(null, p0, (1 - p0) * u / Z)
 
-    def expected_h(lam):                         # E_prior[h] over i = 1..n, summed over tokens, / tokens
-        u = np.where(null, 0.0, np.exp(lam * h))
-        return np.sum(u * h / np.bincount(tok, u, minlength=n_tok)[tok]) / n_tok
+    def expected_h(lam):                         # E_prior[h] over i = 1..n, averaged over tokens
+        u, Z = diag(lam)
+        return np.sum(u * h / Z) / n_tok
 
     lam = tension
     for it in range(n_iter):
@@ -388,12 +336,9 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
             emp = np.sum(np.where(null, 0.0, q * h)) / n_tok          # posterior expected feature
             for _ in range(8):                                        # 8 gradient steps, as fast_align
                 lam = float(np.clip(lam + 20.0 * (emp - expected_h(lam)), 0.1, 14.0))
-        if variational_bayes:
-            tot = np.bincount(pair_e, counts + alpha, minlength=len(e_id))
-            theta = np.exp(digamma(counts + alpha) - digamma(tot[pair_e]))
-        else:
-            tot = np.bincount(pair_e, counts, minlength=len(e_id))
-            theta = counts / tot[pair_e]
+        c = counts + alpha if variational_bayes else counts
+        tot = np.bincount(pair_e, c, minlength=len(e_id))[pair_e]
+        theta = np.exp(digamma(c) - digamma(tot)) if variational_bayes else c / tot
     # Viterbi decoding: per target word the most probable position; NULL (i = 0) wins ties, then leftmost
     for k, start, m, n in blocks:
         best = probs[start:start + m * (n + 1)].reshape(m, n + 1).argmax(axis=1)
@@ -402,12 +347,10 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
 
 
 def grow_diag_final_and(fwd, rev):
-    """Symmetrise two directional alignments of one sentence pair, as `atools -c grow-diag-final-and`.
-
-    Start from the intersection; then repeatedly add union points (in (i, j) order) that touch an
-    aligned point (8-neighbourhood) and have an unaligned word on at least one side; finally add the
-    points of fwd, then of rev, whose two words are both still unaligned (the "and").
-    """
+    """Symmetrise two directional alignments of one sentence pair, as `atools -c grow-diag-final-and`:
+    from the intersection, repeatedly add union points (in (i, j) order) that touch an aligned point
+    (8-neighbourhood) and have an unaligned word on one side; then the points of fwd, then of rev,
+    whose two words are both still unaligned (the "and")."""
     fwd, rev = set(fwd), set(rev)
     res = fwd & rev
     ai = {i for i, _ in res}
@@ -430,12 +373,9 @@ def grow_diag_final_and(fwd, rev):
 
 
 def fast_align(src_sents, tgt_sents, symmetric=True, **kwargs):
-    """Word alignment of parallel sentences -> one sorted list of (i, j) links per pair.
-
-    symmetric=True: forward (`fast_align -d -o -v`) + reverse (`-r`) symmetrised with
-    grow-diag-final-and, the paper's recipe; symmetric=False: the forward direction only.
-    kwargs go to `ibm2_align` (n_iter, p0, tension, favor_diagonal, optimize_tension, ...).
-    """
+    """Word alignment of parallel sentences -> one sorted list of (i, j) links per pair: forward
+    (`fast_align -d -o -v`) and reverse (`-r`) symmetrised by grow-diag-final-and (the paper's recipe),
+    or the forward direction alone (symmetric=False). kwargs go to `ibm2_align`."""
     fwd = ibm2_align(src_sents, tgt_sents, **kwargs)
     if not symmetric:
         return fwd
@@ -444,19 +384,14 @@ def fast_align(src_sents, tgt_sents, symmetric=True, **kwargs):
 
 
 def one_to_one_pairs(links, src_words, tgt_words):
-    """Keep links whose source word and target word are each linked exactly once, and drop pairs of
-    identical strings (shijie-wu/crosslingual-nlp `_process_align`): copies say nothing about the two spaces' alignment."""
-    ci, cj = {}, {}
-    for i, j in links:
-        ci[i] = ci.get(i, 0) + 1
-        cj[j] = cj.get(j, 0) + 1
-    return [(i, j) for i, j in links
-            if ci[i] == 1 and cj[j] == 1 and src_words[i] != tgt_words[j]]
+    """Links whose two words are each linked once, minus identical strings (shijie-wu/crosslingual-nlp
+    `_process_align`): copies say nothing about the alignment of the two spaces."""
+    ci, cj = Counter(i for i, _ in links), Counter(j for _, j in links)
+    return [(i, j) for i, j in links if ci[i] == 1 and cj[j] == 1 and src_words[i] != tgt_words[j]]
 
 
 def read_parallel(src_path, tgt_path, max_lines=None):
-    """Two files, line k of one translating line k of the other -> (src_lines, tgt_lines).
-    Raises ValueError naming both files when their line counts differ."""
+    """Two files, line k of one translating line k of the other -> (src_lines, tgt_lines)."""
     out = [list(read_lines(p)) for p in (src_path, tgt_path)]
     if len(out[0]) != len(out[1]):
         raise ValueError(f"parallel files differ in length: {src_path} has {len(out[0])} lines, "
@@ -471,13 +406,13 @@ def read_parallel(src_path, tgt_path, max_lines=None):
 # =====================================================================================================
 # CLI part: encoders from our checkpoints (torch, model.py and bpe.py are imported inside functions)
 #
-# Layers are numbered as in the paper's Figures 5-7: L0 = embedding output, L1..L8 = Transformer blocks.
-# Input convention (XLM): `</s> w1 ... wn </s>`; the two </s> are never part of a pooled vector.
+# Layers as in the paper's Figures 5-7: L0 = embedding output, L1..L8 = Transformer blocks. Input (XLM):
+# `</s> w1 ... wn </s>`; the two </s> are never part of a pooled vector.
 
 
 def load_encoder(path, device="cpu"):
-    """(model in eval mode, bpe.Tokenizer, list of language codes) from a checkpoint written by
-    pretrain.py (best.pt) or by model.save_model(..., tokenizer=tok.to_dict(), langs=[...])."""
+    """(model in eval mode, bpe.Tokenizer, language codes) from pretrain.py's best.pt (or
+    model.save_model(..., tokenizer=tok.to_dict(), langs=[...]))."""
     import bpe
     import model as M
     mdl, extra = M.load_model(path, map_location=device)
@@ -531,7 +466,6 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
 def corpus_words(tok, path, lang, max_sents=None, max_vocab=200000):
     """Word types of a corpus, most frequent first, keyed lowercase as MUSE (first surface form kept)
     -> (keys, surface forms, sentences as word lists)."""
-    from collections import Counter
     sents, counts, form = [], Counter(), {}
     for n, line in enumerate(read_lines(path)):
         if max_sents and n >= max_sents:
