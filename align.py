@@ -571,26 +571,24 @@ def _finite_map(W, what):
     return W
 
 
-def _int_min(lo):
+def _checked(cast, ok, must):
+    """argparse type: cast(s) (int or float) satisfying ok, refused in one line otherwise."""
     def parse(s):
         try:
-            v = int(s)
+            v = cast(s)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {must}, got {v if cast is int else s}")
         return v
     return parse
 
 
-def _fraction(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {s}")
-    return v
+def _int_min(lo):
+    return _checked(int, lambda v: v >= lo, f">= {lo}")
+
+
+_fraction = _checked(float, lambda v: 0 < v < 1, "strictly between 0 and 1")
 
 
 def save_maps(path, maps, src, tgt):
@@ -609,32 +607,18 @@ def save_maps(path, maps, src, tgt):
         raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def _check_writable(path, flag):
-    d = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ValueError(f"{flag} {path}: is a directory (give a file name, e.g. maps.npz)")
-    if not os.path.isdir(d) or not os.access(d, os.W_OK):
-        raise ValueError(f"{flag} {path}: cannot write there ({d} is not a writable directory)")
-
-
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     _fill_toy(args, {"train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
                      "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"})
     _need(args, ["ckpt", "train_dict", "test_dict", "src_corpus", "tgt_corpus"], [("vec_src", "vec_tgt")])
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
-    (ms, ts, ls), (mt, tt, lt) = _encoders(args)
-    side = []
-    for m, t, li, lang, path in ((ms, ts, ls, args.src, args.src_corpus), (mt, tt, lt, args.tgt, args.tgt_corpus)):
-        keys, forms, sents = corpus_words(t, path, lang, args.max_sents, args.max_vocab)
-        side.append(word_vectors(m, t, li, lang, keys, forms, sents, args.batch_size))
-    runs = [("emb (4a)", side[0][0][0], side[0][0][1], side[1][0][0], side[1][0][1])]
-    for l, (Xs, Xt) in enumerate(zip(side[0][1][1], side[1][1][1])):
-        runs.append((f"L{l} (4b)", side[0][1][0], Xs, side[1][1][0], Xt))
-    if args.vec_src and args.vec_tgt:
-        ws, Vs = read_vec(args.vec_src, args.max_vocab)
-        wt, Vt = read_vec(args.vec_tgt, args.max_vocab)
-        runs.append(("fastText", ws, Vs, wt, Vt))
+    (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [
+        word_vectors(m, t, li, lang, *corpus_words(t, path, lang, args.max_sents, args.max_vocab), args.batch_size)
+        for (m, t, li), lang, path in zip(_encoders(args), (args.src, args.tgt), (args.src_corpus, args.tgt_corpus))]
+    runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
+    if args.vec_src:  # _need: with --vec-tgt
+        runs.append(("fastText", *read_vec(args.vec_src, args.max_vocab), *read_vec(args.vec_tgt, args.max_vocab)))
     rows, errors = [], []
     for name, ws, Xs, wt, Xt in runs:
         try:
@@ -663,8 +647,12 @@ def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
     _fill_toy(args, {"src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"})
     _need(args, ["ckpt", "src_file", "tgt_file"])
-    if args.save_maps:
-        _check_writable(args.save_maps, "--save-maps")
+    if args.save_maps:  # checked before any work
+        d = os.path.dirname(os.path.abspath(args.save_maps))
+        if os.path.isdir(args.save_maps):
+            raise ValueError(f"--save-maps {args.save_maps}: is a directory (give a file name, e.g. maps.npz)")
+        if not os.path.isdir(d) or not os.access(d, os.W_OK):
+            raise ValueError(f"--save-maps {args.save_maps}: cannot write there ({d} is not a writable directory)")
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
     S = [ts.words(l, args.src) for l in src_lines]
@@ -685,15 +673,12 @@ def cmd_contextual(args):
         raise ValueError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval)")
     cand = np.arange(off_t[n_fit], off_t[-1])            # every target word token of the eval sentences
     cand = cand[~np.isnan(Ht[0][cand, 0])]
-    pos = {c: n for n, c in enumerate(cand.tolist())}
-    gold = np.array([pos[j] for j in ev[:, 1]])
+    gold = np.searchsorted(cand, ev[:, 1])               # each eval pair's target among the candidates
     rows, maps = [], []
     for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
-        W = _finite_map(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]), f"L{l}")  # x_src @ W ~ x_tgt
-        maps.append(W)
-        acc_raw = float(np.mean(csls_knn(Xs[ev[:, 0]], Xt[cand], args.k) == gold))
-        acc_map = float(np.mean(csls_knn(Xs[ev[:, 0]] @ W, Xt[cand], args.k) == gold))
-        rows.append([f"L{l}", acc_raw, acc_map, len(fit), len(ev), len(cand)])
+        maps.append(_finite_map(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]), f"L{l}"))  # x_src @ W ~ x_tgt
+        acc = [float(np.mean(csls_knn(Q, Xt[cand], args.k) == gold)) for Q in (Xs[ev[:, 0]], Xs[ev[:, 0]] @ maps[-1])]
+        rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out fast_align pairs "
                 f"(last {args.eval_frac:.0%} of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"], rows, args.plot)
@@ -718,15 +703,13 @@ def cmd_sentences(args):
         tr_s, tr_t = read_parallel(args.train_src, args.train_tgt, args.max_train)
         Fs = encode_sentences(ms, ts, tr_s, ls, args.src, args.batch_size)
         Ft = encode_sentences(mt, tt, tr_t, lt, args.tgt, args.batch_size)
-    gold = np.arange(len(te_s))
+    acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
     rows = []
     for l in range(len(Es)):
-        row = [f"L{l}", float(np.mean(nn_knn(Es[l], Et[l]) == gold)), float(np.mean(nn_knn(Et[l], Es[l]) == gold))]
+        rows.append([f"L{l}", acc(Es[l], Et[l]), acc(Et[l], Es[l])])
         if Fs is not None:
             W = _finite_map(procrustes(Fs[l], Ft[l]), f"L{l}")  # x_src @ W ~ x_tgt
-            row += [float(np.mean(nn_knn(Es[l] @ W, Et[l]) == gold)),
-                    float(np.mean(nn_knn(Et[l] @ W.T, Es[l]) == gold))]
-        rows.append(row)
+            rows[-1] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
     if Fs is not None:
         header += [f"{args.src}->{args.tgt} mapped", f"{args.tgt}->{args.src} mapped"]
@@ -739,24 +722,21 @@ def cmd_sentences(args):
 def build_parser():
     ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).")
     sub = ap.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
+    common.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2)")
+    common.add_argument("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
+    common.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
+    common.add_argument("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
+    common.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in every data path not given")
+    common.add_argument("--max-sents", type=_int_min(1), default=None, help="use at most this many lines per file")
+    common.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
+    common.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (= cuda:0), cuda:N, mps (default cpu)")
+    common.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="autocast "
+                        "of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, float32 on CPU")
+    common.add_argument("--k", type=_int_min(1), default=10, help="CSLS neighbourhood size (MUSE: 10)")
+    common.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
 
-    def common(p):
-        p.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2)")
-        p.add_argument("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
-        p.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
-        p.add_argument("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
-        p.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in every data path not given")
-        p.add_argument("--max-sents", type=_int_min(1), default=None, help="use at most this many lines per file")
-        p.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
-        p.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (= cuda:0), cuda:N, mps (default cpu)")
-        p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                       help="autocast of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, "
-                            "float32 on CPU")
-        p.add_argument("--k", type=_int_min(1), default=10, help="CSLS neighbourhood size (MUSE: 10)")
-        p.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
-
-    p = sub.add_parser("words", help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
-    common(p)
+    p = sub.add_parser("words", parents=[common], help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
     p.add_argument("--train-dict", help="MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)")
     p.add_argument("--test-dict", help="MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)")
     p.add_argument("--src-corpus", help="source-language text: vocabulary and contextual averages")
@@ -767,16 +747,14 @@ def build_parser():
     p.add_argument("--vec-tgt", help="fastText .vec baseline for --tgt (optional, with --vec-src)")
     p.set_defaults(func=cmd_words)
 
-    p = sub.add_parser("contextual", help="§5.1.2: contextual word alignment from fast_align pairs")
-    common(p)
+    p = sub.add_parser("contextual", parents=[common], help="§5.1.2: contextual word alignment from fast_align pairs")
     p.add_argument("--src-file", help="parallel sentences, source side (one per line)")
     p.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
     p.add_argument("--eval-frac", type=_fraction, default=0.2, help="last fraction of sentences held out")
     p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-layer)")
     p.set_defaults(func=cmd_contextual)
 
-    p = sub.add_parser("sentences", help="Fig. 6: Tatoeba-style sentence retrieval per layer")
-    common(p)
+    p = sub.add_parser("sentences", parents=[common], help="Fig. 6: Tatoeba-style sentence retrieval per layer")
     p.add_argument("--test-src", help="test pairs, source side (e.g. tatoeba.fra-eng.eng)")
     p.add_argument("--test-tgt", help="test pairs, target side (e.g. tatoeba.fra-eng.fra)")
     p.add_argument("--train-src", help="parallel sentences to fit a Procrustes map, source side (optional)")
