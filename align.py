@@ -26,7 +26,6 @@ Everything above the CLI ruler needs only numpy; the CLI imports torch, model.py
 """
 import argparse
 import errno
-import math
 import os
 import sys
 from collections import Counter
@@ -209,7 +208,7 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, method="cs
 def read_vec(path, max_vocab=200000, lowercase=True):
     """fastText `.vec` text embeddings (header `n d`, then `word v1 ... vd`) -> (words, (n, d) float32).
     Like MUSE: first `max_vocab` words, lowercased, first occurrence kept."""
-    words, vecs, seen = [], [], set()
+    vecs = {}  # word -> vector, in file order
     with open(path, encoding="utf-8", errors="replace") as f:  # as MUSE: a stray bad byte is not fatal here
         header = f.readline().split()
         if len(header) != 2 or not all(h.isdigit() for h in header) or int(header[1]) < 1:
@@ -220,7 +219,7 @@ def read_vec(path, max_vocab=200000, lowercase=True):
             if len(parts) != dim + 1:
                 raise ValueError(f"{path}:{n}: expected a word and {dim} numbers, got {len(parts) - 1}")
             w = parts[0].lower() if lowercase else parts[0]
-            if w in seen:
+            if w in vecs:
                 continue
             try:
                 v = np.array(parts[1:], dtype=np.float32)
@@ -228,14 +227,12 @@ def read_vec(path, max_vocab=200000, lowercase=True):
                 raise ValueError(f"{path}:{n}: the vector of {parts[0]!r} is not {dim} numbers") from None
             if not np.isfinite(v).all():
                 raise ValueError(f"{path}:{n}: the vector of {parts[0]!r} contains NaN or inf")
-            seen.add(w)
-            words.append(w)
-            vecs.append(v)
-            if len(words) >= max_vocab:
+            vecs[w] = v
+            if len(vecs) >= max_vocab:
                 break
-    if not words:
+    if not vecs:
         raise ValueError(f"{path}: no vectors")
-    return words, np.stack(vecs)
+    return list(vecs), np.stack(list(vecs.values()))
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -279,7 +276,7 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
         raise ValueError(f"{len(src_sents)} source but {len(tgt_sents)} target sentences")
     src, tgt = [[s.split() if isinstance(s, str) else list(s) for s in side] for side in (src_sents, tgt_sents)]
     e_id, f_id = {"<NULL>": 0}, {}
-    cell_e, cell_f, cell_i, cell_tok, cell_h = [], [], [], [], []
+    cells = []   # per pair: source word, target word, source position i, token, h of every cell
     blocks = []  # (pair index, first cell, m, n): where each pair's cells live, for decoding
     n_tok = n_cell = 0
     for k, (es, fs) in enumerate(zip(src, tgt)):
@@ -288,22 +285,17 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
             continue
         e = np.array([0] + [e_id.setdefault(w, len(e_id)) for w in es])           # (n+1,) NULL first
         f = np.array([f_id.setdefault(w, len(f_id)) for w in fs])                 # (m,)
-        i = np.arange(n + 1)
-        j = np.arange(1, m + 1)
-        cell_e.append(np.tile(e, m))
-        cell_f.append(np.repeat(f, n + 1))
-        cell_i.append(np.tile(i, m))
-        cell_tok.append(np.repeat(n_tok + np.arange(m), n + 1))
+        i, j = np.arange(n + 1), np.arange(1, m + 1)
         # diagonal feature h(i, j, m, n) = -|i/n - j/m| (1-based i and j; 0 for NULL, never used)
-        cell_h.append((-np.abs(i[None, :] / n - j[:, None] / m)).ravel())
+        cells.append((np.tile(e, m), np.repeat(f, n + 1), np.tile(i, m), np.repeat(n_tok + np.arange(m), n + 1),
+                      (-np.abs(i[None, :] / n - j[:, None] / m)).ravel()))
         blocks.append((k, n_cell, m, n))
         n_tok += m
         n_cell += m * (n + 1)
     links = [[] for _ in src]
     if not blocks:
         return links
-    cell_e, cell_f, cell_i = np.concatenate(cell_e), np.concatenate(cell_f), np.concatenate(cell_i)
-    tok, h = np.concatenate(cell_tok), np.concatenate(cell_h)
+    cell_e, cell_f, cell_i, tok, h = map(np.concatenate, zip(*cells))
     null = cell_i == 0
     # one θ entry per co-occurring (e, f) pair: cell -> pair index, pair -> e
     pair_of_cell, pairs = np.unique(cell_e * len(f_id) + cell_f, return_inverse=True)[::-1]
