@@ -151,15 +151,6 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
     return np.concatenate([(2 * S - r_S).argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
 
-def retrieve(X, Y, method="csls", k=10):
-    """Best row of Y for every row of X with `method` in {"csls", "nn"}."""
-    if method == "csls":
-        return csls_knn(X, Y, k)
-    if method == "nn":
-        return nn_knn(X, Y)
-    raise ValueError(f"unknown retrieval method {method!r} (use 'csls' or 'nn')")
-
-
 # -----------------------------------------------------------------------------------------------------
 # §5.1.1 word translation (MUSE `word_translation.py`): dictionaries, P@1 with the any-gold rule
 
@@ -196,12 +187,15 @@ def translation_precision(pred, src_idx, tgt_idx):
 
 
 def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, method="csls", k=10):
-    """Map X_src with W (if given), retrieve among ALL rows of X_tgt -> translation_precision."""
+    """Map X_src with W (if given), retrieve among ALL rows of X_tgt by `method` ("csls" or "nn")
+    -> translation_precision."""
+    if method not in ("csls", "nn"):
+        raise ValueError(f"unknown retrieval method {method!r} (use 'csls' or 'nn')")
     X_src, X_tgt = _as_matrix(X_src, "X_src"), _as_matrix(X_tgt, "X_tgt")
     queries = np.unique(src_idx)
     Q = X_src[queries] if W is None else X_src[queries] @ W
     pred = np.full(X_src.shape[0], -1, dtype=np.int64)
-    pred[queries] = retrieve(Q, X_tgt, method, k)
+    pred[queries] = csls_knn(Q, X_tgt, k) if method == "csls" else nn_knn(Q, X_tgt)
     return translation_precision(pred, src_idx, tgt_idx)
 
 
@@ -301,7 +295,6 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
     pair_of_cell, pairs = np.unique(cell_e * len(f_id) + cell_f, return_inverse=True)[::-1]
     pair_e = pairs // len(f_id)
     theta = np.ones(len(pairs))                  # fast_align starts from a constant (1e-9): uniform
-    n_src_plus_null = np.bincount(tok)           # n + 1 for every token's pair
 
     def diag(lam):                               # exp(λ h) per cell (0 for NULL) and its token's Z_λ
         u = np.where(null, 0.0, np.exp(lam * h))
@@ -309,13 +302,9 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
 
     def prior(lam):                              # p(a_j = i) per cell
         if not favor_diagonal:                   # IBM Model 1: uniform over n + 1 positions
-            return 1.0 / n_src_plus_null[tok]
+            return 1.0 / np.bincount(tok)[tok]
         u, Z = diag(lam)
         return np.where(null, p0, (1 - p0) * u / Z)
-
-    def expected_h(lam):                         # E_prior[h] over i = 1..n, averaged over tokens
-        u, Z = diag(lam)
-        return np.sum(u * h / Z) / n_tok
 
     lam = tension
     for it in range(n_iter):
@@ -327,7 +316,8 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
         if favor_diagonal and optimize_tension and it > 0:
             emp = np.sum(np.where(null, 0.0, q * h)) / n_tok          # posterior expected feature
             for _ in range(8):                                        # 8 gradient steps, as fast_align
-                lam = float(np.clip(lam + 20.0 * (emp - expected_h(lam)), 0.1, 14.0))
+                u, Z = diag(lam)                                      # towards E_prior[h] = emp
+                lam = float(np.clip(lam + 20.0 * (emp - np.sum(u * h / Z) / n_tok), 0.1, 14.0))
         c = counts + alpha if variational_bayes else counts
         tot = np.bincount(pair_e, c, minlength=len(e_id))[pair_e]
         theta = np.exp(digamma(c) - digamma(tot)) if variational_bayes else c / tot
@@ -384,15 +374,12 @@ def one_to_one_pairs(links, src_words, tgt_words):
 
 def read_parallel(src_path, tgt_path, max_lines=None):
     """Two files, line k of one translating line k of the other -> (src_lines, tgt_lines)."""
-    out = [list(read_lines(p)) for p in (src_path, tgt_path)]
-    if len(out[0]) != len(out[1]):
-        raise ValueError(f"parallel files differ in length: {src_path} has {len(out[0])} lines, "
-                         f"{tgt_path} has {len(out[1])}")
-    if not out[0]:
+    src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
+    if len(src) != len(tgt):
+        raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
+    if not src:
         raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
-    if max_lines:
-        out = [o[:max_lines] for o in out]
-    return out[0], out[1]
+    return src[:max_lines or None], tgt[:max_lines or None]
 
 
 # =====================================================================================================
@@ -414,20 +401,13 @@ def load_encoder(path, device="cpu"):
     return mdl.to(device), bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 
-def lang_index(langs, lang, path):
-    if lang not in langs:
-        raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
-    return langs.index(lang)
-
-
 def encode_sentences(model, tok, sents, lang_idx, lang_code, batch_size=32):
     """Sentence vectors per layer (paper §5.1.3, decision D9): the mean of the subword states, special
     tokens excluded -> list of n_layers + 1 arrays (n_sents, dim). An empty sentence (no subword) falls
     back to the mean of its two </s> states."""
     import model as M
-    ids = [tok.encode(s, lang_code) for s in sents]
     out = None
-    for k, H in M.iter_states(model, ids, lang_idx, batch_size):
+    for k, H in M.iter_states(model, [tok.encode(s, lang_code) for s in sents], lang_idx, batch_size):
         if out is None:
             out = np.zeros((H.shape[0], len(sents), H.shape[2]), dtype=np.float32)
         out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
@@ -494,8 +474,7 @@ def word_vectors(model, tok, lang_idx, lang, keys, forms, sents, batch_size=32):
         np.add.at(S, which[ok], H[ok])
         X_b.append((S / np.maximum(n_occ, 1)[:, None]).astype(np.float32))
     seen = n_occ > 0
-    keys_b = [k for k, s in zip(keys, seen) if s]
-    return (keys_a, X_a), (keys_b, [X[seen] for X in X_b])
+    return (keys_a, X_a), ([k for k, s in zip(keys, seen) if s], [X[seen] for X in X_b])
 
 
 def print_table(title, header, rows, plot=None):
@@ -515,24 +494,13 @@ def print_table(title, header, rows, plot=None):
 def _encoders(args):
     """(model, tok, lang index) for the source and the target side: --ckpt encodes the source
     language, --ckpt2 (two monolingual models) or else --ckpt too encodes the target language."""
-    m1, t1, langs1 = load_encoder(args.ckpt, args.device)
-    src = (m1, t1, lang_index(langs1, args.src, args.ckpt))
-    if args.ckpt2:
-        m2, t2, langs2 = load_encoder(args.ckpt2, args.device)
-        return src, (m2, t2, lang_index(langs2, args.tgt, args.ckpt2))
-    return src, (m1, t1, lang_index(langs1, args.tgt, args.ckpt))
-
-
-def _fill_toy(args, paths):
-    """--toy DIR: fill every unset path flag from toydata's layout (see toydata.py)."""
-    if not args.toy:
-        return
-    if not os.path.isdir(args.toy):
-        raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
-    l0, l1 = args.src, args.tgt
-    for flag, rel in paths.items():
-        if getattr(args, flag) is None:
-            setattr(args, flag, os.path.join(args.toy, rel.format(l0=l0, l1=l1)))
+    out, loaded = [], {}
+    for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
+        mdl, tok, langs = loaded[path] = loaded.get(path) or load_encoder(path, args.device)
+        if lang not in langs:
+            raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
+        out.append((mdl, tok, langs.index(lang)))
+    return out
 
 
 # every path flag of the three sub-commands (checked before any model is loaded)
@@ -540,9 +508,14 @@ PATH_FLAGS = ("ckpt", "ckpt2", "train_dict", "test_dict", "src_corpus", "tgt_cor
               "src_file", "tgt_file", "test_src", "test_tgt", "train_src", "train_tgt")
 
 
-def _need(args, flags, pairs=()):
-    """Required flags are set, flags that only work in pairs come in pairs, and every path given (or
-    filled in by --toy) is an existing file: one line naming the flag otherwise."""
+def _need(args, toy, flags, pairs=()):
+    """Fill every unset path flag in `toy` from --toy DIR (toydata.py's layout); then required flags
+    are set, paired flags come in pairs, and every path is an existing file: one line otherwise."""
+    if args.toy and not os.path.isdir(args.toy):
+        raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
+    for flag, rel in toy.items() if args.toy else ():
+        if getattr(args, flag) is None:
+            setattr(args, flag, os.path.join(args.toy, rel.format(l0=args.src, l1=args.tgt)))
     missing = [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f) is None]
     if missing:
         raise ValueError(f"missing {', '.join(missing)} (or give --toy DIR)")
@@ -601,9 +574,9 @@ def save_maps(path, maps, src, tgt):
 
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
-    _fill_toy(args, {"train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
-                     "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"})
-    _need(args, ["ckpt", "train_dict", "test_dict", "src_corpus", "tgt_corpus"], [("vec_src", "vec_tgt")])
+    _need(args, {"train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
+                 "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"},
+          ["ckpt", "train_dict", "test_dict", "src_corpus", "tgt_corpus"], [("vec_src", "vec_tgt")])
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
     (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [
         word_vectors(m, t, li, lang, *corpus_words(t, path, lang, args.max_sents, args.max_vocab), args.batch_size)
@@ -637,8 +610,8 @@ def cmd_words(args):
 
 def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
-    _fill_toy(args, {"src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"})
-    _need(args, ["ckpt", "src_file", "tgt_file"])
+    _need(args, {"src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"},
+          ["ckpt", "src_file", "tgt_file"])
     if args.save_maps:  # checked before any work
         d = os.path.dirname(os.path.abspath(args.save_maps))
         if os.path.isdir(args.save_maps):
@@ -683,9 +656,9 @@ def cmd_contextual(args):
 
 def cmd_sentences(args):
     """Fig. 6: Tatoeba-style sentence retrieval P@1 per layer, without and with a Procrustes map."""
-    _fill_toy(args, {"test_src": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "test_tgt": "tatoeba/tatoeba.{l1}-{l0}.{l1}",
-                     "train_src": "parallel/{l0}-{l1}.train.{l0}", "train_tgt": "parallel/{l0}-{l1}.train.{l1}"})
-    _need(args, ["ckpt", "test_src", "test_tgt"], [("train_src", "train_tgt")])
+    _need(args, {"test_src": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "test_tgt": "tatoeba/tatoeba.{l1}-{l0}.{l1}",
+                 "train_src": "parallel/{l0}-{l1}.train.{l0}", "train_tgt": "parallel/{l0}-{l1}.train.{l1}"},
+          ["ckpt", "test_src", "test_tgt"], [("train_src", "train_tgt")])
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
     Es = encode_sentences(ms, ts, te_s, ls, args.src, args.batch_size)
