@@ -596,8 +596,7 @@ def cmd_words(args):
         if args.itn_iters:
             Xs, Xt = iterative_normalize(Xs, args.itn_iters), iterative_normalize(Xt, args.itn_iters)
         W = _finite_map(procrustes(Xs[tr[0]], Xt[tr[1]]), name)
-        p_map, n = word_translation_accuracy(Xs, Xt, *te, W=W, method="csls", k=args.k)
-        p_raw, _ = word_translation_accuracy(Xs, Xt, *te, W=None, method="csls", k=args.k)
+        (p_raw, n), (p_map, _) = [word_translation_accuracy(Xs, Xt, *te, W=w, method="csls", k=args.k) for w in (None, W)]
         rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
     if len(errors) == len(runs):
         raise errors[0]
@@ -620,10 +619,8 @@ def cmd_contextual(args):
             raise ValueError(f"--save-maps {args.save_maps}: cannot write there ({d} is not a writable directory)")
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
-    S = [ts.words(l, args.src) for l in src_lines]
-    T = [tt.words(l, args.tgt) for l in tgt_lines]
-    links = fast_align(S, T)
-    pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(links, S, T)]
+    S, T = [ts.words(l, args.src) for l in src_lines], [tt.words(l, args.tgt) for l in tgt_lines]
+    pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(fast_align(S, T), S, T)]
     Hs, off_s = encode_word_tokens(ms, ts, S, ls, args.src, args.batch_size)
     Ht, off_t = encode_word_tokens(mt, tt, T, lt, args.tgt, args.batch_size)
     n_fit = int(round(len(S) * (1 - args.eval_frac)))
@@ -636,8 +633,7 @@ def cmd_contextual(args):
     fit, ev = fine(fit), fine(ev)
     if len(fit) < 2 or len(ev) < 1:
         raise ValueError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval)")
-    cand = np.arange(off_t[n_fit], off_t[-1])            # every target word token of the eval sentences
-    cand = cand[~np.isnan(Ht[0][cand, 0])]
+    cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))  # target tokens of the eval sentences
     gold = np.searchsorted(cand, ev[:, 1])               # each eval pair's target among the candidates
     rows, maps = [], []
     for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
@@ -661,13 +657,12 @@ def cmd_sentences(args):
           ["ckpt", "test_src", "test_tgt"], [("train_src", "train_tgt")])
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
-    Es = encode_sentences(ms, ts, te_s, ls, args.src, args.batch_size)
-    Et = encode_sentences(mt, tt, te_t, lt, args.tgt, args.batch_size)
+    enc = lambda src, tgt: (encode_sentences(ms, ts, src, ls, args.src, args.batch_size),
+                            encode_sentences(mt, tt, tgt, lt, args.tgt, args.batch_size))
+    Es, Et = enc(te_s, te_t)
     Fs = Ft = None
-    if args.train_src and args.train_tgt:
-        tr_s, tr_t = read_parallel(args.train_src, args.train_tgt, args.max_train)
-        Fs = encode_sentences(ms, ts, tr_s, ls, args.src, args.batch_size)
-        Ft = encode_sentences(mt, tt, tr_t, lt, args.tgt, args.batch_size)
+    if args.train_src:  # _need: with --train-tgt
+        Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_train))
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
     rows = []
     for l in range(len(Es)):
@@ -676,8 +671,7 @@ def cmd_sentences(args):
             W = _finite_map(procrustes(Fs[l], Ft[l]), f"L{l}")  # x_src @ W ~ x_tgt
             rows[-1] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
-    if Fs is not None:
-        header += [f"{args.src}->{args.tgt} mapped", f"{args.tgt}->{args.src} mapped"]
+    header += [f"{h} mapped" for h in header[1:]] if Fs is not None else []
     print_table(f"Sentence retrieval P@1 (cosine NN) on {len(te_s)} pairs of {args.test_src}"
                 + (f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}" if Fs is not None else ""),
                 header, rows, args.plot)
