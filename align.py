@@ -14,15 +14,13 @@ References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translati
 Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
 Everything above the CLI ruler needs only numpy; the CLI imports torch, model.py and bpe.py inside functions.
+--device (default cpu; auto = a GPU if any) and --dtype (default auto) mean what they mean in pretrain.py.
 
     python align.py words      --toy DIR --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy DIR --ckpt RUN/best.pt --save-maps maps.npz
     python align.py sentences  --toy DIR --ckpt RUN/best.pt
     python align.py sentences  --ckpt RUN/best.pt --src en --tgt fr \\
         --test-src ../shared/data/tatoeba/tatoeba.fra-eng.eng --test-tgt ../shared/data/tatoeba/tatoeba.fra-eng.fra
-    python align.py sentences  --toy DIR --ckpt RUN/best.pt --device auto   # GPU if any (bf16 autocast there)
-
---device (default cpu) and --dtype (default auto: float32 on CPU) mean what they mean in pretrain.py.
 """
 import argparse
 import errno
@@ -77,7 +75,8 @@ def procrustes(X, Y):
     """
     X, Y = _as_matrix(X, "X"), _as_matrix(Y, "Y")
     if X.shape[0] != Y.shape[0]:
-        raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}: row k of both must describe the same example")
+        raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}: "
+                         "row k of both must describe the same example")
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"Procrustes needs equal dimensions, got X {X.shape} and Y {Y.shape}")
     U, _, Vt = np.linalg.svd(X.T @ Y)
@@ -402,16 +401,9 @@ def load_encoder(path, device="cpu"):
 
 
 def encode_sentences(model, tok, sents, lang_idx, lang_code, batch_size=32):
-    """Sentence vectors per layer (paper §5.1.3, decision D9): the mean of the subword states, special
-    tokens excluded -> list of n_layers + 1 arrays (n_sents, dim). An empty sentence (no subword) falls
-    back to the mean of its two </s> states."""
+    """Sentence vectors per layer (paper §5.1.3): model.pool_sentences of their subword ids."""
     import model as M
-    out = None
-    for k, H in M.iter_states(model, [tok.encode(s, lang_code) for s in sents], lang_idx, batch_size):
-        if out is None:
-            out = np.zeros((H.shape[0], len(sents), H.shape[2]), dtype=np.float32)
-        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
-    return list(out)
+    return M.pool_sentences(model, [tok.encode(s, lang_code) for s in sents], lang_idx, batch_size)
 
 
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
@@ -542,7 +534,8 @@ def _checked(cast, ok, must):
         try:
             v = cast(s)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, got {s!r}") from None
+            what = "an integer" if cast is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
         if not ok(v):
             raise argparse.ArgumentTypeError(f"must be {must}, got {v if cast is int else s}")
         return v
@@ -596,7 +589,8 @@ def cmd_words(args):
         if args.itn_iters:
             Xs, Xt = iterative_normalize(Xs, args.itn_iters), iterative_normalize(Xt, args.itn_iters)
         W = _finite_map(procrustes(Xs[tr[0]], Xt[tr[1]]), name)
-        (p_raw, n), (p_map, _) = [word_translation_accuracy(Xs, Xt, *te, W=w, method="csls", k=args.k) for w in (None, W)]
+        (p_raw, n), (p_map, _) = [word_translation_accuracy(Xs, Xt, *te, W=w, method="csls", k=args.k)
+                                  for w in (None, W)]
         rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
     if len(errors) == len(runs):
         raise errors[0]

@@ -123,19 +123,6 @@ def load_encoder(path, device="cpu"):
     return mdl.to(device), bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 
-def encode_sentences(model, tok, sents, lang, lang_code, batch_size=32):
-    """Sentence vectors per layer (paper §5.2 and decision D9): the mean of the subword states of
-    `</s> ids </s>`, the two </s> excluded -> n_layers + 1 arrays (n_sents, dim). An empty sentence
-    falls back to the mean of its two </s> states."""
-    import model as M
-    out = None
-    for k, H in M.iter_states(model, [tok.encode(s, lang_code) for s in sents], lang, batch_size):
-        if out is None:  # H: (n_layers + 1, len + 2, dim)
-            out = np.zeros((H.shape[0], len(sents), H.shape[2]), dtype=np.float32)
-        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
-    return list(out)
-
-
 def cka_table(args):
     """Per layer, CKA of mean-pooled representations of parallel sentences (rows = sentence pairs):
       bilingual    --ckpt encodes both languages (if it knows both)
@@ -174,7 +161,8 @@ def cka_table(args):
 
     def enc(m, t, langs, path, lang, lines):
         with M.autocast(args.device, args.dtype):
-            return encode_sentences(m, t, lines, lang_index(langs, lang, path), lang, args.batch_size)
+            ids = [t.encode(s, lang) for s in lines]  # sentence vectors: decision D9
+            return M.pool_sentences(m, ids, lang_index(langs, lang, path), args.batch_size)
     E_src = enc(m1, t1, langs1, args.ckpt, args.src, src_lines)
     columns = {}
     if args.tgt in langs1:
