@@ -109,7 +109,7 @@ def read_parallel(src_path, tgt_path, max_lines=None):
                          f"{tgt_path} has {len(out[1])}")
     if not out[0]:
         raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
-    return (out[0][:max_lines], out[1][:max_lines]) if max_lines else (out[0], out[1])
+    return out[0][:max_lines or None], out[1][:max_lines or None]
 
 
 def load_encoder(path, device="cpu"):
@@ -133,11 +133,6 @@ def cka_table(args):
     import torch
     import model as M
 
-    def lang_index(langs, lang, path):
-        if lang not in langs:
-            raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
-        return langs.index(lang)
-
     if args.toy:
         if not os.path.isdir(args.toy):
             raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
@@ -159,10 +154,11 @@ def cka_table(args):
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
     m1, t1, langs1 = load_encoder(args.ckpt, args.device)
 
-    def enc(m, t, langs, path, lang, lines):
+    def enc(m, t, langs, path, lang, lines):  # sentence vectors per layer (decision D9)
+        if lang not in langs:
+            raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
         with M.autocast(args.device, args.dtype):
-            ids = [t.encode(s, lang) for s in lines]  # sentence vectors: decision D9
-            return M.pool_sentences(m, ids, lang_index(langs, lang, path), args.batch_size)
+            return M.pool_sentences(m, [t.encode(s, lang) for s in lines], langs.index(lang), args.batch_size)
     E_src = enc(m1, t1, langs1, args.ckpt, args.src, src_lines)
     columns = {}
     if args.tgt in langs1:
