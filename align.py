@@ -503,11 +503,12 @@ PATH_FLAGS = ("ckpt", "ckpt2", "train_dict", "test_dict", "src_corpus", "tgt_cor
 def _need(args, toy, flags, pairs=()):
     """Fill every unset path flag in `toy` from --toy DIR (toydata.py's layout); then required flags
     are set, paired flags come in pairs, and every path is an existing file: one line otherwise."""
-    if args.toy and not os.path.isdir(args.toy):
-        raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
-    for flag, rel in toy.items() if args.toy else ():
-        if getattr(args, flag) is None:
-            setattr(args, flag, os.path.join(args.toy, rel.format(l0=args.src, l1=args.tgt)))
+    if args.toy:
+        if not os.path.isdir(args.toy):
+            raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
+        for flag, rel in toy.items():
+            if getattr(args, flag) is None:
+                setattr(args, flag, os.path.join(args.toy, rel.format(l0=args.src, l1=args.tgt)))
     missing = [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f) is None]
     if missing:
         raise ValueError(f"missing {', '.join(missing)} (or give --toy DIR)")
