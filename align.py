@@ -1,9 +1,8 @@
 """Post-hoc alignment of pretrained representations (paper §5.1, Figures 4-6).
 
-The question of §5 is whether two (monolingual or bilingual) BERT-style models encode words and sentences
-in spaces that differ only by a rotation. If they do, one orthogonal map W fitted on a few thousand
-translation pairs (orthogonal Procrustes) should make nearest-neighbour retrieval across the two spaces
-work. This file is that experiment, in three granularities:
+Do two (monolingual or bilingual) BERT-style models encode words and sentences in spaces that differ
+only by a rotation? If so, one orthogonal map W fitted on translation pairs (Procrustes) makes
+nearest-neighbour retrieval across the two spaces work. Three granularities:
 
   Fig. 4  words       word vectors from the embedding table (a) or averaged contextual states (b),
                       Procrustes on a MUSE train dictionary, CSLS precision@1 on the test dictionary
@@ -14,23 +13,20 @@ References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translati
 (MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al. 2013 (fast_align),
 Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
-The numpy part (everything above the CLI ruler) needs only numpy and can be copied alone. The CLI part
-imports torch, model.py and bpe.py inside its functions.
+Everything above the CLI ruler needs only numpy; the CLI imports torch, model.py and bpe.py inside functions.
+--device (default cpu; auto = a GPU if any) and --dtype (default auto) mean what they mean in pretrain.py.
 
     python align.py words      --toy DIR --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy DIR --ckpt RUN/best.pt --save-maps maps.npz
     python align.py sentences  --toy DIR --ckpt RUN/best.pt
     python align.py sentences  --ckpt RUN/best.pt --src en --tgt fr \\
         --test-src ../shared/data/tatoeba/tatoeba.fra-eng.eng --test-tgt ../shared/data/tatoeba/tatoeba.fra-eng.fra
-    python align.py sentences  --toy DIR --ckpt RUN/best.pt --device auto   # GPU if any (bf16 autocast there)
-
---device (default cpu) and --dtype (default auto: float32 on CPU) mean what they mean in pretrain.py.
 """
 import argparse
 import errno
-import math
 import os
 import sys
+from collections import Counter
 
 import numpy as np
 
@@ -39,7 +35,6 @@ import numpy as np
 
 
 def _as_matrix(X, name):
-    """Return X as a 2-D float array, or raise ValueError naming the input."""
     X = np.asarray(X)
     if X.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array (rows are examples), got shape {X.shape}")
@@ -53,17 +48,10 @@ def _as_matrix(X, name):
     return X
 
 
-def _same_rows(X, Y, names=("X", "Y")):
-    if X.shape[0] != Y.shape[0]:
-        raise ValueError(f"{names[0]} has {X.shape[0]} rows but {names[1]} has {Y.shape[0]}: "
-                         "row k of both must describe the same example")
-
-
 def read_lines(path):
-    """Yield the lines of a UTF-8 text file without their line ends. Bytes are split on \\n only (a stray \\r
-    or U+2028 inside a line does not shift the line numbering of a parallel file); a line that is not
-    UTF-8 raises ValueError naming the file and line."""
-    with open(path, "rb") as f:  # a generator: a large corpus is streamed, not held in memory
+    """Lines of a UTF-8 file, streamed, split on \\n only (a stray \\r or U+2028 does not shift the numbering
+    of a parallel file); a line that is not UTF-8 raises ValueError naming file and line."""
+    with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
                 yield raw.decode("utf-8").rstrip("\r\n")
@@ -78,19 +66,20 @@ def read_lines(path):
 def procrustes(X, Y):
     """Orthogonal W minimising ||X W - Y||_F, rows of X and Y are paired examples (n, d).
 
-    Closed form (Schönemann 1966): with the SVD  XᵀY = U Σ Vᵀ,  W = U Vᵀ.
-    This is the same W as SciPy's `orthogonal_procrustes(X, Y)[0]`. The paper (and MUSE) write the
-    transposed convention  W* = argmin ||W X - Y||  with examples as *columns*, i.e. W_paper = Wᵀ.
+    Closed form (Schönemann 1966): XᵀY = U Σ Vᵀ, W = U Vᵀ, as SciPy's `orthogonal_procrustes(X, Y)[0]`.
+    The paper (and MUSE) put examples in columns, argmin ||W X - Y||, i.e. W_paper = Wᵀ.
 
     >>> R = np.array([[0., -1.], [1., 0.]]); X = np.random.randn(5, 2)
     >>> np.allclose(procrustes(X, X @ R), R)
     True
     """
     X, Y = _as_matrix(X, "X"), _as_matrix(Y, "Y")
-    _same_rows(X, Y)
+    if X.shape[0] != Y.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}: "
+                         "row k of both must describe the same example")
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"Procrustes needs equal dimensions, got X {X.shape} and Y {Y.shape}")
-    U, _, Vt = np.linalg.svd(X.T @ Y)  # XᵀY = U Σ Vᵀ  (d, d)
+    U, _, Vt = np.linalg.svd(X.T @ Y)
     return U @ Vt
 
 
@@ -100,12 +89,8 @@ def normalize_rows(X, eps=1e-8):
 
 
 def iterative_normalize(X, n_iter=5):
-    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`): unit length AND zero mean.
-
-    Length-normalising breaks the zero mean and centring breaks the unit length, so the two steps
-    are repeated n_iter times and a final length normalisation ends it: after a few rounds the mean
-    is ~1e-3 or smaller and every row has norm 1. Apply to each language separately.
-    """
+    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`): unit length AND zero mean. Each step
+    breaks the other's property, so both are repeated, ending on unit length. One language at a time."""
     X = _as_matrix(X, "X").astype(np.float64)
     for _ in range(n_iter):
         X = normalize_rows(X)
@@ -116,15 +101,10 @@ def iterative_normalize(X, n_iter=5):
 # -----------------------------------------------------------------------------------------------------
 # §5.1 retrieval: nearest neighbour by cosine and CSLS (Conneau et al. 2018), in chunks
 #
-# Both take queries X (n, d) and candidates Y (m, d) and return, for every row of X, the index of the
-# best row of Y. Similarities are computed block by block, so memory is O(chunk * m), never O(n * m):
-# 200k x 200k float32 similarities would be 160 GB.
+# Queries X (n, d), candidates Y (m, d) -> index of the best row of Y for every row of X. Similarities
+# are computed block by block, memory O(chunk * m): 200k x 200k float32 similarities would be 160 GB.
 
 CHUNK_BYTES = 128 * 2**20  # ~128 MB per similarity block (float32: 671 rows x 50k candidates)
-
-
-def _chunk_rows(m, itemsize, chunk_bytes=CHUNK_BYTES):
-    return max(1, int(chunk_bytes // (itemsize * m)))
 
 
 def _unit(X, name):
@@ -133,34 +113,25 @@ def _unit(X, name):
     return normalize_rows(X.astype(dtype, copy=False))
 
 
-def mean_topk_sim(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
-    """r(x) = mean of the k largest cos(x, y) over all rows y of Y, for every row x of X -> (n,).
-
-    MUSE `get_nn_avg_dist`: r_T(x) = mean_topk_sim(WX, Y) and r_S(y) = mean_topk_sim(Y, WX).
-    """
-    return _mean_topk_unit(_unit(X, "X"), _unit(Y, "Y"), k, chunk_bytes)
+def _blocks(X, Y, chunk_bytes):
+    step = max(1, int(chunk_bytes // (X.itemsize * Y.shape[0])))
+    for a in range(0, X.shape[0], step):
+        yield slice(a, a + step), X[a:a + step] @ Y.T
 
 
-def _mean_topk_unit(X, Y, k, chunk_bytes=CHUNK_BYTES):
-    # mean_topk_sim for rows already of unit length (no second normalised copy of X and Y)
+def _mean_topk(X, Y, k, chunk_bytes):
+    """Mean of the k largest cosines of every (unit) row of X to the rows of Y: MUSE `get_nn_avg_dist`."""
     k = min(k, Y.shape[0])
     out = np.empty(X.shape[0], dtype=np.float64)
-    step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
-    for a in range(0, X.shape[0], step):
-        S = X[a:a + step] @ Y.T                                  # (chunk, m) cosines
-        top = np.partition(S, S.shape[1] - k, axis=1)[:, -k:]    # k largest per row, unordered
-        out[a:a + step] = top.mean(axis=1)
+    for rows, S in _blocks(X, Y, chunk_bytes):
+        out[rows] = np.partition(S, S.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
     return out
 
 
 def nn_knn(X, Y, chunk_bytes=CHUNK_BYTES):
     """Nearest neighbour by cosine: best row of Y for every row of X -> (n,) int."""
     X, Y = _unit(X, "X"), _unit(Y, "Y")
-    out = np.empty(X.shape[0], dtype=np.int64)
-    step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
-    for a in range(0, X.shape[0], step):
-        out[a:a + step] = np.argmax(X[a:a + step] @ Y.T, axis=1)
-    return out
+    return np.concatenate([S.argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
 
 def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
@@ -169,32 +140,14 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
         CSLS(x, y) = 2 cos(x, y) - r_T(x) - r_S(y)
         r_T(x) = mean cos of x to its k nearest rows of Y,  r_S(y) = mean cos of y to its k nearest rows of X
 
-    X are the (already mapped) queries, Y the candidates; both are length-normalised here. r_T(x) is the
-    same for every candidate of one query, so it cannot change the argmax and is not computed (the
-    dense matrix is in tests/test_align.py, as the reference). Cost: two passes of n*m*d multiply-adds, memory O(chunk * m).
-    Penalising "hubs" (y close to everything, large r_S) is what makes CSLS beat plain NN retrieval.
+    r_T(x) is the same for every candidate of one query, so it cannot change the argmax and is not
+    computed. Penalising "hubs" (y close to everything, large r_S) is what makes CSLS beat plain NN.
     """
     X, Y = _unit(X, "X"), _unit(Y, "Y")
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"X and Y must have the same dimension, got {X.shape} and {Y.shape}")
-    r_S = _mean_topk_unit(Y, X, k, chunk_bytes).astype(X.dtype)  # (m,) hubness of each candidate
-    out = np.empty(X.shape[0], dtype=np.int64)
-    step = _chunk_rows(Y.shape[0], X.itemsize, chunk_bytes)
-    for a in range(0, X.shape[0], step):
-        S = X[a:a + step] @ Y.T
-        S *= 2
-        S -= r_S[None, :]                                       # 2cos - r_S  (r_T(x) is constant per row)
-        out[a:a + step] = np.argmax(S, axis=1)
-    return out
-
-
-def retrieve(X, Y, method="csls", k=10):
-    """Best row of Y for every row of X with `method` in {"csls", "nn"}."""
-    if method == "csls":
-        return csls_knn(X, Y, k)
-    if method == "nn":
-        return nn_knn(X, Y)
-    raise ValueError(f"unknown retrieval method {method!r} (use 'csls' or 'nn')")
+    r_S = _mean_topk(Y, X, k, chunk_bytes).astype(X.dtype)
+    return np.concatenate([(2 * S - r_S).argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -202,22 +155,16 @@ def retrieve(X, Y, method="csls", k=10):
 
 
 def read_muse_dictionary(path, lowercase=True):
-    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> list of pairs in
-    file order, read by bpe.read_dictionary (the one reader: same format, same one-line errors).
-
-    Lines are lowercased as MUSE does (its dictionaries are lowercase and its embeddings lowercased).
-    """
+    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> pairs in file order,
+    read by bpe.read_dictionary (same format, same errors), lowercased as MUSE's embeddings are."""
     import bpe
     pairs = bpe.read_dictionary(path).pairs
     return [(s.lower(), t.lower()) for s, t in pairs] if lowercase else pairs
 
 
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
-    """Keep the pairs whose two words both have a vector -> (src_idx, tgt_idx) int arrays.
-
-    src_words / tgt_words list the words that own rows of the two embedding matrices.
-    Raises ValueError if no pair survives (nothing to fit or evaluate).
-    """
+    """Keep the pairs whose two words both own a row (src_words / tgt_words) -> (src_idx, tgt_idx) arrays;
+    ValueError if none survives."""
     s_id = {w: i for i, w in enumerate(src_words)}
     t_id = {w: i for i, w in enumerate(tgt_words)}
     kept = [(s_id[s], t_id[t]) for s, t in pairs if s in s_id and t in t_id]
@@ -229,9 +176,8 @@ def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
 
 
 def translation_precision(pred, src_idx, tgt_idx):
-    """Precision@1 over unique source words: a source word is right if ANY of its gold translations
-    is the retrieved word (MUSE). pred[q] is the retrieved target row for source row q; the pairs
-    (src_idx[i], tgt_idx[i]) are the gold dictionary. Returns (p_at_1, n_source_words)."""
+    """P@1 over unique source words, right if ANY gold translation is retrieved (MUSE): pred[q] is the
+    target row retrieved for source row q -> (p_at_1, n_source_words)."""
     gold = {}
     for s, t in zip(src_idx.tolist(), tgt_idx.tolist()):
         gold.setdefault(s, set()).add(t)
@@ -240,20 +186,22 @@ def translation_precision(pred, src_idx, tgt_idx):
 
 
 def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, method="csls", k=10):
-    """Map X_src with W (if given), retrieve among ALL rows of X_tgt for each test source word,
-    score P@1 with the any-gold rule. Returns (p_at_1, n_source_words)."""
+    """Map X_src with W (if given), retrieve among ALL rows of X_tgt by `method` ("csls" or "nn")
+    -> translation_precision."""
+    if method not in ("csls", "nn"):
+        raise ValueError(f"unknown retrieval method {method!r} (use 'csls' or 'nn')")
     X_src, X_tgt = _as_matrix(X_src, "X_src"), _as_matrix(X_tgt, "X_tgt")
     queries = np.unique(src_idx)
     Q = X_src[queries] if W is None else X_src[queries] @ W
     pred = np.full(X_src.shape[0], -1, dtype=np.int64)
-    pred[queries] = retrieve(Q, X_tgt, method, k)
+    pred[queries] = csls_knn(Q, X_tgt, k) if method == "csls" else nn_knn(Q, X_tgt)
     return translation_precision(pred, src_idx, tgt_idx)
 
 
 def read_vec(path, max_vocab=200000, lowercase=True):
     """fastText `.vec` text embeddings (header `n d`, then `word v1 ... vd`) -> (words, (n, d) float32).
     Like MUSE: first `max_vocab` words, lowercased, first occurrence kept."""
-    words, vecs, seen = [], [], set()
+    vecs = {}  # word -> vector, in file order
     with open(path, encoding="utf-8", errors="replace") as f:  # as MUSE: a stray bad byte is not fatal here
         header = f.readline().split()
         if len(header) != 2 or not all(h.isdigit() for h in header) or int(header[1]) < 1:
@@ -264,7 +212,7 @@ def read_vec(path, max_vocab=200000, lowercase=True):
             if len(parts) != dim + 1:
                 raise ValueError(f"{path}:{n}: expected a word and {dim} numbers, got {len(parts) - 1}")
             w = parts[0].lower() if lowercase else parts[0]
-            if w in seen:
+            if w in vecs:
                 continue
             try:
                 v = np.array(parts[1:], dtype=np.float32)
@@ -272,14 +220,12 @@ def read_vec(path, max_vocab=200000, lowercase=True):
                 raise ValueError(f"{path}:{n}: the vector of {parts[0]!r} is not {dim} numbers") from None
             if not np.isfinite(v).all():
                 raise ValueError(f"{path}:{n}: the vector of {parts[0]!r} contains NaN or inf")
-            seen.add(w)
-            words.append(w)
-            vecs.append(v)
-            if len(words) >= max_vocab:
+            vecs[w] = v
+            if len(vecs) >= max_vocab:
                 break
-    if not words:
+    if not vecs:
         raise ValueError(f"{path}: no vectors")
-    return words, np.stack(vecs)
+    return list(vecs), np.stack(list(vecs.values()))
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -289,20 +235,15 @@ def read_vec(path, max_vocab=200000, lowercase=True):
 #     p(a_j = 0)          = p0                                           (p0 = 0.08)
 #     p(a_j = i | j,m,n)  = (1 - p0) exp(λ h(i,j,m,n)) / Z_λ(j,m,n),      h = -| i/n - j/m |,  i = 1..n
 #     p(f_j, a_j = i)     = p(a_j = i) θ(f_j | e_i)
-# EM: the E-step computes the posterior q(i) ∝ p(f_j, a_j = i) for every target token, the M-step
-# re-estimates θ from the expected counts, with -v as variational Bayes under a Dirichlet(α) prior:
-#     θ(f|e) = exp(ψ(c(e,f) + α) - ψ(Σ_f' c(e,f') + α))
-# and -o moves λ towards the value where the prior's expected h equals the posterior's. The last of the
-# `n_iter` passes only decodes: argmax_i per target word, NULL links dropped. Defaults = `fast_align -d -o -v`.
-#
-# Vectorised over the whole corpus: every (target token, candidate source position) is one "cell"; a
-# sentence pair with n source and m target words owns m * (n + 1) consecutive cells, token-major.
-# Sums per token are np.bincount over the cell -> token index, so one EM pass is a handful of numpy calls.
+# EM with -v (variational Bayes, Dirichlet(α) prior): θ(f|e) = exp(ψ(c(e,f) + α) - ψ(Σ_f' c(e,f') + α));
+# -o moves λ until the prior's expected h equals the posterior's. The last pass only decodes (argmax_i,
+# NULL links dropped). Defaults = `fast_align -d -o -v`. Vectorised over the corpus: every (target token,
+# source position) is one "cell", a pair owns m * (n + 1) consecutive cells; per-token sums are np.bincount.
 
 
 def digamma(x):
-    """ψ(x) for x > 0, elementwise (recurrence ψ(x) = ψ(x+1) - 1/x up to x >= 10, then the asymptotic
-    series; fast_align's own `digamma` shifts to 6, accurate to ~1e-11). ψ(1) = -0.5772156649 (minus the Euler-Mascheroni constant)."""
+    """ψ(x) for x > 0: recurrence ψ(x) = ψ(x+1) - 1/x up to x >= 10, then the asymptotic series
+    (fast_align's `digamma` shifts to 6, accurate to ~1e-11)."""
     x = np.array(x, dtype=np.float64)
     out = np.zeros_like(x)
     for _ in range(10):
@@ -316,25 +257,19 @@ def digamma(x):
     return out + np.log(x) - 0.5 / x - series
 
 
-def _words(sent):
-    return sent.split() if isinstance(sent, str) else list(sent)
-
-
 def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diagonal=True,
                optimize_tension=True, variational_bayes=True, alpha=0.01):
     """One direction of fast_align: every target word picks at most one source word.
 
-    src_sents, tgt_sents: equal-length lists of sentences (strings split on whitespace, or word lists).
-    Returns one list of (i, j) links per pair (0-based, i in the source, j in the target), as
-    `fast_align -i src ||| tgt` prints them. Pairs with an empty side get no links (fast_align stops
-    with an error there instead).
+    src_sents, tgt_sents: equal-length lists of sentences (strings or word lists) -> one list of 0-based
+    (i, j) links per pair, as `fast_align -i src ||| tgt` prints them. A pair with an empty side gets
+    no links (fast_align stops with an error there instead).
     """
     if len(src_sents) != len(tgt_sents):
         raise ValueError(f"{len(src_sents)} source but {len(tgt_sents)} target sentences")
-    src = [_words(s) for s in src_sents]
-    tgt = [_words(t) for t in tgt_sents]
+    src, tgt = [[s.split() if isinstance(s, str) else list(s) for s in side] for side in (src_sents, tgt_sents)]
     e_id, f_id = {"<NULL>": 0}, {}
-    cell_e, cell_f, cell_i, cell_tok, cell_h = [], [], [], [], []
+    cells = []   # per pair: source word, target word, source position i, token, h of every cell
     blocks = []  # (pair index, first cell, m, n): where each pair's cells live, for decoding
     n_tok = n_cell = 0
     for k, (es, fs) in enumerate(zip(src, tgt)):
@@ -343,39 +278,32 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
             continue
         e = np.array([0] + [e_id.setdefault(w, len(e_id)) for w in es])           # (n+1,) NULL first
         f = np.array([f_id.setdefault(w, len(f_id)) for w in fs])                 # (m,)
-        i = np.arange(n + 1)
-        j = np.arange(1, m + 1)
-        cell_e.append(np.tile(e, m))
-        cell_f.append(np.repeat(f, n + 1))
-        cell_i.append(np.tile(i, m))
-        cell_tok.append(np.repeat(n_tok + np.arange(m), n + 1))
+        i, j = np.arange(n + 1), np.arange(1, m + 1)
         # diagonal feature h(i, j, m, n) = -|i/n - j/m| (1-based i and j; 0 for NULL, never used)
-        cell_h.append((-np.abs(i[None, :] / n - j[:, None] / m)).ravel())
+        cells.append((np.tile(e, m), np.repeat(f, n + 1), np.tile(i, m), np.repeat(n_tok + np.arange(m), n + 1),
+                      (-np.abs(i[None, :] / n - j[:, None] / m)).ravel()))
         blocks.append((k, n_cell, m, n))
         n_tok += m
         n_cell += m * (n + 1)
     links = [[] for _ in src]
     if not blocks:
         return links
-    cell_e, cell_f, cell_i = np.concatenate(cell_e), np.concatenate(cell_f), np.concatenate(cell_i)
-    tok, h = np.concatenate(cell_tok), np.concatenate(cell_h)
+    cell_e, cell_f, cell_i, tok, h = map(np.concatenate, zip(*cells))
     null = cell_i == 0
     # one θ entry per co-occurring (e, f) pair: cell -> pair index, pair -> e
     pair_of_cell, pairs = np.unique(cell_e * len(f_id) + cell_f, return_inverse=True)[::-1]
     pair_e = pairs // len(f_id)
     theta = np.ones(len(pairs))                  # fast_align starts from a constant (1e-9): uniform
-    n_src_plus_null = np.bincount(tok)           # n + 1 for every token's pair
+
+    def diag(lam):                               # exp(λ h) per cell (0 for NULL) and its token's Z_λ
+        u = np.where(null, 0.0, np.exp(lam * h))
+        return u, np.bincount(tok, u, minlength=n_tok)[tok]
 
     def prior(lam):                              # p(a_j = i) per cell
         if not favor_diagonal:                   # IBM Model 1: uniform over n + 1 positions
-            return 1.0 / n_src_plus_null[tok]
-        u = np.where(null, 0.0, np.exp(lam * h))
-        Z = np.bincount(tok, u, minlength=n_tok)
-        return np.where(null, p0, (1 - p0) * u / Z[tok])
-
-    def expected_h(lam):                         # E_prior[h] over i = 1..n, summed over tokens, / tokens
-        u = np.where(null, 0.0, np.exp(lam * h))
-        return np.sum(u * h / np.bincount(tok, u, minlength=n_tok)[tok]) / n_tok
+            return 1.0 / np.bincount(tok)[tok]
+        u, Z = diag(lam)
+        return np.where(null, p0, (1 - p0) * u / Z)
 
     lam = tension
     for it in range(n_iter):
@@ -387,13 +315,11 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
         if favor_diagonal and optimize_tension and it > 0:
             emp = np.sum(np.where(null, 0.0, q * h)) / n_tok          # posterior expected feature
             for _ in range(8):                                        # 8 gradient steps, as fast_align
-                lam = float(np.clip(lam + 20.0 * (emp - expected_h(lam)), 0.1, 14.0))
-        if variational_bayes:
-            tot = np.bincount(pair_e, counts + alpha, minlength=len(e_id))
-            theta = np.exp(digamma(counts + alpha) - digamma(tot[pair_e]))
-        else:
-            tot = np.bincount(pair_e, counts, minlength=len(e_id))
-            theta = counts / tot[pair_e]
+                u, Z = diag(lam)                                      # towards E_prior[h] = emp
+                lam = float(np.clip(lam + 20.0 * (emp - np.sum(u * h / Z) / n_tok), 0.1, 14.0))
+        c = counts + alpha if variational_bayes else counts
+        tot = np.bincount(pair_e, c, minlength=len(e_id))[pair_e]
+        theta = np.exp(digamma(c) - digamma(tot)) if variational_bayes else c / tot
     # Viterbi decoding: per target word the most probable position; NULL (i = 0) wins ties, then leftmost
     for k, start, m, n in blocks:
         best = probs[start:start + m * (n + 1)].reshape(m, n + 1).argmax(axis=1)
@@ -402,12 +328,10 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, favor_diago
 
 
 def grow_diag_final_and(fwd, rev):
-    """Symmetrise two directional alignments of one sentence pair, as `atools -c grow-diag-final-and`.
-
-    Start from the intersection; then repeatedly add union points (in (i, j) order) that touch an
-    aligned point (8-neighbourhood) and have an unaligned word on at least one side; finally add the
-    points of fwd, then of rev, whose two words are both still unaligned (the "and").
-    """
+    """Symmetrise two directional alignments of one sentence pair, as `atools -c grow-diag-final-and`:
+    from the intersection, repeatedly add union points (in (i, j) order) that touch an aligned point
+    (8-neighbourhood) and have an unaligned word on one side; then the points of fwd, then of rev,
+    whose two words are both still unaligned (the "and")."""
     fwd, rev = set(fwd), set(rev)
     res = fwd & rev
     ai = {i for i, _ in res}
@@ -430,12 +354,9 @@ def grow_diag_final_and(fwd, rev):
 
 
 def fast_align(src_sents, tgt_sents, symmetric=True, **kwargs):
-    """Word alignment of parallel sentences -> one sorted list of (i, j) links per pair.
-
-    symmetric=True: forward (`fast_align -d -o -v`) + reverse (`-r`) symmetrised with
-    grow-diag-final-and, the paper's recipe; symmetric=False: the forward direction only.
-    kwargs go to `ibm2_align` (n_iter, p0, tension, favor_diagonal, optimize_tension, ...).
-    """
+    """Word alignment of parallel sentences -> one sorted list of (i, j) links per pair: forward
+    (`fast_align -d -o -v`) and reverse (`-r`) symmetrised by grow-diag-final-and (the paper's recipe),
+    or the forward direction alone (symmetric=False). kwargs go to `ibm2_align`."""
     fwd = ibm2_align(src_sents, tgt_sents, **kwargs)
     if not symmetric:
         return fwd
@@ -444,40 +365,32 @@ def fast_align(src_sents, tgt_sents, symmetric=True, **kwargs):
 
 
 def one_to_one_pairs(links, src_words, tgt_words):
-    """Keep links whose source word and target word are each linked exactly once, and drop pairs of
-    identical strings (shijie-wu/crosslingual-nlp `_process_align`): copies say nothing about the two spaces' alignment."""
-    ci, cj = {}, {}
-    for i, j in links:
-        ci[i] = ci.get(i, 0) + 1
-        cj[j] = cj.get(j, 0) + 1
-    return [(i, j) for i, j in links
-            if ci[i] == 1 and cj[j] == 1 and src_words[i] != tgt_words[j]]
+    """Links whose two words are each linked once, minus identical strings (shijie-wu/crosslingual-nlp
+    `_process_align`): copies say nothing about the alignment of the two spaces."""
+    ci, cj = Counter(i for i, _ in links), Counter(j for _, j in links)
+    return [(i, j) for i, j in links if ci[i] == 1 and cj[j] == 1 and src_words[i] != tgt_words[j]]
 
 
 def read_parallel(src_path, tgt_path, max_lines=None):
-    """Two files, line k of one translating line k of the other -> (src_lines, tgt_lines).
-    Raises ValueError naming both files when their line counts differ."""
-    out = [list(read_lines(p)) for p in (src_path, tgt_path)]
-    if len(out[0]) != len(out[1]):
-        raise ValueError(f"parallel files differ in length: {src_path} has {len(out[0])} lines, "
-                         f"{tgt_path} has {len(out[1])}")
-    if not out[0]:
+    """Two files, line k of one translating line k of the other -> (src_lines, tgt_lines)."""
+    src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
+    if len(src) != len(tgt):
+        raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
+    if not src:
         raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
-    if max_lines:
-        out = [o[:max_lines] for o in out]
-    return out[0], out[1]
+    return src[:max_lines or None], tgt[:max_lines or None]
 
 
 # =====================================================================================================
 # CLI part: encoders from our checkpoints (torch, model.py and bpe.py are imported inside functions)
 #
-# Layers are numbered as in the paper's Figures 5-7: L0 = embedding output, L1..L8 = Transformer blocks.
-# Input convention (XLM): `</s> w1 ... wn </s>`; the two </s> are never part of a pooled vector.
+# Layers as in the paper's Figures 5-7: L0 = embedding output, L1..L8 = Transformer blocks. Input (XLM):
+# `</s> w1 ... wn </s>`; the two </s> are never part of a pooled vector.
 
 
 def load_encoder(path, device="cpu"):
-    """(model in eval mode, bpe.Tokenizer, list of language codes) from a checkpoint written by
-    pretrain.py (best.pt) or by model.save_model(..., tokenizer=tok.to_dict(), langs=[...])."""
+    """(model in eval mode, bpe.Tokenizer, language codes) from pretrain.py's best.pt (or
+    model.save_model(..., tokenizer=tok.to_dict(), langs=[...]))."""
     import bpe
     import model as M
     mdl, extra = M.load_model(path, map_location=device)
@@ -487,24 +400,10 @@ def load_encoder(path, device="cpu"):
     return mdl.to(device), bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 
-def lang_index(langs, lang, path):
-    if lang not in langs:
-        raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
-    return langs.index(lang)
-
-
 def encode_sentences(model, tok, sents, lang_idx, lang_code, batch_size=32):
-    """Sentence vectors per layer (paper §5.1.3, decision D9): the mean of the subword states, special
-    tokens excluded -> list of n_layers + 1 arrays (n_sents, dim). An empty sentence (no subword) falls
-    back to the mean of its two </s> states."""
+    """Sentence vectors per layer (paper §5.1.3): model.pool_sentences of their subword ids."""
     import model as M
-    ids = [tok.encode(s, lang_code) for s in sents]
-    out = None
-    for k, H in M.iter_states(model, ids, lang_idx, batch_size):
-        if out is None:
-            out = np.zeros((H.shape[0], len(sents), H.shape[2]), dtype=np.float32)
-        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
-    return list(out)
+    return M.pool_sentences(model, [tok.encode(s, lang_code) for s in sents], lang_idx, batch_size)
 
 
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
@@ -531,7 +430,6 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
 def corpus_words(tok, path, lang, max_sents=None, max_vocab=200000):
     """Word types of a corpus, most frequent first, keyed lowercase as MUSE (first surface form kept)
     -> (keys, surface forms, sentences as word lists)."""
-    from collections import Counter
     sents, counts, form = [], Counter(), {}
     for n, line in enumerate(read_lines(path)):
         if max_sents and n >= max_sents:
@@ -568,8 +466,7 @@ def word_vectors(model, tok, lang_idx, lang, keys, forms, sents, batch_size=32):
         np.add.at(S, which[ok], H[ok])
         X_b.append((S / np.maximum(n_occ, 1)[:, None]).astype(np.float32))
     seen = n_occ > 0
-    keys_b = [k for k, s in zip(keys, seen) if s]
-    return (keys_a, X_a), (keys_b, [X[seen] for X in X_b])
+    return (keys_a, X_a), ([k for k, s in zip(keys, seen) if s], [X[seen] for X in X_b])
 
 
 def print_table(title, header, rows, plot=None):
@@ -589,24 +486,13 @@ def print_table(title, header, rows, plot=None):
 def _encoders(args):
     """(model, tok, lang index) for the source and the target side: --ckpt encodes the source
     language, --ckpt2 (two monolingual models) or else --ckpt too encodes the target language."""
-    m1, t1, langs1 = load_encoder(args.ckpt, args.device)
-    src = (m1, t1, lang_index(langs1, args.src, args.ckpt))
-    if args.ckpt2:
-        m2, t2, langs2 = load_encoder(args.ckpt2, args.device)
-        return src, (m2, t2, lang_index(langs2, args.tgt, args.ckpt2))
-    return src, (m1, t1, lang_index(langs1, args.tgt, args.ckpt))
-
-
-def _fill_toy(args, paths):
-    """--toy DIR: fill every unset path flag from toydata's layout (see toydata.py)."""
-    if not args.toy:
-        return
-    if not os.path.isdir(args.toy):
-        raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
-    l0, l1 = args.src, args.tgt
-    for flag, rel in paths.items():
-        if getattr(args, flag) is None:
-            setattr(args, flag, os.path.join(args.toy, rel.format(l0=l0, l1=l1)))
+    out, loaded = [], {}
+    for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
+        mdl, tok, langs = loaded[path] = loaded.get(path) or load_encoder(path, args.device)
+        if lang not in langs:
+            raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
+        out.append((mdl, tok, langs.index(lang)))
+    return out
 
 
 # every path flag of the three sub-commands (checked before any model is loaded)
@@ -614,9 +500,15 @@ PATH_FLAGS = ("ckpt", "ckpt2", "train_dict", "test_dict", "src_corpus", "tgt_cor
               "src_file", "tgt_file", "test_src", "test_tgt", "train_src", "train_tgt")
 
 
-def _need(args, flags, pairs=()):
-    """Required flags are set, flags that only work in pairs come in pairs, and every path given (or
-    filled in by --toy) is an existing file: one line naming the flag otherwise."""
+def _need(args, toy, flags, pairs=()):
+    """Fill every unset path flag in `toy` from --toy DIR (toydata.py's layout); then required flags
+    are set, paired flags come in pairs, and every path is an existing file: one line otherwise."""
+    if args.toy:
+        if not os.path.isdir(args.toy):
+            raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
+        for flag, rel in toy.items():
+            if getattr(args, flag) is None:
+                setattr(args, flag, os.path.join(args.toy, rel.format(l0=args.src, l1=args.tgt)))
     missing = [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f) is None]
     if missing:
         raise ValueError(f"missing {', '.join(missing)} (or give --toy DIR)")
@@ -637,26 +529,25 @@ def _finite_map(W, what):
     return W
 
 
-def _int_min(lo):
+def _checked(cast, ok, must):
+    """argparse type: cast(s) (int or float) satisfying ok, refused in one line otherwise."""
     def parse(s):
         try:
-            v = int(s)
+            v = cast(s)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+            what = "an integer" if cast is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {must}, got {v if cast is int else s}")
         return v
     return parse
 
 
-def _fraction(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {s}")
-    return v
+def _int_min(lo):
+    return _checked(int, lambda v: v >= lo, f">= {lo}")
+
+
+_fraction = _checked(float, lambda v: 0 < v < 1, "strictly between 0 and 1")
 
 
 def save_maps(path, maps, src, tgt):
@@ -675,32 +566,18 @@ def save_maps(path, maps, src, tgt):
         raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def _check_writable(path, flag):
-    d = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ValueError(f"{flag} {path}: is a directory (give a file name, e.g. maps.npz)")
-    if not os.path.isdir(d) or not os.access(d, os.W_OK):
-        raise ValueError(f"{flag} {path}: cannot write there ({d} is not a writable directory)")
-
-
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
-    _fill_toy(args, {"train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
-                     "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"})
-    _need(args, ["ckpt", "train_dict", "test_dict", "src_corpus", "tgt_corpus"], [("vec_src", "vec_tgt")])
+    _need(args, {"train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
+                 "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"},
+          ["ckpt", "train_dict", "test_dict", "src_corpus", "tgt_corpus"], [("vec_src", "vec_tgt")])
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
-    (ms, ts, ls), (mt, tt, lt) = _encoders(args)
-    side = []
-    for m, t, li, lang, path in ((ms, ts, ls, args.src, args.src_corpus), (mt, tt, lt, args.tgt, args.tgt_corpus)):
-        keys, forms, sents = corpus_words(t, path, lang, args.max_sents, args.max_vocab)
-        side.append(word_vectors(m, t, li, lang, keys, forms, sents, args.batch_size))
-    runs = [("emb (4a)", side[0][0][0], side[0][0][1], side[1][0][0], side[1][0][1])]
-    for l, (Xs, Xt) in enumerate(zip(side[0][1][1], side[1][1][1])):
-        runs.append((f"L{l} (4b)", side[0][1][0], Xs, side[1][1][0], Xt))
-    if args.vec_src and args.vec_tgt:
-        ws, Vs = read_vec(args.vec_src, args.max_vocab)
-        wt, Vt = read_vec(args.vec_tgt, args.max_vocab)
-        runs.append(("fastText", ws, Vs, wt, Vt))
+    (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [
+        word_vectors(m, t, li, lang, *corpus_words(t, path, lang, args.max_sents, args.max_vocab), args.batch_size)
+        for (m, t, li), lang, path in zip(_encoders(args), (args.src, args.tgt), (args.src_corpus, args.tgt_corpus))]
+    runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
+    if args.vec_src:  # _need: with --vec-tgt
+        runs.append(("fastText", *read_vec(args.vec_src, args.max_vocab), *read_vec(args.vec_tgt, args.max_vocab)))
     rows, errors = [], []
     for name, ws, Xs, wt, Xt in runs:
         try:
@@ -713,8 +590,8 @@ def cmd_words(args):
         if args.itn_iters:
             Xs, Xt = iterative_normalize(Xs, args.itn_iters), iterative_normalize(Xt, args.itn_iters)
         W = _finite_map(procrustes(Xs[tr[0]], Xt[tr[1]]), name)
-        p_map, n = word_translation_accuracy(Xs, Xt, *te, W=W, method="csls", k=args.k)
-        p_raw, _ = word_translation_accuracy(Xs, Xt, *te, W=None, method="csls", k=args.k)
+        (p_raw, n), (p_map, _) = [word_translation_accuracy(Xs, Xt, *te, W=w, method="csls", k=args.k)
+                                  for w in (None, W)]
         rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
     if len(errors) == len(runs):
         raise errors[0]
@@ -727,16 +604,18 @@ def cmd_words(args):
 
 def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
-    _fill_toy(args, {"src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"})
-    _need(args, ["ckpt", "src_file", "tgt_file"])
-    if args.save_maps:
-        _check_writable(args.save_maps, "--save-maps")
+    _need(args, {"src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"},
+          ["ckpt", "src_file", "tgt_file"])
+    if args.save_maps:  # checked before any work
+        d = os.path.dirname(os.path.abspath(args.save_maps))
+        if os.path.isdir(args.save_maps):
+            raise ValueError(f"--save-maps {args.save_maps}: is a directory (give a file name, e.g. maps.npz)")
+        if not os.path.isdir(d) or not os.access(d, os.W_OK):
+            raise ValueError(f"--save-maps {args.save_maps}: cannot write there ({d} is not a writable directory)")
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
-    S = [ts.words(l, args.src) for l in src_lines]
-    T = [tt.words(l, args.tgt) for l in tgt_lines]
-    links = fast_align(S, T)
-    pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(links, S, T)]
+    S, T = [ts.words(l, args.src) for l in src_lines], [tt.words(l, args.tgt) for l in tgt_lines]
+    pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(fast_align(S, T), S, T)]
     Hs, off_s = encode_word_tokens(ms, ts, S, ls, args.src, args.batch_size)
     Ht, off_t = encode_word_tokens(mt, tt, T, lt, args.tgt, args.batch_size)
     n_fit = int(round(len(S) * (1 - args.eval_frac)))
@@ -749,17 +628,13 @@ def cmd_contextual(args):
     fit, ev = fine(fit), fine(ev)
     if len(fit) < 2 or len(ev) < 1:
         raise ValueError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval)")
-    cand = np.arange(off_t[n_fit], off_t[-1])            # every target word token of the eval sentences
-    cand = cand[~np.isnan(Ht[0][cand, 0])]
-    pos = {c: n for n, c in enumerate(cand.tolist())}
-    gold = np.array([pos[j] for j in ev[:, 1]])
+    cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))  # target tokens of the eval sentences
+    gold = np.searchsorted(cand, ev[:, 1])               # each eval pair's target among the candidates
     rows, maps = [], []
     for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
-        W = _finite_map(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]), f"L{l}")  # x_src @ W ~ x_tgt
-        maps.append(W)
-        acc_raw = float(np.mean(csls_knn(Xs[ev[:, 0]], Xt[cand], args.k) == gold))
-        acc_map = float(np.mean(csls_knn(Xs[ev[:, 0]] @ W, Xt[cand], args.k) == gold))
-        rows.append([f"L{l}", acc_raw, acc_map, len(fit), len(ev), len(cand)])
+        maps.append(_finite_map(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]), f"L{l}"))  # x_src @ W ~ x_tgt
+        acc = [float(np.mean(csls_knn(Q, Xt[cand], args.k) == gold)) for Q in (Xs[ev[:, 0]], Xs[ev[:, 0]] @ maps[-1])]
+        rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out fast_align pairs "
                 f"(last {args.eval_frac:.0%} of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"], rows, args.plot)
@@ -772,30 +647,26 @@ def cmd_contextual(args):
 
 def cmd_sentences(args):
     """Fig. 6: Tatoeba-style sentence retrieval P@1 per layer, without and with a Procrustes map."""
-    _fill_toy(args, {"test_src": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "test_tgt": "tatoeba/tatoeba.{l1}-{l0}.{l1}",
-                     "train_src": "parallel/{l0}-{l1}.train.{l0}", "train_tgt": "parallel/{l0}-{l1}.train.{l1}"})
-    _need(args, ["ckpt", "test_src", "test_tgt"], [("train_src", "train_tgt")])
+    _need(args, {"test_src": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "test_tgt": "tatoeba/tatoeba.{l1}-{l0}.{l1}",
+                 "train_src": "parallel/{l0}-{l1}.train.{l0}", "train_tgt": "parallel/{l0}-{l1}.train.{l1}"},
+          ["ckpt", "test_src", "test_tgt"], [("train_src", "train_tgt")])
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
-    Es = encode_sentences(ms, ts, te_s, ls, args.src, args.batch_size)
-    Et = encode_sentences(mt, tt, te_t, lt, args.tgt, args.batch_size)
+    enc = lambda src, tgt: (encode_sentences(ms, ts, src, ls, args.src, args.batch_size),
+                            encode_sentences(mt, tt, tgt, lt, args.tgt, args.batch_size))
+    Es, Et = enc(te_s, te_t)
     Fs = Ft = None
-    if args.train_src and args.train_tgt:
-        tr_s, tr_t = read_parallel(args.train_src, args.train_tgt, args.max_train)
-        Fs = encode_sentences(ms, ts, tr_s, ls, args.src, args.batch_size)
-        Ft = encode_sentences(mt, tt, tr_t, lt, args.tgt, args.batch_size)
-    gold = np.arange(len(te_s))
+    if args.train_src:  # _need: with --train-tgt
+        Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_train))
+    acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
     rows = []
     for l in range(len(Es)):
-        row = [f"L{l}", float(np.mean(nn_knn(Es[l], Et[l]) == gold)), float(np.mean(nn_knn(Et[l], Es[l]) == gold))]
+        rows.append([f"L{l}", acc(Es[l], Et[l]), acc(Et[l], Es[l])])
         if Fs is not None:
             W = _finite_map(procrustes(Fs[l], Ft[l]), f"L{l}")  # x_src @ W ~ x_tgt
-            row += [float(np.mean(nn_knn(Es[l] @ W, Et[l]) == gold)),
-                    float(np.mean(nn_knn(Et[l] @ W.T, Es[l]) == gold))]
-        rows.append(row)
+            rows[-1] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
-    if Fs is not None:
-        header += [f"{args.src}->{args.tgt} mapped", f"{args.tgt}->{args.src} mapped"]
+    header += [f"{h} mapped" for h in header[1:]] if Fs is not None else []
     print_table(f"Sentence retrieval P@1 (cosine NN) on {len(te_s)} pairs of {args.test_src}"
                 + (f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}" if Fs is not None else ""),
                 header, rows, args.plot)
@@ -805,24 +676,21 @@ def cmd_sentences(args):
 def build_parser():
     ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).")
     sub = ap.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
+    common.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2)")
+    common.add_argument("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
+    common.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
+    common.add_argument("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
+    common.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in every data path not given")
+    common.add_argument("--max-sents", type=_int_min(1), default=None, help="use at most this many lines per file")
+    common.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
+    common.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (= cuda:0), cuda:N, mps (default cpu)")
+    common.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="autocast "
+                        "of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, float32 on CPU")
+    common.add_argument("--k", type=_int_min(1), default=10, help="CSLS neighbourhood size (MUSE: 10)")
+    common.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
 
-    def common(p):
-        p.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2)")
-        p.add_argument("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
-        p.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
-        p.add_argument("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
-        p.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in every data path not given")
-        p.add_argument("--max-sents", type=_int_min(1), default=None, help="use at most this many lines per file")
-        p.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
-        p.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (= cuda:0), cuda:N, mps (default cpu)")
-        p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                       help="autocast of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, "
-                            "float32 on CPU")
-        p.add_argument("--k", type=_int_min(1), default=10, help="CSLS neighbourhood size (MUSE: 10)")
-        p.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
-
-    p = sub.add_parser("words", help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
-    common(p)
+    p = sub.add_parser("words", parents=[common], help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
     p.add_argument("--train-dict", help="MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)")
     p.add_argument("--test-dict", help="MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)")
     p.add_argument("--src-corpus", help="source-language text: vocabulary and contextual averages")
@@ -833,16 +701,14 @@ def build_parser():
     p.add_argument("--vec-tgt", help="fastText .vec baseline for --tgt (optional, with --vec-src)")
     p.set_defaults(func=cmd_words)
 
-    p = sub.add_parser("contextual", help="§5.1.2: contextual word alignment from fast_align pairs")
-    common(p)
+    p = sub.add_parser("contextual", parents=[common], help="§5.1.2: contextual word alignment from fast_align pairs")
     p.add_argument("--src-file", help="parallel sentences, source side (one per line)")
     p.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
     p.add_argument("--eval-frac", type=_fraction, default=0.2, help="last fraction of sentences held out")
     p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-layer)")
     p.set_defaults(func=cmd_contextual)
 
-    p = sub.add_parser("sentences", help="Fig. 6: Tatoeba-style sentence retrieval per layer")
-    common(p)
+    p = sub.add_parser("sentences", parents=[common], help="Fig. 6: Tatoeba-style sentence retrieval per layer")
     p.add_argument("--test-src", help="test pairs, source side (e.g. tatoeba.fra-eng.eng)")
     p.add_argument("--test-tgt", help="test pairs, target side (e.g. tatoeba.fra-eng.fra)")
     p.add_argument("--train-src", help="parallel sentences to fit a Procrustes map, source side (optional)")

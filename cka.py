@@ -109,7 +109,7 @@ def read_parallel(src_path, tgt_path, max_lines=None):
                          f"{tgt_path} has {len(out[1])}")
     if not out[0]:
         raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
-    return (out[0][:max_lines], out[1][:max_lines]) if max_lines else (out[0], out[1])
+    return out[0][:max_lines or None], out[1][:max_lines or None]
 
 
 def load_encoder(path, device="cpu"):
@@ -123,19 +123,6 @@ def load_encoder(path, device="cpu"):
     return mdl.to(device), bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 
-def encode_sentences(model, tok, sents, lang, lang_code, batch_size=32):
-    """Sentence vectors per layer (paper §5.2 and decision D9): the mean of the subword states of
-    `</s> ids </s>`, the two </s> excluded -> n_layers + 1 arrays (n_sents, dim). An empty sentence
-    falls back to the mean of its two </s> states."""
-    import model as M
-    out = None
-    for k, H in M.iter_states(model, [tok.encode(s, lang_code) for s in sents], lang, batch_size):
-        if out is None:  # H: (n_layers + 1, len + 2, dim)
-            out = np.zeros((H.shape[0], len(sents), H.shape[2]), dtype=np.float32)
-        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
-    return list(out)
-
-
 def cka_table(args):
     """Per layer, CKA of mean-pooled representations of parallel sentences (rows = sentence pairs):
       bilingual    --ckpt encodes both languages (if it knows both)
@@ -145,11 +132,6 @@ def cka_table(args):
     Returns (header, rows) with an average row last."""
     import torch
     import model as M
-
-    def lang_index(langs, lang, path):
-        if lang not in langs:
-            raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
-        return langs.index(lang)
 
     if args.toy:
         if not os.path.isdir(args.toy):
@@ -172,9 +154,11 @@ def cka_table(args):
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
     m1, t1, langs1 = load_encoder(args.ckpt, args.device)
 
-    def enc(m, t, langs, path, lang, lines):
+    def enc(m, t, langs, path, lang, lines):  # sentence vectors per layer (decision D9)
+        if lang not in langs:
+            raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
         with M.autocast(args.device, args.dtype):
-            return encode_sentences(m, t, lines, lang_index(langs, lang, path), lang, args.batch_size)
+            return M.pool_sentences(m, [t.encode(s, lang) for s in lines], langs.index(lang), args.batch_size)
     E_src = enc(m1, t1, langs1, args.ckpt, args.src, src_lines)
     columns = {}
     if args.tgt in langs1:

@@ -21,8 +21,8 @@ Only torch is imported, so this file can be copied alone:
 
 Below the model: checkpoints (save_model / load_model, MLM.from_xlm for released XLM weights), the
 padded-batch forward pass that align.py (§5.1), cka.py (§5.2) and finetune.py (§3.2) share
-(encode_batch, iter_states), and what --device and --dtype mean in every script (pick_device,
-autocast). No CLI: pretrain.py trains it; `python -m pytest -q tests/test_model.py` checks it.
+(encode_batch, iter_states, pool_sentences), and what --device and --dtype mean in every script
+(pick_device, autocast). No CLI: pretrain.py trains it; `python -m pytest -q tests/test_model.py` checks it.
 """
 
 import os
@@ -459,6 +459,17 @@ def iter_states(model, id_lists, lang, batch_size=32):
         hs = torch.stack(hs, dim=1).float().cpu().numpy()             # (B, n_layers + 1, T, dim)
         for b, k in enumerate(ks):
             yield k, hs[b, :, :len(rows[b])]
+
+
+def pool_sentences(model, id_lists, lang, batch_size=32):
+    """Sentence vectors of align.py and cka.py (decision D9): per layer, the mean state of each id list,
+    its two </s> excluded (an empty list: the mean of the two) -> n_layers + 1 float32 arrays (n, dim)."""
+    out = None
+    for k, H in iter_states(model, id_lists, lang, batch_size):
+        if out is None:
+            out = torch.zeros(H.shape[0], len(id_lists), H.shape[2]).numpy()
+        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
+    return list(out)
 
 
 # -----------------------------------------------------------------------------

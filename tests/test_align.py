@@ -112,7 +112,7 @@ def test_csls_k_larger_than_candidates_and_nn():
     assert align.csls_knn(X, Y, k=10).tolist() == [2, 0, 3]
     assert align.nn_knn(X, Y).tolist() == [2, 0, 3]
     with pytest.raises(ValueError, match="unknown retrieval"):
-        align.retrieve(X, Y, method="cos")
+        align.word_translation_accuracy(X, Y, np.array([0]), np.array([2]), method="cos")
 
 
 def test_word_translation_p_at_1_any_gold_rule():
