@@ -344,7 +344,7 @@ def test_a_diverged_set_is_left_out_and_all_diverged_writes_nothing(toy_world, t
 
 ALIGN_BAD_FLAGS = [
     (["sentences", "--k", "0"], "argument --k: must be >= 1, got 0"),
-    (["sentences", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1"),
+    (["sentences", "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
     (["sentences", "--max-sents", "0"], "argument --max-sents: must be >= 1"),
     (["sentences", "--max-train", "-1"], "argument --max-train: must be >= 1"),
     (["contextual", "--eval-frac", "1.5"], "argument --eval-frac: must be strictly between 0 and 1"),
