@@ -10,26 +10,29 @@ What is in here, in reading order:
                         token for zh, the stand-in for a Chinese word segmenter)
   2. learn_bpe_simple   Sennrich et al. (2016) BPE as the paper states it (count pairs, merge the best,
                         repeat), merge for merge identical to subword-nmt 0.3.8 `learn-bpe` (codes v0.2)
-     learn_bpe          the same merges, incremental: pair counts + pair -> words index + a max-heap,
-                        so each merge only touches the words that contain the pair
-  3. BPE                apply merges to words / whitespace-tokenised lines (== subword-nmt `apply-bpe`),
-                        load subword-nmt and fastBPE codes, save subword-nmt codes
+     learn_bpe          the same merges, incremental: pair counts + pair -> words index + a max-heap
+  3. BPE                apply merges (== subword-nmt `apply-bpe`); subword-nmt and fastBPE codes files
   4. Vocab, Tokenizer   XLM's dictionary layout (14 special tokens first) and the three regimes of §4.2:
                         joint / separate / prefixed
   5. code_switch        dictionary-based word replacement (extra anchors, §4.2)
   6. binarize           text -> ids -> one flat uint16/uint32 file per language and split (streaming)
+  7. prepare            tokenizer + binarised train/dev splits for pretrain.py, cached; the CLI last
 
 Run:
   python bpe.py learn --input ../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt --merges 10000 --output en.codes
   python bpe.py apply --codes en.codes --input en.txt --output en.bpe
   python bpe.py vocab --train en=EN.txt fr=FR.txt --mode joint --merges 80000 --out DIR
   python bpe.py binarize --tokenizer DIR/tokenizer.json --lang en --input EN.txt --out-prefix DIR/en.train
+  python bpe.py prepare --data DIR --langs en,fr --out runs/prep
 """
 
 import argparse
+import contextlib
 import errno
+import functools
 import hashlib
 import heapq
+import itertools
 import json
 import os
 import random
@@ -74,25 +77,17 @@ SPACE_RE = regex.compile(rf"[{_SPACE}]")
 
 
 def lowercase_and_strip_accents(text):
-    """XLM-15 style normalisation (XLM tools/lowercase_and_remove_accent.py): lower, NFD, drop Mn.
-
-    'Été à Noël' -> 'ete a noel'. Off by default (README decision D5).
-    """
+    """XLM-15 normalisation (XLM tools/lowercase_and_remove_accent.py): 'Été à Noël' -> 'ete a noel'.
+    Off by default (README decision D5)."""
     text = unicodedata.normalize("NFD", text.lower())
     return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
 
 
 def pretokenize(line, lang):
-    """Split a raw line into words and punctuation.
-
-    'Hello, world!' -> ['Hello', ',', 'world', '!'];  zh: '我们2020年' -> ['我', '们', '2020', '年'].
-    Words keep inner hyphens and apostrophes ("well-known", "l'homme"), numbers keep inner '.' and ','
-    ("1,000.5"), every other non-space grapheme (punctuation, emoji with its modifiers) is a token.
-    A literal special token in the text ('<s>') is split like any punctuation ('<', 's', '>'), so text
-    can never produce a special id.
-    """
-    pattern = TOKEN_RE_ZH if lang == "zh" else TOKEN_RE
-    return pattern.findall(line)
+    """Split a raw line into words and punctuation: 'Hello, world!' -> ['Hello', ',', 'world', '!'];
+    zh: '我们2020年' -> ['我', '们', '2020', '年']. A literal '<s>' in the text becomes '<', 's', '>', so
+    text can never produce a special id."""
+    return (TOKEN_RE_ZH if lang == "zh" else TOKEN_RE).findall(line)
 
 
 # -----------------------------------------------------------------------------
@@ -100,69 +95,56 @@ def pretokenize(line, lang):
 
 
 def learn_bpe_simple(word_counts, num_merges, min_freq=2):
-    """BPE straight from the definition (Sennrich et al. 2016, Algorithm 1): count every adjacent pair,
-    merge the most frequent one everywhere, repeat. Returns [(left, right), ...].
-
-    Every word is a sequence of characters, the last one carrying '</w>' ('low' -> l o w</w>). Pair
-    counts are weighted by word count; ties go to the lexicographically LARGEST pair (subword-nmt
-    picks max over (count, pair)); stop when the best count is below `min_freq` or nothing is left.
+    """BPE as Sennrich et al. (2016) state it: count every adjacent pair (weighted by word count), merge
+    the most frequent one everywhere, repeat until the best count is below `min_freq`. A word starts as
+    its characters, the last one carrying '</w>' ('low' -> l o w</w>); ties go to the largest pair, as
+    subword-nmt's max over (count, pair). Returns [(left, right), ...].
 
     Example (Sennrich et al. 2016, Fig. 1): {'low': 5, 'lower': 2, 'newest': 6, 'widest': 3}
-      counts: (e,s)=9 (s,t</w>)=9 (w,e)=8 (l,o)=7 (n,e)=6 (e,w)=6 (o,w</w>)=5 ...
       step 1: (e,s) and (s,t</w>) tie at 9; 's' > 'e', so ('s', 't</w>')  -> n e w e st</w>, w i d e st</w>
       step 2: (e,st</w>) = 9                                             -> n e w est</w>, w i d est</w>
       step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2)        -> lo w</w>, lo w e r</w>
-      step 4: (w,est</w>), (n,e), (e,w) tie at 6; 'w' is largest, so ('w', 'est</w>')
       ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more cases).
-    Recounting every pair after every merge costs O(merges x corpus): learn_bpe below gives the same
-    merges incrementally."""
-    words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}  # (symbols) -> count
+    """
+    words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}  # symbols -> count
     merges = []
     for _ in range(num_merges):
         stats = Counter()  # (left, right) -> count
         for w, c in words.items():
             for pair in zip(w, w[1:]):
                 stats[pair] += c
-        if not stats:
-            break
-        pair = max(stats, key=lambda p: (stats[p], p))
-        if stats[pair] < min_freq:
+        pair = max(stats, key=lambda p: (stats[p], p), default=None)
+        if pair is None or stats[pair] < min_freq:
             break
         merges.append(pair)
         merged = Counter()
-        for w, c in words.items():  # replace every occurrence of the pair, left to right
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == pair:
-                    out.append(w[i] + w[i + 1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged[tuple(out)] += c
+        for w, c in words.items():
+            merged[tuple(merge_pair(w, *pair))] += c
         words = merged
     return merges
 
 
-def _symbol_key(s):
-    """A key that sorts strings in REVERSE order: heapq is a min-heap, we want the largest pair.
-
-    Python compares strings code point by code point and a prefix sorts first ('ab' < 'abc'); the key
-    negates the code points and ends with 1, bigger than any negated code point, so the prefix sorts
-    last instead. 'b' -> (-98, 1), 'a' -> (-97, 1), 'ab' -> (-97, -98, 1): key('b') < key('ab') < key('a').
-    """
-    return tuple(-ord(c) for c in s) + (1,)
+def merge_pair(symbols, a, b):
+    """Every (a, b) in `symbols` merged, left to right, non-overlapping: a a a with (a, a) -> aa a."""
+    out, i, n = [], 0, len(symbols)
+    while i < n:
+        if symbols[i] == a and i + 1 < n and symbols[i + 1] == b:
+            out.append(a + b)
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
 
 
 def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
-    """Same merges as learn_bpe_simple(word_counts, num_merges, min_freq), faster: each merge only
-    touches the words that contain the pair (tests/test_bpe.py checks that the two agree).
+    """Same merges as learn_bpe_simple, faster: each merge only touches the words that contain the pair
+    (tests/test_bpe.py checks that the two agree). Recounting every pair costs O(merges x corpus).
 
-    subword-nmt recounts nothing either, but finds the best pair with max() over a dict (kept small by
-    pruning heuristics). Here: `stats` pair -> count, `where` pair -> ids of the words that may contain
-    it, and a heap of (-count, key(left), key(right), pair) with lazy deletion: an entry whose count is
-    out of date is re-pushed with the current count when it reaches the top. Counts only ever increase
-    through a push, so the top entry, once current, is the true maximum.
+    `stats` pair -> count, `where` pair -> ids of the words that may contain it, and a heap of
+    (-count, key(left), key(right), pair) with lazy deletion: an entry whose count is out of date is
+    re-pushed with the current count when it reaches the top. Counts only ever increase through a
+    push, so the top entry, once current, is the true maximum.
     """
     if num_merges <= 0:
         raise ValueError(f"num_merges must be > 0, got {num_merges}")
@@ -174,10 +156,9 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
             raise ValueError("learn_bpe: the empty string is not a word")
         if SPACE_RE.search(w):
             raise ValueError(f"learn_bpe: word {w!r} contains whitespace; split it first (pretokenize)")
-        if f <= 0:
-            continue
-        words.append(list(w[:-1]) + [w[-1] + EOW])
-        freqs.append(int(f))
+        if f > 0:
+            words.append(list(w[:-1]) + [w[-1] + EOW])
+            freqs.append(int(f))
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
 
@@ -187,22 +168,17 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         for pair in zip(w, w[1:]):
             stats[pair] += f
             where[pair].add(j)
-    keys = {}  # symbol -> _symbol_key(symbol), cached
-
-    def key(s):
-        k = keys.get(s)
-        if k is None:
-            k = keys[s] = _symbol_key(s)
-        return k
-
+    # heapq is a min-heap and ties go to the largest pair, so key() sorts strings in reverse: negated
+    # code points, then 1 (bigger than any of them) so that a prefix sorts last, not first:
+    # 'b' -> (-98, 1), 'ab' -> (-97, -98, 1), 'a' -> (-97, 1), so key('b') < key('ab') < key('a')
+    key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
     heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
     heapq.heapify(heap)
 
     merges = []
     bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose, mininterval=1)
     while len(merges) < num_merges:
-        # pop stale entries until the top one is current (lazy deletion)
-        while heap:
+        while heap:  # pop stale entries until the top one is current (lazy deletion)
             negc, ka, kb, pair = heap[0]
             c = stats.get(pair, 0)
             if c == -negc:
@@ -219,10 +195,10 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         for j in where.pop(pair):
             w, f = words[j], freqs[j]
             n = len(w)
-            # Merge left to right, non-overlapping ('a a a' with (a, a) -> 'aa a'), as subword-nmt, and
-            # move the counts of the neighbour pairs: x a b y -> x ab y turns (x, a) into (x, ab) and
-            # (b, y) into (ab, y). Two merges in a row (a b a b -> ab ab) turn (b, a) into (ab, ab): the
-            # second merge does that through its left neighbour, so the first skips its right one.
+            # Merge as merge_pair does and move the counts of the neighbour pairs: x a b y -> x ab y
+            # turns (x, a) into (x, ab) and (b, y) into (ab, y). Two merges in a row (a b a b -> ab ab)
+            # turn (b, a) into (ab, ab): the second merge does that through its left neighbour, so the
+            # first skips its right one.
             new, i = [], 0
             while i < n:
                 if w[i] == a and i + 1 < n and w[i + 1] == b:
@@ -244,8 +220,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
                 else:
                     new.append(w[i])
                     i += 1
-            if len(new) < n:  # else a stale index entry: the word no longer contains the pair
-                words[j] = new
+            words[j] = new  # unchanged when the index entry was stale (the pair has gone from the word)
         del stats[pair]
         for p in grown:
             heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
@@ -262,8 +237,7 @@ class BPE:
 
     def __init__(self, merges):
         self.merges = [tuple(m) for m in merges]
-        # rank of each pair; a pair learned twice keeps its first (lowest) rank, as in subword-nmt
-        self.ranks = {}
+        self.ranks = {}  # a pair learned twice keeps its first (lowest) rank, as in subword-nmt
         for i, pair in enumerate(self.merges):
             if len(pair) != 2 or not pair[0] or not pair[1]:
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
@@ -271,45 +245,25 @@ class BPE:
         self.cache = {}  # word -> tuple of pieces (without @@)
 
     def segment(self, word):
-        """Split one word into pieces: 'lowest' -> ['low', 'est'] (no '@@' markers).
-
-        Start from characters (the last one + '</w>'), then repeatedly take the adjacent pair with the
-        lowest merge rank and merge all its occurrences left to right, until no pair is a known merge.
-        A one-character word is returned as is (subword-nmt does the same).
-        """
-        pieces = self.cache.get(word)
-        if pieces is not None:
-            return list(pieces)
-        if len(word) <= 1:
-            pieces = (word,) if word else ()
-        else:
-            w = list(word[:-1]) + [word[-1] + EOW]
-            ranks = self.ranks
+        """'lowest' -> ['lo', 'west'] (no '@@'): from characters (the last one + '</w>'), merge the
+        adjacent pair of lowest rank everywhere, until no pair is a merge. A one-character word stays
+        as it is (so does subword-nmt)."""
+        if word not in self.cache:
+            w = list(word[:-1]) + [word[-1] + EOW] if word else []
             while len(w) > 1:
-                best, best_rank = None, None
+                best, best_rank = None, len(self.merges)
                 for pair in zip(w, w[1:]):
-                    r = ranks.get(pair)
-                    if r is not None and (best_rank is None or r < best_rank):
+                    r = self.ranks.get(pair, best_rank)
+                    if r < best_rank:
                         best, best_rank = pair, r
                 if best is None:
                     break
-                a, b = best
-                new, i, n = [], 0, len(w)
-                while i < n:
-                    if i < n - 1 and w[i] == a and w[i + 1] == b:
-                        new.append(a + b)
-                        i += 2
-                    else:
-                        new.append(w[i])
-                        i += 1
-                w = new
-            w[-1] = w[-1][: -len(EOW)]
-            pieces = tuple(w)
-        self.cache[word] = pieces
-        return list(pieces)
+                w = merge_pair(w, *best)
+            self.cache[word] = tuple(w[:-1]) + (w[-1][: -len(EOW)],) if w else ()
+        return list(self.cache[word])
 
     def apply_words(self, words):
-        """['lowest', 'new'] -> ['low@@', 'est', 'new']: pieces of every word, '@@' on non-final ones."""
+        """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces of every word, '@@' on non-final ones."""
         out = []
         for word in words:
             pieces = self.segment(word)
@@ -318,11 +272,8 @@ class BPE:
         return out
 
     def apply(self, line):
-        """A whitespace-tokenised line -> BPE'd line, the string subword-nmt apply-bpe writes.
-
-        As subword-nmt: the line is stripped of '\\r\\n ' and split on single spaces (runs of spaces
-        collapse; tabs and other whitespace stay inside words). 'the lowest' -> 'the low@@ est'.
-        """
+        """A whitespace-tokenised line -> the string subword-nmt apply-bpe writes: the line is stripped
+        of '\\r\\n ' and split on single spaces (a tab stays inside a word). 'the lowest' -> 'the lo@@ west'."""
         return " ".join(self.apply_words([w for w in line.strip("\r\n ").split(" ") if w]))
 
     @staticmethod
@@ -331,8 +282,9 @@ class BPE:
         return regex.sub(r"@@ |@@ ?$", "", text)
 
     def save(self, path):
-        """Write subword-nmt codes ('#version: 0.2' then one 'left right' per line), atomically."""
-        _atomic_write_text(path, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
+        """subword-nmt codes: '#version: 0.2', then one 'left right' per line."""
+        with _atomic_open(path) as f:
+            f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
 
     @classmethod
     def load(cls, path):
@@ -343,37 +295,32 @@ class BPE:
                 lines = f.read().rstrip("\n").split("\n")
         except UnicodeDecodeError as e:
             raise ValueError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
-        if not lines or lines == [""]:
+        if lines == [""]:
             raise ValueError(f"{path}: empty codes file")
+        nmt = lines[0].startswith("#version:")
+        if nmt and lines[0].split()[-1] not in ("0.2", "0.2.0"):
+            raise ValueError(f"{path}:1: codes version {lines[0].split()[-1]} is not supported (only 0.2)")
         merges = []
-        if lines[0].startswith("#version:"):
-            version = lines[0].split()[-1]
-            if version not in ("0.2", "0.2.0"):
-                raise ValueError(f"{path}:1: codes version {version} is not supported (only 0.2)")
-            fmt, body, first = "subword-nmt", lines[1:], 2
-        else:
-            fmt, body, first = "fastBPE", lines, 1
-        for n, line in enumerate(body, first):
+        for n, line in enumerate(lines[nmt:], 1 + nmt):
             parts = line.strip("\r\n ").split(" ")
-            if fmt == "subword-nmt" and len(parts) == 2 and all(parts):
+            if all(parts) and (len(parts) == 2 if nmt else len(parts) == 3 and parts[2].isdigit()):
                 merges.append((parts[0], parts[1]))
-            elif fmt == "fastBPE" and len(parts) == 3 and all(parts) and parts[2].isdigit():
-                merges.append((parts[0], parts[1]))
-            else:
-                want = "'left right'" if fmt == "subword-nmt" else "'left right count' (fastBPE)"
-                got = line if len(line) <= 60 else line[:60] + "..."  # a tokenizer.json is one long line
-                raise ValueError(f"{path}:{n}: expected {want}, got {got!r}"
-                                 + ("" if fmt == "subword-nmt" else
-                                    "; subword-nmt codes need a '#version: 0.2' first line"))
+                continue
+            got = line if len(line) <= 60 else line[:60] + "..."  # a tokenizer.json is one long line
+            raise ValueError(f"{path}:{n}: expected 'left right', got {got!r}" if nmt else
+                             f"{path}:{n}: expected 'left right count' (fastBPE), got {got!r}; "
+                             "subword-nmt codes need a '#version: 0.2' first line")
         return cls(merges)
 
 
-def _atomic_write_text(path, text):
-    """Write through path.tmp + rename; a failed write (disk full, Ctrl-C) removes the temp file."""
+@contextlib.contextmanager
+def _atomic_open(path, mode="w"):
+    """Open path.tmp, renamed to `path` at the end; a failed write (disk full, a bad input line,
+    Ctrl-C) removes the temp file and leaves `path` as it was."""
     tmp = path + ".tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -381,14 +328,25 @@ def _atomic_write_text(path, text):
         raise
 
 
+def _read_lines(path, max_lines=None, errors="strict"):
+    """Stream the lines of a UTF-8 file (no '\\n'); at most max_lines of them."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(itertools.islice(f, max_lines), 1):
+            yield _decode(raw, path, n, errors)
+
+
+def _decode(raw, path, n, errors="strict"):
+    """Line n of `path`, bytes -> str; not UTF-8 raises ValueError naming file and line, unless
+    errors='replace' (bad bytes become U+FFFD)."""
+    try:
+        return raw.decode("utf-8", errors).rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
+                         "fix the file or use errors='replace' (--errors replace)") from None
+
+
 # -----------------------------------------------------------------------------
 # 4. Vocabularies (XLM data/dictionary.py, fastBPE getvocab) and the three regimes of paper §4.2
-
-
-def _sorted_by_count(counts):
-    """fastBPE getvocab order: count descending, ties alphabetical. Counter -> (tokens, counts)."""
-    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    return [t for t, _ in items], [c for _, c in items]
 
 
 class Vocab:
@@ -397,10 +355,10 @@ class Vocab:
 
     def __init__(self, tokens, counts=None):
         tokens = list(tokens)
-        if counts is not None and len(counts) != len(tokens):
+        counts = [0] * len(tokens) if counts is None else list(counts)
+        if len(counts) != len(tokens):
             raise ValueError(f"Vocab: {len(tokens)} tokens but {len(counts)} counts")
-        self.tokens = SPECIALS + tokens
-        self.counts = [0] * N_SPECIAL + (list(counts) if counts is not None else [0] * len(tokens))
+        self.tokens, self.counts = SPECIALS + tokens, [0] * N_SPECIAL + counts
         self.index = {}
         for i, t in enumerate(self.tokens):
             if not t or SPACE_RE.search(t):
@@ -420,46 +378,11 @@ class Vocab:
 
     def save(self, path):
         """fastBPE/XLM form: 'token count' per line, specials not written (XLM adds them itself)."""
-        _atomic_write_text(path, "".join(f"{t} {c}\n" for t, c in
-                                         zip(self.tokens[N_SPECIAL:], self.counts[N_SPECIAL:])))
-
-    @classmethod
-    def load(cls, path):
-        tokens, counts = [], []
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                parts = line.rstrip("\r\n").split(" ")
-                if len(parts) != 2 or not parts[0] or not parts[1].isdigit():
-                    raise ValueError(f"{path}:{n}: expected 'token count', got {line.rstrip()!r}")
-                if parts[0] in SPECIALS:
-                    raise ValueError(f"{path}:{n}: special token {parts[0]} must not be in the file")
-                tokens.append(parts[0])
-                counts.append(int(parts[1]))
-        return cls(tokens, counts)
+        with _atomic_open(path) as f:
+            f.writelines(f"{t} {c}\n" for t, c in zip(self.tokens[N_SPECIAL:], self.counts[N_SPECIAL:]))
 
 
 MODES = ("joint", "separate", "prefixed")
-
-
-def mark(piece, lang):
-    """The `prefixed` regime's language marking: 'hel@@' in en -> 'en:hel@@'. Every token of a
-    language starts with '<lang>:', so two languages can never share a token (only the specials);
-    the '@@' continuation marker stays at the end."""
-    return f"{lang}:{piece}"
-
-
-def _read_lines(path, max_lines=None, errors="strict"):
-    """Stream the lines of a UTF-8 file (no '\\n'); a line that is not UTF-8 raises ValueError with
-    file and line unless errors='replace' (then bad bytes become U+FFFD)."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            if max_lines is not None and n > max_lines:
-                return
-            try:
-                yield raw.decode("utf-8", errors).rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
-                                 "fix the file or use errors='replace' (--errors replace)") from None
 
 
 class Tokenizer:
@@ -479,15 +402,10 @@ class Tokenizer:
     def __init__(self, langs, mode, bpes, vocabs, lowercase=False, separate_vocab=False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self.langs = list(langs)
-        self.mode = mode
+        self.langs, self.mode, self.lowercase, self.separate_vocab = list(langs), mode, lowercase, separate_vocab
         self.bpes = bpes  # lang -> BPE (the same object for every language in joint mode)
         self.vocabs = vocabs  # lang -> Vocab (the same object unless separate_vocab)
-        self.lowercase = lowercase
-        self.separate_vocab = separate_vocab
         self.anchors = None  # set of tokens seen in more than one language; known after build() only
-
-    # --- building --------------------------------------------------------------------------------
 
     @classmethod
     def build(cls, train_files, mode="joint", num_merges=80000, separate_vocab=False,
@@ -500,17 +418,15 @@ class Tokenizer:
         down-sampled without replacement, seeded, so no language dominates the merges. Vocabulary
         counts come from ALL lines (up to max_lines) segmented with the learned codes.
         """
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        langs = list(train_files)
+        tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
+        langs = tok.langs
         if not langs:
             raise ValueError("Tokenizer.build: no training files")
         counts, n_lines = {}, {}
         for lang in langs:
             c, n = Counter(), 0
-            for line in _read_lines(train_files[lang], max_lines):
-                n += 1
-                c.update(pretokenize(lowercase_and_strip_accents(line) if lowercase else line, lang))
+            for n, line in enumerate(_read_lines(train_files[lang], max_lines), 1):
+                c.update(tok.words(line, lang))
             if not c:
                 raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
             counts[lang], n_lines[lang] = c, n
@@ -522,49 +438,43 @@ class Tokenizer:
                 if n_lines[lang] == n_min:
                     learn_counts.update(counts[lang])
                     continue
-                rng = np.random.default_rng([seed, k])
                 keep = np.zeros(n_lines[lang], dtype=bool)
-                keep[rng.choice(n_lines[lang], n_min, replace=False)] = True
+                keep[np.random.default_rng([seed, k]).choice(n_lines[lang], n_min, replace=False)] = True
                 for n, line in enumerate(_read_lines(train_files[lang], max_lines)):
                     if keep[n]:
-                        learn_counts.update(pretokenize(
-                            lowercase_and_strip_accents(line) if lowercase else line, lang))
+                        learn_counts.update(tok.words(line, lang))
             if verbose:
                 print(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
-            shared = BPE(learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose))
-            bpes = {lang: shared for lang in langs}
+            tok.bpes = dict.fromkeys(langs, BPE(learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)))
         else:
-            bpes = {}
             for lang in langs:
                 if verbose:
                     print(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
-                bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
+                tok.bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
 
-        # token counts per language = the pieces of every word times the word's count
-        token_counts = {}
+        # token counts per language = the pieces of every word times the word's count; a vocabulary
+        # is in fastBPE getvocab order (count descending, ties alphabetical)
+        token_counts = {lang: Counter() for lang in langs}
         for lang in langs:
-            tc = Counter()
             for word, c in counts[lang].items():
-                for piece in bpes[lang].apply_words([word]):
-                    tc[mark(piece, lang) if mode == "prefixed" else piece] += c
-            token_counts[lang] = tc
+                for piece in tok.pieces([word], lang):
+                    token_counts[lang][piece] += c
+
+        def vocab(tc):
+            items = sorted(tc.items(), key=lambda kv: (-kv[1], kv[0]))
+            return Vocab([t for t, _ in items], [c for _, c in items])
+
         if separate_vocab:
-            vocabs = {lang: Vocab(*_sorted_by_count(token_counts[lang])) for lang in langs}
+            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in langs}
         else:
-            total = Counter()
-            for lang in langs:
-                total.update(token_counts[lang])
-            union = Vocab(*_sorted_by_count(total))
-            vocabs = {lang: union for lang in langs}
-        tok = cls(langs, mode, bpes, vocabs, lowercase, separate_vocab)
-        tok.anchors = anchor_tokens(token_counts)
+            tok.vocabs = dict.fromkeys(langs, vocab(sum(token_counts.values(), Counter())))
+        seen = Counter(t for tc in token_counts.values() for t in tc)
+        tok.anchors = {t for t, n in seen.items() if n > 1}  # identical strings; prefixed gives none
         if verbose:
             sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in langs)
             print(f"vocabulary ({mode}{', separate ids' if separate_vocab else ''}): {sizes}; "
                   f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
         return tok
-
-    # --- text -> tokens -> ids --------------------------------------------------------------------
 
     def vocab(self, lang):
         return self.vocabs[lang]
@@ -574,16 +484,13 @@ class Tokenizer:
 
     def words(self, line, lang):
         """Pretokenised (and, if the run lowercases, lowercased) words of a raw line."""
-        if self.lowercase:
-            line = lowercase_and_strip_accents(line)
-        return pretokenize(line, lang)
+        return pretokenize(lowercase_and_strip_accents(line) if self.lowercase else line, lang)
 
     def pieces(self, words, lang):
-        """Words -> vocabulary tokens (BPE pieces with '@@', language-marked in the prefixed regime)."""
+        """Words -> vocabulary tokens: BPE pieces with '@@'; in the prefixed regime marked with the
+        language ('hel@@' in en -> 'en:hel@@'), so two languages never share a token but the specials."""
         pieces = self.bpes[lang].apply_words(words)
-        if self.mode == "prefixed":
-            return [mark(p, lang) for p in pieces]
-        return pieces
+        return [f"{lang}:{p}" for p in pieces] if self.mode == "prefixed" else pieces
 
     def tokenize(self, line, lang):
         """'Hello, world!' -> ['Hel@@', 'lo', ',', 'world', '!'] (prefixed: ['en:Hel@@', ...])."""
@@ -598,57 +505,33 @@ class Tokenizer:
         """Already-split words -> ids per word (finetune.py labels the first piece of each word). A word
         is pretokenised too (it may hold punctuation), so its ids are exactly those encode() gives it
         in context; a word that yields no piece gets [UNK_ID]."""
-        index = self.vocabs[lang].index
-        out = []
-        for word in words:
-            ids = [index.get(p, UNK_ID) for p in self.tokenize(word, lang)]
-            out.append(ids or [UNK_ID])
-        return out
+        return [self.encode(word, lang) or [UNK_ID] for word in words]
 
     def decode(self, ids, lang):
         """ids -> text: tokens joined by spaces, language marks and '@@ ' removed. Special ids are
         dropped except <unk>, written as '<unk>'."""
-        vocab = self.vocabs[lang]
         toks = []
-        for i in ids:
-            i = int(i)
-            if i == UNK_ID:
+        for i in map(int, ids):
+            if i >= N_SPECIAL:
+                t = self.vocabs[lang].token(i)
+                toks.append(t.split(":", 1)[1] if self.mode == "prefixed" else t)
+            elif i == UNK_ID:
                 toks.append("<unk>")
-            elif i >= N_SPECIAL:
-                t = vocab.token(i)
-                if self.mode == "prefixed":
-                    t = t.split(":", 1)[1]
-                toks.append(t)
         return BPE.decode(" ".join(toks))
 
-    # --- serialisation (plain types only: loadable with torch.load(weights_only=True)) ------------
-
     def to_dict(self):
-        bpe_list, bpe_of = [], {}
-        vocab_list, vocab_of = [], {}
-        for lang in self.langs:
-            b, v = self.bpes[lang], self.vocabs[lang]
-            ib = next((k for k, x in enumerate(bpe_list) if x is b), None)
-            if ib is None:
-                ib = len(bpe_list)
-                bpe_list.append(b)
-            iv = next((k for k, x in enumerate(vocab_list) if x is v), None)
-            if iv is None:
-                iv = len(vocab_list)
-                vocab_list.append(v)
-            bpe_of[lang], vocab_of[lang] = ib, iv
-        return {
-            "format": "bpe.Tokenizer/1",
-            "langs": list(self.langs),
-            "mode": self.mode,
-            "lowercase": bool(self.lowercase),
-            "separate_vocab": bool(self.separate_vocab),
-            "bpes": [[[a, b_] for a, b_ in b.merges] for b in bpe_list],
-            "bpe_of": bpe_of,
-            "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]}
-                       for v in vocab_list],
-            "vocab_of": vocab_of,
-        }
+        """Plain types only (loadable with torch.load(weights_only=True)); a BPE or Vocab that several
+        languages share is stored once."""
+        def once(objs):  # the distinct objects in language order, and lang -> index among them
+            distinct = list({id(objs[l]): objs[l] for l in self.langs}.values())
+            return distinct, {l: [id(o) for o in distinct].index(id(objs[l])) for l in self.langs}
+
+        (bpes, bpe_of), (vocabs, vocab_of) = once(self.bpes), once(self.vocabs)
+        return {"format": "bpe.Tokenizer/1", "langs": list(self.langs), "mode": self.mode,
+                "lowercase": bool(self.lowercase), "separate_vocab": bool(self.separate_vocab),
+                "bpes": [[list(m) for m in b.merges] for b in bpes], "bpe_of": bpe_of,
+                "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]} for v in vocabs],
+                "vocab_of": vocab_of}
 
     @classmethod
     def from_dict(cls, d):
@@ -660,7 +543,8 @@ class Tokenizer:
                    d.get("lowercase", False), d.get("separate_vocab", False))
 
     def save(self, path):
-        _atomic_write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
+        with _atomic_open(path) as f:
+            f.write(json.dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
     def load(cls, path):
@@ -681,15 +565,6 @@ class Tokenizer:
         except (ValueError, TypeError, IndexError) as e:
             reason = str(e)
         raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})")
-
-
-def anchor_tokens(token_counts):
-    """Tokens that occur in the text of more than one language: {lang: Counter} -> set. In the joint
-    and separate regimes these identical strings are the anchor points; prefixed gives none."""
-    seen = Counter()
-    for tc in token_counts.values():
-        seen.update(set(tc))
-    return {t for t, n in seen.items() if n > 1}
 
 
 # -----------------------------------------------------------------------------
@@ -735,33 +610,23 @@ def read_dictionary(path):
     return d
 
 
-def _lookup(word, dictionary):
-    """Exact match first, then the lowercased word (MUSE dictionaries are lowercase); a Titlecase word
-    gets Titlecase translations. Returns (translations, weights or None) or (None, None)."""
-    for key, fix in ((word, str), (word.lower(), str.capitalize if word[:1].isupper() else str)):
-        if key in dictionary:
-            weights = getattr(dictionary, "weights", None)
-            weights = weights.get(key) if weights else None
-            return [fix(t) for t in dictionary[key]], weights
-        if key == word.lower():
-            break
-    return None, None
-
-
 def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
     """Replace dictionary words by a translation: extra anchor points (paper §4.2).
 
-    Every word found in `dictionary` is picked with probability p; if more than max_frac of all the
-    words were picked, a random subset of floor(max_frac * len(words)) of them is kept. Each kept
-    word becomes one of its translations, uniformly or by the dictionary's weight column.
+    Every word found in `dictionary` (exactly, else lowercased: MUSE dictionaries are lowercase, and a
+    Titlecase word then gets a Titlecase translation) is picked with probability p; if more than
+    max_frac of all the words were picked, a random subset of floor(max_frac * len(words)) of them is
+    kept. Each kept word becomes one of its translations, uniformly or by the dictionary's weights.
     `rng` is a random.Random or a numpy Generator (only rng.random() is used).
     Example: ['the', 'cat', 'sleeps'], {'cat': ['chat']}, p=1, max_frac=1 -> ['the', 'chat', 'sleeps'].
     """
+    weights = getattr(dictionary, "weights", None) or {}
     picked = []  # (position, translations, weights)
     for i, word in enumerate(words):
-        tr, wt = _lookup(word, dictionary)
-        if tr is not None and rng.random() < p:
-            picked.append((i, tr, wt))
+        key = word if word in dictionary else word.lower()
+        if key in dictionary and rng.random() < p:
+            fix = str.capitalize if key != word and word[:1].isupper() else str
+            picked.append((i, [fix(t) for t in dictionary[key]], weights.get(key)))
     cap = int(max_frac * len(words))
     if len(picked) > cap:
         order = sorted(range(len(picked)), key=lambda k: rng.random())
@@ -775,8 +640,6 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
         out[i] = tr[min(k, len(tr) - 1)]
     return out
 
-
-_code_switch = code_switch  # binarize() has an argument of the same name
 
 # -----------------------------------------------------------------------------
 # 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
@@ -798,18 +661,12 @@ def _encode_chunk(chunk):
     index = tok.vocab(lang).index
     ids = []
     for n, raw in enumerate(raw_lines, start):
-        try:
-            line = raw.decode("utf-8", s["errors"]).rstrip("\r\n")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{s['path']}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
-                             "fix the file or use errors='replace' (--errors replace)") from None
-        words = tok.words(line, lang)
+        words = tok.words(_decode(raw, s["path"], n, s["errors"]), lang)
         if cs is None:
             pieces = tok.pieces(words, lang)
         else:
             # the rng depends only on (seed, line number): the output is the same for any --workers
-            switched = _code_switch(words, cs, random.Random(s["seed"] * 1_000_003 + n),
-                                    s["p"], s["max_frac"])
+            switched = code_switch(words, cs, random.Random(s["seed"] * 1_000_003 + n), s["p"], s["max_frac"])
             pieces = []
             for w, w2 in zip(words, switched):
                 pieces += tok.pieces([w2], lang if w2 == w else s["cs_lang"])
@@ -819,15 +676,13 @@ def _encode_chunk(chunk):
 
 
 def _chunks(path):
+    """(number of the first line, [raw lines]) for every CHUNK_LINES lines of the file."""
     with open(path, "rb") as f:
-        start, buf = 1, []
-        for raw in f:
-            buf.append(raw)
-            if len(buf) == CHUNK_LINES:
-                yield start, buf
-                start, buf = start + len(buf), []
-        if buf:
-            yield start, buf
+        for start in itertools.count(1, CHUNK_LINES):
+            chunk = list(itertools.islice(f, CHUNK_LINES))
+            if not chunk:
+                return
+            yield start, chunk
 
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_lang=None,
@@ -837,12 +692,10 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
     "vocab_size","lang"}. Streams the file in chunks (memory ~ one chunk per worker); `workers` > 1
     encodes chunks in a process pool, in order. Both files are written atomically.
 
-    code_switch: a bilingual dictionary (read_dictionary) to code-switch the text before BPE (paper
-    §4.2 extra anchors, README decision D11): words are replaced with code_switch(words, dictionary, rng, p,
-    max_frac), rng seeded per line. A replaced word is segmented with the BPE of `cs_lang` (default:
-    the other language of a two-language tokenizer) but looked up in `lang`'s vocabulary, so this needs
-    one shared id space (separate_vocab=False).
-    An empty line gives just </s>. Text can never produce a special id (pretokenize splits '<s>').
+    code_switch: a bilingual dictionary (read_dictionary) to code-switch the text with before BPE
+    (paper §4.2 extra anchors, README decision D11), rng seeded per line. A replaced word is segmented
+    with the BPE of `cs_lang` (default: the other language of a two-language tokenizer) but looked up
+    in `lang`'s vocabulary, so this needs one shared id space (separate_vocab=False).
     """
     if lang not in tok.langs:
         raise ValueError(f"language {lang!r} is not one of the tokenizer's {tok.langs}")
@@ -863,7 +716,6 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
     n_tokens = n_sentences = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose)
-    tmp = out_prefix + ".bin.tmp"
     pool = None
     try:
         if workers > 1:
@@ -873,28 +725,23 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
         else:
             _init_worker(tok, lang, opts)
             results = map(_encode_chunk, _chunks(text_path))
-        with open(tmp, "wb") as f:
+        with _atomic_open(out_prefix + ".bin", "wb") as f:
             for ids, n_lines, n_bytes in results:
                 f.write(ids.astype(dtype).tobytes())
                 n_tokens += len(ids)
                 n_sentences += n_lines
                 bar.update(n_bytes)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+            if n_sentences == 0:
+                raise ValueError(f"{text_path}: empty corpus (no lines)")
     finally:
         bar.close()
         _WORKER.clear()
         if pool is not None:
             pool.terminate()
-    if n_sentences == 0:
-        os.remove(tmp)
-        raise ValueError(f"{text_path}: empty corpus (no lines)")
     meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
             "vocab_size": vocab_size, "lang": lang}
-    os.replace(tmp, out_prefix + ".bin")
-    _atomic_write_text(out_prefix + ".json", json.dumps(meta) + "\n")
+    with _atomic_open(out_prefix + ".json") as f:
+        f.write(json.dumps(meta) + "\n")
     return meta
 
 
@@ -914,9 +761,9 @@ def load_bin(out_prefix):
 
 
 def atomic_write(path, write):
-    """Write `path` through `path.tmp` + rename, so a crash or a kill leaves the old file or the new one,
-    never half of one; write(tmp) writes the temp file. A failed write (disk full, ...) removes the temp
-    file, leaves the old `path` intact and stops the program with one line."""
+    """Write `path` through `path.tmp` + rename (write(tmp) writes the temp file), so a crash or a kill
+    leaves the old file or the new one, never half of one. A failed write (disk full, ...) removes the
+    temp file, leaves the old `path` intact and stops the program with one line."""
     tmp = str(path) + ".tmp"
     try:
         write(tmp)
@@ -925,10 +772,9 @@ def atomic_write(path, write):
         for t in (tmp, tmp + ".tmp"):  # model.save_model and Tokenizer.save write their own temp file first
             if os.path.exists(t):
                 os.remove(t)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            raise SystemExit(f"error: no space left writing {path}") from None
         if isinstance(e, OSError):
-            raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
+            raise SystemExit(f"error: no space left writing {path}" if e.errno == errno.ENOSPC else
+                             f"error: cannot write {path}: {e.strerror or e}") from None
         if isinstance(e, RuntimeError) and "unexpected pos" in str(e):  # torch.save's zip writer: a short write
             free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
             raise SystemExit(f"error: no space left writing {path}? (torch.save wrote less than asked; "
@@ -989,11 +835,6 @@ def find_text(data_dir, lang, split):
                      f"for language '{lang}'")
 
 
-def _fingerprint(path):
-    st = os.stat(path)
-    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
-
-
 def is_prepared(d, langs):
     """Does `d` hold tokenizer.json and {lang}.{train,dev}.bin for every language?"""
     return os.path.isfile(os.path.join(d, "tokenizer.json")) and all(
@@ -1007,7 +848,7 @@ def read_switch_dictionary(path, langs):
         forward = read_dictionary(path)
     except (OSError, ValueError) as e:  # read_dictionary names the file and line at fault
         raise SystemExit(f"error: --code-switch {e}")
-    backward = type(forward)()
+    backward = Dictionary()
     for src, tgts in forward.items():
         for t in tgts:
             backward.setdefault(t, []).append(src)
@@ -1050,12 +891,19 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         return data
     else:
         sources = {l: {s: find_text(data, l, s) for s in ("train", "dev")} for l in langs}
+
+    def fingerprint(path):
+        st = os.stat(path)
+        return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+
+    def digest(recipe):
+        return hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
               "lowercase": lowercase, "bpe_lines": max_lines, "seed": seed,
-              "code_switch": _fingerprint(code_switch) if code_switch else None,
-              "sources": {l: {s: _fingerprint(p) for s, p in v.items()} for l, v in sources.items()}}
-    key = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
-    out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{key}")
+              "code_switch": fingerprint(code_switch) if code_switch else None,
+              "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in sources.items()}}
+    out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest(recipe)}")
     done = os.path.join(out, "done")
     if not master:
         while not os.path.exists(done):
@@ -1066,8 +914,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         return out
     tok_recipe = {k: v for k, v in recipe.items() if k not in ("code_switch", "sources")}
     tok_recipe["train"] = {l: recipe["sources"][l]["train"] for l in langs}
-    tok_key = hashlib.sha1(json.dumps(tok_recipe, sort_keys=True).encode()).hexdigest()[:10]
-    tok_path = os.path.join(prep_dir, f"tokenizer-{tok_key}.json")
+    tok_path = os.path.join(prep_dir, f"tokenizer-{digest(tok_recipe)}.json")
     make_dir("--prep-dir", out)
     switch = read_switch_dictionary(code_switch, langs) if code_switch else {}
     try:
@@ -1097,126 +944,105 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
 # -----------------------------------------------------------------------------
 # Command line
 
+
 def main(argv=None):
-    def lang_of(path):
-        """'../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt' -> 'en'."""
-        return os.path.basename(path).split(".")[0]
-
-    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=fmt)
     sub = parser.add_subparsers(dest="cmd", required=True)
+    shared = {  # options of several commands
+        "--lang": dict(help="language for pretokenize (default: the file name up to the first '.', "
+                       "e.g. en.train.txt -> en)"),
+        "--pretokenized": dict(action="store_true", help="split lines on spaces only: the input is "
+                               "tokenised already and the output is exactly subword-nmt's"),
+        "--lowercase": dict(action="store_true", help="lowercase and strip accents (XLM-15)"),
+        "--max-lines": dict(type=int, help="learn BPE and the vocabulary from at most this many lines per file"),
+        "--min-freq": dict(type=int, default=2, help="stop BPE when the best pair is rarer"),
+        "--errors": dict(choices=["strict", "replace"], default="strict",
+                         help="undecodable bytes: stop with file:line, or replace by U+FFFD"),
+        "--mode": dict(choices=MODES, default="joint", help="vocabulary regime (paper §4.2): joint: one BPE "
+                       "and vocabulary; separate: per-language BPE, union vocabulary; prefixed: per-language "
+                       "BPE, language-marked tokens (no shared token but the specials)"),
+        "--separate-vocab": dict(action="store_true", help="one id space per language (separate embeddings)"),
+        "--seed": dict(type=int, default=0, help="seed of the joint-BPE line sampling and code-switching"),
+        "--workers": dict(type=int, default=1, help="encoding processes"),
+        "--code-switch": dict(metavar="DICT", help="MUSE dictionary: code-switch the (training) text first "
+                              "(extra anchors, paper §4.2)"),
+    }
 
-    p = sub.add_parser("learn", help="learn BPE codes (subword-nmt v0.2 format) from text files",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True, help="text files, one sentence per line; "
-                   "their word counts are summed")
-    p.add_argument("--output", required=True, help="codes file to write")
-    p.add_argument("--merges", type=int, default=10000, help="number of merges (paper: 80000 joint, "
-                   "40000 per language)")
-    p.add_argument("--min-freq", type=int, default=2, help="stop when the best pair is rarer")
-    p.add_argument("--lang", default=None, help="language for pretokenize (default: the file name "
-                   "up to the first '.', e.g. en.train.txt -> en)")
-    p.add_argument("--pretokenized", action="store_true", help="split lines on spaces only, as "
-                   "subword-nmt (input already tokenised)")
-    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    p.add_argument("--max-lines", type=int, default=None, help="read at most this many lines per file")
-    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
-                   help="undecodable bytes: stop with file:line, or replace by U+FFFD")
+    def command(name, help, *options):  # an option: a name in `shared`, or (name, add_argument's keywords)
+        p = sub.add_parser(name, help=help, formatter_class=fmt)
+        for o in options:
+            p.add_argument(o, **shared[o]) if isinstance(o, str) else p.add_argument(o[0], **o[1])
 
-    p = sub.add_parser("apply", help="apply BPE codes to a text file (subword-nmt or fastBPE codes)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--codes", required=True, help="codes file ('#version: 0.2' or fastBPE)")
-    p.add_argument("--input", required=True, help="text file")
-    p.add_argument("--output", required=True, help="BPE'd text file to write")
-    p.add_argument("--lang", default=None, help="language for pretokenize (default: from file name)")
-    p.add_argument("--pretokenized", action="store_true", help="input is tokenised already: output "
-                   "is then exactly subword-nmt apply-bpe's")
-    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
-                   help="undecodable bytes: stop with file:line, or replace by U+FFFD")
-
-    p = sub.add_parser("vocab", help="build a Tokenizer (BPE + vocabulary) in one of the three regimes",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--train", nargs="+", required=True, metavar="LANG=PATH",
-                   help="training text per language, e.g. en=en.train.txt fr=fr.train.txt")
-    p.add_argument("--mode", choices=MODES, default="joint", help="joint: one BPE and vocabulary; "
-                   "separate: per-language BPE, union vocabulary; prefixed: per-language BPE, "
-                   "language-marked tokens (no shared token but the specials)")
-    p.add_argument("--merges", type=int, default=80000, help="merges (joint) or merges per "
-                   "language (separate/prefixed); paper: 80000 / 40000")
-    p.add_argument("--separate-vocab", action="store_true", help="one id space per language "
-                   "(separate embeddings)")
-    p.add_argument("--min-freq", type=int, default=2, help="stop BPE when the best pair is rarer")
-    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    p.add_argument("--max-lines", type=int, default=None, help="read at most this many lines per file")
-    p.add_argument("--seed", type=int, default=0, help="seed of the joint-BPE line sampling")
-    p.add_argument("--out", required=True, help="directory for tokenizer.json, codes and vocab files")
-
-    p = sub.add_parser("binarize", help="text -> flat id file (.bin + .json) for pretrain.py",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--tokenizer", required=True, help="tokenizer.json written by `vocab`")
-    p.add_argument("--lang", required=True, help="language of the input text")
-    p.add_argument("--input", required=True, help="text file, one sentence per line")
-    p.add_argument("--out-prefix", required=True, help="writes OUT_PREFIX.bin and OUT_PREFIX.json")
-    p.add_argument("--workers", type=int, default=1, help="encoding processes")
-    p.add_argument("--code-switch", default=None, metavar="DICT", help="MUSE dictionary: code-switch "
-                   "the text first (extra anchors, paper §4.2)")
-    p.add_argument("--cs-lang", default=None, help="language of the translations (default: the other one)")
-    p.add_argument("--cs-p", type=float, default=0.3, help="replacement probability per dictionary word")
-    p.add_argument("--cs-max-frac", type=float, default=0.15, help="at most this fraction of a line's words")
-    p.add_argument("--seed", type=int, default=0, help="code-switching seed")
-    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
-                   help="undecodable bytes: stop with file:line, or replace by U+FFFD")
-
-    p = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py --data "
-                       "(code-switching included), cached under --out", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")
-    p.add_argument("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data")
-    p.add_argument("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
-    p.add_argument("--langs", default="en,fr", help="comma-separated languages")
-    p.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
-    p.add_argument("--merges", type=int, default=None, help="default: paper 80000 joint, 40000 per language")
-    p.add_argument("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
-    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    p.add_argument("--max-lines", type=int, default=None, help="learn BPE on at most this many lines per language")
-    p.add_argument("--seed", type=int, default=0, help="seed of the joint-BPE line sampling and code-switching")
-    p.add_argument("--code-switch", default=None, metavar="DICT", help="MUSE dictionary: code-switch the "
-                   "training text (extra anchors, paper §4.2)")
-    p.add_argument("--workers", type=int, default=1, help="encoding processes")
-    p.add_argument("--out", required=True, help="cache directory; the prepared directory inside it is printed")
+    command("learn", "learn BPE codes (subword-nmt v0.2 format) from text files",
+            ("--input", dict(nargs="+", required=True, help="text files (their word counts are summed)")),
+            ("--output", dict(required=True, help="codes file to write")),
+            ("--merges", dict(type=int, default=10000, help="number of merges (paper: 80000 joint, 40000 per language)")),
+            "--min-freq", "--lang", "--pretokenized", "--lowercase", "--max-lines", "--errors")
+    command("apply", "apply BPE codes to a text file (subword-nmt or fastBPE codes)",
+            ("--codes", dict(required=True, help="codes file ('#version: 0.2' or fastBPE)")),
+            ("--input", dict(required=True, help="text file")),
+            ("--output", dict(required=True, help="BPE'd text file to write")),
+            "--lang", "--pretokenized", "--lowercase", "--errors")
+    command("vocab", "build a Tokenizer (BPE + vocabulary) in one of the three regimes",
+            ("--train", dict(nargs="+", required=True, metavar="LANG=PATH",
+                             help="training text per language, e.g. en=en.train.txt fr=fr.train.txt")),
+            "--mode", ("--merges", dict(type=int, default=80000, help="merges (joint) or merges per language "
+                                        "(separate/prefixed); paper: 80000 / 40000")),
+            "--separate-vocab", "--min-freq", "--lowercase", "--max-lines", "--seed",
+            ("--out", dict(required=True, help="directory for tokenizer.json, codes and vocab files")))
+    command("binarize", "text -> flat id file (.bin + .json) for pretrain.py",
+            ("--tokenizer", dict(required=True, help="tokenizer.json written by `vocab`")),
+            ("--lang", dict(required=True, help="language of the input text")),
+            ("--input", dict(required=True, help="text file, one sentence per line")),
+            ("--out-prefix", dict(required=True, help="writes OUT_PREFIX.bin and OUT_PREFIX.json")),
+            "--workers", "--code-switch",
+            ("--cs-lang", dict(help="language of the translations (default: the other one)")),
+            ("--cs-p", dict(type=float, default=0.3, help="replacement probability per dictionary word")),
+            ("--cs-max-frac", dict(type=float, default=0.15, help="at most this fraction of a line's words")),
+            "--seed", "--errors")
+    command("prepare", "tokenizer + binarised train/dev splits for pretrain.py --data (code-switching "
+            "included), cached under --out",
+            ("--data", dict(help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")),
+            ("--train-files", dict(metavar="LANG=PATH,...", help="training text per language instead of --data")),
+            ("--dev-files", dict(metavar="LANG=PATH,...", help="dev text per language (with --train-files)")),
+            ("--langs", dict(default="en,fr", help="comma-separated languages")), "--mode",
+            ("--merges", dict(type=int, help="default: paper 80000 joint, 40000 per language")),
+            "--separate-vocab", "--lowercase", "--max-lines", "--seed", "--code-switch", "--workers",
+            ("--out", dict(required=True, help="cache directory; the prepared directory inside it is printed")))
 
     args = parser.parse_args(argv)
     # the user's mistakes are caught here, before any work, each as one line naming the flag
-    numbers = {"merges": 1, "min_freq": 1, "max_lines": 1, "workers": 1}  # flag: smallest value
-    for k, least in numbers.items():
-        if getattr(args, k, None) is not None and getattr(args, k) < least:
-            parser.error(f"--{k.replace('_', '-')} must be >= {least}, got {getattr(args, k)}")
+    for k in ("merges", "min_freq", "max_lines", "workers"):
+        if getattr(args, k, None) is not None and getattr(args, k) < 1:
+            parser.error(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
     for k in ("cs_p", "cs_max_frac"):
         if getattr(args, k, None) is not None and not 0 <= getattr(args, k) <= 1:
             parser.error(f"--{k.replace('_', '-')} must be in [0, 1], got {getattr(args, k)}")
-    inputs = [("--input", p) for p in getattr(args, "input", None) or []] if args.cmd == "learn" else [
+    inputs = [("--input", p) for p in args.input] if args.cmd == "learn" else [
         (f"--{k.replace('_', '-')}", getattr(args, k, None)) for k in ("codes", "tokenizer", "input", "code_switch")]
     for flag, path in inputs:
         if path is not None and not os.path.isfile(path):
             parser.error(f"{flag} {path}: no such file")
-    for flag, path in {"learn": [("--output", getattr(args, "output", None))],
-                       "apply": [("--output", getattr(args, "output", None))],
-                       "binarize": [("--out-prefix", getattr(args, "out_prefix", None))]}.get(args.cmd, []):
-        d = os.path.dirname(path) or "."
-        if not os.path.isdir(d):
-            parser.error(f"{flag} {path}: no directory {d}")
+    for flag, path in (("--output", getattr(args, "output", None)), ("--out-prefix", getattr(args, "out_prefix", None))):
+        if path is not None and not os.path.isdir(os.path.dirname(path) or "."):
+            parser.error(f"{flag} {path}: no directory {os.path.dirname(path) or '.'}")
+
+    def lines(path):  # learn and apply: the lines of a file, lowercased with --lowercase
+        for line in _read_lines(path, getattr(args, "max_lines", None), args.errors):
+            yield lowercase_and_strip_accents(line) if args.lowercase else line
+
+    def words(line, path):  # --lang, else the file name up to the first '.': 'data/en.train.txt' -> 'en'
+        if args.pretokenized:
+            return [w for w in line.strip("\r\n ").split(" ") if w]
+        return pretokenize(line, args.lang or os.path.basename(path).split(".")[0])
+
     try:
         if args.cmd == "learn":
             counts = Counter()
             for path in args.input:
-                lang = args.lang or lang_of(path)
-                for line in _read_lines(path, args.max_lines, args.errors):
-                    if args.lowercase:
-                        line = lowercase_and_strip_accents(line)
-                    if args.pretokenized:
-                        counts.update(w for w in line.strip("\r\n ").split(" ") if w)
-                    else:
-                        counts.update(pretokenize(line, lang))
+                for line in lines(path):
+                    counts.update(words(line, path))
             if not counts:
                 raise ValueError(f"empty corpus: no words in {' '.join(args.input)}")
             merges = learn_bpe(counts, args.merges, args.min_freq, verbose=True)
@@ -1224,25 +1050,14 @@ def main(argv=None):
             print(f"{len(merges)} merges from {len(counts)} distinct words -> {args.output}")
 
         elif args.cmd == "apply":
-            codes, lang = BPE.load(args.codes), args.lang or lang_of(args.input)
-            tmp = args.output + ".tmp"
-            try:
-                with open(tmp, "w", encoding="utf-8") as out:
-                    for line in tqdm(_read_lines(args.input, None, args.errors), desc="apply bpe"):
-                        if args.lowercase:
-                            line = lowercase_and_strip_accents(line)
-                        if args.pretokenized:
-                            # as subword-nmt: keep leading/trailing spaces of the line
-                            lead = line[: len(line) - len(line.lstrip(" "))]
-                            trail = line[len(line.rstrip(" ")):] if line.strip(" ") else ""
-                            out.write(lead + codes.apply(line) + trail + "\n")
-                        else:
-                            out.write(" ".join(codes.apply_words(pretokenize(line, lang))) + "\n")
-                os.replace(tmp, args.output)
-            except BaseException:  # no half-written output left behind (bad line, disk full, Ctrl-C)
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-                raise
+            codes = BPE.load(args.codes)
+            with _atomic_open(args.output) as out:  # no half-written output (bad line, disk full, Ctrl-C)
+                for line in tqdm(lines(args.input), desc="apply bpe"):
+                    text = " ".join(codes.apply_words(words(line, args.input)))
+                    if args.pretokenized:  # as subword-nmt: keep the leading/trailing spaces of the line
+                        lead = line[: len(line) - len(line.lstrip(" "))]
+                        text = lead + text + (line[len(line.rstrip(" ")):] if line.strip(" ") else "")
+                    out.write(text + "\n")
 
         elif args.cmd == "vocab":
             files = parse_lang_files("--train", args.train)
@@ -1266,9 +1081,9 @@ def main(argv=None):
                 raise ValueError("give --data, or --train-files with --dev-files")
             files = None
             if args.train_files:
-                both = [parse_lang_files(f, v, langs) for f, v in (("--train-files", args.train_files),
-                                                                   ("--dev-files", args.dev_files))]
-                files = {l: {"train": both[0][l], "dev": both[1][l]} for l in langs}
+                train, dev = (parse_lang_files(f, v, langs) for f, v in (("--train-files", args.train_files),
+                                                                         ("--dev-files", args.dev_files)))
+                files = {l: {"train": train[l], "dev": dev[l]} for l in langs}
             if args.code_switch and (args.separate_vocab or len(langs) != 2):
                 raise ValueError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
             check_inputs(langs, args.data, files, args.code_switch)
