@@ -5,19 +5,6 @@ Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language 
 §3 (the XLM set-up: BPE over the union of the languages) and §4.2 (anchor points: a joint vocabulary,
 language-specific vocabularies with and without shared strings, and code-switching as extra anchors).
 
-What is in here, in reading order:
-  1. pretokenize        Unicode-aware word/punctuation split (the stand-in for Moses; one Han char per
-                        token for zh, the stand-in for a Chinese word segmenter)
-  2. learn_bpe_simple   Sennrich et al. (2016) BPE as the paper states it (count pairs, merge the best,
-                        repeat), merge for merge identical to subword-nmt 0.3.8 `learn-bpe` (codes v0.2)
-     learn_bpe          the same merges, incremental: pair counts + pair -> words index + a max-heap
-  3. BPE                apply merges (== subword-nmt `apply-bpe`); subword-nmt and fastBPE codes files
-  4. Vocab, Tokenizer   XLM's dictionary layout (14 special tokens first) and the three regimes of §4.2:
-                        joint / separate / prefixed
-  5. code_switch        dictionary-based word replacement (extra anchors, §4.2)
-  6. binarize           text -> ids -> one flat uint16/uint32 file per language and split (streaming)
-  7. prepare            tokenizer + binarised train/dev splits for pretrain.py, cached; the CLI last
-
 Run:
   python bpe.py learn --input ../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt --merges 10000 --output en.codes
   python bpe.py apply --codes en.codes --input en.txt --output en.bpe
@@ -60,9 +47,8 @@ SEP = "@@"  # continuation marker written after every non-final piece of a word
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenisation
 
-# Whitespace = everything str.isspace() calls whitespace (Unicode White_Space plus \x1c-\x1f).
-# A word never contains one of these, which is also what keeps learn_bpe equal to subword-nmt
-# (subword-nmt's regex merge misbehaves on symbols that contain non-space whitespace).
+# Whitespace = what str.isspace() calls whitespace. A word never contains any, which also keeps learn_bpe
+# equal to subword-nmt (its regex merge misbehaves on symbols that contain non-space whitespace).
 _SPACE = r"\s\x1c-\x1f"
 _TOKEN = (
     r"\p{N}+(?:[.,]\p{N}+)+"  # a number with separators: 1,000.50 stays one token
@@ -70,23 +56,20 @@ _TOKEN = (
     rf"|(?![{_SPACE}])\X"  # anything else, one grapheme at a time: punctuation, symbols, emoji
 )
 TOKEN_RE = regex.compile(_TOKEN)
-# zh: every Han character is its own token (the stand-in for the Stanford segmenter); letters of
-# other scripts still group into words.
+# zh: every Han character is a token (the stand-in for the Stanford segmenter); other letters form words
 TOKEN_RE_ZH = regex.compile(r"(?V1)\p{Han}|" + _TOKEN.replace(r"[\p{L}\p{M}\p{N}]", r"[[\p{L}\p{M}\p{N}]--\p{Han}]"))
 SPACE_RE = regex.compile(rf"[{_SPACE}]")
 
 
 def lowercase_and_strip_accents(text):
-    """XLM-15 normalisation (XLM tools/lowercase_and_remove_accent.py): 'Été à Noël' -> 'ete a noel'.
-    Off by default (README decision D5)."""
+    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py); off by default (D5)."""
     text = unicodedata.normalize("NFD", text.lower())
     return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
 
 
 def pretokenize(line, lang):
-    """Split a raw line into words and punctuation: 'Hello, world!' -> ['Hello', ',', 'world', '!'];
-    zh: '我们2020年' -> ['我', '们', '2020', '年']. A literal '<s>' in the text becomes '<', 's', '>', so
-    text can never produce a special id."""
+    """'Hello, world!' -> ['Hello', ',', 'world', '!']; zh: '我们2020年' -> ['我', '们', '2020', '年'].
+    The stand-in for Moses; '<s>' in the text becomes '<', 's', '>', never a special token."""
     return (TOKEN_RE_ZH if lang == "zh" else TOKEN_RE).findall(line)
 
 
@@ -97,10 +80,8 @@ def pretokenize(line, lang):
 def learn_bpe_simple(word_counts, num_merges, min_freq=2):
     """BPE as Sennrich et al. (2016) state it: count every adjacent pair (weighted by word count), merge
     the most frequent one everywhere, repeat until the best count is below `min_freq`. A word starts as
-    its characters, the last one carrying '</w>' ('low' -> l o w</w>); ties go to the largest pair, as
-    subword-nmt's max over (count, pair). Returns [(left, right), ...].
-
-    Example (Sennrich et al. 2016, Fig. 1): {'low': 5, 'lower': 2, 'newest': 6, 'widest': 3}
+    its characters, the last one carrying '</w>'; ties go to the largest pair (subword-nmt's max over
+    (count, pair)). Example (Sennrich et al. 2016, Fig. 1): {'low': 5, 'lower': 2, 'newest': 6, 'widest': 3}
       step 1: (e,s) and (s,t</w>) tie at 9; 's' > 'e', so ('s', 't</w>')  -> n e w e st</w>, w i d e st</w>
       step 2: (e,st</w>) = 9                                             -> n e w est</w>, w i d est</w>
       step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2)        -> lo w</w>, lo w e r</w>
@@ -138,39 +119,31 @@ def merge_pair(symbols, a, b):
 
 
 def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
-    """Same merges as learn_bpe_simple, faster: each merge only touches the words that contain the pair
-    (tests/test_bpe.py checks that the two agree). Recounting every pair costs O(merges x corpus).
-
-    `stats` pair -> count, `where` pair -> ids of the words that may contain it, and a heap of
-    (-count, key(left), key(right), pair) with lazy deletion: an entry whose count is out of date is
-    re-pushed with the current count when it reaches the top. Counts only ever increase through a
-    push, so the top entry, once current, is the true maximum.
-    """
+    """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the pair.
+    `stats` pair -> count, `where` pair -> ids of the words that may contain it, and a heap of (-count,
+    key(left), key(right), pair) with lazy deletion: an out-of-date entry is re-pushed with its current
+    count when it reaches the top; counts only grow through a push, so a current top is the maximum."""
     if num_merges <= 0:
         raise ValueError(f"num_merges must be > 0, got {num_merges}")
     if min_freq < 1:
         raise ValueError(f"min_freq must be >= 1, got {min_freq}")
-    words, freqs = [], []  # words[j]: list of symbols; freqs[j]: its count
-    for w, f in word_counts.items():
+    for w in word_counts:
         if not w:
             raise ValueError("learn_bpe: the empty string is not a word")
         if SPACE_RE.search(w):
             raise ValueError(f"learn_bpe: word {w!r} contains whitespace; split it first (pretokenize)")
-        if f > 0:
-            words.append(list(w[:-1]) + [w[-1] + EOW])
-            freqs.append(int(f))
+    words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
+    freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
 
-    stats = defaultdict(int)  # (str, str) -> count
-    where = defaultdict(set)  # (str, str) -> word ids that contain (or once contained) the pair
+    stats, where = defaultdict(int), defaultdict(set)
     for j, (w, f) in enumerate(zip(words, freqs)):
         for pair in zip(w, w[1:]):
             stats[pair] += f
             where[pair].add(j)
-    # heapq is a min-heap and ties go to the largest pair, so key() sorts strings in reverse: negated
-    # code points, then 1 (bigger than any of them) so that a prefix sorts last, not first:
-    # 'b' -> (-98, 1), 'ab' -> (-97, -98, 1), 'a' -> (-97, 1), so key('b') < key('ab') < key('a')
+    # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix last
+    # (negated code points, then 1): key('b') = (-98, 1) < key('ab') = (-97, -98, 1) < key('a') = (-97, 1)
     key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
     heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
     heapq.heapify(heap)
@@ -193,34 +166,28 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         ab = a + b
         grown = set()  # pairs whose count went up: pushed once, after all words are updated
         for j in where.pop(pair):
-            w, f = words[j], freqs[j]
-            n = len(w)
-            # Merge as merge_pair does and move the counts of the neighbour pairs: x a b y -> x ab y
-            # turns (x, a) into (x, ab) and (b, y) into (ab, y). Two merges in a row (a b a b -> ab ab)
-            # turn (b, a) into (ab, ab): the second merge does that through its left neighbour, so the
-            # first skips its right one.
-            new, i = [], 0
+            # merge_pair, moving the neighbour pairs' counts: x a b y -> x ab y turns (x, a) into (x, ab) and
+            # (b, y) into (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
+            w, f, n = words[j], freqs[j], len(words[j])
+            new, moved, i = [], [], 0
             while i < n:
                 if w[i] == a and i + 1 < n and w[i + 1] == b:
                     if new:
                         stats[w[i - 1], a] -= f
-                        p = (new[-1], ab)
-                        stats[p] += f
-                        where[p].add(j)
-                        grown.add(p)
+                        moved.append((new[-1], ab))
                     if i + 2 < n and not (w[i + 2] == a and i + 3 < n and w[i + 3] == b):
-                        y = w[i + 2]
-                        stats[b, y] -= f
-                        p = (ab, y)
-                        stats[p] += f
-                        where[p].add(j)
-                        grown.add(p)
+                        stats[b, w[i + 2]] -= f
+                        moved.append((ab, w[i + 2]))
                     new.append(ab)
                     i += 2
                 else:
                     new.append(w[i])
                     i += 1
             words[j] = new  # unchanged when the index entry was stale (the pair has gone from the word)
+            for p in moved:
+                stats[p] += f
+                where[p].add(j)
+            grown.update(moved)
         del stats[pair]
         for p in grown:
             heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
@@ -245,9 +212,7 @@ class BPE:
         self.cache = {}  # word -> tuple of pieces (without @@)
 
     def segment(self, word):
-        """'lowest' -> ['lo', 'west'] (no '@@'): from characters (the last one + '</w>'), merge the
-        adjacent pair of lowest rank everywhere, until no pair is a merge. A one-character word stays
-        as it is (so does subword-nmt)."""
+        """'lowest' -> ['lo', 'west']: from characters (the last + '</w>'), merge the lowest-rank pair."""
         if word not in self.cache:
             w = list(word[:-1]) + [word[-1] + EOW] if word else []
             while len(w) > 1:
@@ -272,24 +237,16 @@ class BPE:
         return out
 
     def apply(self, line):
-        """A whitespace-tokenised line -> the string subword-nmt apply-bpe writes: the line is stripped
-        of '\\r\\n ' and split on single spaces (a tab stays inside a word). 'the lowest' -> 'the lo@@ west'."""
+        """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words are split on ' ' only."""
         return " ".join(self.apply_words([w for w in line.strip("\r\n ").split(" ") if w]))
 
-    @staticmethod
-    def decode(text):
-        """Undo apply: remove '@@ ' (and a trailing '@@'), as XLM's restore_segmentation."""
-        return regex.sub(r"@@ |@@ ?$", "", text)
-
     def save(self, path):
-        """subword-nmt codes: '#version: 0.2', then one 'left right' per line."""
         with _atomic_open(path) as f:
             f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
 
     @classmethod
     def load(cls, path):
-        """Read subword-nmt v0.2 codes ('#version: 0.2' header, 'left right' lines) or fastBPE codes
-        ('left right count' lines, no header). Anything else raises ValueError naming file and line."""
+        """subword-nmt v0.2 codes ('#version: 0.2', then 'left right') or fastBPE's ('left right count')."""
         try:
             with open(path, encoding="utf-8") as f:
                 lines = f.read().rstrip("\n").split("\n")
@@ -315,8 +272,7 @@ class BPE:
 
 @contextlib.contextmanager
 def _atomic_open(path, mode="w"):
-    """Open path.tmp, renamed to `path` at the end; a failed write (disk full, a bad input line,
-    Ctrl-C) removes the temp file and leaves `path` as it was."""
+    """Write path.tmp, renamed to `path` at the end; on any error (disk full, Ctrl-C) the temp file goes."""
     tmp = path + ".tmp"
     try:
         with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
@@ -329,20 +285,14 @@ def _atomic_open(path, mode="w"):
 
 
 def _read_lines(path, max_lines=None, errors="strict"):
-    """Stream the lines of a UTF-8 file (no '\\n'); at most max_lines of them."""
+    """The first max_lines lines of a UTF-8 file; bad bytes raise (naming file:line) or become U+FFFD."""
     with open(path, "rb") as f:
         for n, raw in enumerate(itertools.islice(f, max_lines), 1):
-            yield _decode(raw, path, n, errors)
-
-
-def _decode(raw, path, n, errors="strict"):
-    """Line n of `path`, bytes -> str; not UTF-8 raises ValueError naming file and line, unless
-    errors='replace' (bad bytes become U+FFFD)."""
-    try:
-        return raw.decode("utf-8", errors).rstrip("\r\n")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
-                         "fix the file or use errors='replace' (--errors replace)") from None
+            try:
+                yield raw.decode("utf-8", errors).rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
+                                 "fix the file or use errors='replace' (--errors replace)") from None
 
 
 # -----------------------------------------------------------------------------
@@ -354,27 +304,16 @@ class Vocab:
     so tokens[0] gets id N_SPECIAL (14). Unknown tokens map to UNK_ID."""
 
     def __init__(self, tokens, counts=None):
-        tokens = list(tokens)
-        counts = [0] * len(tokens) if counts is None else list(counts)
-        if len(counts) != len(tokens):
-            raise ValueError(f"Vocab: {len(tokens)} tokens but {len(counts)} counts")
-        self.tokens, self.counts = SPECIALS + tokens, [0] * N_SPECIAL + counts
+        self.tokens = SPECIALS + list(tokens)
+        self.counts = [0] * N_SPECIAL + (list(counts) if counts is not None else [0] * (len(self.tokens) - N_SPECIAL))
         self.index = {}
         for i, t in enumerate(self.tokens):
-            if not t or SPACE_RE.search(t):
-                raise ValueError(f"Vocab: token {i} {t!r} is empty or contains whitespace")
-            if t in self.index:
-                raise ValueError(f"Vocab: token {t!r} appears twice (ids {self.index[t]} and {i})")
+            if not t or SPACE_RE.search(t) or t in self.index:  # the 'token count' file format needs this
+                raise ValueError(f"Vocab: token {i} {t!r} is empty, contains whitespace or appears twice")
             self.index[t] = i
 
     def __len__(self):
         return len(self.tokens)
-
-    def id(self, tok):
-        return self.index.get(tok, UNK_ID)
-
-    def token(self, i):
-        return self.tokens[i]
 
     def save(self, path):
         """fastBPE/XLM form: 'token count' per line, specials not written (XLM adds them itself)."""
@@ -405,25 +344,20 @@ class Tokenizer:
         self.langs, self.mode, self.lowercase, self.separate_vocab = list(langs), mode, lowercase, separate_vocab
         self.bpes = bpes  # lang -> BPE (the same object for every language in joint mode)
         self.vocabs = vocabs  # lang -> Vocab (the same object unless separate_vocab)
-        self.anchors = None  # set of tokens seen in more than one language; known after build() only
+        self.anchors = None  # tokens seen in more than one language (identical strings); set by build()
 
     @classmethod
     def build(cls, train_files, mode="joint", num_merges=80000, separate_vocab=False,
               lowercase=False, max_lines=None, min_freq=2, seed=0, verbose=True):
         """Learn BPE and vocabularies from {lang: path}. Paper sizes: joint 80k merges, separate and
-        prefixed 40k merges per language (pass num_merges accordingly).
-
-        joint: the BPE is learned on the same number of lines from every language (XLM samples 10M
-        lines per language with `shuf`): languages with more lines than the smallest one are
-        down-sampled without replacement, seeded, so no language dominates the merges. Vocabulary
-        counts come from ALL lines (up to max_lines) segmented with the learned codes.
-        """
+        prefixed 40k merges per language. joint learns on the same number of lines from every language
+        (XLM samples 10M lines per language with `shuf`): a larger corpus is down-sampled to the smallest
+        one, seeded, so no language dominates the merges. Vocabulary counts come from all lines."""
         tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
-        langs = tok.langs
-        if not langs:
+        if not tok.langs:
             raise ValueError("Tokenizer.build: no training files")
         counts, n_lines = {}, {}
-        for lang in langs:
+        for lang in tok.langs:
             c, n = Counter(), 0
             for n, line in enumerate(_read_lines(train_files[lang], max_lines), 1):
                 c.update(tok.words(line, lang))
@@ -432,9 +366,8 @@ class Tokenizer:
             counts[lang], n_lines[lang] = c, n
 
         if mode == "joint":
-            n_min = min(n_lines.values())
-            learn_counts = Counter()
-            for k, lang in enumerate(langs):
+            n_min, learn_counts = min(n_lines.values()), Counter()
+            for k, lang in enumerate(tok.langs):
                 if n_lines[lang] == n_min:
                     learn_counts.update(counts[lang])
                     continue
@@ -445,33 +378,31 @@ class Tokenizer:
                         learn_counts.update(tok.words(line, lang))
             if verbose:
                 print(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
-            tok.bpes = dict.fromkeys(langs, BPE(learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)))
+            tok.bpes = dict.fromkeys(tok.langs, BPE(learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)))
         else:
-            for lang in langs:
+            for lang in tok.langs:
                 if verbose:
                     print(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
                 tok.bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
 
-        # token counts per language = the pieces of every word times the word's count; a vocabulary
-        # is in fastBPE getvocab order (count descending, ties alphabetical)
-        token_counts = {lang: Counter() for lang in langs}
-        for lang in langs:
+        token_counts = {lang: Counter() for lang in tok.langs}  # the pieces of every word x its count
+        for lang in tok.langs:
             for word, c in counts[lang].items():
                 for piece in tok.pieces([word], lang):
                     token_counts[lang][piece] += c
 
-        def vocab(tc):
+        def vocab(tc):  # fastBPE getvocab order: count descending, ties alphabetical
             items = sorted(tc.items(), key=lambda kv: (-kv[1], kv[0]))
             return Vocab([t for t, _ in items], [c for _, c in items])
 
         if separate_vocab:
-            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in langs}
+            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in tok.langs}
         else:
-            tok.vocabs = dict.fromkeys(langs, vocab(sum(token_counts.values(), Counter())))
+            tok.vocabs = dict.fromkeys(tok.langs, vocab(sum(token_counts.values(), Counter())))
         seen = Counter(t for tc in token_counts.values() for t in tc)
-        tok.anchors = {t for t, n in seen.items() if n > 1}  # identical strings; prefixed gives none
+        tok.anchors = {t for t, n in seen.items() if n > 1}
         if verbose:
-            sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in langs)
+            sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in tok.langs)
             print(f"vocabulary ({mode}{', separate ids' if separate_vocab else ''}): {sizes}; "
                   f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
         return tok
@@ -502,22 +433,9 @@ class Tokenizer:
         return [index.get(p, UNK_ID) for p in self.tokenize(line, lang)]
 
     def encode_words(self, words, lang):
-        """Already-split words -> ids per word (finetune.py labels the first piece of each word). A word
-        is pretokenised too (it may hold punctuation), so its ids are exactly those encode() gives it
-        in context; a word that yields no piece gets [UNK_ID]."""
+        """Already-split words -> ids per word (finetune.py labels the first piece of each word): the ids
+        encode() gives the word in context; a word that yields no piece gets [UNK_ID]."""
         return [self.encode(word, lang) or [UNK_ID] for word in words]
-
-    def decode(self, ids, lang):
-        """ids -> text: tokens joined by spaces, language marks and '@@ ' removed. Special ids are
-        dropped except <unk>, written as '<unk>'."""
-        toks = []
-        for i in map(int, ids):
-            if i >= N_SPECIAL:
-                t = self.vocabs[lang].token(i)
-                toks.append(t.split(":", 1)[1] if self.mode == "prefixed" else t)
-            elif i == UNK_ID:
-                toks.append("<unk>")
-        return BPE.decode(" ".join(toks))
 
     def to_dict(self):
         """Plain types only (loadable with torch.load(weights_only=True)); a BPE or Vocab that several
@@ -560,10 +478,8 @@ class Tokenizer:
             reason = f"not valid UTF-8: {e.reason} at byte {e.start}"
         except json.JSONDecodeError as e:
             reason = f"not JSON: {e}"
-        except KeyError as e:
-            reason = f"no {e} entry"
-        except (ValueError, TypeError, IndexError) as e:
-            reason = str(e)
+        except (KeyError, ValueError, TypeError, IndexError) as e:
+            reason = f"no {e} entry" if isinstance(e, KeyError) else str(e)
         raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})")
 
 
@@ -572,9 +488,8 @@ class Tokenizer:
 
 
 class Dictionary(dict):
-    """A bilingual dictionary {source word: [translations]}; `weights` {source: [float]} when the
-    file has a third column (else None: translations are drawn uniformly); `pairs` [(source, target)]
-    in file order (align.py's word translation reads the same file)."""
+    """{source word: [translations]}; `weights` {source: [float]} when the file has a third column (else
+    None: uniform); `pairs` [(source, target)] in file order (align.py's word translation)."""
     weights = None
     pairs = ()
 
@@ -582,42 +497,39 @@ class Dictionary(dict):
 def read_dictionary(path):
     """Read a MUSE dictionary: 'src tgt' per line (space or tab), a source may have several lines;
     an optional third column is a weight for that translation. Bad lines raise with file and line."""
-    d, w, has_w, pairs = Dictionary(), {}, None, []
+    d, weights = Dictionary(), {}
+    d.pairs = []
     for n, line in enumerate(_read_lines(path), 1):
         parts = line.split()
         if not parts:
             continue
-        if len(parts) not in (2, 3) or (has_w is not None and (len(parts) == 3) != has_w):
+        if len(parts) not in (2, 3) or (d.pairs and (len(parts) == 3) != bool(weights)):
             raise ValueError(f"{path}:{n}: expected 'source target' (or 'source target weight' on "
                              f"every line), got {line!r}")
-        has_w = len(parts) == 3
-        src, tgt = parts[0], parts[1]
-        if has_w:
+        src, tgt = parts[:2]
+        if len(parts) == 3:
             try:
                 weight = float(parts[2])
             except ValueError:
                 raise ValueError(f"{path}:{n}: weight {parts[2]!r} is not a number") from None
             if weight < 0:
                 raise ValueError(f"{path}:{n}: negative weight {weight}")
-            w.setdefault(src, []).append(weight)
+            weights.setdefault(src, []).append(weight)
         d.setdefault(src, []).append(tgt)
-        pairs.append((src, tgt))
+        d.pairs.append((src, tgt))
     if not d:
         raise ValueError(f"{path}: the dictionary is empty")
-    d.pairs = pairs
-    if has_w:
-        d.weights = w
+    d.weights = weights or None
     return d
 
 
 def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
     """Replace dictionary words by a translation: extra anchor points (paper §4.2).
 
-    Every word found in `dictionary` (exactly, else lowercased: MUSE dictionaries are lowercase, and a
-    Titlecase word then gets a Titlecase translation) is picked with probability p; if more than
-    max_frac of all the words were picked, a random subset of floor(max_frac * len(words)) of them is
-    kept. Each kept word becomes one of its translations, uniformly or by the dictionary's weights.
-    `rng` is a random.Random or a numpy Generator (only rng.random() is used).
+    Every word found in `dictionary` (as it is, else lowercased: MUSE dictionaries are lowercase, and
+    a Titlecase word gets a Titlecase translation) is picked with probability p; if more than max_frac
+    of the words were picked, a random floor(max_frac * len(words)) of them are kept. Each becomes one of
+    its translations, uniformly or by the dictionary's weights. `rng`: random.Random or numpy Generator.
     Example: ['the', 'cat', 'sleeps'], {'cat': ['chat']}, p=1, max_frac=1 -> ['the', 'chat', 'sleeps'].
     """
     weights = getattr(dictionary, "weights", None) or {}
@@ -634,10 +546,8 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
     out = list(words)
     for i, tr, wt in picked:
         cum = np.cumsum(wt if wt is not None else [1.0] * len(tr))
-        if cum[-1] <= 0:
-            continue
-        k = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
-        out[i] = tr[min(k, len(tr) - 1)]
+        if cum[-1] > 0:
+            out[i] = tr[min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(tr) - 1)]
     return out
 
 
@@ -654,49 +564,30 @@ def _init_worker(tok, lang, opts):
 
 
 def _encode_chunk(chunk):
-    """(first line number, [raw bytes lines]) -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
-    start, raw_lines = chunk
+    """(first line number, [lines]) -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
+    start, lines = chunk
     s = _WORKER
     tok, lang, cs = s["tok"], s["lang"], s["code_switch"]
-    index = tok.vocab(lang).index
-    ids = []
-    for n, raw in enumerate(raw_lines, start):
-        words = tok.words(_decode(raw, s["path"], n, s["errors"]), lang)
+    index, ids = tok.vocab(lang).index, []
+    for n, line in enumerate(lines, start):
+        words = tok.words(line, lang)
         if cs is None:
             pieces = tok.pieces(words, lang)
-        else:
-            # the rng depends only on (seed, line number): the output is the same for any --workers
+        else:  # the rng depends only on (seed, line number): the output is the same for any --workers
             switched = code_switch(words, cs, random.Random(s["seed"] * 1_000_003 + n), s["p"], s["max_frac"])
-            pieces = []
-            for w, w2 in zip(words, switched):
-                pieces += tok.pieces([w2], lang if w2 == w else s["cs_lang"])
+            pieces = [p for w, w2 in zip(words, switched) for p in tok.pieces([w2], lang if w2 == w else s["cs_lang"])]
         ids.extend(index.get(p, UNK_ID) for p in pieces)
         ids.append(EOS_ID)
-    return np.array(ids, dtype=np.uint32), len(raw_lines), sum(len(r) for r in raw_lines)
-
-
-def _chunks(path):
-    """(number of the first line, [raw lines]) for every CHUNK_LINES lines of the file."""
-    with open(path, "rb") as f:
-        for start in itertools.count(1, CHUNK_LINES):
-            chunk = list(itertools.islice(f, CHUNK_LINES))
-            if not chunk:
-                return
-            yield start, chunk
+    return np.array(ids, dtype=np.uint32), len(lines), sum(len(line.encode()) + 1 for line in lines)
 
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_lang=None,
              p=0.3, max_frac=0.15, seed=0, errors="strict", verbose=True):
-    """Encode a text file into `out_prefix.bin` (flat ids, EOS_ID after every line, uint16 when the
-    vocabulary fits, else uint32) and `out_prefix.json` {"dtype","n_tokens","n_sentences",
-    "vocab_size","lang"}. Streams the file in chunks (memory ~ one chunk per worker); `workers` > 1
-    encodes chunks in a process pool, in order. Both files are written atomically.
-
-    code_switch: a bilingual dictionary (read_dictionary) to code-switch the text with before BPE
-    (paper §4.2 extra anchors, README decision D11), rng seeded per line. A replaced word is segmented
-    with the BPE of `cs_lang` (default: the other language of a two-language tokenizer) but looked up
-    in `lang`'s vocabulary, so this needs one shared id space (separate_vocab=False).
-    """
+    """A text file -> `out_prefix.bin` (flat ids, EOS_ID after every line; uint16 when the vocabulary
+    fits) and `out_prefix.json` (dtype, counts, vocab_size, lang), streamed in chunks by `workers`.
+    code_switch: a dictionary to code-switch the text with first (paper §4.2, D11). A replaced word is
+    segmented with the BPE of `cs_lang` (default: the other language) and looked up in `lang`'s
+    vocabulary, so this needs one shared id space."""
     if lang not in tok.langs:
         raise ValueError(f"language {lang!r} is not one of the tokenizer's {tok.langs}")
     if code_switch is not None:
@@ -707,12 +598,12 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
             if len(others) != 1:
                 raise ValueError(f"pass cs_lang: which of {others} do the translations belong to?")
             cs_lang = others[0]
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    opts = dict(code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed,
-                errors=errors, path=text_path)
+    opts = dict(code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed)
+    lines = _read_lines(text_path, None, errors)
+    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
+    chunks = ((k * CHUNK_LINES + 1, c) for k, c in enumerate(chunks))  # (number of the first line, lines)
     n_tokens = n_sentences = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose)
@@ -721,15 +612,14 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
         if workers > 1:
             import multiprocessing
             pool = multiprocessing.Pool(workers, _init_worker, (tok.to_dict(), lang, opts))
-            results = pool.imap(_encode_chunk, _chunks(text_path))
+            results = pool.imap(_encode_chunk, chunks)
         else:
             _init_worker(tok, lang, opts)
-            results = map(_encode_chunk, _chunks(text_path))
+            results = map(_encode_chunk, chunks)
         with _atomic_open(out_prefix + ".bin", "wb") as f:
             for ids, n_lines, n_bytes in results:
                 f.write(ids.astype(dtype).tobytes())
-                n_tokens += len(ids)
-                n_sentences += n_lines
+                n_tokens, n_sentences = n_tokens + len(ids), n_sentences + n_lines
                 bar.update(n_bytes)
             if n_sentences == 0:
                 raise ValueError(f"{text_path}: empty corpus (no lines)")
@@ -761,9 +651,8 @@ def load_bin(out_prefix):
 
 
 def atomic_write(path, write):
-    """Write `path` through `path.tmp` + rename (write(tmp) writes the temp file), so a crash or a kill
-    leaves the old file or the new one, never half of one. A failed write (disk full, ...) removes the
-    temp file, leaves the old `path` intact and stops the program with one line."""
+    """write(tmp) writes `path`.tmp, renamed to `path`: a crash leaves the old file or the new one, never
+    half of one. A failed write removes the temp file and stops the program with one line."""
     tmp = str(path) + ".tmp"
     try:
         write(tmp)
@@ -842,8 +731,8 @@ def is_prepared(d, langs):
 
 
 def read_switch_dictionary(path, langs):
-    """--code-switch: {langs[0]: src -> [tgt], langs[1]: tgt -> [src]} from a MUSE `src tgt` file (paper
-    §4.2 extra anchors; both languages' training text is code-switched)."""
+    """--code-switch: {langs[0]: src -> [tgt], langs[1]: tgt -> [src]} from a MUSE `src tgt` file: both
+    languages' training text is code-switched."""
     try:
         forward = read_dictionary(path)
     except (OSError, ValueError) as e:  # read_dictionary names the file and line at fault
@@ -875,16 +764,11 @@ def check_inputs(langs, data=None, files=None, code_switch=None):
 
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True):
-    """Raw text -> tokenizer.json + {lang}.{train,dev}.{bin,json}; returns the directory that holds them.
-
-    The text is `files` {lang: {"train": path, "dev": path}}, or found in `data` ({lang}.{split}.txt or
-    toydata's mono/). If `data` already holds prepared files (an earlier prepare), it is used as is.
-    Otherwise the master builds them under prep_dir/<mode>-<merges>-<hash of inputs and flags>/ (reused by
-    any later call with the same inputs), and the other ranks of a DDP run (master=False) wait for its
-    `done` file. The learned tokenizer is cached on its own (prep_dir/tokenizer-<hash of what BPE learning
-    reads>.json) before the text is binarised: a retry after a bad dev file or dictionary does not learn
-    BPE again. The training text is code-switched with the MUSE dictionary `code_switch` (paper §4.2,
-    D11); dev text stays clean (it measures the language itself). Errors are one line (SystemExit)."""
+    """Raw text (`files` {lang: {"train": path, "dev": path}}, or found in `data`) -> the directory
+    prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin,
+    reused by any later call with the same inputs (other DDP ranks wait for its `done` file). The
+    tokenizer is cached first on its own: a retry after a bad dev file does not learn BPE again. The
+    training text is code-switched with `code_switch` (paper §4.2, D11). Errors are one line."""
     if files:
         sources = files
     elif is_prepared(data, langs):
@@ -950,23 +834,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=fmt)
     sub = parser.add_subparsers(dest="cmd", required=True)
     shared = {  # options of several commands
-        "--lang": dict(help="language for pretokenize (default: the file name up to the first '.', "
-                       "e.g. en.train.txt -> en)"),
-        "--pretokenized": dict(action="store_true", help="split lines on spaces only: the input is "
-                               "tokenised already and the output is exactly subword-nmt's"),
+        "--lang": dict(help="language for pretokenize (default: the file name up to the first '.')"),
+        "--pretokenized": dict(action="store_true", help="split lines on spaces only, as subword-nmt"),
         "--lowercase": dict(action="store_true", help="lowercase and strip accents (XLM-15)"),
         "--max-lines": dict(type=int, help="learn BPE and the vocabulary from at most this many lines per file"),
         "--min-freq": dict(type=int, default=2, help="stop BPE when the best pair is rarer"),
         "--errors": dict(choices=["strict", "replace"], default="strict",
                          help="undecodable bytes: stop with file:line, or replace by U+FFFD"),
-        "--mode": dict(choices=MODES, default="joint", help="vocabulary regime (paper §4.2): joint: one BPE "
-                       "and vocabulary; separate: per-language BPE, union vocabulary; prefixed: per-language "
-                       "BPE, language-marked tokens (no shared token but the specials)"),
+        "--mode": dict(choices=MODES, default="joint", help="vocabulary regime (paper §4.2)"),
         "--separate-vocab": dict(action="store_true", help="one id space per language (separate embeddings)"),
         "--seed": dict(type=int, default=0, help="seed of the joint-BPE line sampling and code-switching"),
         "--workers": dict(type=int, default=1, help="encoding processes"),
-        "--code-switch": dict(metavar="DICT", help="MUSE dictionary: code-switch the (training) text first "
-                              "(extra anchors, paper §4.2)"),
+        "--code-switch": dict(metavar="DICT", help="MUSE dictionary: code-switch the (training) text (paper §4.2)"),
     }
 
     def command(name, help, *options):  # an option: a name in `shared`, or (name, add_argument's keywords)
@@ -977,36 +856,31 @@ def main(argv=None):
     command("learn", "learn BPE codes (subword-nmt v0.2 format) from text files",
             ("--input", dict(nargs="+", required=True, help="text files (their word counts are summed)")),
             ("--output", dict(required=True, help="codes file to write")),
-            ("--merges", dict(type=int, default=10000, help="number of merges (paper: 80000 joint, 40000 per language)")),
+            ("--merges", dict(type=int, default=10000, help="paper: 80000 joint, 40000 per language")),
             "--min-freq", "--lang", "--pretokenized", "--lowercase", "--max-lines", "--errors")
-    command("apply", "apply BPE codes to a text file (subword-nmt or fastBPE codes)",
-            ("--codes", dict(required=True, help="codes file ('#version: 0.2' or fastBPE)")),
-            ("--input", dict(required=True, help="text file")),
-            ("--output", dict(required=True, help="BPE'd text file to write")),
+    command("apply", "apply BPE codes (subword-nmt or fastBPE) to a text file",
+            ("--codes", dict(required=True)), ("--input", dict(required=True)), ("--output", dict(required=True)),
             "--lang", "--pretokenized", "--lowercase", "--errors")
     command("vocab", "build a Tokenizer (BPE + vocabulary) in one of the three regimes",
-            ("--train", dict(nargs="+", required=True, metavar="LANG=PATH",
-                             help="training text per language, e.g. en=en.train.txt fr=fr.train.txt")),
-            "--mode", ("--merges", dict(type=int, default=80000, help="merges (joint) or merges per language "
-                                        "(separate/prefixed); paper: 80000 / 40000")),
+            ("--train", dict(nargs="+", required=True, metavar="LANG=PATH", help="training text per language")),
+            "--mode", ("--merges", dict(type=int, default=80000, help="per language in separate/prefixed "
+                                        "(paper: 80000 joint, 40000 per language)")),
             "--separate-vocab", "--min-freq", "--lowercase", "--max-lines", "--seed",
             ("--out", dict(required=True, help="directory for tokenizer.json, codes and vocab files")))
     command("binarize", "text -> flat id file (.bin + .json) for pretrain.py",
             ("--tokenizer", dict(required=True, help="tokenizer.json written by `vocab`")),
-            ("--lang", dict(required=True, help="language of the input text")),
-            ("--input", dict(required=True, help="text file, one sentence per line")),
+            ("--lang", dict(required=True)), ("--input", dict(required=True)),
             ("--out-prefix", dict(required=True, help="writes OUT_PREFIX.bin and OUT_PREFIX.json")),
             "--workers", "--code-switch",
             ("--cs-lang", dict(help="language of the translations (default: the other one)")),
             ("--cs-p", dict(type=float, default=0.3, help="replacement probability per dictionary word")),
             ("--cs-max-frac", dict(type=float, default=0.15, help="at most this fraction of a line's words")),
             "--seed", "--errors")
-    command("prepare", "tokenizer + binarised train/dev splits for pretrain.py --data (code-switching "
-            "included), cached under --out",
+    command("prepare", "tokenizer + binarised train/dev splits for pretrain.py --data, cached under --out",
             ("--data", dict(help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")),
             ("--train-files", dict(metavar="LANG=PATH,...", help="training text per language instead of --data")),
             ("--dev-files", dict(metavar="LANG=PATH,...", help="dev text per language (with --train-files)")),
-            ("--langs", dict(default="en,fr", help="comma-separated languages")), "--mode",
+            ("--langs", dict(default="en,fr")), "--mode",
             ("--merges", dict(type=int, help="default: paper 80000 joint, 40000 per language")),
             "--separate-vocab", "--lowercase", "--max-lines", "--seed", "--code-switch", "--workers",
             ("--out", dict(required=True, help="cache directory; the prepared directory inside it is printed")))
@@ -1039,10 +913,7 @@ def main(argv=None):
 
     try:
         if args.cmd == "learn":
-            counts = Counter()
-            for path in args.input:
-                for line in lines(path):
-                    counts.update(words(line, path))
+            counts = Counter(w for path in args.input for line in lines(path) for w in words(line, path))
             if not counts:
                 raise ValueError(f"empty corpus: no words in {' '.join(args.input)}")
             merges = learn_bpe(counts, args.merges, args.min_freq, verbose=True)
@@ -1104,9 +975,8 @@ def main(argv=None):
             if args.cs_lang is not None and args.cs_lang not in tok.langs:
                 raise ValueError(f"--cs-lang {args.cs_lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
             cs = read_dictionary(args.code_switch) if args.code_switch else None
-            meta = binarize(args.input, tok, args.lang, args.out_prefix, args.workers, cs,
-                            args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)
-            print(json.dumps(meta))
+            print(json.dumps(binarize(args.input, tok, args.lang, args.out_prefix, args.workers, cs,
+                                      args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)))
     except (ValueError, OSError) as e:
         if isinstance(e, OSError) and e.filename:  # "No such file or directory: x.tmp" -> the file meant
             e = f"{str(e.filename).removesuffix('.tmp')}: {e.strerror}"
