@@ -21,6 +21,7 @@ import hashlib
 import heapq
 import itertools
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -72,10 +73,8 @@ def pretokenize(line, lang):
     The stand-in for Moses; '<s>' in the text becomes '<', 's', '>', never a special token."""
     return (TOKEN_RE_ZH if lang == "zh" else TOKEN_RE).findall(line)
 
-
 # -----------------------------------------------------------------------------
 # 2. Learning BPE (Sennrich et al. 2016; subword-nmt learn_bpe.py, codes version 0.2)
-
 
 def learn_bpe_simple(word_counts, num_merges, min_freq=2):
     """BPE as Sennrich et al. (2016) state it: count every adjacent pair (weighted by word count), merge
@@ -119,10 +118,9 @@ def merge_pair(symbols, a, b):
 
 
 def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
-    """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the pair.
-    `stats` pair -> count, `where` pair -> ids of the words that may contain it, and a heap of (-count,
-    key(left), key(right), pair) with lazy deletion: an out-of-date entry is re-pushed with its current
-    count when it reaches the top; counts only grow through a push, so a current top is the maximum."""
+    """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the pair
+    (`where`), and a heap of (-count, key(left), key(right), pair) finds the best one. An out-of-date entry
+    is re-pushed with its current count; counts only grow through a push, so a current top is the best."""
     if num_merges <= 0:
         raise ValueError(f"num_merges must be > 0, got {num_merges}")
     if min_freq < 1:
@@ -194,10 +192,8 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     bar.close()
     return merges
 
-
 # -----------------------------------------------------------------------------
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
-
 
 class BPE:
     """Merges -> segmentation. `BPE(merges)` with merges = [(left, right), ...] in learning order."""
@@ -294,23 +290,18 @@ def _read_lines(path, max_lines=None, errors="strict"):
                 raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
                                  "fix the file or use errors='replace' (--errors replace)") from None
 
-
 # -----------------------------------------------------------------------------
 # 4. Vocabularies (XLM data/dictionary.py, fastBPE getvocab) and the three regimes of paper §4.2
 
-
 class Vocab:
-    """Token <-> id. `Vocab(tokens, counts=None)`: tokens WITHOUT the specials, which are prepended,
-    so tokens[0] gets id N_SPECIAL (14). Unknown tokens map to UNK_ID."""
+    """Token <-> id: `tokens` without the specials, which come first (tokens[0] gets id N_SPECIAL = 14)."""
 
     def __init__(self, tokens, counts=None):
         self.tokens = SPECIALS + list(tokens)
-        self.counts = [0] * N_SPECIAL + (list(counts) if counts is not None else [0] * (len(self.tokens) - N_SPECIAL))
-        self.index = {}
-        for i, t in enumerate(self.tokens):
-            if not t or SPACE_RE.search(t) or t in self.index:  # the 'token count' file format needs this
-                raise ValueError(f"Vocab: token {i} {t!r} is empty, contains whitespace or appears twice")
-            self.index[t] = i
+        self.counts = [0] * N_SPECIAL + (list(counts) if counts is not None else [0] * len(tokens))
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+        if len(self.index) < len(self.tokens) or not all(t and not SPACE_RE.search(t) for t in self.tokens):
+            raise ValueError("Vocab: a token is empty, contains whitespace or appears twice")  # 'token count' files
 
     def __len__(self):
         return len(self.tokens)
@@ -342,20 +333,16 @@ class Tokenizer:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.langs, self.mode, self.lowercase, self.separate_vocab = list(langs), mode, lowercase, separate_vocab
-        self.bpes = bpes  # lang -> BPE (the same object for every language in joint mode)
-        self.vocabs = vocabs  # lang -> Vocab (the same object unless separate_vocab)
+        self.bpes, self.vocabs = bpes, vocabs  # lang -> BPE (one for all in joint mode), lang -> Vocab
         self.anchors = None  # tokens seen in more than one language (identical strings); set by build()
 
     @classmethod
     def build(cls, train_files, mode="joint", num_merges=80000, separate_vocab=False,
               lowercase=False, max_lines=None, min_freq=2, seed=0, verbose=True):
-        """Learn BPE and vocabularies from {lang: path}. Paper sizes: joint 80k merges, separate and
-        prefixed 40k merges per language. joint learns on the same number of lines from every language
-        (XLM samples 10M lines per language with `shuf`): a larger corpus is down-sampled to the smallest
-        one, seeded, so no language dominates the merges. Vocabulary counts come from all lines."""
+        """Learn BPE and vocabularies from {lang: path} (paper: joint 80k merges, else 40k per language).
+        joint learns on the same number of lines from every language (XLM samples 10M lines each with
+        `shuf`): larger corpora are down-sampled, seeded. Vocabulary counts come from all lines."""
         tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
-        if not tok.langs:
-            raise ValueError("Tokenizer.build: no training files")
         counts, n_lines = {}, {}
         for lang in tok.langs:
             c, n = Counter(), 0
@@ -392,8 +379,7 @@ class Tokenizer:
                     token_counts[lang][piece] += c
 
         def vocab(tc):  # fastBPE getvocab order: count descending, ties alphabetical
-            items = sorted(tc.items(), key=lambda kv: (-kv[1], kv[0]))
-            return Vocab([t for t, _ in items], [c for _, c in items])
+            return Vocab(*zip(*sorted(tc.items(), key=lambda kv: (-kv[1], kv[0]))))
 
         if separate_vocab:
             tok.vocabs = {lang: vocab(token_counts[lang]) for lang in tok.langs}
@@ -407,9 +393,6 @@ class Tokenizer:
                   f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
         return tok
 
-    def vocab(self, lang):
-        return self.vocabs[lang]
-
     def vocab_size(self, lang):
         return len(self.vocabs[lang])
 
@@ -418,8 +401,7 @@ class Tokenizer:
         return pretokenize(lowercase_and_strip_accents(line) if self.lowercase else line, lang)
 
     def pieces(self, words, lang):
-        """Words -> vocabulary tokens: BPE pieces with '@@'; in the prefixed regime marked with the
-        language ('hel@@' in en -> 'en:hel@@'), so two languages never share a token but the specials."""
+        """Words -> vocabulary tokens: BPE pieces with '@@'; prefixed regime: 'hel@@' in en -> 'en:hel@@'."""
         pieces = self.bpes[lang].apply_words(words)
         return [f"{lang}:{p}" for p in pieces] if self.mode == "prefixed" else pieces
 
@@ -433,13 +415,11 @@ class Tokenizer:
         return [index.get(p, UNK_ID) for p in self.tokenize(line, lang)]
 
     def encode_words(self, words, lang):
-        """Already-split words -> ids per word (finetune.py labels the first piece of each word): the ids
-        encode() gives the word in context; a word that yields no piece gets [UNK_ID]."""
+        """Already-split words -> ids per word, as encode() gives them in context ([UNK_ID] for no piece)."""
         return [self.encode(word, lang) or [UNK_ID] for word in words]
 
     def to_dict(self):
-        """Plain types only (loadable with torch.load(weights_only=True)); a BPE or Vocab that several
-        languages share is stored once."""
+        """Plain types (for torch.load(weights_only=True)); a BPE or Vocab shared by languages is stored once."""
         def once(objs):  # the distinct objects in language order, and lang -> index among them
             distinct = list({id(objs[l]): objs[l] for l in self.langs}.values())
             return distinct, {l: [id(o) for o in distinct].index(id(objs[l])) for l in self.langs}
@@ -453,12 +433,10 @@ class Tokenizer:
 
     @classmethod
     def from_dict(cls, d):
-        bpes = [BPE(m) for m in d["bpes"]]
-        vocabs = [Vocab(v["tokens"], v["counts"]) for v in d["vocabs"]]
-        langs = list(d["langs"])
-        return cls(langs, d["mode"], {l: bpes[d["bpe_of"][l]] for l in langs},
-                   {l: vocabs[d["vocab_of"][l]] for l in langs},
-                   d.get("lowercase", False), d.get("separate_vocab", False))
+        bpes, vocabs = [BPE(m) for m in d["bpes"]], [Vocab(v["tokens"], v["counts"]) for v in d["vocabs"]]
+        return cls(d["langs"], d["mode"], {l: bpes[d["bpe_of"][l]] for l in d["langs"]},
+                   {l: vocabs[d["vocab_of"][l]] for l in d["langs"]}, d.get("lowercase", False),
+                   d.get("separate_vocab", False))
 
     def save(self, path):
         with _atomic_open(path) as f:
@@ -467,10 +445,9 @@ class Tokenizer:
     @classmethod
     def load(cls, path):
         """Read a tokenizer.json written by save(); anything else raises ValueError naming the file."""
-        with open(path, "rb") as f:
-            raw = f.read()
         try:
-            d = json.loads(raw.decode("utf-8"))
+            with open(path, "rb") as f:
+                d = json.loads(f.read().decode("utf-8"))
             if not isinstance(d, dict):
                 raise ValueError(f"a JSON {type(d).__name__}, not an object")
             return cls.from_dict(d)
@@ -482,21 +459,15 @@ class Tokenizer:
             reason = f"no {e} entry" if isinstance(e, KeyError) else str(e)
         raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})")
 
-
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2; README decision D11)
 
-
 class Dictionary(dict):
-    """{source word: [translations]}; `weights` {source: [float]} when the file has a third column (else
-    None: uniform); `pairs` [(source, target)] in file order (align.py's word translation)."""
-    weights = None
-    pairs = ()
+    """{source: [translations]}; `weights` {source: [float]} or None; `pairs` [(source, target)] in order."""
 
 
 def read_dictionary(path):
-    """Read a MUSE dictionary: 'src tgt' per line (space or tab), a source may have several lines;
-    an optional third column is a weight for that translation. Bad lines raise with file and line."""
+    """A MUSE dictionary: 'source target' per line, optionally a third column: the translation's weight."""
     d, weights = Dictionary(), {}
     d.pairs = []
     for n, line in enumerate(_read_lines(path), 1):
@@ -524,14 +495,11 @@ def read_dictionary(path):
 
 
 def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
-    """Replace dictionary words by a translation: extra anchor points (paper §4.2).
-
-    Every word found in `dictionary` (as it is, else lowercased: MUSE dictionaries are lowercase, and
-    a Titlecase word gets a Titlecase translation) is picked with probability p; if more than max_frac
-    of the words were picked, a random floor(max_frac * len(words)) of them are kept. Each becomes one of
-    its translations, uniformly or by the dictionary's weights. `rng`: random.Random or numpy Generator.
-    Example: ['the', 'cat', 'sleeps'], {'cat': ['chat']}, p=1, max_frac=1 -> ['the', 'chat', 'sleeps'].
-    """
+    """Replace dictionary words by a translation: extra anchor points (paper §4.2). A word found in
+    `dictionary` (else lowercased: MUSE is lowercase; Titlecase stays Titlecase) is picked with
+    probability p, at most floor(max_frac * len(words)) of them (a random subset), and becomes one of its
+    translations, uniformly or by weight. `rng`: random.Random or a numpy Generator.
+    Example: ['the', 'cat', 'sleeps'], {'cat': ['chat']}, p=1, max_frac=1 -> ['the', 'chat', 'sleeps']."""
     weights = getattr(dictionary, "weights", None) or {}
     picked = []  # (position, translations, weights)
     for i, word in enumerate(words):
@@ -550,7 +518,6 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
             out[i] = tr[min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(tr) - 1)]
     return out
 
-
 # -----------------------------------------------------------------------------
 # 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
 
@@ -558,9 +525,9 @@ CHUNK_LINES = 2000
 _WORKER = {}  # per-process state of binarize workers (set by _init_worker)
 
 
-def _init_worker(tok, lang, opts):
+def _init_worker(opts):
     _WORKER.clear()
-    _WORKER.update(opts, tok=Tokenizer.from_dict(tok) if isinstance(tok, dict) else tok, lang=lang)
+    _WORKER.update(opts, tok=Tokenizer.from_dict(opts["tok"]) if isinstance(opts["tok"], dict) else opts["tok"])
 
 
 def _encode_chunk(chunk):
@@ -568,7 +535,7 @@ def _encode_chunk(chunk):
     start, lines = chunk
     s = _WORKER
     tok, lang, cs = s["tok"], s["lang"], s["code_switch"]
-    index, ids = tok.vocab(lang).index, []
+    index, ids = tok.vocabs[lang].index, []
     for n, line in enumerate(lines, start):
         words = tok.words(line, lang)
         if cs is None:
@@ -588,8 +555,6 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
     code_switch: a dictionary to code-switch the text with first (paper §4.2, D11). A replaced word is
     segmented with the BPE of `cs_lang` (default: the other language) and looked up in `lang`'s
     vocabulary, so this needs one shared id space."""
-    if lang not in tok.langs:
-        raise ValueError(f"language {lang!r} is not one of the tokenizer's {tok.langs}")
     if code_switch is not None:
         if tok.separate_vocab:
             raise ValueError("code-switching needs one shared vocabulary (separate_vocab=False)")
@@ -600,22 +565,17 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
             cs_lang = others[0]
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    opts = dict(code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed)
+    opts = dict(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed)
     lines = _read_lines(text_path, None, errors)
     chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
     chunks = ((k * CHUNK_LINES + 1, c) for k, c in enumerate(chunks))  # (number of the first line, lines)
     n_tokens = n_sentences = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose)
-    pool = None
+    pool = multiprocessing.Pool(workers, _init_worker, ({**opts, "tok": tok.to_dict()},)) if workers > 1 else None
+    _init_worker(opts)
     try:
-        if workers > 1:
-            import multiprocessing
-            pool = multiprocessing.Pool(workers, _init_worker, (tok.to_dict(), lang, opts))
-            results = pool.imap(_encode_chunk, chunks)
-        else:
-            _init_worker(tok, lang, opts)
-            results = map(_encode_chunk, chunks)
+        results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
         with _atomic_open(out_prefix + ".bin", "wb") as f:
             for ids, n_lines, n_bytes in results:
                 f.write(ids.astype(dtype).tobytes())
@@ -626,7 +586,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
     finally:
         bar.close()
         _WORKER.clear()
-        if pool is not None:
+        if pool:
             pool.terminate()
     meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
             "vocab_size": vocab_size, "lang": lang}
@@ -644,15 +604,11 @@ def load_bin(out_prefix):
         raise ValueError(f"{out_prefix}.bin has {len(data)} ids, its .json says {meta['n_tokens']}")
     return data, meta
 
-
 # -----------------------------------------------------------------------------
-# 7. Data preparation for pretrain.py: tokenizer + binarised train/dev splits, cached once
-#    (nanoGPT's prepare.py step; `python bpe.py prepare ...` or pretrain.py does it on first use)
-
+# 7. Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
 
 def atomic_write(path, write):
-    """write(tmp) writes `path`.tmp, renamed to `path`: a crash leaves the old file or the new one, never
-    half of one. A failed write removes the temp file and stops the program with one line."""
+    """write(tmp) writes path.tmp, renamed to `path` (never half a file); a failure is one line (SystemExit)."""
     tmp = str(path) + ".tmp"
     try:
         write(tmp)
@@ -697,8 +653,7 @@ def parse_lang_path(item):
 
 
 def parse_lang_files(flag, items, langs=None):
-    """['en=a.txt', 'fr=b.txt'] (or 'en=a.txt,fr=b.txt') -> {'en': 'a.txt', 'fr': 'b.txt'}: each language
-    once, every file present, and (when `langs` is given) exactly those languages. Errors name `flag`."""
+    """['en=a.txt', 'fr=b.txt'] or 'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}, files checked."""
     files = {}
     for item in items.split(",") if isinstance(items, str) else items:
         try:
@@ -731,8 +686,7 @@ def is_prepared(d, langs):
 
 
 def read_switch_dictionary(path, langs):
-    """--code-switch: {langs[0]: src -> [tgt], langs[1]: tgt -> [src]} from a MUSE `src tgt` file: both
-    languages' training text is code-switched."""
+    """--code-switch: {langs[0]: src -> [tgt], langs[1]: tgt -> [src]}: both languages get switched."""
     try:
         forward = read_dictionary(path)
     except (OSError, ValueError) as e:  # read_dictionary names the file and line at fault
@@ -745,8 +699,7 @@ def read_switch_dictionary(path, langs):
 
 
 def check_inputs(langs, data=None, files=None, code_switch=None):
-    """Before any work (BPE learning takes hours at paper scale): every input text file can be opened,
-    and the --code-switch dictionary parses. `files`: {lang: {"train": path, "dev": path}}."""
+    """Before any work (BPE learning takes hours at paper scale): the text files open, the dictionary parses."""
     paths = [files[l][s] for s in ("train", "dev") for l in langs] if files else []
     if data is not None and not files:
         if not os.path.isdir(data):
@@ -824,10 +777,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     atomic_write(done, lambda tmp: write_text(tmp, ""))  # last: the cache is complete
     return out
 
-
 # -----------------------------------------------------------------------------
 # Command line
-
 
 def main(argv=None):
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -839,8 +790,7 @@ def main(argv=None):
         "--lowercase": dict(action="store_true", help="lowercase and strip accents (XLM-15)"),
         "--max-lines": dict(type=int, help="learn BPE and the vocabulary from at most this many lines per file"),
         "--min-freq": dict(type=int, default=2, help="stop BPE when the best pair is rarer"),
-        "--errors": dict(choices=["strict", "replace"], default="strict",
-                         help="undecodable bytes: stop with file:line, or replace by U+FFFD"),
+        "--errors": dict(choices=["strict", "replace"], default="strict", help="not UTF-8: stop, or U+FFFD"),
         "--mode": dict(choices=MODES, default="joint", help="vocabulary regime (paper §4.2)"),
         "--separate-vocab": dict(action="store_true", help="one id space per language (separate embeddings)"),
         "--seed": dict(type=int, default=0, help="seed of the joint-BPE line sampling and code-switching"),
@@ -863,8 +813,7 @@ def main(argv=None):
             "--lang", "--pretokenized", "--lowercase", "--errors")
     command("vocab", "build a Tokenizer (BPE + vocabulary) in one of the three regimes",
             ("--train", dict(nargs="+", required=True, metavar="LANG=PATH", help="training text per language")),
-            "--mode", ("--merges", dict(type=int, default=80000, help="per language in separate/prefixed "
-                                        "(paper: 80000 joint, 40000 per language)")),
+            "--mode", ("--merges", dict(type=int, default=80000, help="per language unless joint (paper: 40000)")),
             "--separate-vocab", "--min-freq", "--lowercase", "--max-lines", "--seed",
             ("--out", dict(required=True, help="directory for tokenizer.json, codes and vocab files")))
     command("binarize", "text -> flat id file (.bin + .json) for pretrain.py",
@@ -887,19 +836,17 @@ def main(argv=None):
 
     args = parser.parse_args(argv)
     # the user's mistakes are caught here, before any work, each as one line naming the flag
-    for k in ("merges", "min_freq", "max_lines", "workers"):
-        if getattr(args, k, None) is not None and getattr(args, k) < 1:
-            parser.error(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
-    for k in ("cs_p", "cs_max_frac"):
-        if getattr(args, k, None) is not None and not 0 <= getattr(args, k) <= 1:
-            parser.error(f"--{k.replace('_', '-')} must be in [0, 1], got {getattr(args, k)}")
+    for k in ("merges", "min_freq", "max_lines", "workers", "cs_p", "cs_max_frac"):
+        v, fraction = getattr(args, k, None), k.startswith("cs_")
+        if v is not None and (not 0 <= v <= 1 if fraction else v < 1):
+            parser.error(f"--{k.replace('_', '-')} must be {'in [0, 1]' if fraction else '>= 1'}, got {v}")
     inputs = [("--input", p) for p in args.input] if args.cmd == "learn" else [
         (f"--{k.replace('_', '-')}", getattr(args, k, None)) for k in ("codes", "tokenizer", "input", "code_switch")]
     for flag, path in inputs:
         if path is not None and not os.path.isfile(path):
             parser.error(f"{flag} {path}: no such file")
     for flag, path in (("--output", getattr(args, "output", None)), ("--out-prefix", getattr(args, "out_prefix", None))):
-        if path is not None and not os.path.isdir(os.path.dirname(path) or "."):
+        if path and not os.path.isdir(os.path.dirname(path) or "."):
             parser.error(f"{flag} {path}: no directory {os.path.dirname(path) or '.'}")
 
     def lines(path):  # learn and apply: the lines of a file, lowercased with --lowercase
@@ -943,18 +890,16 @@ def main(argv=None):
             tok.save(os.path.join(args.out, "tokenizer.json"))
             for lang in tok.langs:
                 tok.bpes[lang].save(os.path.join(args.out, f"codes.{lang}"))
-                tok.vocab(lang).save(os.path.join(args.out, f"vocab.{lang}"))
+                tok.vocabs[lang].save(os.path.join(args.out, f"vocab.{lang}"))
             print(f"wrote {args.out}/tokenizer.json, codes.<lang>, vocab.<lang>")
 
         elif args.cmd == "prepare":
             langs = args.langs.split(",")
             if (args.train_files is None) != (args.dev_files is None) or (args.data is None) == (args.train_files is None):
                 raise ValueError("give --data, or --train-files with --dev-files")
-            files = None
-            if args.train_files:
-                train, dev = (parse_lang_files(f, v, langs) for f, v in (("--train-files", args.train_files),
-                                                                         ("--dev-files", args.dev_files)))
-                files = {l: {"train": train[l], "dev": dev[l]} for l in langs}
+            train, dev = (v and parse_lang_files(f, v, langs) for f, v in (("--train-files", args.train_files),
+                                                                           ("--dev-files", args.dev_files)))
+            files = {l: {"train": train[l], "dev": dev[l]} for l in langs} if train else None
             if args.code_switch and (args.separate_vocab or len(langs) != 2):
                 raise ValueError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
             check_inputs(langs, args.data, files, args.code_switch)
@@ -967,13 +912,12 @@ def main(argv=None):
                 tok = Tokenizer.load(args.tokenizer)
             except ValueError as e:
                 raise ValueError(f"--tokenizer {e}") from None
-            if args.lang not in tok.langs:
-                raise ValueError(f"--lang {args.lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
+            for flag, lang in (("--lang", args.lang), ("--cs-lang", args.cs_lang)):
+                if lang is not None and lang not in tok.langs:
+                    raise ValueError(f"{flag} {lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
             if args.code_switch and args.cs_lang is None and len(tok.langs) != 2:
                 raise ValueError(f"--code-switch: pass --cs-lang (the translations' language), {args.tokenizer} "
                                  f"has {len(tok.langs)} languages")
-            if args.cs_lang is not None and args.cs_lang not in tok.langs:
-                raise ValueError(f"--cs-lang {args.cs_lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
             cs = read_dictionary(args.code_switch) if args.code_switch else None
             print(json.dumps(binarize(args.input, tok, args.lang, args.out_prefix, args.workers, cs,
                                       args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)))

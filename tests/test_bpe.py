@@ -30,7 +30,7 @@ def unbpe(text):
 
 def decode(tok, ids, lang):
     """ids -> text: language marks and '@@ ' removed, special ids dropped but <unk>."""
-    toks = [tok.vocab(lang).tokens[i] for i in map(int, ids) if i >= N_SPECIAL or i == UNK_ID]
+    toks = [tok.vocabs[lang].tokens[i] for i in map(int, ids) if i >= N_SPECIAL or i == UNK_ID]
     return unbpe(" ".join(t.split(":", 1)[1] if tok.mode == "prefixed" and ":" in t else t for t in toks))
 
 # -----------------------------------------------------------------------------
@@ -269,13 +269,13 @@ def test_vocab_layout_and_save(tmp_path):
 @pytest.mark.parametrize("mode", bpe.MODES)
 def test_tokenizer_modes(files, mode):
     tok = Tokenizer.build(files, mode, num_merges=40, verbose=False)
-    assert tok.vocab("en") is tok.vocab("fr")
+    assert tok.vocabs["en"] is tok.vocabs["fr"]
     en_tokens = {t for line in EN for t in tok.tokenize(line, "en")}
     fr_tokens = {t for line in FR for t in tok.tokenize(line, "fr")}
-    vocab_tokens = set(tok.vocab("en").tokens[N_SPECIAL:])
+    vocab_tokens = set(tok.vocabs["en"].tokens[N_SPECIAL:])
     assert vocab_tokens == en_tokens | fr_tokens
     # sorted by count, descending (XLM's dictionary check)
-    counts = tok.vocab("en").counts[N_SPECIAL:]
+    counts = tok.vocabs["en"].counts[N_SPECIAL:]
     assert counts == sorted(counts, reverse=True)
     if mode == "prefixed":
         # no anchors: the only ids both languages use are specials
@@ -300,17 +300,17 @@ def test_separate_shares_exactly_identical_strings(files):
     ids are exactly the strings produced in both languages."""
     tok = Tokenizer.build(files, "separate", num_merges=40, verbose=False)
     assert tok.bpes["en"] is not tok.bpes["fr"]
-    en = {t: tok.vocab("en").index[t] for line in EN for t in tok.tokenize(line, "en")}
-    fr = {t: tok.vocab("fr").index[t] for line in FR for t in tok.tokenize(line, "fr")}
+    en = {t: tok.vocabs["en"].index[t] for line in EN for t in tok.tokenize(line, "en")}
+    fr = {t: tok.vocabs["fr"].index[t] for line in FR for t in tok.tokenize(line, "fr")}
     assert set(en.values()) & set(fr.values()) == {en[t] for t in set(en) & set(fr)}
-    assert len(tok.vocab("en")) == N_SPECIAL + len(set(en) | set(fr))
+    assert len(tok.vocabs["en"]) == N_SPECIAL + len(set(en) | set(fr))
 
 
 def test_separate_vocab_gives_language_local_ids(files):
     tok = Tokenizer.build(files, "joint", num_merges=40, separate_vocab=True, verbose=False)
-    assert tok.vocab("en") is not tok.vocab("fr")
+    assert tok.vocabs["en"] is not tok.vocabs["fr"]
     en_tokens = {t for line in EN for t in tok.tokenize(line, "en")}
-    assert set(tok.vocab("en").tokens[N_SPECIAL:]) == en_tokens
+    assert set(tok.vocabs["en"].tokens[N_SPECIAL:]) == en_tokens
     assert tok.vocab_size("en") == N_SPECIAL + len(en_tokens)
     assert decode(tok, tok.encode(FR[0], "fr"), "fr") == FR[0]
 
