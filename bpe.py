@@ -1,5 +1,4 @@
-"""
-Byte-pair encoding, vocabularies and binarisation for bilingual masked language models.
+"""Byte-pair encoding, vocabularies and binarisation for bilingual masked language models.
 
 Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language Models" (ACL 2020),
 §3 (the XLM set-up: BPE over the union of the languages) and §4.2 (anchor points: a joint vocabulary,
@@ -35,8 +34,7 @@ import regex
 from tqdm import tqdm
 
 # -----------------------------------------------------------------------------
-# XLM's special tokens (XLM src/data/dictionary.py). They come first in every vocabulary,
-# in this fixed order, and are the only tokens that every regime shares.
+# XLM's special tokens (XLM src/data/dictionary.py): first in every vocabulary, shared by every regime
 
 SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
 BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3
@@ -84,8 +82,7 @@ def learn_bpe_simple(word_counts, num_merges, min_freq=2):
       step 1: (e,s) and (s,t</w>) tie at 9; 's' > 'e', so ('s', 't</w>')  -> n e w e st</w>, w i d e st</w>
       step 2: (e,st</w>) = 9                                             -> n e w est</w>, w i d est</w>
       step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2)        -> lo w</w>, lo w e r</w>
-      ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more cases).
-    """
+      ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more cases)."""
     words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}  # symbols -> count
     merges = []
     for _ in range(num_merges):
@@ -134,7 +131,6 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
-
     stats, where = defaultdict(int), defaultdict(set)
     for j, (w, f) in enumerate(zip(words, freqs)):
         for pair in zip(w, w[1:]):
@@ -145,7 +141,6 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
     heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
     heapq.heapify(heap)
-
     merges = []
     bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose, mininterval=1)
     while len(merges) < num_merges:
@@ -160,8 +155,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         pair = heap[0][3]
         merges.append(pair)
         bar.update(1)
-        a, b = pair
-        ab = a + b
+        (a, b), ab = pair, pair[0] + pair[1]
         grown = set()  # pairs whose count went up: pushed once, after all words are updated
         for j in where.pop(pair):
             # merge_pair, moving the neighbour pairs' counts: x a b y -> x ab y turns (x, a) into (x, ab) and
@@ -225,12 +219,7 @@ class BPE:
 
     def apply_words(self, words):
         """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces of every word, '@@' on non-final ones."""
-        out = []
-        for word in words:
-            pieces = self.segment(word)
-            out.extend(p + SEP for p in pieces[:-1])
-            out.append(pieces[-1])
-        return out
+        return [p + SEP if k < len(ps) - 1 else p for ps in map(self.segment, words) for k, p in enumerate(ps)]
 
     def apply(self, line):
         """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words are split on ' ' only."""
@@ -316,8 +305,7 @@ MODES = ("joint", "separate", "prefixed")
 
 
 class Tokenizer:
-    """The whole text -> ids pipeline of one run: pretokenize (+ optional lowercasing), BPE, language
-    marking (prefixed regime), vocabulary lookup. Serialisable as plain types (to_dict/from_dict).
+    """Text -> ids for one run: pretokenize (+ lowercasing), BPE, language marks (prefixed), vocabulary.
 
     Regimes (paper §4.2, Table 1 "anchor points"):
       joint     one BPE learned on all languages (equal numbers of lines per language), one vocabulary:
@@ -326,8 +314,7 @@ class Tokenizer:
                 to be identical in both languages (digits, names, punctuation) are the only anchors
       prefixed  one BPE per language and every token marked with its language ('en:the', 'fr:le'):
                 no shared token except the 14 specials ("no anchors")
-    separate_vocab=True gives every language its own id space (for separate embeddings, `--sep emb`).
-    """
+    separate_vocab=True gives every language its own id space (for separate embeddings, `--sep emb`)."""
 
     def __init__(self, langs, mode, bpes, vocabs, lowercase=False, separate_vocab=False):
         if mode not in MODES:
@@ -351,7 +338,6 @@ class Tokenizer:
             if not c:
                 raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
             counts[lang], n_lines[lang] = c, n
-
         if mode == "joint":
             n_min, learn_counts = min(n_lines.values()), Counter()
             for k, lang in enumerate(tok.langs):
@@ -371,7 +357,6 @@ class Tokenizer:
                 if verbose:
                     print(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
                 tok.bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
-
         token_counts = {lang: Counter() for lang in tok.langs}  # the pieces of every word x its count
         for lang in tok.langs:
             for word, c in counts[lang].items():
@@ -381,10 +366,8 @@ class Tokenizer:
         def vocab(tc):  # fastBPE getvocab order: count descending, ties alphabetical
             return Vocab(*zip(*sorted(tc.items(), key=lambda kv: (-kv[1], kv[0]))))
 
-        if separate_vocab:
-            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in tok.langs}
-        else:
-            tok.vocabs = dict.fromkeys(tok.langs, vocab(sum(token_counts.values(), Counter())))
+        union = None if separate_vocab else vocab(sum(token_counts.values(), Counter()))
+        tok.vocabs = {lang: union or vocab(token_counts[lang]) for lang in tok.langs}
         seen = Counter(t for tc in token_counts.values() for t in tc)
         tok.anchors = {t for t, n in seen.items() if n > 1}
         if verbose:
@@ -423,7 +406,6 @@ class Tokenizer:
         def once(objs):  # the distinct objects in language order, and lang -> index among them
             distinct = list({id(objs[l]): objs[l] for l in self.langs}.values())
             return distinct, {l: [id(o) for o in distinct].index(id(objs[l])) for l in self.langs}
-
         (bpes, bpe_of), (vocabs, vocab_of) = once(self.bpes), once(self.vocabs)
         return {"format": "bpe.Tokenizer/1", "langs": list(self.langs), "mode": self.mode,
                 "lowercase": bool(self.lowercase), "separate_vocab": bool(self.separate_vocab),
@@ -451,13 +433,11 @@ class Tokenizer:
             if not isinstance(d, dict):
                 raise ValueError(f"a JSON {type(d).__name__}, not an object")
             return cls.from_dict(d)
-        except UnicodeDecodeError as e:
-            reason = f"not valid UTF-8: {e.reason} at byte {e.start}"
-        except json.JSONDecodeError as e:
-            reason = f"not JSON: {e}"
         except (KeyError, ValueError, TypeError, IndexError) as e:
-            reason = f"no {e} entry" if isinstance(e, KeyError) else str(e)
-        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})")
+            reason = (f"not valid UTF-8: {e.reason} at byte {e.start}" if isinstance(e, UnicodeDecodeError) else
+                      f"not JSON: {e}" if isinstance(e, json.JSONDecodeError) else
+                      f"no {e} entry" if isinstance(e, KeyError) else str(e))
+            raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})") from None
 
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2; README decision D11)
@@ -495,11 +475,10 @@ def read_dictionary(path):
 
 
 def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
-    """Replace dictionary words by a translation: extra anchor points (paper §4.2). A word found in
-    `dictionary` (else lowercased: MUSE is lowercase; Titlecase stays Titlecase) is picked with
-    probability p, at most floor(max_frac * len(words)) of them (a random subset), and becomes one of its
-    translations, uniformly or by weight. `rng`: random.Random or a numpy Generator.
-    Example: ['the', 'cat', 'sleeps'], {'cat': ['chat']}, p=1, max_frac=1 -> ['the', 'chat', 'sleeps']."""
+    """Extra anchors (paper §4.2): a word found in `dictionary` (else lowercased, as MUSE; Titlecase stays
+    Titlecase) is picked with probability p, floor(max_frac * len(words)) at most, and replaced by one of
+    its translations (uniformly or by weight). `rng`: random.Random or numpy Generator. Example:
+    ['the', 'cat', 'sleeps'], {'cat': ['chat']}, p=1, max_frac=1 -> ['the', 'chat', 'sleeps']."""
     weights = getattr(dictionary, "weights", None) or {}
     picked = []  # (position, translations, weights)
     for i, word in enumerate(words):
@@ -550,11 +529,10 @@ def _encode_chunk(chunk):
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_lang=None,
              p=0.3, max_frac=0.15, seed=0, errors="strict", verbose=True):
-    """A text file -> `out_prefix.bin` (flat ids, EOS_ID after every line; uint16 when the vocabulary
-    fits) and `out_prefix.json` (dtype, counts, vocab_size, lang), streamed in chunks by `workers`.
-    code_switch: a dictionary to code-switch the text with first (paper §4.2, D11). A replaced word is
-    segmented with the BPE of `cs_lang` (default: the other language) and looked up in `lang`'s
-    vocabulary, so this needs one shared id space."""
+    """A text file -> `out_prefix.bin` (flat ids, EOS_ID after every line; uint16 if the vocabulary fits)
+    and `out_prefix.json`, streamed in chunks by `workers`. `code_switch`: a dictionary to code-switch the
+    text with (paper §4.2, D11); a replaced word gets the BPE of `cs_lang` (default: the other language)
+    and `lang`'s vocabulary, so this needs one shared id space."""
     if code_switch is not None:
         if tok.separate_vocab:
             raise ValueError("code-switching needs one shared vocabulary (separate_vocab=False)")
@@ -717,11 +695,10 @@ def check_inputs(langs, data=None, files=None, code_switch=None):
 
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True):
-    """Raw text (`files` {lang: {"train": path, "dev": path}}, or found in `data`) -> the directory
-    prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin,
-    reused by any later call with the same inputs (other DDP ranks wait for its `done` file). The
-    tokenizer is cached first on its own: a retry after a bad dev file does not learn BPE again. The
-    training text is code-switched with `code_switch` (paper §4.2, D11). Errors are one line."""
+    """Raw text (`files` {lang: {"train": path, "dev": path}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash
+    of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused by later calls (other DDP
+    ranks wait for its `done`). The tokenizer is cached on its own first: a retry after a bad dev file does
+    not learn BPE again. Training text is code-switched with `code_switch` (§4.2, D11). Errors: one line."""
     if files:
         sources = files
     elif is_prepared(data, langs):
@@ -735,7 +712,6 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
 
     def digest(recipe):
         return hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
-
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
               "lowercase": lowercase, "bpe_lines": max_lines, "seed": seed,
               "code_switch": fingerprint(code_switch) if code_switch else None,
@@ -833,7 +809,6 @@ def main(argv=None):
             ("--merges", dict(type=int, help="default: paper 80000 joint, 40000 per language")),
             "--separate-vocab", "--lowercase", "--max-lines", "--seed", "--code-switch", "--workers",
             ("--out", dict(required=True, help="cache directory; the prepared directory inside it is printed")))
-
     args = parser.parse_args(argv)
     # the user's mistakes are caught here, before any work, each as one line naming the flag
     for k in ("merges", "min_freq", "max_lines", "workers", "cs_p", "cs_max_frac"):
@@ -849,34 +824,29 @@ def main(argv=None):
         if path and not os.path.isdir(os.path.dirname(path) or "."):
             parser.error(f"{flag} {path}: no directory {os.path.dirname(path) or '.'}")
 
-    def lines(path):  # learn and apply: the lines of a file, lowercased with --lowercase
+    def read(path):  # learn, apply: (line, its words); --lang or the file name's start: 'en.train.txt' -> en
         for line in _read_lines(path, getattr(args, "max_lines", None), args.errors):
-            yield lowercase_and_strip_accents(line) if args.lowercase else line
-
-    def words(line, path):  # --lang, else the file name up to the first '.': 'data/en.train.txt' -> 'en'
-        if args.pretokenized:
-            return [w for w in line.strip("\r\n ").split(" ") if w]
-        return pretokenize(line, args.lang or os.path.basename(path).split(".")[0])
+            line = lowercase_and_strip_accents(line) if args.lowercase else line
+            yield line, ([w for w in line.strip("\r\n ").split(" ") if w] if args.pretokenized else
+                         pretokenize(line, args.lang or os.path.basename(path).split(".")[0]))
 
     try:
         if args.cmd == "learn":
-            counts = Counter(w for path in args.input for line in lines(path) for w in words(line, path))
+            counts = Counter(w for path in args.input for _, words in read(path) for w in words)
             if not counts:
                 raise ValueError(f"empty corpus: no words in {' '.join(args.input)}")
             merges = learn_bpe(counts, args.merges, args.min_freq, verbose=True)
             BPE(merges).save(args.output)
             print(f"{len(merges)} merges from {len(counts)} distinct words -> {args.output}")
-
         elif args.cmd == "apply":
             codes = BPE.load(args.codes)
             with _atomic_open(args.output) as out:  # no half-written output (bad line, disk full, Ctrl-C)
-                for line in tqdm(lines(args.input), desc="apply bpe"):
-                    text = " ".join(codes.apply_words(words(line, args.input)))
+                for line, words in tqdm(read(args.input), desc="apply bpe"):
+                    text = " ".join(codes.apply_words(words))
                     if args.pretokenized:  # as subword-nmt: keep the leading/trailing spaces of the line
                         lead = line[: len(line) - len(line.lstrip(" "))]
                         text = lead + text + (line[len(line.rstrip(" ")):] if line.strip(" ") else "")
                     out.write(text + "\n")
-
         elif args.cmd == "vocab":
             files = parse_lang_files("--train", args.train)
             if os.path.exists(args.out) and not os.path.isdir(args.out):
@@ -892,7 +862,6 @@ def main(argv=None):
                 tok.bpes[lang].save(os.path.join(args.out, f"codes.{lang}"))
                 tok.vocabs[lang].save(os.path.join(args.out, f"vocab.{lang}"))
             print(f"wrote {args.out}/tokenizer.json, codes.<lang>, vocab.<lang>")
-
         elif args.cmd == "prepare":
             langs = args.langs.split(",")
             if (args.train_files is None) != (args.dev_files is None) or (args.data is None) == (args.train_files is None):
@@ -906,7 +875,6 @@ def main(argv=None):
             merges = args.merges or (80000 if args.mode == "joint" else 40000)
             print(prepare(langs, args.out, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,
                           args.max_lines, args.seed, args.code_switch, args.workers))
-
         elif args.cmd == "binarize":
             try:
                 tok = Tokenizer.load(args.tokenizer)
@@ -918,8 +886,8 @@ def main(argv=None):
             if args.code_switch and args.cs_lang is None and len(tok.langs) != 2:
                 raise ValueError(f"--code-switch: pass --cs-lang (the translations' language), {args.tokenizer} "
                                  f"has {len(tok.langs)} languages")
-            cs = read_dictionary(args.code_switch) if args.code_switch else None
-            print(json.dumps(binarize(args.input, tok, args.lang, args.out_prefix, args.workers, cs,
+            print(json.dumps(binarize(args.input, tok, args.lang, args.out_prefix, args.workers,
+                                      read_dictionary(args.code_switch) if args.code_switch else None,
                                       args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)))
     except (ValueError, OSError) as e:
         if isinstance(e, OSError) and e.filename:  # "No such file or directory: x.tmp" -> the file meant
