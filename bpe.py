@@ -131,6 +131,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
+
     stats, where = defaultdict(int), defaultdict(set)
     for j, (w, f) in enumerate(zip(words, freqs)):
         for pair in zip(w, w[1:]):
@@ -141,6 +142,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
     heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
     heapq.heapify(heap)
+
     merges = []
     bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose, mininterval=1)
     while len(merges) < num_merges:
@@ -160,26 +162,30 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         for j in where.pop(pair):
             # merge_pair, moving the neighbour pairs' counts: x a b y -> x ab y turns (x, a) into (x, ab) and
             # (b, y) into (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
-            w, f, n = words[j], freqs[j], len(words[j])
-            new, moved, i = [], [], 0
+            w, f = words[j], freqs[j]
+            new, i, n = [], 0, len(w)
             while i < n:
                 if w[i] == a and i + 1 < n and w[i + 1] == b:
                     if new:
                         stats[w[i - 1], a] -= f
-                        moved.append((new[-1], ab))
+                        p = (new[-1], ab)
+                        stats[p] += f
+                        where[p].add(j)
+                        grown.add(p)
                     if i + 2 < n and not (w[i + 2] == a and i + 3 < n and w[i + 3] == b):
-                        stats[b, w[i + 2]] -= f
-                        moved.append((ab, w[i + 2]))
+                        y = w[i + 2]
+                        stats[b, y] -= f
+                        p = (ab, y)
+                        stats[p] += f
+                        where[p].add(j)
+                        grown.add(p)
                     new.append(ab)
                     i += 2
                 else:
                     new.append(w[i])
                     i += 1
-            words[j] = new  # unchanged when the index entry was stale (the pair has gone from the word)
-            for p in moved:
-                stats[p] += f
-                where[p].add(j)
-            grown.update(moved)
+            if len(new) < n:  # else a stale index entry: the word no longer contains the pair
+                words[j] = new
         del stats[pair]
         for p in grown:
             heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
@@ -226,8 +232,8 @@ class BPE:
         return " ".join(self.apply_words([w for w in line.strip("\r\n ").split(" ") if w]))
 
     def save(self, path):
-        with _atomic_open(path) as f:
-            f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
+        with _atomic(path) as tmp:
+            write_text(tmp, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
 
     @classmethod
     def load(cls, path):
@@ -256,17 +262,23 @@ class BPE:
 
 
 @contextlib.contextmanager
-def _atomic_open(path, mode="w"):
-    """Write path.tmp, renamed to `path` at the end; on any error (disk full, Ctrl-C) the temp file goes."""
-    tmp = path + ".tmp"
+def _atomic(path):
+    """Yields path.tmp to write, renamed to `path` at the end: never half a file. Any failure (disk full, a bad
+    input line, Ctrl-C) removes it, and the tmp.tmp of a save that writes its own temp file first."""
+    tmp = str(path) + ".tmp"
     try:
-        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
-            yield f
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        for t in (tmp, tmp + ".tmp"):
+            if os.path.exists(t):
+                os.remove(t)
         raise
+
+
+def write_text(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _read_lines(path, max_lines=None, errors="strict"):
@@ -297,8 +309,8 @@ class Vocab:
 
     def save(self, path):
         """fastBPE/XLM form: 'token count' per line, specials not written (XLM adds them itself)."""
-        with _atomic_open(path) as f:
-            f.writelines(f"{t} {c}\n" for t, c in zip(self.tokens[N_SPECIAL:], self.counts[N_SPECIAL:]))
+        with _atomic(path) as tmp:
+            write_text(tmp, "".join(f"{t} {c}\n" for t, c in zip(self.tokens[N_SPECIAL:], self.counts[N_SPECIAL:])))
 
 
 MODES = ("joint", "separate", "prefixed")
@@ -338,6 +350,7 @@ class Tokenizer:
             if not c:
                 raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
             counts[lang], n_lines[lang] = c, n
+
         if mode == "joint":
             n_min, learn_counts = min(n_lines.values()), Counter()
             for k, lang in enumerate(tok.langs):
@@ -346,9 +359,8 @@ class Tokenizer:
                     continue
                 keep = np.zeros(n_lines[lang], dtype=bool)
                 keep[np.random.default_rng([seed, k]).choice(n_lines[lang], n_min, replace=False)] = True
-                for n, line in enumerate(_read_lines(train_files[lang], max_lines)):
-                    if keep[n]:
-                        learn_counts.update(tok.words(line, lang))
+                lines = enumerate(_read_lines(train_files[lang], max_lines))
+                learn_counts.update(w for n, line in lines if keep[n] for w in tok.words(line, lang))
             if verbose:
                 print(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
             tok.bpes = dict.fromkeys(tok.langs, BPE(learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)))
@@ -403,15 +415,14 @@ class Tokenizer:
 
     def to_dict(self):
         """Plain types (for torch.load(weights_only=True)); a BPE or Vocab shared by languages is stored once."""
-        def once(objs):  # the distinct objects in language order, and lang -> index among them
-            distinct = list({id(objs[l]): objs[l] for l in self.langs}.values())
-            return distinct, {l: [id(o) for o in distinct].index(id(objs[l])) for l in self.langs}
-        (bpes, bpe_of), (vocabs, vocab_of) = once(self.bpes), once(self.vocabs)
+        bpes = list({id(self.bpes[l]): self.bpes[l] for l in self.langs}.values())  # in language order
+        vocabs = list({id(self.vocabs[l]): self.vocabs[l] for l in self.langs}.values())
         return {"format": "bpe.Tokenizer/1", "langs": list(self.langs), "mode": self.mode,
                 "lowercase": bool(self.lowercase), "separate_vocab": bool(self.separate_vocab),
-                "bpes": [[list(m) for m in b.merges] for b in bpes], "bpe_of": bpe_of,
+                "bpes": [[list(m) for m in b.merges] for b in bpes],
+                "bpe_of": {l: bpes.index(self.bpes[l]) for l in self.langs},
                 "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]} for v in vocabs],
-                "vocab_of": vocab_of}
+                "vocab_of": {l: vocabs.index(self.vocabs[l]) for l in self.langs}}
 
     @classmethod
     def from_dict(cls, d):
@@ -421,8 +432,8 @@ class Tokenizer:
                    d.get("separate_vocab", False))
 
     def save(self, path):
-        with _atomic_open(path) as f:
-            f.write(json.dumps(self.to_dict(), ensure_ascii=False))
+        with _atomic(path) as tmp:
+            write_text(tmp, json.dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
     def load(cls, path):
@@ -505,14 +516,12 @@ _WORKER = {}  # per-process state of binarize workers (set by _init_worker)
 
 
 def _init_worker(opts):
-    _WORKER.clear()
     _WORKER.update(opts, tok=Tokenizer.from_dict(opts["tok"]) if isinstance(opts["tok"], dict) else opts["tok"])
 
 
 def _encode_chunk(chunk):
     """(first line number, [lines]) -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
-    start, lines = chunk
-    s = _WORKER
+    (start, lines), s = chunk, _WORKER
     tok, lang, cs = s["tok"], s["lang"], s["code_switch"]
     index, ids = tok.vocabs[lang].index, []
     for n, line in enumerate(lines, start):
@@ -554,7 +563,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
     _init_worker(opts)
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
-        with _atomic_open(out_prefix + ".bin", "wb") as f:
+        with _atomic(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
             for ids, n_lines, n_bytes in results:
                 f.write(ids.astype(dtype).tobytes())
                 n_tokens, n_sentences = n_tokens + len(ids), n_sentences + n_lines
@@ -568,8 +577,8 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
             pool.terminate()
     meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
             "vocab_size": vocab_size, "lang": lang}
-    with _atomic_open(out_prefix + ".json") as f:
-        f.write(json.dumps(meta) + "\n")
+    with _atomic(out_prefix + ".json") as tmp:
+        write_text(tmp, json.dumps(meta) + "\n")
     return meta
 
 
@@ -586,28 +595,20 @@ def load_bin(out_prefix):
 # 7. Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
 
 def atomic_write(path, write):
-    """write(tmp) writes path.tmp, renamed to `path` (never half a file); a failure is one line (SystemExit)."""
-    tmp = str(path) + ".tmp"
+    """write(tmp) writes `path` through _atomic (model.save_model and Tokenizer.save write their own temp
+    file first); a failure stops the program with one line."""
     try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
-        for t in (tmp, tmp + ".tmp"):  # model.save_model and Tokenizer.save write their own temp file first
-            if os.path.exists(t):
-                os.remove(t)
-        if isinstance(e, OSError):
-            raise SystemExit(f"error: no space left writing {path}" if e.errno == errno.ENOSPC else
-                             f"error: cannot write {path}: {e.strerror or e}") from None
-        if isinstance(e, RuntimeError) and "unexpected pos" in str(e):  # torch.save's zip writer: a short write
-            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
-            raise SystemExit(f"error: no space left writing {path}? (torch.save wrote less than asked; "
-                             f"{free:,.0f} MiB free there)") from None
-        raise
-
-
-def write_text(path, text):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+        with _atomic(path) as tmp:
+            write(tmp)
+    except OSError as e:
+        raise SystemExit(f"error: no space left writing {path}" if e.errno == errno.ENOSPC else
+                         f"error: cannot write {path}: {e.strerror or e}") from None
+    except RuntimeError as e:
+        if "unexpected pos" not in str(e):  # torch.save's zip writer: a short write
+            raise
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
+        raise SystemExit(f"error: no space left writing {path}? (torch.save wrote less than asked; "
+                         f"{free:,.0f} MiB free there)") from None
 
 
 def make_dir(flag, path):
@@ -631,7 +632,7 @@ def parse_lang_path(item):
 
 
 def parse_lang_files(flag, items, langs=None):
-    """['en=a.txt', 'fr=b.txt'] or 'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}, files checked."""
+    """['en=a.txt', 'fr=b.txt'] or 'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}; errors name `flag`."""
     files = {}
     for item in items.split(",") if isinstance(items, str) else items:
         try:
@@ -699,12 +700,9 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused by later calls (other DDP
     ranks wait for its `done`). The tokenizer is cached on its own first: a retry after a bad dev file does
     not learn BPE again. Training text is code-switched with `code_switch` (§4.2, D11). Errors: one line."""
-    if files:
-        sources = files
-    elif is_prepared(data, langs):
+    if not files and is_prepared(data, langs):
         return data
-    else:
-        sources = {l: {s: find_text(data, l, s) for s in ("train", "dev")} for l in langs}
+    sources = files or {l: {s: find_text(data, l, s) for s in ("train", "dev")} for l in langs}
 
     def fingerprint(path):
         st = os.stat(path)
@@ -788,10 +786,10 @@ def main(argv=None):
             ("--codes", dict(required=True)), ("--input", dict(required=True)), ("--output", dict(required=True)),
             "--lang", "--pretokenized", "--lowercase", "--errors")
     command("vocab", "build a Tokenizer (BPE + vocabulary) in one of the three regimes",
-            ("--train", dict(nargs="+", required=True, metavar="LANG=PATH", help="training text per language")),
-            "--mode", ("--merges", dict(type=int, default=80000, help="per language unless joint (paper: 40000)")),
+            ("--train", dict(nargs="+", required=True, metavar="LANG=PATH")), "--mode",
+            ("--merges", dict(type=int, default=80000, help="per language unless joint (paper: 40000)")),
             "--separate-vocab", "--min-freq", "--lowercase", "--max-lines", "--seed",
-            ("--out", dict(required=True, help="directory for tokenizer.json, codes and vocab files")))
+            ("--out", dict(required=True, help="directory for tokenizer.json, codes.LANG and vocab.LANG")))
     command("binarize", "text -> flat id file (.bin + .json) for pretrain.py",
             ("--tokenizer", dict(required=True, help="tokenizer.json written by `vocab`")),
             ("--lang", dict(required=True)), ("--input", dict(required=True)),
@@ -803,10 +801,9 @@ def main(argv=None):
             "--seed", "--errors")
     command("prepare", "tokenizer + binarised train/dev splits for pretrain.py --data, cached under --out",
             ("--data", dict(help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")),
-            ("--train-files", dict(metavar="LANG=PATH,...", help="training text per language instead of --data")),
-            ("--dev-files", dict(metavar="LANG=PATH,...", help="dev text per language (with --train-files)")),
+            ("--train-files", dict(metavar="LANG=PATH,...")), ("--dev-files", dict(metavar="LANG=PATH,...")),
             ("--langs", dict(default="en,fr")), "--mode",
-            ("--merges", dict(type=int, help="default: paper 80000 joint, 40000 per language")),
+            ("--merges", dict(type=int, help="default: the paper's 80000 joint, else 40000")),
             "--separate-vocab", "--lowercase", "--max-lines", "--seed", "--code-switch", "--workers",
             ("--out", dict(required=True, help="cache directory; the prepared directory inside it is printed")))
     args = parser.parse_args(argv)
@@ -820,7 +817,7 @@ def main(argv=None):
     for flag, path in inputs:
         if path is not None and not os.path.isfile(path):
             parser.error(f"{flag} {path}: no such file")
-    for flag, path in (("--output", getattr(args, "output", None)), ("--out-prefix", getattr(args, "out_prefix", None))):
+    for flag, path in (("--output", vars(args).get("output")), ("--out-prefix", vars(args).get("out_prefix"))):
         if path and not os.path.isdir(os.path.dirname(path) or "."):
             parser.error(f"{flag} {path}: no directory {os.path.dirname(path) or '.'}")
 
@@ -840,7 +837,7 @@ def main(argv=None):
             print(f"{len(merges)} merges from {len(counts)} distinct words -> {args.output}")
         elif args.cmd == "apply":
             codes = BPE.load(args.codes)
-            with _atomic_open(args.output) as out:  # no half-written output (bad line, disk full, Ctrl-C)
+            with _atomic(args.output) as tmp, open(tmp, "w", encoding="utf-8") as out:
                 for line, words in tqdm(read(args.input), desc="apply bpe"):
                     text = " ".join(codes.apply_words(words))
                     if args.pretokenized:  # as subword-nmt: keep the leading/trailing spaces of the line
@@ -849,12 +846,11 @@ def main(argv=None):
                     out.write(text + "\n")
         elif args.cmd == "vocab":
             files = parse_lang_files("--train", args.train)
-            if os.path.exists(args.out) and not os.path.isdir(args.out):
-                raise ValueError(f"--out {args.out}: exists and is not a directory")
             try:  # before BPE learning, which takes hours at paper scale
                 os.makedirs(args.out, exist_ok=True)
-            except OSError as e:
-                raise ValueError(f"--out {args.out}: cannot create the directory ({e.strerror})") from None
+            except OSError as e:  # a file is there, or the directory cannot be made
+                raise ValueError(f"--out {args.out}: exists and is not a directory" if os.path.exists(args.out) else
+                                 f"--out {args.out}: cannot create the directory ({e.strerror})") from None
             tok = Tokenizer.build(files, args.mode, args.merges, args.separate_vocab, args.lowercase,
                                   args.max_lines, args.min_freq, args.seed)
             tok.save(os.path.join(args.out, "tokenizer.json"))
