@@ -42,6 +42,7 @@ MASK_ID = 5  # <special1>; <special0> (id 4) is XLM's SEP
 N_SPECIAL = len(SPECIALS)  # 14: the first BPE token has id 14
 EOW = "</w>"  # end-of-word marker used while learning (attached to the last character: codes v0.2)
 SEP = "@@"  # continuation marker written after every non-final piece of a word
+MODES = ("joint", "separate", "prefixed")  # the vocabulary regimes of paper §4.2 (Tokenizer)
 
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenisation
@@ -311,9 +312,6 @@ class Vocab:
         """fastBPE/XLM form: 'token count' per line, specials not written (XLM adds them itself)."""
         with _atomic(path) as tmp:
             write_text(tmp, "".join(f"{t} {c}\n" for t, c in zip(self.tokens[N_SPECIAL:], self.counts[N_SPECIAL:])))
-
-
-MODES = ("joint", "separate", "prefixed")
 
 
 class Tokenizer:
@@ -710,6 +708,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
 
     def digest(recipe):
         return hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
               "lowercase": lowercase, "bpe_lines": max_lines, "seed": seed,
               "code_switch": fingerprint(code_switch) if code_switch else None,
