@@ -1,36 +1,26 @@
-"""
-Byte-pair encoding, vocabularies and binarisation for bilingual masked language models.
+"""Byte-pair encoding, vocabularies and binarisation for bilingual masked language models.
 
 Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language Models" (ACL 2020),
 §3 (the XLM set-up: BPE over the union of the languages) and §4.2 (anchor points: a joint vocabulary,
 language-specific vocabularies with and without shared strings, and code-switching as extra anchors).
-
-What is in here, in reading order:
-  1. pretokenize        Unicode-aware word/punctuation split (the stand-in for Moses; one Han char per
-                        token for zh, the stand-in for a Chinese word segmenter)
-  2. learn_bpe_simple   Sennrich et al. (2016) BPE as the paper states it (count pairs, merge the best,
-                        repeat), merge for merge identical to subword-nmt 0.3.8 `learn-bpe` (codes v0.2)
-     learn_bpe          the same merges, incremental: pair counts + pair -> words index + a max-heap,
-                        so each merge only touches the words that contain the pair
-  3. BPE                apply merges to words / whitespace-tokenised lines (== subword-nmt `apply-bpe`),
-                        load subword-nmt and fastBPE codes, save subword-nmt codes
-  4. Vocab, Tokenizer   XLM's dictionary layout (14 special tokens first) and the three regimes of §4.2:
-                        joint / separate / prefixed
-  5. code_switch        dictionary-based word replacement (extra anchors, §4.2)
-  6. binarize           text -> ids -> one flat uint16/uint32 file per language and split (streaming)
 
 Run:
   python bpe.py learn --input ../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt --merges 10000 --output en.codes
   python bpe.py apply --codes en.codes --input en.txt --output en.bpe
   python bpe.py vocab --train en=EN.txt fr=FR.txt --mode joint --merges 80000 --out DIR
   python bpe.py binarize --tokenizer DIR/tokenizer.json --lang en --input EN.txt --out-prefix DIR/en.train
+  python bpe.py prepare --data DIR --langs en,fr --out runs/prep
 """
 
 import argparse
+import contextlib
 import errno
+import functools
 import hashlib
 import heapq
+import itertools
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -44,8 +34,7 @@ import regex
 from tqdm import tqdm
 
 # -----------------------------------------------------------------------------
-# XLM's special tokens (XLM src/data/dictionary.py). They come first in every vocabulary,
-# in this fixed order, and are the only tokens that every regime shares.
+# XLM's special tokens (XLM src/data/dictionary.py): first in every vocabulary, shared by every regime
 
 SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
 BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3
@@ -53,13 +42,13 @@ MASK_ID = 5  # <special1>; <special0> (id 4) is XLM's SEP
 N_SPECIAL = len(SPECIALS)  # 14: the first BPE token has id 14
 EOW = "</w>"  # end-of-word marker used while learning (attached to the last character: codes v0.2)
 SEP = "@@"  # continuation marker written after every non-final piece of a word
+MODES = ("joint", "separate", "prefixed")  # the vocabulary regimes of paper §4.2 (Tokenizer)
 
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenisation
 
-# Whitespace = everything str.isspace() calls whitespace (Unicode White_Space plus \x1c-\x1f).
-# A word never contains one of these, which is also what keeps learn_bpe equal to subword-nmt
-# (subword-nmt's regex merge misbehaves on symbols that contain non-space whitespace).
+# Whitespace = what str.isspace() calls whitespace. A word never contains any, which also keeps learn_bpe
+# equal to subword-nmt (its regex merge misbehaves on symbols that contain non-space whitespace).
 _SPACE = r"\s\x1c-\x1f"
 _TOKEN = (
     r"\p{N}+(?:[.,]\p{N}+)+"  # a number with separators: 1,000.50 stays one token
@@ -67,142 +56,98 @@ _TOKEN = (
     rf"|(?![{_SPACE}])\X"  # anything else, one grapheme at a time: punctuation, symbols, emoji
 )
 TOKEN_RE = regex.compile(_TOKEN)
-# zh: every Han character is its own token (the stand-in for the Stanford segmenter); letters of
-# other scripts still group into words.
+# zh: every Han character is a token (the stand-in for the Stanford segmenter); other letters form words
 TOKEN_RE_ZH = regex.compile(r"(?V1)\p{Han}|" + _TOKEN.replace(r"[\p{L}\p{M}\p{N}]", r"[[\p{L}\p{M}\p{N}]--\p{Han}]"))
 SPACE_RE = regex.compile(rf"[{_SPACE}]")
 
 
 def lowercase_and_strip_accents(text):
-    """XLM-15 style normalisation (XLM tools/lowercase_and_remove_accent.py): lower, NFD, drop Mn.
-
-    'Été à Noël' -> 'ete a noel'. Off by default (README decision D5).
-    """
+    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py); off by default (D5)."""
     text = unicodedata.normalize("NFD", text.lower())
     return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
 
 
 def pretokenize(line, lang):
-    """Split a raw line into words and punctuation.
-
-    'Hello, world!' -> ['Hello', ',', 'world', '!'];  zh: '我们2020年' -> ['我', '们', '2020', '年'].
-    Words keep inner hyphens and apostrophes ("well-known", "l'homme"), numbers keep inner '.' and ','
-    ("1,000.5"), every other non-space grapheme (punctuation, emoji with its modifiers) is a token.
-    A literal special token in the text ('<s>') is split like any punctuation ('<', 's', '>'), so text
-    can never produce a special id.
-    """
-    pattern = TOKEN_RE_ZH if lang == "zh" else TOKEN_RE
-    return pattern.findall(line)
-
+    """'Hello, world!' -> ['Hello', ',', 'world', '!']; zh: '我们2020年' -> ['我', '们', '2020', '年'].
+    The stand-in for Moses; '<s>' in the text becomes '<', 's', '>', never a special token."""
+    return (TOKEN_RE_ZH if lang == "zh" else TOKEN_RE).findall(line)
 
 # -----------------------------------------------------------------------------
 # 2. Learning BPE (Sennrich et al. 2016; subword-nmt learn_bpe.py, codes version 0.2)
 
-
 def learn_bpe_simple(word_counts, num_merges, min_freq=2):
-    """BPE straight from the definition (Sennrich et al. 2016, Algorithm 1): count every adjacent pair,
-    merge the most frequent one everywhere, repeat. Returns [(left, right), ...].
-
-    Every word is a sequence of characters, the last one carrying '</w>' ('low' -> l o w</w>). Pair
-    counts are weighted by word count; ties go to the lexicographically LARGEST pair (subword-nmt
-    picks max over (count, pair)); stop when the best count is below `min_freq` or nothing is left.
-
-    Example (Sennrich et al. 2016, Fig. 1): {'low': 5, 'lower': 2, 'newest': 6, 'widest': 3}
-      counts: (e,s)=9 (s,t</w>)=9 (w,e)=8 (l,o)=7 (n,e)=6 (e,w)=6 (o,w</w>)=5 ...
+    """BPE as Sennrich et al. (2016) state it: count every adjacent pair (weighted by word count), merge
+    the most frequent one everywhere, repeat until the best count is below `min_freq`. A word starts as
+    its characters, the last one carrying '</w>'; ties go to the largest pair (subword-nmt's max over
+    (count, pair)). Example (Sennrich et al. 2016, Fig. 1): {'low': 5, 'lower': 2, 'newest': 6, 'widest': 3}
       step 1: (e,s) and (s,t</w>) tie at 9; 's' > 'e', so ('s', 't</w>')  -> n e w e st</w>, w i d e st</w>
       step 2: (e,st</w>) = 9                                             -> n e w est</w>, w i d est</w>
       step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2)        -> lo w</w>, lo w e r</w>
-      step 4: (w,est</w>), (n,e), (e,w) tie at 6; 'w' is largest, so ('w', 'est</w>')
-      ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more cases).
-    Recounting every pair after every merge costs O(merges x corpus): learn_bpe below gives the same
-    merges incrementally."""
-    words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}  # (symbols) -> count
+      ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more cases)."""
+    words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}  # symbols -> count
     merges = []
     for _ in range(num_merges):
         stats = Counter()  # (left, right) -> count
         for w, c in words.items():
             for pair in zip(w, w[1:]):
                 stats[pair] += c
-        if not stats:
-            break
-        pair = max(stats, key=lambda p: (stats[p], p))
-        if stats[pair] < min_freq:
+        pair = max(stats, key=lambda p: (stats[p], p), default=None)
+        if pair is None or stats[pair] < min_freq:
             break
         merges.append(pair)
         merged = Counter()
-        for w, c in words.items():  # replace every occurrence of the pair, left to right
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == pair:
-                    out.append(w[i] + w[i + 1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged[tuple(out)] += c
+        for w, c in words.items():
+            merged[tuple(merge_pair(w, *pair))] += c
         words = merged
     return merges
 
 
-def _symbol_key(s):
-    """A key that sorts strings in REVERSE order: heapq is a min-heap, we want the largest pair.
-
-    Python compares strings code point by code point and a prefix sorts first ('ab' < 'abc'); the key
-    negates the code points and ends with 1, bigger than any negated code point, so the prefix sorts
-    last instead. 'b' -> (-98, 1), 'a' -> (-97, 1), 'ab' -> (-97, -98, 1): key('b') < key('ab') < key('a').
-    """
-    return tuple(-ord(c) for c in s) + (1,)
+def merge_pair(symbols, a, b):
+    """Every (a, b) in `symbols` merged, left to right, non-overlapping: a a a with (a, a) -> aa a."""
+    out, i, n = [], 0, len(symbols)
+    while i < n:
+        if symbols[i] == a and i + 1 < n and symbols[i + 1] == b:
+            out.append(a + b)
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
 
 
 def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
-    """Same merges as learn_bpe_simple(word_counts, num_merges, min_freq), faster: each merge only
-    touches the words that contain the pair (tests/test_bpe.py checks that the two agree).
-
-    subword-nmt recounts nothing either, but finds the best pair with max() over a dict (kept small by
-    pruning heuristics). Here: `stats` pair -> count, `where` pair -> ids of the words that may contain
-    it, and a heap of (-count, key(left), key(right), pair) with lazy deletion: an entry whose count is
-    out of date is re-pushed with the current count when it reaches the top. Counts only ever increase
-    through a push, so the top entry, once current, is the true maximum.
-    """
+    """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the pair
+    (`where`), and a heap of (-count, key(left), key(right), pair) finds the best one. An out-of-date entry
+    is re-pushed with its current count; counts only grow through a push, so a current top is the best."""
     if num_merges <= 0:
         raise ValueError(f"num_merges must be > 0, got {num_merges}")
     if min_freq < 1:
         raise ValueError(f"min_freq must be >= 1, got {min_freq}")
-    words, freqs = [], []  # words[j]: list of symbols; freqs[j]: its count
-    for w, f in word_counts.items():
+    for w in word_counts:
         if not w:
             raise ValueError("learn_bpe: the empty string is not a word")
         if SPACE_RE.search(w):
             raise ValueError(f"learn_bpe: word {w!r} contains whitespace; split it first (pretokenize)")
-        if f <= 0:
-            continue
-        words.append(list(w[:-1]) + [w[-1] + EOW])
-        freqs.append(int(f))
+    words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
+    freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
 
-    stats = defaultdict(int)  # (str, str) -> count
-    where = defaultdict(set)  # (str, str) -> word ids that contain (or once contained) the pair
+    stats, where = defaultdict(int), defaultdict(set)
     for j, (w, f) in enumerate(zip(words, freqs)):
         for pair in zip(w, w[1:]):
             stats[pair] += f
             where[pair].add(j)
-    keys = {}  # symbol -> _symbol_key(symbol), cached
-
-    def key(s):
-        k = keys.get(s)
-        if k is None:
-            k = keys[s] = _symbol_key(s)
-        return k
-
+    # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix last
+    # (negated code points, then 1): key('b') = (-98, 1) < key('ab') = (-97, -98, 1) < key('a') = (-97, 1)
+    key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
     heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
     heapq.heapify(heap)
 
     merges = []
     bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose, mininterval=1)
     while len(merges) < num_merges:
-        # pop stale entries until the top one is current (lazy deletion)
-        while heap:
+        while heap:  # pop stale entries until the top one is current (lazy deletion)
             negc, ka, kb, pair = heap[0]
             c = stats.get(pair, 0)
             if c == -negc:
@@ -213,17 +158,13 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         pair = heap[0][3]
         merges.append(pair)
         bar.update(1)
-        a, b = pair
-        ab = a + b
+        (a, b), ab = pair, pair[0] + pair[1]
         grown = set()  # pairs whose count went up: pushed once, after all words are updated
         for j in where.pop(pair):
+            # merge_pair, moving the neighbour pairs' counts: x a b y -> x ab y turns (x, a) into (x, ab) and
+            # (b, y) into (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
             w, f = words[j], freqs[j]
-            n = len(w)
-            # Merge left to right, non-overlapping ('a a a' with (a, a) -> 'aa a'), as subword-nmt, and
-            # move the counts of the neighbour pairs: x a b y -> x ab y turns (x, a) into (x, ab) and
-            # (b, y) into (ab, y). Two merges in a row (a b a b -> ab ab) turn (b, a) into (ab, ab): the
-            # second merge does that through its left neighbour, so the first skips its right one.
-            new, i = [], 0
+            new, i, n = [], 0, len(w)
             while i < n:
                 if w[i] == a and i + 1 < n and w[i + 1] == b:
                     if new:
@@ -252,18 +193,15 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     bar.close()
     return merges
 
-
 # -----------------------------------------------------------------------------
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
-
 
 class BPE:
     """Merges -> segmentation. `BPE(merges)` with merges = [(left, right), ...] in learning order."""
 
     def __init__(self, merges):
         self.merges = [tuple(m) for m in merges]
-        # rank of each pair; a pair learned twice keeps its first (lowest) rank, as in subword-nmt
-        self.ranks = {}
+        self.ranks = {}  # a pair learned twice keeps its first (lowest) rank, as in subword-nmt
         for i, pair in enumerate(self.merges):
             if len(pair) != 2 or not pair[0] or not pair[1]:
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
@@ -271,200 +209,113 @@ class BPE:
         self.cache = {}  # word -> tuple of pieces (without @@)
 
     def segment(self, word):
-        """Split one word into pieces: 'lowest' -> ['low', 'est'] (no '@@' markers).
-
-        Start from characters (the last one + '</w>'), then repeatedly take the adjacent pair with the
-        lowest merge rank and merge all its occurrences left to right, until no pair is a known merge.
-        A one-character word is returned as is (subword-nmt does the same).
-        """
-        pieces = self.cache.get(word)
-        if pieces is not None:
-            return list(pieces)
-        if len(word) <= 1:
-            pieces = (word,) if word else ()
-        else:
-            w = list(word[:-1]) + [word[-1] + EOW]
-            ranks = self.ranks
+        """'lowest' -> ['lo', 'west']: from characters (the last + '</w>'), merge the lowest-rank pair."""
+        if word not in self.cache:
+            w = list(word[:-1]) + [word[-1] + EOW] if word else []
             while len(w) > 1:
-                best, best_rank = None, None
+                best, best_rank = None, len(self.merges)
                 for pair in zip(w, w[1:]):
-                    r = ranks.get(pair)
-                    if r is not None and (best_rank is None or r < best_rank):
+                    r = self.ranks.get(pair, best_rank)
+                    if r < best_rank:
                         best, best_rank = pair, r
                 if best is None:
                     break
-                a, b = best
-                new, i, n = [], 0, len(w)
-                while i < n:
-                    if i < n - 1 and w[i] == a and w[i + 1] == b:
-                        new.append(a + b)
-                        i += 2
-                    else:
-                        new.append(w[i])
-                        i += 1
-                w = new
-            w[-1] = w[-1][: -len(EOW)]
-            pieces = tuple(w)
-        self.cache[word] = pieces
-        return list(pieces)
+                w = merge_pair(w, *best)
+            self.cache[word] = tuple(w[:-1]) + (w[-1][: -len(EOW)],) if w else ()
+        return list(self.cache[word])
 
     def apply_words(self, words):
-        """['lowest', 'new'] -> ['low@@', 'est', 'new']: pieces of every word, '@@' on non-final ones."""
-        out = []
-        for word in words:
-            pieces = self.segment(word)
-            out.extend(p + SEP for p in pieces[:-1])
-            out.append(pieces[-1])
-        return out
+        """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces of every word, '@@' on non-final ones."""
+        return [p + SEP if k < len(ps) - 1 else p for ps in map(self.segment, words) for k, p in enumerate(ps)]
 
     def apply(self, line):
-        """A whitespace-tokenised line -> BPE'd line, the string subword-nmt apply-bpe writes.
-
-        As subword-nmt: the line is stripped of '\\r\\n ' and split on single spaces (runs of spaces
-        collapse; tabs and other whitespace stay inside words). 'the lowest' -> 'the low@@ est'.
-        """
+        """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words are split on ' ' only."""
         return " ".join(self.apply_words([w for w in line.strip("\r\n ").split(" ") if w]))
 
-    @staticmethod
-    def decode(text):
-        """Undo apply: remove '@@ ' (and a trailing '@@'), as XLM's restore_segmentation."""
-        return regex.sub(r"@@ |@@ ?$", "", text)
-
     def save(self, path):
-        """Write subword-nmt codes ('#version: 0.2' then one 'left right' per line), atomically."""
-        _atomic_write_text(path, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
+        with _atomic(path) as tmp:
+            write_text(tmp, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
 
     @classmethod
     def load(cls, path):
-        """Read subword-nmt v0.2 codes ('#version: 0.2' header, 'left right' lines) or fastBPE codes
-        ('left right count' lines, no header). Anything else raises ValueError naming file and line."""
+        """subword-nmt v0.2 codes ('#version: 0.2', then 'left right') or fastBPE's ('left right count')."""
         try:
             with open(path, encoding="utf-8") as f:
                 lines = f.read().rstrip("\n").split("\n")
         except UnicodeDecodeError as e:
             raise ValueError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
-        if not lines or lines == [""]:
+        if lines == [""]:
             raise ValueError(f"{path}: empty codes file")
+        nmt = lines[0].startswith("#version:")
+        if nmt and lines[0].split()[-1] not in ("0.2", "0.2.0"):
+            raise ValueError(f"{path}:1: codes version {lines[0].split()[-1]} is not supported (only 0.2)")
         merges = []
-        if lines[0].startswith("#version:"):
-            version = lines[0].split()[-1]
-            if version not in ("0.2", "0.2.0"):
-                raise ValueError(f"{path}:1: codes version {version} is not supported (only 0.2)")
-            fmt, body, first = "subword-nmt", lines[1:], 2
-        else:
-            fmt, body, first = "fastBPE", lines, 1
-        for n, line in enumerate(body, first):
+        for n, line in enumerate(lines[nmt:], 1 + nmt):
             parts = line.strip("\r\n ").split(" ")
-            if fmt == "subword-nmt" and len(parts) == 2 and all(parts):
+            if all(parts) and (len(parts) == 2 if nmt else len(parts) == 3 and parts[2].isdigit()):
                 merges.append((parts[0], parts[1]))
-            elif fmt == "fastBPE" and len(parts) == 3 and all(parts) and parts[2].isdigit():
-                merges.append((parts[0], parts[1]))
-            else:
-                want = "'left right'" if fmt == "subword-nmt" else "'left right count' (fastBPE)"
-                got = line if len(line) <= 60 else line[:60] + "..."  # a tokenizer.json is one long line
-                raise ValueError(f"{path}:{n}: expected {want}, got {got!r}"
-                                 + ("" if fmt == "subword-nmt" else
-                                    "; subword-nmt codes need a '#version: 0.2' first line"))
+                continue
+            got = line if len(line) <= 60 else line[:60] + "..."  # a tokenizer.json is one long line
+            raise ValueError(f"{path}:{n}: expected 'left right', got {got!r}" if nmt else
+                             f"{path}:{n}: expected 'left right count' (fastBPE), got {got!r}; "
+                             "subword-nmt codes need a '#version: 0.2' first line")
         return cls(merges)
 
 
-def _atomic_write_text(path, text):
-    """Write through path.tmp + rename; a failed write (disk full, Ctrl-C) removes the temp file."""
-    tmp = path + ".tmp"
+@contextlib.contextmanager
+def _atomic(path):
+    """Yields path.tmp to write, renamed to `path` at the end: never half a file. Any failure (disk full, a bad
+    input line, Ctrl-C) removes it, and the tmp.tmp of a save that writes its own temp file first."""
+    tmp = str(path) + ".tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        for t in (tmp, tmp + ".tmp"):
+            if os.path.exists(t):
+                os.remove(t)
         raise
 
 
-# -----------------------------------------------------------------------------
-# 4. Vocabularies (XLM data/dictionary.py, fastBPE getvocab) and the three regimes of paper §4.2
-
-
-def _sorted_by_count(counts):
-    """fastBPE getvocab order: count descending, ties alphabetical. Counter -> (tokens, counts)."""
-    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    return [t for t, _ in items], [c for _, c in items]
-
-
-class Vocab:
-    """Token <-> id. `Vocab(tokens, counts=None)`: tokens WITHOUT the specials, which are prepended,
-    so tokens[0] gets id N_SPECIAL (14). Unknown tokens map to UNK_ID."""
-
-    def __init__(self, tokens, counts=None):
-        tokens = list(tokens)
-        if counts is not None and len(counts) != len(tokens):
-            raise ValueError(f"Vocab: {len(tokens)} tokens but {len(counts)} counts")
-        self.tokens = SPECIALS + tokens
-        self.counts = [0] * N_SPECIAL + (list(counts) if counts is not None else [0] * len(tokens))
-        self.index = {}
-        for i, t in enumerate(self.tokens):
-            if not t or SPACE_RE.search(t):
-                raise ValueError(f"Vocab: token {i} {t!r} is empty or contains whitespace")
-            if t in self.index:
-                raise ValueError(f"Vocab: token {t!r} appears twice (ids {self.index[t]} and {i})")
-            self.index[t] = i
-
-    def __len__(self):
-        return len(self.tokens)
-
-    def id(self, tok):
-        return self.index.get(tok, UNK_ID)
-
-    def token(self, i):
-        return self.tokens[i]
-
-    def save(self, path):
-        """fastBPE/XLM form: 'token count' per line, specials not written (XLM adds them itself)."""
-        _atomic_write_text(path, "".join(f"{t} {c}\n" for t, c in
-                                         zip(self.tokens[N_SPECIAL:], self.counts[N_SPECIAL:])))
-
-    @classmethod
-    def load(cls, path):
-        tokens, counts = [], []
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                parts = line.rstrip("\r\n").split(" ")
-                if len(parts) != 2 or not parts[0] or not parts[1].isdigit():
-                    raise ValueError(f"{path}:{n}: expected 'token count', got {line.rstrip()!r}")
-                if parts[0] in SPECIALS:
-                    raise ValueError(f"{path}:{n}: special token {parts[0]} must not be in the file")
-                tokens.append(parts[0])
-                counts.append(int(parts[1]))
-        return cls(tokens, counts)
-
-
-MODES = ("joint", "separate", "prefixed")
-
-
-def mark(piece, lang):
-    """The `prefixed` regime's language marking: 'hel@@' in en -> 'en:hel@@'. Every token of a
-    language starts with '<lang>:', so two languages can never share a token (only the specials);
-    the '@@' continuation marker stays at the end."""
-    return f"{lang}:{piece}"
+def write_text(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _read_lines(path, max_lines=None, errors="strict"):
-    """Stream the lines of a UTF-8 file (no '\\n'); a line that is not UTF-8 raises ValueError with
-    file and line unless errors='replace' (then bad bytes become U+FFFD)."""
+    """The first max_lines lines of a UTF-8 file; bad bytes raise (naming file:line) or become U+FFFD."""
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            if max_lines is not None and n > max_lines:
-                return
+        for n, raw in enumerate(itertools.islice(f, max_lines), 1):
             try:
                 yield raw.decode("utf-8", errors).rstrip("\r\n")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
                                  "fix the file or use errors='replace' (--errors replace)") from None
 
+# -----------------------------------------------------------------------------
+# 4. Vocabularies (XLM data/dictionary.py, fastBPE getvocab) and the three regimes of paper §4.2
+
+class Vocab:
+    """Token <-> id: `tokens` without the specials, which come first (tokens[0] gets id N_SPECIAL = 14)."""
+
+    def __init__(self, tokens, counts=None):
+        self.tokens = SPECIALS + list(tokens)
+        self.counts = [0] * N_SPECIAL + (list(counts) if counts is not None else [0] * len(tokens))
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+        if len(self.index) < len(self.tokens) or not all(t and not SPACE_RE.search(t) for t in self.tokens):
+            raise ValueError("Vocab: a token is empty, contains whitespace or appears twice")  # 'token count' files
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def save(self, path):
+        """fastBPE/XLM form: 'token count' per line, specials not written (XLM adds them itself)."""
+        with _atomic(path) as tmp:
+            write_text(tmp, "".join(f"{t} {c}\n" for t, c in zip(self.tokens[N_SPECIAL:], self.counts[N_SPECIAL:])))
+
 
 class Tokenizer:
-    """The whole text -> ids pipeline of one run: pretokenize (+ optional lowercasing), BPE, language
-    marking (prefixed regime), vocabulary lookup. Serialisable as plain types (to_dict/from_dict).
+    """Text -> ids for one run: pretokenize (+ lowercasing), BPE, language marks (prefixed), vocabulary.
 
     Regimes (paper §4.2, Table 1 "anchor points"):
       joint     one BPE learned on all languages (equal numbers of lines per language), one vocabulary:
@@ -473,117 +324,79 @@ class Tokenizer:
                 to be identical in both languages (digits, names, punctuation) are the only anchors
       prefixed  one BPE per language and every token marked with its language ('en:the', 'fr:le'):
                 no shared token except the 14 specials ("no anchors")
-    separate_vocab=True gives every language its own id space (for separate embeddings, `--sep emb`).
-    """
+    separate_vocab=True gives every language its own id space (for separate embeddings, `--sep emb`)."""
 
     def __init__(self, langs, mode, bpes, vocabs, lowercase=False, separate_vocab=False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self.langs = list(langs)
-        self.mode = mode
-        self.bpes = bpes  # lang -> BPE (the same object for every language in joint mode)
-        self.vocabs = vocabs  # lang -> Vocab (the same object unless separate_vocab)
-        self.lowercase = lowercase
-        self.separate_vocab = separate_vocab
-        self.anchors = None  # set of tokens seen in more than one language; known after build() only
-
-    # --- building --------------------------------------------------------------------------------
+        self.langs, self.mode, self.lowercase, self.separate_vocab = list(langs), mode, lowercase, separate_vocab
+        self.bpes, self.vocabs = bpes, vocabs  # lang -> BPE (one for all in joint mode), lang -> Vocab
+        self.anchors = None  # tokens seen in more than one language (identical strings); set by build()
 
     @classmethod
     def build(cls, train_files, mode="joint", num_merges=80000, separate_vocab=False,
               lowercase=False, max_lines=None, min_freq=2, seed=0, verbose=True):
-        """Learn BPE and vocabularies from {lang: path}. Paper sizes: joint 80k merges, separate and
-        prefixed 40k merges per language (pass num_merges accordingly).
-
-        joint: the BPE is learned on the same number of lines from every language (XLM samples 10M
-        lines per language with `shuf`): languages with more lines than the smallest one are
-        down-sampled without replacement, seeded, so no language dominates the merges. Vocabulary
-        counts come from ALL lines (up to max_lines) segmented with the learned codes.
-        """
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        langs = list(train_files)
-        if not langs:
-            raise ValueError("Tokenizer.build: no training files")
+        """Learn BPE and vocabularies from {lang: path} (paper: joint 80k merges, else 40k per language).
+        joint learns on the same number of lines from every language (XLM samples 10M lines each with
+        `shuf`): larger corpora are down-sampled, seeded. Vocabulary counts come from all lines."""
+        tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
         counts, n_lines = {}, {}
-        for lang in langs:
+        for lang in tok.langs:
             c, n = Counter(), 0
-            for line in _read_lines(train_files[lang], max_lines):
-                n += 1
-                c.update(pretokenize(lowercase_and_strip_accents(line) if lowercase else line, lang))
+            for n, line in enumerate(_read_lines(train_files[lang], max_lines), 1):
+                c.update(tok.words(line, lang))
             if not c:
                 raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
             counts[lang], n_lines[lang] = c, n
 
         if mode == "joint":
-            n_min = min(n_lines.values())
-            learn_counts = Counter()
-            for k, lang in enumerate(langs):
+            n_min, learn_counts = min(n_lines.values()), Counter()
+            for k, lang in enumerate(tok.langs):
                 if n_lines[lang] == n_min:
                     learn_counts.update(counts[lang])
                     continue
-                rng = np.random.default_rng([seed, k])
                 keep = np.zeros(n_lines[lang], dtype=bool)
-                keep[rng.choice(n_lines[lang], n_min, replace=False)] = True
-                for n, line in enumerate(_read_lines(train_files[lang], max_lines)):
-                    if keep[n]:
-                        learn_counts.update(pretokenize(
-                            lowercase_and_strip_accents(line) if lowercase else line, lang))
+                keep[np.random.default_rng([seed, k]).choice(n_lines[lang], n_min, replace=False)] = True
+                lines = enumerate(_read_lines(train_files[lang], max_lines))
+                learn_counts.update(w for n, line in lines if keep[n] for w in tok.words(line, lang))
             if verbose:
                 print(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
-            shared = BPE(learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose))
-            bpes = {lang: shared for lang in langs}
+            tok.bpes = dict.fromkeys(tok.langs, BPE(learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)))
         else:
-            bpes = {}
-            for lang in langs:
+            for lang in tok.langs:
                 if verbose:
                     print(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
-                bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
-
-        # token counts per language = the pieces of every word times the word's count
-        token_counts = {}
-        for lang in langs:
-            tc = Counter()
+                tok.bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
+        token_counts = {lang: Counter() for lang in tok.langs}  # the pieces of every word x its count
+        for lang in tok.langs:
             for word, c in counts[lang].items():
-                for piece in bpes[lang].apply_words([word]):
-                    tc[mark(piece, lang) if mode == "prefixed" else piece] += c
-            token_counts[lang] = tc
-        if separate_vocab:
-            vocabs = {lang: Vocab(*_sorted_by_count(token_counts[lang])) for lang in langs}
-        else:
-            total = Counter()
-            for lang in langs:
-                total.update(token_counts[lang])
-            union = Vocab(*_sorted_by_count(total))
-            vocabs = {lang: union for lang in langs}
-        tok = cls(langs, mode, bpes, vocabs, lowercase, separate_vocab)
-        tok.anchors = anchor_tokens(token_counts)
+                for piece in tok.pieces([word], lang):
+                    token_counts[lang][piece] += c
+
+        def vocab(tc):  # fastBPE getvocab order: count descending, ties alphabetical
+            return Vocab(*zip(*sorted(tc.items(), key=lambda kv: (-kv[1], kv[0]))))
+
+        union = None if separate_vocab else vocab(sum(token_counts.values(), Counter()))
+        tok.vocabs = {lang: union or vocab(token_counts[lang]) for lang in tok.langs}
+        seen = Counter(t for tc in token_counts.values() for t in tc)
+        tok.anchors = {t for t, n in seen.items() if n > 1}
         if verbose:
-            sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in langs)
+            sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in tok.langs)
             print(f"vocabulary ({mode}{', separate ids' if separate_vocab else ''}): {sizes}; "
                   f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
         return tok
-
-    # --- text -> tokens -> ids --------------------------------------------------------------------
-
-    def vocab(self, lang):
-        return self.vocabs[lang]
 
     def vocab_size(self, lang):
         return len(self.vocabs[lang])
 
     def words(self, line, lang):
         """Pretokenised (and, if the run lowercases, lowercased) words of a raw line."""
-        if self.lowercase:
-            line = lowercase_and_strip_accents(line)
-        return pretokenize(line, lang)
+        return pretokenize(lowercase_and_strip_accents(line) if self.lowercase else line, lang)
 
     def pieces(self, words, lang):
-        """Words -> vocabulary tokens (BPE pieces with '@@', language-marked in the prefixed regime)."""
+        """Words -> vocabulary tokens: BPE pieces with '@@'; prefixed regime: 'hel@@' in en -> 'en:hel@@'."""
         pieces = self.bpes[lang].apply_words(words)
-        if self.mode == "prefixed":
-            return [mark(p, lang) for p in pieces]
-        return pieces
+        return [f"{lang}:{p}" for p in pieces] if self.mode == "prefixed" else pieces
 
     def tokenize(self, line, lang):
         """'Hello, world!' -> ['Hel@@', 'lo', ',', 'world', '!'] (prefixed: ['en:Hel@@', ...])."""
@@ -595,173 +408,93 @@ class Tokenizer:
         return [index.get(p, UNK_ID) for p in self.tokenize(line, lang)]
 
     def encode_words(self, words, lang):
-        """Already-split words -> ids per word (finetune.py labels the first piece of each word). A word
-        is pretokenised too (it may hold punctuation), so its ids are exactly those encode() gives it
-        in context; a word that yields no piece gets [UNK_ID]."""
-        index = self.vocabs[lang].index
-        out = []
-        for word in words:
-            ids = [index.get(p, UNK_ID) for p in self.tokenize(word, lang)]
-            out.append(ids or [UNK_ID])
-        return out
-
-    def decode(self, ids, lang):
-        """ids -> text: tokens joined by spaces, language marks and '@@ ' removed. Special ids are
-        dropped except <unk>, written as '<unk>'."""
-        vocab = self.vocabs[lang]
-        toks = []
-        for i in ids:
-            i = int(i)
-            if i == UNK_ID:
-                toks.append("<unk>")
-            elif i >= N_SPECIAL:
-                t = vocab.token(i)
-                if self.mode == "prefixed":
-                    t = t.split(":", 1)[1]
-                toks.append(t)
-        return BPE.decode(" ".join(toks))
-
-    # --- serialisation (plain types only: loadable with torch.load(weights_only=True)) ------------
+        """Already-split words -> ids per word, as encode() gives them in context ([UNK_ID] for no piece)."""
+        return [self.encode(word, lang) or [UNK_ID] for word in words]
 
     def to_dict(self):
-        bpe_list, bpe_of = [], {}
-        vocab_list, vocab_of = [], {}
-        for lang in self.langs:
-            b, v = self.bpes[lang], self.vocabs[lang]
-            ib = next((k for k, x in enumerate(bpe_list) if x is b), None)
-            if ib is None:
-                ib = len(bpe_list)
-                bpe_list.append(b)
-            iv = next((k for k, x in enumerate(vocab_list) if x is v), None)
-            if iv is None:
-                iv = len(vocab_list)
-                vocab_list.append(v)
-            bpe_of[lang], vocab_of[lang] = ib, iv
-        return {
-            "format": "bpe.Tokenizer/1",
-            "langs": list(self.langs),
-            "mode": self.mode,
-            "lowercase": bool(self.lowercase),
-            "separate_vocab": bool(self.separate_vocab),
-            "bpes": [[[a, b_] for a, b_ in b.merges] for b in bpe_list],
-            "bpe_of": bpe_of,
-            "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]}
-                       for v in vocab_list],
-            "vocab_of": vocab_of,
-        }
+        """Plain types (for torch.load(weights_only=True)); a BPE or Vocab shared by languages is stored once."""
+        bpes = list({id(self.bpes[l]): self.bpes[l] for l in self.langs}.values())  # in language order
+        vocabs = list({id(self.vocabs[l]): self.vocabs[l] for l in self.langs}.values())
+        return {"format": "bpe.Tokenizer/1", "langs": list(self.langs), "mode": self.mode,
+                "lowercase": bool(self.lowercase), "separate_vocab": bool(self.separate_vocab),
+                "bpes": [[list(m) for m in b.merges] for b in bpes],
+                "bpe_of": {l: bpes.index(self.bpes[l]) for l in self.langs},
+                "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]} for v in vocabs],
+                "vocab_of": {l: vocabs.index(self.vocabs[l]) for l in self.langs}}
 
     @classmethod
     def from_dict(cls, d):
-        bpes = [BPE(m) for m in d["bpes"]]
-        vocabs = [Vocab(v["tokens"], v["counts"]) for v in d["vocabs"]]
-        langs = list(d["langs"])
-        return cls(langs, d["mode"], {l: bpes[d["bpe_of"][l]] for l in langs},
-                   {l: vocabs[d["vocab_of"][l]] for l in langs},
-                   d.get("lowercase", False), d.get("separate_vocab", False))
+        bpes, vocabs = [BPE(m) for m in d["bpes"]], [Vocab(v["tokens"], v["counts"]) for v in d["vocabs"]]
+        return cls(d["langs"], d["mode"], {l: bpes[d["bpe_of"][l]] for l in d["langs"]},
+                   {l: vocabs[d["vocab_of"][l]] for l in d["langs"]}, d.get("lowercase", False),
+                   d.get("separate_vocab", False))
 
     def save(self, path):
-        _atomic_write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
+        with _atomic(path) as tmp:
+            write_text(tmp, json.dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
     def load(cls, path):
         """Read a tokenizer.json written by save(); anything else raises ValueError naming the file."""
-        with open(path, "rb") as f:
-            raw = f.read()
         try:
-            d = json.loads(raw.decode("utf-8"))
+            with open(path, "rb") as f:
+                d = json.loads(f.read().decode("utf-8"))
             if not isinstance(d, dict):
                 raise ValueError(f"a JSON {type(d).__name__}, not an object")
             return cls.from_dict(d)
-        except UnicodeDecodeError as e:
-            reason = f"not valid UTF-8: {e.reason} at byte {e.start}"
-        except json.JSONDecodeError as e:
-            reason = f"not JSON: {e}"
-        except KeyError as e:
-            reason = f"no {e} entry"
-        except (ValueError, TypeError, IndexError) as e:
-            reason = str(e)
-        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})")
-
-
-def anchor_tokens(token_counts):
-    """Tokens that occur in the text of more than one language: {lang: Counter} -> set. In the joint
-    and separate regimes these identical strings are the anchor points; prefixed gives none."""
-    seen = Counter()
-    for tc in token_counts.values():
-        seen.update(set(tc))
-    return {t for t, n in seen.items() if n > 1}
-
+        except (KeyError, ValueError, TypeError, IndexError) as e:
+            reason = (f"not valid UTF-8: {e.reason} at byte {e.start}" if isinstance(e, UnicodeDecodeError) else
+                      f"not JSON: {e}" if isinstance(e, json.JSONDecodeError) else
+                      f"no {e} entry" if isinstance(e, KeyError) else str(e))
+            raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})") from None
 
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2; README decision D11)
 
-
 class Dictionary(dict):
-    """A bilingual dictionary {source word: [translations]}; `weights` {source: [float]} when the
-    file has a third column (else None: translations are drawn uniformly); `pairs` [(source, target)]
-    in file order (align.py's word translation reads the same file)."""
-    weights = None
-    pairs = ()
+    """{source: [translations]}; `weights` {source: [float]} or None; `pairs` [(source, target)] in order."""
 
 
 def read_dictionary(path):
-    """Read a MUSE dictionary: 'src tgt' per line (space or tab), a source may have several lines;
-    an optional third column is a weight for that translation. Bad lines raise with file and line."""
-    d, w, has_w, pairs = Dictionary(), {}, None, []
+    """A MUSE dictionary: 'source target' per line, optionally a third column: the translation's weight."""
+    d, weights = Dictionary(), {}
+    d.pairs = []
     for n, line in enumerate(_read_lines(path), 1):
         parts = line.split()
         if not parts:
             continue
-        if len(parts) not in (2, 3) or (has_w is not None and (len(parts) == 3) != has_w):
+        if len(parts) not in (2, 3) or (d.pairs and (len(parts) == 3) != bool(weights)):
             raise ValueError(f"{path}:{n}: expected 'source target' (or 'source target weight' on "
                              f"every line), got {line!r}")
-        has_w = len(parts) == 3
-        src, tgt = parts[0], parts[1]
-        if has_w:
+        src, tgt = parts[:2]
+        if len(parts) == 3:
             try:
                 weight = float(parts[2])
             except ValueError:
                 raise ValueError(f"{path}:{n}: weight {parts[2]!r} is not a number") from None
             if weight < 0:
                 raise ValueError(f"{path}:{n}: negative weight {weight}")
-            w.setdefault(src, []).append(weight)
+            weights.setdefault(src, []).append(weight)
         d.setdefault(src, []).append(tgt)
-        pairs.append((src, tgt))
+        d.pairs.append((src, tgt))
     if not d:
         raise ValueError(f"{path}: the dictionary is empty")
-    d.pairs = pairs
-    if has_w:
-        d.weights = w
+    d.weights = weights or None
     return d
 
 
-def _lookup(word, dictionary):
-    """Exact match first, then the lowercased word (MUSE dictionaries are lowercase); a Titlecase word
-    gets Titlecase translations. Returns (translations, weights or None) or (None, None)."""
-    for key, fix in ((word, str), (word.lower(), str.capitalize if word[:1].isupper() else str)):
-        if key in dictionary:
-            weights = getattr(dictionary, "weights", None)
-            weights = weights.get(key) if weights else None
-            return [fix(t) for t in dictionary[key]], weights
-        if key == word.lower():
-            break
-    return None, None
-
-
 def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
-    """Replace dictionary words by a translation: extra anchor points (paper §4.2).
-
-    Every word found in `dictionary` is picked with probability p; if more than max_frac of all the
-    words were picked, a random subset of floor(max_frac * len(words)) of them is kept. Each kept
-    word becomes one of its translations, uniformly or by the dictionary's weight column.
-    `rng` is a random.Random or a numpy Generator (only rng.random() is used).
-    Example: ['the', 'cat', 'sleeps'], {'cat': ['chat']}, p=1, max_frac=1 -> ['the', 'chat', 'sleeps'].
-    """
+    """Extra anchors (paper §4.2): a word found in `dictionary` (else lowercased, as MUSE; Titlecase stays
+    Titlecase) is picked with probability p, floor(max_frac * len(words)) at most, and replaced by one of
+    its translations (uniformly or by weight). `rng`: random.Random or numpy Generator. Example:
+    ['the', 'cat', 'sleeps'], {'cat': ['chat']}, p=1, max_frac=1 -> ['the', 'chat', 'sleeps']."""
+    weights = getattr(dictionary, "weights", None) or {}
     picked = []  # (position, translations, weights)
     for i, word in enumerate(words):
-        tr, wt = _lookup(word, dictionary)
-        if tr is not None and rng.random() < p:
-            picked.append((i, tr, wt))
+        key = word if word in dictionary else word.lower()
+        if key in dictionary and rng.random() < p:
+            fix = str.capitalize if key != word and word[:1].isupper() else str
+            picked.append((i, [fix(t) for t in dictionary[key]], weights.get(key)))
     cap = int(max_frac * len(words))
     if len(picked) > cap:
         order = sorted(range(len(picked)), key=lambda k: rng.random())
@@ -769,14 +502,9 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
     out = list(words)
     for i, tr, wt in picked:
         cum = np.cumsum(wt if wt is not None else [1.0] * len(tr))
-        if cum[-1] <= 0:
-            continue
-        k = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
-        out[i] = tr[min(k, len(tr) - 1)]
+        if cum[-1] > 0:
+            out[i] = tr[min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(tr) - 1)]
     return out
-
-
-_code_switch = code_switch  # binarize() has an argument of the same name
 
 # -----------------------------------------------------------------------------
 # 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
@@ -785,67 +513,33 @@ CHUNK_LINES = 2000
 _WORKER = {}  # per-process state of binarize workers (set by _init_worker)
 
 
-def _init_worker(tok, lang, opts):
-    _WORKER.clear()
-    _WORKER.update(opts, tok=Tokenizer.from_dict(tok) if isinstance(tok, dict) else tok, lang=lang)
+def _init_worker(opts):
+    _WORKER.update(opts, tok=Tokenizer.from_dict(opts["tok"]) if isinstance(opts["tok"], dict) else opts["tok"])
 
 
 def _encode_chunk(chunk):
-    """(first line number, [raw bytes lines]) -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
-    start, raw_lines = chunk
-    s = _WORKER
+    """(first line number, [lines]) -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
+    (start, lines), s = chunk, _WORKER
     tok, lang, cs = s["tok"], s["lang"], s["code_switch"]
-    index = tok.vocab(lang).index
-    ids = []
-    for n, raw in enumerate(raw_lines, start):
-        try:
-            line = raw.decode("utf-8", s["errors"]).rstrip("\r\n")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{s['path']}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
-                             "fix the file or use errors='replace' (--errors replace)") from None
+    index, ids = tok.vocabs[lang].index, []
+    for n, line in enumerate(lines, start):
         words = tok.words(line, lang)
         if cs is None:
             pieces = tok.pieces(words, lang)
-        else:
-            # the rng depends only on (seed, line number): the output is the same for any --workers
-            switched = _code_switch(words, cs, random.Random(s["seed"] * 1_000_003 + n),
-                                    s["p"], s["max_frac"])
-            pieces = []
-            for w, w2 in zip(words, switched):
-                pieces += tok.pieces([w2], lang if w2 == w else s["cs_lang"])
+        else:  # the rng depends only on (seed, line number): the output is the same for any --workers
+            switched = code_switch(words, cs, random.Random(s["seed"] * 1_000_003 + n), s["p"], s["max_frac"])
+            pieces = [p for w, w2 in zip(words, switched) for p in tok.pieces([w2], lang if w2 == w else s["cs_lang"])]
         ids.extend(index.get(p, UNK_ID) for p in pieces)
         ids.append(EOS_ID)
-    return np.array(ids, dtype=np.uint32), len(raw_lines), sum(len(r) for r in raw_lines)
-
-
-def _chunks(path):
-    with open(path, "rb") as f:
-        start, buf = 1, []
-        for raw in f:
-            buf.append(raw)
-            if len(buf) == CHUNK_LINES:
-                yield start, buf
-                start, buf = start + len(buf), []
-        if buf:
-            yield start, buf
+    return np.array(ids, dtype=np.uint32), len(lines), sum(len(line.encode()) + 1 for line in lines)
 
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_lang=None,
              p=0.3, max_frac=0.15, seed=0, errors="strict", verbose=True):
-    """Encode a text file into `out_prefix.bin` (flat ids, EOS_ID after every line, uint16 when the
-    vocabulary fits, else uint32) and `out_prefix.json` {"dtype","n_tokens","n_sentences",
-    "vocab_size","lang"}. Streams the file in chunks (memory ~ one chunk per worker); `workers` > 1
-    encodes chunks in a process pool, in order. Both files are written atomically.
-
-    code_switch: a bilingual dictionary (read_dictionary) to code-switch the text before BPE (paper
-    §4.2 extra anchors, README decision D11): words are replaced with code_switch(words, dictionary, rng, p,
-    max_frac), rng seeded per line. A replaced word is segmented with the BPE of `cs_lang` (default:
-    the other language of a two-language tokenizer) but looked up in `lang`'s vocabulary, so this needs
-    one shared id space (separate_vocab=False).
-    An empty line gives just </s>. Text can never produce a special id (pretokenize splits '<s>').
-    """
-    if lang not in tok.langs:
-        raise ValueError(f"language {lang!r} is not one of the tokenizer's {tok.langs}")
+    """A text file -> `out_prefix.bin` (flat ids, EOS_ID after every line; uint16 if the vocabulary fits)
+    and `out_prefix.json`, streamed in chunks by `workers`. `code_switch`: a dictionary to code-switch the
+    text with (paper §4.2, D11); a replaced word gets the BPE of `cs_lang` (default: the other language)
+    and `lang`'s vocabulary, so this needs one shared id space."""
     if code_switch is not None:
         if tok.separate_vocab:
             raise ValueError("code-switching needs one shared vocabulary (separate_vocab=False)")
@@ -854,47 +548,35 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
             if len(others) != 1:
                 raise ValueError(f"pass cs_lang: which of {others} do the translations belong to?")
             cs_lang = others[0]
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    opts = dict(code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed,
-                errors=errors, path=text_path)
+    opts = dict(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed)
+    lines = _read_lines(text_path, None, errors)
+    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
+    chunks = ((k * CHUNK_LINES + 1, c) for k, c in enumerate(chunks))  # (number of the first line, lines)
     n_tokens = n_sentences = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose)
-    tmp = out_prefix + ".bin.tmp"
-    pool = None
+    pool = multiprocessing.Pool(workers, _init_worker, ({**opts, "tok": tok.to_dict()},)) if workers > 1 else None
+    _init_worker(opts)
     try:
-        if workers > 1:
-            import multiprocessing
-            pool = multiprocessing.Pool(workers, _init_worker, (tok.to_dict(), lang, opts))
-            results = pool.imap(_encode_chunk, _chunks(text_path))
-        else:
-            _init_worker(tok, lang, opts)
-            results = map(_encode_chunk, _chunks(text_path))
-        with open(tmp, "wb") as f:
+        results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
+        with _atomic(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
             for ids, n_lines, n_bytes in results:
                 f.write(ids.astype(dtype).tobytes())
-                n_tokens += len(ids)
-                n_sentences += n_lines
+                n_tokens, n_sentences = n_tokens + len(ids), n_sentences + n_lines
                 bar.update(n_bytes)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+            if n_sentences == 0:
+                raise ValueError(f"{text_path}: empty corpus (no lines)")
     finally:
         bar.close()
         _WORKER.clear()
-        if pool is not None:
+        if pool:
             pool.terminate()
-    if n_sentences == 0:
-        os.remove(tmp)
-        raise ValueError(f"{text_path}: empty corpus (no lines)")
     meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
             "vocab_size": vocab_size, "lang": lang}
-    os.replace(tmp, out_prefix + ".bin")
-    _atomic_write_text(out_prefix + ".json", json.dumps(meta) + "\n")
+    with _atomic(out_prefix + ".json") as tmp:
+        write_text(tmp, json.dumps(meta) + "\n")
     return meta
 
 
@@ -907,38 +589,24 @@ def load_bin(out_prefix):
         raise ValueError(f"{out_prefix}.bin has {len(data)} ids, its .json says {meta['n_tokens']}")
     return data, meta
 
-
 # -----------------------------------------------------------------------------
-# 7. Data preparation for pretrain.py: tokenizer + binarised train/dev splits, cached once
-#    (nanoGPT's prepare.py step; `python bpe.py prepare ...` or pretrain.py does it on first use)
-
+# 7. Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
 
 def atomic_write(path, write):
-    """Write `path` through `path.tmp` + rename, so a crash or a kill leaves the old file or the new one,
-    never half of one; write(tmp) writes the temp file. A failed write (disk full, ...) removes the temp
-    file, leaves the old `path` intact and stops the program with one line."""
-    tmp = str(path) + ".tmp"
+    """write(tmp) writes `path` through _atomic (model.save_model and Tokenizer.save write their own temp
+    file first); a failure stops the program with one line."""
     try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
-        for t in (tmp, tmp + ".tmp"):  # model.save_model and Tokenizer.save write their own temp file first
-            if os.path.exists(t):
-                os.remove(t)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            raise SystemExit(f"error: no space left writing {path}") from None
-        if isinstance(e, OSError):
-            raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
-        if isinstance(e, RuntimeError) and "unexpected pos" in str(e):  # torch.save's zip writer: a short write
-            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
-            raise SystemExit(f"error: no space left writing {path}? (torch.save wrote less than asked; "
-                             f"{free:,.0f} MiB free there)") from None
-        raise
-
-
-def write_text(path, text):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+        with _atomic(path) as tmp:
+            write(tmp)
+    except OSError as e:
+        raise SystemExit(f"error: no space left writing {path}" if e.errno == errno.ENOSPC else
+                         f"error: cannot write {path}: {e.strerror or e}") from None
+    except RuntimeError as e:
+        if "unexpected pos" not in str(e):  # torch.save's zip writer: a short write
+            raise
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
+        raise SystemExit(f"error: no space left writing {path}? (torch.save wrote less than asked; "
+                         f"{free:,.0f} MiB free there)") from None
 
 
 def make_dir(flag, path):
@@ -962,8 +630,7 @@ def parse_lang_path(item):
 
 
 def parse_lang_files(flag, items, langs=None):
-    """['en=a.txt', 'fr=b.txt'] (or 'en=a.txt,fr=b.txt') -> {'en': 'a.txt', 'fr': 'b.txt'}: each language
-    once, every file present, and (when `langs` is given) exactly those languages. Errors name `flag`."""
+    """['en=a.txt', 'fr=b.txt'] or 'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}; errors name `flag`."""
     files = {}
     for item in items.split(",") if isinstance(items, str) else items:
         try:
@@ -989,11 +656,6 @@ def find_text(data_dir, lang, split):
                      f"for language '{lang}'")
 
 
-def _fingerprint(path):
-    st = os.stat(path)
-    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
-
-
 def is_prepared(d, langs):
     """Does `d` hold tokenizer.json and {lang}.{train,dev}.bin for every language?"""
     return os.path.isfile(os.path.join(d, "tokenizer.json")) and all(
@@ -1001,13 +663,12 @@ def is_prepared(d, langs):
 
 
 def read_switch_dictionary(path, langs):
-    """--code-switch: {langs[0]: src -> [tgt], langs[1]: tgt -> [src]} from a MUSE `src tgt` file (paper
-    §4.2 extra anchors; both languages' training text is code-switched)."""
+    """--code-switch: {langs[0]: src -> [tgt], langs[1]: tgt -> [src]}: both languages get switched."""
     try:
         forward = read_dictionary(path)
     except (OSError, ValueError) as e:  # read_dictionary names the file and line at fault
         raise SystemExit(f"error: --code-switch {e}")
-    backward = type(forward)()
+    backward = Dictionary()
     for src, tgts in forward.items():
         for t in tgts:
             backward.setdefault(t, []).append(src)
@@ -1015,8 +676,7 @@ def read_switch_dictionary(path, langs):
 
 
 def check_inputs(langs, data=None, files=None, code_switch=None):
-    """Before any work (BPE learning takes hours at paper scale): every input text file can be opened,
-    and the --code-switch dictionary parses. `files`: {lang: {"train": path, "dev": path}}."""
+    """Before any work (BPE learning takes hours at paper scale): the text files open, the dictionary parses."""
     paths = [files[l][s] for s in ("train", "dev") for l in langs] if files else []
     if data is not None and not files:
         if not os.path.isdir(data):
@@ -1034,28 +694,26 @@ def check_inputs(langs, data=None, files=None, code_switch=None):
 
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True):
-    """Raw text -> tokenizer.json + {lang}.{train,dev}.{bin,json}; returns the directory that holds them.
-
-    The text is `files` {lang: {"train": path, "dev": path}}, or found in `data` ({lang}.{split}.txt or
-    toydata's mono/). If `data` already holds prepared files (an earlier prepare), it is used as is.
-    Otherwise the master builds them under prep_dir/<mode>-<merges>-<hash of inputs and flags>/ (reused by
-    any later call with the same inputs), and the other ranks of a DDP run (master=False) wait for its
-    `done` file. The learned tokenizer is cached on its own (prep_dir/tokenizer-<hash of what BPE learning
-    reads>.json) before the text is binarised: a retry after a bad dev file or dictionary does not learn
-    BPE again. The training text is code-switched with the MUSE dictionary `code_switch` (paper §4.2,
-    D11); dev text stays clean (it measures the language itself). Errors are one line (SystemExit)."""
-    if files:
-        sources = files
-    elif is_prepared(data, langs):
+    """Raw text (`files` {lang: {"train": path, "dev": path}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash
+    of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused by later calls (other DDP
+    ranks wait for its `done`). The tokenizer is cached on its own first: a retry after a bad dev file does
+    not learn BPE again. Training text is code-switched with `code_switch` (§4.2, D11). Errors: one line."""
+    if not files and is_prepared(data, langs):
         return data
-    else:
-        sources = {l: {s: find_text(data, l, s) for s in ("train", "dev")} for l in langs}
+    sources = files or {l: {s: find_text(data, l, s) for s in ("train", "dev")} for l in langs}
+
+    def fingerprint(path):
+        st = os.stat(path)
+        return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+
+    def digest(recipe):
+        return hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
               "lowercase": lowercase, "bpe_lines": max_lines, "seed": seed,
-              "code_switch": _fingerprint(code_switch) if code_switch else None,
-              "sources": {l: {s: _fingerprint(p) for s, p in v.items()} for l, v in sources.items()}}
-    key = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
-    out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{key}")
+              "code_switch": fingerprint(code_switch) if code_switch else None,
+              "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in sources.items()}}
+    out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest(recipe)}")
     done = os.path.join(out, "done")
     if not master:
         while not os.path.exists(done):
@@ -1066,8 +724,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         return out
     tok_recipe = {k: v for k, v in recipe.items() if k not in ("code_switch", "sources")}
     tok_recipe["train"] = {l: recipe["sources"][l]["train"] for l in langs}
-    tok_key = hashlib.sha1(json.dumps(tok_recipe, sort_keys=True).encode()).hexdigest()[:10]
-    tok_path = os.path.join(prep_dir, f"tokenizer-{tok_key}.json")
+    tok_path = os.path.join(prep_dir, f"tokenizer-{digest(tok_recipe)}.json")
     make_dir("--prep-dir", out)
     switch = read_switch_dictionary(code_switch, langs) if code_switch else {}
     try:
@@ -1093,205 +750,140 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     atomic_write(done, lambda tmp: write_text(tmp, ""))  # last: the cache is complete
     return out
 
-
 # -----------------------------------------------------------------------------
 # Command line
 
 def main(argv=None):
-    def lang_of(path):
-        """'../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt' -> 'en'."""
-        return os.path.basename(path).split(".")[0]
-
-    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=fmt)
     sub = parser.add_subparsers(dest="cmd", required=True)
+    shared = {  # options of several commands
+        "--lang": dict(help="language for pretokenize (default: the file name up to the first '.')"),
+        "--pretokenized": dict(action="store_true", help="split lines on spaces only, as subword-nmt"),
+        "--lowercase": dict(action="store_true", help="lowercase and strip accents (XLM-15)"),
+        "--max-lines": dict(type=int, help="learn BPE and the vocabulary from at most this many lines per file"),
+        "--min-freq": dict(type=int, default=2, help="stop BPE when the best pair is rarer"),
+        "--errors": dict(choices=["strict", "replace"], default="strict", help="not UTF-8: stop, or U+FFFD"),
+        "--mode": dict(choices=MODES, default="joint", help="vocabulary regime (paper §4.2)"),
+        "--separate-vocab": dict(action="store_true", help="one id space per language (separate embeddings)"),
+        "--seed": dict(type=int, default=0, help="seed of the joint-BPE line sampling and code-switching"),
+        "--workers": dict(type=int, default=1, help="encoding processes"),
+        "--code-switch": dict(metavar="DICT", help="MUSE dictionary: code-switch the (training) text (paper §4.2)"),
+    }
 
-    p = sub.add_parser("learn", help="learn BPE codes (subword-nmt v0.2 format) from text files",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True, help="text files, one sentence per line; "
-                   "their word counts are summed")
-    p.add_argument("--output", required=True, help="codes file to write")
-    p.add_argument("--merges", type=int, default=10000, help="number of merges (paper: 80000 joint, "
-                   "40000 per language)")
-    p.add_argument("--min-freq", type=int, default=2, help="stop when the best pair is rarer")
-    p.add_argument("--lang", default=None, help="language for pretokenize (default: the file name "
-                   "up to the first '.', e.g. en.train.txt -> en)")
-    p.add_argument("--pretokenized", action="store_true", help="split lines on spaces only, as "
-                   "subword-nmt (input already tokenised)")
-    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    p.add_argument("--max-lines", type=int, default=None, help="read at most this many lines per file")
-    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
-                   help="undecodable bytes: stop with file:line, or replace by U+FFFD")
+    def command(name, help, *options):  # an option: a name in `shared`, or (name, add_argument's keywords)
+        p = sub.add_parser(name, help=help, formatter_class=fmt)
+        for o in options:
+            p.add_argument(o, **shared[o]) if isinstance(o, str) else p.add_argument(o[0], **o[1])
 
-    p = sub.add_parser("apply", help="apply BPE codes to a text file (subword-nmt or fastBPE codes)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--codes", required=True, help="codes file ('#version: 0.2' or fastBPE)")
-    p.add_argument("--input", required=True, help="text file")
-    p.add_argument("--output", required=True, help="BPE'd text file to write")
-    p.add_argument("--lang", default=None, help="language for pretokenize (default: from file name)")
-    p.add_argument("--pretokenized", action="store_true", help="input is tokenised already: output "
-                   "is then exactly subword-nmt apply-bpe's")
-    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
-                   help="undecodable bytes: stop with file:line, or replace by U+FFFD")
-
-    p = sub.add_parser("vocab", help="build a Tokenizer (BPE + vocabulary) in one of the three regimes",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--train", nargs="+", required=True, metavar="LANG=PATH",
-                   help="training text per language, e.g. en=en.train.txt fr=fr.train.txt")
-    p.add_argument("--mode", choices=MODES, default="joint", help="joint: one BPE and vocabulary; "
-                   "separate: per-language BPE, union vocabulary; prefixed: per-language BPE, "
-                   "language-marked tokens (no shared token but the specials)")
-    p.add_argument("--merges", type=int, default=80000, help="merges (joint) or merges per "
-                   "language (separate/prefixed); paper: 80000 / 40000")
-    p.add_argument("--separate-vocab", action="store_true", help="one id space per language "
-                   "(separate embeddings)")
-    p.add_argument("--min-freq", type=int, default=2, help="stop BPE when the best pair is rarer")
-    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    p.add_argument("--max-lines", type=int, default=None, help="read at most this many lines per file")
-    p.add_argument("--seed", type=int, default=0, help="seed of the joint-BPE line sampling")
-    p.add_argument("--out", required=True, help="directory for tokenizer.json, codes and vocab files")
-
-    p = sub.add_parser("binarize", help="text -> flat id file (.bin + .json) for pretrain.py",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--tokenizer", required=True, help="tokenizer.json written by `vocab`")
-    p.add_argument("--lang", required=True, help="language of the input text")
-    p.add_argument("--input", required=True, help="text file, one sentence per line")
-    p.add_argument("--out-prefix", required=True, help="writes OUT_PREFIX.bin and OUT_PREFIX.json")
-    p.add_argument("--workers", type=int, default=1, help="encoding processes")
-    p.add_argument("--code-switch", default=None, metavar="DICT", help="MUSE dictionary: code-switch "
-                   "the text first (extra anchors, paper §4.2)")
-    p.add_argument("--cs-lang", default=None, help="language of the translations (default: the other one)")
-    p.add_argument("--cs-p", type=float, default=0.3, help="replacement probability per dictionary word")
-    p.add_argument("--cs-max-frac", type=float, default=0.15, help="at most this fraction of a line's words")
-    p.add_argument("--seed", type=int, default=0, help="code-switching seed")
-    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
-                   help="undecodable bytes: stop with file:line, or replace by U+FFFD")
-
-    p = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py --data "
-                       "(code-switching included), cached under --out", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")
-    p.add_argument("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data")
-    p.add_argument("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
-    p.add_argument("--langs", default="en,fr", help="comma-separated languages")
-    p.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
-    p.add_argument("--merges", type=int, default=None, help="default: paper 80000 joint, 40000 per language")
-    p.add_argument("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
-    p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    p.add_argument("--max-lines", type=int, default=None, help="learn BPE on at most this many lines per language")
-    p.add_argument("--seed", type=int, default=0, help="seed of the joint-BPE line sampling and code-switching")
-    p.add_argument("--code-switch", default=None, metavar="DICT", help="MUSE dictionary: code-switch the "
-                   "training text (extra anchors, paper §4.2)")
-    p.add_argument("--workers", type=int, default=1, help="encoding processes")
-    p.add_argument("--out", required=True, help="cache directory; the prepared directory inside it is printed")
-
+    command("learn", "learn BPE codes (subword-nmt v0.2 format) from text files",
+            ("--input", dict(nargs="+", required=True, help="text files (their word counts are summed)")),
+            ("--output", dict(required=True, help="codes file to write")),
+            ("--merges", dict(type=int, default=10000, help="paper: 80000 joint, 40000 per language")),
+            "--min-freq", "--lang", "--pretokenized", "--lowercase", "--max-lines", "--errors")
+    command("apply", "apply BPE codes (subword-nmt or fastBPE) to a text file",
+            ("--codes", dict(required=True)), ("--input", dict(required=True)), ("--output", dict(required=True)),
+            "--lang", "--pretokenized", "--lowercase", "--errors")
+    command("vocab", "build a Tokenizer (BPE + vocabulary) in one of the three regimes",
+            ("--train", dict(nargs="+", required=True, metavar="LANG=PATH")), "--mode",
+            ("--merges", dict(type=int, default=80000, help="per language unless joint (paper: 40000)")),
+            "--separate-vocab", "--min-freq", "--lowercase", "--max-lines", "--seed",
+            ("--out", dict(required=True, help="directory for tokenizer.json, codes.LANG and vocab.LANG")))
+    command("binarize", "text -> flat id file (.bin + .json) for pretrain.py",
+            ("--tokenizer", dict(required=True, help="tokenizer.json written by `vocab`")),
+            ("--lang", dict(required=True)), ("--input", dict(required=True)),
+            ("--out-prefix", dict(required=True, help="writes OUT_PREFIX.bin and OUT_PREFIX.json")),
+            "--workers", "--code-switch",
+            ("--cs-lang", dict(help="language of the translations (default: the other one)")),
+            ("--cs-p", dict(type=float, default=0.3, help="replacement probability per dictionary word")),
+            ("--cs-max-frac", dict(type=float, default=0.15, help="at most this fraction of a line's words")),
+            "--seed", "--errors")
+    command("prepare", "tokenizer + binarised train/dev splits for pretrain.py --data, cached under --out",
+            ("--data", dict(help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")),
+            ("--train-files", dict(metavar="LANG=PATH,...")), ("--dev-files", dict(metavar="LANG=PATH,...")),
+            ("--langs", dict(default="en,fr")), "--mode",
+            ("--merges", dict(type=int, help="default: the paper's 80000 joint, else 40000")),
+            "--separate-vocab", "--lowercase", "--max-lines", "--seed", "--code-switch", "--workers",
+            ("--out", dict(required=True, help="cache directory; the prepared directory inside it is printed")))
     args = parser.parse_args(argv)
     # the user's mistakes are caught here, before any work, each as one line naming the flag
-    numbers = {"merges": 1, "min_freq": 1, "max_lines": 1, "workers": 1}  # flag: smallest value
-    for k, least in numbers.items():
-        if getattr(args, k, None) is not None and getattr(args, k) < least:
-            parser.error(f"--{k.replace('_', '-')} must be >= {least}, got {getattr(args, k)}")
-    for k in ("cs_p", "cs_max_frac"):
-        if getattr(args, k, None) is not None and not 0 <= getattr(args, k) <= 1:
-            parser.error(f"--{k.replace('_', '-')} must be in [0, 1], got {getattr(args, k)}")
-    inputs = [("--input", p) for p in getattr(args, "input", None) or []] if args.cmd == "learn" else [
+    for k in ("merges", "min_freq", "max_lines", "workers", "cs_p", "cs_max_frac"):
+        v, fraction = getattr(args, k, None), k.startswith("cs_")
+        if v is not None and (not 0 <= v <= 1 if fraction else v < 1):
+            parser.error(f"--{k.replace('_', '-')} must be {'in [0, 1]' if fraction else '>= 1'}, got {v}")
+    inputs = [("--input", p) for p in args.input] if args.cmd == "learn" else [
         (f"--{k.replace('_', '-')}", getattr(args, k, None)) for k in ("codes", "tokenizer", "input", "code_switch")]
     for flag, path in inputs:
         if path is not None and not os.path.isfile(path):
             parser.error(f"{flag} {path}: no such file")
-    for flag, path in {"learn": [("--output", getattr(args, "output", None))],
-                       "apply": [("--output", getattr(args, "output", None))],
-                       "binarize": [("--out-prefix", getattr(args, "out_prefix", None))]}.get(args.cmd, []):
-        d = os.path.dirname(path) or "."
-        if not os.path.isdir(d):
-            parser.error(f"{flag} {path}: no directory {d}")
+    for flag, path in (("--output", vars(args).get("output")), ("--out-prefix", vars(args).get("out_prefix"))):
+        if path and not os.path.isdir(os.path.dirname(path) or "."):
+            parser.error(f"{flag} {path}: no directory {os.path.dirname(path) or '.'}")
+
+    def read(path):  # learn, apply: (line, its words); --lang or the file name's start: 'en.train.txt' -> en
+        for line in _read_lines(path, getattr(args, "max_lines", None), args.errors):
+            line = lowercase_and_strip_accents(line) if args.lowercase else line
+            yield line, ([w for w in line.strip("\r\n ").split(" ") if w] if args.pretokenized else
+                         pretokenize(line, args.lang or os.path.basename(path).split(".")[0]))
+
     try:
         if args.cmd == "learn":
-            counts = Counter()
-            for path in args.input:
-                lang = args.lang or lang_of(path)
-                for line in _read_lines(path, args.max_lines, args.errors):
-                    if args.lowercase:
-                        line = lowercase_and_strip_accents(line)
-                    if args.pretokenized:
-                        counts.update(w for w in line.strip("\r\n ").split(" ") if w)
-                    else:
-                        counts.update(pretokenize(line, lang))
+            counts = Counter(w for path in args.input for _, words in read(path) for w in words)
             if not counts:
                 raise ValueError(f"empty corpus: no words in {' '.join(args.input)}")
             merges = learn_bpe(counts, args.merges, args.min_freq, verbose=True)
             BPE(merges).save(args.output)
             print(f"{len(merges)} merges from {len(counts)} distinct words -> {args.output}")
-
         elif args.cmd == "apply":
-            codes, lang = BPE.load(args.codes), args.lang or lang_of(args.input)
-            tmp = args.output + ".tmp"
-            try:
-                with open(tmp, "w", encoding="utf-8") as out:
-                    for line in tqdm(_read_lines(args.input, None, args.errors), desc="apply bpe"):
-                        if args.lowercase:
-                            line = lowercase_and_strip_accents(line)
-                        if args.pretokenized:
-                            # as subword-nmt: keep leading/trailing spaces of the line
-                            lead = line[: len(line) - len(line.lstrip(" "))]
-                            trail = line[len(line.rstrip(" ")):] if line.strip(" ") else ""
-                            out.write(lead + codes.apply(line) + trail + "\n")
-                        else:
-                            out.write(" ".join(codes.apply_words(pretokenize(line, lang))) + "\n")
-                os.replace(tmp, args.output)
-            except BaseException:  # no half-written output left behind (bad line, disk full, Ctrl-C)
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-                raise
-
+            codes = BPE.load(args.codes)
+            with _atomic(args.output) as tmp, open(tmp, "w", encoding="utf-8") as out:
+                for line, words in tqdm(read(args.input), desc="apply bpe"):
+                    text = " ".join(codes.apply_words(words))
+                    if args.pretokenized:  # as subword-nmt: keep the leading/trailing spaces of the line
+                        lead = line[: len(line) - len(line.lstrip(" "))]
+                        text = lead + text + (line[len(line.rstrip(" ")):] if line.strip(" ") else "")
+                    out.write(text + "\n")
         elif args.cmd == "vocab":
             files = parse_lang_files("--train", args.train)
-            if os.path.exists(args.out) and not os.path.isdir(args.out):
-                raise ValueError(f"--out {args.out}: exists and is not a directory")
             try:  # before BPE learning, which takes hours at paper scale
                 os.makedirs(args.out, exist_ok=True)
-            except OSError as e:
-                raise ValueError(f"--out {args.out}: cannot create the directory ({e.strerror})") from None
+            except OSError as e:  # a file is there, or the directory cannot be made
+                raise ValueError(f"--out {args.out}: exists and is not a directory" if os.path.exists(args.out) else
+                                 f"--out {args.out}: cannot create the directory ({e.strerror})") from None
             tok = Tokenizer.build(files, args.mode, args.merges, args.separate_vocab, args.lowercase,
                                   args.max_lines, args.min_freq, args.seed)
             tok.save(os.path.join(args.out, "tokenizer.json"))
             for lang in tok.langs:
                 tok.bpes[lang].save(os.path.join(args.out, f"codes.{lang}"))
-                tok.vocab(lang).save(os.path.join(args.out, f"vocab.{lang}"))
+                tok.vocabs[lang].save(os.path.join(args.out, f"vocab.{lang}"))
             print(f"wrote {args.out}/tokenizer.json, codes.<lang>, vocab.<lang>")
-
         elif args.cmd == "prepare":
             langs = args.langs.split(",")
             if (args.train_files is None) != (args.dev_files is None) or (args.data is None) == (args.train_files is None):
                 raise ValueError("give --data, or --train-files with --dev-files")
-            files = None
-            if args.train_files:
-                both = [parse_lang_files(f, v, langs) for f, v in (("--train-files", args.train_files),
-                                                                   ("--dev-files", args.dev_files))]
-                files = {l: {"train": both[0][l], "dev": both[1][l]} for l in langs}
+            train, dev = (v and parse_lang_files(f, v, langs) for f, v in (("--train-files", args.train_files),
+                                                                           ("--dev-files", args.dev_files)))
+            files = {l: {"train": train[l], "dev": dev[l]} for l in langs} if train else None
             if args.code_switch and (args.separate_vocab or len(langs) != 2):
                 raise ValueError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
             check_inputs(langs, args.data, files, args.code_switch)
             merges = args.merges or (80000 if args.mode == "joint" else 40000)
             print(prepare(langs, args.out, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,
                           args.max_lines, args.seed, args.code_switch, args.workers))
-
         elif args.cmd == "binarize":
             try:
                 tok = Tokenizer.load(args.tokenizer)
             except ValueError as e:
                 raise ValueError(f"--tokenizer {e}") from None
-            if args.lang not in tok.langs:
-                raise ValueError(f"--lang {args.lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
+            for flag, lang in (("--lang", args.lang), ("--cs-lang", args.cs_lang)):
+                if lang is not None and lang not in tok.langs:
+                    raise ValueError(f"{flag} {lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
             if args.code_switch and args.cs_lang is None and len(tok.langs) != 2:
                 raise ValueError(f"--code-switch: pass --cs-lang (the translations' language), {args.tokenizer} "
                                  f"has {len(tok.langs)} languages")
-            if args.cs_lang is not None and args.cs_lang not in tok.langs:
-                raise ValueError(f"--cs-lang {args.cs_lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
-            cs = read_dictionary(args.code_switch) if args.code_switch else None
-            meta = binarize(args.input, tok, args.lang, args.out_prefix, args.workers, cs,
-                            args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)
-            print(json.dumps(meta))
+            print(json.dumps(binarize(args.input, tok, args.lang, args.out_prefix, args.workers,
+                                      read_dictionary(args.code_switch) if args.code_switch else None,
+                                      args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)))
     except (ValueError, OSError) as e:
         if isinstance(e, OSError) and e.filename:  # "No such file or directory: x.tmp" -> the file meant
             e = f"{str(e.filename).removesuffix('.tmp')}: {e.strerror}"
