@@ -572,9 +572,11 @@ def cmd_words(args):
                  "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"},
           ["ckpt", "train_dict", "test_dict", "src_corpus", "tgt_corpus"], [("vec_src", "vec_tgt")])
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
-    (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [
-        word_vectors(m, t, li, lang, *corpus_words(t, path, lang, args.max_sents, args.max_vocab), args.batch_size)
-        for (m, t, li), lang, path in zip(_encoders(args), (args.src, args.tgt), (args.src_corpus, args.tgt_corpus))]
+    side = []  # per language: (embedding-table words and vectors, (contextual words, vectors per layer))
+    for (m, t, li), lang, path in zip(_encoders(args), (args.src, args.tgt), (args.src_corpus, args.tgt_corpus)):
+        keys, forms, sents = corpus_words(t, path, lang, args.max_sents, args.max_vocab)
+        side.append(word_vectors(m, t, li, lang, keys, forms, sents, args.batch_size))
+    (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = side
     runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
     if args.vec_src:  # _need: with --vec-tgt
         runs.append(("fastText", *read_vec(args.vec_src, args.max_vocab), *read_vec(args.vec_tgt, args.max_vocab)))

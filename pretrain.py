@@ -411,7 +411,8 @@ def load_data(data_dir, langs):
     train, dev, n_sentences = [], [], []
     for l in langs:
         try:
-            (ids, meta), (dev_ids, _) = (load_bin(os.path.join(data_dir, f"{l}.{s}")) for s in ("train", "dev"))
+            ids, meta = load_bin(os.path.join(data_dir, f"{l}.train"))
+            dev_ids, _ = load_bin(os.path.join(data_dir, f"{l}.dev"))
         except (OSError, ValueError) as e:
             raise SystemExit(f"error: cannot read the prepared data of '{l}' in {data_dir}: {e}")
         if meta["n_sentences"] == 0 or len(ids) == 0 or len(dev_ids) == 0:
@@ -549,9 +550,10 @@ def main(argv=None):
         f"accumulation x {world_size} processes), dtype {dtype}, device {device}")
 
     # checkpoints and log.jsonl (the master writes, each file through a temp file and a rename: bpe.atomic_write)
-    for f in RUN_FILES if master and args.overwrite else ():  # a new run: no earlier file may survive to be mixed in
-        if os.path.exists(os.path.join(args.out, f)):
-            os.remove(os.path.join(args.out, f))
+    if master and args.overwrite:  # a new run: no file of the earlier one may survive to be mixed in
+        for f in RUN_FILES:
+            if os.path.exists(os.path.join(args.out, f)):
+                os.remove(os.path.join(args.out, f))
     if master and log_bytes is not None and os.path.exists(log_path) and os.path.getsize(log_path) > log_bytes:
         with open(log_path, "r+b") as f:  # a resume: what was logged after the checkpoint is redone
             f.truncate(log_bytes)
