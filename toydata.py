@@ -310,8 +310,8 @@ def sample_tree(world, rng, topic=-1):
 
 CLAUSE_ORDERS = ("svo", "sov", "vso", "vos", "osv", "ovs")
 ORDER_RE = re.compile(r"^(%s)(-(an|na))?(-(pre|post))?$" % "|".join(CLAUSE_ORDERS))
-ORDER_HELP = ("word order of the non-first languages: CLAUSE[-ADJ][-ADP] with CLAUSE in "
-              "svo/sov/vso/vos/osv/ovs, ADJ 'an' (adjective before noun, default) or 'na' (after), "
+ORDER_HELP = ("CLAUSE[-ADJ][-ADP] with CLAUSE in svo/sov/vso/vos/osv/ovs, "
+              "ADJ 'an' (adjective before noun, default) or 'na' (after), "
               "ADP 'pre' (prepositions, default) or 'post' (postpositions, genitives before the noun); "
               "e.g. svo (English-like), svo-na (French-like), sov-an-post (Japanese-like)")
 
@@ -320,7 +320,7 @@ def parse_order(order):
     """'sov-na-post' -> {deprel: (side, priority)}; raises ValueError on an unknown order."""
     m = ORDER_RE.match(order or "")
     if not m:
-        raise ValueError(f"unknown order {order!r}; {ORDER_HELP}")
+        raise ValueError(f"unknown order {order!r}; expected {ORDER_HELP}")
     clause, adj, adp = m.group(1), m.group(3) or "an", m.group(5) or "pre"
     v = clause.index("v")
     side = {x: (-1 if clause.index(x) < v else 1) for x in "so"}
@@ -772,68 +772,45 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
 # -----------------------------------------------------------------------------
 # CLI
 
-def _fraction(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a number")
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"{s} is not in [0, 1]")
-    return v
-
-
-def _order(s):
-    try:
-        parse_order(s)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
-    return s
-
-
-def _positive(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not an integer")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{s} must be >= 1")
-    return v
-
-
-def _langs(s):
-    ls = s.split(",")
-    if len(ls) < 2 or len(set(ls)) != len(ls) or not all(re.fullmatch(r"[a-z]{2,3}", x) for x in ls):
-        raise argparse.ArgumentTypeError(f"{s!r}: need 2+ distinct lowercase codes separated by commas, e.g. en,fr")
-    return ls
+def _checked(convert, ok, expected):
+    """An argparse type: convert(s), then ok(value); either failing gives the one-line error `'s': expected ...`."""
+    def parse(s):
+        try:
+            v = convert(s)
+            if ok(v):
+                return v
+        except ValueError:
+            pass
+        raise argparse.ArgumentTypeError(f"{s!r}: expected {expected}")
+    return parse
 
 
 def main(argv=None):
+    fraction = _checked(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
+    positive = _checked(int, lambda v: v >= 1, "an integer >= 1")
+    langs = _checked(lambda s: s.split(","), lambda ls: len(ls) > 1 and len(set(ls)) == len(ls)
+                     and all(re.fullmatch(r"[a-z]{2,3}", x) for x in ls), "2+ distinct lowercase codes, e.g. en,fr")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--out", required=True, help="output directory (must be empty or absent unless --force)")
-    ap.add_argument("--langs", type=_langs, default="en,fr", help="language codes; the first is the source side")
-    ap.add_argument("--overlap", type=_fraction, default=0.0,
-                    help="fraction of word forms identical across languages (anchor points, paper §4.2)")
-    ap.add_argument("--order", type=_order, default="svo", help=ORDER_HELP)
-    ap.add_argument("--domain-shift", type=_fraction, default=0.0,
-                    help="0 = same topic mix in every language, 1 = disjoint topics (paper §4.1)")
-    ap.add_argument("--cyrillic", action="store_true", help="write the non-first languages in Cyrillic letters")
-    ap.add_argument("--n-train", type=_positive, default=20000, help="monolingual training sentences per language")
-    ap.add_argument("--n-dev", type=_positive, default=1000, help="monolingual dev sentences per language")
-    ap.add_argument("--n-test", type=_positive, default=1000, help="monolingual test sentences per language")
-    ap.add_argument("--n-parallel", type=_positive, default=2000, help="parallel training sentence pairs")
-    ap.add_argument("--n-tatoeba", type=_positive, default=1000, help="Tatoeba-style test sentence pairs")
-    ap.add_argument("--n-task-train", type=_positive, default=2000, help="NER/UD/XNLI training examples")
-    ap.add_argument("--n-task-eval", type=_positive, default=500, help="NER/UD/XNLI dev and test examples each")
-    ap.add_argument("--seed", type=int, default=0, help="random seed (same seed, same files)")
-    ap.add_argument("--force", action="store_true", help="overwrite a non-empty --out (earlier outputs removed)")
-    args = ap.parse_args(argv)
+    add = ap.add_argument   # every flag is an argument of write_world
+    add("--out", dest="out_dir", metavar="DIR", required=True, help="output directory (empty or absent unless --force)")
+    add("--langs", type=langs, default="en,fr", help="language codes; the first is the source side")
+    add("--overlap", type=fraction, default=0.0, help="fraction of identical word forms (anchor points, paper §4.2)")
+    add("--order", type=_checked(str, ORDER_RE.match, ORDER_HELP), default="svo",
+        help="word order of the non-first languages: " + ORDER_HELP)
+    add("--domain-shift", type=fraction, default=0.0, help="0 = one topic mix, 1 = disjoint topics (paper §4.1)")
+    add("--cyrillic", action="store_true", help="write the non-first languages in Cyrillic letters")
+    add("--n-train", type=positive, default=20000, help="monolingual training sentences per language")
+    add("--n-dev", type=positive, default=1000, help="monolingual dev sentences per language")
+    add("--n-test", type=positive, default=1000, help="monolingual test sentences per language")
+    add("--n-parallel", type=positive, default=2000, help="parallel training sentence pairs")
+    add("--n-tatoeba", type=positive, default=1000, help="Tatoeba-style test sentence pairs")
+    add("--n-task-train", type=positive, default=2000, help="NER/UD/XNLI training examples")
+    add("--n-task-eval", type=positive, default=500, help="NER/UD/XNLI dev and test examples each")
+    add("--seed", type=int, default=0, help="random seed (same seed, same files)")
+    add("--force", action="store_true", help="overwrite a non-empty --out (earlier outputs removed)")
     try:
-        s = write_world(args.out, langs=args.langs, overlap=args.overlap, order=args.order,
-                        domain_shift=args.domain_shift, n_train=args.n_train, n_dev=args.n_dev,
-                        n_test=args.n_test, n_parallel=args.n_parallel, n_task_train=args.n_task_train,
-                        n_task_eval=args.n_task_eval, seed=args.seed, cyrillic=args.cyrillic,
-                        n_tatoeba=args.n_tatoeba, force=args.force)
+        s = write_world(**vars(ap.parse_args(argv)))
     except (FileExistsError, ValueError) as e:
         sys.exit(f"toydata.py: error: {e}")
     print(f"wrote {s['out_dir']} in {s['seconds']} s: {s['n_concepts']} concepts, vocab {s['vocab_sizes']}, "
