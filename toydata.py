@@ -26,6 +26,7 @@ Run:
 """
 import argparse
 import bisect
+import collections
 import json
 import os
 import random
@@ -251,7 +252,8 @@ class World:
 
 # -----------------------------------------------------------------------------
 # The grammar: a dependency tree over concepts. A tree is a list of nodes [concept, head, deprel],
-# head = -1 for the root, in generation order (the surface order is chosen per language later).
+# head = -1 for the root, in generation order: the root first, every dependent after its head (the surface
+# order is chosen per language later).
 
 def add_np(world, rng, tree, key, head, rel, prep=None, topic=-1, depth=0):
     """Append a noun phrase (or a named entity) for slot `key` ('np:g1,g2') to `tree`; returns its index."""
@@ -341,12 +343,8 @@ def parse_order(order):
 def linearize(tree, rules):
     """Surface order (list of node indices) of a tree under one language's rules: projective by construction."""
     deps = [[] for _ in tree]
-    root = 0
-    for i, (_, h, _) in enumerate(tree):
-        if h < 0:
-            root = i
-        else:
-            deps[h].append(i)
+    for i, (_, h, _) in enumerate(tree[1:], 1):
+        deps[h].append(i)
     out = []
 
     def visit(i):
@@ -358,7 +356,7 @@ def linearize(tree, rules):
         out.append(i)
         for d in after:
             visit(d)
-    visit(root)
+    visit(0)   # the root
     return out
 
 
@@ -449,52 +447,33 @@ def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
 LABELS = ("entailment", "neutral", "contradiction")
 
 
-def _remove_subtree(tree, i):
-    gone = {i}
-    changed = True
-    while changed:
-        changed = False
-        for j, (_, h, _) in enumerate(tree):
-            if h in gone and j not in gone:
-                gone.add(j)
-                changed = True
+def _drop(world, rng, tree):
+    """Entailment: one modifier removed with its subtree (found in one pass: dependents come after heads)."""
+    mods = [i for i, n in enumerate(tree) if n[2] in ("amod", "advmod", "nmod", "obl")]
+    if not mods:
+        return None
+    gone = {mods[int(rng.random() * len(mods))]}
+    for j, (_, h, _) in enumerate(tree):
+        if h in gone:
+            gone.add(j)
     keep = [j for j in range(len(tree)) if j not in gone]
     new = {j: k for k, j in enumerate(keep)}
     return [[tree[j][0], new.get(tree[j][1], -1), tree[j][2]] for j in keep]
 
 
-def _copy(tree):
-    return [list(n) for n in tree]
-
-
-def _modifiers(tree):
-    return [i for i, n in enumerate(tree) if n[2] in ("amod", "advmod", "nmod", "obl")]
-
-
-def _drop(world, rng, tree):
-    mods = _modifiers(tree)
-    return _remove_subtree(tree, mods[int(rng.random() * len(mods))]) if mods else None
-
-
 def _add(world, rng, tree):
-    """Add one modifier that the tree does not state: an adjective, an oblique or an adverb."""
-    tree = _copy(tree)
-    options = []
+    """Neutral: one modifier the tree does not state added (an adjective, an oblique or an adverb)."""
+    tree = [list(n) for n in tree]
     nouns = [i for i, n in enumerate(tree) if world.kind[n[0]] == "noun"]
-    if nouns:
-        options.append("amod")
-    if not any(n[2] == "obl" for n in tree):
-        options.append("obl")
-    if not any(n[2] == "advmod" for n in tree):
-        options.append("advmod")
+    rels = {n[2] for n in tree}
+    options = (["amod"] if nouns else []) + [r for r in ("obl", "advmod") if r not in rels]
     if not options:
         return None
     choice = options[int(rng.random() * len(options))]
     if choice == "amod":
         i = nouns[int(rng.random() * len(nouns))]
-        have = {n[0] for n in tree if n[1] == i and n[2] == "amod"}
         a = world.draw(rng, world.adj_key[world.noun_group[tree[i][0]]])
-        if a in have:
+        if [a, i, "amod"] in tree:   # the noun has that adjective already
             return None
         tree.append([a, i, "amod"])
     elif choice == "obl":
@@ -505,46 +484,42 @@ def _add(world, rng, tree):
 
 
 def _swap(tree):
-    """Subject and object change places (with their modifiers): the same words, other roles."""
+    """Contradiction: subject and object change places (with their modifiers): the same words, other roles."""
     roles = {n[2]: i for i, n in enumerate(tree) if n[1] == 0}
     if "nsubj" not in roles or "obj" not in roles:
         return None
-    tree = _copy(tree)
+    tree = [list(n) for n in tree]
     tree[roles["nsubj"]][2], tree[roles["obj"]][2] = "obj", "nsubj"
     return tree
 
 
 def _contradict(world, rng, tree):
-    """Another noun of the same group, or another entity of the same type, as subject or object."""
-    tree = _copy(tree)
+    """Contradiction: another noun of the same group, or another entity of the same type, as subject or object."""
+    tree = [list(n) for n in tree]
     cands = [i for i, n in enumerate(tree) if n[2] in ("nsubj", "obj")
              and (world.kind[n[0]] == "name" or (world.kind[n[0]] == "noun" and n[0] not in world.hypernyms))]
     if not cands:
         return None
     i = cands[int(rng.random() * len(cands))]
-    if world.kind[tree[i][0]] == "noun":
-        g = world.noun_group[tree[i][0]]
-        new = tree[i][0]
-        while new == tree[i][0]:
-            new = world.draw(rng, "noun:" + g)
-        tree[i][0] = new
+    old = tree[i][0]
+    if world.kind[old] == "noun":
+        while tree[i][0] == old:
+            tree[i][0] = world.draw(rng, "noun:" + world.noun_group[old])
         return tree
-    flats = [j for j, n in enumerate(tree) if n[1] == i and n[2] == "flat"]
-    typ = world.name[tree[i][0]].split(".")[0]
-    old = tuple(tree[j][0] for j in [i] + flats)
-    if len(world._items(f"entity:{typ},{len(old)}")[0]) < 2:
+    span = [i] + [j for j, n in enumerate(tree) if n[1] == i and n[2] == "flat"]   # the entity's tokens
+    key = f"entity:{world.name[old].split('.')[0]},{len(span)}"
+    if len(world._items(key)[0]) < 2:
         return None
-    while True:
-        e = -world.draw(rng, f"entity:{typ},{len(old)}") - 1
-        if world.entity_parts[e] != old:
-            break
-    for j, c in zip([i] + flats, world.entity_parts[e]):
+    parts = new = tuple(tree[j][0] for j in span)
+    while new == parts:
+        new = world.entity_parts[-world.draw(rng, key) - 1]
+    for j, c in zip(span, new):
         tree[j][0] = c
     return tree
 
 
 def sample_nli(world, rng, label):
-    """(premise tree, hypothesis tree) for one label."""
+    """(premise tree, hypothesis tree) for one label: a new premise until the edit applies."""
     while True:
         p = sample_tree(world, rng)
         if label == "entailment":
@@ -553,23 +528,13 @@ def sample_nli(world, rng, label):
             h = _add(world, rng, p)
         else:
             h = _swap(p) if rng.random() < 0.5 else _contradict(world, rng, p)
-        if h is None or h == p:
-            continue
-        if label == "neutral" and not _new_concepts(p, h):
-            continue
-        return p, h
+        if h is not None and h != p and (label != "neutral" or _new_concepts(p, h)):
+            return p, h
 
 
 def _new_concepts(p, h):
     """Concepts the hypothesis states that the premise does not (as a multiset difference)."""
-    left = [n[0] for n in p]
-    new = []
-    for n in h:
-        if n[0] in left:
-            left.remove(n[0])
-        else:
-            new.append(n[0])
-    return new
+    return list((collections.Counter(n[0] for n in h) - collections.Counter(n[0] for n in p)).elements())
 
 
 # -----------------------------------------------------------------------------
