@@ -371,18 +371,6 @@ SCRIPTS = {
 FULL_STOPS = (".", "。", "।", "።", "؛")
 
 
-def _inventory(i, cyrillic, rng):
-    if i == 0:
-        return SCRIPTS["latin0"]
-    if cyrillic:
-        return SCRIPTS["cyrillic"]
-    if i == 1:
-        return SCRIPTS["latin1"]
-    cons = "".join(rng.choice(list("bcdfghjklmnprstvwxzq"), size=12, replace=False))
-    vows = "".join(rng.choice(list("aeiouyäöüåø"), size=5, replace=False))
-    return cons, vows, "".join(rng.choice(list(cons), size=3, replace=False))
-
-
 def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
     """forms[l][c] = the word form of concept c in language l (unique inside a language).
 
@@ -400,33 +388,35 @@ def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
             rank[c] = r
     forms, used = [], set()
     for li in range(n_langs):
-        cons, vows, coda = _inventory(li, cyrillic and li > 0, rng)
+        if li > 1 and not cyrillic:   # a third language and beyond: letters drawn from a pool
+            cons = "".join(rng.choice(list("bcdfghjklmnprstvwxzq"), size=12, replace=False))
+            vows = "".join(rng.choice(list("aeiouyäöüåø"), size=5, replace=False))
+            coda = "".join(rng.choice(list(cons), size=3, replace=False))
+        else:
+            cons, vows, coda = SCRIPTS["cyrillic" if li > 0 and cyrillic else f"latin{li}"]
         f, mine = [None] * n, set()
         for c in range(n):
-            if li > 0 and c in shared:
-                f[c] = forms[0][c]
-                mine.add(f[c])
-                continue
             k = world.kind[c]
-            if k == "punct":
-                f[c] = FULL_STOPS[li % len(FULL_STOPS)]
-                mine.add(f[c])
-                continue
-            if k in ("det", "adp"):
-                nsyl = 1
-            elif k == "name":
-                nsyl = 2 + int(rng.random() < 0.5)
+            if li > 0 and c in shared:
+                w = forms[0][c]
+            elif k == "punct":
+                w = FULL_STOPS[li % len(FULL_STOPS)]
             else:
-                nsyl = 2 if rank[c] < 20 else 2 + int(rng.random() < 0.6)
-            while True:
-                w = "".join(cons[rng.integers(len(cons))] + vows[rng.integers(len(vows))] for _ in range(nsyl))
-                if rng.random() < 0.3:
-                    w += coda[rng.integers(len(coda))]
-                if k == "name":
-                    w = w.capitalize()
-                if w not in used and w not in mine:
-                    break
-                nsyl += rng.random() < 0.2   # crowded: allow a longer word now and then
+                if k in ("det", "adp"):
+                    nsyl = 1
+                elif k == "name":
+                    nsyl = 2 + int(rng.random() < 0.5)
+                else:
+                    nsyl = 2 if rank[c] < 20 else 2 + int(rng.random() < 0.6)
+                while True:
+                    w = "".join(cons[rng.integers(len(cons))] + vows[rng.integers(len(vows))] for _ in range(nsyl))
+                    if rng.random() < 0.3:
+                        w += coda[rng.integers(len(coda))]
+                    if k == "name":
+                        w = w.capitalize()
+                    if w not in used and w not in mine:
+                        break
+                    nsyl += rng.random() < 0.2   # crowded: allow a longer word now and then
             f[c] = w
             mine.add(w)
         used |= mine
