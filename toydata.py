@@ -560,16 +560,11 @@ def conllu_block(world, tree, forms, rules, sent_id):
 
 
 def ner_block(world, tree, forms, rules):
+    """IOB2: an entity's first name part is B-TYPE, the parts attached to it as flat are I-TYPE."""
     words, order = render(tree, forms, rules)
-    lines = []
-    for k, i in enumerate(order):
-        c, _, rel = tree[i]
-        if world.kind[c] == "name":
-            typ = world.name[c].split(".")[0]
-            lines.append(f"{words[k]}\t{'I' if rel == 'flat' else 'B'}-{typ}")
-        else:
-            lines.append(f"{words[k]}\tO")
-    return "\n".join(lines) + "\n\n"
+    tags = ["O" if world.kind[c] != "name" else f"{'I' if rel == 'flat' else 'B'}-{world.name[c].split('.')[0]}"
+            for c, _, rel in (tree[i] for i in order)]
+    return "".join(f"{w}\t{t}\n" for w, t in zip(words, tags)) + "\n"
 
 
 def _write(path, text):
@@ -590,14 +585,14 @@ def topic_mixture(lang_index, n_langs, domain_shift):
 
 
 def _sample_trees(world, rng, n, mixture=None, need_entity=False):
+    """n trees, each about a topic drawn from `mixture` (None: no topic); need_entity keeps those with a name."""
     cdf = np.cumsum(mixture).tolist() if mixture is not None else None
     trees = []
     while len(trees) < n:
         topic = -1 if cdf is None else min(bisect.bisect_right(cdf, rng.random() * cdf[-1]), N_TOPICS - 1)
         t = sample_tree(world, rng, topic)
-        if need_entity and not any(world.kind[c] == "name" for c, _, _ in t):
-            continue
-        trees.append(t)
+        if not need_entity or any(world.kind[c] == "name" for c, _, _ in t):
+            trees.append(t)
     return trees
 
 
@@ -661,14 +656,15 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     sizes = {"train": n_train, "dev": n_dev, "test": n_test}
     task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
 
+    def sentence(tree, li):   # one line of text in language li
+        return " ".join(render(tree, forms[li], rules[li])[0])
+
     # monolingual corpora: each language samples its own meanings with its own topic mix
     for li, lang in enumerate(langs):
         mix = topic_mixture(li, len(langs), domain_shift)
         for split, n in sizes.items():
-            rng = random.Random(f"{seed}/mono/{lang}/{split}")
-            trees = _sample_trees(world, rng, n, mix)
-            _write(J("mono", f"{lang}.{split}.txt"),
-                   "".join(" ".join(render(t, forms[li], rules[li])[0]) + "\n" for t in trees))
+            trees = _sample_trees(world, random.Random(f"{seed}/mono/{lang}/{split}"), n, mix)
+            _write(J("mono", f"{lang}.{split}.txt"), "".join(sentence(t, li) + "\n" for t in trees))
 
     # dictionaries: one line per concept, most frequent first; test = 20 % of the content words
     rng = np.random.default_rng([seed, 3])
@@ -687,10 +683,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     tat = _sample_trees(world, random.Random(f"{seed}/tatoeba"), n_tatoeba)
     for li, lang in enumerate(langs[1:], 1):
         for lj, l in ((0, l0), (li, lang)):
-            _write(J("parallel", f"{l0}-{lang}.train.{l}"),
-                   "".join(" ".join(render(t, forms[lj], rules[lj])[0]) + "\n" for t in par))
-            _write(J("tatoeba", f"tatoeba.{lang}-{l0}.{l}"),
-                   "".join(" ".join(render(t, forms[lj], rules[lj])[0]) + "\n" for t in tat))
+            _write(J("parallel", f"{l0}-{lang}.train.{l}"), "".join(sentence(t, lj) + "\n" for t in par))
+            _write(J("tatoeba", f"tatoeba.{lang}-{l0}.{l}"), "".join(sentence(t, lj) + "\n" for t in tat))
 
     # task sets: UD trees, NER (every sentence has an entity, as in PAN-X), NLI (balanced labels)
     for split, n in task_sizes.items():
@@ -706,17 +700,15 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
                    "".join(conllu_block(world, t, f, r, f"{split}-{k + 1}") for k, t in enumerate(ud)))
             _write(J("ner", f"{lang}.{split}.tsv"), "".join(ner_block(world, t, f, r) for t in ner))
             _write(J("xnli", f"{lang}.{split}.tsv"),
-                   "".join(f"{' '.join(render(p, f, r)[0])}\t{' '.join(render(h, f, r)[0])}\t{lab}\n"
-                           for (p, h), lab in nli))
+                   "".join(f"{sentence(p, li)}\t{sentence(h, li)}\t{lab}\n" for (p, h), lab in nli))
 
-    n_shared = len(set(forms[0]) & set(forms[1]))
     summary = {
         "langs": langs, "seed": seed, "overlap": overlap, "order": order,
         "domain_shift": domain_shift, "cyrillic": cyrillic,
         "sizes": {"mono": sizes, "parallel": n_parallel, "tatoeba": n_tatoeba, "task": task_sizes},
         "n_concepts": world.n_concepts, "n_entities": len(world.entities),
         "vocab_sizes": {lang: len(set(forms[li])) for li, lang in enumerate(langs)},
-        "shared": n_shared, "dict_test_words": len(test),
+        "shared": len(set(forms[0]) & set(forms[1])), "dict_test_words": len(test),
     }
     _write(J("world.json"), json.dumps(summary, indent=1, ensure_ascii=False) + "\n")  # no path: reproducible
     summary["out_dir"] = out_dir
