@@ -112,37 +112,37 @@ class World:
         self.kind, self.name, self.weight, self.topic = [], [], [], []
 
         def add(kind, name, weight, topic=-1):
-            self.kind.append(kind); self.name.append(name); self.weight.append(weight); self.topic.append(topic)
+            self.kind.append(kind)
+            self.name.append(name)
+            self.weight.append(weight)
+            self.topic.append(topic)
             return len(self.kind) - 1
 
         def topics(n):
             return rng.integers(N_TOPICS, size=n).tolist()
 
-        # nouns: the first noun of a group is its hypernym ("animal"), used by the NLI task
-        self.group_nouns, self.hypernym, self.noun_group = {}, {}, {}
+        # nouns: the first noun of a group is its hypernym ("animal"), which the NLI task never swaps
+        self.group_nouns, self.noun_group = {}, {}
         for g in GROUPS:
             w, t = _zipf(nouns_per_group, rng), topics(nouns_per_group)
             w[0] = 1.0 / 3 ** ZIPF_A   # hypernym: a frequent word of its group (rank 3)
             ids = [add("noun", f"{g}.{i:02d}" if i else g, w[i], t[i] if i else -1) for i in range(nouns_per_group)]
-            self.group_nouns[g], self.hypernym[g] = ids, ids[0]
-            for c in ids:
-                self.noun_group[c] = g
-        self.hypernyms = set(self.hypernym.values())
+            self.group_nouns[g] = ids
+            self.noun_group.update(dict.fromkeys(ids, g))
+        self.hypernyms = {ids[0] for ids in self.group_nouns.values()}
 
-        # verbs in antonym pairs; both members of a pair share one frame (perturbed from the class frame)
-        self.verb_frame, self.antonym, self.verbs = {}, {}, []
+        # verbs in antonym pairs (+/-); both members of a pair share one frame (perturbed from the class frame)
+        self.verb_frame, self.verbs = {}, []
         for vc, (subj, obj, obl) in VERB_CLASSES.items():
             w = _zipf(verbs_per_class, rng)
             for p in range(verbs_per_class // 2):
                 s = tuple(g for g in subj if len(subj) == 1 or rng.random() > 0.25) or subj[:1]
                 o = tuple(g for g in obj if rng.random() > 0.3) or obj[:1]
-                frame = (s, o, obl, vc)
                 t = int(rng.integers(N_TOPICS))
-                a = add("verb", f"{vc}.{p:02d}+", w[2 * p], t)
-                b = add("verb", f"{vc}.{p:02d}-", w[2 * p + 1], t)
-                self.verb_frame[a] = self.verb_frame[b] = frame
-                self.antonym[a], self.antonym[b] = b, a
-                self.verbs += [a, b]
+                for sign, k in (("+", 2 * p), ("-", 2 * p + 1)):
+                    v = add("verb", f"{vc}.{p:02d}{sign}", w[k], t)
+                    self.verb_frame[v] = (s, o, obl, vc)
+                    self.verbs.append(v)
 
         # adjectives: each fits 1-3 noun groups (a few fit all); every group gets some
         self.group_adjs = {g: [] for g in GROUPS}
@@ -170,27 +170,25 @@ class World:
         given, surname = parts("PER.given", 50), parts("PER.surname", 50)
         place, place_pre = parts("LOC.name", 60), parts("LOC.prefix", 4)
         org, org_suf = parts("ORG.name", 40), parts("ORG.suffix", 6)
+        def pick(names, p=1.0):   # one of `names` with probability p, as a 1-tuple (else empty)
+            return (int(rng.choice(names)),) if p == 1.0 or rng.random() < p else ()
         ents = set()
         while len(ents) < n_per:
-            e = (int(rng.choice(given)),) + ((int(rng.choice(surname)),) if rng.random() < 0.6 else ())
-            ents.add(("PER", e))
+            ents.add(("PER", pick(given) + pick(surname, 0.6)))
         while len(ents) < n_per + n_loc:
-            e = ((int(rng.choice(place_pre)),) if rng.random() < 0.25 else ()) + (int(rng.choice(place)),)
-            ents.add(("LOC", e))
+            ents.add(("LOC", pick(place_pre, 0.25) + pick(place)))
         while len(ents) < n_per + n_loc + n_org:
-            e = (int(rng.choice(org)),) + ((int(rng.choice(org)),) if rng.random() < 0.2 else ())
-            ents.add(("ORG", e + ((int(rng.choice(org_suf)),) if rng.random() < 0.7 else ())))
+            ents.add(("ORG", pick(org) + pick(org, 0.2) + pick(org_suf, 0.7)))
         self.entities = sorted(ents)                       # sorted: deterministic order
         self.entity_type = [t for t, _ in self.entities]
         self.entity_parts = [p for _, p in self.entities]
-        ew = {}
+        self.entity_weight = [0.0] * len(self.entities)
         for typ in ENTITY_GROUP:
             idx = [i for i, t in enumerate(self.entity_type) if t == typ]
             z = _zipf(len(idx), rng)
             noun_mass = sum(self.weight[c] for c in self.group_nouns[ENTITY_GROUP[typ]])
             for i, wi in zip(idx, z):
-                ew[i] = ENTITY_SHARE * noun_mass * wi / sum(z)
-        self.entity_weight = [ew[i] for i in range(len(self.entities))]
+                self.entity_weight[i] = ENTITY_SHARE * noun_mass * wi / sum(z)
         self.entity_topic = topics(len(self.entities))
         # name parts get the weight of the entities they occur in (used for the dictionary ranking)
         for i, p in enumerate(self.entity_parts):
@@ -205,45 +203,32 @@ class World:
         self.frame_keys = {v: ("np:" + ",".join(s), "np:" + ",".join(o) if o else None, "prep:" + ",".join(obl))
                            for v, (s, o, obl, _) in self.verb_frame.items()}
 
-    # -- sampling helpers: every draw is a bisect into a cached cumulative weight list ---------------
-
-    def _items(self, key):
-        """Candidates of a slot key such as 'np:person,animal' as (items, base weights, topics).
-
-        Keys are strings (Python caches their hash, which keeps draw() fast). Entities are encoded -(e + 1).
-        """
-        kind, _, arg = key.partition(":")
-        args = arg.split(",")
-        if kind == "verb":
-            items = self.verbs
-        elif kind == "np":       # common nouns and entities of the listed groups
-            items = [c for g in args for c in self.group_nouns[g]]
-            items += [-(e + 1) for e, t in enumerate(self.entity_type) if ENTITY_GROUP[t] in args]
-        elif kind == "noun":     # common nouns of one group, hypernym excluded
-            items = self.group_nouns[arg][1:]
-        elif kind == "adj":
-            items = self.group_adjs[arg]
-        elif kind == "adv":
-            items = self.advs
-        elif kind == "det":
-            items = self.dets
-        elif kind == "prep":     # the listed prepositions
-            items = [self.preps[p] for p in args]
-        elif kind == "entity":   # entities of one type and one length (for NLI argument changes)
-            items = [-(e + 1) for e, t in enumerate(self.entity_type)
-                     if t == args[0] and len(self.entity_parts[e]) == int(args[1])]
-        else:
-            raise KeyError(key)
-        w = [self.entity_weight[-i - 1] if i < 0 else self.weight[i] for i in items]
-        t = [self.entity_topic[-i - 1] if i < 0 else self.topic[i] for i in items]
-        return items, w, t
-
     def draw(self, rng, key, topic=-1):
-        """One item of slot `key`, Zipf weight x topic boost (topic -1 = no boost)."""
+        """One item of slot `key` (e.g. 'np:person,animal'), by Zipf weight x topic boost (topic -1: no boost).
+
+        Every draw is a bisect into a cumulative weight list cached per key and topic. Keys are strings
+        (Python caches their hash, which keeps this fast). Entities are encoded -(e + 1).
+        """
         try:
             items, cdf, last = self._cdfs[key][topic]
         except KeyError:
-            items, w, t = self._items(key)
+            kind, _, arg = key.partition(":")
+            args = arg.split(",")
+            if kind in ("verb", "adv", "det"):
+                items = {"verb": self.verbs, "adv": self.advs, "det": self.dets}[kind]
+            elif kind == "adj":      # the adjectives that fit one group
+                items = self.group_adjs[arg]
+            elif kind == "noun":     # common nouns of one group, hypernym excluded
+                items = self.group_nouns[arg][1:]
+            elif kind == "prep":     # the listed prepositions
+                items = [self.preps[p] for p in args]
+            elif kind == "np":       # common nouns and entities of the listed groups
+                items = [c for g in args for c in self.group_nouns[g]]
+                items += [-(e + 1) for e, t in enumerate(self.entity_type) if ENTITY_GROUP[t] in args]
+            else:                    # 'entity:TYPE,LENGTH': entities of one type and length (NLI argument changes)
+                items = [-(e + 1) for e, (t, p) in enumerate(self.entities) if t == args[0] and len(p) == int(args[1])]
+            w = [self.entity_weight[-i - 1] if i < 0 else self.weight[i] for i in items]
+            t = [self.entity_topic[-i - 1] if i < 0 else self.topic[i] for i in items]
             w = [wi * (TOPIC_BOOST if ti == topic and topic >= 0 else 1.0) for wi, ti in zip(w, t)]
             cdf = np.cumsum(w).tolist()
             items, cdf, last = self._cdfs.setdefault(key, {})[topic] = (items, cdf, len(cdf) - 1)
@@ -497,9 +482,10 @@ def _contradict(world, rng, tree):
             tree[i][0] = world.draw(rng, "noun:" + world.noun_group[old])
         return tree
     span = [i] + [j for j, n in enumerate(tree) if n[1] == i and n[2] == "flat"]   # the entity's tokens
-    key = f"entity:{world.name[old].split('.')[0]},{len(span)}"
-    if len(world._items(key)[0]) < 2:
+    typ = world.name[old].split(".")[0]
+    if sum(t == typ and len(p) == len(span) for t, p in world.entities) < 2:
         return None
+    key = f"entity:{typ},{len(span)}"
     parts = new = tuple(tree[j][0] for j in span)
     while new == parts:
         new = world.entity_parts[-world.draw(rng, key) - 1]
