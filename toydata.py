@@ -27,6 +27,7 @@ Run:
 import argparse
 import bisect
 import collections
+import functools
 import json
 import os
 import random
@@ -325,17 +326,23 @@ def parse_order(order):
     return rules
 
 
-def linearize(tree, rules):
-    """Surface order (list of node indices) of a tree under one language's rules: projective by construction."""
-    deps = [[] for _ in tree]
-    for i, (_, h, _) in enumerate(tree[1:], 1):
+@functools.lru_cache(maxsize=None)
+def linearize(shape, order):
+    """Surface order (node indices) of a tree shape ((head, deprel) per node) in one word order: projective.
+
+    The order depends only on the shape, not on the words, and a corpus has a few thousand shapes, so it is
+    cached: this is what makes 100k sentences cheap.
+    """
+    rules = parse_order(order)
+    deps = [[] for _ in shape]
+    for i, (h, _) in enumerate(shape[1:], 1):
         deps[h].append(i)
     out = []
 
     def visit(i):
         ds = deps[i]
-        before = sorted((d for d in ds if rules[tree[d][2]][0] < 0), key=lambda d: -rules[tree[d][2]][1])
-        after = sorted((d for d in ds if rules[tree[d][2]][0] > 0), key=lambda d: rules[tree[d][2]][1])
+        before = sorted((d for d in ds if rules[shape[d][1]][0] < 0), key=lambda d: -rules[shape[d][1]][1])
+        after = sorted((d for d in ds if rules[shape[d][1]][0] > 0), key=lambda d: rules[shape[d][1]][1])
         for d in before:
             visit(d)
         out.append(i)
@@ -516,40 +523,28 @@ def _new_concepts(p, h):
 # -----------------------------------------------------------------------------
 # Rendering and the file formats (same as ../data: CoNLL-U, PAN-X tsv, XNLI tsv, MUSE, Tatoeba)
 
-_ORDER_CACHE = {}
+def render(tree, forms, order):
+    """(surface words, surface order) of a tree in one language."""
+    ids = linearize(tuple((h, r) for _, h, r in tree), order)
+    return [forms[tree[i][0]] for i in ids], ids
 
 
-def render(tree, forms, rules):
-    """(surface words, surface order) of a tree in one language.
-
-    The order depends only on the tree's shape (heads + deprels), not on its words, and a corpus has a
-    few thousand shapes, so it is cached: this is what makes 100k sentences cheap.
-    """
-    # the cache holds `rules` itself, so its id() cannot be reused by another dict
-    cache = _ORDER_CACHE.setdefault(id(rules), (rules, {}))[1]
-    shape = tuple((h, r) for _, h, r in tree)
-    order = cache.get(shape)
-    if order is None:
-        order = cache[shape] = linearize(tree, rules)
-    return [forms[tree[i][0]] for i in order], order
-
-
-def conllu_block(world, tree, forms, rules, sent_id):
-    words, order = render(tree, forms, rules)
-    pos = {i: k + 1 for k, i in enumerate(order)}
+def conllu_block(world, tree, forms, order, sent_id):
+    words, ids = render(tree, forms, order)
+    pos = {i: k + 1 for k, i in enumerate(ids)}
     lines = [f"# sent_id = {sent_id}", f"# text = {' '.join(words)}"]
-    for k, i in enumerate(order):
+    for k, i in enumerate(ids):
         c, h, rel = tree[i]
         lines.append(f"{k + 1}\t{words[k]}\t{words[k]}\t{KIND_UPOS[world.kind[c]]}\t_\t_\t"
                      f"{pos[h] if h >= 0 else 0}\t{rel}\t_\t_")
     return "\n".join(lines) + "\n\n"
 
 
-def ner_block(world, tree, forms, rules):
+def ner_block(world, tree, forms, order):
     """IOB2: an entity's first name part is B-TYPE, the parts attached to it as flat are I-TYPE."""
-    words, order = render(tree, forms, rules)
+    words, ids = render(tree, forms, order)
     tags = ["O" if world.kind[c] != "name" else f"{'I' if rel == 'flat' else 'B'}-{world.name[c].split('.')[0]}"
-            for c, _, rel in (tree[i] for i in order)]
+            for c, _, rel in (tree[i] for i in ids)]
     return "".join(f"{w}\t{t}\n" for w, t in zip(words, tags)) + "\n"
 
 
@@ -622,7 +617,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
                     ("n_task_train", n_task_train), ("n_task_eval", n_task_eval), ("n_tatoeba", n_tatoeba)]:
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
-    rules = [parse_order("svo")] + [parse_order(order)] * (len(langs) - 1)
+    parse_order(order)   # a ValueError before anything is written
+    orders = ["svo"] + [order] * (len(langs) - 1)
     out_dir = str(out_dir)
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not force:
@@ -643,7 +639,7 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
 
     def sentence(tree, li):   # one line of text in language li
-        return " ".join(render(tree, forms[li], rules[li])[0])
+        return " ".join(render(tree, forms[li], orders[li])[0])
 
     # monolingual corpora: each language samples its own meanings with its own topic mix
     for li, lang in enumerate(langs):
@@ -681,10 +677,10 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         rng.shuffle(labels)
         nli = [(sample_nli(world, rng, lab), lab) for lab in labels]
         for li, lang in enumerate(langs):
-            f, r = forms[li], rules[li]
+            f, o = forms[li], orders[li]
             _write(J("ud", f"{lang}.{split}.conllu"),
-                   "".join(conllu_block(world, t, f, r, f"{split}-{k + 1}") for k, t in enumerate(ud)))
-            _write(J("ner", f"{lang}.{split}.tsv"), "".join(ner_block(world, t, f, r) for t in ner))
+                   "".join(conllu_block(world, t, f, o, f"{split}-{k + 1}") for k, t in enumerate(ud)))
+            _write(J("ner", f"{lang}.{split}.tsv"), "".join(ner_block(world, t, f, o) for t in ner))
             _write(J("xnli", f"{lang}.{split}.tsv"),
                    "".join(f"{sentence(p, li)}\t{sentence(h, li)}\t{lab}\n" for (p, h), lab in nli))
 
