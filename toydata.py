@@ -33,7 +33,6 @@ import os
 import random
 import re
 import shutil
-import sys
 import time
 
 import numpy as np
@@ -296,8 +295,7 @@ def sample_tree(world, rng, topic=-1):
 # -----------------------------------------------------------------------------
 # Word order: each deprel goes before (-1) or after (+1) its head, with a priority (higher = farther)
 
-CLAUSE_ORDERS = ("svo", "sov", "vso", "vos", "osv", "ovs")
-ORDER_RE = re.compile(r"^(%s)(-(an|na))?(-(pre|post))?$" % "|".join(CLAUSE_ORDERS))
+ORDER_RE = re.compile(r"^(svo|sov|vso|vos|osv|ovs)(-(an|na))?(-(pre|post))?$")
 ORDER_HELP = ("CLAUSE[-ADJ][-ADP] with CLAUSE in svo/sov/vso/vos/osv/ovs, "
               "ADJ 'an' (adjective before noun, default) or 'na' (after), "
               "ADP 'pre' (prepositions, default) or 'post' (postpositions, genitives before the noun); "
@@ -309,20 +307,17 @@ def parse_order(order):
     m = ORDER_RE.match(order or "")
     if not m:
         raise ValueError(f"unknown order {order!r}; expected {ORDER_HELP}")
-    clause, adj, adp = m.group(1), m.group(3) or "an", m.group(5) or "pre"
+    clause, adj, pre = m.group(1), m.group(3) or "an", m.group(5) != "post"
     v = clause.index("v")
     side = {x: (-1 if clause.index(x) < v else 1) for x in "so"}
     dist = {x: abs(clause.index(x) - v) for x in "so"}
     rules = {"nsubj": (side["s"], 5 if dist["s"] > dist["o"] else 1),
              "obj": (side["o"], 5 if dist["o"] > dist["s"] else 1),
              "obl": (side["o"], 3), "advmod": (side["o"], 4), "punct": (1, 99),
-             "det": (-1, 5), "amod": (-1 if adj == "an" else 1, 2), "flat": (1, 0)}
+             "det": (-1, 5), "amod": (-1 if adj == "an" else 1, 2), "flat": (1, 0),
+             "case": (-1 if pre else 1, 9), "nmod": (1, 3) if pre else (-1, 7)}
     if side["s"] == side["o"] and dist["o"] > dist["s"]:
         rules["obj"] = (side["o"], 2)   # V S O / O S V: the object stays nearer than obliques and adverbs
-    if adp == "pre":
-        rules["case"], rules["nmod"] = (-1, 9), (1, 3)
-    else:
-        rules["case"], rules["nmod"] = (1, 9), (-1, 7)
     return rules
 
 
@@ -741,7 +736,7 @@ def main(argv=None):
     try:
         s = write_world(**vars(ap.parse_args(argv)))
     except (FileExistsError, ValueError) as e:
-        sys.exit(f"toydata.py: error: {e}")
+        raise SystemExit(f"toydata.py: error: {e}")
     print(f"wrote {s['out_dir']} in {s['seconds']} s: {s['n_concepts']} concepts, vocab {s['vocab_sizes']}, "
           f"shared forms {s['shared']}")
     return s
