@@ -460,19 +460,16 @@ def _add(world, rng, tree):
     return tree
 
 
-def _swap(tree):
-    """Contradiction: subject and object change places (with their modifiers): the same words, other roles."""
-    roles = {n[2]: i for i, n in enumerate(tree) if n[1] == 0}
-    if "nsubj" not in roles or "obj" not in roles:
-        return None
-    tree = [list(n) for n in tree]
-    tree[roles["nsubj"]][2], tree[roles["obj"]][2] = "obj", "nsubj"
-    return tree
-
-
 def _contradict(world, rng, tree):
-    """Contradiction: another noun of the same group, or another entity of the same type, as subject or object."""
+    """Contradiction: half the time subject and object swapped (with their modifiers: the same words, other
+    roles), else another noun of the same group or another entity of the same type as subject or object."""
     tree = [list(n) for n in tree]
+    if rng.random() < 0.5:
+        roles = {n[2]: i for i, n in enumerate(tree) if n[1] == 0}
+        if "nsubj" not in roles or "obj" not in roles:
+            return None
+        tree[roles["nsubj"]][2], tree[roles["obj"]][2] = "obj", "nsubj"
+        return tree
     cands = [i for i, n in enumerate(tree) if n[2] in ("nsubj", "obj")
              and (world.kind[n[0]] == "name" or (world.kind[n[0]] == "noun" and n[0] not in world.hypernyms))]
     if not cands:
@@ -498,14 +495,10 @@ def _contradict(world, rng, tree):
 
 def sample_nli(world, rng, label):
     """(premise tree, hypothesis tree) for one label: a new premise until the edit applies."""
+    edit = {"entailment": _drop, "neutral": _add, "contradiction": _contradict}[label]
     while True:
         p = sample_tree(world, rng)
-        if label == "entailment":
-            h = _drop(world, rng, p)
-        elif label == "neutral":
-            h = _add(world, rng, p)
-        else:
-            h = _swap(p) if rng.random() < 0.5 else _contradict(world, rng, p)
+        h = edit(world, rng, p)
         if h is not None and h != p and (label != "neutral" or _new_concepts(p, h)):
             return p, h
 
