@@ -132,7 +132,7 @@ class World:
         self.hypernyms = {ids[0] for ids in self.group_nouns.values()}
 
         # verbs in antonym pairs (+/-); both members of a pair share one frame (perturbed from the class frame)
-        self.verb_frame, self.verbs = {}, []
+        self.verb_frame = {}
         for vc, (subj, obj, obl) in VERB_CLASSES.items():
             w = _zipf(verbs_per_class, rng)
             for p in range(verbs_per_class // 2):
@@ -142,7 +142,6 @@ class World:
                 for sign, k in (("+", 2 * p), ("-", 2 * p + 1)):
                     v = add("verb", f"{vc}.{p:02d}{sign}", w[k], t)
                     self.verb_frame[v] = (s, o, obl, vc)
-                    self.verbs.append(v)
 
         # adjectives: each fits 1-3 noun groups (a few fit all); every group gets some
         self.group_adjs = {g: [] for g in GROUPS}
@@ -215,7 +214,7 @@ class World:
             kind, _, arg = key.partition(":")
             args = arg.split(",")
             if kind in ("verb", "adv", "det"):
-                items = {"verb": self.verbs, "adv": self.advs, "det": self.dets}[kind]
+                items = {"verb": list(self.verb_frame), "adv": self.advs, "det": self.dets}[kind]
             elif kind == "adj":      # the adjectives that fit one group
                 items = self.group_adjs[arg]
             elif kind == "noun":     # common nouns of one group, hypernym excluded
@@ -367,12 +366,9 @@ def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
     rng = np.random.default_rng([seed, 2])
     n = world.n_concepts
     shared = set(rng.choice(n, size=int(round(overlap * n)), replace=False).tolist())
-    # rank of each concept inside its kind (0 = most frequent) decides the number of syllables
-    rank = [0] * n
+    frequent = set()   # the 20 most frequent concepts of each kind: the shortest content words
     for k in set(world.kind):
-        ids = sorted((c for c in range(n) if world.kind[c] == k), key=lambda c: -world.weight[c])
-        for r, c in enumerate(ids):
-            rank[c] = r
+        frequent.update(sorted((c for c in range(n) if world.kind[c] == k), key=lambda c: -world.weight[c])[:20])
     forms, used = [], set()
     for li in range(n_langs):
         if li > 1 and not cyrillic:   # a third language and beyond: letters drawn from a pool
@@ -394,7 +390,7 @@ def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
                 elif k == "name":
                     nsyl = 2 + int(rng.random() < 0.5)
                 else:
-                    nsyl = 2 if rank[c] < 20 else 2 + int(rng.random() < 0.6)
+                    nsyl = 2 if c in frequent else 2 + int(rng.random() < 0.6)
                 while True:
                     w = "".join(cons[rng.integers(len(cons))] + vows[rng.integers(len(vows))] for _ in range(nsyl))
                     if rng.random() < 0.3:
