@@ -541,14 +541,6 @@ def _write(path, text):
     os.replace(tmp, path)
 
 
-def topic_mixture(lang_index, n_langs, domain_shift):
-    """Topic probabilities of one language: uniform at shift 0, only its own topics at shift 1."""
-    own = [t for t in range(N_TOPICS) if t % n_langs == lang_index % n_langs] or list(range(N_TOPICS))
-    p = np.full(N_TOPICS, (1 - domain_shift) / N_TOPICS)
-    p[own] += domain_shift / len(own)
-    return p
-
-
 def _sample_trees(world, rng, n, mixture=None, need_entity=False):
     """n trees, each about a topic drawn from `mixture` (None: no topic); need_entity keeps those with a name."""
     cdf = np.cumsum(mixture).tolist() if mixture is not None else None
@@ -593,10 +585,9 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     langs = list(langs)
     if len(langs) < 2 or len(set(langs)) != len(langs):
         raise ValueError(f"langs must be 2 or more distinct codes, got {langs}")
-    if not 0.0 <= overlap <= 1.0:
-        raise ValueError(f"overlap must be in [0, 1], got {overlap}")
-    if not 0.0 <= domain_shift <= 1.0:
-        raise ValueError(f"domain_shift must be in [0, 1], got {domain_shift}")
+    for name, v in [("overlap", overlap), ("domain_shift", domain_shift)]:
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {v}")
     for name, v in [("n_train", n_train), ("n_dev", n_dev), ("n_test", n_test), ("n_parallel", n_parallel),
                     ("n_task_train", n_task_train), ("n_task_eval", n_task_eval), ("n_tatoeba", n_tatoeba)]:
         if v < 1:
@@ -625,29 +616,30 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     def sentence(tree, li):   # one line of text in language li
         return " ".join(render(tree, forms[li], orders[li])[0])
 
-    # monolingual corpora: each language samples its own meanings with its own topic mix
+    # monolingual corpora: each language samples its own meanings with its own topic mix (domain similarity,
+    # paper §4.1): uniform at domain_shift 0, only the language's own topics at 1
     for li, lang in enumerate(langs):
-        mix = topic_mixture(li, len(langs), domain_shift)
+        own = [t for t in range(N_TOPICS) if t % len(langs) == li] or list(range(N_TOPICS))
+        mix = np.full(N_TOPICS, (1 - domain_shift) / N_TOPICS)
+        mix[own] += domain_shift / len(own)
         for split, n in sizes.items():
             trees = _sample_trees(world, random.Random(f"{seed}/mono/{lang}/{split}"), n, mix)
             _write(J("mono", f"{lang}.{split}.txt"), "".join(sentence(t, li) + "\n" for t in trees))
 
-    # dictionaries: one line per concept, most frequent first; test = 20 % of the content words
+    # per language pair: dictionaries (one line per concept, most frequent first; test = 20 % of the content
+    # words), parallel sentences and Tatoeba pairs (the same meanings in both languages)
     rng = np.random.default_rng([seed, 3])
     by_freq = sorted(range(world.n_concepts), key=lambda c: (-world.weight[c], c))
     content = [c for c in by_freq if world.kind[c] in CONTENT_KINDS]
     test = set(rng.choice(content, size=len(content) // 5, replace=False).tolist())
+    par = _sample_trees(world, random.Random(f"{seed}/parallel"), n_parallel)
+    tat = _sample_trees(world, random.Random(f"{seed}/tatoeba"), n_tatoeba)
     for li, lang in enumerate(langs[1:], 1):
         pair = f"{l0}-{lang}"
         line = lambda c: f"{forms[0][c]} {forms[li][c]}\n"   # noqa: E731
         _write(J("dict", f"{pair}.txt"), "".join(line(c) for c in by_freq))
         _write(J("dict", f"{pair}.train.txt"), "".join(line(c) for c in by_freq if c not in test))
         _write(J("dict", f"{pair}.test.txt"), "".join(line(c) for c in by_freq if c in test))
-
-    # parallel sentences and Tatoeba pairs: the same meanings in both languages
-    par = _sample_trees(world, random.Random(f"{seed}/parallel"), n_parallel)
-    tat = _sample_trees(world, random.Random(f"{seed}/tatoeba"), n_tatoeba)
-    for li, lang in enumerate(langs[1:], 1):
         for lj, l in ((0, l0), (li, lang)):
             _write(J("parallel", f"{l0}-{lang}.train.{l}"), "".join(sentence(t, lj) + "\n" for t in par))
             _write(J("tatoeba", f"tatoeba.{lang}-{l0}.{l}"), "".join(sentence(t, lj) + "\n" for t in tat))
