@@ -57,7 +57,6 @@ PREPOSITIONS = {
     "of":    (("material",), ("tool", "building", "vehicle")),
     "at":    (("event", "building", "place"), ("person", "organisation")),
 }
-PREP_NAMES = tuple(PREPOSITIONS)
 
 # verb class: (subject groups, object groups (empty = intransitive), prepositions of its obliques)
 VERB_CLASSES = {
@@ -80,9 +79,9 @@ VERB_CLASSES = {
 
 DETERMINERS = {"def": 0.5, "indef": 0.3, "dem": 0.12, "quant": 0.08}   # fixed weights, like the/a/this/every
 
-# UD's universal relations used here, and the UPOS of each kind of concept
-KIND_UPOS = {"noun": "NOUN", "name": "PROPN", "verb": "VERB", "adj": "ADJ", "adv": "ADV",
-             "adp": "ADP", "det": "DET", "punct": "PUNCT"}
+# the universal POS tag (UPOS) of each kind of concept
+KIND_UPOS = {"noun": "NOUN", "name": "PROPN", "verb": "VERB", "adj": "ADJ", "adv": "ADV", "adp": "ADP", "det": "DET",
+             "punct": "PUNCT"}
 CONTENT_KINDS = ("noun", "name", "verb", "adj", "adv")
 
 ZIPF_A = 1.0        # weight of rank r (1-based) inside a class = 1 / r^ZIPF_A
@@ -111,15 +110,16 @@ class World:
         rng = np.random.default_rng([seed, 1])
         self.kind, self.name, self.weight, self.topic = [], [], [], []
 
-        def add(kind, name, weight, topic=-1):
-            self.kind.append(kind)
-            self.name.append(name)
-            self.weight.append(weight)
-            self.topic.append(topic)
+        def add(kind, name, weight, topic=-1):   # a new concept: one entry in each column
+            for column, value in ((self.kind, kind), (self.name, name), (self.weight, weight), (self.topic, topic)):
+                column.append(value)
             return len(self.kind) - 1
 
         def topics(n):
             return rng.integers(N_TOPICS, size=n).tolist()
+
+        def pick(names, p=1.0):   # one of `names` with probability p, as a 1-tuple (else empty)
+            return (int(rng.choice(names)),) if p == 1.0 or rng.random() < p else ()
 
         # nouns: the first noun of a group is its hypernym ("animal"), which the NLI task never swaps
         self.group_nouns, self.noun_group = {}, {}
@@ -158,8 +158,8 @@ class World:
 
         w, t = _zipf(n_adv, rng), topics(n_adv)
         self.advs = [add("adv", f"adv.{i:02d}", w[i], t[i]) for i in range(n_adv)]
-        w = _zipf(len(PREP_NAMES), rng)
-        self.preps = {p: add("adp", p, w[i]) for i, p in enumerate(PREP_NAMES)}
+        w = _zipf(len(PREPOSITIONS), rng)
+        self.preps = {p: add("adp", p, w[i]) for i, p in enumerate(PREPOSITIONS)}
         self.dets = [add("det", d, wt) for d, wt in DETERMINERS.items()]
         self.punct = add("punct", ".", 1.0)
 
@@ -169,8 +169,6 @@ class World:
         given, surname = parts("PER.given", 50), parts("PER.surname", 50)
         place, place_pre = parts("LOC.name", 60), parts("LOC.prefix", 4)
         org, org_suf = parts("ORG.name", 40), parts("ORG.suffix", 6)
-        def pick(names, p=1.0):   # one of `names` with probability p, as a 1-tuple (else empty)
-            return (int(rng.choice(names)),) if p == 1.0 or rng.random() < p else ()
         ents = set()
         while len(ents) < n_per:
             ents.add(("PER", pick(given) + pick(surname, 0.6)))
@@ -196,8 +194,8 @@ class World:
         self.n_concepts = len(self.kind)
         self._cdfs = {}   # slot key -> topic -> (items, cumulative weights, last index)
         # slot keys used by the grammar
-        self.np_key = {p: "np:" + ",".join(PREPOSITIONS[p][0]) for p in PREP_NAMES}
-        self.nmod_key = {g: "prep:" + ",".join(p for p in PREP_NAMES if g in PREPOSITIONS[p][1]) for g in GROUPS}
+        self.np_key = {p: "np:" + ",".join(obj) for p, (obj, _) in PREPOSITIONS.items()}
+        self.nmod_key = {g: "prep:" + ",".join(p for p, (_, mod) in PREPOSITIONS.items() if g in mod) for g in GROUPS}
         self.adj_key = {g: "adj:" + g for g in GROUPS}
         self.frame_keys = {v: ("np:" + ",".join(s), "np:" + ",".join(o) if o else None, "prep:" + ",".join(obl))
                            for v, (s, o, obl, _) in self.verb_frame.items()}
@@ -246,22 +244,20 @@ def add_np(world, rng, tree, key, head, rel, prep=None, topic=-1, depth=0):
     if item < 0:                         # named entity: first part is the head, the rest attach as flat
         parts = world.entity_parts[-item - 1]
         tree.append([parts[0], head, rel])
-        for p in parts[1:]:
-            tree.append([p, i, "flat"])
+        tree += [[p, i, "flat"] for p in parts[1:]]
     else:
         g = world.noun_group[item]
         tree.append([item, head, rel])
-        r = rng.random
-        if r() < P_DET:
+        if rng.random() < P_DET:
             tree.append([world.draw(rng, "det"), i, "det"])
-        if r() < P_AMOD:
+        if rng.random() < P_AMOD:
             a = world.draw(rng, world.adj_key[g], topic)
             tree.append([a, i, "amod"])
-            if r() < P_AMOD2:
+            if rng.random() < P_AMOD2:
                 b = world.draw(rng, world.adj_key[g], topic)
                 if b != a:
                     tree.append([b, i, "amod"])
-        if depth == 0 and r() < P_NMOD and world.nmod_key[g] != "prep:":
+        if depth == 0 and rng.random() < P_NMOD and world.nmod_key[g] != "prep:":
             p = world.name[world.draw(rng, world.nmod_key[g])]
             add_np(world, rng, tree, world.np_key[p], i, "nmod", p, topic, depth + 1)
     if prep is not None:
@@ -480,10 +476,9 @@ def _contradict(world, rng, tree):
     typ = world.name[old].split(".")[0]
     if sum(t == typ and len(p) == len(span) for t, p in world.entities) < 2:
         return None
-    key = f"entity:{typ},{len(span)}"
     parts = new = tuple(tree[j][0] for j in span)
     while new == parts:
-        new = world.entity_parts[-world.draw(rng, key) - 1]
+        new = world.entity_parts[-world.draw(rng, f"entity:{typ},{len(span)}") - 1]
     for j, c in zip(span, new):
         tree[j][0] = c
     return tree
