@@ -2,9 +2,9 @@
 
 The paper (Conneau et al., ACL 2020, §3-§5) pretrains bilingual MLMs on Wikipedia and evaluates zero-shot
 transfer on XNLI, WikiAnn NER and UD parsing, plus word/sentence alignment against MUSE dictionaries and
-Tatoeba. None of that can be downloaded here, so this file builds a small world with a known ground truth:
+Tatoeba. This file builds a small stand-in world whose ground truth is known:
 
-- one meaning space (language independent): noun concepts in semantic groups, named entities typed
+- one language-independent meaning space: noun concepts in semantic groups, named entities typed
   PER/LOC/ORG (often several tokens), verbs with selectional restrictions (each verb picks the groups of
   its subject and object and the prepositions of its obliques), adjectives that fit noun groups,
   prepositions that link groups, adverbs, determiners; Zipfian frequencies inside every class and a few
@@ -16,9 +16,8 @@ Tatoeba. None of that can be downloaded here, so this file builds a small world 
   two languages only share *statistics* (they are isomorphic), the situation the paper studies;
 - `--domain-shift` gives each language its own topic mix (domain similarity, paper §4.1).
 
-Outputs (formats as in the real data, see write_world): non-parallel monolingual corpora, a MUSE
-dictionary with a train/test split, parallel + Tatoeba-style sentence pairs, PAN-X NER, CoNLL-U trees and
-an XNLI-style pair task whose label follows from the meaning.
+Outputs, in the real formats (see write_world): monolingual corpora (not parallel), MUSE dictionaries,
+parallel and Tatoeba pairs, PAN-X NER, CoNLL-U trees, XNLI-style pairs whose label follows from the meaning.
 
 Run:
     python toydata.py --out out/toy                           # en + fr, disjoint vocabularies
@@ -100,10 +99,8 @@ def _zipf(n, rng):
 
 
 class World:
-    """The concept inventory. Concepts are ints; each has a kind, a name, a weight and a topic.
-
-    Entities are tuples of name-part concepts (e.g. given name + surname) with a type PER/LOC/ORG.
-    """
+    """The concept inventory. Concepts are ints, each with a kind, a name, a weight and a topic; entities are
+    tuples of name-part concepts (e.g. given name + surname) with a type PER/LOC/ORG."""
 
     def __init__(self, seed=0, nouns_per_group=36, verbs_per_class=12, n_adj=120, n_adv=24,
                  n_per=120, n_loc=80, n_org=60):
@@ -177,11 +174,10 @@ class World:
         while len(ents) < n_per + n_loc + n_org:
             ents.add(("ORG", pick(org) + pick(org, 0.2) + pick(org_suf, 0.7)))
         self.entities = sorted(ents)                       # sorted: deterministic order
-        self.entity_type = [t for t, _ in self.entities]
         self.entity_parts = [p for _, p in self.entities]
         self.entity_weight = [0.0] * len(self.entities)
         for typ in ENTITY_GROUP:
-            idx = [i for i, t in enumerate(self.entity_type) if t == typ]
+            idx = [i for i, (t, _) in enumerate(self.entities) if t == typ]
             z = _zipf(len(idx), rng)
             noun_mass = sum(self.weight[c] for c in self.group_nouns[ENTITY_GROUP[typ]])
             for i, wi in zip(idx, z):
@@ -201,11 +197,9 @@ class World:
                            for v, (s, o, obl, _) in self.verb_frame.items()}
 
     def draw(self, rng, key, topic=-1):
-        """One item of slot `key` (e.g. 'np:person,animal'), by Zipf weight x topic boost (topic -1: no boost).
-
-        Every draw is a bisect into a cumulative weight list cached per key and topic. Keys are strings
-        (Python caches their hash, which keeps this fast). Entities are encoded -(e + 1).
-        """
+        """One item of slot `key` (e.g. 'np:person,animal'), by Zipf weight x topic boost (topic -1: no boost): a
+        bisect into a cumulative weight list cached per key and topic. Keys are strings (Python caches their
+        hash, which keeps this fast). Entities are encoded -(e + 1)."""
         try:
             items, cdf, last = self._cdfs[key][topic]
         except KeyError:
@@ -221,7 +215,7 @@ class World:
                 items = [self.preps[p] for p in args]
             elif kind == "np":       # common nouns and entities of the listed groups
                 items = [c for g in args for c in self.group_nouns[g]]
-                items += [-(e + 1) for e, t in enumerate(self.entity_type) if ENTITY_GROUP[t] in args]
+                items += [-(e + 1) for e, (t, _) in enumerate(self.entities) if ENTITY_GROUP[t] in args]
             else:                    # 'entity:TYPE,LENGTH': entities of one type and length (NLI argument changes)
                 items = [-(e + 1) for e, (t, p) in enumerate(self.entities) if t == args[0] and len(p) == int(args[1])]
             w = [self.entity_weight[-i - 1] if i < 0 else self.weight[i] for i in items]
@@ -330,9 +324,8 @@ def linearize(shape, order):
     out = []
 
     def visit(i):
-        ds = deps[i]
-        before = sorted((d for d in ds if rules[shape[d][1]][0] < 0), key=lambda d: -rules[shape[d][1]][1])
-        after = sorted((d for d in ds if rules[shape[d][1]][0] > 0), key=lambda d: rules[shape[d][1]][1])
+        before = sorted((d for d in deps[i] if rules[shape[d][1]][0] < 0), key=lambda d: -rules[shape[d][1]][1])
+        after = sorted((d for d in deps[i] if rules[shape[d][1]][0] > 0), key=lambda d: rules[shape[d][1]][1])
         for d in before:
             visit(d)
         out.append(i)
@@ -510,12 +503,11 @@ def render(tree, forms, order):
 
 def conllu_block(world, tree, forms, order, sent_id):
     words, ids = render(tree, forms, order)
-    pos = {i: k + 1 for k, i in enumerate(ids)}
+    pos = {-1: 0} | {i: k + 1 for k, i in enumerate(ids)}   # node -> 1-based position; the root's head is 0
     lines = [f"# sent_id = {sent_id}", f"# text = {' '.join(words)}"]
     for k, i in enumerate(ids):
         c, h, rel = tree[i]
-        lines.append(f"{k + 1}\t{words[k]}\t{words[k]}\t{KIND_UPOS[world.kind[c]]}\t_\t_\t"
-                     f"{pos[h] if h >= 0 else 0}\t{rel}\t_\t_")
+        lines.append(f"{k + 1}\t{words[k]}\t{words[k]}\t{KIND_UPOS[world.kind[c]]}\t_\t_\t{pos[h]}\t{rel}\t_\t_")
     return "\n".join(lines) + "\n\n"
 
 
@@ -528,12 +520,10 @@ def ner_block(world, tree, forms, order):
 
 
 def _write(path, text):
-    """Atomic write: a temp file beside the target, then os.replace."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(text)
-    os.replace(tmp, path)
+    os.replace(path + ".tmp", path)   # atomic: no half-written file under the real name
 
 
 def _sample_trees(world, rng, n, mixture=None, need_entity=False):
