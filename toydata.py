@@ -358,7 +358,7 @@ def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
     frequent = set()   # the 20 most frequent concepts of each kind: the shortest content words
     for k in set(world.kind):
         frequent.update(sorted((c for c in range(n) if world.kind[c] == k), key=lambda c: -world.weight[c])[:20])
-    forms, used = [], set()
+    forms, used = [], set()   # used: every form so far, in any language
     for li in range(n_langs):
         if li > 1 and not cyrillic:   # a third language and beyond: letters drawn from a pool
             cons = "".join(rng.choice(list("bcdfghjklmnprstvwxzq"), size=12, replace=False))
@@ -366,7 +366,7 @@ def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
             coda = "".join(rng.choice(list(cons), size=3, replace=False))
         else:
             cons, vows, coda = SCRIPTS["cyrillic" if li > 0 and cyrillic else f"latin{li}"]
-        f, mine = [None] * n, set()
+        f = []
         for c in range(n):
             k = world.kind[c]
             if li > 0 and c in shared:
@@ -386,12 +386,11 @@ def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
                         w += coda[rng.integers(len(coda))]
                     if k == "name":
                         w = w.capitalize()
-                    if w not in used and w not in mine:
+                    if w not in used:
                         break
                     nsyl += rng.random() < 0.2   # crowded: allow a longer word now and then
-            f[c] = w
-            mine.add(w)
-        used |= mine
+            f.append(w)
+            used.add(w)
         forms.append(f)
     return forms, shared
 
@@ -654,9 +653,7 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         "shared": len(set(forms[0]) & set(forms[1])), "dict_test_words": len(test),
     }
     _write(J("world.json"), json.dumps(summary, indent=1, ensure_ascii=False) + "\n")  # no path: reproducible
-    summary["out_dir"] = out_dir
-    summary["seconds"] = round(time.time() - t0, 2)
-    return summary
+    return {**summary, "out_dir": out_dir, "seconds": round(time.time() - t0, 2)}
 
 
 # -----------------------------------------------------------------------------
