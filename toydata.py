@@ -94,8 +94,7 @@ P_DET, P_AMOD, P_AMOD2, P_NMOD, P_OBL, P_ADV = 0.8, 0.35, 0.1, 0.15, 0.4, 0.12
 
 def _zipf(n, rng):
     """Zipfian weights for n items, ranks in random order: the shared 'frequency' of the meanings."""
-    ranks = rng.permutation(n) + 1
-    return (1.0 / ranks ** ZIPF_A).tolist()
+    return (1.0 / (rng.permutation(n) + 1) ** ZIPF_A).tolist()
 
 
 class World:
@@ -189,8 +188,7 @@ class World:
                 self.weight[c] += self.entity_weight[i]
         self.n_concepts = len(self.kind)
         self._cdfs = {}   # slot key -> topic -> (items, cumulative weights, last index)
-        # slot keys used by the grammar
-        self.np_key = {p: "np:" + ",".join(obj) for p, (obj, _) in PREPOSITIONS.items()}
+        self.np_key = {p: "np:" + ",".join(obj) for p, (obj, _) in PREPOSITIONS.items()}   # the grammar's slot keys
         self.nmod_key = {g: "prep:" + ",".join(p for p, (_, mod) in PREPOSITIONS.items() if g in mod) for g in GROUPS}
         self.adj_key = {g: "adj:" + g for g in GROUPS}
         self.frame_keys = {v: ("np:" + ",".join(s), "np:" + ",".join(o) if o else None, "prep:" + ",".join(obl))
@@ -313,10 +311,8 @@ def parse_order(order):
 @functools.lru_cache(maxsize=None)
 def linearize(shape, order):
     """Surface order (node indices) of a tree shape ((head, deprel) per node) in one word order: projective.
-
-    The order depends only on the shape, not on the words, and a corpus has a few thousand shapes, so it is
-    cached: this is what makes 100k sentences cheap.
-    """
+    It depends only on the shape, not on the words, and a corpus has a few thousand shapes, so it is cached:
+    this is what makes 100k sentences cheap."""
     rules = parse_order(order)
     deps = [[] for _ in shape]
     for i, (h, _) in enumerate(shape[1:], 1):
@@ -347,11 +343,9 @@ FULL_STOPS = (".", "。", "।", "።", "؛")
 
 
 def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
-    """forms[l][c] = the word form of concept c in language l (unique inside a language).
-
-    A random `overlap` fraction of the concepts keep language 0's form in every language (anchors); all
-    other forms differ between languages. Frequent words are shorter (Zipf's law of abbreviation).
-    """
+    """forms[l][c] = the word form of concept c in language l, unique inside a language. A random `overlap`
+    fraction of the concepts keep language 0's form in every language (anchors); all other forms differ
+    between languages. Frequent words are shorter (Zipf's law of abbreviation)."""
     rng = np.random.default_rng([seed, 2])
     n = world.n_concepts
     shared = set(rng.choice(n, size=int(round(overlap * n)), replace=False).tolist())
@@ -579,21 +573,19 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     parse_order(order)   # a ValueError before anything is written
     orders = ["svo"] + [order] * (len(langs) - 1)
     out_dir = str(out_dir)
+    J = lambda *p: os.path.join(out_dir, *p)   # noqa: E731
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not force:
             raise FileExistsError(f"{out_dir} is not empty; pass force=True (--force) to overwrite it")
         for e in OUTPUT_ENTRIES:   # remove only what an earlier run wrote, so old files do not mix in
-            p = os.path.join(out_dir, e)
-            if os.path.isdir(p):
-                shutil.rmtree(p)
-            elif os.path.exists(p):
-                os.remove(p)
+            if os.path.isdir(J(e)):
+                shutil.rmtree(J(e))
+            elif os.path.exists(J(e)):
+                os.remove(J(e))
     os.makedirs(out_dir, exist_ok=True)
 
     world = World(seed)
     forms, shared = make_lexicon(world, len(langs), overlap, cyrillic, seed)
-    l0 = langs[0]
-    J = lambda *p: os.path.join(out_dir, *p)   # noqa: E731
     sizes = {"train": n_train, "dev": n_dev, "test": n_test}
     task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
 
@@ -619,14 +611,14 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     par = _sample_trees(world, random.Random(f"{seed}/parallel"), n_parallel)
     tat = _sample_trees(world, random.Random(f"{seed}/tatoeba"), n_tatoeba)
     for li, lang in enumerate(langs[1:], 1):
-        pair = f"{l0}-{lang}"
+        pair = f"{langs[0]}-{lang}"
         line = lambda c: f"{forms[0][c]} {forms[li][c]}\n"   # noqa: E731
         _write(J("dict", f"{pair}.txt"), "".join(line(c) for c in by_freq))
         _write(J("dict", f"{pair}.train.txt"), "".join(line(c) for c in by_freq if c not in test))
         _write(J("dict", f"{pair}.test.txt"), "".join(line(c) for c in by_freq if c in test))
-        for lj, l in ((0, l0), (li, lang)):
-            _write(J("parallel", f"{l0}-{lang}.train.{l}"), "".join(sentence(t, lj) + "\n" for t in par))
-            _write(J("tatoeba", f"tatoeba.{lang}-{l0}.{l}"), "".join(sentence(t, lj) + "\n" for t in tat))
+        for lj, l in ((0, langs[0]), (li, lang)):
+            _write(J("parallel", f"{pair}.train.{l}"), "".join(sentence(t, lj) + "\n" for t in par))
+            _write(J("tatoeba", f"tatoeba.{lang}-{langs[0]}.{l}"), "".join(sentence(t, lj) + "\n" for t in tat))
 
     # task sets: UD trees, NER (every sentence has an entity, as in PAN-X), NLI (balanced labels)
     for split, n in task_sizes.items():
@@ -637,10 +629,9 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         rng.shuffle(labels)
         nli = [(sample_nli(world, rng, lab), lab) for lab in labels]
         for li, lang in enumerate(langs):
-            f, o = forms[li], orders[li]
             _write(J("ud", f"{lang}.{split}.conllu"),
-                   "".join(conllu_block(world, t, f, o, f"{split}-{k + 1}") for k, t in enumerate(ud)))
-            _write(J("ner", f"{lang}.{split}.tsv"), "".join(ner_block(world, t, f, o) for t in ner))
+                   "".join(conllu_block(world, t, forms[li], orders[li], f"{split}-{k + 1}") for k, t in enumerate(ud)))
+            _write(J("ner", f"{lang}.{split}.tsv"), "".join(ner_block(world, t, forms[li], orders[li]) for t in ner))
             _write(J("xnli", f"{lang}.{split}.tsv"),
                    "".join(f"{sentence(p, li)}\t{sentence(h, li)}\t{lab}\n" for (p, h), lab in nli))
 
