@@ -79,8 +79,8 @@ VERB_CLASSES = {
 DETERMINERS = {"def": 0.5, "indef": 0.3, "dem": 0.12, "quant": 0.08}   # fixed weights, like the/a/this/every
 
 # the universal POS tag (UPOS) of each kind of concept
-KIND_UPOS = {"noun": "NOUN", "name": "PROPN", "verb": "VERB", "adj": "ADJ", "adv": "ADV", "adp": "ADP", "det": "DET",
-             "punct": "PUNCT"}
+KIND_UPOS = {"noun": "NOUN", "name": "PROPN", "verb": "VERB", "adj": "ADJ", "adv": "ADV",
+             "adp": "ADP", "det": "DET", "punct": "PUNCT"}
 CONTENT_KINDS = ("noun", "name", "verb", "adj", "adv")
 
 ZIPF_A = 1.0        # weight of rank r (1-based) inside a class = 1 / r^ZIPF_A
@@ -88,8 +88,7 @@ N_TOPICS = 6
 TOPIC_BOOST = 8.0   # a content word of topic t is this much likelier in a sentence about topic t
 ENTITY_SHARE = 0.4  # mass of entities relative to the common nouns of person/place/organisation
 
-# grammar probabilities
-P_DET, P_AMOD, P_AMOD2, P_NMOD, P_OBL, P_ADV = 0.8, 0.35, 0.1, 0.15, 0.4, 0.12
+P_DET, P_AMOD, P_AMOD2, P_NMOD, P_OBL, P_ADV = 0.8, 0.35, 0.1, 0.15, 0.4, 0.12   # grammar probabilities
 
 
 def _zipf(n, rng):
@@ -106,9 +105,11 @@ class World:
         rng = np.random.default_rng([seed, 1])
         self.kind, self.name, self.weight, self.topic = [], [], [], []
 
-        def add(kind, name, weight, topic=-1):   # a new concept: one entry in each column
-            for column, value in ((self.kind, kind), (self.name, name), (self.weight, weight), (self.topic, topic)):
-                column.append(value)
+        def add(kind, name, weight, topic=-1):   # a new concept
+            self.kind.append(kind)
+            self.name.append(name)
+            self.weight.append(weight)
+            self.topic.append(topic)
             return len(self.kind) - 1
 
         def topics(n):
@@ -328,7 +329,7 @@ def linearize(shape, order):
         for d in after:
             visit(d)
     visit(0)   # the root
-    return out
+    return tuple(out)   # cached: read-only
 
 
 # -----------------------------------------------------------------------------
@@ -360,7 +361,7 @@ def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
             coda = "".join(rng.choice(list(cons), size=3, replace=False))
         else:
             cons, vows, coda = SCRIPTS["cyrillic" if li > 0 and cyrillic else f"latin{li}"]
-        f = []
+        forms.append([])
         for c in range(n):
             k = world.kind[c]
             if li > 0 and c in shared:
@@ -383,9 +384,8 @@ def make_lexicon(world, n_langs, overlap=0.0, cyrillic=False, seed=0):
                     if w not in used:
                         break
                     nsyl += rng.random() < 0.2   # crowded: allow a longer word now and then
-            f.append(w)
+            forms[li].append(w)
             used.add(w)
-        forms.append(f)
     return forms, shared
 
 
