@@ -651,7 +651,7 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
 # CLI
 
 def _checked(convert, ok, expected):
-    """An argparse type: convert(s), then ok(value); either failing gives the one-line error `'s': expected ...`."""
+    """An argparse type: convert(s), then ok(value); either failing is the one-line error `expected ..., got s`."""
     def parse(s):
         try:
             v = convert(s)
@@ -659,7 +659,7 @@ def _checked(convert, ok, expected):
                 return v
         except ValueError:
             pass
-        raise argparse.ArgumentTypeError(f"{s!r}: expected {expected}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {s!r}")
     return parse
 
 
@@ -667,7 +667,7 @@ def main(argv=None):
     fraction = _checked(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
     positive = _checked(int, lambda v: v >= 1, "an integer >= 1")
     langs = _checked(lambda s: s.split(","), lambda ls: len(ls) > 1 and len(set(ls)) == len(ls)
-                     and all(re.fullmatch(r"[a-z]{2,3}", x) for x in ls), "2+ distinct lowercase codes, e.g. en,fr")
+                     and all(re.fullmatch(r"[a-z]{2,3}", x) for x in ls), "2+ distinct lowercase codes (e.g. en,fr)")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = ap.add_argument   # every flag is an argument of write_world
