@@ -106,7 +106,8 @@ def gather_words(states, firsts, with_root):
 
 class Task:
     """What the §3.2 protocol asks of a task: `labels` (id = index) from English train, English dev selecting by
-    `metric`; featurize, then loss / predict on batches of features, score(examples, preds) -> {name: fraction}."""
+    `metric`; featurize examples, run(batch of features) -> the loss, or with predict=True the predictions;
+    score(examples, preds) -> {name: fraction}."""
 
     def __init__(self, train_examples):
         self.labels = self.label_set(train_examples)
@@ -170,15 +171,11 @@ class XNLITask(Task):
             print(f"xnli: {n_cut} of {len(feats)} pairs were too long for {max_positions} positions and were cut")
         return [(ids, y) for ids, _, y in feats]
 
-    def logits(self, model, head, batch, lang):
-        return head(encode_batch(model, [ids for ids, _ in batch], lang)[0][-1][:, 0])
-
-    def loss(self, model, head, batch, lang, max_len):
-        y = torch.tensor([y for _, y in batch], device=next(model.parameters()).device)
-        return F.cross_entropy(self.logits(model, head, batch, lang).float(), y)
-
-    def predict(self, model, head, batch, lang, max_len):
-        return self.logits(model, head, batch, lang).argmax(-1).tolist()
+    def run(self, model, head, batch, lang, max_len, predict=False):
+        logits = head(encode_batch(model, [ids for ids, _ in batch], lang)[0][-1][:, 0])
+        if predict:
+            return logits.argmax(-1).tolist()
+        return F.cross_entropy(logits.float(), torch.tensor([y for _, y in batch], device=logits.device))
 
     def score(self, examples, preds):
         return {"acc": sum(self.labels[p] == lab for (_, _, lab), p in zip(examples, preds)) / len(examples)}
@@ -280,19 +277,15 @@ class NERTask(Task):
     def featurize(self, examples, tok, lang, max_positions):
         return [first_subwords(tok, words, lang) + ([self.labels.index(t) for t in tags],) for words, tags in examples]
 
-    def logits(self, model, head, batch, lang, max_len):
+    def run(self, model, head, batch, lang, max_len, predict=False):
         states = encode_states(model, [ids for ids, _, _ in batch], lang, max_len)
         h, mask = gather_words(states, [f for _, f, _ in batch], with_root=False)
-        return head(h), mask
-
-    def loss(self, model, head, batch, lang, max_len):
-        logits, mask = self.logits(model, head, batch, lang, max_len)
+        logits = head(h)
+        if predict:
+            best = logits.argmax(-1).tolist()
+            return [[self.labels[k] for k in best[b][:len(f)]] for b, (_, f, _) in enumerate(batch)]
         y = torch.tensor([t for _, _, tags in batch for t in tags], device=mask.device)  # logits[mask]'s order
         return F.cross_entropy(logits[mask].float(), y)
-
-    def predict(self, model, head, batch, lang, max_len):
-        best = self.logits(model, head, batch, lang, max_len)[0].argmax(-1).tolist()
-        return [[self.labels[k] for k in best[b][:len(f)]] for b, (_, f, _) in enumerate(batch)]
 
     def score(self, examples, preds):
         return dict(zip(("precision", "recall", "f1"), span_f1([tags for _, tags in examples], preds)))
@@ -497,24 +490,19 @@ class ParseTask(Task):
         return [first_subwords(tok, s["words"], lang) + (s["heads"], [ids.get(strip_subtype(r), -1) for r in s["rels"]])
                 for s in examples]
 
-    def scores(self, model, head, batch, lang, max_len):
+    def run(self, model, head, batch, lang, max_len, predict=False):
         states = encode_states(model, [f[0] for f in batch], lang, max_len)
         h, mask = gather_words(states, [f[1] for f in batch], with_root=True)  # (B, 1 + W, d)
-        return head(h, mask), mask
-
-    def loss(self, model, head, batch, lang, max_len):
-        (s_arc, s_rel), mask = self.scores(model, head, batch, lang, max_len)
+        s_arc, s_rel = head(h, mask)
+        if predict:
+            words = mask.clone()
+            words[:, 0] = False  # ROOT is no dependent
+            heads, rels = BiaffineParser.decode(s_arc, s_rel, words)
+            return [(h, [self.labels[r] for r in rs]) for h, rs in zip(heads, rels)]
         heads, rels = torch.full(mask.shape, -1), torch.full(mask.shape, -1)
         for b, (_, _, hs, rs) in enumerate(batch):
             heads[b, 1:1 + len(hs)], rels[b, 1:1 + len(rs)] = torch.tensor(hs), torch.tensor(rs)
         return BiaffineParser.loss(s_arc.float(), s_rel.float(), heads.to(mask.device), rels.to(mask.device))
-
-    def predict(self, model, head, batch, lang, max_len):
-        (s_arc, s_rel), mask = self.scores(model, head, batch, lang, max_len)
-        words = mask.clone()
-        words[:, 0] = False  # ROOT is no dependent
-        heads, rels = BiaffineParser.decode(s_arc, s_rel, words)
-        return [(h, [self.labels[r] for r in rs]) for h, rs in zip(heads, rels)]
 
     def score(self, examples, preds):
         gold = [s["heads"] for s in examples], [s["rels"] for s in examples]
@@ -581,7 +569,7 @@ def evaluate(task, model, head, feats, examples, lang, max_len, batch_size):
     preds = [None] * len(feats)
     for k in range(0, len(order), batch_size):
         chunk = order[k:k + batch_size]
-        for i, p in zip(chunk, task.predict(model, head, [feats[i] for i in chunk], lang, max_len)):
+        for i, p in zip(chunk, task.run(model, head, [feats[i] for i in chunk], lang, max_len, predict=True)):
             preds[i] = p
     return task.score(examples, preds)
 
@@ -621,7 +609,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         for k in range(0, n_per_epoch, hp["batch_size"]):
             batch = [train[i] for i in order[k:k + hp["batch_size"]]]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-                loss = task.loss(model, head, batch, lang, args.max_len)
+                loss = task.run(model, head, batch, lang, args.max_len)
             if not torch.isfinite(loss):  # diverged: every later score would be an argmax of NaN
                 raise NonFiniteLoss(f"non-finite training loss ({loss.item()}) at epoch {epoch}, update "
                                     f"{k // hp['batch_size'] + 1} of {steps_per_epoch}; try a lower --lr")

@@ -313,17 +313,17 @@ def test_a_diverged_set_is_left_out_and_all_diverged_writes_nothing(toy_world, t
     """NaN loss in the set with the larger learning rate: that set stops (named, with the epoch), the
     selection uses the other; NaN in every set: no results.json at all, one error line."""
     import json
-    real = ft.NERTask.loss
+    real = ft.NERTask.run
     nan_if = {"lr": 1e-3}
 
-    def loss(self, model, head, batch, lang, max_len):
+    def run(self, model, head, batch, lang, max_len, predict=False):
         opt_lr = nan_if["lr"]
-        out = real(self, model, head, batch, lang, max_len)
-        return out * float("nan") if opt_lr is None or current["lr"] == opt_lr else out
+        out = real(self, model, head, batch, lang, max_len, predict)
+        return out * float("nan") if not predict and (opt_lr is None or current["lr"] == opt_lr) else out
     current = {}
     real_one = ft.finetune_one
     monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: current.update(a[4]) or real_one(*a, **k))
-    monkeypatch.setattr(ft.NERTask, "loss", loss)
+    monkeypatch.setattr(ft.NERTask, "run", run)
     argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world)]
     ft.main(argv + ["--out", str(tmp_path / "a")])
     text = capsys.readouterr().out

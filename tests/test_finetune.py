@@ -483,7 +483,7 @@ def test_ner_long_sentences_and_frozen_lang_specific(toy_world, toy_ckpt):
     assert specific and all(torch.equal(after[k], init[k]) for k in specific)
     assert not torch.equal(after["blocks.1.0.ffn.lin1.weight"], init["blocks.1.0.ffn.lin1.weight"])
     head = task.head(m.config.dim, 0.1)
-    preds = task.predict(m.eval(), head.eval(), data["dev"][1][-1:], 0, 22)
+    preds = task.run(m.eval(), head.eval(), data["dev"][1][-1:], 0, 22, predict=True)
     assert len(preds[0]) == len(long_words)
 
 
