@@ -13,9 +13,7 @@ a monolingual target model's layer i mapped into them by align.py's orthogonal m
     python finetune.py --task parse --ckpt RUN/best.pt --data ../shared/data --eval-langs fr,ru,zh --out runs/parse
     python finetune.py --task ner --toy WORLD --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
         --align-layer 4 --eval-langs fr --out runs/aligned                   # §5.1.2
-    python finetune.py --compare runs/a/results.json runs/b/results.json      # one table with the Δ column
-    python finetune.py --table runs/ft/default-s0 runs/ft/default-s1 runs/ft/sep-emb-s0   # Table 1 layout
-    python finetune.py --curve runs/curve/default-s0-step{500,1000} --plot curve.png      # transfer vs. updates
+    python finetune.py --table runs/ft/default-s{0,1} runs/ft/sep-emb-s0   # Table 1 layout (also over -stepN dirs)
 """
 import argparse
 import glob
@@ -34,7 +32,7 @@ import torch.nn.functional as F
 
 import bpe
 from bpe import EOS_ID, UNK_ID, parse_lang_path
-from model import DTYPES, Block, check_plot, encode_batch, load_model, pick_device
+from model import DTYPES, Block, encode_batch, load_model, pick_device
 
 
 def need(ok, msg):
@@ -777,7 +775,7 @@ def setup_aligned(model, tok, langs, args):
 
 
 # -----------------------------------------------------------------------------
-# CLI: data files; OUT/results.json and OUT/sets/ (resume); the printers; flags; main(argv)
+# CLI: data files; OUT/results.json and OUT/sets/ (resume); the results table; flags; main(argv)
 
 # --data: a toydata.py world, or ../shared/data's layout. PAN-X's official test files have no labels, so its
 # test split is heldout-from-dev (data/wikiann_panx/SOURCE.md); a language with several UD treebanks takes the
@@ -794,11 +792,13 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_f
     wanted += [("test", lang, tests.get(lang), f"--test-file {lang}=") for lang in eval_langs]
     found = []
     for split, lang, path, flag in wanted:
-        if path is not None and not os.path.isfile(path):
-            raise SystemExit(f"error: {flag}{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
-        if path is None and data_dir:
-            hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(os.path.join(glob.escape(data_dir), layout
-                    .format(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split))))]
+        if path is not None:
+            need(os.path.isfile(path), f"{flag}{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
+        elif data_dir:
+            panx_split = "heldout-from-dev" if split == "test" else split
+            patterns = [os.path.join(glob.escape(data_dir), layout.format(lang=lang, split=split, panx_split=panx_split))
+                        for layout in LAYOUTS[task]]
+            hits = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
             if len(hits) > 1:
                 print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
             path = hits[0] if hits else None
@@ -825,12 +825,13 @@ def read_json(path, flag):
         raise SystemExit(f"error: {flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-# what a set's result depends on besides the grid (not --device, --threads, --eval-batch-size)
-JOB_FLAGS = ("train_lang", "epochs", "epoch_size", "max_len", "head_dropout", "clip", "seed", "bf16", "align_layer")
+# what a set's result depends on besides the checkpoints and data (not --device, --threads, --eval-batch-size)
+JOB_FLAGS = ("train_lang", "batch_size", "lr", "head_lr", "epochs", "epoch_size", "max_len", "head_dropout", "clip",
+             "seed", "bf16", "align_layer")
 
 
 def job_identity(task_name, files, args):
-    """Task, checkpoint and data file contents, training flags: equal identities train equal sets."""
+    """Task, training flags, checkpoint and data file contents: the same identity trains the same sets."""
     paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps,
              "train file": files["train"], "dev file": files["dev"],
              **{f"{lang} test file": p for lang, p in files["test"].items()}}
@@ -848,37 +849,24 @@ def job_diff(old, new):
                      for k in keys)
 
 
+def earlier_run(out, job):
+    """What a run of the same job left in `out`: (its results.json, or None; {set file: record} of its finished sets).
+    A file of any other run is refused with one line naming what differs."""
+    results = os.path.join(out, "results.json")
+    paths = [results] if os.path.exists(results) else sorted(glob.glob(os.path.join(out, "sets", "*.json")))
+    saved = {path: read_json(path, "--out") for path in paths}
+    for path, s in saved.items():
+        old = s.get("job") if isinstance(s, dict) else None
+        if old != job:
+            why = job_diff(old, job) if isinstance(old, dict) else "not written by finetune.py"
+            raise SystemExit(f"error: {path} already exists, from another run ({why}); rerun with the same flags, "
+                             "pass --overwrite to replace it, or use another --out")
+    return (saved[results], {}) if results in saved else (None, {p: s["record"] for p, s in saved.items()})
+
+
 def set_path(out, hp):
     return os.path.join(out, "sets", f"bs{hp['batch_size']}-lr{hp['lr']:g}"
                         + (f"-hlr{hp['head_lr']:g}" if hp["head_lr"] else "") + ".json")
-
-
-def earlier_run(out, job, hps):
-    """(results.json of the same job and grid, or None; {path: record} of its finished sets); another job's: refused."""
-    path = os.path.join(out, "results.json")
-    if os.path.exists(path):
-        old = read_json(path, "--out")
-        same = isinstance(old, dict) and old.get("job") == job
-        if same and [{k: c.get(k) for k in hps[0]} for c in old.get("configs", [])] == hps:
-            return old, {}
-        why = ("another grid" if same else job_diff(old["job"], job) if isinstance(old, dict)
-               and isinstance(old.get("job"), dict) else "not written by this finetune.py")
-        raise SystemExit(f"error: {path} already exists (a finished run with other flags: {why}); pass "
-                         "--overwrite to replace it, or use another --out")
-    done = {}
-    for path in sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
-        saved = read_json(path, "resume")
-        need(isinstance(saved, dict) and {"job", "record"} <= set(saved),
-             f"{path} is not a hyper-parameter set written by finetune.py; move it away or pass --overwrite")
-        need(saved["job"] == job, f"{os.path.dirname(path)} holds hyper-parameter sets of a run with other flags or "
-             f"data ({job_diff(saved['job'], job)}); rerun with the same flags to resume, or use another --out, or "
-             "pass --overwrite")
-        done[path] = saved["record"]
-    return None, done
-
-
-METRICS = {"xnli": ["acc"], "ner": ["f1", "precision", "recall"], "parse": ["las", "uas", "las_nopunct"]}
-SHORT = {"xnli": "XNLI", "ner": "NER", "parse": "Parse"}
 
 
 def format_rows(header, rows):
@@ -887,123 +875,47 @@ def format_rows(header, rows):
                      for r in [header] + rows)
 
 
-def format_table(results, names=()):
-    """English dev, then each target test, in %: one result's metrics, or several's (--compare) selection metric, Δ."""
-    metric, many = results[0]["metric"], len(results) > 1
-    cols = [metric] if many else METRICS[results[0]["task"]]
-    rows = [(results[0]["train_lang"], "dev", [r["dev"] for r in results])]
-    rows += [(lang, "test", [r["test"].get(lang) for r in results]) for lang in results[0]["eval_langs"]]
-    lines = []
-    for lang, split, scores in rows:
-        lines.append([lang, split] + [f"{100 * s[c]:.2f}" if s and c in s else "-" for s in scores for c in cols])
-        if many:
-            a, b = scores[0], scores[-1]
-            lines[-1].append(f"{100 * (b[metric] - a[metric]):+.2f}" if a and b else "-")
-    return format_rows(["lang", "split"] + (list(names) + ["Δ"] if many else cols), lines)
-
-
-def read_runs(run_dirs, flag, pattern, expected):
-    """--out directories grouped by `pattern`'s match in their names -> ({key: [(cells, pretrain)]}, columns); cells:
-    {(task, lang): test score in %}, pretrain: {"step", "dev_ppl"} of the checkpoint (or {})."""
-    groups = {}
-    for d in run_dirs:
-        m = re.fullmatch(pattern, os.path.basename(os.path.normpath(d)))
-        need(m, f"{flag}: {d}: expected a directory named {expected}")
-        cells, pretrain = {}, {}
-        for task in SHORT:
-            for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
-                r = read_json(path, flag) if os.path.exists(path) else None
-                if isinstance(r, dict) and r.get("task") == task and isinstance(r.get("test"), dict):
-                    cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
-                    pretrain = r.get("pretrain") or pretrain
-                    break
-        need(cells, f"{flag}: no results.json under {d}")
-        groups.setdefault(m.groups(), []).append((cells, pretrain))
-    cols = sorted({c for runs in groups.values() for cells, _ in runs for c in cells},
-                  key=lambda c: (list(SHORT).index(c[0]), c[1]))
-    return groups, cols
-
-
 def mean_std(v):
     return "-" if not v else f"{np.mean(v):.1f}" + (f" ±{np.std(v):.1f}" if len(v) > 1 else "")
 
 
-def table1(run_dirs):
-    """Table 1's layout: a row per model (NAME-sSEED: seeds of NAME), test scores per task x language (XNLI acc, NER
-    F1, LAS; mean ± std over seeds), their average, Δ = the average minus the first row's (the paper's Default)."""
-    groups, cols = read_runs(run_dirs, "--table", r"(.+?)(?:-s\d+)?", "NAME or NAME-sSEED")
+SHORT = {"xnli": "XNLI", "ner": "NER", "parse": "Parse"}
+
+
+def results_table(run_dirs):
+    """Table 1's layout for --out directories named NAME[-sSEED][-stepN]: a row per NAME (per NAME and N, in update
+    order, when the names carry -stepN: fine-tuned pretrain.py --snapshots), the checkpoint's dev perplexity when
+    results.json has it, the test score per task x language in % (XNLI acc, NER F1, LAS), their average and Δ =
+    the average minus the first row's (the paper's Default); the seeds of a row give mean ± std."""
+    groups = {}  # (NAME, N) -> [({(task, lang): score}, {lang: dev ppl})]
+    for d in run_dirs:
+        name, step = re.fullmatch(r"(.+?)(?:-s\d+)?(?:-step(\d+))?", os.path.basename(os.path.normpath(d))).groups()
+        cells, ppl = {}, {}
+        for task in SHORT:
+            for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
+                r = read_json(path, "--table") if os.path.exists(path) else None
+                if isinstance(r, dict) and r.get("task") == task and isinstance(r.get("test"), dict):
+                    cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
+                    ppl = (r.get("pretrain") or {}).get("dev_ppl") or ppl
+                    break
+        need(cells, f"--table: no results.json under {d}")
+        groups.setdefault((name, int(step) if step else None), []).append((cells, ppl))
+    cols = sorted({c for runs in groups.values() for cells, _ in runs for c in cells},
+                  key=lambda c: (list(SHORT).index(c[0]), c[1]))
+    langs = sorted({lang for runs in groups.values() for _, ppl in runs for lang in ppl})
+    names = list(dict.fromkeys(name for name, _ in groups))
+    steps = any(step is not None for _, step in groups)
     lines, first = [], None
-    for (name,), runs in groups.items():
+    for name, step in sorted(groups, key=lambda k: (names.index(k[0]), k[1] or 0)):
+        runs = groups[name, step]
         avgs = [np.mean([cells[c] for c in cols]) for cells, _ in runs if all(c in cells for c in cols)]
         first = avgs if first is None else first
-        lines.append([name, str(len(runs))] + [mean_std([cells[c] for cells, _ in runs if c in cells]) for c in cols]
-                     + [mean_std(avgs), f"{np.mean(avgs) - np.mean(first):+.1f}" if avgs and first else "-"])
-    return format_rows(["model", "seeds"] + [f"{SHORT[t]} {lang}" for t, lang in cols] + ["avg", "Δ"], lines)
-
-
-def learning_curve(run_dirs):
-    """Transfer against pretraining updates (fine-tuned pretrain.py --snapshots, NAME-sSEED-stepN): a row per (NAME,
-    N), dev ppl and test scores, mean ± std over seeds -> (table, {name: {column: [(N, mean)]}} for plot_curve)."""
-    groups, cols = read_runs(run_dirs, "--curve", r"(.+?)(?:-s\d+)?-step(\d+)", "NAME-sSEED-stepN or NAME-stepN")
-    ppl = sorted({lang for runs in groups.values() for _, pt in runs for lang in pt.get("dev_ppl") or {}})
-    header = [f"dev ppl {lang}" for lang in ppl] + [f"{SHORT[t]} {lang}" for t, lang in cols]
-    names = list(dict.fromkeys(name for name, _ in groups))
-    lines, series = [], {}
-    for name, step in sorted(groups, key=lambda k: (names.index(k[0]), int(k[1]))):
-        runs = groups[name, step]
-        values = [[pt["dev_ppl"][lang] for _, pt in runs if lang in (pt.get("dev_ppl") or {})] for lang in ppl]
-        values += [[cells[c] for cells, _ in runs if c in cells] for c in cols]
-        lines.append([name, str(int(step)), str(len(runs))] + [mean_std(v) for v in values])
-        for col, v in zip(header, values):
-            if v:
-                series.setdefault(name, {}).setdefault(col, []).append((int(step), float(np.mean(v))))
-    return format_rows(["model", "updates", "seeds"] + header, lines), series
-
-
-def plot_curve(series, path):
-    """A panel per column, a line per model, x = updates (log scale)."""
-    try:
-        check_plot(path)  # as align.py and cka.py --plot: matplotlib importable, the directory writable
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    panels = list(dict.fromkeys(c for cols in series.values() for c in cols))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
-        for name, cols in series.items():
-            if panel in cols:
-                ax.plot(*zip(*cols[panel]), marker="o", label=name)
-        steps = sorted({x for cols in series.values() for x, _ in cols.get(panel, [])})
-        ax.set_xscale("log")
-        ax.set_xticks(steps, [f"{x:,}" for x in steps])
-        ax.minorticks_off()
-        ppl = panel.startswith("dev ppl")
-        ax.set(xlabel="pretraining updates", title=panel if ppl else panel + " (test, %)",
-               yscale="log" if ppl else "linear")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=110)
-    plt.close(fig)
-    os.replace(path + ".tmp.png", path)
-    print(f"wrote {path}")
-
-
-def positive_list(cast):
-    """argparse type: `16,32` -> [16, 32], a non-empty comma list of positive finite numbers."""
-    what = "integers >= 1" if cast is int else "positive numbers"
-
-    def parse(s):
-        try:
-            v = [cast(x) for x in s.split(",") if x.strip()]
-        except ValueError:
-            v = []
-        if not v or not all(0 < x < math.inf for x in v):
-            raise argparse.ArgumentTypeError(f"expected a comma list of {what}, got {s!r}")
-        return v
-    return parse
+        values = [[ppl[lang] for _, ppl in runs if lang in ppl] for lang in langs]
+        values += [[cells[c] for cells, _ in runs if c in cells] for c in cols] + [avgs]
+        lines.append([name] + ["-" if step is None else str(step)] * steps + [str(len(runs))] + [mean_std(v) for v in values]
+                     + [f"{np.mean(avgs) - np.mean(first):+.1f}" if avgs and first else "-"])
+    header = ["model"] + ["updates"] * steps + ["seeds"] + [f"dev ppl {lang}" for lang in langs]
+    return format_rows(header + [f"{SHORT[t]} {lang}" for t, lang in cols] + ["avg", "Δ"], lines)
 
 
 def number(lo, hi=math.inf, cast=int):
@@ -1012,10 +924,24 @@ def number(lo, hi=math.inf, cast=int):
         try:
             v = cast(s)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, got {s!r}")
+            v = math.nan
         if not lo <= v < hi:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {s}" if hi == math.inf and cast is int
-                                              else f"must be in [{lo}, {hi}), got {s}")
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'} in [{lo}, {hi}), "
+                                             f"got {s!r}")
+        return v
+    return parse
+
+
+def positive_list(cast):
+    """argparse type: `16,32` -> [16, 32], a comma list of finite numbers > 0."""
+    def parse(s):
+        try:
+            v = [cast(x) for x in s.split(",") if x.strip()]
+        except ValueError:
+            v = []
+        if not v or not all(0 < x < math.inf for x in v):
+            raise argparse.ArgumentTypeError(f"expected a comma list of {'integers' if cast is int else 'numbers'} > 0, "
+                                             f"got {s!r}")
         return v
     return parse
 
@@ -1029,56 +955,49 @@ def lang_path(s):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        description="Zero-shot cross-lingual transfer (paper §3.2): fine-tune on English, choose the epoch and "
-                    "the hyper-parameters on English dev, report each target language's test score as the mean "
-                    "of the best two hyper-parameter sets. Grid flags left unset take the paper's values (the "
-                    "toy presets with --toy).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description="Zero-shot cross-lingual transfer (paper §3.2): fine-tune on English, choose the epoch and the "
+                    "hyper-parameters on English dev, report each target's test score as the mean of the best two "
+                    "sets. Grid flags left unset take the paper's values (the toy presets with --toy).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = p.add_argument
     add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
     add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
-    add("--data", help="data directory: a toydata.py world, or laid out as ../shared/data (xnli/, wikiann_panx/, "
-        "ud/UD_*/; see LAYOUTS)")
+    add("--data", help="a toydata.py world, or a directory laid out as ../shared/data (see LAYOUTS)")
     add("--toy", nargs="?", const="", metavar="DIR", help="the toy presets on a toydata.py world (default: toy/ "
-        "next to --ckpt, where pretrain.py --toy writes it)")
+        "beside --ckpt)")
     add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects")
     add("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
     add("--train-file", help="the train file, instead of --data's")
     add("--dev-file", help="the dev file, instead of --data's")
     add("--test-file", type=lang_path, action="append", default=[], metavar="LANG=PATH",
-        help="one target language's test file, instead of --data's (repeatable)")
+        help="a target language's test file, instead of --data's (repeatable)")
     add("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
     add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
     add("--batch-size", type=positive_list(int), help="comma list (paper: 16,32; XNLI 4,8)")
-    add("--lr", type=positive_list(float), help="comma list of encoder learning rates (paper: "
-        "2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
+    add("--lr", type=positive_list(float), help="comma list of encoder learning rates (paper: 2e-5,3e-5,5e-5; "
+        "XNLI 1.25e-6,2.5e-6,5e-6)")
     add("--head-lr", type=positive_list(float), help="XNLI: comma list of classifier learning rates "
         "(paper: 5e-6,2.5e-5,1.25e-4)")
     add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (at most the model's "
-        "positions - 2); longer sentences are split into overlapping windows")
+        "positions - 2)")
     add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
     add("--clip", type=number(0, math.inf, float), default=5.0, help="gradient norm clipping (0 = off)")
     add("--eval-batch-size", type=number(1), default=64, help="sentences per batch when scoring")
     add("--seed", type=int, default=0, help="seed of every set (head init, data order)")
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
-    add("--dtype", default="auto", choices=("auto",) + DTYPES, help="training autocast as in pretrain.py: auto = "
-        "bfloat16 on GPUs that support it, else float32; float16 is refused (no GradScaler)")
+    add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (float16 is "
+        "refused: no GradScaler)")
     add("--bf16", dest="dtype", action="store_const", const="bfloat16", help="= --dtype bfloat16")
     add("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
-    add("--align-layer", type=number(0), metavar="I", help="§5.1.2 aligned transfer: freeze layers 0..I of --ckpt "
-        "(0 = embeddings), train 4 new layers + head; the target takes --target-ckpt's layer I mapped by --align-maps")
+    add("--align-layer", type=number(0), metavar="I", help="§5.1.2: freeze --ckpt's layers 0..I, train 4 new layers "
+        "+ head; the target takes --target-ckpt's layer I mapped by --align-maps")
     add("--target-ckpt", help="aligned transfer: the target language's own (monolingual) model")
     add("--align-maps", help="aligned transfer: align.py contextual --save-maps .npz")
-    add("--out", help="output directory: results.json, and sets/ with one file per finished set (a sub-folder per "
-        "task when several run); the same command again resumes or reuses them")
-    add("--overwrite", action="store_true", help="replace --out's results.json and sets of a run with other flags, "
-        "checkpoint or data (refused otherwise)")
-    add("--compare", nargs="+", metavar="RESULTS_JSON", help="only print one table for results.json files of one "
-        "task, with the Δ column")
-    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1's layout for --out directories: a row per "
-        "model (NAME-sSEED: seeds of one row, mean ± std), task x language columns, avg, Δ")
-    add("--curve", nargs="+", metavar="OUT_DIR", help="only print transfer against pretraining updates for --out "
-        "directories named NAME-sSEED-stepN (fine-tuned pretrain.py --snapshots)")
-    add("--plot", metavar="FILE.png", help="with --curve: also draw it (needs matplotlib)")
+    add("--out", help="results.json and sets/ (a sub-folder per task when several run); the same command again "
+        "resumes or reuses them")
+    add("--overwrite", action="store_true", help="replace the results and sets of another run in --out")
+    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1's layout for --out directories named "
+        "NAME[-sSEED][-stepN]")
     return p
 
 
@@ -1101,23 +1020,11 @@ def lang_index(langs, code, ckpt):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    need(args.curve or not args.plot, "--plot goes with --curve")
-    if args.curve:
-        text, series = learning_curve(args.curve)
-        print(text)
-        return plot_curve(series, args.plot) if args.plot else None
     if args.table:
-        return print(table1(args.table))
-    if args.compare:
-        results = [read_json(path, "--compare") for path in args.compare]
-        for path, r in zip(args.compare, results):
-            need(isinstance(r, dict) and {"task", "metric", "dev", "test", "eval_langs", "train_lang"} <= set(r),
-                 f"--compare: {path} is not a results.json written by finetune.py")
-        need(len({r["task"] for r in results}) == 1, "--compare: the results are from different tasks")
-        return print(format_table(results, args.compare))
+        return print(results_table(args.table))
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
-    need(args.ckpt and args.out, "--ckpt and --out are required (or --compare / --table / --curve)")
+    need(args.ckpt and args.out, "--ckpt and --out are required (or --table)")
     need(args.dtype != "float16", "--dtype float16: fine-tuning in float16 needs a GradScaler, which finetune.py "
          "does not have; use --dtype bfloat16 or float32")
     try:
@@ -1125,10 +1032,10 @@ def main(argv=None):
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     args.bf16 = dtype == "bfloat16"  # (auto on a GPU without bfloat16: float32)
-    if args.align_layer is None and (args.target_ckpt or args.align_maps):
-        raise SystemExit("error: --target-ckpt and --align-maps are for aligned transfer: give --align-layer too")
-    if args.toy and args.data and os.path.abspath(args.toy) != os.path.abspath(args.data):
-        raise SystemExit(f"error: --toy {args.toy} and --data {args.data} name two data directories; give one")
+    need(args.align_layer is not None or not (args.target_ckpt or args.align_maps),
+         "--target-ckpt and --align-maps are for aligned transfer: give --align-layer too")
+    need(not (args.toy and args.data) or os.path.abspath(args.toy) == os.path.abspath(args.data),
+         f"--toy {args.toy} and --data {args.data} name two data directories; give one")
     if args.toy is not None:
         args.data = args.toy or args.data or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "toy")
         need(os.path.isdir(args.data), f"--toy: no toy world at {args.data} (run pretrain.py --toy or toydata.py)")
@@ -1150,14 +1057,7 @@ def main(argv=None):
         model, routes = setup_aligned(model, tok, langs, args)
     else:
         routes = {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang] + args.eval_langs}
-    need(not os.path.exists(args.out) or os.path.isdir(args.out), f"--out {args.out}: exists and is not a directory")
-    try:  # --out is created, and a file written there, before any work
-        os.makedirs(args.out, exist_ok=True)
-        probe = os.path.join(args.out, f".write-test-{os.getpid()}")
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        raise SystemExit(f"error: --out {args.out}: cannot write there ({e.strerror or e})") from None
+    bpe.make_dir("--out", args.out)
     jobs = []
     for name in tasks:  # every file of every task is read before the first set trains
         preset = (TOY_PRESET if args.toy is not None else PAPER_PRESET)[name]
@@ -1167,7 +1067,7 @@ def main(argv=None):
                               args.test_file)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job = job_identity(name, files, targs)
-        done, sets = (None, {}) if args.overwrite else earlier_run(out, job, grid(name, targs))
+        done, sets = (None, {}) if args.overwrite else earlier_run(out, job)
         prepared = None if done else prepare_task(name, files, model, routes, targs)
         jobs.append((name, targs, files, out, job, sets, done, prepared))
 
@@ -1183,14 +1083,17 @@ def main(argv=None):
                     os.remove(f)
             os.makedirs(os.path.join(out, "sets"), exist_ok=True)
             res = run_task(*prepared, model, files, targs, out, job, sets)
-            res["pretrain"] = {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")}  # for --curve
+            res["pretrain"] = {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")}  # for --table
             write_json(path, res)
         n_failed = sum("failed" in c for c in res["configs"])
         picked = "; ".join(f"{hp_text(res['configs'][i])} (epoch {res['configs'][i]['best_epoch']})"
                            for i in res["best_two"])
         print(f"\n{name}: mean of the best two of {len(res['configs']) - n_failed} hyper-parameter sets by en dev: "
               f"{picked}" + (f" ({n_failed} diverged set(s) left out)" if n_failed else ""))
-        print(format_table([res]))
+        cols = [res["metric"]] + [k for k in res["dev"] if k != res["metric"]]
+        rows = [(res["train_lang"], "dev", res["dev"])] + [(c, "test", res["test"][c]) for c in res["eval_langs"]]
+        print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
+                                                     for c, split, s in rows]))
         print(f"results in {path}" if done else f"wrote {path}")
 
 

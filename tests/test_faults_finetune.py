@@ -97,22 +97,26 @@ def nan_ckpt(toy_ckpt):
 
 # (extra argv, expected message); argparse errors go to stderr as `finetune.py: error: argument --flag: ...`
 FT_BAD_FLAGS = [
-    (["--batch-size", "0"], "argument --batch-size: expected a comma list of integers >= 1"),
-    (["--batch-size", ","], "argument --batch-size: expected a comma list of integers >= 1, got ','"),
-    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
-    (["--epochs", "-3"], "argument --epochs: must be >= 1"),
-    (["--eval-batch-size", "0"], "argument --eval-batch-size: must be >= 1"),
-    (["--epoch-size", "-1"], "argument --epoch-size: must be >= 0"),
-    (["--lr", ","], "argument --lr: expected a comma list of positive numbers, got ','"),
-    (["--lr=-1e-3"], "argument --lr: expected a comma list of positive numbers"),
-    (["--lr", "nan"], "argument --lr: expected a comma list of positive numbers"),
-    (["--lr", "1e-3,x"], "argument --lr: expected a comma list of positive numbers, got '1e-3,x'"),
-    (["--head-lr", ""], "argument --head-lr: expected a comma list of positive numbers"),
-    (["--max-len", "1"], "argument --max-len: must be >= 2"),
-    (["--head-dropout", "1.5"], "argument --head-dropout: must be in [0, 1)"),
-    (["--clip", "-1"], "argument --clip: must be in [0, inf)"),
-    (["--threads", "-2"], "argument --threads: must be >= 0"),
-    (["--align-layer", "-1"], "argument --align-layer: must be >= 0"),
+    (["--batch-size", "0"], "argument --batch-size: expected a comma list of integers > 0, got '0'"),
+    (["--batch-size", ","], "argument --batch-size: expected a comma list of integers > 0, got ','"),
+    (["--batch-size", "16,0.5"], "argument --batch-size: expected a comma list of integers > 0, got '16,0.5'"),
+    (["--epochs", "0"], "argument --epochs: expected an integer in [1, inf), got '0'"),
+    (["--epochs", "-3"], "argument --epochs: expected an integer in [1, inf)"),
+    (["--epochs", "2.5"], "argument --epochs: expected an integer in [1, inf), got '2.5'"),
+    (["--eval-batch-size", "0"], "argument --eval-batch-size: expected an integer in [1, inf)"),
+    (["--epoch-size", "-1"], "argument --epoch-size: expected an integer in [0, inf)"),
+    (["--lr", ","], "argument --lr: expected a comma list of numbers > 0, got ','"),
+    (["--lr=-1e-3"], "argument --lr: expected a comma list of numbers > 0"),
+    (["--lr", "0"], "argument --lr: expected a comma list of numbers > 0"),
+    (["--lr", "nan"], "argument --lr: expected a comma list of numbers > 0"),
+    (["--lr", "1e-3,x"], "argument --lr: expected a comma list of numbers > 0, got '1e-3,x'"),
+    (["--head-lr", ""], "argument --head-lr: expected a comma list of numbers > 0"),
+    (["--max-len", "1"], "argument --max-len: expected an integer in [2, inf)"),
+    (["--head-dropout", "1.5"], "argument --head-dropout: expected a number in [0, 1)"),
+    (["--head-dropout", "nan"], "argument --head-dropout: expected a number in [0, 1)"),
+    (["--clip", "-1"], "argument --clip: expected a number in [0, inf)"),
+    (["--threads", "-2"], "argument --threads: expected an integer in [0, inf)"),
+    (["--align-layer", "-1"], "argument --align-layer: expected an integer in [0, inf)"),
     (["--test-file", "fr"], "argument --test-file: expected LANG=PATH"),
 ]
 
@@ -212,19 +216,21 @@ def test_finetune_device_cuda_without_cuda(toy_world, toy_ckpt, tmp_path):
                      "--device", dev])
 
 
-def test_finetune_unwritable_out_and_compare_inputs(toy_world, toy_ckpt, tmp_path):
+def test_finetune_unwritable_out_and_table_inputs(toy_world, toy_ckpt, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
-    for out, msg in ((afile, "exists and is not a directory"), (afile / "sub", "cannot write there")):
+    for out, msg in ((afile, "exists and is not a directory"), (afile / "sub", "cannot create the directory")):
         with pytest.raises(SystemExit, match=f"^error: --out {re.escape(str(out))}: {msg}"):
             ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(out)])
-    with pytest.raises(SystemExit, match=f"^error: --compare: cannot read {re.escape(str(tmp_path / 'no.json'))}"):
-        ft.main(["--compare", str(tmp_path / "no.json")])
-    with pytest.raises(SystemExit, match=f"^error: --compare: cannot read {re.escape(str(afile))}"):
-        ft.main(["--compare", str(afile)])  # not JSON
-    (tmp_path / "r.json").write_text("[1, 2]")
-    with pytest.raises(SystemExit, match="is not a results.json written by finetune.py"):
-        ft.main(["--compare", str(tmp_path / "r.json")])
+    with pytest.raises(SystemExit, match=f"^error: --table: no results.json under {re.escape(str(tmp_path / 'no'))}"):
+        ft.main(["--table", str(tmp_path / "no")])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text("{not JSON")
+    with pytest.raises(SystemExit, match=f"^error: --table: cannot read {re.escape(str(tmp_path / 'run'))}"):
+        ft.main(["--table", str(tmp_path / "run")])
+    (tmp_path / "run" / "results.json").write_text("[1, 2]")  # JSON, but not finetune.py's
+    with pytest.raises(SystemExit, match="no results.json under"):
+        ft.main(["--table", str(tmp_path / "run")])
 
 
 def test_write_json_full_disk_leaves_no_file(tmp_path, monkeypatch):
@@ -282,10 +288,10 @@ def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckp
     assert (out / "results.json").read_bytes() == before
 
     # other flags: results.json is refused, and so are the sets of the other run
-    with pytest.raises(SystemExit, match=r"results.json already exists .*--epochs: 1 there, 2 now.*--overwrite"):
+    with pytest.raises(SystemExit, match=r"results.json already exists, from another run \(--epochs: 1 there, 2 now\).*--overwrite"):
         ft.main(argv + ["--epochs", "2"])
     (out / "results.json").unlink()
-    with pytest.raises(SystemExit, match=r"holds hyper-parameter sets of a run with other flags .*--seed: 0 there, 1 now"):
+    with pytest.raises(SystemExit, match=r"sets/bs32-lr0.0003.json already exists, from another run \(--seed: 0 there, 1 now\)"):
         ft.main(argv + ["--seed", "1"])
     assert calls == []
     # --overwrite: a fresh grid; the old sets are gone, every record is of the new flags

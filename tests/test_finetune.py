@@ -449,8 +449,11 @@ def test_toy_end_to_end_parse_beats_chance(toy_world, toy_ckpt, tmp_path, capsys
     assert set(res["test"]) == {"fr"} and 0 <= res["test"]["fr"]["las"] <= res["test"]["fr"]["uas"] <= 1
     text = capsys.readouterr().out
     assert "las_nopunct" in text and "wrote" in text
-    ft.main(["--compare", str(out / "results.json"), str(out / "results.json")])
-    assert "+0.00" in capsys.readouterr().out  # the Δ column
+    ft.main(["--table", str(out), str(out)])  # one row, two "seeds" of the same run
+    lines = capsys.readouterr().out.splitlines()
+    las = f"{100 * res['test']['fr']['las']:.1f}"
+    assert lines[0].split()[:4] == ["model", "seeds", "Parse", "fr"] and lines[1].split() == ["parse", "2", las, "±0.0",
+                                                                                             las, "±0.0", "+0.0"]
 
 
 def _load(ckpt):
@@ -563,9 +566,9 @@ def test_table1_layout_means_seeds_and_delta(tmp_path, capsys):
         ft.main(["--table", str(tmp_path / "missing")])
 
 
-def test_learning_curve_rows_per_model_and_update(tmp_path, capsys):
-    """--curve: NAME-sSEED-stepN directories -> one row per (NAME, N) in update order, seeds averaged, the
-    snapshot's dev perplexity beside the test scores; the plot series carry the same means."""
+def test_table_rows_per_model_and_update(tmp_path, capsys):
+    """--table over NAME-sSEED-stepN directories: one row per (NAME, N) in update order, seeds averaged, the
+    snapshot's dev perplexity beside the test scores, avg and Δ against the first row."""
     def write(run, task, metric, score, ppl):
         d = tmp_path / run / task
         d.mkdir(parents=True)
@@ -577,22 +580,11 @@ def test_learning_curve_rows_per_model_and_update(tmp_path, capsys):
         write(run, "parse", "las", las, ppl)
     dirs = [str(tmp_path / r) for r in ("default-s0-step1000", "default-s1-step1000", "default-s0-step500",
                                         "sep-s0-step500")]
-    text, series = ft.learning_curve(dirs)
-    lines = text.splitlines()
+    lines = ft.results_table(dirs).splitlines()
     assert lines[0].split() == ["model", "updates", "seeds", "dev", "ppl", "en", "dev", "ppl", "fr", "NER", "fr",
-                                "Parse", "fr"]
-    assert lines[1].split() == ["default", "500", "1", "90.0", "90.0", "10.0", "20.0"]
-    assert lines[2].split() == ["default", "1000", "2", "25.0", "±5.0", "25.0", "±5.0", "55.0", "±5.0", "75.0", "±5.0"]
-    assert lines[3].split() == ["sep", "500", "1", "95.0", "95.0", "1.0", "2.0"]
-    assert series["default"]["NER fr"] == [(500, pytest.approx(10.0)), (1000, pytest.approx(55.0))]
-    with pytest.raises(SystemExit, match="NAME-sSEED-stepN"):
-        ft.learning_curve([str(tmp_path / "default-s0")])
-    with pytest.raises(SystemExit, match="--plot goes with --curve"):
-        ft.main(["--table", dirs[0], "--plot", str(tmp_path / "x.png")])
-
-
-def test_plot_curve_says_how_to_install_matplotlib(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    with pytest.raises(SystemExit, match="pip install matplotlib"):
-        ft.plot_curve({"default": {"NER fr": [(500, 1.0)]}}, str(tmp_path / "c.png"))
-    assert not (tmp_path / "c.png").exists()
+                                "Parse", "fr", "avg", "Δ"]
+    assert lines[1].split() == ["default", "500", "1", "90.0", "90.0", "10.0", "20.0", "15.0", "+0.0"]
+    # seeds: NER 50, 60; LAS 70, 80; avg per seed 60, 70 -> 65 ± 5, Δ = 65 - 15 = +50
+    assert lines[2].split() == ["default", "1000", "2", "25.0", "±5.0", "25.0", "±5.0", "55.0", "±5.0", "75.0", "±5.0",
+                                "65.0", "±5.0", "+50.0"]
+    assert lines[3].split() == ["sep", "500", "1", "95.0", "95.0", "1.0", "2.0", "1.5", "-13.5"]
