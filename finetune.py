@@ -93,8 +93,10 @@ def encode_states(model, seqs, lang, max_len, layer=-1):
     return out.index_put(index(rd, cd), h[index(rs, cs)])
 
 
-def gather_words(states, firsts, with_root):
-    """(B, 1 + L, d) states -> (B, W, d) at the first subwords (ROOT first when with_root), (B, W) real-word mask."""
+def word_states(model, seqs, firsts, lang, max_len, with_root):
+    """encode_states at each word's first subword (ROOT, the leading </s>, first when with_root) -> (B, W, d)
+    states and the (B, W) mask of real words."""
+    states = encode_states(model, seqs, lang, max_len)
     pos = [[0] * with_root + [1 + k for k in f] for f in firsts]
     W = max(map(len, pos))
     cols = torch.tensor([p + [0] * (W - len(p)) for p in pos], device=states.device)
@@ -276,8 +278,7 @@ class NERTask(Task):
         return [first_subwords(tok, words, lang) + ([self.labels.index(t) for t in tags],) for words, tags in examples]
 
     def run(self, model, head, batch, lang, max_len, predict=False):
-        states = encode_states(model, [ids for ids, _, _ in batch], lang, max_len)
-        h, mask = gather_words(states, [f for _, f, _ in batch], with_root=False)
+        h, mask = word_states(model, [ids for ids, _, _ in batch], [f for _, f, _ in batch], lang, max_len, False)
         logits = head(h)
         if predict:
             best = logits.argmax(-1).tolist()
@@ -489,8 +490,7 @@ class ParseTask(Task):
                 for s in examples]
 
     def run(self, model, head, batch, lang, max_len, predict=False):
-        states = encode_states(model, [f[0] for f in batch], lang, max_len)
-        h, mask = gather_words(states, [f[1] for f in batch], with_root=True)  # (B, 1 + W, d)
+        h, mask = word_states(model, [f[0] for f in batch], [f[1] for f in batch], lang, max_len, True)  # ROOT + W
         s_arc, s_rel = head(h, mask)
         if predict:
             words = mask.clone()
@@ -842,26 +842,21 @@ def job_identity(task_name, files, args):
     return {"task": task_name, **{k: digest(p) for k, p in paths.items() if p}, **{k: vars(args)[k] for k in JOB_FLAGS}}
 
 
-def job_diff(old, new):
-    """`--epochs: 1 there, 2 now; ...`: what differs between two job identities."""
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    return "; ".join(f"{k if ' ' in k else '--' + k.replace('_', '-')}: {old.get(k)} there, {new.get(k)} now"
-                     for k in keys)
-
-
-def earlier_run(out, job):
-    """What a run of the same job left in `out`: (its results.json, or None; {set file: record} of its finished sets).
-    A file of any other run is refused with one line naming what differs."""
-    results = os.path.join(out, "results.json")
-    paths = [results] if os.path.exists(results) else sorted(glob.glob(os.path.join(out, "sets", "*.json")))
-    saved = {path: read_json(path, "--out") for path in paths}
-    for path, s in saved.items():
-        old = s.get("job") if isinstance(s, dict) else None
+def earlier_sets(out, job):
+    """{set file: record} of the sets a run of the same job finished in `out` (the same command again resumes, or
+    recomputes results.json from them). results.json or a set of any other run is refused, naming what differs."""
+    done = {}
+    for path in glob.glob(os.path.join(out, "results.json")) + sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
+        saved = read_json(path, "--out")
+        old = saved.get("job") if isinstance(saved, dict) else None
         if old != job:
-            why = job_diff(old, job) if isinstance(old, dict) else "not written by finetune.py"
+            keys = sorted(k for k in set(old or {}) | set(job) if (old or {}).get(k) != job.get(k))
+            why = "; ".join(f"{k if ' ' in k else '--' + k.replace('_', '-')}: {old.get(k)} there, {job.get(k)} now"
+                            for k in keys) if isinstance(old, dict) else "not written by finetune.py"
             raise SystemExit(f"error: {path} already exists, from another run ({why}); rerun with the same flags, "
                              "pass --overwrite to replace it, or use another --out")
-    return (saved[results], {}) if results in saved else (None, {p: s["record"] for p, s in saved.items()})
+        done[path] = saved.get("record")
+    return done
 
 
 def set_path(out, hp):
@@ -918,31 +913,18 @@ def results_table(run_dirs):
     return format_rows(header + [f"{SHORT[t]} {lang}" for t, lang in cols] + ["avg", "Δ"], lines)
 
 
-def number(lo, hi=math.inf, cast=int):
-    """argparse type: one number in [lo, hi)."""
+def number(lo, hi=math.inf, cast=int, many=False):
+    """argparse type: a number in [lo, hi), or with many=True a comma list of them (`16,32` -> [16, 32])."""
     def parse(s):
         try:
-            v = cast(s)
-        except ValueError:
-            v = math.nan
-        if not lo <= v < hi:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'} in [{lo}, {hi}), "
-                                             f"got {s!r}")
-        return v
-    return parse
-
-
-def positive_list(cast):
-    """argparse type: `16,32` -> [16, 32], a comma list of finite numbers > 0."""
-    def parse(s):
-        try:
-            v = [cast(x) for x in s.split(",") if x.strip()]
+            v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
         except ValueError:
             v = []
-        if not v or not all(0 < x < math.inf for x in v):
-            raise argparse.ArgumentTypeError(f"expected a comma list of {'integers' if cast is int else 'numbers'} > 0, "
-                                             f"got {s!r}")
-        return v
+        if not v or not all(lo <= x < hi for x in v):
+            kind = "integer" if cast is int else "number"
+            what = f"a comma list of {kind}s" if many else f"one {kind}"
+            raise argparse.ArgumentTypeError(f"expected {what} in [{lo}, {hi}), got {s!r}")
+        return v if many else v[0]
     return parse
 
 
@@ -973,15 +955,15 @@ def build_parser():
         help="a target language's test file, instead of --data's (repeatable)")
     add("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
     add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
-    add("--batch-size", type=positive_list(int), help="comma list (paper: 16,32; XNLI 4,8)")
-    add("--lr", type=positive_list(float), help="comma list of encoder learning rates (paper: 2e-5,3e-5,5e-5; "
+    add("--batch-size", type=number(1, many=True), help="comma list (paper: 16,32; XNLI 4,8)")
+    add("--lr", type=number(0, cast=float, many=True), help="comma list of encoder learning rates (paper: 2e-5,3e-5,5e-5; "
         "XNLI 1.25e-6,2.5e-6,5e-6)")
-    add("--head-lr", type=positive_list(float), help="XNLI: comma list of classifier learning rates "
+    add("--head-lr", type=number(0, cast=float, many=True), help="XNLI: comma list of classifier learning rates "
         "(paper: 5e-6,2.5e-5,1.25e-4)")
     add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (at most the model's "
         "positions - 2)")
     add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
-    add("--clip", type=number(0, math.inf, float), default=5.0, help="gradient norm clipping (0 = off)")
+    add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping (0 = off)")
     add("--eval-batch-size", type=number(1), default=64, help="sentences per batch when scoring")
     add("--seed", type=int, default=0, help="seed of every set (head init, data order)")
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
@@ -1067,35 +1049,28 @@ def main(argv=None):
                               args.test_file)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job = job_identity(name, files, targs)
-        done, sets = (None, {}) if args.overwrite else earlier_run(out, job)
-        prepared = None if done else prepare_task(name, files, model, routes, targs)
-        jobs.append((name, targs, files, out, job, sets, done, prepared))
+        done = {} if args.overwrite else earlier_sets(out, job)
+        jobs.append((targs, files, out, job, done, prepare_task(name, files, model, routes, targs)))
 
-    for name, targs, files, out, job, sets, done, prepared in jobs:
+    for targs, files, out, job, done, (task, data) in jobs:
         path = os.path.join(out, "results.json")
-        if done:
-            print(f"\n{name}: {path} is already complete for these flags, checkpoint and data: nothing to do "
-                  "(--overwrite runs it again)")
-            res = done
-        else:
-            if args.overwrite:  # the sets and results of the earlier run go first
-                for f in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(path):
-                    os.remove(f)
-            os.makedirs(os.path.join(out, "sets"), exist_ok=True)
-            res = run_task(*prepared, model, files, targs, out, job, sets)
-            res["pretrain"] = {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")}  # for --table
-            write_json(path, res)
+        if args.overwrite:  # the sets and results of the earlier run go first
+            for f in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(path):
+                os.remove(f)
+        os.makedirs(os.path.join(out, "sets"), exist_ok=True)
+        res = run_task(task, data, model, files, targs, out, job, done)
+        res["pretrain"] = {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")}  # for --table
+        write_json(path, res)
         n_failed = sum("failed" in c for c in res["configs"])
         picked = "; ".join(f"{hp_text(res['configs'][i])} (epoch {res['configs'][i]['best_epoch']})"
                            for i in res["best_two"])
-        print(f"\n{name}: mean of the best two of {len(res['configs']) - n_failed} hyper-parameter sets by en dev: "
-              f"{picked}" + (f" ({n_failed} diverged set(s) left out)" if n_failed else ""))
-        cols = [res["metric"]] + [k for k in res["dev"] if k != res["metric"]]
-        rows = [(res["train_lang"], "dev", res["dev"])] + [(c, "test", res["test"][c]) for c in res["eval_langs"]]
+        print(f"\n{task.name}: mean of the best two of {len(res['configs']) - n_failed} hyper-parameter sets by en "
+              f"dev: {picked}" + (f" ({n_failed} diverged set(s) left out)" if n_failed else ""))
+        cols = [task.metric] + [k for k in res["dev"] if k != task.metric]
+        rows = [(args.train_lang, "dev", res["dev"])] + [(c, "test", res["test"][c]) for c in args.eval_langs]
         print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
                                                      for c, split, s in rows]))
-        print(f"results in {path}" if done else f"wrote {path}")
-
+        print(f"wrote {path}")
 
 if __name__ == "__main__":
     main()

@@ -97,26 +97,26 @@ def nan_ckpt(toy_ckpt):
 
 # (extra argv, expected message); argparse errors go to stderr as `finetune.py: error: argument --flag: ...`
 FT_BAD_FLAGS = [
-    (["--batch-size", "0"], "argument --batch-size: expected a comma list of integers > 0, got '0'"),
-    (["--batch-size", ","], "argument --batch-size: expected a comma list of integers > 0, got ','"),
-    (["--batch-size", "16,0.5"], "argument --batch-size: expected a comma list of integers > 0, got '16,0.5'"),
-    (["--epochs", "0"], "argument --epochs: expected an integer in [1, inf), got '0'"),
-    (["--epochs", "-3"], "argument --epochs: expected an integer in [1, inf)"),
-    (["--epochs", "2.5"], "argument --epochs: expected an integer in [1, inf), got '2.5'"),
-    (["--eval-batch-size", "0"], "argument --eval-batch-size: expected an integer in [1, inf)"),
-    (["--epoch-size", "-1"], "argument --epoch-size: expected an integer in [0, inf)"),
-    (["--lr", ","], "argument --lr: expected a comma list of numbers > 0, got ','"),
-    (["--lr=-1e-3"], "argument --lr: expected a comma list of numbers > 0"),
-    (["--lr", "0"], "argument --lr: expected a comma list of numbers > 0"),
-    (["--lr", "nan"], "argument --lr: expected a comma list of numbers > 0"),
-    (["--lr", "1e-3,x"], "argument --lr: expected a comma list of numbers > 0, got '1e-3,x'"),
-    (["--head-lr", ""], "argument --head-lr: expected a comma list of numbers > 0"),
-    (["--max-len", "1"], "argument --max-len: expected an integer in [2, inf)"),
-    (["--head-dropout", "1.5"], "argument --head-dropout: expected a number in [0, 1)"),
-    (["--head-dropout", "nan"], "argument --head-dropout: expected a number in [0, 1)"),
-    (["--clip", "-1"], "argument --clip: expected a number in [0, inf)"),
-    (["--threads", "-2"], "argument --threads: expected an integer in [0, inf)"),
-    (["--align-layer", "-1"], "argument --align-layer: expected an integer in [0, inf)"),
+    (["--batch-size", "0"], "argument --batch-size: expected a comma list of integers in [1, inf), got '0'"),
+    (["--batch-size", ","], "argument --batch-size: expected a comma list of integers in [1, inf), got ','"),
+    (["--batch-size", "16,0.5"], "argument --batch-size: expected a comma list of integers in [1, inf), got '16,0.5'"),
+    (["--epochs", "0"], "argument --epochs: expected one integer in [1, inf), got '0'"),
+    (["--epochs", "-3"], "argument --epochs: expected one integer in [1, inf)"),
+    (["--epochs", "2.5"], "argument --epochs: expected one integer in [1, inf), got '2.5'"),
+    (["--eval-batch-size", "0"], "argument --eval-batch-size: expected one integer in [1, inf)"),
+    (["--epoch-size", "-1"], "argument --epoch-size: expected one integer in [0, inf)"),
+    (["--lr", ","], "argument --lr: expected a comma list of numbers in [0, inf), got ','"),
+    (["--lr=-1e-3"], "argument --lr: expected a comma list of numbers in [0, inf)"),
+    (["--lr", "nan"], "argument --lr: expected a comma list of numbers in [0, inf)"),
+    (["--lr", "inf"], "argument --lr: expected a comma list of numbers in [0, inf)"),
+    (["--lr", "1e-3,x"], "argument --lr: expected a comma list of numbers in [0, inf), got '1e-3,x'"),
+    (["--head-lr", ""], "argument --head-lr: expected a comma list of numbers in [0, inf)"),
+    (["--max-len", "1"], "argument --max-len: expected one integer in [2, inf)"),
+    (["--head-dropout", "1.5"], "argument --head-dropout: expected one number in [0, 1)"),
+    (["--head-dropout", "nan"], "argument --head-dropout: expected one number in [0, 1)"),
+    (["--clip", "-1"], "argument --clip: expected one number in [0, inf)"),
+    (["--threads", "-2"], "argument --threads: expected one integer in [0, inf)"),
+    (["--align-layer", "-1"], "argument --align-layer: expected one integer in [0, inf)"),
     (["--test-file", "fr"], "argument --test-file: expected LANG=PATH"),
 ]
 
@@ -280,11 +280,11 @@ def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckp
     assert [c["lr"] for c in res["configs"]] == [1e-3, 3e-4] and sorted(res["best_two"]) == [0, 1]
     assert sorted(p.name for p in (out / "sets").iterdir()) == ["bs32-lr0.0003.json", "bs32-lr0.001.json"]
 
-    # the same command again: nothing to do, the finished results.json is kept
+    # the same command again: nothing trains, results.json is written again from the finished sets, unchanged
     calls.clear()
     before = (out / "results.json").read_bytes()
     ft.main(argv)
-    assert calls == [] and "already complete" in capsys.readouterr().out
+    assert calls == [] and "resuming: 2 of 2" in capsys.readouterr().out
     assert (out / "results.json").read_bytes() == before
 
     # other flags: results.json is refused, and so are the sets of the other run
