@@ -664,9 +664,13 @@ def prepare_task(task_name, files, model, routes, args):
     return task, data
 
 
-def run_task(task, data, model, files, args, out, job, done):
+def run_task(task, data, files, args, out, job, done, model, pretrain):
     """§3.2 on one task: every set of the grid (each written to OUT/sets/ when it ends, or taken from `done`), then
-    the mean of the best two by English dev -> what results.json holds."""
+    the mean of the best two by English dev, written to OUT/results.json and printed."""
+    if args.overwrite:  # the sets and results of the earlier run go first
+        for f in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(os.path.join(out, "results.json")):
+            os.remove(f)
+    os.makedirs(os.path.join(out, "sets"), exist_ok=True)
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     hps = grid(task.name, args)
     if n_done := sum(set_path(out, hp) in done for hp in hps):
@@ -691,11 +695,20 @@ def run_task(task, data, model, files, args, out, job, done):
     need(ok, f"{task.name}: every hyper-parameter set diverged (non-finite loss); no results written. Try a lower "
          "--lr / --head-lr")
     top, dev, test = mean_of_best_two([records[i] for i in ok], task.metric)
-    return {"task": task.name, "metric": task.metric, "ckpt": args.ckpt, "train_lang": args.train_lang,
-            "eval_langs": list(files["test"]), "files": files, "labels": task.labels,
-            "protocol": "per set: epoch chosen by English dev; reported: mean of the best two sets by English dev",
-            "best_two": [ok[i] for i in top], "dev": dev, "test": test, "configs": records, "job": job,
-            "args": vars(args)}
+    path, best_two = os.path.join(out, "results.json"), [ok[i] for i in top]
+    write_json(path, {"task": task.name, "metric": task.metric, "ckpt": args.ckpt, "train_lang": args.train_lang,
+                      "eval_langs": list(files["test"]), "files": files, "labels": task.labels,
+                      "protocol": "per set: epoch chosen by English dev; reported: mean of the best two sets by "
+                                  "English dev", "best_two": best_two, "dev": dev, "test": test, "configs": records,
+                      "job": job, "args": vars(args), "pretrain": pretrain})
+    picked = "; ".join(f"{hp_text(records[i])} (epoch {records[i]['best_epoch']})" for i in best_two)
+    print(f"\n{task.name}: mean of the best two of {len(ok)} hyper-parameter sets by en dev: {picked}"
+          + (f" ({len(records) - len(ok)} diverged set(s) left out)" if len(ok) < len(records) else ""))
+    cols = [task.metric] + [k for k in dev if k != task.metric]
+    rows = [(args.train_lang, "dev", dev)] + [(code, "test", test[code]) for code in test]
+    print(format_rows(["lang", "split"] + cols, [[code, split] + [f"{100 * s[k]:.2f}" for k in cols]
+                                                 for code, split, s in rows]))
+    print(f"wrote {path}")
 
 
 # -----------------------------------------------------------------------------
@@ -826,27 +839,25 @@ def read_json(path, flag):
 
 
 # what a set's result depends on besides the checkpoints and data (not --device, --threads, --eval-batch-size)
+# what a set's result depends on besides the checkpoints and data (not --device, --threads, --eval-batch-size)
 JOB_FLAGS = ("train_lang", "batch_size", "lr", "head_lr", "epochs", "epoch_size", "max_len", "head_dropout", "clip",
              "seed", "bf16", "align_layer")
 
 
-def job_identity(task_name, files, args):
-    """Task, training flags, checkpoint and data file contents: the same identity trains the same sets."""
-    paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps,
-             "train file": files["train"], "dev file": files["dev"],
-             **{f"{lang} test file": p for lang, p in files["test"].items()}}
-
+def earlier_sets(task_name, files, args, out):
+    """The run's identity (task, JOB_FLAGS, checkpoint and data file contents) and {set file: record} of the sets
+    a run of the same identity finished in `out`: the same command again resumes, or recomputes results.json from
+    them. results.json or a set of any other run is refused, naming what differs."""
     def digest(path):
         with open(path, "rb") as f:
             return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
-    return {"task": task_name, **{k: digest(p) for k, p in paths.items() if p}, **{k: vars(args)[k] for k in JOB_FLAGS}}
-
-
-def earlier_sets(out, job):
-    """{set file: record} of the sets a run of the same job finished in `out` (the same command again resumes, or
-    recomputes results.json from them). results.json or a set of any other run is refused, naming what differs."""
+    paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps,
+             "train file": files["train"], "dev file": files["dev"],
+             **{f"{lang} test file": p for lang, p in files["test"].items()}}
+    job = {"task": task_name, **{k: digest(p) for k, p in paths.items() if p}, **{k: vars(args)[k] for k in JOB_FLAGS}}
     done = {}
-    for path in glob.glob(os.path.join(out, "results.json")) + sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
+    found = glob.glob(os.path.join(out, "results.json")) + sorted(glob.glob(os.path.join(out, "sets", "*.json")))
+    for path in [] if args.overwrite else found:  # --overwrite: run_task removes them
         saved = read_json(path, "--out")
         old = saved.get("job") if isinstance(saved, dict) else None
         if old != job:
@@ -856,7 +867,7 @@ def earlier_sets(out, job):
             raise SystemExit(f"error: {path} already exists, from another run ({why}); rerun with the same flags, "
                              "pass --overwrite to replace it, or use another --out")
         done[path] = saved.get("record")
-    return done
+    return job, done
 
 
 def set_path(out, hp):
@@ -1040,7 +1051,7 @@ def main(argv=None):
     else:
         routes = {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang] + args.eval_langs}
     bpe.make_dir("--out", args.out)
-    jobs = []
+    plans = []
     for name in tasks:  # every file of every task is read before the first set trains
         preset = (TOY_PRESET if args.toy is not None else PAPER_PRESET)[name]
         targs = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if getattr(args, k) is None}})
@@ -1048,29 +1059,10 @@ def main(argv=None):
         files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file, args.dev_file,
                               args.test_file)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
-        job = job_identity(name, files, targs)
-        done = {} if args.overwrite else earlier_sets(out, job)
-        jobs.append((targs, files, out, job, done, prepare_task(name, files, model, routes, targs)))
-
-    for targs, files, out, job, done, (task, data) in jobs:
-        path = os.path.join(out, "results.json")
-        if args.overwrite:  # the sets and results of the earlier run go first
-            for f in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(path):
-                os.remove(f)
-        os.makedirs(os.path.join(out, "sets"), exist_ok=True)
-        res = run_task(task, data, model, files, targs, out, job, done)
-        res["pretrain"] = {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")}  # for --table
-        write_json(path, res)
-        n_failed = sum("failed" in c for c in res["configs"])
-        picked = "; ".join(f"{hp_text(res['configs'][i])} (epoch {res['configs'][i]['best_epoch']})"
-                           for i in res["best_two"])
-        print(f"\n{task.name}: mean of the best two of {len(res['configs']) - n_failed} hyper-parameter sets by en "
-              f"dev: {picked}" + (f" ({n_failed} diverged set(s) left out)" if n_failed else ""))
-        cols = [task.metric] + [k for k in res["dev"] if k != task.metric]
-        rows = [(args.train_lang, "dev", res["dev"])] + [(c, "test", res["test"][c]) for c in args.eval_langs]
-        print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
-                                                     for c, split, s in rows]))
-        print(f"wrote {path}")
+        job, done = earlier_sets(name, files, targs, out)
+        plans.append((*prepare_task(name, files, model, routes, targs), files, targs, out, job, done))
+    for plan in plans:
+        run_task(*plan, model, {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")})  # for --table
 
 if __name__ == "__main__":
     main()
