@@ -808,9 +808,8 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_f
         if path is not None:
             need(os.path.isfile(path), f"{flag}{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
         elif data_dir:
-            panx_split = "heldout-from-dev" if split == "test" else split
-            patterns = [os.path.join(glob.escape(data_dir), layout.format(lang=lang, split=split, panx_split=panx_split))
-                        for layout in LAYOUTS[task]]
+            names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
+            patterns = [os.path.join(glob.escape(data_dir), layout.format(**names)) for layout in LAYOUTS[task]]
             hits = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
             if len(hits) > 1:
                 print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
@@ -905,21 +904,21 @@ def results_table(run_dirs):
                     ppl = (r.get("pretrain") or {}).get("dev_ppl") or ppl
                     break
         need(cells, f"--table: no results.json under {d}")
-        groups.setdefault((name, int(step) if step else None), []).append((cells, ppl))
+        groups.setdefault((name, step), []).append((cells, ppl))
     cols = sorted({c for runs in groups.values() for cells, _ in runs for c in cells},
                   key=lambda c: (list(SHORT).index(c[0]), c[1]))
     langs = sorted({lang for runs in groups.values() for _, ppl in runs for lang in ppl})
     names = list(dict.fromkeys(name for name, _ in groups))
-    steps = any(step is not None for _, step in groups)
+    steps = any(step for _, step in groups)
     lines, first = [], None
-    for name, step in sorted(groups, key=lambda k: (names.index(k[0]), k[1] or 0)):
+    for name, step in sorted(groups, key=lambda k: (names.index(k[0]), int(k[1] or 0))):
         runs = groups[name, step]
         avgs = [np.mean([cells[c] for c in cols]) for cells, _ in runs if all(c in cells for c in cols)]
         first = avgs if first is None else first
         values = [[ppl[lang] for _, ppl in runs if lang in ppl] for lang in langs]
         values += [[cells[c] for cells, _ in runs if c in cells] for c in cols] + [avgs]
-        lines.append([name] + ["-" if step is None else str(step)] * steps + [str(len(runs))] + [mean_std(v) for v in values]
-                     + [f"{np.mean(avgs) - np.mean(first):+.1f}" if avgs and first else "-"])
+        delta = f"{np.mean(avgs) - np.mean(first):+.1f}" if avgs and first else "-"
+        lines.append([name] + [step or "-"] * steps + [str(len(runs))] + [mean_std(v) for v in values] + [delta])
     header = ["model"] + ["updates"] * steps + ["seeds"] + [f"dev ppl {lang}" for lang in langs]
     return format_rows(header + [f"{SHORT[t]} {lang}" for t, lang in cols] + ["avg", "Δ"], lines)
 
@@ -947,12 +946,11 @@ def lang_path(s):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(
-        description="Zero-shot cross-lingual transfer (paper §3.2): fine-tune on English, choose the epoch and the "
-                    "hyper-parameters on English dev, report each target's test score as the mean of the best two "
-                    "sets. Grid flags left unset take the paper's values (the toy presets with --toy).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add = p.add_argument
+    p = argparse.ArgumentParser(description="Zero-shot cross-lingual transfer (§3.2): fine-tune on English, choose "
+                                "the epoch and the hyper-parameters on English dev, report each target's test score "
+                                "as the mean of the best two sets. Unset grid flags take the paper's values (the toy "
+                                "presets with --toy).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add, floats = p.add_argument, number(0, cast=float, many=True)
     add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
     add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
     add("--data", help="a toydata.py world, or a directory laid out as ../shared/data (see LAYOUTS)")
@@ -967,30 +965,23 @@ def build_parser():
     add("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
     add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
     add("--batch-size", type=number(1, many=True), help="comma list (paper: 16,32; XNLI 4,8)")
-    add("--lr", type=number(0, cast=float, many=True), help="comma list of encoder learning rates (paper: 2e-5,3e-5,5e-5; "
-        "XNLI 1.25e-6,2.5e-6,5e-6)")
-    add("--head-lr", type=number(0, cast=float, many=True), help="XNLI: comma list of classifier learning rates "
-        "(paper: 5e-6,2.5e-5,1.25e-4)")
-    add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (at most the model's "
-        "positions - 2)")
+    add("--lr", type=floats, help="encoder lrs (paper: 2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
+    add("--head-lr", type=floats, help="XNLI classifier lrs (paper: 5e-6,2.5e-5,1.25e-4)")
+    add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (at most positions - 2)")
     add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
     add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping (0 = off)")
     add("--eval-batch-size", type=number(1), default=64, help="sentences per batch when scoring")
     add("--seed", type=int, default=0, help="seed of every set (head init, data order)")
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
-    add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (float16 is "
-        "refused: no GradScaler)")
+    add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as pretrain.py's (float16 is refused)")
     add("--bf16", dest="dtype", action="store_const", const="bfloat16", help="= --dtype bfloat16")
     add("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
-    add("--align-layer", type=number(0), metavar="I", help="§5.1.2: freeze --ckpt's layers 0..I, train 4 new layers "
-        "+ head; the target takes --target-ckpt's layer I mapped by --align-maps")
-    add("--target-ckpt", help="aligned transfer: the target language's own (monolingual) model")
-    add("--align-maps", help="aligned transfer: align.py contextual --save-maps .npz")
-    add("--out", help="results.json and sets/ (a sub-folder per task when several run); the same command again "
-        "resumes or reuses them")
+    add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on top")
+    add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps")
+    add("--align-maps", help="§5.1.2: align.py contextual --save-maps .npz")
+    add("--out", help="results.json and sets/ (a folder per task when several run); rerun to resume")
     add("--overwrite", action="store_true", help="replace the results and sets of another run in --out")
-    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1's layout for --out directories named "
-        "NAME[-sSEED][-stepN]")
+    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1 for --out dirs named NAME[-sSEED][-stepN]")
     return p
 
 
