@@ -133,12 +133,10 @@ def read_xnli(path):
         fields = [x.strip() for x in line.split("\t")]
         if not line.strip() or n == 1 and len(fields) == 3 and fields[2] in ("label", "gold_label"):
             continue
-        if len(fields) != 3:
-            raise ValueError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {len(fields)} field(s)")
+        if len(fields) != 3 or not fields[0] or not fields[1]:
+            raise ValueError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {line!r}")
         premise, hypothesis, label = fields
         label = "contradiction" if label == "contradictory" else label
-        if not premise or not hypothesis:
-            raise ValueError(f"{path}:{n}: empty premise or hypothesis")
         if label not in XNLI_LABELS:
             raise ValueError(f"{path}:{n}: unknown XNLI label {label!r} (expected entailment, neutral, contradiction)")
         examples.append((premise, hypothesis, label))
@@ -564,12 +562,11 @@ def evaluate(task, model, head, feats, examples, lang, max_len, batch_size):
     model.eval()
     head.eval()
     order = sorted(range(len(feats)), key=lambda i: len(feats[i][0]))
-    preds = [None] * len(feats)
+    preds = {}
     for k in range(0, len(order), batch_size):
         chunk = order[k:k + batch_size]
-        for i, p in zip(chunk, task.run(model, head, [feats[i] for i in chunk], lang, max_len, predict=True)):
-            preds[i] = p
-    return task.score(examples, preds)
+        preds.update(zip(chunk, task.run(model, head, [feats[i] for i in chunk], lang, max_len, predict=True)))
+    return task.score(examples, [preds[i] for i in range(len(feats))])
 
 
 class NonFiniteLoss(RuntimeError):
@@ -622,7 +619,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         dev = evaluate(task, model, head, dev_feats, dev_ex, lang, args.max_len, args.eval_batch_size)
         dev_curve.append(dev[task.metric])
         log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
-            f"{100 * dev_curve[-1]:.2f}")
+            f"{100 * dev[task.metric]:.2f}")
         if best is None or dev[task.metric] > best["dev"][task.metric]:
             best = {"epoch": epoch, "dev": dev, "state": cpu_copy(model), "head": cpu_copy(head)}
     model.load_state_dict(best["state"])
@@ -648,11 +645,9 @@ def prepare_task(task_name, files, model, routes, args):
     try:
         train = reader(files["train"])
         task = Task(train)
-        dev = reader(files["dev"])
-        task.check_labels(dev, files["dev"])
-        tests = {code: reader(path) for code, path in files["test"].items()}
-        for code, ex in tests.items():
-            task.check_labels(ex, files["test"][code])
+        dev, tests = reader(files["dev"]), {code: reader(path) for code, path in files["test"].items()}
+        for path, ex in [(files["dev"], dev)] + [(files["test"][code], ex) for code, ex in tests.items()]:
+            task.check_labels(ex, path)
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
     featurize = lambda ex, code: task.featurize(ex, routes[code][0], code, model.config.max_positions)  # noqa: E731
@@ -673,11 +668,12 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
     os.makedirs(os.path.join(out, "sets"), exist_ok=True)
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     hps = grid(task.name, args)
-    if n_done := sum(set_path(out, hp) in done for hp in hps):
+    paths = [os.path.join(out, "sets", hp_text(hp).replace(" ", "-") + ".json") for hp in hps]  # bs-16-lr-0.001.json
+    if n_done := sum(path in done for path in paths):
         print(f"{task.name}: resuming: {n_done} of {len(hps)} hyper-parameter sets finished in an earlier run")
     records = []
-    for i, hp in enumerate(hps, 1):
-        path, what = set_path(out, hp), f"{task.name}: hyper-parameter set {i}/{len(hps)}"
+    for i, (hp, path) in enumerate(zip(hps, paths), 1):
+        what = f"{task.name}: hyper-parameter set {i}/{len(hps)}"
         if path in done:
             print(f"{what}: {hp_text(hp)}: finished in an earlier run ({path})")
             records.append(done[path])
@@ -838,7 +834,6 @@ def read_json(path, flag):
 
 
 # what a set's result depends on besides the checkpoints and data (not --device, --threads, --eval-batch-size)
-# what a set's result depends on besides the checkpoints and data (not --device, --threads, --eval-batch-size)
 JOB_FLAGS = ("train_lang", "batch_size", "lr", "head_lr", "epochs", "epoch_size", "max_len", "head_dropout", "clip",
              "seed", "bf16", "align_layer")
 
@@ -867,11 +862,6 @@ def earlier_sets(task_name, files, args, out):
                              "pass --overwrite to replace it, or use another --out")
         done[path] = saved.get("record")
     return job, done
-
-
-def set_path(out, hp):
-    return os.path.join(out, "sets", f"bs{hp['batch_size']}-lr{hp['lr']:g}"
-                        + (f"-hlr{hp['head_lr']:g}" if hp["head_lr"] else "") + ".json")
 
 
 def format_rows(header, rows):
@@ -1009,8 +999,7 @@ def main(argv=None):
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
     need(args.ckpt and args.out, "--ckpt and --out are required (or --table)")
-    need(args.dtype != "float16", "--dtype float16: fine-tuning in float16 needs a GradScaler, which finetune.py "
-         "does not have; use --dtype bfloat16 or float32")
+    need(args.dtype != "float16", "--dtype float16: fine-tuning has no GradScaler; use --dtype bfloat16 or float32")
     try:
         args.device, dtype, _ = pick_device(args.device, args.dtype)
     except ValueError as e:
@@ -1054,6 +1043,7 @@ def main(argv=None):
         plans.append((*prepare_task(name, files, model, routes, targs), files, targs, out, job, done))
     for plan in plans:
         run_task(*plan, model, {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")})  # for --table
+
 
 if __name__ == "__main__":
     main()

@@ -143,7 +143,7 @@ FT_BAD_INPUTS = [
     (["--toy", "{t}", "--data", "{w}"], "error: --toy {t} and --data {w} name two data directories"),
     (["--device", "gpu0"], "error: --device gpu0: expected auto, cpu, cuda, cuda:N or mps"),
     (["--device", "xpu"], "error: --device xpu: expected auto, cpu, cuda, cuda:N or mps"),
-    (["--dtype", "float16"], "error: --dtype float16: fine-tuning in float16 needs a GradScaler"),
+    (["--dtype", "float16"], "error: --dtype float16: fine-tuning has no GradScaler"),
     (["--target-ckpt", "{c}/best.pt"], "error: --target-ckpt and --align-maps are for aligned transfer"),
     (["--align-layer", "1"], "error: --align-layer needs --target-ckpt and --align-maps"),
     (["--align-layer", "9", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/maps.npz"],
@@ -269,7 +269,7 @@ def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckp
     with pytest.raises(KeyboardInterrupt):
         ft.main(argv)
     sets = sorted(p.name for p in (out / "sets").iterdir())
-    assert sets == ["bs32-lr0.001.json"] and not (out / "results.json").exists()  # the first set is kept
+    assert sets == ["bs-32-lr-0.001.json"] and not (out / "results.json").exists()  # the first set is kept
 
     calls.clear()
     monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: calls.append(a[4]["lr"]) or real(*a, **k))
@@ -278,7 +278,7 @@ def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckp
     assert calls == [3e-4] and "resuming: 1 of 2" in text and "finished in an earlier run" in text
     res = json.loads((out / "results.json").read_text())
     assert [c["lr"] for c in res["configs"]] == [1e-3, 3e-4] and sorted(res["best_two"]) == [0, 1]
-    assert sorted(p.name for p in (out / "sets").iterdir()) == ["bs32-lr0.0003.json", "bs32-lr0.001.json"]
+    assert sorted(p.name for p in (out / "sets").iterdir()) == ["bs-32-lr-0.0003.json", "bs-32-lr-0.001.json"]
 
     # the same command again: nothing trains, results.json is written again from the finished sets, unchanged
     calls.clear()
@@ -291,7 +291,7 @@ def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckp
     with pytest.raises(SystemExit, match=r"results.json already exists, from another run \(--epochs: 1 there, 2 now\).*--overwrite"):
         ft.main(argv + ["--epochs", "2"])
     (out / "results.json").unlink()
-    with pytest.raises(SystemExit, match=r"sets/bs32-lr0.0003.json already exists, from another run \(--seed: 0 there, 1 now\)"):
+    with pytest.raises(SystemExit, match=r"sets/bs-32-lr-0.0003.json already exists, from another run \(--seed: 0 there, 1 now\)"):
         ft.main(argv + ["--seed", "1"])
     assert calls == []
     # --overwrite: a fresh grid; the old sets are gone, every record is of the new flags
