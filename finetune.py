@@ -145,16 +145,6 @@ def read_xnli(path):
     return examples
 
 
-def pair_ids(tok, premise, hypothesis, lang, max_positions):
-    """XLM's `</s> premise </s> hypothesis </s>`, and whether it was cut: a pair too long for the positions loses
-    subwords from the end of its longer side (XLM cuts each side to 256)."""
-    a, b = tok.encode(premise, lang), tok.encode(hypothesis, lang)
-    cut = len(a) + len(b) > max_positions - 3
-    while len(a) + len(b) > max_positions - 3:
-        a, b = (a[:-1], b) if len(a) >= len(b) else (a, b[:-1])
-    return [EOS_ID] + a + [EOS_ID] + b + [EOS_ID], cut
-
-
 class XNLITask(Task):
     """Pair classification: dropout + Linear(d, 3) on the last layer at position 0 (the first </s>)."""
     name, metric = "xnli", "acc"
@@ -163,11 +153,18 @@ class XNLITask(Task):
         return list(XNLI_LABELS)  # XLM's fixed ids
 
     def featurize(self, examples, tok, lang, max_positions):
-        feats = [pair_ids(tok, p, h, lang, max_positions) + (self.labels.index(lab),) for p, h, lab in examples]
-        n_cut = sum(cut for _, cut, _ in feats)
+        """XLM's `</s> premise </s> hypothesis </s>`; a pair too long for the positions loses subwords from the end
+        of its longer side (XLM cuts each side to 256)."""
+        feats, n_cut = [], 0
+        for premise, hypothesis, label in examples:
+            a, b = tok.encode(premise, lang), tok.encode(hypothesis, lang)
+            n_cut += len(a) + len(b) > max_positions - 3
+            while len(a) + len(b) > max_positions - 3:
+                a, b = (a[:-1], b) if len(a) >= len(b) else (a, b[:-1])
+            feats.append(([EOS_ID] + a + [EOS_ID] + b + [EOS_ID], self.labels.index(label)))
         if n_cut:
             print(f"xnli: {n_cut} of {len(feats)} pairs were too long for {max_positions} positions and were cut")
-        return [(ids, y) for ids, _, y in feats]
+        return feats
 
     def run(self, model, head, batch, lang, max_len, predict=False):
         logits = head(encode_batch(model, [ids for ids, _ in batch], lang)[0][-1][:, 0])
