@@ -743,41 +743,34 @@ class AlignedEncoder(nn.Module):
         return hs
 
 
-def load_align_map(path, layer, train_lang, target, dim):
-    """W with x_target @ W ~ x_train_lang at `layer`, from align.py contextual --save-maps (src, tgt, src_to_tgt...)."""
+def setup_aligned(model, tok, langs, args):
+    """--align-layer: the English model and the target's own joined by W with x_target @ W ~ x_english at layer I,
+    from align.py contextual --save-maps (src, tgt, src_to_tgt, tgt_to_src) -> (AlignedEncoder, routes)."""
+    need(args.target_ckpt and args.align_maps, "--align-layer needs --target-ckpt and --align-maps")
+    need(len(args.eval_langs) == 1, "--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
+    code, en, path, layer = args.eval_langs[0], args.train_lang, args.align_maps, args.align_layer
+    tmodel, ttok, tlangs, _ = load_ckpt(args.target_ckpt, "--target-ckpt", args.device)
+    n, dim = min(model.config.n_layers, tmodel.config.n_layers), model.config.dim
+    need(0 <= layer <= n, f"--align-layer {layer} outside 0..{n}")
+    need(tmodel.config.dim == dim, f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {dim}")
     try:
         with np.load(path) as z:
-            entries = {k: z[k] for k in z.files}
+            maps = {k: z[k] for k in z.files}
     except Exception as e:  # missing, truncated, not an .npz: OSError, ValueError, BadZipFile, ...
         raise SystemExit(f"error: --align-maps: cannot read {path}: {type(e).__name__}: {e}") from None
     for k in ("src", "tgt", "src_to_tgt", "tgt_to_src"):
-        need(k in entries, f"--align-maps {path}: no {k!r} entry (expected align.py contextual --save-maps)")
-    pair = str(entries["src"]), str(entries["tgt"])
-    need(pair in ((train_lang, target), (target, train_lang)),
-         f"{path}: maps are for {pair[0]}->{pair[1]}, not {target}->{train_lang}")
-    M = entries["tgt_to_src" if pair[0] == train_lang else "src_to_tgt"]
-    need(M.ndim == 3 and 0 <= layer < len(M) and M.shape[1:] == (dim, dim),
+        need(k in maps, f"--align-maps {path}: no {k!r} entry (expected align.py contextual --save-maps)")
+    pair = str(maps["src"]), str(maps["tgt"])
+    need(pair in ((en, code), (code, en)), f"{path}: maps are for {pair[0]}->{pair[1]}, not {code}->{en}")
+    M = maps["tgt_to_src" if pair[0] == en else "src_to_tgt"]
+    need(M.ndim == 3 and layer < len(M) and M.shape[1:] == (dim, dim),
          f"{path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
     need(np.isfinite(M[layer]).all(), f"--align-maps {path}: the layer-{layer} map contains NaN or inf")
-    return torch.tensor(M[layer], dtype=torch.float32)
-
-
-def setup_aligned(model, tok, langs, args):
-    """--align-layer: the English and the target model joined by the stored map -> (AlignedEncoder, routes)."""
-    need(args.target_ckpt and args.align_maps, "--align-layer needs --target-ckpt and --align-maps")
-    need(len(args.eval_langs) == 1, "--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
-    code = args.eval_langs[0]
-    tmodel, ttok, tlangs, _ = load_ckpt(args.target_ckpt, "--target-ckpt", args.device)
-    n = min(model.config.n_layers, tmodel.config.n_layers)
-    need(0 <= args.align_layer <= n, f"--align-layer {args.align_layer} outside 0..{n}")
-    need(tmodel.config.dim == model.config.dim,
-         f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {model.config.dim}")
-    W = load_align_map(args.align_maps, args.align_layer, args.train_lang, code, model.config.dim)
     torch.manual_seed(args.seed)  # the new layers' init, so that --seed decides a run
-    enc = AlignedEncoder({args.train_lang: (model, lang_index(langs, args.train_lang, args.ckpt), None),
-                          code: (tmodel, lang_index(tlangs, code, args.target_ckpt), W.to(args.device))},
-                         args.align_layer).to(args.device)
-    return enc, {args.train_lang: (tok, args.train_lang), code: (ttok, code)}
+    W = torch.tensor(M[layer], dtype=torch.float32, device=args.device)
+    enc = AlignedEncoder({en: (model, lang_index(langs, en, args.ckpt), None),
+                          code: (tmodel, lang_index(tlangs, code, args.target_ckpt), W)}, layer).to(args.device)
+    return enc, {en: (tok, en), code: (ttok, code)}
 
 
 # -----------------------------------------------------------------------------

@@ -522,15 +522,16 @@ def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy
     maps = tmp_path / "maps.npz"
     eye = np.stack([np.eye(m.config.dim, dtype=np.float32)] * (m.config.n_layers + 1))
     np.savez(maps, src_to_tgt=eye, tgt_to_src=eye, src="en", tgt="fr")
+    argv = ["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--eval-langs", "fr",
+            "--test-file", f"fr={toy_world / 'ner/en.dev.tsv'}", "--epochs", "1", "--batch-size", "32",
+            "--lr", "1e-3", "--align-layer", "1", "--target-ckpt", str(target), "--align-maps", str(maps)]
     out = tmp_path / "aligned"
-    ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--eval-langs", "fr",
-             "--test-file", f"fr={toy_world / 'ner/en.dev.tsv'}", "--epochs", "1", "--batch-size", "32",
-             "--lr", "1e-3", "--align-layer", "1", "--target-ckpt", str(target), "--align-maps", str(maps),
-             "--out", str(out)])
+    ft.main(argv + ["--out", str(out)])
     res = json.loads((out / "results.json").read_text())
     assert res["test"]["fr"] == pytest.approx(res["dev"])  # same path, same weights, same sentences
-    with pytest.raises(SystemExit, match="maps are for en->fr, not ru->en"):
-        ft.load_align_map(str(maps), 1, "en", "ru", m.config.dim)
+    np.savez(maps, src_to_tgt=eye, tgt_to_src=eye, src="en", tgt="ru")
+    with pytest.raises(SystemExit, match="maps are for en->ru, not fr->en"):
+        ft.main(argv + ["--out", str(tmp_path / "other")])
 
 
 def test_toy_runs_all_three_tasks(toy_world, toy_ckpt, tmp_path, capsys):
