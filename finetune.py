@@ -953,7 +953,7 @@ def build_parser():
     add("--eval-batch-size", type=number(1), default=64, help="sentences per batch when scoring (%(default)s)")
     add("--seed", type=int, default=0, help="seed of every set: head init, data order (%(default)s)")
     add("--device", default="auto", help="auto (cuda if available, the default), cpu, cuda, cuda:N, mps")
-    add("--dtype", default="auto", choices=("auto",) + DTYPES, help="as pretrain.py's (float16 refused)")
+    add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (no float16)")
     add("--bf16", dest="dtype", action="store_const", const="bfloat16", help="= --dtype bfloat16")
     add("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
     add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on top")

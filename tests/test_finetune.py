@@ -452,8 +452,8 @@ def test_toy_end_to_end_parse_beats_chance(toy_world, toy_ckpt, tmp_path, capsys
     ft.main(["--table", str(out), str(out)])  # one row, two "seeds" of the same run
     lines = capsys.readouterr().out.splitlines()
     las = f"{100 * res['test']['fr']['las']:.1f}"
-    assert lines[0].split()[:4] == ["model", "seeds", "Parse", "fr"] and lines[1].split() == ["parse", "2", las, "±0.0",
-                                                                                             las, "±0.0", "+0.0"]
+    assert lines[0].split() == ["model", "seeds", "Parse", "fr", "avg", "Δ"]
+    assert lines[1].split() == ["parse", "2", las, "±0.0", las, "±0.0", "+0.0"]
 
 
 def _load(ckpt):
@@ -586,6 +586,6 @@ def test_table_rows_per_model_and_update(tmp_path, capsys):
                                 "Parse", "fr", "avg", "Δ"]
     assert lines[1].split() == ["default", "500", "1", "90.0", "90.0", "10.0", "20.0", "15.0", "+0.0"]
     # seeds: NER 50, 60; LAS 70, 80; avg per seed 60, 70 -> 65 ± 5, Δ = 65 - 15 = +50
-    assert lines[2].split() == ["default", "1000", "2", "25.0", "±5.0", "25.0", "±5.0", "55.0", "±5.0", "75.0", "±5.0",
-                                "65.0", "±5.0", "+50.0"]
+    assert lines[2].split() == ["default", "1000", "2", "25.0", "±5.0", "25.0", "±5.0", "55.0", "±5.0", "75.0",
+                                "±5.0", "65.0", "±5.0", "+50.0"]
     assert lines[3].split() == ["sep", "500", "1", "95.0", "95.0", "1.0", "2.0", "1.5", "-13.5"]
