@@ -689,11 +689,11 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
          "--lr / --head-lr")
     top, dev, test = mean_of_best_two([records[i] for i in ok], task.metric)
     path, best_two = os.path.join(out, "results.json"), [ok[i] for i in top]
+    protocol = "per set: epoch chosen by English dev; reported: mean of the best two sets by English dev"
     write_json(path, {"task": task.name, "metric": task.metric, "ckpt": args.ckpt, "train_lang": args.train_lang,
-                      "eval_langs": list(files["test"]), "files": files, "labels": task.labels,
-                      "protocol": "per set: epoch chosen by English dev; reported: mean of the best two sets by "
-                                  "English dev", "best_two": best_two, "dev": dev, "test": test, "configs": records,
-                      "job": job, "args": vars(args), "pretrain": pretrain})
+                      "eval_langs": list(files["test"]), "files": files, "labels": task.labels, "protocol": protocol,
+                      "best_two": best_two, "dev": dev, "test": test, "configs": records, "job": job,
+                      "args": vars(args), "pretrain": pretrain})
     picked = "; ".join(f"{hp_text(records[i])} (epoch {records[i]['best_epoch']})" for i in best_two)
     print(f"\n{task.name}: mean of the best two of {len(ok)} hyper-parameter sets by en dev: {picked}"
           + (f" ({len(records) - len(ok)} diverged set(s) left out)" if len(ok) < len(records) else ""))
