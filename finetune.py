@@ -566,10 +566,6 @@ def evaluate(task, model, head, feats, examples, lang, max_len, batch_size):
     return task.score(examples, [preds[i] for i in range(len(feats))])
 
 
-class NonFiniteLoss(RuntimeError):
-    """A hyper-parameter set diverged (NaN/inf loss): it stops and is left out of the selection."""
-
-
 def finetune_one(task, model, init_state, data, hp, args, log=print):
     """One hyper-parameter set: train on English, keep the epoch with the best English dev score, test every target
     with it. data: {"lang_id", "train"/"dev": (examples, feats), "test": {code: (examples, feats, lang_id)}}."""
@@ -602,8 +598,8 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
             batch = [train[i] for i in order[k:k + hp["batch_size"]]]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                 loss = task.run(model, head, batch, lang, args.max_len)
-            if not torch.isfinite(loss):  # diverged: every later score would be an argmax of NaN
-                raise NonFiniteLoss(f"non-finite training loss ({loss.item()}) at epoch {epoch}, update "
+            if not torch.isfinite(loss):  # diverged: the set stops, run_task leaves it out of the selection
+                raise FloatingPointError(f"non-finite training loss ({loss.item()}) at epoch {epoch}, update "
                                     f"{k // hp['batch_size'] + 1} of {steps_per_epoch}; try a lower --lr")
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
@@ -678,7 +674,7 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
         print(f"{what}: {hp_text(hp)}")
         try:
             rec = finetune_one(task, model, init_state, data, hp, args)
-        except NonFiniteLoss as e:
+        except FloatingPointError as e:  # a NaN/inf loss
             print(f"{what} stopped: {e}; it is left out of the selection")
             rec = {**hp, "failed": str(e)}
         write_json(path, {"job": job, "record": rec})
