@@ -13,8 +13,8 @@ References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translati
 (MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al. 2013 (fast_align),
 Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
-Everything above the CLI ruler needs only numpy; the CLI imports torch, model.py and bpe.py inside functions.
---device (default cpu; auto = a GPU if any) and --dtype (default auto) mean what they mean in pretrain.py.
+Everything above the CLI ruler needs only numpy; the CLI imports torch, model.py and bpe.py inside functions
+(--device and --dtype as in pretrain.py).
 
     python align.py words      --toy DIR --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy DIR --ckpt RUN/best.pt --save-maps maps.npz
@@ -24,6 +24,7 @@ Everything above the CLI ruler needs only numpy; the CLI imports torch, model.py
 """
 import argparse
 import errno
+import itertools
 import os
 import sys
 from collections import Counter
@@ -119,15 +120,6 @@ def _blocks(X, Y, chunk_bytes):
         yield slice(a, a + step), X[a:a + step] @ Y.T
 
 
-def _mean_topk(X, Y, k, chunk_bytes):
-    """Mean of the k largest cosines of every (unit) row of X to the rows of Y: MUSE `get_nn_avg_dist`."""
-    k = min(k, Y.shape[0])
-    out = np.empty(X.shape[0], dtype=np.float64)
-    for rows, S in _blocks(X, Y, chunk_bytes):
-        out[rows] = np.partition(S, S.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
-    return out
-
-
 def nn_knn(X, Y, chunk_bytes=CHUNK_BYTES):
     """Nearest neighbour by cosine: best row of Y for every row of X -> (n,) int."""
     X, Y = _unit(X, "X"), _unit(Y, "Y")
@@ -146,7 +138,10 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
     X, Y = _unit(X, "X"), _unit(Y, "Y")
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"X and Y must have the same dimension, got {X.shape} and {Y.shape}")
-    r_S = _mean_topk(Y, X, k, chunk_bytes).astype(X.dtype)
+    k, r_S = min(k, X.shape[0]), np.empty(Y.shape[0])  # r_S as MUSE `get_nn_avg_dist`, block by block
+    for rows, S in _blocks(Y, X, chunk_bytes):
+        r_S[rows] = np.partition(S, S.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
+    r_S = r_S.astype(X.dtype)
     return np.concatenate([(2 * S - r_S).argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
 
@@ -388,6 +383,7 @@ def read_parallel(src_path, tgt_path, max_lines=None):
 # `</s> w1 ... wn </s>`; the two </s> are never part of a pooled vector.
 
 
+
 def load_encoder(path, device="cpu"):
     """(model in eval mode, bpe.Tokenizer, language codes) from pretrain.py's best.pt (or
     model.save_model(..., tokenizer=tok.to_dict(), langs=[...]))."""
@@ -397,7 +393,7 @@ def load_encoder(path, device="cpu"):
     for key in ("tokenizer", "langs"):
         if key not in extra:
             raise ValueError(f"{path}: the checkpoint has no '{key}' entry (use pretrain.py's best.pt)")
-    return mdl.to(device), bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
+    return mdl, bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 
 def encode_sentences(model, tok, sents, lang_idx, lang_code, batch_size=32):
@@ -427,46 +423,35 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
     return list(out), offsets
 
 
-def corpus_words(tok, path, lang, max_sents=None, max_vocab=200000):
-    """Word types of a corpus, most frequent first, keyed lowercase as MUSE (first surface form kept)
-    -> (keys, surface forms, sentences as word lists)."""
+def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200000, batch_size=32):
+    """Decision D8 for the word types of a corpus, most frequent first, keyed lowercase as MUSE:
+    (a) embedding-table rows of the words that are ONE subword (Fig. 4a); (b) per layer, the mean
+    contextual vector of a word over its occurrences (Fig. 4b). -> (keys_a, X_a), (keys_b, [X_b per layer])."""
+    from bpe import UNK_ID
     sents, counts, form = [], Counter(), {}
-    for n, line in enumerate(read_lines(path)):
-        if max_sents and n >= max_sents:
-            break
-        ws = tok.words(line.strip(), lang)
-        sents.append(ws)
-        for w in ws:
+    for line in itertools.islice(read_lines(path), max_sents):
+        sents.append(tok.words(line.strip(), lang))
+        for w in sents[-1]:
             counts[w.lower()] += 1
-            form.setdefault(w.lower(), w)
+            form.setdefault(w.lower(), w)                           # the first surface form is encoded
     if not counts:
         raise ValueError(f"{path}: no words")
     keys = [w for w, _ in counts.most_common(max_vocab)]
-    return keys, [form[w] for w in keys], sents
-
-
-def word_vectors(model, tok, lang_idx, lang, keys, forms, sents, batch_size=32):
-    """Decision D8. (a) embedding-table rows of the words that are ONE subword (Fig. 4a);
-    (b) per layer, the mean contextual vector of a word over its occurrences in `sents` (Fig. 4b).
-    Returns (keys_a, X_a (n_a, dim)), (keys, [X_b per layer]) with X_b rows aligned with `keys`."""
-    from bpe import UNK_ID
     table = model.tok_emb[lang_idx if len(model.tok_emb) > 1 else 0].weight.detach().float().cpu().numpy()
-    single = [(k, ids[0]) for k, ids in zip(keys, tok.encode_words(forms, lang))
+    single = [(k, ids[0]) for k, ids in zip(keys, tok.encode_words([form[k] for k in keys], lang))
               if len(ids) == 1 and ids[0] != UNK_ID]
-    keys_a = [k for k, _ in single]
-    X_a = table[[i for _, i in single]] if single else np.zeros((0, table.shape[1]), np.float32)
-    layers, offsets = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size)
+    layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size)
     row = {k: i for i, k in enumerate(keys)}
     which = np.array([row.get(w.lower(), -1) for ws in sents for w in ws], dtype=np.int64)
     ok = (which >= 0) & ~np.isnan(layers[0][:, 0])
     n_occ = np.bincount(which[ok], minlength=len(keys)).astype(np.float64)
+    seen = n_occ > 0
     X_b = []
     for H in layers:
         S = np.zeros((len(keys), H.shape[1]))
         np.add.at(S, which[ok], H[ok])
-        X_b.append((S / np.maximum(n_occ, 1)[:, None]).astype(np.float32))
-    seen = n_occ > 0
-    return (keys_a, X_a), ([k for k, s in zip(keys, seen) if s], [X[seen] for X in X_b])
+        X_b.append((S[seen] / n_occ[seen, None]).astype(np.float32))
+    return ([k for k, _ in single], table[[i for _, i in single]]), ([k for k, s in zip(keys, seen) if s], X_b)
 
 
 def print_table(title, header, rows, plot=None):
@@ -495,59 +480,11 @@ def _encoders(args):
     return out
 
 
-# every path flag of the three sub-commands (checked before any model is loaded)
-PATH_FLAGS = ("ckpt", "ckpt2", "train_dict", "test_dict", "src_corpus", "tgt_corpus", "vec_src", "vec_tgt",
-              "src_file", "tgt_file", "test_src", "test_tgt", "train_src", "train_tgt")
-
-
-def _need(args, toy, flags, pairs=()):
-    """Fill every unset path flag in `toy` from --toy DIR (toydata.py's layout); then required flags
-    are set, paired flags come in pairs, and every path is an existing file: one line otherwise."""
-    if args.toy:
-        if not os.path.isdir(args.toy):
-            raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
-        for flag, rel in toy.items():
-            if getattr(args, flag) is None:
-                setattr(args, flag, os.path.join(args.toy, rel.format(l0=args.src, l1=args.tgt)))
-    missing = [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f) is None]
-    if missing:
-        raise ValueError(f"missing {', '.join(missing)} (or give --toy DIR)")
-    for a, b in pairs:
-        if (getattr(args, a) is None) != (getattr(args, b) is None):
-            raise ValueError(f"--{a.replace('_', '-')} and --{b.replace('_', '-')} go together: give both or neither")
-    for f in PATH_FLAGS:
-        path = getattr(args, f, None)
-        if path is not None and not os.path.isfile(path):
-            why = "not a file" if os.path.exists(path) else "no such file"
-            raise ValueError(f"--{f.replace('_', '-')} {path}: {why}" + (" (filled in from --toy)" if args.toy else ""))
-
-
 def _finite_map(W, what):
     """A learned map with NaN/inf (from inputs that overflowed) must not be used or saved."""
     if not np.isfinite(W).all():
         raise ValueError(f"the {what} map contains NaN or inf (non-finite encoder states?)")
     return W
-
-
-def _checked(cast, ok, must):
-    """argparse type: cast(s) (int or float) satisfying ok, refused in one line otherwise."""
-    def parse(s):
-        try:
-            v = cast(s)
-        except ValueError:
-            what = "an integer" if cast is int else "a number"
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"must be {must}, got {v if cast is int else s}")
-        return v
-    return parse
-
-
-def _int_min(lo):
-    return _checked(int, lambda v: v >= lo, f">= {lo}")
-
-
-_fraction = _checked(float, lambda v: 0 < v < 1, "strictly between 0 and 1")
 
 
 def save_maps(path, maps, src, tgt):
@@ -561,24 +498,18 @@ def save_maps(path, maps, src, tgt):
     except OSError as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if e.errno == errno.ENOSPC:
-            raise ValueError(f"no space left writing {path}") from None
-        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
+        full = e.errno == errno.ENOSPC
+        raise ValueError(f"no space left writing {path}" if full else f"cannot write {path}: {e.strerror or e}") from None
 
 
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
-    _need(args, {"train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
-                 "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"},
-          ["ckpt", "train_dict", "test_dict", "src_corpus", "tgt_corpus"], [("vec_src", "vec_tgt")])
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
-    side = []  # per language: (embedding-table words and vectors, (contextual words, vectors per layer))
-    for (m, t, li), lang, path in zip(_encoders(args), (args.src, args.tgt), (args.src_corpus, args.tgt_corpus)):
-        keys, forms, sents = corpus_words(t, path, lang, args.max_sents, args.max_vocab)
-        side.append(word_vectors(m, t, li, lang, keys, forms, sents, args.batch_size))
-    (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = side
+    (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [
+        word_vectors(m, t, li, lang, path, args.max_sents, args.max_vocab, args.batch_size)
+        for (m, t, li), lang, path in zip(_encoders(args), (args.src, args.tgt), (args.src_corpus, args.tgt_corpus))]
     runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
-    if args.vec_src:  # _need: with --vec-tgt
+    if args.vec_src:  # and --vec-tgt (main checks the pair)
         runs.append(("fastText", *read_vec(args.vec_src, args.max_vocab), *read_vec(args.vec_tgt, args.max_vocab)))
     rows, errors = [], []
     for name, ws, Xs, wt, Xt in runs:
@@ -592,8 +523,7 @@ def cmd_words(args):
         if args.itn_iters:
             Xs, Xt = iterative_normalize(Xs, args.itn_iters), iterative_normalize(Xt, args.itn_iters)
         W = _finite_map(procrustes(Xs[tr[0]], Xt[tr[1]]), name)
-        (p_raw, n), (p_map, _) = [word_translation_accuracy(Xs, Xt, *te, W=w, method="csls", k=args.k)
-                                  for w in (None, W)]
+        (p_raw, n), (p_map, _) = [word_translation_accuracy(Xs, Xt, *te, W=w, k=args.k) for w in (None, W)]
         rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
     if len(errors) == len(runs):
         raise errors[0]
@@ -606,8 +536,6 @@ def cmd_words(args):
 
 def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
-    _need(args, {"src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"},
-          ["ckpt", "src_file", "tgt_file"])
     if args.save_maps:  # checked before any work
         d = os.path.dirname(os.path.abspath(args.save_maps))
         if os.path.isdir(args.save_maps):
@@ -649,16 +577,13 @@ def cmd_contextual(args):
 
 def cmd_sentences(args):
     """Fig. 6: Tatoeba-style sentence retrieval P@1 per layer, without and with a Procrustes map."""
-    _need(args, {"test_src": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "test_tgt": "tatoeba/tatoeba.{l1}-{l0}.{l1}",
-                 "train_src": "parallel/{l0}-{l1}.train.{l0}", "train_tgt": "parallel/{l0}-{l1}.train.{l1}"},
-          ["ckpt", "test_src", "test_tgt"], [("train_src", "train_tgt")])
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
     enc = lambda src, tgt: (encode_sentences(ms, ts, src, ls, args.src, args.batch_size),
                             encode_sentences(mt, tt, tgt, lt, args.tgt, args.batch_size))
     Es, Et = enc(te_s, te_t)
     Fs = Ft = None
-    if args.train_src:  # _need: with --train-tgt
+    if args.train_src:  # and --train-tgt (main checks the pair)
         Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_train))
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
     rows = []
@@ -675,21 +600,39 @@ def cmd_sentences(args):
     return rows
 
 
+def _checked(cast, ok, must):
+    """argparse type: cast(s) (int or float) satisfying ok, refused in one line otherwise."""
+    def parse(s):
+        try:
+            v = cast(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {must}, got {v if cast is int else s}")
+        return v
+    return parse
+
+
 def build_parser():
+    """Each sub-command carries `toy_paths`, the data paths --toy DIR fills in (toydata.py's layout, l0 = --src,
+    l1 = --tgt), all required unless in `pair`, its optional pair of path flags (both or neither)."""
+    import model as M
     ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).")
     sub = ap.add_subparsers(dest="command", required=True)
+    positive, natural = _checked(int, lambda v: v >= 1, ">= 1"), _checked(int, lambda v: v >= 0, ">= 0")
     common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
     common.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2)")
     common.add_argument("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
     common.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
     common.add_argument("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
-    common.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in every data path not given")
-    common.add_argument("--max-sents", type=_int_min(1), default=None, help="use at most this many lines per file")
-    common.add_argument("--batch-size", type=_int_min(1), default=32, help="sentences per forward pass")
-    common.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (= cuda:0), cuda:N, mps (default cpu)")
-    common.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="autocast "
-                        "of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, float32 on CPU")
-    common.add_argument("--k", type=_int_min(1), default=10, help="CSLS neighbourhood size (MUSE: 10)")
+    common.add_argument("--toy", metavar="DIR", help="toydata.py world (pretrain.py --toy writes OUT/toy): fills in "
+                        "every data path not given")
+    common.add_argument("--max-sents", type=positive, help="use at most this many lines per file")
+    common.add_argument("--batch-size", type=positive, default=32, help="sentences per forward pass")
+    common.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
+    common.add_argument("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders as "
+                        "in pretrain.py: auto = bfloat16 on GPUs that support it, else float32")
+    common.add_argument("--k", type=positive, default=10, help="CSLS neighbourhood size (MUSE: 10)")
     common.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
 
     p = sub.add_parser("words", parents=[common], help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
@@ -697,27 +640,56 @@ def build_parser():
     p.add_argument("--test-dict", help="MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)")
     p.add_argument("--src-corpus", help="source-language text: vocabulary and contextual averages")
     p.add_argument("--tgt-corpus", help="target-language text: vocabulary and contextual averages")
-    p.add_argument("--max-vocab", type=_int_min(1), default=200000, help="most frequent corpus words kept (MUSE: 200k)")
-    p.add_argument("--itn-iters", type=_int_min(0), default=5, help="iterative normalisation rounds (0 = off)")
+    p.add_argument("--max-vocab", type=positive, default=200000, help="most frequent corpus words kept (MUSE: 200k)")
+    p.add_argument("--itn-iters", type=natural, default=5, help="iterative normalisation rounds (0 = off)")
     p.add_argument("--vec-src", help="fastText .vec baseline for --src (optional)")
-    p.add_argument("--vec-tgt", help="fastText .vec baseline for --tgt (optional, with --vec-src)")
-    p.set_defaults(func=cmd_words)
+    p.add_argument("--vec-tgt", help="fastText .vec baseline for --tgt (with --vec-src)")
+    p.set_defaults(func=cmd_words, pair=("vec_src", "vec_tgt"), toy_paths={
+        "train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
+        "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"})
 
     p = sub.add_parser("contextual", parents=[common], help="§5.1.2: contextual word alignment from fast_align pairs")
     p.add_argument("--src-file", help="parallel sentences, source side (one per line)")
     p.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
-    p.add_argument("--eval-frac", type=_fraction, default=0.2, help="last fraction of sentences held out")
-    p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-layer)")
-    p.set_defaults(func=cmd_contextual)
+    p.add_argument("--eval-frac", type=_checked(float, lambda v: 0 < v < 1, "strictly between 0 and 1"), default=0.2,
+                   help="last fraction of sentences held out")
+    p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps)")
+    p.set_defaults(func=cmd_contextual, pair=(), toy_paths={
+        "src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"})
 
     p = sub.add_parser("sentences", parents=[common], help="Fig. 6: Tatoeba-style sentence retrieval per layer")
     p.add_argument("--test-src", help="test pairs, source side (e.g. tatoeba.fra-eng.eng)")
     p.add_argument("--test-tgt", help="test pairs, target side (e.g. tatoeba.fra-eng.fra)")
     p.add_argument("--train-src", help="parallel sentences to fit a Procrustes map, source side (optional)")
     p.add_argument("--train-tgt", help="parallel sentences to fit a Procrustes map, target side (with --train-src)")
-    p.add_argument("--max-train", type=_int_min(1), default=None, help="use at most this many training pairs")
-    p.set_defaults(func=cmd_sentences)
+    p.add_argument("--max-train", type=positive, help="use at most this many training pairs")
+    p.set_defaults(func=cmd_sentences, pair=("train_src", "train_tgt"), toy_paths={
+        "test_src": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "test_tgt": "tatoeba/tatoeba.{l1}-{l0}.{l1}",
+        "train_src": "parallel/{l0}-{l1}.train.{l0}", "train_tgt": "parallel/{l0}-{l1}.train.{l1}"})
     return ap
+
+
+def check_paths(args):
+    """Fill the unset data paths from --toy DIR; then the required flags are set, `pair` comes in pairs
+    and every path is an existing file, or one line naming the flag (before any model is loaded)."""
+    flag = lambda f: "--" + f.replace("_", "-")
+    filled = []
+    if args.toy:
+        if not os.path.isdir(args.toy):
+            raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
+        filled = [f for f in args.toy_paths if getattr(args, f) is None]
+        for f in filled:
+            setattr(args, f, os.path.join(args.toy, args.toy_paths[f].format(l0=args.src, l1=args.tgt)))
+    missing = [flag(f) for f in ["ckpt", *args.toy_paths] if f not in args.pair and getattr(args, f) is None]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)} (or give --toy DIR)")
+    if args.pair and (getattr(args, args.pair[0]) is None) != (getattr(args, args.pair[1]) is None):
+        raise ValueError(f"{flag(args.pair[0])} and {flag(args.pair[1])} go together: give both or neither")
+    for f in dict.fromkeys(["ckpt", "ckpt2", *args.toy_paths, *args.pair]):
+        path = getattr(args, f)
+        if path is not None and not os.path.isfile(path):
+            why = "not a file" if os.path.exists(path) else "no such file"
+            raise ValueError(f"{flag(f)} {path}: {why}" + (" (filled in from --toy)" if f in filled else ""))
 
 
 def main(argv=None):
@@ -727,6 +699,7 @@ def main(argv=None):
         args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
         if args.plot:
             M.check_plot(args.plot)
+        check_paths(args)
         with M.autocast(args.device, args.dtype):
             return args.func(args)
     except (ValueError, OSError) as e:
