@@ -170,27 +170,18 @@ def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
     return a[:, 0], a[:, 1]
 
 
-def translation_precision(pred, src_idx, tgt_idx):
-    """P@1 over unique source words, right if ANY gold translation is retrieved (MUSE): pred[q] is the
-    target row retrieved for source row q -> (p_at_1, n_source_words)."""
-    gold = {}
+def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
+    """P@1 of CSLS retrieval among ALL rows of X_tgt for the unique source words of the pairs (src_idx,
+    tgt_idx), X_src mapped by W if given. A source word is right if ANY of its gold translations is
+    retrieved (MUSE) -> (p_at_1, n_source_words)."""
+    X_src, X_tgt = _as_matrix(X_src, "X_src"), _as_matrix(X_tgt, "X_tgt")
+    gold = {}  # source row -> its gold target rows
     for s, t in zip(src_idx.tolist(), tgt_idx.tolist()):
         gold.setdefault(s, set()).add(t)
-    hits = [int(pred[s]) in ts for s, ts in gold.items()]
-    return float(np.mean(hits)), len(hits)
-
-
-def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, method="csls", k=10):
-    """Map X_src with W (if given), retrieve among ALL rows of X_tgt by `method` ("csls" or "nn")
-    -> translation_precision."""
-    if method not in ("csls", "nn"):
-        raise ValueError(f"unknown retrieval method {method!r} (use 'csls' or 'nn')")
-    X_src, X_tgt = _as_matrix(X_src, "X_src"), _as_matrix(X_tgt, "X_tgt")
-    queries = np.unique(src_idx)
+    queries = sorted(gold)  # as np.unique(src_idx)
     Q = X_src[queries] if W is None else X_src[queries] @ W
-    pred = np.full(X_src.shape[0], -1, dtype=np.int64)
-    pred[queries] = csls_knn(Q, X_tgt, k) if method == "csls" else nn_knn(Q, X_tgt)
-    return translation_precision(pred, src_idx, tgt_idx)
+    hits = [int(p) in gold[s] for s, p in zip(queries, csls_knn(Q, X_tgt, k))]
+    return float(np.mean(hits)), len(hits)
 
 
 def read_vec(path, max_vocab=200000, lowercase=True):
