@@ -1,5 +1,4 @@
-"""
-The masked language model of "Emerging Cross-lingual Structure in Pretrained Language Models"
+"""The masked language model of "Emerging Cross-lingual Structure in Pretrained Language Models"
 (Conneau et al., ACL 2020): XLM's Transformer encoder (Lample & Conneau 2019) with the paper's
 parameter-sharing switches (§4.3, Figure 1, Table 1 "Parameter sharing").
 
@@ -19,10 +18,9 @@ Only torch is imported, so this file can be copied alone:
     layers = model.hidden_states(idx, lang=1)                # n_layers + 1 tensors (B, T, dim)
     hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # padded batch of id lists
 
-Below the model: checkpoints (save_model / load_model, MLM.from_xlm for released XLM weights), the
-padded-batch forward pass that align.py (§5.1), cka.py (§5.2) and finetune.py (§3.2) share
-(encode_batch, iter_states, pool_sentences), and what --device and --dtype mean in every script
-(pick_device, autocast). No CLI: pretrain.py trains it; `python -m pytest -q tests/test_model.py` checks it.
+Below the model: checkpoints (save_model, load_model, MLM.from_xlm), the padded-batch forward pass of
+align.py, cka.py and finetune.py, --device and --dtype of every script (pick_device, autocast), --plot.
+No CLI: pretrain.py trains it; `python -m pytest -q tests/test_model.py` checks it.
 """
 
 import os
@@ -82,23 +80,20 @@ class ModelConfig:
 
 
 def parse_sep(spec, n_layers=8):
-    """
-    The --sep flag: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords.
+    """The --sep flag: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords.
     "" -> all shared; "emb" -> token + position tables and softmax (sep_emb); "1-3" -> layers 1, 2, 3;
     "tok" / "pos" -> only the token table + softmax / only the position table (the halves of "emb").
     Example: "emb,1-3,5" -> {"sep_emb": True, "sep_tok": True, "sep_pos": True, "sep_layers": (1, 2, 3, 5)}.
-    Layer numbers are 1-based as in the paper and must lie in 1..n_layers.
-    """
+    Layer numbers are 1-based as in the paper and must lie in 1..n_layers."""
     tok = pos = False
     layers = set()
     for part in (p.strip() for p in spec.split(",")):
         if part in ("", "emb", "tok", "pos"):
             tok = tok or part in ("emb", "tok")
             pos = pos or part in ("emb", "pos")
-        elif part.isdigit():
-            layers.add(int(part))
-        elif part.count("-") == 1 and all(s.strip().isdigit() for s in part.split("-")):
-            lo, hi = (int(s) for s in part.split("-"))
+        elif re.fullmatch(r"\d+(\s*-\s*\d+)?", part):                    # "N" or "N-M"
+            lo, _, hi = part.partition("-")
+            lo, hi = int(lo), int(hi or lo)
             if lo > hi:
                 raise ValueError(f"bad --sep range {part!r}: start > end")
             layers.update(range(lo, hi + 1))
@@ -125,15 +120,12 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, mask=None):
         B, T, C = x.size()
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)   # (B, nh, T, hs)
+                   for t in self.qkv(x).split(C, dim=2))
         # softmax(q k^T / sqrt(hs)) v; mask (B, 1, 1, T) is True at real keys (XLM: padded keys get -inf)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                            dropout_p=self.attention_dropout if self.training else 0.0)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.out(y)
+        return self.out(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
 class FFN(nn.Module):
@@ -161,13 +153,11 @@ class Block(nn.Module):
 
     def forward(self, x, mask=None):
         x = self.ln1(x + self.drop(self.attn(x, mask)))
-        x = self.ln2(x + self.drop(self.ffn(x)))
-        return x
+        return self.ln2(x + self.drop(self.ffn(x)))
 
 
 class MLM(nn.Module):
-    """
-    Sharing layout. Every part that can be language-specific lives in a ModuleList / ParameterList
+    """Sharing layout. Every part that can be language-specific lives in a ModuleList / ParameterList
     indexed by language, with one entry when it is shared and n_langs entries when it is not:
         tok_emb[l], pred_bias[l]              (1 or n_langs entries, by sep_tok; sep_emb sets it)
         pos_emb[l]                            (1 or n_langs entries, by sep_pos; sep_emb sets it)
@@ -180,8 +170,7 @@ class MLM(nn.Module):
     (unused ones then get no gradient from that rank; not static_graph, the graph differs by language),
     or add 0 * (one element of every parameter) to the loss so every parameter is in every graph and
     gets an exact zero where unused (pretrain.py does this). Trap of the second way: with Adam a zero
-    gradient is not "no update", momentum still moves language B's parameters on a language-A step.
-    """
+    gradient is not "no update", momentum still moves language B's parameters on a language-A step."""
 
     def __init__(self, config):
         super().__init__()
@@ -223,29 +212,20 @@ class MLM(nn.Module):
         c = self.config
         if not 0 <= lang < c.n_langs:
             raise ValueError(f"lang {lang} outside 0..{c.n_langs - 1}")
-        params = []
-        if c.sep_tok:
-            params += [self.tok_emb[lang].weight, self.pred_bias[lang]]
-        if c.sep_pos:
-            params += [self.pos_emb[lang].weight]
-        for copies in self.blocks:
-            if len(copies) > 1:
-                params += list(copies[lang].parameters())
-        return params
+        params = [self.tok_emb[lang].weight, self.pred_bias[lang]] if c.sep_tok else []
+        params += [self.pos_emb[lang].weight] if c.sep_pos else []
+        return params + [p for copies in self.blocks if len(copies) > 1 for p in copies[lang].parameters()]
 
     def n_params(self):
         """All parameters, the tied softmax weight counted once (it is the token table)."""
         return sum(p.numel() for p in self.parameters())
 
     def hidden_states(self, idx, lang, attn_mask=None, pos_offset=None):
-        """
-        idx (B, T) token ids of language `lang` (an int); attn_mask optional bool (B, T), True at real
-        tokens. Returns n_layers + 1 tensors (B, T, dim): L0 = embeddings after their LayerNorm (and
-        dropout in training), L1..Ln = block outputs, as the paper's Figures 5-7 number layers.
-        Padded positions are zeroed in every output, as in XLM.
+        """idx (B, T) token ids of language `lang` (an int); attn_mask optional bool (B, T), True at real
+        tokens. -> n_layers + 1 tensors (B, T, dim): L0 = embeddings after their LayerNorm (and dropout in
+        training), L1..Ln = block outputs, as the paper's Figures 5-7 number layers; padding zeroed (XLM).
         pos_offset: optional (B,) int tensor, row b uses positions pos_offset[b] .. pos_offset[b] + T - 1
-        (pretrain.py --pos-offsets: short training streams that still train every position row).
-        """
+        (pretrain.py --pos-offsets: short training streams that still train every position row)."""
         B, T = idx.size()
         c = self.config
         if not 0 <= lang < c.n_langs:
@@ -273,12 +253,10 @@ class MLM(nn.Module):
         return hs
 
     def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None):
-        """
-        With targets (B, T) (-1 = not a prediction target): returns logits (N, V_lang) for the N target
-        positions only, in the order of targets[targets != -1] (row-major), and the mean cross-entropy
-        over them. Projecting only the ~15 % masked positions is what XLM does and saves most of the
-        softmax cost. Without targets: logits (B, T, V_lang) for every position and loss None.
-        """
+        """With targets (B, T) (-1 = not a prediction target): logits (N, V_lang) of the N target positions
+        only, in the order of targets[targets != -1] (row-major), and their mean cross-entropy. Projecting
+        only the ~15 % masked positions is what XLM does and saves most of the softmax cost. Without
+        targets: logits (B, T, V_lang) for every position and loss None."""
         x = self.hidden_states(idx, lang, attn_mask, pos_offset)[-1]
         W, b = self._pick(self.tok_emb, lang).weight, self._pick(self.pred_bias, lang)
         if targets is None:
@@ -292,48 +270,36 @@ class MLM(nn.Module):
 
     @classmethod
     def from_xlm(cls, state_dict, config):
-        """
-        Build a model from a facebookresearch/XLM TransformerModel state dict (also accepted under a
-        `transformer.` or `module.` prefix, as in HF's XLMWithLMHeadModel or DDP checkpoints). The
-        config must describe the checkpoint (fully shared: XLM has no separate parts). Key layout:
-        position_embeddings, lang_embeddings (optional), embeddings, layer_norm_emb,
-        attentions.i.{q,k,v,out}_lin, layer_norm1.i, ffns.i.{lin1,lin2}, layer_norm2.i, pred_layer.proj.
-        """
+        """Build a model from a facebookresearch/XLM TransformerModel state dict (also under the `module.`
+        or `transformer.` prefix of DDP or HF's XLMWithLMHeadModel). The config must describe the
+        checkpoint, fully shared (XLM has no separate parts); the key layout is in `names` below."""
         if config.sep_tok or config.sep_pos or config.sep_layers:
             raise ValueError("from_xlm: XLM checkpoints are fully shared; use sep_emb=False, sep_layers=()")
-        sd = {}
-        for k, v in state_dict.items():
-            for prefix in ("module.", "transformer."):
-                if k.startswith(prefix):
-                    k = k[len(prefix):]
-            sd[k] = v
+        sd = {re.sub(r"^(module\.)?(transformer\.)?", "", k): v for k, v in state_dict.items()}
         # pred_layer.proj.weight is the tied embedding (saved twice by XLM); position_ids is HF's buffer
         tied = sd.pop("pred_layer.proj.weight", None)
         sd.pop("position_ids", None)
-        names = {  # our key -> XLM key, or a list of XLM keys to concatenate (fused q, k, v)
-            "tok_emb.0.weight": "embeddings.weight",
-            "pos_emb.0.weight": "position_embeddings.weight",
-            "ln_emb.weight": "layer_norm_emb.weight",
-            "ln_emb.bias": "layer_norm_emb.bias",
-            "pred_bias.0": "pred_layer.proj.bias",
-        }
+        names = {  # our key -> the XLM keys it is made of (q, k, v are concatenated into our fused qkv)
+            "tok_emb.0.weight": ["embeddings.weight"], "pos_emb.0.weight": ["position_embeddings.weight"],
+            "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
+            "pred_bias.0": ["pred_layer.proj.bias"]}
         if config.lang_emb:
-            names["lang_emb.weight"] = "lang_embeddings.weight"
+            names["lang_emb.weight"] = ["lang_embeddings.weight"]
         for i in range(config.n_layers):
             for w in ("weight", "bias"):
                 p = f"blocks.{i}.0."
                 names[p + f"attn.qkv.{w}"] = [f"attentions.{i}.{n}_lin.{w}" for n in "qkv"]
-                names[p + f"attn.out.{w}"] = f"attentions.{i}.out_lin.{w}"
-                names[p + f"ln1.{w}"] = f"layer_norm1.{i}.{w}"
-                names[p + f"ffn.lin1.{w}"] = f"ffns.{i}.lin1.{w}"
-                names[p + f"ffn.lin2.{w}"] = f"ffns.{i}.lin2.{w}"
-                names[p + f"ln2.{w}"] = f"layer_norm2.{i}.{w}"
-        wanted = [n for v in names.values() for n in (v if isinstance(v, list) else [v])]
+                names[p + f"attn.out.{w}"] = [f"attentions.{i}.out_lin.{w}"]
+                names[p + f"ln1.{w}"] = [f"layer_norm1.{i}.{w}"]
+                names[p + f"ffn.lin1.{w}"] = [f"ffns.{i}.lin1.{w}"]
+                names[p + f"ffn.lin2.{w}"] = [f"ffns.{i}.lin2.{w}"]
+                names[p + f"ln2.{w}"] = [f"layer_norm2.{i}.{w}"]
+        wanted = [n for v in names.values() for n in v]
         missing, unexpected = [n for n in wanted if n not in sd], sorted(set(sd) - set(wanted))
         if missing or unexpected:
             raise KeyError(f"from_xlm: state dict does not match the config: missing {missing}, "
                            f"unexpected {unexpected}")
-        ours = {k: torch.cat([sd[n] for n in v], 0) if isinstance(v, list) else sd[v] for k, v in names.items()}
+        ours = {k: sd[v[0]] if len(v) == 1 else torch.cat([sd[n] for n in v]) for k, v in names.items()}
         if tied is not None and not torch.equal(tied, ours["tok_emb.0.weight"]):
             raise ValueError("from_xlm: pred_layer.proj.weight differs from embeddings.weight (untied model)")
         model = cls(config)
@@ -350,11 +316,9 @@ class MLM(nn.Module):
 
 
 def save_model(path, model, **extra):
-    """Atomically write {"model": state_dict, "config": asdict(config), **extra}. Pass the raw model
-    (not a DDP or torch.compile wrapper) so that keys carry no `module.` / `_orig_mod.` prefix.
-    The temp file is removed when the write fails (e.g. a full disk), so no half-written file is left."""
-    config = asdict(model.config)
-    config = {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}
+    """Atomically write {"model": state_dict, "config": asdict(config), **extra} (a failed write, e.g. a
+    full disk, leaves no file). Pass the raw model, not a DDP or torch.compile wrapper: no key prefixes."""
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(model.config).items()}
     tmp = str(path) + ".tmp"
     try:
         torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
@@ -375,33 +339,24 @@ def _first_line(e, n=100):
 
 
 def load_model(path, map_location="cpu"):
-    """Returns (model in eval mode, extra dict with everything save_model got besides the model).
-
-    The model is moved to `map_location` when that is a device (string or torch.device). Every way a
-    file can be wrong (missing, empty, truncated, not a torch file, another kind of checkpoint, weights
-    that do not fit the config, NaN/inf weights from a diverged run) raises ValueError with one line
-    naming the file, which the command-line scripts print as their error.
-    """
-    if not os.path.exists(path):
-        raise ValueError(f"{path}: no such file ({CKPT_HINT})")
-    if os.path.isdir(path):
-        raise ValueError(f"{path}: is a directory ({CKPT_HINT}, e.g. {os.path.join(path, 'best.pt')})")
-    if os.path.getsize(path) == 0:
-        raise ValueError(f"{path}: empty file (0 bytes), not a checkpoint ({CKPT_HINT})")
+    """-> (model in eval mode on `map_location` if that is a device, the extra entries of save_model).
+    Every way a file can be wrong (missing, empty, truncated, not a torch file, another kind of checkpoint,
+    weights that do not fit the config, NaN/inf weights of a diverged run) is a one-line ValueError naming it."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        why = ("no such file" if not os.path.exists(path) else "is a directory" if os.path.isdir(path)
+               else "empty file (0 bytes), not a checkpoint")
+        raise ValueError(f"{path}: {why} ({CKPT_HINT})")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises many types here (RuntimeError, UnpicklingError, KeyError, EOFError)
         raise ValueError(f"cannot read {path}: {_first_line(e)} (a truncated or damaged file? {CKPT_HINT})") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict) and isinstance(ckpt.get("config"), dict)):
         got = f"keys {sorted(map(str, ckpt))[:8]}" if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
         raise ValueError(f"{path}: not a model checkpoint (got {got}; {CKPT_HINT})")
-    if not isinstance(ckpt["config"], dict) or not isinstance(ckpt["model"], dict):
-        raise ValueError(f"{path}: not a model checkpoint ('config' and 'model' must be dicts; {CKPT_HINT})")
     try:
-        config = ModelConfig(**ckpt.pop("config"))
+        model = MLM(ModelConfig(**ckpt.pop("config")))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad model config: {e}") from None
-    model = MLM(config)
     state = ckpt.pop("model")
     missing = sorted(set(model.state_dict()) - set(state))
     unexpected = sorted(set(state) - set(model.state_dict()))
@@ -425,21 +380,15 @@ def load_model(path, map_location="cpu"):
 # padded batches: the one forward pass that align.py, cka.py and finetune.py share
 
 def encode_batch(model, rows, lang, pad_id=PAD_ID):
-    """Hidden states of B id lists of different lengths, run as one right-padded batch.
-
-    rows: B lists of token ids already in input form (XLM's `</s> ids </s>`, or XNLI's
-    `</s> a </s> b </s>`); lang: the `lang` argument of model.hidden_states. Returns (hs, mask):
-    hs = n_layers + 1 tensors (B, T, dim), T = the longest row, zeros at padding; mask (B, T) bool,
-    True at real tokens. Padding is masked out of attention, so row b's states are those of row b
-    run alone. Works for any model with MLM.hidden_states' signature.
-    """
+    """Hidden states of B id lists in input form (XLM's `</s> ids </s>`, XNLI's `</s> a </s> b </s>`),
+    run as one right-padded batch -> (hs, mask): n_layers + 1 tensors (B, T, dim), T the longest row,
+    zeros at padding, and mask (B, T), True at real tokens. Padding is masked out of attention, so row
+    b's states are those of row b run alone. Works for any model with MLM.hidden_states' signature."""
     device = next(model.parameters()).device
-    T = max(len(r) for r in rows)
-    idx = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), T), dtype=torch.bool)
+    idx = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
     for b, r in enumerate(rows):
         idx[b, :len(r)] = torch.tensor(r)
-        mask[b, :len(r)] = True
+    mask = torch.arange(idx.size(1)) < torch.tensor([len(r) for r in rows]).unsqueeze(1)   # (B, T)
     idx, mask = idx.to(device), mask.to(device)
     return model.hidden_states(idx, lang, attn_mask=mask), mask
 
@@ -480,41 +429,31 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def pick_device(device="auto", dtype="auto", local_rank=None):
     """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo").
-
-    device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" or "mps". A CUDA answer
-    always has an index ("cuda" -> "cuda:0"): torch.cuda.set_device rejects a CUDA device without one.
-    dtype: "auto" (bfloat16 on GPUs that support it, else float16; float32 on CPU and MPS), "float32",
-    "bfloat16" or "float16". local_rank: torchrun's LOCAL_RANK (None for a single process); each
-    process then takes GPU `local_rank`, so an explicit cuda:N is refused. backend: torch.distributed's
-    nccl for CUDA, gloo otherwise. A request this machine cannot serve raises ValueError (one line
-    naming the flag).
-    """
+    device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N" or "mps"; a CUDA answer always
+    has an index, which torch.cuda.set_device needs. Under torchrun (local_rank = LOCAL_RANK) each process
+    takes GPU `local_rank`, so cuda:N is refused. dtype: "auto" (bfloat16 on GPUs that support it, else
+    float16; float32 on CPU and MPS) or one of DTYPES. What this machine cannot serve is a one-line ValueError."""
     cuda = torch.cuda.is_available()
     if device == "auto":
         device = "cuda" if cuda else "cpu"
     kind, colon, index = device.partition(":")
-    if device == "cpu":
-        backend = "gloo"
-    elif device == "mps":
-        if not torch.backends.mps.is_available():
-            raise ValueError("--device mps: MPS is not available on this machine; use --device cpu or auto")
-        backend = "gloo"
-    elif kind == "cuda" and (not colon or index.isdigit()):
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device mps: MPS is not available on this machine; use --device cpu or auto")
+    if kind == "cuda" and (not colon or index.isdigit()):
         if not cuda:
             build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
             raise ValueError(f"--device {device}: CUDA is not available on this machine ({build}); "
                              "use --device cpu or auto")
-        n = torch.cuda.device_count()
         if colon and local_rank is not None:
             raise ValueError(f"--device {device}: under torchrun each process takes the GPU of its "
                              "LOCAL_RANK; use --device cuda (and CUDA_VISIBLE_DEVICES to choose GPUs)")
-        i = int(index) if colon else (local_rank or 0)
+        n, i = torch.cuda.device_count(), int(index) if colon else (local_rank or 0)
         if i >= n:
             raise ValueError(f"--device {device}: GPU {i} does not exist ({n} visible)" if colon else
-                             f"--device {device}: LOCAL_RANK {i} but only {n} GPU(s) visible; use --nproc_per_node {n} "
-                             "or less")
-        device, backend = f"cuda:{i}", "nccl"
-    else:
+                             f"--device {device}: LOCAL_RANK {i} but only {n} GPU(s) visible; "
+                             f"use --nproc_per_node {n} or less")
+        device = f"cuda:{i}"
+    elif device not in ("cpu", "mps"):
         raise ValueError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
     gpu = device.startswith("cuda")
     if dtype == "auto":
@@ -523,15 +462,13 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
         raise ValueError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
     elif dtype == "bfloat16" and gpu and not torch.cuda.is_bf16_supported():
         raise ValueError("--dtype bfloat16: this GPU does not support bfloat16; use --dtype float16 or auto")
-    return device, dtype, backend
+    return device, dtype, "nccl" if gpu else "gloo"
 
 
 def autocast(device, dtype):
     """The context of every forward pass under --dtype: nothing for float32 (bit-identical to no
     autocast), else torch.autocast. float16 training also needs a GradScaler (pretrain.py)."""
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
+    return nullcontext() if dtype == "float32" else torch.autocast(torch.device(device).type, getattr(torch, dtype))
 
 
 # -----------------------------------------------------------------------------
@@ -552,17 +489,15 @@ def plot_layers(path, title, header, rows, ylabel):
     """Draw a per-layer table as a PNG: x = the first column (layer names), one line per column whose
     values are floats (ints such as pair counts and '-' cells are left out). Written atomically."""
     check_plot(path)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     xs = [str(r[0]) for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig = Figure(figsize=(7, 3.6))
+    ax = fig.subplots()
     for c in range(1, len(header)):
         points = [(x, r[c]) for x, r in zip(xs, rows) if isinstance(r[c], float)]
         if points:
             ax.plot(*zip(*points), marker="o", label=header[c])
-    ax.set_xlabel("layer")
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel="layer", ylabel=ylabel)
     ax.tick_params(axis="x", labelrotation=45, labelsize=8)
     ax.set_title(re.sub(r"\S*/(\S+)", r"\1", title), fontsize=9)  # file names without their directories
     ax.grid(alpha=0.3)
@@ -570,6 +505,5 @@ def plot_layers(path, title, header, rows, ylabel):
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
     os.replace(tmp, path)
     print(f"wrote {path}")
