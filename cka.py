@@ -7,15 +7,13 @@ maps. The paper uses it to show that layers of a bilingual model, and of two sep
 monolingual models, represent translations similarly, well above a random-encoder baseline.
 
 The numpy part (`linear_cka`, `linear_cka_gram`) can be copied alone. The CLI imports torch, model.py
-(the padded-batch encoder) and bpe.py (the checkpoint's tokenizer) inside its functions, never
-align.py, and prints the per-layer Figure 7 table:
+(the padded-batch encoder) and bpe.py (the checkpoint's tokenizer) inside its functions, never align.py,
+and prints the per-layer Figure 7 table (--device and --dtype as in pretrain.py):
 
     python cka.py --toy DIR --ckpt RUN/best.pt                         # bilingual model, both languages
     python cka.py --toy DIR --ckpt RUN_EN/best.pt --ckpt2 RUN_FR/best.pt   # two monolingual models
     python cka.py --ckpt RUN/best.pt --src en --tgt fr \\
         --src-file ../shared/data/tatoeba/tatoeba.fra-eng.eng --tgt-file ../shared/data/tatoeba/tatoeba.fra-eng.fra
-
---device (default cpu) and --dtype (default auto: float32 on CPU) mean what they mean in pretrain.py.
 """
 import argparse
 import os
@@ -36,8 +34,7 @@ def _check(X, Y):
             raise ValueError(f"{name} contains NaN or inf (first in row {int(np.argwhere(~np.isfinite(A))[0, 0])})")
     if X.shape[0] != Y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}: row k of both must be the same example")
-    X = X.astype(np.float64) - X.mean(axis=0, dtype=np.float64)   # centre the columns, in float64
-    Y = Y.astype(np.float64) - Y.mean(axis=0, dtype=np.float64)
+    X, Y = [A.astype(np.float64) - A.mean(axis=0, dtype=np.float64) for A in (X, Y)]  # centre columns, float64
     for name, A in (("X", X), ("Y", Y)):
         if not np.any(A):
             raise ValueError(f"{name} has zero variance (all rows identical): CKA is undefined")
@@ -69,21 +66,15 @@ def _gram_cka(K, L):
     return float(np.vdot(K, L) / (np.linalg.norm(K) * np.linalg.norm(L)))
 
 
-def center_gram(K):
-    """H K H with H = I - 11ᵀ/n, without forming H: subtract column means, then row means
-    (the CKA demo's two steps; the grand mean is added back implicitly)."""
-    K = K - K.mean(axis=0, keepdims=True)
-    K -= K.mean(axis=1, keepdims=True)
-    return K
-
-
 def linear_cka_gram(X, Y):
     """Reference Gram form, O(n² d) time and O(n²) memory (Kornblith et al. eq. 3 / the CKA demo):
     K = XXᵀ, L = YYᵀ (uncentred inputs), CKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)); the 1/(n-1)²
     factors cancel. For tests and the benchmark; use `linear_cka`."""
     _check(X, Y)  # validation only: here the centring happens on the Gram matrices (H K H)
-    X, Y = np.asarray(X, np.float64), np.asarray(Y, np.float64)
-    return _gram_cka(center_gram(X @ X.T), center_gram(Y @ Y.T))
+    K, L = [A @ A.T for A in (np.asarray(X, np.float64), np.asarray(Y, np.float64))]
+    # H K H, H = I - 11ᵀ/n, without forming H: column means off, then row means (the CKA demo's two steps)
+    K, L = [G - G.mean(axis=0, keepdims=True) for G in (K, L)]
+    return _gram_cka(*[G - G.mean(axis=1, keepdims=True) for G in (K, L)])
 
 
 # =====================================================================================================
@@ -91,46 +82,31 @@ def linear_cka_gram(X, Y):
 
 
 def read_parallel(src_path, tgt_path, max_lines=None):
-    """Two UTF-8 files, line k of one translating line k of the other -> (src_lines, tgt_lines). Lines
-    are split on \\n only; a line that is not UTF-8, unequal lengths or empty files raise ValueError
-    naming the files (the same reader as align.py's)."""
-    out = []
-    for path in (src_path, tgt_path):
+    """Two UTF-8 files, line k of one translating line k of the other -> (src_lines, tgt_lines), split on
+    \\n only; non-UTF-8 lines, unequal lengths or empty files raise ValueError naming the files."""
+    src, tgt = [], []
+    for path, lines in ((src_path, src), (tgt_path, tgt)):
         with open(path, "rb") as f:
-            lines = []
             for n, raw in enumerate(f, 1):
                 try:
                     lines.append(raw.decode("utf-8").rstrip("\r\n"))
                 except UnicodeDecodeError as e:
                     raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-        out.append(lines)
-    if len(out[0]) != len(out[1]):
-        raise ValueError(f"parallel files differ in length: {src_path} has {len(out[0])} lines, "
-                         f"{tgt_path} has {len(out[1])}")
-    if not out[0]:
+    if len(src) != len(tgt):
+        raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
+    if not src:
         raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
-    return out[0][:max_lines or None], out[1][:max_lines or None]
-
-
-def load_encoder(path, device="cpu"):
-    """(model in eval mode, bpe.Tokenizer, language codes) from pretrain.py's best.pt."""
-    import bpe
-    import model as M
-    mdl, extra = M.load_model(path, map_location=device)
-    for key in ("tokenizer", "langs"):
-        if key not in extra:
-            raise ValueError(f"{path}: the checkpoint has no '{key}' entry (use pretrain.py's best.pt)")
-    return mdl.to(device), bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
+    return src[:max_lines or None], tgt[:max_lines or None]
 
 
 def cka_table(args):
-    """Per layer, CKA of mean-pooled representations of parallel sentences (rows = sentence pairs):
+    """Per layer, CKA of mean-pooled parallel sentences (rows = sentence pairs) -> (header, rows + avg row):
       bilingual    --ckpt encodes both languages (if it knows both)
       monolingual  --ckpt encodes --src, --ckpt2 encodes --tgt (two monolingual models)
       random       --ckpt encodes --src, an untrained model of the same config (and tokenizer) as the
-                   --tgt side's model encodes --tgt: the baseline any similarity must beat
-    Returns (header, rows) with an average row last."""
+                   --tgt side's model encodes --tgt: the baseline any similarity must beat"""
     import torch
+    import bpe
     import model as M
 
     if args.toy:
@@ -138,41 +114,44 @@ def cka_table(args):
             raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
         args.src_file = args.src_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.src}")
         args.tgt_file = args.tgt_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.tgt}")
-    if not (args.ckpt and args.src_file and args.tgt_file):
-        raise ValueError("need --ckpt and --src-file/--tgt-file (or --toy DIR)")
     for flag in ("ckpt", "ckpt2", "src_file", "tgt_file"):  # every input exists before anything is loaded
-        path = getattr(args, flag)
+        path, name = getattr(args, flag), "--" + flag.replace("_", "-")
+        if path is None and flag != "ckpt2":
+            raise ValueError(f"missing {name} (or give --toy DIR for the sentence files)")
         if path is not None and not os.path.isfile(path):
             why = "not a file" if os.path.exists(path) else "no such file"
-            raise ValueError(f"--{flag.replace('_', '-')} {path}: {why}"
-                             + (" (filled in from --toy)" if args.toy and flag.endswith("file") else ""))
+            filled = " (filled in from --toy)" if args.toy and "file" in flag else ""
+            raise ValueError(f"{name} {path}: {why}{filled}")
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
         M.check_plot(args.plot)
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     if len(src_lines) < 2:
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
-    m1, t1, langs1 = load_encoder(args.ckpt, args.device)
 
-    def enc(m, t, langs, path, lang, lines):  # sentence vectors per layer (decision D9)
+    def load(path):  # (model in eval mode, tokenizer, language codes, path) from pretrain.py's best.pt
+        mdl, extra = M.load_model(path, map_location=args.device)
+        if "tokenizer" not in extra or "langs" not in extra:
+            raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
+        return mdl, bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"]), path
+
+    def enc(side, lang, lines):  # sentence vectors per layer (decision D9)
+        m, t, langs, path = side
         if lang not in langs:
             raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
         with M.autocast(args.device, args.dtype):
             return M.pool_sentences(m, [t.encode(s, lang) for s in lines], langs.index(lang), args.batch_size)
-    E_src = enc(m1, t1, langs1, args.ckpt, args.src, src_lines)
-    columns = {}
-    if args.tgt in langs1:
-        columns["bilingual"] = enc(m1, t1, langs1, args.ckpt, args.tgt, tgt_lines)
-    tgt_side = (m1, t1, langs1, args.ckpt)
+    src_side = tgt_side = load(args.ckpt)
+    E_src = enc(src_side, args.src, src_lines)
+    columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
     if args.ckpt2:
-        tgt_side = load_encoder(args.ckpt2, args.device) + (args.ckpt2,)
-        columns["monolingual"] = enc(*tgt_side, args.tgt, tgt_lines)
-    if "bilingual" not in columns and "monolingual" not in columns:
-        raise ValueError(f"{args.ckpt}: no model for {args.tgt!r} (languages {langs1}); give --ckpt2")
-    m, t, langs, path = tgt_side
+        tgt_side = load(args.ckpt2)
+        columns["monolingual"] = enc(tgt_side, args.tgt, tgt_lines)
+    if not columns:
+        raise ValueError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src_side[2]}); give --ckpt2")
     torch.manual_seed(args.seed)
-    rand = M.MLM(m.config).to(args.device).eval()                # untrained, same config
-    columns["random"] = enc(rand, t, langs, path + " (random init)", args.tgt, tgt_lines)
+    rand = M.MLM(tgt_side[0].config).to(args.device).eval()      # untrained, same config and tokenizer
+    columns["random"] = enc((rand, *tgt_side[1:3], tgt_side[3] + " (random init)"), args.tgt, tgt_lines)
     header = ["layer"] + list(columns)
     rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
     rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
@@ -187,16 +166,15 @@ def cka_table(args):
     return header, rows
 
 
-def _at_least(lo):
-    """argparse type: an integer >= lo, refused in one line otherwise."""
-    def parse(s):
-        if not s.lstrip("-").isdigit() or int(s) < lo:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {s!r}")
-        return int(s)
-    return parse
-
-
 def build_parser():
+    import model as M
+
+    def at_least(lo):  # argparse type: an integer >= lo, refused in one line otherwise
+        def parse(s):
+            if not s.lstrip("-").isdigit() or int(s) < lo:
+                raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {s!r}")
+            return int(s)
+        return parse
     ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).")
     ap.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt if bilingual)")
     ap.add_argument("--ckpt2", help="second, monolingual checkpoint encoding --tgt (monolingual column)")
@@ -204,13 +182,11 @@ def build_parser():
     ap.add_argument("--tgt", default="fr", help="target language code (default fr)")
     ap.add_argument("--src-file", help="parallel sentences, source side (e.g. tatoeba.fra-eng.eng)")
     ap.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
-    ap.add_argument("--toy", metavar="DIR", help="toydata.py world directory (pretrain.py --toy writes OUT/toy): fills in --src-file/--tgt-file from its tatoeba/ pairs")
-    ap.add_argument("--max-sents", type=_at_least(2), default=None, help="use at most this many pairs (>= 2)")
-    ap.add_argument("--batch-size", type=_at_least(1), default=32, help="sentences per forward pass")
-    ap.add_argument("--device", default="cpu", help="auto (cuda if available), cpu, cuda (= cuda:0), cuda:N, mps (default cpu)")
-    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                    help="autocast of the encoders, as in pretrain.py: auto = bfloat16 on GPUs that support it, "
-                         "float32 on CPU")
+    ap.add_argument("--toy", metavar="DIR", help="toydata.py world: --src-file/--tgt-file from its tatoeba/ pairs")
+    ap.add_argument("--max-sents", type=at_least(2), help="use at most this many pairs (>= 2)")
+    ap.add_argument("--batch-size", type=at_least(1), default=32, help="sentences per forward pass")
+    ap.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
+    ap.add_argument("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast, as in pretrain.py")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random-encoder baseline")
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
     return ap
