@@ -37,15 +37,12 @@ import numpy as np
 
 def _as_matrix(X, name):
     X = np.asarray(X)
-    if X.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array (rows are examples), got shape {X.shape}")
-    if X.shape[0] == 0 or X.shape[1] == 0:
-        raise ValueError(f"{name} is empty (shape {X.shape})")
+    if X.ndim != 2 or 0 in X.shape:
+        raise ValueError(f"{name} must be a non-empty 2-D array (rows are examples), got shape {X.shape}")
     if not np.issubdtype(X.dtype, np.floating):
         X = X.astype(np.float64)
     if not np.isfinite(X).all():
-        bad = int(np.argwhere(~np.isfinite(X))[0, 0])
-        raise ValueError(f"{name} contains NaN or inf (first in row {bad})")
+        raise ValueError(f"{name} contains NaN or inf (first in row {int(np.argwhere(~np.isfinite(X))[0, 0])})")
     return X
 
 
@@ -75,11 +72,8 @@ def procrustes(X, Y):
     True
     """
     X, Y = _as_matrix(X, "X"), _as_matrix(Y, "Y")
-    if X.shape[0] != Y.shape[0]:
-        raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}: "
-                         "row k of both must describe the same example")
-    if X.shape[1] != Y.shape[1]:
-        raise ValueError(f"Procrustes needs equal dimensions, got X {X.shape} and Y {Y.shape}")
+    if X.shape != Y.shape:  # row k of both describes one example; W is square
+        raise ValueError(f"Procrustes needs X and Y of equal rows and dimension, got X {X.shape} and Y {Y.shape}")
     U, _, Vt = np.linalg.svd(X.T @ Y)
     return U @ Vt
 
@@ -160,8 +154,7 @@ def read_muse_dictionary(path, lowercase=True):
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
     """Keep the pairs whose two words both own a row (src_words / tgt_words) -> (src_idx, tgt_idx) arrays;
     ValueError if none survives."""
-    s_id = {w: i for i, w in enumerate(src_words)}
-    t_id = {w: i for i, w in enumerate(tgt_words)}
+    s_id, t_id = {w: i for i, w in enumerate(src_words)}, {w: i for i, w in enumerate(tgt_words)}
     kept = [(s_id[s], t_id[t]) for s, t in pairs if s in s_id and t in t_id]
     if not kept:
         raise ValueError(f"{name}: none of its {len(pairs)} pairs has both words in the vocabularies "
@@ -194,19 +187,14 @@ def read_vec(path, max_vocab=200000, lowercase=True):
             raise ValueError(f"{path}:1: expected a '.vec' header 'n_words dim', got {header!r}")
         dim = int(header[1])
         for n, line in enumerate(f, 2):
-            parts = line.rstrip("\n").rstrip(" ").split(" ")
-            if len(parts) != dim + 1:
-                raise ValueError(f"{path}:{n}: expected a word and {dim} numbers, got {len(parts) - 1}")
-            w = parts[0].lower() if lowercase else parts[0]
-            if w in vecs:
-                continue
+            word, *nums = line.rstrip("\n").rstrip(" ").split(" ")
             try:
-                v = np.array(parts[1:], dtype=np.float32)
+                v = np.array(nums, dtype=np.float32).reshape(dim)
             except ValueError:
-                raise ValueError(f"{path}:{n}: the vector of {parts[0]!r} is not {dim} numbers") from None
+                raise ValueError(f"{path}:{n}: the vector of {word!r} is not {dim} numbers") from None
             if not np.isfinite(v).all():
-                raise ValueError(f"{path}:{n}: the vector of {parts[0]!r} contains NaN or inf")
-            vecs[w] = v
+                raise ValueError(f"{path}:{n}: the vector of {word!r} contains NaN or inf")
+            vecs.setdefault(word.lower() if lowercase else word, v)  # the first occurrence is kept
             if len(vecs) >= max_vocab:
                 break
     if not vecs:
@@ -374,16 +362,14 @@ def read_parallel(src_path, tgt_path, max_lines=None):
 # `</s> w1 ... wn </s>`; the two </s> are never part of a pooled vector.
 
 
-
 def load_encoder(path, device="cpu"):
     """(model in eval mode, bpe.Tokenizer, language codes) from pretrain.py's best.pt (or
     model.save_model(..., tokenizer=tok.to_dict(), langs=[...]))."""
     import bpe
     import model as M
     mdl, extra = M.load_model(path, map_location=device)
-    for key in ("tokenizer", "langs"):
-        if key not in extra:
-            raise ValueError(f"{path}: the checkpoint has no '{key}' entry (use pretrain.py's best.pt)")
+    if "tokenizer" not in extra or "langs" not in extra:
+        raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
     return mdl, bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 
@@ -489,8 +475,9 @@ def save_maps(path, maps, src, tgt):
     except OSError as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        full = e.errno == errno.ENOSPC
-        raise ValueError(f"no space left writing {path}" if full else f"cannot write {path}: {e.strerror or e}") from None
+        if e.errno == errno.ENOSPC:
+            raise ValueError(f"no space left writing {path}") from None
+        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def cmd_words(args):
@@ -527,12 +514,10 @@ def cmd_words(args):
 
 def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
-    if args.save_maps:  # checked before any work
-        d = os.path.dirname(os.path.abspath(args.save_maps))
-        if os.path.isdir(args.save_maps):
-            raise ValueError(f"--save-maps {args.save_maps}: is a directory (give a file name, e.g. maps.npz)")
-        if not os.path.isdir(d) or not os.access(d, os.W_OK):
-            raise ValueError(f"--save-maps {args.save_maps}: cannot write there ({d} is not a writable directory)")
+    d = os.path.dirname(os.path.abspath(args.save_maps or "."))  # --save-maps is checked before any work
+    if args.save_maps and (os.path.isdir(args.save_maps) or not (os.path.isdir(d) and os.access(d, os.W_OK))):
+        why = "is a directory" if os.path.isdir(args.save_maps) else f"{d} is not a writable directory"
+        raise ValueError(f"--save-maps {args.save_maps}: cannot write there ({why})")
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
     S, T = [ts.words(l, args.src) for l in src_lines], [tt.words(l, args.tgt) for l in tgt_lines]
@@ -542,11 +527,11 @@ def cmd_contextual(args):
     n_fit = int(round(len(S) * (1 - args.eval_frac)))
     if not 0 < n_fit < len(S):
         raise ValueError(f"--eval-frac {args.eval_frac} leaves no fit or no eval sentence of {len(S)}")
-    rows_of = lambda ks: np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]],
-                                  dtype=np.int64).reshape(-1, 2)
-    fit, ev = rows_of(range(n_fit)), rows_of(range(n_fit, len(S)))
-    fine = lambda r: r[~np.isnan(Hs[0][r[:, 0], 0]) & ~np.isnan(Ht[0][r[:, 1], 0])]
-    fit, ev = fine(fit), fine(ev)
+
+    def token_pairs(ks):  # (source row, target row) of the pairs of sentences ks whose two words have states
+        r = np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]], dtype=np.int64).reshape(-1, 2)
+        return r[~np.isnan(Hs[0][r[:, 0], 0]) & ~np.isnan(Ht[0][r[:, 1], 0])]
+    fit, ev = token_pairs(range(n_fit)), token_pairs(range(n_fit, len(S)))
     if len(fit) < 2 or len(ev) < 1:
         raise ValueError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval)")
     cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))  # target tokens of the eval sentences
@@ -597,7 +582,8 @@ def _checked(cast, ok, must):
         try:
             v = cast(s)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, got {s!r}") from None
+            what = "an integer" if cast is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
         if not ok(v):
             raise argparse.ArgumentTypeError(f"must be {must}, got {v if cast is int else s}")
         return v
@@ -605,26 +591,26 @@ def _checked(cast, ok, must):
 
 
 def build_parser():
-    """Each sub-command carries `toy_paths`, the data paths --toy DIR fills in (toydata.py's layout, l0 = --src,
-    l1 = --tgt), all required unless in `pair`, its optional pair of path flags (both or neither)."""
+    """Each sub-command carries `toy_paths`, where --toy DIR has its data files (toydata.py's layout, l0 = --src,
+    l1 = --tgt), and `pair`, its optional pair of path flags (both or neither)."""
     import model as M
     ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).")
     sub = ap.add_subparsers(dest="command", required=True)
     positive, natural = _checked(int, lambda v: v >= 1, ">= 1"), _checked(int, lambda v: v >= 0, ">= 0")
+    fraction = _checked(float, lambda v: 0 < v < 1, "strictly between 0 and 1")
     common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
-    common.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2)")
-    common.add_argument("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
-    common.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
-    common.add_argument("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
-    common.add_argument("--toy", metavar="DIR", help="toydata.py world (pretrain.py --toy writes OUT/toy): fills in "
-                        "every data path not given")
-    common.add_argument("--max-sents", type=positive, help="use at most this many lines per file")
-    common.add_argument("--batch-size", type=positive, default=32, help="sentences per forward pass")
-    common.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
-    common.add_argument("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders as "
-                        "in pretrain.py: auto = bfloat16 on GPUs that support it, else float32")
-    common.add_argument("--k", type=positive, default=10, help="CSLS neighbourhood size (MUSE: 10)")
-    common.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
+    a = common.add_argument
+    a("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2)")
+    a("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
+    a("--src", default="en", help="source language code as in the checkpoint (default en)")
+    a("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
+    a("--toy", metavar="DIR", help="toydata.py world (as pretrain.py --toy writes): every data path not given")
+    a("--max-sents", type=positive, help="use at most this many lines per file")
+    a("--batch-size", type=positive, default=32, help="sentences per forward pass")
+    a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
+    a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
+    a("--k", type=positive, default=10, help="CSLS neighbourhood size (MUSE: 10)")
+    a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
 
     p = sub.add_parser("words", parents=[common], help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
     p.add_argument("--train-dict", help="MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)")
@@ -642,8 +628,7 @@ def build_parser():
     p = sub.add_parser("contextual", parents=[common], help="§5.1.2: contextual word alignment from fast_align pairs")
     p.add_argument("--src-file", help="parallel sentences, source side (one per line)")
     p.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
-    p.add_argument("--eval-frac", type=_checked(float, lambda v: 0 < v < 1, "strictly between 0 and 1"), default=0.2,
-                   help="last fraction of sentences held out")
+    p.add_argument("--eval-frac", type=fraction, default=0.2, help="last fraction of sentences held out")
     p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps)")
     p.set_defaults(func=cmd_contextual, pair=(), toy_paths={
         "src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"})
@@ -660,37 +645,33 @@ def build_parser():
     return ap
 
 
-def check_paths(args):
-    """Fill the unset data paths from --toy DIR; then the required flags are set, `pair` comes in pairs
-    and every path is an existing file, or one line naming the flag (before any model is loaded)."""
-    flag = lambda f: "--" + f.replace("_", "-")
-    filled = []
-    if args.toy:
-        if not os.path.isdir(args.toy):
-            raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
-        filled = [f for f in args.toy_paths if getattr(args, f) is None]
-        for f in filled:
-            setattr(args, f, os.path.join(args.toy, args.toy_paths[f].format(l0=args.src, l1=args.tgt)))
-    missing = [flag(f) for f in ["ckpt", *args.toy_paths] if f not in args.pair and getattr(args, f) is None]
-    if missing:
-        raise ValueError(f"missing {', '.join(missing)} (or give --toy DIR)")
-    if args.pair and (getattr(args, args.pair[0]) is None) != (getattr(args, args.pair[1]) is None):
-        raise ValueError(f"{flag(args.pair[0])} and {flag(args.pair[1])} go together: give both or neither")
-    for f in dict.fromkeys(["ckpt", "ckpt2", *args.toy_paths, *args.pair]):
-        path = getattr(args, f)
-        if path is not None and not os.path.isfile(path):
-            why = "not a file" if os.path.exists(path) else "no such file"
-            raise ValueError(f"{flag(f)} {path}: {why}" + (" (filled in from --toy)" if f in filled else ""))
-
-
 def main(argv=None):
+    """Every flag, file and the device are checked before any work (one line naming the flag otherwise):
+    --toy DIR fills in each unset data path of `toy_paths`, which are required unless in `pair`."""
     args = build_parser().parse_args(argv)
     import model as M
+    flag = lambda f: "--" + f.replace("_", "-")
     try:
         args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
         if args.plot:
             M.check_plot(args.plot)
-        check_paths(args)
+        filled = []
+        if args.toy:
+            if not os.path.isdir(args.toy):
+                raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
+            filled = [f for f in args.toy_paths if getattr(args, f) is None]
+            for f in filled:
+                setattr(args, f, os.path.join(args.toy, args.toy_paths[f].format(l0=args.src, l1=args.tgt)))
+        missing = [flag(f) for f in ["ckpt", *args.toy_paths] if f not in args.pair and getattr(args, f) is None]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)} (or give --toy DIR)")
+        if args.pair and (getattr(args, args.pair[0]) is None) != (getattr(args, args.pair[1]) is None):
+            raise ValueError(f"{flag(args.pair[0])} and {flag(args.pair[1])} go together: give both or neither")
+        for f in dict.fromkeys(["ckpt", "ckpt2", *args.toy_paths, *args.pair]):
+            path = getattr(args, f)
+            if path is not None and not os.path.isfile(path):
+                why = "not a file" if os.path.exists(path) else "no such file"
+                raise ValueError(f"{flag(f)} {path}: {why}{' (filled in from --toy)' if f in filled else ''}")
         with M.autocast(args.device, args.dtype):
             return args.func(args)
     except (ValueError, OSError) as e:
