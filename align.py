@@ -310,6 +310,11 @@ def grow_diag_final_and(fwd, rev):
     res = fwd & rev
     ai = {i for i, _ in res}
     aj = {j for _, j in res}
+
+    def link(i, j):
+        res.add((i, j))
+        ai.add(i)
+        aj.add(j)
     nbrs = ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, 1), (1, -1), (-1, -1))
     todo = sorted((fwd | rev) - res)
     grown = True
@@ -317,13 +322,13 @@ def grow_diag_final_and(fwd, rev):
         grown = False
         for (i, j) in list(todo):
             if (i not in ai or j not in aj) and any((i + di, j + dj) in res for di, dj in nbrs):
-                res.add((i, j)); ai.add(i); aj.add(j)
+                link(i, j)
                 todo.remove((i, j))
                 grown = True
     for links in (fwd, rev):
         for (i, j) in sorted(links):
             if (i, j) not in res and i not in ai and j not in aj:
-                res.add((i, j)); ai.add(i); aj.add(j)
+                link(i, j)
     return sorted(res)
 
 
@@ -662,13 +667,12 @@ def main(argv=None):
             filled = [f for f in args.toy_paths if getattr(args, f) is None]
             for f in filled:
                 setattr(args, f, os.path.join(args.toy, args.toy_paths[f].format(l0=args.src, l1=args.tgt)))
-        missing = [flag(f) for f in ["ckpt", *args.toy_paths] if f not in args.pair and getattr(args, f) is None]
-        if missing:
-            raise ValueError(f"missing {', '.join(missing)} (or give --toy DIR)")
         if args.pair and (getattr(args, args.pair[0]) is None) != (getattr(args, args.pair[1]) is None):
             raise ValueError(f"{flag(args.pair[0])} and {flag(args.pair[1])} go together: give both or neither")
         for f in dict.fromkeys(["ckpt", "ckpt2", *args.toy_paths, *args.pair]):
             path = getattr(args, f)
+            if path is None and f not in ("ckpt2", *args.pair):
+                raise ValueError(f"missing {flag(f)} (or give --toy DIR)")
             if path is not None and not os.path.isfile(path):
                 why = "not a file" if os.path.exists(path) else "no such file"
                 raise ValueError(f"{flag(f)} {path}: {why}{' (filled in from --toy)' if f in filled else ''}")
