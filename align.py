@@ -177,31 +177,6 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
     return float(np.mean(hits)), len(hits)
 
 
-def read_vec(path, max_vocab=200000, lowercase=True):
-    """fastText `.vec` text embeddings (header `n d`, then `word v1 ... vd`) -> (words, (n, d) float32).
-    Like MUSE: first `max_vocab` words, lowercased, first occurrence kept."""
-    vecs = {}  # word -> vector, in file order
-    with open(path, encoding="utf-8", errors="replace") as f:  # as MUSE: a stray bad byte is not fatal here
-        header = f.readline().split()
-        if len(header) != 2 or not all(h.isdigit() for h in header) or int(header[1]) < 1:
-            raise ValueError(f"{path}:1: expected a '.vec' header 'n_words dim', got {header!r}")
-        dim = int(header[1])
-        for n, line in enumerate(f, 2):
-            word, *nums = line.rstrip("\n").rstrip(" ").split(" ")
-            try:
-                v = np.array(nums, dtype=np.float32).reshape(dim)
-            except ValueError:
-                raise ValueError(f"{path}:{n}: the vector of {word!r} is not {dim} numbers") from None
-            if not np.isfinite(v).all():
-                raise ValueError(f"{path}:{n}: the vector of {word!r} contains NaN or inf")
-            vecs.setdefault(word.lower() if lowercase else word, v)  # the first occurrence is kept
-            if len(vecs) >= max_vocab:
-                break
-    if not vecs:
-        raise ValueError(f"{path}: no vectors")
-    return list(vecs), np.stack(list(vecs.values()))
-
-
 # -----------------------------------------------------------------------------------------------------
 # §5.1.2 word pairs from parallel sentences: fast_align (Dyer et al. 2013) in numpy (decision D12)
 #
@@ -492,8 +467,6 @@ def cmd_words(args):
         word_vectors(m, t, li, lang, path, args.max_sents, args.max_vocab, args.batch_size)
         for (m, t, li), lang, path in zip(_encoders(args), (args.src, args.tgt), (args.src_corpus, args.tgt_corpus))]
     runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
-    if args.vec_src:  # and --vec-tgt (main checks the pair)
-        runs.append(("fastText", *read_vec(args.vec_src, args.max_vocab), *read_vec(args.vec_tgt, args.max_vocab)))
     rows, errors = [], []
     for name, ws, Xs, wt, Xt in runs:
         try:
@@ -624,9 +597,7 @@ def build_parser():
     p.add_argument("--tgt-corpus", help="target-language text: vocabulary and contextual averages")
     p.add_argument("--max-vocab", type=positive, default=200000, help="most frequent corpus words kept (MUSE: 200k)")
     p.add_argument("--itn-iters", type=natural, default=5, help="iterative normalisation rounds (0 = off)")
-    p.add_argument("--vec-src", help="fastText .vec baseline for --src (optional)")
-    p.add_argument("--vec-tgt", help="fastText .vec baseline for --tgt (with --vec-src)")
-    p.set_defaults(func=cmd_words, pair=("vec_src", "vec_tgt"), toy_paths={
+    p.set_defaults(func=cmd_words, pair=(), toy_paths={
         "train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
         "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"})
 

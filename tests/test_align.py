@@ -163,13 +163,6 @@ def test_read_parallel_names_both_files(tmp_path):
         align.read_parallel(str(a), str(b))
 
 
-def test_read_vec(tmp_path):
-    p = tmp_path / "e.vec"
-    p.write_text("3 2\nThe 1 0\nthe 5 5\ncat 0 1\n")
-    words, V = align.read_vec(str(p))
-    assert words == ["the", "cat"] and V.tolist() == [[1, 0], [0, 1]]
-
-
 # ----------------------------------------------------------------------------------------------------
 # fast_align
 

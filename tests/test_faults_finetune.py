@@ -387,7 +387,6 @@ ALIGN_BAD_INPUTS = [
      "{t}/bad.fr:2: not valid UTF-8"),
     (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--test-dict", "{t}/bad.fr"], "{t}/bad.fr:2: not valid UTF-8"),
     (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--src-corpus", "{t}/bad.fr"], "{t}/bad.fr:2: not valid UTF-8"),
-    (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--vec-src", "{t}/ok.en"], "--vec-src and --vec-tgt go together"),
     (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}/nodir/maps.npz"],
      "--save-maps {t}/nodir/maps.npz: cannot write there"),
     (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}"], "is a directory"),
@@ -411,19 +410,6 @@ def test_align_bad_inputs_one_line(toy_world, toy_ckpt, nan_ckpt, bad_files, arg
         align.main([fill(a) for a in argv])
     assert str(e.value.code).startswith(f"align.py {argv[0]}: error: ") and "\n" not in str(e.value.code)
     assert not list(bad_files.rglob("*.npz*"))
-
-
-@pytest.mark.parametrize("content, msg", [
-    ("2 3\nchat 1 2 nan\n", ":2: the vector of 'chat' contains NaN or inf"),
-    ("2 3\nchat 1 2 x\n", ":2: the vector of 'chat' is not 3 numbers"),
-    ("two 3\nchat 1 2 3\n", ":1: expected a '.vec' header"),
-])
-def test_read_vec_bad_values(tmp_path, content, msg):
-    import align
-    p = tmp_path / "v.vec"
-    p.write_text(content)
-    with pytest.raises(ValueError, match=re.escape(f"{p}{msg}")):
-        align.read_vec(str(p))
 
 
 def test_align_save_maps_full_disk_leaves_no_file(tmp_path, monkeypatch):
