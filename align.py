@@ -14,13 +14,11 @@ References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translati
 Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
 Everything above the CLI ruler needs only numpy; the CLI imports torch, model.py and bpe.py inside functions
-(--device and --dtype as in pretrain.py).
+(--device and --dtype as in pretrain.py):
 
     python align.py words      --toy DIR --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy DIR --ckpt RUN/best.pt --save-maps maps.npz
-    python align.py sentences  --toy DIR --ckpt RUN/best.pt
-    python align.py sentences  --ckpt RUN/best.pt --src en --tgt fr \\
-        --test-src ../shared/data/tatoeba/tatoeba.fra-eng.eng --test-tgt ../shared/data/tatoeba/tatoeba.fra-eng.fra
+    python align.py sentences  --ckpt RUN/best.pt --test-src tatoeba.fra-eng.eng --test-tgt tatoeba.fra-eng.fra
 """
 import argparse
 import errno
@@ -343,20 +341,13 @@ def read_parallel(src_path, tgt_path, max_lines=None):
 
 
 def load_encoder(path, device="cpu"):
-    """(model in eval mode, bpe.Tokenizer, language codes) from pretrain.py's best.pt (or
-    model.save_model(..., tokenizer=tok.to_dict(), langs=[...]))."""
+    """(model in eval mode, bpe.Tokenizer, language codes) from pretrain.py's best.pt."""
     import bpe
     import model as M
     mdl, extra = M.load_model(path, map_location=device)
     if "tokenizer" not in extra or "langs" not in extra:
         raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
     return mdl, bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
-
-
-def encode_sentences(model, tok, sents, lang_idx, lang_code, batch_size=32):
-    """Sentence vectors per layer (paper §5.1.3): model.pool_sentences of their subword ids."""
-    import model as M
-    return M.pool_sentences(model, [tok.encode(s, lang_code) for s in sents], lang_idx, batch_size)
 
 
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
@@ -530,15 +521,15 @@ def cmd_contextual(args):
 
 
 def cmd_sentences(args):
-    """Fig. 6: Tatoeba-style sentence retrieval P@1 per layer, without and with a Procrustes map."""
+    """Fig. 6: Tatoeba-style retrieval P@1 per layer of sentence vectors (the mean of their subword states,
+    model.pool_sentences), without and with a Procrustes map."""
+    import model as M
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents)
     (ms, ts, ls), (mt, tt, lt) = _encoders(args)
-    enc = lambda src, tgt: (encode_sentences(ms, ts, src, ls, args.src, args.batch_size),
-                            encode_sentences(mt, tt, tgt, lt, args.tgt, args.batch_size))
+    enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size),
+                            M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size))
     Es, Et = enc(te_s, te_t)
-    Fs = Ft = None
-    if args.train_src:  # and --train-tgt (main checks the pair)
-        Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_train))
+    Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_train)) if args.train_src else (None, None)
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
     rows = []
     for l in range(len(Es)):
@@ -631,13 +622,12 @@ def main(argv=None):
         args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
         if args.plot:
             M.check_plot(args.plot)
-        filled = []
         if args.toy:
             if not os.path.isdir(args.toy):
                 raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
-            filled = [f for f in args.toy_paths if getattr(args, f) is None]
-            for f in filled:
-                setattr(args, f, os.path.join(args.toy, args.toy_paths[f].format(l0=args.src, l1=args.tgt)))
+            for f, rel in args.toy_paths.items():
+                if getattr(args, f) is None:
+                    setattr(args, f, os.path.join(args.toy, rel.format(l0=args.src, l1=args.tgt)))
         if args.pair and (getattr(args, args.pair[0]) is None) != (getattr(args, args.pair[1]) is None):
             raise ValueError(f"{flag(args.pair[0])} and {flag(args.pair[1])} go together: give both or neither")
         for f in dict.fromkeys(["ckpt", "ckpt2", *args.toy_paths, *args.pair]):
@@ -646,7 +636,7 @@ def main(argv=None):
                 raise ValueError(f"missing {flag(f)} (or give --toy DIR)")
             if path is not None and not os.path.isfile(path):
                 why = "not a file" if os.path.exists(path) else "no such file"
-                raise ValueError(f"{flag(f)} {path}: {why}{' (filled in from --toy)' if f in filled else ''}")
+                raise ValueError(f"{flag(f)} {path}: {why}")
         with M.autocast(args.device, args.dtype):
             return args.func(args)
     except (ValueError, OSError) as e:

@@ -274,11 +274,12 @@ def ckpts(toy_world, tmp_path_factory):
             "fr": make_checkpoint(d / "fr.pt", {"fr": mono("fr")}, ["fr"], seed=1)}
 
 
-def test_encode_sentences_excludes_specials_and_ignores_batching(ckpts):
+def test_sentence_vectors_exclude_specials_and_ignore_batching(ckpts):
+    import model as M
     mdl, tok, langs = align.load_encoder(ckpts["bi"])
     sents = ["the", "a b c d e f g h", "", "x y"]
-    E1 = align.encode_sentences(mdl, tok, sents, 1, "fr", batch_size=1)
-    E4 = align.encode_sentences(mdl, tok, sents, 1, "fr", batch_size=4)
+    E1 = M.pool_sentences(mdl, [tok.encode(s, "fr") for s in sents], 1, batch_size=1)
+    E4 = M.pool_sentences(mdl, [tok.encode(s, "fr") for s in sents], 1, batch_size=4)
     assert len(E1) == mdl.config.n_layers + 1 and E1[0].shape == (4, 16)
     for a, b in zip(E1, E4):                                # padding does not leak into the means
         np.testing.assert_allclose(a, b, atol=1e-5)
@@ -291,7 +292,7 @@ def test_encode_sentences_excludes_specials_and_ignores_batching(ckpts):
     # a word vector is the mean of its subwords: a one-word sentence's word = the sentence
     W, off = align.encode_word_tokens(mdl, tok, [["a", "b"], ["hello"]], 0, "en", batch_size=2)
     assert off.tolist() == [0, 2, 3]
-    S = align.encode_sentences(mdl, tok, ["hello"], 0, "en")
+    S = M.pool_sentences(mdl, [tok.encode("hello", "en")], 0)
     for l in range(len(W)):
         np.testing.assert_allclose(W[l][2], S[l][0], atol=1e-5)
 

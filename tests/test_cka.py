@@ -95,11 +95,12 @@ def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys):
         assert abs(rows[-1][c] - np.mean([r[c] for r in rows[:-1]])) < 1e-12
     # the random baseline is its own untrained model: it differs from both trained(-like) columns
     assert all(abs(r[3] - r[1]) > 1e-6 and abs(r[3] - r[2]) > 1e-6 for r in rows[:-1])
-    # the bilingual column equals CKA computed by hand from align's sentence encoder
+    # the bilingual column equals CKA computed by hand from the shared sentence vectors
     import align
     mdl, tok, _ = align.load_encoder(paths["bi"])
     en, fr = align.read_parallel(args.src_file, args.tgt_file, 50)
-    Es, Et = align.encode_sentences(mdl, tok, en, 0, "en"), align.encode_sentences(mdl, tok, fr, 1, "fr")
+    Es = M.pool_sentences(mdl, [tok.encode(s, "en") for s in en], 0)
+    Et = M.pool_sentences(mdl, [tok.encode(s, "fr") for s in fr], 1)
     assert abs(cka.linear_cka(Es[2], Et[2]) - rows[2][1]) < 1e-9
     # a monolingual French checkpoint alone has no model for fr: clear error
     args = cka.build_parser().parse_args(["--ckpt", paths["fr"], "--src", "fr", "--tgt", "en",
