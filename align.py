@@ -32,7 +32,6 @@ import numpy as np
 # -----------------------------------------------------------------------------------------------------
 # input checks shared by every function below (clear errors instead of silent NaNs)
 
-
 def _as_matrix(X, name):
     X = np.asarray(X)
     if X.ndim != 2 or 0 in X.shape:
@@ -57,7 +56,6 @@ def read_lines(path):
 
 # -----------------------------------------------------------------------------------------------------
 # §5.1 (MUSE): orthogonal Procrustes and iterative normalisation
-
 
 def procrustes(X, Y):
     """Orthogonal W minimising ||X W - Y||_F, rows of X and Y are paired examples (n, d).
@@ -140,7 +138,6 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
 # -----------------------------------------------------------------------------------------------------
 # §5.1.1 word translation (MUSE `word_translation.py`): dictionaries, P@1 with the any-gold rule
 
-
 def read_muse_dictionary(path, lowercase=True):
     """MUSE dictionary `src tgt` per line (a source word may have several lines) -> pairs in file order,
     read by bpe.read_dictionary (same format, same errors), lowercased as MUSE's embeddings are."""
@@ -186,7 +183,6 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
 # -o moves λ until the prior's expected h equals the posterior's. The last pass only decodes (argmax_i,
 # NULL links dropped). Defaults = `fast_align -d -o -v`. Vectorised over the corpus: every (target token,
 # source position) is one "cell", a pair owns m * (n + 1) consecutive cells; per-token sums are np.bincount.
-
 
 def digamma(x):
     """ψ(x) for x > 0: recurrence ψ(x) = ψ(x+1) - 1/x up to x >= 10, then the asymptotic series
@@ -338,7 +334,6 @@ def read_parallel(src_path, tgt_path, max_lines=None):
 #
 # Layers as in the paper's Figures 5-7: L0 = embedding output, L1..L8 = Transformer blocks. Input (XLM):
 # `</s> w1 ... wn </s>`; the two </s> are never part of a pooled vector.
-
 
 def load_encoder(path, device="cpu"):
     """(model in eval mode, bpe.Tokenizer, language codes) from pretrain.py's best.pt."""

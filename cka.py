@@ -24,7 +24,6 @@ import numpy as np
 # -----------------------------------------------------------------------------------------------------
 # linear CKA (Kornblith et al. 2019; paper §5.2)
 
-
 def _check(X, Y):
     X, Y = np.asarray(X), np.asarray(Y)
     for name, A in (("X", X), ("Y", Y)):
@@ -79,7 +78,6 @@ def linear_cka_gram(X, Y):
 
 # =====================================================================================================
 # CLI: the Figure 7 table (torch, model.py and bpe.py are imported inside; align.py is not needed)
-
 
 def read_parallel(src_path, tgt_path, max_lines=None):
     """Two UTF-8 files, line k of one translating line k of the other -> (src_lines, tgt_lines), split on

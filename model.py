@@ -107,7 +107,6 @@ def parse_sep(spec, n_layers=8):
 # -----------------------------------------------------------------------------
 # the encoder, bottom-up
 
-
 class SelfAttention(nn.Module):
 
     def __init__(self, config):
@@ -313,7 +312,6 @@ class MLM(nn.Module):
 
 # -----------------------------------------------------------------------------
 # checkpoints as plain types (load under torch.load(weights_only=True), never a pickled object)
-
 
 def save_model(path, model, **extra):
     """Atomically write {"model": state_dict, "config": asdict(config), **extra} (a failed write, e.g. a
