@@ -399,15 +399,12 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200
 
 def print_table(title, header, rows, plot=None):
     """Markdown table to stdout (numbers as percentages with one decimal); --plot FILE.png draws it too."""
-    fmt = lambda v: f"{100 * v:.1f}" if isinstance(v, float) else str(v)
-    print(f"\n{title}\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for r in rows:
-        print("| " + " | ".join(fmt(v) for v in r) + " |")
+    pct = [[100 * v if isinstance(v, float) else v for v in r] for r in rows]
+    print(f"\n{title}\n\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for r in pct:
+        print("| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in r) + " |")
     if plot:
         import model as M
-        pct = [[100 * v if isinstance(v, float) else v for v in r] for r in rows]
         M.plot_layers(plot, title, header, pct, "P@1 (%)")
 
 
@@ -421,13 +418,6 @@ def _encoders(args):
             raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
         out.append((mdl, tok, langs.index(lang)))
     return out
-
-
-def _finite_map(W, what):
-    """A learned map with NaN/inf (from inputs that overflowed) must not be used or saved."""
-    if not np.isfinite(W).all():
-        raise ValueError(f"the {what} map contains NaN or inf (non-finite encoder states?)")
-    return W
 
 
 def save_maps(path, maps, src, tgt):
@@ -450,7 +440,7 @@ def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
     (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [
-        word_vectors(m, t, li, lang, path, args.max_sents, args.max_vocab, args.batch_size)
+        word_vectors(m, t, li, lang, path, args.max_sents, batch_size=args.batch_size)
         for (m, t, li), lang, path in zip(_encoders(args), (args.src, args.tgt), (args.src_corpus, args.tgt_corpus))]
     runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
     rows, errors = [], []
@@ -462,10 +452,9 @@ def cmd_words(args):
             errors.append(e)
             rows.append([name, "-", "-", 0, 0, f"{len(ws)}/{len(wt)}"])
             continue
-        if args.itn_iters:
-            Xs, Xt = iterative_normalize(Xs, args.itn_iters), iterative_normalize(Xt, args.itn_iters)
-        W = _finite_map(procrustes(Xs[tr[0]], Xt[tr[1]]), name)
-        (p_raw, n), (p_map, _) = [word_translation_accuracy(Xs, Xt, *te, W=w, k=args.k) for w in (None, W)]
+        Xs, Xt = iterative_normalize(Xs), iterative_normalize(Xt)
+        W = procrustes(Xs[tr[0]], Xt[tr[1]])
+        (p_raw, n), (p_map, _) = [word_translation_accuracy(Xs, Xt, *te, W=w) for w in (None, W)]
         rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
     if len(errors) == len(runs):
         raise errors[0]
@@ -488,9 +477,9 @@ def cmd_contextual(args):
     pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(fast_align(S, T), S, T)]
     Hs, off_s = encode_word_tokens(ms, ts, S, ls, args.src, args.batch_size)
     Ht, off_t = encode_word_tokens(mt, tt, T, lt, args.tgt, args.batch_size)
-    n_fit = int(round(len(S) * (1 - args.eval_frac)))
+    n_fit = int(round(len(S) * 0.8))                     # the last 20 % of the sentences are held out
     if not 0 < n_fit < len(S):
-        raise ValueError(f"--eval-frac {args.eval_frac} leaves no fit or no eval sentence of {len(S)}")
+        raise ValueError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a held-out part")
 
     def token_pairs(ks):  # (source row, target row) of the pairs of sentences ks whose two words have states
         r = np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]], dtype=np.int64).reshape(-1, 2)
@@ -502,11 +491,11 @@ def cmd_contextual(args):
     gold = np.searchsorted(cand, ev[:, 1])               # each eval pair's target among the candidates
     rows, maps = [], []
     for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
-        maps.append(_finite_map(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]), f"L{l}"))  # x_src @ W ~ x_tgt
-        acc = [float(np.mean(csls_knn(Q, Xt[cand], args.k) == gold)) for Q in (Xs[ev[:, 0]], Xs[ev[:, 0]] @ maps[-1])]
+        maps.append(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]))                 # x_src @ W ~ x_tgt
+        acc = [float(np.mean(csls_knn(Q, Xt[cand]) == gold)) for Q in (Xs[ev[:, 0]], Xs[ev[:, 0]] @ maps[-1])]
         rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out fast_align pairs "
-                f"(last {args.eval_frac:.0%} of {len(S)} sentences)",
+                f"(last 20% of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"], rows, args.plot)
     if args.save_maps:
         save_maps(args.save_maps, maps, args.src, args.tgt)
@@ -524,13 +513,13 @@ def cmd_sentences(args):
     enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size),
                             M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size))
     Es, Et = enc(te_s, te_t)
-    Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_train)) if args.train_src else (None, None)
+    Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt)) if args.train_src else (None, None)
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
     rows = []
     for l in range(len(Es)):
         rows.append([f"L{l}", acc(Es[l], Et[l]), acc(Et[l], Es[l])])
         if Fs is not None:
-            W = _finite_map(procrustes(Fs[l], Ft[l]), f"L{l}")  # x_src @ W ~ x_tgt
+            W = procrustes(Fs[l], Ft[l])                      # x_src @ W ~ x_tgt
             rows[-1] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
     header += [f"{h} mapped" for h in header[1:]] if Fs is not None else []
@@ -540,28 +529,21 @@ def cmd_sentences(args):
     return rows
 
 
-def _checked(cast, ok, must):
-    """argparse type: cast(s) (int or float) satisfying ok, refused in one line otherwise."""
-    def parse(s):
-        try:
-            v = cast(s)
-        except ValueError:
-            what = "an integer" if cast is int else "a number"
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"must be {must}, got {v if cast is int else s}")
-        return v
-    return parse
+def _positive(s):
+    """argparse type: an integer >= 1, refused in one line otherwise."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
 
 
 def build_parser():
-    """Each sub-command carries `toy_paths`, where --toy DIR has its data files (toydata.py's layout, l0 = --src,
-    l1 = --tgt), and `pair`, its optional pair of path flags (both or neither)."""
     import model as M
     ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).")
     sub = ap.add_subparsers(dest="command", required=True)
-    positive, natural = _checked(int, lambda v: v >= 1, ">= 1"), _checked(int, lambda v: v >= 0, ">= 0")
-    fraction = _checked(float, lambda v: 0 < v < 1, "strictly between 0 and 1")
     common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
     a = common.add_argument
     a("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2)")
@@ -569,11 +551,10 @@ def build_parser():
     a("--src", default="en", help="source language code as in the checkpoint (default en)")
     a("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
     a("--toy", metavar="DIR", help="toydata.py world (as pretrain.py --toy writes): every data path not given")
-    a("--max-sents", type=positive, help="use at most this many lines per file")
-    a("--batch-size", type=positive, default=32, help="sentences per forward pass")
+    a("--max-sents", type=_positive, help="use at most this many lines per file")
+    a("--batch-size", type=_positive, default=32, help="sentences per forward pass")
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
-    a("--k", type=positive, default=10, help="CSLS neighbourhood size (MUSE: 10)")
     a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
 
     p = sub.add_parser("words", parents=[common], help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
@@ -581,8 +562,6 @@ def build_parser():
     p.add_argument("--test-dict", help="MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)")
     p.add_argument("--src-corpus", help="source-language text: vocabulary and contextual averages")
     p.add_argument("--tgt-corpus", help="target-language text: vocabulary and contextual averages")
-    p.add_argument("--max-vocab", type=positive, default=200000, help="most frequent corpus words kept (MUSE: 200k)")
-    p.add_argument("--itn-iters", type=natural, default=5, help="iterative normalisation rounds (0 = off)")
     p.set_defaults(func=cmd_words, pair=(), toy_paths={
         "train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
         "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"})
@@ -590,7 +569,6 @@ def build_parser():
     p = sub.add_parser("contextual", parents=[common], help="§5.1.2: contextual word alignment from fast_align pairs")
     p.add_argument("--src-file", help="parallel sentences, source side (one per line)")
     p.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
-    p.add_argument("--eval-frac", type=fraction, default=0.2, help="last fraction of sentences held out")
     p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps)")
     p.set_defaults(func=cmd_contextual, pair=(), toy_paths={
         "src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"})
@@ -600,7 +578,6 @@ def build_parser():
     p.add_argument("--test-tgt", help="test pairs, target side (e.g. tatoeba.fra-eng.fra)")
     p.add_argument("--train-src", help="parallel sentences to fit a Procrustes map, source side (optional)")
     p.add_argument("--train-tgt", help="parallel sentences to fit a Procrustes map, target side (with --train-src)")
-    p.add_argument("--max-train", type=positive, help="use at most this many training pairs")
     p.set_defaults(func=cmd_sentences, pair=("train_src", "train_tgt"), toy_paths={
         "test_src": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "test_tgt": "tatoeba/tatoeba.{l1}-{l0}.{l1}",
         "train_src": "parallel/{l0}-{l1}.train.{l0}", "train_tgt": "parallel/{l0}-{l1}.train.{l1}"})
@@ -608,8 +585,9 @@ def build_parser():
 
 
 def main(argv=None):
-    """Every flag, file and the device are checked before any work (one line naming the flag otherwise):
-    --toy DIR fills in each unset data path of `toy_paths`, which are required unless in `pair`."""
+    """Every flag, file and the device are checked before any work (one line naming the flag otherwise).
+    --toy DIR fills in each unset data path of the sub-command's `toy_paths` (toydata.py's layout, l0 = --src,
+    l1 = --tgt); they are required unless in `pair`, an optional pair of flags (both or neither)."""
     args = build_parser().parse_args(argv)
     import model as M
     flag = lambda f: "--" + f.replace("_", "-")
@@ -625,7 +603,7 @@ def main(argv=None):
                     setattr(args, f, os.path.join(args.toy, rel.format(l0=args.src, l1=args.tgt)))
         if args.pair and (getattr(args, args.pair[0]) is None) != (getattr(args, args.pair[1]) is None):
             raise ValueError(f"{flag(args.pair[0])} and {flag(args.pair[1])} go together: give both or neither")
-        for f in dict.fromkeys(["ckpt", "ckpt2", *args.toy_paths, *args.pair]):
+        for f in ["ckpt", "ckpt2", *args.toy_paths]:
             path = getattr(args, f)
             if path is None and f not in ("ckpt2", *args.pair):
                 raise ValueError(f"missing {flag(f)} (or give --toy DIR)")

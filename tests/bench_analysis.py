@@ -76,7 +76,6 @@ if __name__ == "__main__":
     if args.part == "csls":
         bench_csls(args.csls_n, args.csls_d, args.k, args.csls_queries)
     elif args.part == "all":  # a fresh process, so peak memory is the CSLS run's own
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--part", "csls",
-                        "--csls-n", str(args.csls_n),
-                        "--csls-queries", str(args.csls_queries or args.csls_n), "--csls-d", str(args.csls_d), "--k", str(args.k)],
-                       check=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--part", "csls", "--csls-n", str(args.csls_n),
+                        "--csls-queries", str(args.csls_queries or args.csls_n), "--csls-d", str(args.csls_d),
+                        "--k", str(args.k)], check=True)
