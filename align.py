@@ -491,7 +491,7 @@ def cmd_contextual(args):
     gold = np.searchsorted(cand, ev[:, 1])               # each eval pair's target among the candidates
     rows, maps = [], []
     for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
-        maps.append(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]))                 # x_src @ W ~ x_tgt
+        maps.append(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]))  # x_src @ W ~ x_tgt
         acc = [float(np.mean(csls_knn(Q, Xt[cand]) == gold)) for Q in (Xs[ev[:, 0]], Xs[ev[:, 0]] @ maps[-1])]
         rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out fast_align pairs "
@@ -519,7 +519,7 @@ def cmd_sentences(args):
     for l in range(len(Es)):
         rows.append([f"L{l}", acc(Es[l], Et[l]), acc(Et[l], Es[l])])
         if Fs is not None:
-            W = procrustes(Fs[l], Ft[l])                      # x_src @ W ~ x_tgt
+            W = procrustes(Fs[l], Ft[l])  # x_src @ W ~ x_tgt
             rows[-1] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
     header += [f"{h} mapped" for h in header[1:]] if Fs is not None else []
@@ -550,7 +550,7 @@ def build_parser():
     a("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
     a("--src", default="en", help="source language code as in the checkpoint (default en)")
     a("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
-    a("--toy", metavar="DIR", help="toydata.py world (as pretrain.py --toy writes): every data path not given")
+    a("--toy", metavar="DIR", help="toydata.py world directory: fills in every data path not given")
     a("--max-sents", type=_positive, help="use at most this many lines per file")
     a("--batch-size", type=_positive, default=32, help="sentences per forward pass")
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")

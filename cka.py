@@ -180,11 +180,11 @@ def build_parser():
     ap.add_argument("--tgt", default="fr", help="target language code (default fr)")
     ap.add_argument("--src-file", help="parallel sentences, source side (e.g. tatoeba.fra-eng.eng)")
     ap.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
-    ap.add_argument("--toy", metavar="DIR", help="toydata.py world: --src-file/--tgt-file from its tatoeba/ pairs")
+    ap.add_argument("--toy", metavar="DIR", help="toydata.py world directory: --src-file/--tgt-file from its tatoeba/ pairs")
     ap.add_argument("--max-sents", type=at_least(2), help="use at most this many pairs (>= 2)")
     ap.add_argument("--batch-size", type=at_least(1), default=32, help="sentences per forward pass")
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
-    ap.add_argument("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast, as in pretrain.py")
+    ap.add_argument("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random-encoder baseline")
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
     return ap
