@@ -174,19 +174,20 @@ def build_parser():
             return int(s)
         return parse
     ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).")
-    ap.add_argument("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt if bilingual)")
-    ap.add_argument("--ckpt2", help="second, monolingual checkpoint encoding --tgt (monolingual column)")
-    ap.add_argument("--src", default="en", help="source language code as in the checkpoint (default en)")
-    ap.add_argument("--tgt", default="fr", help="target language code (default fr)")
-    ap.add_argument("--src-file", help="parallel sentences, source side (e.g. tatoeba.fra-eng.eng)")
-    ap.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
-    ap.add_argument("--toy", metavar="DIR", help="toydata.py world directory: --src-file/--tgt-file from its tatoeba/ pairs")
-    ap.add_argument("--max-sents", type=at_least(2), help="use at most this many pairs (>= 2)")
-    ap.add_argument("--batch-size", type=at_least(1), default=32, help="sentences per forward pass")
-    ap.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
-    ap.add_argument("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the random-encoder baseline")
-    ap.add_argument("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
+    a = ap.add_argument
+    a("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt if bilingual)")
+    a("--ckpt2", help="second, monolingual checkpoint encoding --tgt (monolingual column)")
+    a("--src", default="en", help="source language code as in the checkpoint (default en)")
+    a("--tgt", default="fr", help="target language code (default fr)")
+    a("--src-file", help="parallel sentences, source side (e.g. tatoeba.fra-eng.eng)")
+    a("--tgt-file", help="parallel sentences, target side (line k translates line k)")
+    a("--toy", metavar="DIR", help="toydata.py world directory: --src-file/--tgt-file from its tatoeba/ pairs")
+    a("--max-sents", type=at_least(2), help="use at most this many pairs (>= 2)")
+    a("--batch-size", type=at_least(1), default=32, help="sentences per forward pass")
+    a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
+    a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
+    a("--seed", type=int, default=0, help="seed of the random-encoder baseline")
+    a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
     return ap
 
 
