@@ -452,9 +452,9 @@ def _damage(path, kind, tmp_path):
 DAMAGED = {"truncated": "cannot read .*truncated or damaged", "zero bytes": "empty file",
            "random bytes": "cannot read", "text": "cannot read", "plain tensor": "not a model checkpoint .*Tensor",
            "dict without model/config": "not a model checkpoint .*state_dict", "wrong weights": "1 missing",
-           "wrong shapes": "do not match", "bad config": "bad model config",
-           "NaN weight": "blocks.1.0.ffn.lin1.weight",
-           "inf weight": "tok_emb.0.weight' contains NaN or inf", "missing": "no such file", "directory": "is a directory"}
+           "wrong shapes": "do not match", "bad config": "bad model config", "NaN weight": "blocks.1.0.ffn.lin1.weight",
+           "inf weight": "tok_emb.0.weight' contains NaN or inf", "missing": "no such file",
+           "directory": "is a directory"}
 
 
 @pytest.mark.parametrize("kind", sorted(DAMAGED))
