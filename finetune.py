@@ -23,7 +23,6 @@ import json
 import math
 import os
 import re
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 import bpe
 from bpe import EOS_ID, UNK_ID, parse_lang_path
-from model import DTYPES, Block, encode_batch, load_model, pick_device
+from model import DTYPES, AlignedEncoder, encode_batch, encode_states, load_model, pick_device
 
 
 def need(ok, msg):
@@ -42,7 +41,8 @@ def need(ok, msg):
 
 
 # -----------------------------------------------------------------------------
-# Shared encoding: subwords as XLM feeds them (`</s> ids </s>`), first subwords, windows for long sentences
+# Shared encoding: subwords as XLM feeds them (`</s> ids </s>`, model.encode_states: windows for long
+# sentences), first subwords
 
 def read_lines(path):
     """(line number, line) of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside lines)."""
@@ -61,36 +61,6 @@ def first_subwords(tok, words, lang):
         first.append(len(ids))
         ids.extend(piece or [UNK_ID])
     return ids, first
-
-
-def windows(n, size):
-    """Cover n subwords with windows of at most `size` -> [(start, end, keep_from)]
-    (shijie-wu/crosslingual-nlp `dataset/tagging.py`). Each next window starts size // 2 before the
-    previous one ended; positions [keep_from, end) take their states from it, so each subword once.
-    windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]"""
-    out = [(0, min(n, size), 0)]
-    while out[-1][1] < n:
-        start = out[-1][1] - size // 2
-        out.append((start, min(start + size, n), out[-1][1]))
-    return out
-
-
-def encode_states(model, seqs, lang, max_len, layer=-1):
-    """States (B, 1 + L, d) of `layer` for content-id sequences, L = the longest: position 0 = the leading
-    </s> (the parser's ROOT), 1 + k = subword k, zeros after the end. Every sequence runs as
-    `</s> ids[s:e] </s>` windows of at most max_len subwords: long ones are split, never dropped."""
-    pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
-    rs, cs, rd, cd = [], [], [], []  # source (window row, col) -> destination (sentence row, col)
-    for r, (b, (s, e, keep)) in enumerate(pieces):
-        ks = ([-1] if s == 0 else []) + list(range(keep, min(e, len(seqs[b]))))  # -1: the first window's </s>
-        rs += [r] * len(ks)
-        cs += [1 + k - s for k in ks]
-        rd += [b] * len(ks)
-        cd += [1 + k for k in ks]
-    h = encode_batch(model, [[EOS_ID] + list(seqs[b][s:e]) + [EOS_ID] for b, (s, e, _) in pieces], lang)[0][layer]
-    index = lambda *xs: tuple(torch.tensor(x, device=h.device) for x in xs)  # noqa: E731
-    out = h.new_zeros(len(seqs), 1 + max(len(ids) for ids in seqs), h.size(-1))
-    return out.index_put(index(rd, cd), h[index(rs, cs)])
 
 
 def word_states(model, seqs, firsts, lang, max_len, with_root):
@@ -702,42 +672,6 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
 
 # -----------------------------------------------------------------------------
 # Aligned transfer (§5.1.2, Figure 5): English layers 0..i frozen, 4 new layers on top; targets mapped into English
-
-N_NEW_LAYERS = 4  # §5.1.2
-
-
-class AlignedEncoder(nn.Module):
-    """The encoder of §5.1.2, with MLM.hidden_states' interface. English runs through the pretrained English
-    model up to layer i (frozen), then through 4 NEW Transformer layers trained with the task head. A target
-    language runs through its own monolingual model up to layer i, is mapped into the English space by the
-    orthogonal W (x_tgt @ W ~ x_en; align.py's Procrustes), then through the same new layers.
-    routes[code] = (model, its language index, W or None); `lang` is a language code here."""
-
-    def __init__(self, routes, layer, n_new=N_NEW_LAYERS):
-        super().__init__()
-        self.routes = routes  # a plain dict: the frozen models are no submodules (not trained, not saved)
-        for m, _, _ in routes.values():
-            m.eval().requires_grad_(False)
-        base = next(iter(routes.values()))[0].config
-        self.config = replace(base, max_positions=min(m.config.max_positions for m, _, _ in routes.values()))
-        self.layer = layer
-        self.blocks = nn.ModuleList(Block(base) for _ in range(n_new))
-
-    def lang_specific_parameters(self, lang):
-        return []  # below layer i everything is frozen anyway; the new layers are shared
-
-    def hidden_states(self, idx, lang, attn_mask):  # attn_mask (B, T) as model.encode_batch passes it
-        model, lang_id, W = self.routes[lang]
-        with torch.no_grad():
-            x = model.hidden_states(idx, lang_id, attn_mask)[self.layer]
-            x = x @ W.to(x) if W is not None else x
-        hs = [x]
-        for block in self.blocks:
-            x = block(x, attn_mask[:, None, None, :])
-            x = x * attn_mask[..., None].to(x.dtype)
-            hs.append(x)
-        return hs
-
 
 def setup_aligned(model, tok, langs, args):
     """--align-layer: the English model and the target's own joined by W with x_target @ W ~ x_english at layer I,

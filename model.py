@@ -18,15 +18,16 @@ Only torch is imported, so this file can be copied alone:
     layers = model.hidden_states(idx, lang=1)                # n_layers + 1 tensors (B, T, dim)
     hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # padded batch of id lists
 
-Below the model: checkpoints (save_model, load_model, MLM.from_xlm), the padded-batch forward pass of
-align.py, cka.py and finetune.py, --device and --dtype of every script (pick_device, autocast), --plot.
+Below the model: §5.1.2's AlignedEncoder, checkpoints (save_model, load_model, MLM.from_xlm), the
+padded-batch forward pass of align.py, cka.py and finetune.py (encode_batch; encode_states splits long
+sequences into windows), --device and --dtype of every script (pick_device, autocast), --plot.
 No CLI: pretrain.py trains it; `python -m pytest -q tests/test_model.py` checks it.
 """
 
 import os
 import re
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -311,6 +312,46 @@ class MLM(nn.Module):
         return model
 
 # -----------------------------------------------------------------------------
+# The encoder of §5.1.2 (Figure 5): two pretrained models cut at layer i, one mapped into the other, 4 new layers
+
+N_NEW_LAYERS = 4  # §5.1.2
+
+
+class AlignedEncoder(nn.Module):
+    """The encoder of §5.1.2, with MLM.hidden_states' interface. English runs through the pretrained English
+    model up to layer i (frozen), then through 4 NEW Transformer layers trained with the task head. A target
+    language runs through its own monolingual model up to layer i, is mapped into the English space by the
+    orthogonal W (x_tgt @ W ~ x_en; align.py's Procrustes), then through the same new layers.
+    routes[code] = (model, its language index, W or None); `lang` is a language code here. finetune.py's
+    --align-layer builds it (setup_aligned) and fine-tunes it as any encoder."""
+
+    def __init__(self, routes, layer, n_new=N_NEW_LAYERS):
+        super().__init__()
+        self.routes = routes  # a plain dict: the frozen models are no submodules (not trained, not saved)
+        for m, _, _ in routes.values():
+            m.eval().requires_grad_(False)
+        base = next(iter(routes.values()))[0].config
+        self.config = replace(base, max_positions=min(m.config.max_positions for m, _, _ in routes.values()))
+        self.layer = layer
+        self.blocks = nn.ModuleList(Block(base) for _ in range(n_new))
+
+    def lang_specific_parameters(self, lang):
+        return []  # below layer i everything is frozen anyway; the new layers are shared
+
+    def hidden_states(self, idx, lang, attn_mask):  # attn_mask (B, T) as model.encode_batch passes it
+        model, lang_id, W = self.routes[lang]
+        with torch.no_grad():
+            x = model.hidden_states(idx, lang_id, attn_mask)[self.layer]
+            x = x @ W.to(x) if W is not None else x
+        hs = [x]
+        for block in self.blocks:
+            x = block(x, attn_mask[:, None, None, :])
+            x = x * attn_mask[..., None].to(x.dtype)
+            hs.append(x)
+        return hs
+
+
+# -----------------------------------------------------------------------------
 # checkpoints as plain types (load under torch.load(weights_only=True), never a pickled object)
 
 def save_model(path, model, **extra):
@@ -389,6 +430,36 @@ def encode_batch(model, rows, lang, pad_id=PAD_ID):
     mask = torch.arange(idx.size(1)) < torch.tensor([len(r) for r in rows]).unsqueeze(1)   # (B, T)
     idx, mask = idx.to(device), mask.to(device)
     return model.hidden_states(idx, lang, attn_mask=mask), mask
+
+
+def windows(n, size):
+    """Cover n subwords with windows of at most `size` -> [(start, end, keep_from)]
+    (shijie-wu/crosslingual-nlp `dataset/tagging.py`). Each next window starts size // 2 before the
+    previous one ended; positions [keep_from, end) take their states from it, so each subword once.
+    windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]"""
+    out = [(0, min(n, size), 0)]
+    while out[-1][1] < n:
+        start = out[-1][1] - size // 2
+        out.append((start, min(start + size, n), out[-1][1]))
+    return out
+
+
+def encode_states(model, seqs, lang, max_len, layer=-1):
+    """States (B, 1 + L, d) of `layer` for content-id sequences, L = the longest: position 0 = the leading
+    </s> (the parser's ROOT), 1 + k = subword k, zeros after the end. Every sequence runs as
+    `</s> ids[s:e] </s>` windows of at most max_len subwords: long ones are split, never dropped."""
+    pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
+    rs, cs, rd, cd = [], [], [], []  # source (window row, col) -> destination (sentence row, col)
+    for r, (b, (s, e, keep)) in enumerate(pieces):
+        ks = ([-1] if s == 0 else []) + list(range(keep, min(e, len(seqs[b]))))  # -1: the first window's </s>
+        rs += [r] * len(ks)
+        cs += [1 + k - s for k in ks]
+        rd += [b] * len(ks)
+        cd += [1 + k for k in ks]
+    h = encode_batch(model, [[EOS_ID] + list(seqs[b][s:e]) + [EOS_ID] for b, (s, e, _) in pieces], lang)[0][layer]
+    index = lambda *xs: tuple(torch.tensor(x, device=h.device) for x in xs)  # noqa: E731
+    out = h.new_zeros(len(seqs), 1 + max(len(ids) for ids in seqs), h.size(-1))
+    return out.index_put(index(rd, cd), h[index(rs, cs)])
 
 
 @torch.no_grad()

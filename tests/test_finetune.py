@@ -15,6 +15,7 @@ import torch
 
 import finetune as ft
 from conftest import is_tree
+from model import encode_states, windows
 
 torch.set_num_threads(1)  # tiny tensors: extra threads only spin on a shared 2-core machine
 
@@ -331,11 +332,11 @@ def test_read_conllu_skips_comments_ranges_empty_nodes(tmp_path):
 
 
 def test_windows_known_answer_and_cover():
-    assert ft.windows(10, 4) == [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
-    assert ft.windows(3, 4) == [(0, 3, 0)]
+    assert windows(10, 4) == [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
+    assert windows(3, 4) == [(0, 3, 0)]
     for n in range(1, 40):
         for size in (2, 3, 5, 8):
-            ws = ft.windows(n, size)
+            ws = windows(n, size)
             taken = [k for s, e, keep in ws for k in range(keep, e)]
             assert taken == list(range(n))  # every subword exactly once, in order
             assert all(e - s <= size and s <= keep for s, e, keep in ws)
@@ -354,14 +355,14 @@ def test_encode_states_equals_direct_run_and_stitches_windows(tiny_model):
     m = tiny_model
     seqs = [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
     with torch.no_grad():
-        out = ft.encode_states(m, seqs, 0, max_len=14)  # both fit: one window each
+        out = encode_states(m, seqs, 0, max_len=14)  # both fit: one window each
         for b, ids in enumerate(seqs):
             direct = m.hidden_states(torch.tensor([[EOS_ID] + ids + [EOS_ID]]), 0)[-1][0]
             assert torch.allclose(out[b, :1 + len(ids)], direct[:1 + len(ids)], atol=1e-5)
         assert out[0, 4:].abs().sum() == 0  # padding after the short sentence
-        out = ft.encode_states(m, seqs, 0, max_len=4)  # the long one: windows (0,4,0) (2,6,4) (4,8,6) (6,10,8)
+        out = encode_states(m, seqs, 0, max_len=4)  # the long one: windows (0,4,0) (2,6,4) (4,8,6) (6,10,8)
         ids = seqs[1]
-        for s, e, keep in ft.windows(len(ids), 4):
+        for s, e, keep in windows(len(ids), 4):
             h = m.hidden_states(torch.tensor([[EOS_ID] + ids[s:e] + [EOS_ID]]), 0)[-1][0]
             for k in range(keep, e):
                 assert torch.allclose(out[1, 1 + k], h[1 + k - s], atol=1e-5)
