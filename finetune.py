@@ -9,7 +9,7 @@ score the same weights on each target language's test set:
 --align-layer runs §5.1.2 (Figure 5): English layers 0..i frozen, 4 new layers and the head trained on top, and
 a monolingual target model's layer i mapped into them by align.py's orthogonal map.
 
-    python finetune.py --toy --ckpt runs/toy/best.pt --out runs/toy/ft      # all three tasks, toy presets
+    python finetune.py --toy runs/toy/toy --ckpt runs/toy/best.pt --out runs/toy/ft   # all three tasks, toy presets
     python finetune.py --task parse --ckpt RUN/best.pt --data ../shared/data --eval-langs fr,ru,zh --out runs/parse
     python finetune.py --task ner --toy WORLD --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
         --align-layer 4 --eval-langs fr --out runs/aligned                   # §5.1.2
@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import bpe
-from bpe import EOS_ID, UNK_ID, parse_lang_path
+from bpe import EOS_ID, UNK_ID
 from model import DTYPES, AlignedEncoder, encode_batch, encode_states, load_model, pick_device
 
 
@@ -714,16 +714,14 @@ LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
            "parse": ["ud/{lang}.{split}.conllu", "ud/UD_*/{lang}_*-ud-{split}*.conllu"]}
 
 
-def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_file=None, test_files=()):
-    """{"train", "dev": path, "test": {lang: path}}: --train-file / --dev-file / --test-file, else LAYOUTS."""
-    tests = dict(test_files)
-    wanted = [("train", train_lang, train_file, "--train-file "), ("dev", train_lang, dev_file, "--dev-file ")]
-    wanted += [("test", lang, tests.get(lang), f"--test-file {lang}=") for lang in eval_langs]
+def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None):
+    """{"train", "dev": path, "test": {lang: path}} from LAYOUTS under --data (the train file: --train-file if given)."""
     found = []
-    for split, lang, path, flag in wanted:
+    for split, lang in [("train", train_lang), ("dev", train_lang)] + [("test", lang) for lang in eval_langs]:
+        path = train_file if split == "train" else None
         if path is not None:
-            need(os.path.isfile(path), f"{flag}{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
-        elif data_dir:
+            need(os.path.isfile(path), f"--train-file {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
+        else:
             names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
             patterns = [os.path.join(glob.escape(data_dir), layout.format(**names)) for layout in LAYOUTS[task]]
             hits = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
@@ -732,7 +730,7 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, dev_f
             path = hits[0] if hits else None
         hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train in XNLI tsv "
                 "form)" if (task, split) == ("xnli", "train") else "")
-        need(path, f"{task}: no {lang} {split} file under --data {data_dir!r}{hint}; pass {flag}PATH")
+        need(path, f"{task}: no {lang} {split} file under --data {data_dir}{hint}")
         found.append(path)
     return {"test": dict(zip(eval_langs, found[2:])), "train": found[0], "dev": found[1]}
 
@@ -848,13 +846,6 @@ def number(lo, hi=math.inf, cast=int, many=False):
     return parse
 
 
-def lang_path(s):
-    try:
-        return parse_lang_path(s)  # bpe.py's LANG=PATH, as every script's per-language file flags
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def build_parser():
     p = argparse.ArgumentParser(description="Zero-shot cross-lingual transfer (§3.2): fine-tune on English, choose "
                                 "the epoch and the hyper-parameters on English dev, report each target's test score "
@@ -864,14 +855,10 @@ def build_parser():
     add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
     add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
     add("--data", help="a toydata.py world, or a directory laid out as ../shared/data (see LAYOUTS)")
-    add("--toy", nargs="?", const="", metavar="DIR", help="the toy presets on a toydata.py world (default: toy/ "
-        "beside --ckpt)")
+    add("--toy", metavar="DIR", help="--data DIR with the toy presets; all three tasks unless --task")
     add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects (%(default)s)")
     add("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
-    add("--train-file", help="the train file, instead of --data's")
-    add("--dev-file", help="the dev file, instead of --data's")
-    add("--test-file", type=lang_path, action="append", default=[], metavar="LANG=PATH",
-        help="a target language's test file, instead of --data's (repeatable)")
+    add("--train-file", help="the English train file, instead of --data's (the shared data has no NLI train set)")
     add("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
     add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
     add("--batch-size", type=number(1, many=True), help="comma list (paper: 16,32; XNLI 4,8)")
@@ -884,7 +871,6 @@ def build_parser():
     add("--seed", type=int, default=0, help="seed of every set: head init, data order (%(default)s)")
     add("--device", default="auto", help="auto (cuda if available, the default), cpu, cuda, cuda:N, mps")
     add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (no float16)")
-    add("--bf16", dest="dtype", action="store_const", const="bfloat16", help="= --dtype bfloat16")
     add("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
     add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on top")
     add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps")
@@ -927,13 +913,11 @@ def main(argv=None):
     args.bf16 = dtype == "bfloat16"  # (auto on a GPU without bfloat16: float32)
     need(args.align_layer is not None or not (args.target_ckpt or args.align_maps),
          "--target-ckpt and --align-maps are for aligned transfer: give --align-layer too")
-    need(not (args.toy and args.data) or os.path.abspath(args.toy) == os.path.abspath(args.data),
-         f"--toy {args.toy} and --data {args.data} name two data directories; give one")
-    if args.toy is not None:
-        args.data = args.toy or args.data or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "toy")
-        need(os.path.isdir(args.data), f"--toy: no toy world at {args.data} (run pretrain.py --toy or toydata.py)")
-    need(args.data is None or os.path.isdir(args.data), f"--data {args.data}: no such directory")
-    tasks = [args.task] if args.task else list(TASKS) if args.toy is not None else []
+    need(not (args.toy and args.data), f"--toy {args.toy} and --data {args.data}: give one data directory")
+    flag, args.data = ("--toy", args.toy) if args.toy else ("--data", args.data)
+    need(args.data, "--data DIR (or --toy DIR) is required")
+    need(os.path.isdir(args.data), f"{flag} {args.data}: no such directory")
+    tasks = [args.task] if args.task else list(TASKS) if args.toy else []
     need(tasks, "--task is required (only --toy runs all three)")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -943,8 +927,6 @@ def main(argv=None):
                        else list(dict.fromkeys(x.strip() for x in given.split(",") if x.strip())))
     need(args.eval_langs, f"{args.ckpt} knows only {langs}: give --eval-langs (with --align-layer)" if given is None
          else f"--eval-langs {given!r}: no language given")
-    for lang, _ in args.test_file:
-        need(lang in args.eval_langs, f"--test-file {lang}=...: {lang!r} is not one of --eval-langs {args.eval_langs}")
     args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
@@ -953,11 +935,10 @@ def main(argv=None):
     bpe.make_dir("--out", args.out)
     plans = []
     for name in tasks:  # every file of every task is read before the first set trains
-        preset = (TOY_PRESET if args.toy is not None else PAPER_PRESET)[name]
+        preset = (TOY_PRESET if args.toy else PAPER_PRESET)[name]
         targs = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if getattr(args, k) is None}})
         targs.head_lr = targs.head_lr or [None]
-        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file, args.dev_file,
-                              args.test_file)
+        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job, done = earlier_sets(name, files, targs, out)
         plans.append((*prepare_task(name, files, model, routes, targs), files, targs, out, job, done))

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import sys
 
 import numpy as np
@@ -409,11 +410,8 @@ def test_resolve_files_real_layout():
     assert f["dev"].endswith("dev-en.tsv") and f["test"]["fr"].endswith("test-fr.tsv")
     with pytest.raises(SystemExit, match="no English NLI train set"):
         ft.resolve_files("xnli", DATA, "en", ["fr"])
-    with pytest.raises(SystemExit, match="--test-file xx=PATH"):
+    with pytest.raises(SystemExit, match="ner: no xx test file under --data"):
         ft.resolve_files("ner", DATA, "en", ["xx"])
-    override = os.path.join(DATA, "wikiann_panx", "dev-fr.tsv")
-    f = ft.resolve_files("ner", DATA, "en", ["fr"], test_files=[("fr", override)])
-    assert f["test"]["fr"].endswith("dev-fr.tsv")
 
 
 # -----------------------------------------------------------------------------
@@ -496,24 +494,27 @@ def test_bad_inputs(toy_world, toy_ckpt, tmp_path):
     m, _ = load_model(str(toy_ckpt))
     bare = tmp_path / "bare.pt"
     save_model(bare, m, langs=["en", "fr"])
+    with pytest.raises(SystemExit, match=re.escape("--data DIR (or --toy DIR) is required")):
+        ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit, match="no tokenizer"):
         ft.main(["--task", "ner", "--ckpt", str(bare), "--toy", str(toy_world), "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit, match="'de' is not one of the checkpoint's languages"):
         ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--eval-langs", "de",
-                 "--test-file", f"de={toy_world / 'ner/fr.test.tsv'}", "--out", str(tmp_path / "o")])
+                 "--out", str(tmp_path / "o")])
     task = ft.NERTask([(["a"], ["B-PER"])])
     with pytest.raises(ValueError, match="never occur in the English train set"):
         task.check_labels([(["a"], ["B-LOC"])], "dev.tsv")
-    bad = tmp_path / "dev.tsv"  # XNLI's labels are fixed: read_xnli refuses any other before training
+    shutil.copytree(toy_world / "xnli", tmp_path / "data" / "xnli")
+    bad = tmp_path / "data" / "xnli" / "en.dev.tsv"  # XNLI's labels are fixed: read_xnli refuses any other
     bad.write_text("A man.\tA person.\tentailment\nA man.\tA dog.\tmaybe\n")
     with pytest.raises(SystemExit, match=re.escape(f"error: {bad}:2: unknown XNLI label 'maybe'")):
-        ft.main(["--task", "xnli", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--dev-file", str(bad),
+        ft.main(["--task", "xnli", "--ckpt", str(toy_ckpt), "--data", str(tmp_path / "data"),
                  "--out", str(tmp_path / "o")])
 
 
 def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy_ckpt, tmp_path):
     """--align-layer 1 with a "target model" that is the same weights with language 0 renamed fr, an
-    identity map, and the ENGLISH dev file given as the fr test file: the fr input then takes exactly the
+    identity map, and the ENGLISH dev file copied as the fr test file: the fr input then takes exactly the
     English path (same layer-1 copy, same map-free states), so fr test must equal English dev."""
     import json
     from model import load_model, save_model
@@ -523,8 +524,10 @@ def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy
     maps = tmp_path / "maps.npz"
     eye = np.stack([np.eye(m.config.dim, dtype=np.float32)] * (m.config.n_layers + 1))
     np.savez(maps, src_to_tgt=eye, tgt_to_src=eye, src="en", tgt="fr")
-    argv = ["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--eval-langs", "fr",
-            "--test-file", f"fr={toy_world / 'ner/en.dev.tsv'}", "--epochs", "1", "--batch-size", "32",
+    shutil.copytree(toy_world / "ner", tmp_path / "world" / "ner")
+    shutil.copy(toy_world / "ner" / "en.dev.tsv", tmp_path / "world" / "ner" / "fr.test.tsv")
+    argv = ["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(tmp_path / "world"), "--eval-langs", "fr",
+            "--epochs", "1", "--batch-size", "32",
             "--lr", "1e-3", "--align-layer", "1", "--target-ckpt", str(target), "--align-maps", str(maps)]
     out = tmp_path / "aligned"
     ft.main(argv + ["--out", str(out)])
