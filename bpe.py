@@ -233,8 +233,7 @@ class BPE:
         return " ".join(self.apply_words([w for w in line.strip("\r\n ").split(" ") if w]))
 
     def save(self, path):
-        with _atomic(path) as tmp:
-            write_text(tmp, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
+        write_text(path, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
 
     @classmethod
     def load(cls, path):
@@ -278,7 +277,8 @@ def _atomic(path):
 
 
 def write_text(path, text):
-    with open(path, "w", encoding="utf-8") as f:
+    """A UTF-8 text file, written through _atomic."""
+    with _atomic(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
 
 
@@ -310,8 +310,7 @@ class Vocab:
 
     def save(self, path):
         """fastBPE/XLM form: 'token count' per line, specials not written (XLM adds them itself)."""
-        with _atomic(path) as tmp:
-            write_text(tmp, "".join(f"{t} {c}\n" for t, c in zip(self.tokens[N_SPECIAL:], self.counts[N_SPECIAL:])))
+        write_text(path, "".join(f"{t} {c}\n" for t, c in zip(self.tokens[N_SPECIAL:], self.counts[N_SPECIAL:])))
 
 
 class Tokenizer:
@@ -430,8 +429,7 @@ class Tokenizer:
                    d.get("separate_vocab", False))
 
     def save(self, path):
-        with _atomic(path) as tmp:
-            write_text(tmp, json.dumps(self.to_dict(), ensure_ascii=False))
+        write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
     def load(cls, path):
@@ -510,26 +508,26 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
 # 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
 
 CHUNK_LINES = 2000
-_WORKER = {}  # per-process state of binarize workers (set by _init_worker)
+_WORKER = {}  # binarize's arguments, in this process and in each worker of its Pool (set by _init_worker)
 
 
 def _init_worker(opts):
-    _WORKER.update(opts, tok=Tokenizer.from_dict(opts["tok"]) if isinstance(opts["tok"], dict) else opts["tok"])
+    _WORKER.update(opts)
 
 
 def _encode_chunk(chunk):
     """(first line number, [lines]) -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
-    (start, lines), s = chunk, _WORKER
-    tok, lang, cs = s["tok"], s["lang"], s["code_switch"]
-    index, ids = tok.vocabs[lang].index, []
+    (start, lines), w = chunk, _WORKER
+    tok, lang, ids = w["tok"], w["lang"], []
     for n, line in enumerate(lines, start):
         words = tok.words(line, lang)
-        if cs is None:
+        if w["code_switch"] is None:
             pieces = tok.pieces(words, lang)
         else:  # the rng depends only on (seed, line number): the output is the same for any --workers
-            switched = code_switch(words, cs, random.Random(s["seed"] * 1_000_003 + n), s["p"], s["max_frac"])
-            pieces = [p for w, w2 in zip(words, switched) for p in tok.pieces([w2], lang if w2 == w else s["cs_lang"])]
-        ids.extend(index.get(p, UNK_ID) for p in pieces)
+            rng = random.Random(w["seed"] * 1_000_003 + n)
+            switched = code_switch(words, w["code_switch"], rng, w["p"], w["max_frac"])
+            pieces = [p for a, b in zip(words, switched) for p in tok.pieces([b], lang if a == b else w["cs_lang"])]
+        ids.extend(tok.vocabs[lang].index.get(p, UNK_ID) for p in pieces)
         ids.append(EOS_ID)
     return np.array(ids, dtype=np.uint32), len(lines), sum(len(line.encode()) + 1 for line in lines)
 
@@ -546,19 +544,18 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
         if cs_lang is None:
             others = [l for l in tok.langs if l != lang]
             if len(others) != 1:
-                raise ValueError(f"pass cs_lang: which of {others} do the translations belong to?")
+                raise ValueError(f"code-switching: pass cs_lang (--cs-lang): which of {others} are the translations?")
             cs_lang = others[0]
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    opts = dict(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed)
     lines = _read_lines(text_path, None, errors)
     chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
     chunks = ((k * CHUNK_LINES + 1, c) for k, c in enumerate(chunks))  # (number of the first line, lines)
     n_tokens = n_sentences = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose)
-    pool = multiprocessing.Pool(workers, _init_worker, ({**opts, "tok": tok.to_dict()},)) if workers > 1 else None
-    _init_worker(opts)
+    _init_worker(dict(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed))
+    pool = multiprocessing.Pool(workers, _init_worker, (dict(_WORKER),)) if workers > 1 else None
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
         with _atomic(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
@@ -575,8 +572,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
             pool.terminate()
     meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
             "vocab_size": vocab_size, "lang": lang}
-    with _atomic(out_prefix + ".json") as tmp:
-        write_text(tmp, json.dumps(meta) + "\n")
+    write_text(out_prefix + ".json", json.dumps(meta) + "\n")
     return meta
 
 
@@ -656,51 +652,37 @@ def find_text(data_dir, lang, split):
                      f"for language '{lang}'")
 
 
-def is_prepared(d, langs):
-    """Does `d` hold tokenizer.json and {lang}.{train,dev}.bin for every language?"""
-    return os.path.isfile(os.path.join(d, "tokenizer.json")) and all(
-        os.path.isfile(os.path.join(d, f"{l}.{s}.bin")) for l in langs for s in ("train", "dev"))
-
-
-def read_switch_dictionary(path, langs):
-    """--code-switch: {langs[0]: src -> [tgt], langs[1]: tgt -> [src]}: both languages get switched."""
-    try:
-        forward = read_dictionary(path)
-    except (OSError, ValueError) as e:  # read_dictionary names the file and line at fault
-        raise SystemExit(f"error: --code-switch {e}")
-    backward = Dictionary()
-    for src, tgts in forward.items():
-        for t in tgts:
-            backward.setdefault(t, []).append(src)
-    return {langs[0]: forward, langs[1]: backward}
-
-
-def check_inputs(langs, data=None, files=None, code_switch=None):
-    """Before any work (BPE learning takes hours at paper scale): the text files open, the dictionary parses."""
-    paths = [files[l][s] for s in ("train", "dev") for l in langs] if files else []
-    if data is not None and not files:
-        if not os.path.isdir(data):
-            raise SystemExit(f"error: --data {data}: no such directory")
-        if not is_prepared(data, langs):
-            paths = [find_text(data, l, s) for l in langs for s in ("train", "dev")]
-    for path in paths:
-        try:
-            open(path, "rb").close()
-        except OSError as e:
-            raise SystemExit(f"error: cannot read {path}: {e.strerror}")
-    if code_switch:
-        read_switch_dictionary(code_switch, langs)
-
-
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True):
     """Raw text (`files` {lang: {"train": path, "dev": path}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash
     of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused by later calls (other DDP
-    ranks wait for its `done`). The tokenizer is cached on its own first: a retry after a bad dev file does
-    not learn BPE again. Training text is code-switched with `code_switch` (§4.2, D11). Errors: one line."""
-    if not files and is_prepared(data, langs):
-        return data
-    sources = files or {l: {s: find_text(data, l, s) for s in ("train", "dev")} for l in langs}
+    ranks wait for its `done`). `data` may also be such a directory: it is used as it is. Every input is checked
+    before any work (BPE learning takes hours at paper scale), and the tokenizer is cached on its own first: a
+    retry after a bad dev file does not learn BPE again. Training text is code-switched with `code_switch`
+    (§4.2, D11): langs[0]'s by the dictionary, langs[1]'s by its inverse. Errors: one line."""
+    if not files:
+        if not os.path.isdir(data):
+            raise SystemExit(f"error: --data {data}: no such directory")
+        names = ["tokenizer.json"] + [f"{l}.{s}.bin" for l in langs for s in ("train", "dev")]
+        if all(os.path.isfile(os.path.join(data, name)) for name in names):
+            return data
+        files = {l: {s: find_text(data, l, s) for s in ("train", "dev")} for l in langs}
+    switch = {}  # lang -> the dictionary its training text is code-switched with
+    if master:
+        for path in (p for v in files.values() for p in v.values()):
+            try:
+                open(path, "rb").close()
+            except OSError as e:
+                raise SystemExit(f"error: cannot read {path}: {e.strerror}")
+        if code_switch:
+            try:
+                switch[langs[0]] = read_dictionary(code_switch)
+            except (OSError, ValueError) as e:  # read_dictionary names the file and line at fault
+                raise SystemExit(f"error: --code-switch {e}")
+            switch[langs[1]] = Dictionary()
+            for src, tgts in switch[langs[0]].items():
+                for t in tgts:
+                    switch[langs[1]].setdefault(t, []).append(src)
 
     def fingerprint(path):
         st = os.stat(path)
@@ -712,7 +694,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
               "lowercase": lowercase, "bpe_lines": max_lines, "seed": seed,
               "code_switch": fingerprint(code_switch) if code_switch else None,
-              "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in sources.items()}}
+              "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}}
     out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest(recipe)}")
     done = os.path.join(out, "done")
     if not master:
@@ -726,28 +708,27 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     tok_recipe["train"] = {l: recipe["sources"][l]["train"] for l in langs}
     tok_path = os.path.join(prep_dir, f"tokenizer-{digest(tok_recipe)}.json")
     make_dir("--prep-dir", out)
-    switch = read_switch_dictionary(code_switch, langs) if code_switch else {}
     try:
         if os.path.isfile(tok_path):
             print(f"using the BPE tokenizer learned earlier: {tok_path}")
             tok = Tokenizer.load(tok_path)
         else:
             print(f"learning BPE ({mode}, {merges} merges) for {out}")
-            tok = Tokenizer.build({l: sources[l]["train"] for l in langs}, mode=mode, num_merges=merges,
+            tok = Tokenizer.build({l: files[l]["train"] for l in langs}, mode=mode, num_merges=merges,
                                   separate_vocab=separate_vocab, lowercase=lowercase, max_lines=max_lines, seed=seed)
-            atomic_write(tok_path, tok.save)
+            tok.save(tok_path)
         print(f"preparing data in {out}")
         for s in ("dev", "train"):  # the small dev files first: a bad one is found in seconds
             for l in langs:
-                binarize(sources[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
+                binarize(files[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
                          code_switch=switch.get(l) if s == "train" else None, seed=seed)
+        tok.save(os.path.join(out, "tokenizer.json"))
+        write_text(os.path.join(out, "recipe.json"), json.dumps(recipe, indent=1))
+        write_text(done, "")  # last: the cache is complete
     except ValueError as e:  # the readers name the file (and line) at fault
         raise SystemExit(f"error: data preparation failed: {e}")
     except OSError as e:
-        raise SystemExit(f"error: data preparation failed: {e.filename}: {e.strerror}")
-    atomic_write(os.path.join(out, "tokenizer.json"), tok.save)
-    atomic_write(os.path.join(out, "recipe.json"), lambda tmp: write_text(tmp, json.dumps(recipe, indent=1)))
-    atomic_write(done, lambda tmp: write_text(tmp, ""))  # last: the cache is complete
+        raise SystemExit(f"error: data preparation failed: {str(e.filename).removesuffix('.tmp')}: {e.strerror}")
     return out
 
 # -----------------------------------------------------------------------------
@@ -845,11 +826,7 @@ def main(argv=None):
                     out.write(text + "\n")
         elif args.cmd == "vocab":
             files = parse_lang_files("--train", args.train)
-            try:  # before BPE learning, which takes hours at paper scale
-                os.makedirs(args.out, exist_ok=True)
-            except OSError as e:  # a file is there, or the directory cannot be made
-                raise ValueError(f"--out {args.out}: exists and is not a directory" if os.path.exists(args.out) else
-                                 f"--out {args.out}: cannot create the directory ({e.strerror})") from None
+            make_dir("--out", args.out)  # before BPE learning, which takes hours at paper scale
             tok = Tokenizer.build(files, args.mode, args.merges, args.separate_vocab, args.lowercase,
                                   args.max_lines, args.min_freq, args.seed)
             tok.save(os.path.join(args.out, "tokenizer.json"))
@@ -861,12 +838,13 @@ def main(argv=None):
             langs = args.langs.split(",")
             if (args.train_files is None) != (args.dev_files is None) or (args.data is None) == (args.train_files is None):
                 raise ValueError("give --data, or --train-files with --dev-files")
-            train, dev = (v and parse_lang_files(f, v, langs) for f, v in (("--train-files", args.train_files),
-                                                                           ("--dev-files", args.dev_files)))
-            files = {l: {"train": train[l], "dev": dev[l]} for l in langs} if train else None
+            files = None
+            if args.train_files:
+                train = parse_lang_files("--train-files", args.train_files, langs)
+                dev = parse_lang_files("--dev-files", args.dev_files, langs)
+                files = {l: {"train": train[l], "dev": dev[l]} for l in langs}
             if args.code_switch and (args.separate_vocab or len(langs) != 2):
                 raise ValueError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
-            check_inputs(langs, args.data, files, args.code_switch)
             merges = args.merges or (80000 if args.mode == "joint" else 40000)
             print(prepare(langs, args.out, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,
                           args.max_lines, args.seed, args.code_switch, args.workers))
@@ -878,9 +856,6 @@ def main(argv=None):
             for flag, lang in (("--lang", args.lang), ("--cs-lang", args.cs_lang)):
                 if lang is not None and lang not in tok.langs:
                     raise ValueError(f"{flag} {lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
-            if args.code_switch and args.cs_lang is None and len(tok.langs) != 2:
-                raise ValueError(f"--code-switch: pass --cs-lang (the translations' language), {args.tokenizer} "
-                                 f"has {len(tok.langs)} languages")
             print(json.dumps(binarize(args.input, tok, args.lang, args.out_prefix, args.workers,
                                       read_dictionary(args.code_switch) if args.code_switch else None,
                                       args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)))

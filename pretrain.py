@@ -36,8 +36,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bpe import (EOS_ID, MASK_ID, Tokenizer, atomic_write, check_inputs, load_bin, make_dir, parse_lang_files,
-                 prepare, write_text)
+from bpe import (EOS_ID, MASK_ID, MODES, Tokenizer, atomic_write, load_bin, make_dir, parse_lang_files, prepare,
+                 write_text)
 from model import MLM, ModelConfig, autocast, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES
 from toydata import parse_order, write_world
@@ -166,6 +166,19 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
         return float("inf")
 
 # -----------------------------------------------------------------------------
+# --sep: the private parameters of a language an update did not see stay where they are
+
+def drop_unused_lang_grads(model, used):
+    """None for the gradients of the language-specific parameters (--sep) of every language j that no micro-batch
+    of this update was in, on any rank (used[j] == 0). The DDP zero term gives them an exactly-zero gradient and Adam
+    would still move them by momentum; a None gradient makes Adam skip them, so they change only on their own
+    language's updates (as in XLM)."""
+    for j, u in enumerate(used):
+        if not u:
+            for p in model.lang_specific_parameters(j):
+                p.grad = None
+
+# -----------------------------------------------------------------------------
 # config and flags: the paper's values by default; --toy swaps in a CPU-sized preset; an explicit flag wins
 
 PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1, batch_size=96,
@@ -188,12 +201,9 @@ RANGES = [("> 0", lambda v: v > 0, "n_layers dim n_heads batch_size bptt accumul
           ("in [0, 1]", lambda v: 0 <= v <= 1, "toy_overlap toy_domain_shift")]
 WHEN_THINGS_GO_WRONG = """\
 when things go wrong:
-  SIGTERM or Ctrl-C   the current update is finished, OUT/checkpoint.pt is saved and the run exits with
-                      143 / 130; the same command plus --resume goes on exactly where it stopped
-  divergence          a dev perplexity that is not finite never overwrites checkpoint.pt or best.pt: the run
-                      stops (exit 1) saying which step they hold; --resume may change --lr and --warmup
-  an existing --out   holding checkpoint.pt, best.pt or log.jsonl needs --resume or --overwrite; the cached
-                      toy world and prepared data (OUT/toy, OUT/data) are always reused
+  SIGTERM or Ctrl-C   finish the update, save OUT/checkpoint.pt, exit 143 / 130; the same command + --resume goes on
+  divergence          a non-finite dev perplexity never overwrites checkpoint.pt or best.pt; the run stops (exit 1)
+  an existing --out   with checkpoint.pt, best.pt or log.jsonl needs --resume or --overwrite (toy/, data/ are reused)
   a failed write      (disk full) leaves the previous checkpoint.pt / best.pt intact and no temp file"""
 
 
@@ -208,23 +218,19 @@ def get_args(argv=None):
         k = flag[2:].replace("-", "_")
         a(flag, type=typ, help=f"{what}: paper {PAPER[k]}" + (f"; --toy {TOY[k]}" if k in TOY else ""), **kw)
 
-    a("--out", required=True, help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/ for --toy)")
-    a("--toy", action="store_true", help="CPU-sized preset on the synthetic world of toydata.py (unless --data)")
-    a("--data", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or of "
-                     "tokenizer.json + {lang}.{train,dev}.bin from an earlier preparation")
+    a("--out", required=True, help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/)")
+    a("--toy", action="store_true", help="CPU-sized preset, on the synthetic world of toydata.py unless --data")
+    a("--data", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or one bpe.py prepared")
     a("--train-files", metavar="LANG=PATH,...", help="text per language instead of --data, e.g. en=a.txt,fr=b.txt")
     a("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
     a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
-    a("--resume", action="store_true", help="continue from OUT/checkpoint.pt: same data and flags, but --lr, --warmup, "
-      "--max-steps, --epochs, --eval-every, --log-every, --snapshots, --max-bad-steps and system flags may change")
+    a("--resume", action="store_true", help="continue from OUT/checkpoint.pt (--lr, schedule and length may change)")
     a("--overwrite", action="store_true", help="start a new run in an --out holding an earlier run's files")
     a("--seed", type=int, default=0, help="seed for init, data order, masking, dropout")
     # data preparation (bpe.prepare)
-    a("--bpe", choices=["joint", "separate", "prefixed"], default="joint", help="joint: one BPE and vocabulary "
-      "(Default); separate: per-language BPE (Default anchors); prefixed: nothing shared but specials (No anchors)")
+    a("--bpe", choices=MODES, default="joint", help="joint: Default; separate: Default anchors; prefixed: No anchors")
     a("--merges", type=int, help="BPE merges: paper 80000 joint, 40000 per language; --toy 2000 / 1000")
-    a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (Extra anchors, p=0.3, "
-                                            "at most 15%% of words; D11); 'toy': the toy world's dictionary")
+    a("--code-switch", metavar="DICT", help="MUSE dictionary to code-switch the text with (Extra anchors, D11), or toy")
     a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off, D5)")
     a("--bpe-lines", type=int, help="learn BPE on at most this many lines per language (default all)")
     a("--prep-dir", help="cache for prepared data (default OUT/data)")
@@ -239,8 +245,7 @@ def get_args(argv=None):
     a("--toy-seed", type=int, default=0, help="toy: world seed")
     a("--toy-langs", help="toy: the world's languages (default --langs; en,fr for monolingual --langs, §5)")
     # model (model.ModelConfig)
-    a("--sep", default="", help="language-specific parts (Table 1): '' (Default), emb, 1-3, 1-6, emb,1-3, emb,1-6; "
-                                "beyond the paper: tok (token table, softmax), pos (position table)")
+    a("--sep", default="", help="language-specific parts (Table 1): emb, 1-3, 1-6, emb,1-3, emb,1-6; also tok, pos")
     a("--lang-emb", action="store_true", help="add language embeddings (off, as mBERT/XLM-100; D1)")
     preset("--n-layers", int, "layers")
     preset("--dim", int, "hidden size")
@@ -256,8 +261,7 @@ def get_args(argv=None):
     a("--alpha", type=float, default=ALPHA, help="language sampling exponent, p ~ n^alpha (XLM 0.7)")
     preset("--lr", float, "peak learning rate")
     preset("--warmup", int, "linear warm-up updates from 1e-7")
-    preset("--schedule", None, "after warm-up: lr * sqrt(warmup / step) (XLM) or linear to 0 at --max-steps",
-           choices=["inverse_sqrt", "linear"])
+    preset("--schedule", None, "after warm-up: inverse_sqrt (XLM) or linear to 0", choices=["inverse_sqrt", "linear"])
     a("--beta1", type=float, default=0.9, help="Adam beta1 (D3)")
     a("--beta2", type=float, default=0.999, help="Adam beta2 (D3)")
     a("--eps", type=float, default=1e-8, help="Adam eps (D3)")
@@ -267,14 +271,13 @@ def get_args(argv=None):
     preset("--epochs", int, "epochs")
     a("--max-steps", type=int, help="stop after this many updates (paper: none; --toy 8000)")
     a("--eval-every", type=int, help="also evaluate and save every N updates (default 0: once per epoch)")
-    a("--snapshots", default="", metavar="STEP,...", help="also keep the model at these updates as OUT/step{N}.pt "
-      "(as best.pt), e.g. 500,1000,2000,4000,8000 for learning curves")
+    a("--snapshots", default="", metavar="STEP,...", help="also keep the model at these updates as OUT/step{N}.pt")
     preset("--log-every", int, "progress line every N updates")
     a("--max-bad-steps", type=int, default=5, help="stop after this many NaN/inf losses in a row")
     # system
     a("--device", default="auto", help="auto, cpu, cuda (cuda:LOCAL_RANK under torchrun), cuda:N, mps")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-      help="autocast dtype: auto = bf16 on GPUs that support it, else fp16 (+GradScaler); fp32 on CPU and MPS")
+      help="autocast: auto = bf16 on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU and MPS")
     a("--compile", action="store_true", help="torch.compile the model")
     a("--threads", type=int, help="CPU threads for torch (default torch's; --toy 1)")
     args = p.parse_args(argv)
@@ -284,6 +287,8 @@ def get_args(argv=None):
             setattr(args, k, v)
     if args.merges is None:
         args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
+    if offsets_unset and args.pos_offsets < args.bptt:  # the --toy preset with a longer --bptt: off, not an error
+        args.pos_offsets = 0
 
     def need(ok, message):
         if not ok:
@@ -303,33 +308,30 @@ def get_args(argv=None):
         for k in names.split():
             v = getattr(args, k)  # None: not given (--threads, --bpe-lines)
             need(v is None or ok(v) and math.isfinite(v), f"--{k.replace('_', '-')} must be {what}, got {v}")
+    need(args.dim % args.n_heads == 0, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
+    need(not args.pos_offsets or args.pos_offsets >= args.bptt,
+         f"--pos-offsets {args.pos_offsets}: must be 0 (off) or at least --bptt {args.bptt}")
+    snapshots = args.snapshots.replace(",", " ").split()
+    need(all(x.isdigit() and int(x) > 0 for x in snapshots),
+         f"--snapshots: expected positive update numbers like 500,1000,2000, got {args.snapshots!r}")
+    args.snapshots = sorted({int(x) for x in snapshots})
+    vars(args).update(parsed("", parse_sep, args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers
     if args.toy:  # toydata.py's own checks, before anything is written
         parsed("--toy-order: ", parse_order, args.toy_order)
         toy_langs = (args.toy_langs or "en,fr").split(",")
         need(len(toy_langs) > 1 and distinct(toy_langs),
              f"--toy-langs {args.toy_langs}: expected two or more distinct languages, e.g. en,fr")
-    vars(args).update(parsed("", parse_sep, args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers
-    if offsets_unset and args.pos_offsets < args.bptt:  # the --toy preset with a longer --bptt: off, not an error
-        args.pos_offsets = 0
-    need(not args.pos_offsets or args.pos_offsets >= args.bptt,
-         f"--pos-offsets {args.pos_offsets}: must be 0 (off) or at least --bptt {args.bptt}")
-    try:
-        args.snapshots = sorted({int(x) for x in args.snapshots.split(",") if x.strip()})
-    except ValueError:
-        p.error(f"--snapshots: expected update numbers like 500,1000,2000, got {args.snapshots!r}")
-    need(all(n > 0 for n in args.snapshots), f"--snapshots: update numbers must be positive, got {args.snapshots}")
-    args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
+    # the data: --data, --train-files/--dev-files or the toy world in OUT/toy; prepared in --prep-dir
     need((args.train_files is None) == (args.dev_files is None), "--train-files and --dev-files go together")
     if args.train_files:
         need(args.data is None, "give either --data or --train-files/--dev-files, not both")
         args.train_files = parsed("", parse_lang_files, "--train-files", args.train_files, langs)
         args.dev_files = parsed("", parse_lang_files, "--dev-files", args.dev_files, langs)
-    args.toy_world = args.toy and args.data is None and not args.train_files  # toydata.py's world in OUT/toy
+    args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
+    args.toy_world = args.toy and args.data is None and not args.train_files
     if args.toy_world:
         args.data = os.path.join(args.out, "toy")
-    need(args.data is not None or args.train_files,
-         "--data (or --train-files/--dev-files) is required (or --toy for the synthetic world)")
-    need(args.dim % args.n_heads == 0, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
+    need(args.data is not None or args.train_files, "--data (or --train-files/--dev-files, or --toy) is required")
     if args.code_switch:
         need(not args.sep_tok, "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok")
         need(len(langs) == 2, "--code-switch needs exactly two --langs (the dictionary's source and target)")
@@ -342,7 +344,7 @@ def get_args(argv=None):
     return args
 
 # -----------------------------------------------------------------------------
-# helpers of main: run directory, toy world, prepared data, --sep gradients
+# the run directory: an earlier run's files, the toy world
 
 def open_run(args, ckpt_path):
     """--resume: the checkpoint, refused unless made with the same flags (RESUME_MAY_CHANGE aside). A new run refuses
@@ -351,11 +353,9 @@ def open_run(args, ckpt_path):
     if not args.resume:
         found = [f for f in RUN_FILES if os.path.exists(os.path.join(args.out, f))]
         if found and not args.overwrite and not args.prepare_only:
-            if os.path.exists(ckpt_path):
-                raise SystemExit(f"error: {ckpt_path} exists; pass --resume to continue that run, --overwrite to "
-                                 "start again in it, or choose another --out")
-            raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run (with no "
-                             "checkpoint.pt to resume); pass --overwrite to replace them, or choose another --out")
+            raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run; pass "
+                             + ("--resume to continue it, " if "checkpoint.pt" in found else "")
+                             + "--overwrite to start again in it, or choose another --out")
         return None
     if not os.path.isfile(ckpt_path):
         raise SystemExit(f"error: --resume: {ckpt_path} does not exist")
@@ -375,63 +375,25 @@ def open_run(args, ckpt_path):
 
 
 def write_toy_world(args, langs, master):
-    """--toy without --data: toydata.py's world in OUT/toy/, written once per set of flags by the master."""
-    record = os.path.join(args.out, "toy.json")
-    if not master:
-        while not os.path.exists(record):
-            time.sleep(2)
-        return
+    """--toy without --data: toydata.write_world with the --toy-* knobs in OUT/toy/, written once by the master.
+    OUT/toy.json records the knobs: it tells the other ranks the world is there, and refuses other knobs later."""
     langs = args.toy_langs.split(",") if args.toy_langs else langs if len(langs) > 1 else ["en", "fr"]
     knobs = {"langs": langs, "overlap": args.toy_overlap, "order": args.toy_order,
              "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic, "seed": args.toy_seed,
              **TOY_SIZES[args.toy_size]}
-    if os.path.exists(record):
-        with open(record) as f:
-            if json.load(f) != knobs:
-                raise SystemExit(f"error: {args.data} was written with other --toy-* flags; use another --out")
-        return
-    print(f"writing the toy world to {args.data}")
-    try:
-        write_world(args.data, force=True, **knobs)
-    except ValueError as e:
-        raise SystemExit(f"error: --toy-*: {e}")
-    except OSError as e:
-        raise SystemExit(f"error: cannot write the toy world: {e.filename}: {e.strerror}")
-    atomic_write(record, lambda tmp: write_text(tmp, json.dumps(knobs)))
-
-
-def load_data(data_dir, langs):
-    """The prepared directory -> (tokenizer, [train ids], [dev ids], [sentence counts]), ids memory-mapped."""
-    try:
-        tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
-    if set(langs) - set(tok.langs):
-        raise SystemExit(f"error: {data_dir}/tokenizer.json covers {tok.langs}, not --langs {','.join(langs)}")
-    train, dev, n_sentences = [], [], []
-    for l in langs:
+    record = os.path.join(args.out, "toy.json")
+    if master and not os.path.exists(record):
+        print(f"writing the toy world to {args.data}")
         try:
-            ids, meta = load_bin(os.path.join(data_dir, f"{l}.train"))
-            dev_ids, _ = load_bin(os.path.join(data_dir, f"{l}.dev"))
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"error: cannot read the prepared data of '{l}' in {data_dir}: {e}")
-        if meta["n_sentences"] == 0 or len(ids) == 0 or len(dev_ids) == 0:
-            raise SystemExit(f"error: language '{l}' has an empty train or dev corpus in {data_dir}")
-        train.append(ids)
-        dev.append(dev_ids)
-        n_sentences.append(meta["n_sentences"])
-    return tok, train, dev, n_sentences
-
-
-def drop_unused_lang_grads(model, used):
-    """None for the gradients of the language-specific parameters (--sep) of every language j that no micro-batch
-    of this update was in, on any rank (used[j] == 0). The DDP zero term gives them an exactly-zero gradient and Adam
-    would still move them by momentum; a None gradient makes Adam skip them, so they change only on their own
-    language's updates (as in XLM)."""
-    for j, u in enumerate(used):
-        if not u:
-            for p in model.lang_specific_parameters(j):
-                p.grad = None
+            write_world(args.data, force=True, **knobs)
+            write_text(record, json.dumps(knobs))
+        except OSError as e:
+            raise SystemExit(f"error: cannot write the toy world: {e.filename}: {e.strerror}")
+    while not os.path.exists(record):
+        time.sleep(2)
+    with open(record) as f:
+        if json.load(f) != knobs:
+            raise SystemExit(f"error: {args.data} was written with other --toy-* flags; use another --out")
 
 # -----------------------------------------------------------------------------
 # main: device, run directory, data, model and optimiser, training loop with evaluation and checkpoints
@@ -454,40 +416,41 @@ def main(argv=None):
     log = print if master else (lambda *a, **k: None)
     ckpt_path, log_path = os.path.join(args.out, "checkpoint.pt"), os.path.join(args.out, "log.jsonl")
 
-    # SIGTERM (a preempted job) or Ctrl-C: before training, stop at once with one line; during training only set a
-    # flag (the handler may interrupt a print): the loop finishes the update, saves checkpoint.pt, exits 128 + signal
+    # SIGTERM (a preempted job) or Ctrl-C during training only sets a flag (the handler may interrupt a print): the
+    # loop finishes the update, saves checkpoint.pt and exits 128 + signal. Before training, or a second time: at once
     stop_signal, training = None, False  # training: set just before the loop
 
     def on_signal(signum, frame):
         nonlocal stop_signal
-        name = signal.Signals(signum).name
-        if not training:
-            raise SystemExit(f"error: stopped by {name} before training started; no run file was written (data "
-                             "prepared so far stay cached): run the same command again")
-        if stop_signal is not None:
-            raise SystemExit(f"error: {name} again: stopped without saving; the last {ckpt_path}, if any, goes on "
-                             "with --resume")
+        if not training or stop_signal is not None:
+            raise SystemExit(f"error: stopped by {signal.Signals(signum).name} without saving; the same command goes "
+                             f"on (with --resume once {ckpt_path} exists; prepared data stay cached)")
         stop_signal = signum
 
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
-    # run directory and data: every input checked before any work, prepared once (bpe.prepare: the master prepares,
-    # the other ranks wait), then memory-mapped
+    # data: the toy world, then bpe.prepare (every input checked first; the master prepares, the other ranks wait),
+    # then the prepared ids, memory-mapped
     ckpt = open_run(args, ckpt_path)
     make_dir("--out", args.out)
-    files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
-    if master:  # the toy world's files are checked once written
-        check_inputs(langs, None if args.toy_world else args.data, files,
-                     None if args.toy_world and not os.path.exists(args.code_switch or "") else args.code_switch)
     if args.toy_world:
         write_toy_world(args, langs, master)
+    files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
     data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
                        separate_vocab=args.sep_tok, lowercase=args.lowercase, max_lines=args.bpe_lines,
                        seed=args.seed, code_switch=args.code_switch, workers=args.workers, master=master)
     if args.prepare_only:
         log(f"data prepared in {data_dir}")
         sys.exit(0)
-    tok, train, dev, n_sentences = load_data(data_dir, langs)
+    try:
+        tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
+        train = [load_bin(os.path.join(data_dir, f"{l}.train")) for l in langs]  # (ids, meta) per language
+        dev = [load_bin(os.path.join(data_dir, f"{l}.dev"))[0] for l in langs]
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: cannot read the prepared data in {data_dir}: {e}")
+    n_sentences, train = [meta["n_sentences"] for _, meta in train], [ids for ids, _ in train]
+    if set(langs) - set(tok.langs) or 0 in n_sentences or not all(len(ids) for ids in train + dev):
+        raise SystemExit(f"error: {data_dir} has no vocabulary or an empty train or dev corpus for one of --langs")
     n_tokens, vocab_sizes = [len(t) for t in train], [tok.vocab_size(l) for l in langs]
     probs = sampling_probs(n_sentences, args.alpha)
     if ckpt is not None and (ckpt["tokenizer"] != tok.to_dict() or ckpt["data"]["n_tokens"] != n_tokens):
