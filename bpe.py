@@ -20,6 +20,7 @@ import hashlib
 import heapq
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -213,12 +214,8 @@ class BPE:
         if word not in self.cache:
             w = list(word[:-1]) + [word[-1] + EOW] if word else []
             while len(w) > 1:
-                best, best_rank = None, len(self.merges)
-                for pair in zip(w, w[1:]):
-                    r = self.ranks.get(pair, best_rank)
-                    if r < best_rank:
-                        best, best_rank = pair, r
-                if best is None:
+                best = min(zip(w, w[1:]), key=lambda pair: self.ranks.get(pair, math.inf))  # the first, on a tie
+                if best not in self.ranks:
                     break
                 w = merge_pair(w, *best)
             self.cache[word] = tuple(w[:-1]) + (w[-1][: -len(EOW)],) if w else ()
@@ -435,15 +432,10 @@ class Tokenizer:
     def load(cls, path):
         """Read a tokenizer.json written by save(); anything else raises ValueError naming the file."""
         try:
-            with open(path, "rb") as f:
-                d = json.loads(f.read().decode("utf-8"))
-            if not isinstance(d, dict):
-                raise ValueError(f"a JSON {type(d).__name__}, not an object")
-            return cls.from_dict(d)
-        except (KeyError, ValueError, TypeError, IndexError) as e:
-            reason = (f"not valid UTF-8: {e.reason} at byte {e.start}" if isinstance(e, UnicodeDecodeError) else
-                      f"not JSON: {e}" if isinstance(e, json.JSONDecodeError) else
-                      f"no {e} entry" if isinstance(e, KeyError) else str(e))
+            with open(path, encoding="utf-8") as f:
+                return cls.from_dict(json.load(f))
+        except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
+            reason = f"not JSON: {e}" if isinstance(e, json.JSONDecodeError) else f"{type(e).__name__}: {e}"
             raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})") from None
 
 # -----------------------------------------------------------------------------
@@ -732,71 +724,70 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     return out
 
 # -----------------------------------------------------------------------------
-# Command line
+# Command line: one subcommand per step (options shared by several commands are defined once)
+
+OPTIONS = {
+    "--lang": dict(help="language for pretokenize (default: the file name up to the first '.')"),
+    "--pretokenized": dict(action="store_true", help="split lines on spaces only, as subword-nmt"),
+    "--lowercase": dict(action="store_true", help="lowercase and strip accents (XLM-15)"),
+    "--max-lines": dict(type=int, help="learn BPE and the vocabulary from at most this many lines per file"),
+    "--min-freq": dict(type=int, default=2, help="stop BPE when the best pair is rarer"),
+    "--errors": dict(choices=["strict", "replace"], default="strict", help="not UTF-8: stop, or U+FFFD"),
+    "--mode": dict(choices=MODES, default="joint", help="vocabulary regime (paper §4.2)"),
+    "--separate-vocab": dict(action="store_true", help="one id space per language (separate embeddings)"),
+    "--seed": dict(type=int, default=0, help="seed of the joint-BPE line sampling and code-switching"),
+    "--workers": dict(type=int, default=1, help="encoding processes"),
+    "--code-switch": dict(metavar="DICT", help="MUSE dictionary: code-switch the (training) text (paper §4.2)"),
+}
+COMMANDS = {  # name: (help, options: a name in OPTIONS, or (name, add_argument's keywords))
+    "learn": ("learn BPE codes (subword-nmt v0.2 format) from text files", [
+        ("--input", dict(nargs="+", required=True, help="text files (their word counts are summed)")),
+        ("--output", dict(required=True, help="codes file to write")),
+        ("--merges", dict(type=int, default=10000, help="paper: 80000 joint, 40000 per language")),
+        "--min-freq", "--lang", "--pretokenized", "--lowercase", "--max-lines", "--errors"]),
+    "apply": ("apply BPE codes (subword-nmt or fastBPE) to a text file", [
+        ("--codes", dict(required=True)), ("--input", dict(required=True)), ("--output", dict(required=True)),
+        "--lang", "--pretokenized", "--lowercase", "--errors"]),
+    "vocab": ("build a Tokenizer (BPE + vocabulary) in one of the three regimes", [
+        ("--train", dict(nargs="+", required=True, metavar="LANG=PATH")), "--mode",
+        ("--merges", dict(type=int, default=80000, help="per language unless joint (paper: 40000)")),
+        "--separate-vocab", "--min-freq", "--lowercase", "--max-lines", "--seed",
+        ("--out", dict(required=True, help="directory for tokenizer.json, codes.LANG and vocab.LANG"))]),
+    "binarize": ("text -> flat id file (.bin + .json) for pretrain.py", [
+        ("--tokenizer", dict(required=True, help="tokenizer.json written by `vocab`")),
+        ("--lang", dict(required=True)), ("--input", dict(required=True)),
+        ("--out-prefix", dict(required=True, help="writes OUT_PREFIX.bin and OUT_PREFIX.json")),
+        "--workers", "--code-switch",
+        ("--cs-lang", dict(help="language of the translations (default: the other one)")),
+        ("--cs-p", dict(type=float, default=0.3, help="replacement probability per dictionary word")),
+        ("--cs-max-frac", dict(type=float, default=0.15, help="at most this fraction of a line's words")),
+        "--seed", "--errors"]),
+    "prepare": ("tokenizer + binarised train/dev splits for pretrain.py --data, cached under --out", [
+        ("--data", dict(help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")),
+        ("--train-files", dict(metavar="LANG=PATH,...")), ("--dev-files", dict(metavar="LANG=PATH,...")),
+        ("--langs", dict(default="en,fr")), "--mode",
+        ("--merges", dict(type=int, help="default: the paper's 80000 joint, else 40000")),
+        "--separate-vocab", "--lowercase", "--max-lines", "--seed", "--code-switch", "--workers",
+        ("--out", dict(required=True, help="cache directory; the prepared directory inside it is printed"))]),
+}
+
 
 def main(argv=None):
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=fmt)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    shared = {  # options of several commands
-        "--lang": dict(help="language for pretokenize (default: the file name up to the first '.')"),
-        "--pretokenized": dict(action="store_true", help="split lines on spaces only, as subword-nmt"),
-        "--lowercase": dict(action="store_true", help="lowercase and strip accents (XLM-15)"),
-        "--max-lines": dict(type=int, help="learn BPE and the vocabulary from at most this many lines per file"),
-        "--min-freq": dict(type=int, default=2, help="stop BPE when the best pair is rarer"),
-        "--errors": dict(choices=["strict", "replace"], default="strict", help="not UTF-8: stop, or U+FFFD"),
-        "--mode": dict(choices=MODES, default="joint", help="vocabulary regime (paper §4.2)"),
-        "--separate-vocab": dict(action="store_true", help="one id space per language (separate embeddings)"),
-        "--seed": dict(type=int, default=0, help="seed of the joint-BPE line sampling and code-switching"),
-        "--workers": dict(type=int, default=1, help="encoding processes"),
-        "--code-switch": dict(metavar="DICT", help="MUSE dictionary: code-switch the (training) text (paper §4.2)"),
-    }
-
-    def command(name, help, *options):  # an option: a name in `shared`, or (name, add_argument's keywords)
+    for name, (help, options) in COMMANDS.items():
         p = sub.add_parser(name, help=help, formatter_class=fmt)
         for o in options:
-            p.add_argument(o, **shared[o]) if isinstance(o, str) else p.add_argument(o[0], **o[1])
-
-    command("learn", "learn BPE codes (subword-nmt v0.2 format) from text files",
-            ("--input", dict(nargs="+", required=True, help="text files (their word counts are summed)")),
-            ("--output", dict(required=True, help="codes file to write")),
-            ("--merges", dict(type=int, default=10000, help="paper: 80000 joint, 40000 per language")),
-            "--min-freq", "--lang", "--pretokenized", "--lowercase", "--max-lines", "--errors")
-    command("apply", "apply BPE codes (subword-nmt or fastBPE) to a text file",
-            ("--codes", dict(required=True)), ("--input", dict(required=True)), ("--output", dict(required=True)),
-            "--lang", "--pretokenized", "--lowercase", "--errors")
-    command("vocab", "build a Tokenizer (BPE + vocabulary) in one of the three regimes",
-            ("--train", dict(nargs="+", required=True, metavar="LANG=PATH")), "--mode",
-            ("--merges", dict(type=int, default=80000, help="per language unless joint (paper: 40000)")),
-            "--separate-vocab", "--min-freq", "--lowercase", "--max-lines", "--seed",
-            ("--out", dict(required=True, help="directory for tokenizer.json, codes.LANG and vocab.LANG")))
-    command("binarize", "text -> flat id file (.bin + .json) for pretrain.py",
-            ("--tokenizer", dict(required=True, help="tokenizer.json written by `vocab`")),
-            ("--lang", dict(required=True)), ("--input", dict(required=True)),
-            ("--out-prefix", dict(required=True, help="writes OUT_PREFIX.bin and OUT_PREFIX.json")),
-            "--workers", "--code-switch",
-            ("--cs-lang", dict(help="language of the translations (default: the other one)")),
-            ("--cs-p", dict(type=float, default=0.3, help="replacement probability per dictionary word")),
-            ("--cs-max-frac", dict(type=float, default=0.15, help="at most this fraction of a line's words")),
-            "--seed", "--errors")
-    command("prepare", "tokenizer + binarised train/dev splits for pretrain.py --data, cached under --out",
-            ("--data", dict(help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")),
-            ("--train-files", dict(metavar="LANG=PATH,...")), ("--dev-files", dict(metavar="LANG=PATH,...")),
-            ("--langs", dict(default="en,fr")), "--mode",
-            ("--merges", dict(type=int, help="default: the paper's 80000 joint, else 40000")),
-            "--separate-vocab", "--lowercase", "--max-lines", "--seed", "--code-switch", "--workers",
-            ("--out", dict(required=True, help="cache directory; the prepared directory inside it is printed")))
+            flag, kw = (o, OPTIONS[o]) if isinstance(o, str) else o
+            p.add_argument(flag, **kw)
     args = parser.parse_args(argv)
-    # the user's mistakes are caught here, before any work, each as one line naming the flag
+    # the user's mistakes are caught here, before any work, each as one line naming the flag (a missing input file:
+    # the first read names it)
     for k in ("merges", "min_freq", "max_lines", "workers", "cs_p", "cs_max_frac"):
         v, fraction = getattr(args, k, None), k.startswith("cs_")
         if v is not None and (not 0 <= v <= 1 if fraction else v < 1):
             parser.error(f"--{k.replace('_', '-')} must be {'in [0, 1]' if fraction else '>= 1'}, got {v}")
-    inputs = [("--input", p) for p in args.input] if args.cmd == "learn" else [
-        (f"--{k.replace('_', '-')}", getattr(args, k, None)) for k in ("codes", "tokenizer", "input", "code_switch")]
-    for flag, path in inputs:
-        if path is not None and not os.path.isfile(path):
-            parser.error(f"{flag} {path}: no such file")
     for flag, path in (("--output", vars(args).get("output")), ("--out-prefix", vars(args).get("out_prefix"))):
         if path and not os.path.isdir(os.path.dirname(path) or "."):
             parser.error(f"{flag} {path}: no directory {os.path.dirname(path) or '.'}")
@@ -834,20 +825,6 @@ def main(argv=None):
                 tok.bpes[lang].save(os.path.join(args.out, f"codes.{lang}"))
                 tok.vocabs[lang].save(os.path.join(args.out, f"vocab.{lang}"))
             print(f"wrote {args.out}/tokenizer.json, codes.<lang>, vocab.<lang>")
-        elif args.cmd == "prepare":
-            langs = args.langs.split(",")
-            if (args.train_files is None) != (args.dev_files is None) or (args.data is None) == (args.train_files is None):
-                raise ValueError("give --data, or --train-files with --dev-files")
-            files = None
-            if args.train_files:
-                train = parse_lang_files("--train-files", args.train_files, langs)
-                dev = parse_lang_files("--dev-files", args.dev_files, langs)
-                files = {l: {"train": train[l], "dev": dev[l]} for l in langs}
-            if args.code_switch and (args.separate_vocab or len(langs) != 2):
-                raise ValueError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
-            merges = args.merges or (80000 if args.mode == "joint" else 40000)
-            print(prepare(langs, args.out, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,
-                          args.max_lines, args.seed, args.code_switch, args.workers))
         elif args.cmd == "binarize":
             try:
                 tok = Tokenizer.load(args.tokenizer)
@@ -859,6 +836,19 @@ def main(argv=None):
             print(json.dumps(binarize(args.input, tok, args.lang, args.out_prefix, args.workers,
                                       read_dictionary(args.code_switch) if args.code_switch else None,
                                       args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)))
+        elif args.cmd == "prepare":
+            langs, files = args.langs.split(","), None
+            if (args.train_files is None) != (args.dev_files is None) or (args.data is None) == (args.train_files is None):
+                raise ValueError("give --data, or --train-files with --dev-files")
+            if args.train_files:
+                train = parse_lang_files("--train-files", args.train_files, langs)
+                dev = parse_lang_files("--dev-files", args.dev_files, langs)
+                files = {l: {"train": train[l], "dev": dev[l]} for l in langs}
+            if args.code_switch and (args.separate_vocab or len(langs) != 2):
+                raise ValueError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
+            merges = args.merges or (80000 if args.mode == "joint" else 40000)
+            print(prepare(langs, args.out, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,
+                          args.max_lines, args.seed, args.code_switch, args.workers))
     except (ValueError, OSError) as e:
         if isinstance(e, OSError) and e.filename:  # "No such file or directory: x.tmp" -> the file meant
             e = f"{str(e.filename).removesuffix('.tmp')}: {e.strerror}"

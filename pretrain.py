@@ -15,9 +15,8 @@ Run:
     torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3 --out runs/sep
     python pretrain.py ... --resume                               # continue from runs/.../checkpoint.pt
 
---device and --dtype are model.pick_device's (as in finetune.py, align.py, cka.py): auto = bfloat16 autocast on
-GPUs that support it (else float16 with a GradScaler), float32 on CPU. The text is prepared once by bpe.prepare
-(the same as `python bpe.py prepare`); this file reads what it wrote.
+--device and --dtype are model.pick_device's, as in finetune.py, align.py and cka.py. The text is prepared once by
+bpe.prepare (the same as `python bpe.py prepare`); this file reads what it wrote.
 """
 
 import argparse
@@ -39,8 +38,7 @@ from tqdm import tqdm
 from bpe import (EOS_ID, MASK_ID, MODES, Tokenizer, atomic_write, load_bin, make_dir, parse_lang_files, prepare,
                  write_text)
 from model import MLM, ModelConfig, autocast, parse_sep, pick_device, save_model
-from toydata import SIZES as TOY_SIZES
-from toydata import parse_order, write_world
+from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
 MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
 PRED_PROBS = (0.8, 0.1, 0.1)  # of those: MASK, kept, random id (XLM word_mask_keep_rand)
@@ -142,7 +140,7 @@ class StreamSampler:
         self.order = [o.numpy().astype(np.int64) for o in d["order"]]
 
 # -----------------------------------------------------------------------------
-# evaluation (XLM evaluate_mlm: deterministic masking, all selected tokens -> MASK)
+# evaluation (XLM evaluate_mlm: deterministic masking, all selected tokens -> MASK), and --sep's unused parameters
 
 @torch.no_grad()
 def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_forward=32):
@@ -165,8 +163,6 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
     except OverflowError:  # a mean cross-entropy above ~709.8 nats: a diverged model
         return float("inf")
 
-# -----------------------------------------------------------------------------
-# --sep: the private parameters of a language an update did not see stay where they are
 
 def drop_unused_lang_grads(model, used):
     """None for the gradients of the language-specific parameters (--sep) of every language j that no micro-batch
@@ -200,11 +196,9 @@ RANGES = [("> 0", lambda v: v > 0, "n_layers dim n_heads batch_size bptt accumul
           ("in [0, 1)", lambda v: 0 <= v < 1, "dropout attention_dropout beta1 beta2"),
           ("in [0, 1]", lambda v: 0 <= v <= 1, "toy_overlap toy_domain_shift")]
 WHEN_THINGS_GO_WRONG = """\
-when things go wrong:
-  SIGTERM or Ctrl-C   finish the update, save OUT/checkpoint.pt, exit 143 / 130; the same command + --resume goes on
-  divergence          a non-finite dev perplexity never overwrites checkpoint.pt or best.pt; the run stops (exit 1)
-  an existing --out   with checkpoint.pt, best.pt or log.jsonl needs --resume or --overwrite (toy/, data/ are reused)
-  a failed write      (disk full) leaves the previous checkpoint.pt / best.pt intact and no temp file"""
+when things go wrong: SIGTERM or Ctrl-C finishes the update, saves OUT/checkpoint.pt and exits 143 / 130 (the same
+command + --resume goes on); a non-finite dev perplexity or a full disk never overwrites checkpoint.pt or best.pt;
+an --out holding an earlier run's files needs --resume or --overwrite (its toy/ and data/ are always reused)"""
 
 
 def get_args(argv=None):
@@ -335,12 +329,10 @@ def get_args(argv=None):
     if args.code_switch:
         need(not args.sep_tok, "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok")
         need(len(langs) == 2, "--code-switch needs exactly two --langs (the dictionary's source and target)")
-        if args.code_switch == "toy":  # the toy world's own dictionary (written before the data are prepared)
-            args.code_switch = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[1]}.txt")
-            need(args.toy_world or os.path.isfile(args.code_switch), f"--code-switch toy: no toy dictionary "
-                 f"{args.code_switch} (needs --toy, or --data a toydata.py world)")
-        else:
-            need(os.path.isfile(args.code_switch), f"--code-switch {args.code_switch}: no such file")
+        toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[1]}.txt")  # written with the toy world
+        args.code_switch = toy_dict if args.code_switch == "toy" else args.code_switch
+        need(os.path.isfile(args.code_switch) or args.toy_world and args.code_switch == toy_dict,
+             f"--code-switch {args.code_switch}: no such file ('toy' needs --toy, or --data a toydata.py world)")
     return args
 
 # -----------------------------------------------------------------------------
@@ -348,29 +340,25 @@ def get_args(argv=None):
 
 def open_run(args, ckpt_path):
     """--resume: the checkpoint, refused unless made with the same flags (RESUME_MAY_CHANGE aside). A new run refuses
-    an --out holding an earlier run's files unless --overwrite (never overwrite its best.pt or append to its
-    log.jsonl); the cached toy world (toy/) and prepared data (data/) are not a run's files: they are reused."""
+    an --out holding an earlier run's files unless --overwrite; the toy world (toy/) and prepared data (data/) are
+    not a run's files: they are reused."""
     if not args.resume:
         found = [f for f in RUN_FILES if os.path.exists(os.path.join(args.out, f))]
         if found and not args.overwrite and not args.prepare_only:
-            raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run; pass "
-                             + ("--resume to continue it, " if "checkpoint.pt" in found else "")
-                             + "--overwrite to start again in it, or choose another --out")
+            raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run; pass --resume to "
+                             "continue it (with its checkpoint.pt), --overwrite to start again, or another --out")
         return None
-    if not os.path.isfile(ckpt_path):
-        raise SystemExit(f"error: --resume: {ckpt_path} does not exist")
     try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except Exception as e:
+    except Exception as e:  # no such file, or a damaged one
         raise SystemExit(f"error: --resume: cannot read {ckpt_path}: {e}")
     if not isinstance(ckpt, dict) or not {"args", "model", "optimizer", "rng"} <= set(ckpt):
         raise SystemExit(f"error: --resume: {ckpt_path} is not a checkpoint written by pretrain.py")
     old, new = ckpt["args"], vars(args)
-    diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} now"
-                   for k in sorted(set(old) | set(new)) if k not in RESUME_MAY_CHANGE and old.get(k) != new.get(k))
+    diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
+                   for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
     if diff:
-        raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:{diff}\n"
-                         "use the same flags, or another --out for a new run")
+        raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:{diff}")
     return ckpt
 
 
@@ -384,11 +372,8 @@ def write_toy_world(args, langs, master):
     record = os.path.join(args.out, "toy.json")
     if master and not os.path.exists(record):
         print(f"writing the toy world to {args.data}")
-        try:
-            write_world(args.data, force=True, **knobs)
-            write_text(record, json.dumps(knobs))
-        except OSError as e:
-            raise SystemExit(f"error: cannot write the toy world: {e.filename}: {e.strerror}")
+        write_world(args.data, force=True, **knobs)
+        write_text(record, json.dumps(knobs))
     while not os.path.exists(record):
         time.sleep(2)
     with open(record) as f:
@@ -423,14 +408,14 @@ def main(argv=None):
     def on_signal(signum, frame):
         nonlocal stop_signal
         if not training or stop_signal is not None:
-            raise SystemExit(f"error: stopped by {signal.Signals(signum).name} without saving; the same command goes "
-                             f"on (with --resume once {ckpt_path} exists; prepared data stay cached)")
+            raise SystemExit(f"error: stopped by {signal.Signals(signum).name} without saving; run the same command "
+                             f"again (with --resume if {ckpt_path} exists; prepared data stay cached)")
         stop_signal = signum
 
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     # data: the toy world, then bpe.prepare (every input checked first; the master prepares, the other ranks wait),
-    # then the prepared ids, memory-mapped
+    # then what it wrote: the tokenizer and each language's ids, memory-mapped
     ckpt = open_run(args, ckpt_path)
     make_dir("--out", args.out)
     if args.toy_world:
@@ -442,20 +427,23 @@ def main(argv=None):
     if args.prepare_only:
         log(f"data prepared in {data_dir}")
         sys.exit(0)
+    train, dev, n_sentences = [], [], []
     try:
         tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
-        train = [load_bin(os.path.join(data_dir, f"{l}.train")) for l in langs]  # (ids, meta) per language
-        dev = [load_bin(os.path.join(data_dir, f"{l}.dev"))[0] for l in langs]
+        for l in langs:
+            ids, meta = load_bin(os.path.join(data_dir, f"{l}.train"))
+            dev_ids, _ = load_bin(os.path.join(data_dir, f"{l}.dev"))
+            train.append(ids)
+            dev.append(dev_ids)
+            n_sentences.append(meta["n_sentences"])
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: cannot read the prepared data in {data_dir}: {e}")
-    n_sentences, train = [meta["n_sentences"] for _, meta in train], [ids for ids, _ in train]
-    if set(langs) - set(tok.langs) or 0 in n_sentences or not all(len(ids) for ids in train + dev):
+    if set(langs) - set(tok.langs) or not all(len(ids) for ids in train + dev):
         raise SystemExit(f"error: {data_dir} has no vocabulary or an empty train or dev corpus for one of --langs")
-    n_tokens, vocab_sizes = [len(t) for t in train], [tok.vocab_size(l) for l in langs]
+    n_tokens, vocab_sizes = [len(ids) for ids in train], [tok.vocab_size(l) for l in langs]
     probs = sampling_probs(n_sentences, args.alpha)
     if ckpt is not None and (ckpt["tokenizer"] != tok.to_dict() or ckpt["data"]["n_tokens"] != n_tokens):
-        raise SystemExit(f"error: --resume: the data or vocabulary in {data_dir} differ from the ones "
-                         f"{ckpt_path} was trained on; use the same data, or another --out")
+        raise SystemExit(f"error: --resume: the data in {data_dir} are not the ones {ckpt_path} was trained on")
 
     # model and optimiser (D3: Adam, no weight decay; XLM's weight decay, when asked for, is decoupled = AdamW)
     torch.manual_seed(args.seed)  # same init on every rank (DDP broadcasts rank 0's anyway)
@@ -477,29 +465,31 @@ def main(argv=None):
     mask_gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
     torch.manual_seed(args.seed * 1000 + rank + 2)
     step, epoch, n_streams, best_ppl, bad_steps = 0, 0, 0, float("inf"), 0
-    saved_step, log_bytes = None, None  # the step checkpoint.pt holds; the size log.jsonl had then
+    saved_step = None  # the step checkpoint.pt holds
     if ckpt is not None:
+        if len(ckpt["rng"]) != world_size:  # every rank goes on from its own RNG states
+            raise SystemExit(f"error: --resume: {ckpt_path} goes on with {len(ckpt['rng'])} processes only")
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         if ckpt["scaler"] and scaler.is_enabled():  # empty when the run was not fp16
             scaler.load_state_dict(ckpt["scaler"])
         step, epoch, n_streams, best_ppl = ckpt["step"], ckpt["epoch"], ckpt["n_streams"], ckpt["best_ppl"]
-        if len(ckpt["rng"]) == world_size:
-            r = ckpt["rng"][rank]
-            sampler.load_state_dict(r["sampler"])
-            mask_gen.set_state(r["mask"])
-            torch.set_rng_state(r["torch"])
-            if device_type == "cuda" and r.get("cuda") is not None:
-                torch.cuda.set_rng_state(r["cuda"])
-        else:  # a different number of processes: carry on, but the data order is no longer the same
-            log(f"warning: checkpoint was written by {len(ckpt['rng'])} processes, now {world_size}: fresh RNG streams")
-            sampler = StreamSampler(sampler.n_batches, probs, seed=[args.seed, rank, step])
-            mask_gen.manual_seed(args.seed * 1000 + rank + 1 + 7919 * step)
-        saved_step, log_bytes = step, ckpt.get("log_bytes")
+        saved_step, r = step, ckpt["rng"][rank]
+        sampler.load_state_dict(r["sampler"])
+        mask_gen.set_state(r["mask"])
+        torch.set_rng_state(r["torch"])
+        if device_type == "cuda" and r.get("cuda") is not None:
+            torch.cuda.set_rng_state(r["cuda"])
         changed = ", ".join(f"--{k} {ckpt['args'].get(k)} -> {getattr(args, k)}" for k in ("lr", "warmup")
                             if ckpt["args"].get(k) != getattr(args, k))
         log(f"resumed from {ckpt_path} at step {step}, epoch {epoch}" + (f" ({changed})" if changed else ""))
+        if master and os.path.exists(log_path) and os.path.getsize(log_path) > ckpt["log_bytes"]:
+            with open(log_path, "r+b") as f:  # what was logged after the checkpoint is done again
+                f.truncate(ckpt["log_bytes"])
         del ckpt
+    for name in RUN_FILES if master and args.overwrite else ():  # a new run: no file of the earlier one is mixed in
+        if os.path.exists(os.path.join(args.out, name)):
+            os.remove(os.path.join(args.out, name))
 
     model = torch.compile(raw_model) if args.compile else raw_model
     if ddp:
@@ -512,23 +502,14 @@ def main(argv=None):
         f"{tokens_per_update:,} tokens per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} "
         f"accumulation x {world_size} processes), dtype {dtype}, device {device}")
 
-    # checkpoints and log.jsonl (the master writes, each file through a temp file and a rename: bpe.atomic_write)
-    if master and args.overwrite:  # a new run: no file of the earlier one may survive to be mixed in
-        for f in RUN_FILES:
-            if os.path.exists(os.path.join(args.out, f)):
-                os.remove(os.path.join(args.out, f))
-    if master and log_bytes is not None and os.path.exists(log_path) and os.path.getsize(log_path) > log_bytes:
-        with open(log_path, "r+b") as f:  # a resume: what was logged after the checkpoint is redone
-            f.truncate(log_bytes)
-        log(f"{log_path}: records after step {step} dropped (they are redone from the checkpoint)")
-
+    # checkpoints and log.jsonl: the master writes, each file through a temp file and a rename (bpe.atomic_write)
     def log_json(obj):
-        if master:
-            try:
+        try:
+            if master:
                 with open(log_path, "a") as f:
                     f.write(json.dumps(obj) + "\n")
-            except OSError as e:
-                raise SystemExit(f"error: cannot write {log_path}: {e.strerror}")
+        except OSError as e:
+            raise SystemExit(f"error: cannot write {log_path}: {e.strerror}")
 
     def save_checkpoint():
         """checkpoint.pt: everything needed to go on bit for bit (collective: gathers every rank's RNGs)."""
@@ -546,38 +527,6 @@ def main(argv=None):
                   "log_bytes": os.path.getsize(log_path) if os.path.exists(log_path) else 0}
             atomic_write(ckpt_path, lambda tmp: torch.save(ck, tmp))
         saved_step = step
-
-    def evaluate_and_save():
-        """Dev perplexity (master); best.pt when English improves (paper §3.1), step{N}.pt for --snapshots, then
-        checkpoint.pt. A perplexity that is not finite (diverged): nothing is saved, returns False."""
-        nonlocal best_ppl
-        ok = True
-        if master:
-            ppl = {l: evaluate_ppl(raw_model, dev[j], j, vocab_sizes[j], args.bptt, device, ctx)
-                   for j, l in enumerate(langs)}
-            ok = all(math.isfinite(v) for v in ppl.values())
-            improved = ok and ppl[langs[0]] < best_ppl
-            log(f"eval step {step} epoch {epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
-                + (" (best)" if improved else ""))
-            for j, l in enumerate(langs):  # a uniform guess scores V, a fresh model a few times V
-                if math.isfinite(ppl[l]) and ppl[l] > 10 * vocab_sizes[j]:
-                    log(f"warning: {l} dev ppl {ppl[l]:.3g} is over 10 times the vocabulary size {vocab_sizes[j]} "
-                        "(a uniform guess scores the vocabulary size): training is diverging; a lower --lr may help")
-            log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
-            best_ppl = ppl[langs[0]] if improved else best_ppl
-            names = (["best.pt"] if improved else []) + ([f"step{step}.pt"] if ok and step in args.snapshots else [])
-            for name in names:
-                atomic_write(os.path.join(args.out, name), lambda tmp: save_model(
-                    tmp, raw_model, tokenizer=tok.to_dict(), langs=langs, args=vars(args), step=step, dev_ppl=ppl))
-        if ddp:
-            obj = [best_ppl, ok]
-            dist.broadcast_object_list(obj, src=0)
-            best_ppl, ok = obj
-        if ok:
-            save_checkpoint()
-        else:
-            log(f"warning: step {step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
-        return ok
 
     # -------------------------------------------------------------------------
     # training loop: one update = `accumulate` micro-batches, each one language (XLM src/trainer.py mlm_step)
@@ -636,30 +585,58 @@ def main(argv=None):
                 log(f"step {step}: fp16 gradient overflow, update skipped, loss scale now {scaler.get_scale():g}")
         else:
             bad_steps += 1
-            log(f"step {step}: non-finite loss {loss_value} / grad norm {grad_norm}, update skipped "
-                f"({bad_steps} in a row)")
+            log(f"step {step}: non-finite loss {loss_value} / grad norm {grad_norm}, skipped ({bad_steps} in a row)")
             log_json({"step": step, "skipped": True, "loss": loss_value, "grad_norm": grad_norm})
             if bad_steps >= args.max_bad_steps:
                 diverged = f"{bad_steps} non-finite losses in a row at step {step}"
                 break
         optimizer.zero_grad(set_to_none=True)
-
         if stepped and step % args.log_every == 0:
             tok_s, t0 = tokens_per_update * args.log_every / (time.time() - t0), time.time()
             log(f"step {step} | epoch {epoch} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_norm:.2f} | "
                 f"{tok_s:,.0f} tok/s")
             log_json({"step": step, "epoch": epoch, "lang": ",".join(micro_langs), "loss": loss_value, "lr": lr,
                       "grad_norm": grad_norm, "tok_per_s": tok_s})
+
+        # evaluation (master) at the end of an epoch and of the run, every --eval-every and at --snapshots: best.pt
+        # when English improves (paper §3.1), step{N}.pt, then checkpoint.pt; a non-finite perplexity saves nothing
         epoch_end = n_streams >= args.epoch_size
         if (epoch_end or step >= args.max_steps
                 or stepped and (args.eval_every and step % args.eval_every == 0 or step in args.snapshots)):
             if epoch_end:  # XLM: the epoch counter moves on after the end-of-epoch evaluation
                 n_streams, epoch = 0, epoch + 1
-            if not evaluate_and_save():
+            ok = True
+            if master:
+                ppl = {l: evaluate_ppl(raw_model, dev[j], j, vocab_sizes[j], args.bptt, device, ctx)
+                       for j, l in enumerate(langs)}
+                ok = all(math.isfinite(v) for v in ppl.values())
+                improved = ok and ppl[langs[0]] < best_ppl
+                log(f"eval step {step} epoch {epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
+                    + (" (best)" if improved else ""))
+                for j, l in enumerate(langs):  # a uniform guess scores V, a fresh model a few times V
+                    if math.isfinite(ppl[l]) and ppl[l] > 10 * vocab_sizes[j]:
+                        log(f"warning: {l} dev ppl {ppl[l]:.3g} is over 10 times the vocabulary size "
+                            f"{vocab_sizes[j]} (a uniform guess scores it): training is diverging; try a lower --lr")
+                log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
+                best_ppl = ppl[langs[0]] if improved else best_ppl
+                names = (["best.pt"] if improved else []) + (
+                    [f"step{step}.pt"] if ok and step in args.snapshots else [])
+                for name in names:
+                    atomic_write(os.path.join(args.out, name), lambda tmp: save_model(
+                        tmp, raw_model, tokenizer=tok.to_dict(), langs=langs, args=vars(args), step=step, dev_ppl=ppl))
+            if ddp:
+                obj = [best_ppl, ok]
+                dist.broadcast_object_list(obj, src=0)
+                best_ppl, ok = obj
+            if not ok:
+                log(f"warning: step {step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
                 diverged = f"the dev perplexity is not finite at step {step}"
                 break
+            save_checkpoint()
+
+        # a signal: every rank stops after the same update (and joins the checkpoint's RNG gather)
         stop = torch.tensor(float(stop_signal or 0), device=device)
-        if ddp:  # every rank stops after the same update (and joins the checkpoint's RNG gather)
+        if ddp:
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item():
             stopped_by = int(stop.item())
@@ -677,17 +654,14 @@ def main(argv=None):
         gc.collect()
         dist.destroy_process_group()
     if stopped_by:
-        if master:
-            print(f"stopped by {signal.Signals(stopped_by).name} after step {step}: saved {ckpt_path}; to go on, "
-                  "run the same command with --resume", file=sys.stderr)
+        log(f"stopped by {signal.Signals(stopped_by).name} after step {step}: saved {ckpt_path}; the same command "
+            "plus --resume goes on", file=sys.stderr)
         sys.exit(128 + stopped_by)  # the shell's code for a process ended by that signal
     if diverged:
         raise SystemExit(1 if not master else f"error: {diverged}; stopping. " + (
             "no checkpoint was saved: start again with a lower --lr (add --overwrite to reuse this --out)"
-            if saved_step is None else
-            f"{ckpt_path} holds step {saved_step} (best.pt the best model up to it): go on from there with a lower "
-            "learning rate, i.e. the same command plus --resume --lr X (--lr and --warmup may change on --resume), "
-            "or try --dtype float32"))
+            if saved_step is None else f"{ckpt_path} holds step {saved_step} (best.pt the best model up to it): "
+            "go on from there with the same command plus --resume --lr X (a lower one), or try --dtype float32"))
     log(f"done: step {step}, epoch {epoch}, best {langs[0]} dev ppl {best_ppl:.2f}; files in {args.out}")
 
 
