@@ -24,7 +24,6 @@ import math
 import multiprocessing
 import os
 import random
-import shutil
 import sys
 import time
 import unicodedata
@@ -240,8 +239,6 @@ class BPE:
                 lines = f.read().rstrip("\n").split("\n")
         except UnicodeDecodeError as e:
             raise ValueError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
-        if lines == [""]:
-            raise ValueError(f"{path}: empty codes file")
         nmt = lines[0].startswith("#version:")
         if nmt and lines[0].split()[-1] not in ("0.2", "0.2.0"):
             raise ValueError(f"{path}:1: codes version {lines[0].split()[-1]} is not supported (only 0.2)")
@@ -581,20 +578,17 @@ def load_bin(out_prefix):
 # 7. Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
 
 def atomic_write(path, write):
-    """write(tmp) writes `path` through _atomic (model.save_model and Tokenizer.save write their own temp
-    file first); a failure stops the program with one line."""
+    """write(tmp) writes `path` through _atomic (model.save_model writes its own temp file first); a failure stops
+    the program with one line. A full disk: OSError ENOSPC, or torch.save's short write ('unexpected pos')."""
     try:
         with _atomic(path) as tmp:
             write(tmp)
-    except OSError as e:
-        raise SystemExit(f"error: no space left writing {path}" if e.errno == errno.ENOSPC else
-                         f"error: cannot write {path}: {e.strerror or e}") from None
-    except RuntimeError as e:
-        if "unexpected pos" not in str(e):  # torch.save's zip writer: a short write
+    except (OSError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "unexpected pos" not in str(e):
             raise
-        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20
-        raise SystemExit(f"error: no space left writing {path}? (torch.save wrote less than asked; "
-                         f"{free:,.0f} MiB free there)") from None
+        full = isinstance(e, RuntimeError) or e.errno == errno.ENOSPC
+        raise SystemExit(f"error: no space left writing {path}" if full else
+                         f"error: cannot write {path}: {e.strerror or e}") from None
 
 
 def make_dir(flag, path):

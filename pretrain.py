@@ -332,7 +332,7 @@ def get_args(argv=None):
         toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[1]}.txt")  # written with the toy world
         args.code_switch = toy_dict if args.code_switch == "toy" else args.code_switch
         need(os.path.isfile(args.code_switch) or args.toy_world and args.code_switch == toy_dict,
-             f"--code-switch {args.code_switch}: no such file ('toy' needs --toy, or --data a toydata.py world)")
+             f"--code-switch {args.code_switch}: no such file (for 'toy': --toy, or --data a toydata.py world)")
     return args
 
 # -----------------------------------------------------------------------------
@@ -486,6 +486,7 @@ def main(argv=None):
         if master and os.path.exists(log_path) and os.path.getsize(log_path) > ckpt["log_bytes"]:
             with open(log_path, "r+b") as f:  # what was logged after the checkpoint is done again
                 f.truncate(ckpt["log_bytes"])
+            log(f"{log_path}: records after step {step} dropped (they are redone from the checkpoint)")
         del ckpt
     for name in RUN_FILES if master and args.overwrite else ():  # a new run: no file of the earlier one is mixed in
         if os.path.exists(os.path.join(args.out, name)):
@@ -585,7 +586,8 @@ def main(argv=None):
                 log(f"step {step}: fp16 gradient overflow, update skipped, loss scale now {scaler.get_scale():g}")
         else:
             bad_steps += 1
-            log(f"step {step}: non-finite loss {loss_value} / grad norm {grad_norm}, skipped ({bad_steps} in a row)")
+            log(f"step {step}: non-finite loss {loss_value} / grad norm {grad_norm}, update skipped "
+                f"({bad_steps} in a row)")
             log_json({"step": step, "skipped": True, "loss": loss_value, "grad_norm": grad_norm})
             if bad_steps >= args.max_bad_steps:
                 diverged = f"{bad_steps} non-finite losses in a row at step {step}"
@@ -616,7 +618,8 @@ def main(argv=None):
                 for j, l in enumerate(langs):  # a uniform guess scores V, a fresh model a few times V
                     if math.isfinite(ppl[l]) and ppl[l] > 10 * vocab_sizes[j]:
                         log(f"warning: {l} dev ppl {ppl[l]:.3g} is over 10 times the vocabulary size "
-                            f"{vocab_sizes[j]} (a uniform guess scores it): training is diverging; try a lower --lr")
+                            f"{vocab_sizes[j]} (a uniform guess scores the vocabulary size): training is diverging; "
+                            "a lower --lr may help")
                 log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
                 best_ppl = ppl[langs[0]] if improved else best_ppl
                 names = (["best.pt"] if improved else []) + (
@@ -654,8 +657,8 @@ def main(argv=None):
         gc.collect()
         dist.destroy_process_group()
     if stopped_by:
-        log(f"stopped by {signal.Signals(stopped_by).name} after step {step}: saved {ckpt_path}; the same command "
-            "plus --resume goes on", file=sys.stderr)
+        log(f"stopped by {signal.Signals(stopped_by).name} after step {step}: saved {ckpt_path}; to go on, "
+            "run the same command with --resume", file=sys.stderr)
         sys.exit(128 + stopped_by)  # the shell's code for a process ended by that signal
     if diverged:
         raise SystemExit(1 if not master else f"error: {diverged}; stopping. " + (
