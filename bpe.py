@@ -213,7 +213,7 @@ class BPE:
         if word not in self.cache:
             w = list(word[:-1]) + [word[-1] + EOW] if word else []
             while len(w) > 1:
-                best = min(zip(w, w[1:]), key=lambda pair: self.ranks.get(pair, math.inf))  # the first, on a tie
+                best = min(zip(w, w[1:]), key=lambda pair: self.ranks.get(pair, math.inf))  # inf: not a merge
                 if best not in self.ranks:
                     break
                 w = merge_pair(w, *best)
