@@ -372,7 +372,10 @@ def write_toy_world(args, langs, master):
     record = os.path.join(args.out, "toy.json")
     if master and not os.path.exists(record):
         print(f"writing the toy world to {args.data}")
-        write_world(args.data, force=True, **knobs)
+        try:
+            write_world(args.data, force=True, **knobs)
+        except OSError as e:  # a full disk, an unwritable directory
+            raise SystemExit(f"error: cannot write the toy world: {e.filename or args.data}: {e.strerror or e}")
         write_text(record, json.dumps(knobs))
     while not os.path.exists(record):
         time.sleep(2)

@@ -206,6 +206,18 @@ def test_toy_rerun_after_a_crash_before_the_first_checkpoint_reuses_world_and_da
     assert "using prepared data" in capsys.readouterr().out
     assert step_of(out / "checkpoint.pt") == 2
 
+
+def test_toy_world_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
+    import pretrain
+
+    def full(out_dir, **knobs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(out_dir, "mono", "en.train.txt"))
+    monkeypatch.setattr(pretrain, "write_world", full)
+    out = tmp_path / "toy"
+    with pytest.raises(SystemExit, match=f"^error: cannot write the toy world: {out}/toy/mono/en.train.txt: No space"):
+        run(TINY + ["--out", out, "--prepare-only"])
+    assert not (out / "toy.json").exists()
+
 # -----------------------------------------------------------------------------
 # 4. divergence: an overflowing perplexity is inf, a non-finite one never overwrites the saved files
 
