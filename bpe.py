@@ -276,15 +276,15 @@ def write_text(path, text):
         f.write(text)
 
 
-def _read_lines(path, max_lines=None, errors="strict"):
-    """The first max_lines lines of a UTF-8 file; bad bytes raise (naming file:line) or become U+FFFD."""
+def read_lines(path, max_lines=None, errors="strict"):
+    """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside
+    lines); bad bytes raise (naming file:line) or become U+FFFD."""
     with open(path, "rb") as f:
         for n, raw in enumerate(itertools.islice(f, max_lines), 1):
             try:
                 yield raw.decode("utf-8", errors).rstrip("\r\n")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start}); "
-                                 "fix the file or use errors='replace' (--errors replace)") from None
+                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
 # -----------------------------------------------------------------------------
 # 4. Vocabularies (XLM data/dictionary.py, fastBPE getvocab) and the three regimes of paper §4.2
@@ -336,7 +336,7 @@ class Tokenizer:
         counts, n_lines = {}, {}
         for lang in tok.langs:
             c, n = Counter(), 0
-            for n, line in enumerate(_read_lines(train_files[lang], max_lines), 1):
+            for n, line in enumerate(read_lines(train_files[lang], max_lines), 1):
                 c.update(tok.words(line, lang))
             if not c:
                 raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
@@ -350,7 +350,7 @@ class Tokenizer:
                     continue
                 keep = np.zeros(n_lines[lang], dtype=bool)
                 keep[np.random.default_rng([seed, k]).choice(n_lines[lang], n_min, replace=False)] = True
-                lines = enumerate(_read_lines(train_files[lang], max_lines))
+                lines = enumerate(read_lines(train_files[lang], max_lines))
                 learn_counts.update(w for n, line in lines if keep[n] for w in tok.words(line, lang))
             if verbose:
                 print(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
@@ -446,7 +446,7 @@ def read_dictionary(path):
     """A MUSE dictionary: 'source target' per line, optionally a third column: the translation's weight."""
     d, weights = Dictionary(), {}
     d.pairs = []
-    for n, line in enumerate(_read_lines(path), 1):
+    for n, line in enumerate(read_lines(path), 1):
         parts = line.split()
         if not parts:
             continue
@@ -537,7 +537,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_l
             cs_lang = others[0]
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    lines = _read_lines(text_path, None, errors)
+    lines = read_lines(text_path, None, errors)
     chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
     chunks = ((k * CHUNK_LINES + 1, c) for k, c in enumerate(chunks))  # (number of the first line, lines)
     n_tokens = n_sentences = 0
@@ -787,7 +787,7 @@ def main(argv=None):
             parser.error(f"{flag} {path}: no directory {os.path.dirname(path) or '.'}")
 
     def read(path):  # learn, apply: (line, its words); --lang or the file name's start: 'en.train.txt' -> en
-        for line in _read_lines(path, getattr(args, "max_lines", None), args.errors):
+        for line in read_lines(path, getattr(args, "max_lines", None), args.errors):
             line = lowercase_and_strip_accents(line) if args.lowercase else line
             yield line, ([w for w in line.strip("\r\n ").split(" ") if w] if args.pretokenized else
                          pretokenize(line, args.lang or os.path.basename(path).split(".")[0]))

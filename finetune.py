@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import bpe
-from bpe import EOS_ID, UNK_ID
+from bpe import EOS_ID, UNK_ID, read_lines
 from model import DTYPES, AlignedEncoder, encode_batch, encode_states, load_model, pick_device
 
 
@@ -43,16 +43,6 @@ def need(ok, msg):
 # -----------------------------------------------------------------------------
 # Shared encoding: subwords as XLM feeds them (`</s> ids </s>`, model.encode_states: windows for long
 # sentences), first subwords
-
-def read_lines(path):
-    """(line number, line) of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside lines)."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                yield n, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-
 
 def first_subwords(tok, words, lang):
     """Subword ids of a word list and where each word starts; a word that encodes to nothing is <unk> (XTREME)."""
@@ -99,7 +89,7 @@ def read_xnli(path):
     """`premise<TAB>hypothesis<TAB>label` lines (XTREME) -> [(premise, hypothesis, label)]; a header line is
     skipped, MultiNLI's `contradictory` (XNLI-MT train) read as `contradiction`."""
     examples = []
-    for n, line in read_lines(path):
+    for n, line in enumerate(read_lines(path), 1):
         fields = [x.strip() for x in line.split("\t")]
         if not line.strip() or n == 1 and len(fields) == 3 and fields[2] in ("label", "gold_label"):
             continue
@@ -153,7 +143,8 @@ def read_ner(path):
     """PAN-X `token<TAB>tag`, a blank line between sentences -> [(words, tags)]. The raw PAN-X files prefix
     each token with its language (`en:Paris`): stripped when EVERY token of the file has the same one."""
     sentences, words, tags = [], [], []
-    for n, line in itertools.chain(read_lines(path), [(0, "")]):  # a last blank line ends the last sentence
+    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
+    for n, line in lines:
         if not line.strip():
             sentences += [(words, tags)] if words else []
             words, tags = [], []
@@ -262,7 +253,8 @@ def read_conllu(path):
     """CoNLL-U -> per sentence {"words", "upos", "heads" (0 = ROOT), "rels"}, without comments, multiword ranges
     and empty nodes; every sentence must be a tree (one word on ROOT, no cycle), as `conll18_ud_eval.py` requires."""
     sentences, rows, start = [], [], None
-    for n, line in itertools.chain(read_lines(path), [(0, "")]):  # a last blank line ends the last sentence
+    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
+    for n, line in lines:
         if line.strip():
             start = start or n
             cols = line.split("\t")
@@ -715,12 +707,13 @@ LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
 
 
 def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None):
-    """{"train", "dev": path, "test": {lang: path}} from LAYOUTS under --data (the train file: --train-file if given)."""
+    """{"train", "dev": path, "test": {lang: path}} from LAYOUTS under --data (train: --train-file if given)."""
     found = []
     for split, lang in [("train", train_lang), ("dev", train_lang)] + [("test", lang) for lang in eval_langs]:
         path = train_file if split == "train" else None
         if path is not None:
-            need(os.path.isfile(path), f"--train-file {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
+            why = "not a file" if os.path.exists(path) else "no such file"
+            need(os.path.isfile(path), f"--train-file {path}: {why}")
         else:
             names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
             patterns = [os.path.join(glob.escape(data_dir), layout.format(**names)) for layout in LAYOUTS[task]]

@@ -50,7 +50,7 @@ if not files:
 counts, lines = Counter(), []
 for path in files:
     lang = os.path.basename(path).split(".")[0]
-    for line in bpe._read_lines(path, args.max_lines):
+    for line in bpe.read_lines(path, args.max_lines):
         words = bpe.pretokenize(line, lang)
         counts.update(words)
         lines.append(" ".join(words))
