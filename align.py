@@ -436,6 +436,22 @@ def save_maps(path, maps, src, tgt):
         raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
 
 
+def load_map(path, src, tgt, layer):
+    """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) -> float32 (dim, dim);
+    a missing or damaged file, another pair, a missing layer or a non-finite map: ValueError naming the file."""
+    try:
+        with np.load(path) as z:
+            pair = str(z["src"]), str(z["tgt"])
+            M = z["src_to_tgt" if pair == (src, tgt) else "tgt_to_src"]
+    except Exception as e:  # missing, truncated, not an .npz, no such entry: OSError, BadZipFile, KeyError, ...
+        raise ValueError(f"cannot read {path}: {type(e).__name__}: {e}") from None
+    if set(pair) != {src, tgt}:
+        raise ValueError(f"{path}: maps are for {pair[0]}->{pair[1]}, not {src}->{tgt}")
+    if M.ndim != 3 or not 0 <= layer < len(M) or not np.isfinite(M[layer]).all():
+        raise ValueError(f"{path}: no finite layer-{layer} map (maps of shape {M.shape})")
+    return M[layer].astype(np.float32)
+
+
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import align
 import bpe
 from bpe import EOS_ID, UNK_ID, read_lines
 from model import DTYPES, AlignedEncoder, encode_batch, encode_states, load_model, pick_device
@@ -667,7 +668,7 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
 
 def setup_aligned(model, tok, langs, args):
     """--align-layer: the English model and the target's own joined by W with x_target @ W ~ x_english at layer I,
-    from align.py contextual --save-maps (src, tgt, src_to_tgt, tgt_to_src) -> (AlignedEncoder, routes)."""
+    from align.py contextual --save-maps -> (AlignedEncoder, routes)."""
     need(args.target_ckpt and args.align_maps, "--align-layer needs --target-ckpt and --align-maps")
     need(len(args.eval_langs) == 1, "--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
     code, en, path, layer = args.eval_langs[0], args.train_lang, args.align_maps, args.align_layer
@@ -676,20 +677,12 @@ def setup_aligned(model, tok, langs, args):
     need(0 <= layer <= n, f"--align-layer {layer} outside 0..{n}")
     need(tmodel.config.dim == dim, f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {dim}")
     try:
-        with np.load(path) as z:
-            maps = {k: z[k] for k in z.files}
-    except Exception as e:  # missing, truncated, not an .npz: OSError, ValueError, BadZipFile, ...
-        raise SystemExit(f"error: --align-maps: cannot read {path}: {type(e).__name__}: {e}") from None
-    for k in ("src", "tgt", "src_to_tgt", "tgt_to_src"):
-        need(k in maps, f"--align-maps {path}: no {k!r} entry (expected align.py contextual --save-maps)")
-    pair = str(maps["src"]), str(maps["tgt"])
-    need(pair in ((en, code), (code, en)), f"{path}: maps are for {pair[0]}->{pair[1]}, not {code}->{en}")
-    M = maps["tgt_to_src" if pair[0] == en else "src_to_tgt"]
-    need(M.ndim == 3 and layer < len(M) and M.shape[1:] == (dim, dim),
-         f"{path}: maps have shape {M.shape}; need layer {layer} of size {dim}x{dim}")
-    need(np.isfinite(M[layer]).all(), f"--align-maps {path}: the layer-{layer} map contains NaN or inf")
+        W = align.load_map(path, code, en, layer)  # x_target @ W ~ x_english, written by align.py contextual
+    except ValueError as e:
+        raise SystemExit(f"error: --align-maps: {e}") from None
+    need(W.shape == (dim, dim), f"--align-maps: {path}: maps of size {W.shape}, not {dim}x{dim} (--ckpt's dim)")
     torch.manual_seed(args.seed)  # the new layers' init, so that --seed decides a run
-    W = torch.tensor(M[layer], dtype=torch.float32, device=args.device)
+    W = torch.tensor(W, device=args.device)
     enc = AlignedEncoder({en: (model, lang_index(langs, en, args.ckpt), None),
                           code: (tmodel, lang_index(tlangs, code, args.target_ckpt), W)}, layer).to(args.device)
     return enc, {en: (tok, en), code: (ttok, code)}

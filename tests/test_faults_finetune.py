@@ -149,9 +149,9 @@ FT_BAD_INPUTS = [
     (["--align-layer", "1", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/missing.npz"],
      "error: --align-maps: cannot read {t}/missing.npz"),
     (["--align-layer", "1", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/nan.npz"],
-     "error: --align-maps {t}/nan.npz: the layer-1 map contains NaN or inf"),
+     "error: --align-maps: {t}/nan.npz: no finite layer-1 map"),
     (["--align-layer", "1", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/bad.npz"],
-     "error: --align-maps {t}/bad.npz: no 'src_to_tgt' entry"),
+     "error: --align-maps: cannot read {t}/bad.npz: KeyError"),
     (["--align-layer", "1", "--target-ckpt", "{c}/nan.pt", "--align-maps", "{t}/maps.npz"],
      "error: --target-ckpt: {c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN or inf"),
 ]
