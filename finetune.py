@@ -625,8 +625,6 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     hps = grid(task.name, args)
     paths = [os.path.join(out, "sets", hp_text(hp).replace(" ", "-") + ".json") for hp in hps]  # bs-16-lr-0.001.json
-    if n_done := sum(path in done for path in paths):
-        print(f"{task.name}: resuming: {n_done} of {len(hps)} hyper-parameter sets finished in an earlier run")
     records = []
     for i, (hp, path) in enumerate(zip(hps, paths), 1):
         what = f"{task.name}: hyper-parameter set {i}/{len(hps)}"
@@ -656,11 +654,10 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
     picked = "; ".join(f"{hp_text(records[i])} (epoch {records[i]['best_epoch']})" for i in best_two)
     print(f"\n{task.name}: mean of the best two of {len(ok)} hyper-parameter sets by en dev: {picked}"
           + (f" ({len(records) - len(ok)} diverged set(s) left out)" if len(ok) < len(records) else ""))
-    cols = [task.metric] + [k for k in dev if k != task.metric]
-    rows = [(args.train_lang, "dev", dev)] + [(code, "test", test[code]) for code in test]
-    print(format_rows(["lang", "split"] + cols, [[code, split] + [f"{100 * s[k]:.2f}" for k in cols]
-                                                 for code, split, s in rows]))
-    print(f"wrote {path}")
+    cols, rows = sorted(dev, key=lambda k: k != task.metric), [(args.train_lang, "dev", dev)]
+    rows += [(code, "test", test[code]) for code in test]  # the selection metric first, then the others
+    print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
+                                                 for c, split, s in rows]) + f"\nwrote {path}")
 
 
 # -----------------------------------------------------------------------------
@@ -833,10 +830,8 @@ def number(lo, hi=math.inf, cast=int, many=False):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description="Zero-shot cross-lingual transfer (§3.2): fine-tune on English, choose "
-                                "the epoch and the hyper-parameters on English dev, report each target's test score "
-                                "as the mean of the best two sets. Unset grid flags take the paper's values (the toy "
-                                "presets with --toy).")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Unset grid flags take the paper's "
+                                "values (the toy presets with --toy).")
     add, floats = p.add_argument, number(0, cast=float, many=True)
     add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
     add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")

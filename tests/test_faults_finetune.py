@@ -273,7 +273,7 @@ def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckp
     monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: calls.append(a[4]["lr"]) or real(*a, **k))
     ft.main(argv)  # same flags: resume, only the second set trains
     text = capsys.readouterr().out
-    assert calls == [3e-4] and "resuming: 1 of 2" in text and "finished in an earlier run" in text
+    assert calls == [3e-4] and text.count("finished in an earlier run") == 1
     res = json.loads((out / "results.json").read_text())
     assert [c["lr"] for c in res["configs"]] == [1e-3, 3e-4] and sorted(res["best_two"]) == [0, 1]
     assert sorted(p.name for p in (out / "sets").iterdir()) == ["bs-32-lr-0.0003.json", "bs-32-lr-0.001.json"]
@@ -282,7 +282,7 @@ def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckp
     calls.clear()
     before = (out / "results.json").read_bytes()
     ft.main(argv)
-    assert calls == [] and "resuming: 2 of 2" in capsys.readouterr().out
+    assert calls == [] and capsys.readouterr().out.count("finished in an earlier run") == 2
     assert (out / "results.json").read_bytes() == before
 
     # other flags: results.json is refused, and so are the sets of the other run
