@@ -689,7 +689,7 @@ def setup_aligned(model, tok, langs, args):
 # CLI: data files; OUT/results.json and OUT/sets/ (resume); the results table; flags; main(argv)
 
 # --data: a toydata.py world, or ../shared/data's layout. PAN-X's official test files have no labels, so its
-# test split is heldout-from-dev (data/wikiann_panx/SOURCE.md); a language with several UD treebanks takes the
+# test split is a labelled part of dev held out (heldout-from-dev); a language with several UD treebanks takes the
 # first in sorted order.
 LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
            "ner": ["ner/{lang}.{split}.tsv", "wikiann_panx/{panx_split}-{lang}.tsv"],
@@ -698,23 +698,17 @@ LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
 
 def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None):
     """{"train", "dev": path, "test": {lang: path}} from LAYOUTS under --data (train: --train-file if given)."""
-    found = []
-    for split, lang in [("train", train_lang), ("dev", train_lang)] + [("test", lang) for lang in eval_langs]:
-        path = train_file if split == "train" else None
-        if path is not None:
-            why = "not a file" if os.path.exists(path) else "no such file"
-            need(os.path.isfile(path), f"--train-file {path}: {why}")
-        else:
-            names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
-            patterns = [os.path.join(glob.escape(data_dir), layout.format(**names)) for layout in LAYOUTS[task]]
-            hits = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
-            if len(hits) > 1:
-                print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
-            path = hits[0] if hits else None
-        hint = (" (the shared data has no English NLI train set: pass --train-file, e.g. MultiNLI train in XNLI tsv "
-                "form)" if (task, split) == ("xnli", "train") else "")
-        need(path, f"{task}: no {lang} {split} file under --data {data_dir}{hint}")
-        found.append(path)
+    need(train_file is None or os.path.isfile(train_file), f"--train-file {train_file}: not a file")
+    found = [train_file] if train_file else []
+    for split, lang in [("train", train_lang), ("dev", train_lang)][len(found):] + [("test", x) for x in eval_langs]:
+        names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
+        hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(os.path.join(glob.escape(data_dir),
+                                                                                     layout.format(**names))))]
+        xnli_train = (task, split) == ("xnli", "train")  # the shared data has no NLI train set
+        need(hits, f"{task}: no {lang} {split} file under --data {data_dir}" + " (pass --train-file)" * xnli_train)
+        if len(hits) > 1:
+            print(f"{task}: {lang} {split}: using {hits[0]} (also found: {', '.join(hits[1:])})")
+        found.append(hits[0])
     return {"test": dict(zip(eval_langs, found[2:])), "train": found[0], "dev": found[1]}
 
 

@@ -134,7 +134,7 @@ FT_BAD_INPUTS = [
     (["--eval-langs", "de"], "'de' is not one of the checkpoint's languages"),
     (["--eval-langs", ","], "error: --eval-langs ',': no language given"),
     (["--train-lang", "xx"], "'xx' is not one of the checkpoint's languages"),
-    (["--train-file", "{t}/missing.tsv"], "error: --train-file {t}/missing.tsv: no such file"),
+    (["--train-file", "{t}/missing.tsv"], "error: --train-file {t}/missing.tsv: not a file"),
     (["--train-file", "{t}"], "error: --train-file {t}: not a file"),
     (["--data", "{t}/nodata"], "error: --data {t}/nodata: no such directory"),
     (["--data", "{t}"], "error: ner: no en train file under --data {t}"),
