@@ -252,7 +252,8 @@ class NERTask(Task):
 
 def read_conllu(path):
     """CoNLL-U -> per sentence {"words", "upos", "heads" (0 = ROOT), "rels"}, without comments, multiword ranges
-    and empty nodes; every sentence must be a tree (one word on ROOT, no cycle), as `conll18_ud_eval.py` requires."""
+    and empty nodes; every sentence must be a tree (one word on ROOT, no cycle, no word its own head), as
+    `conll18_ud_eval.py` requires."""
     sentences, rows, start = [], [], None
     lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
     for n, line in lines:
@@ -276,8 +277,6 @@ def read_conllu(path):
                 raise ValueError(f"{path}:{m}: word id {wid} out of sequence (expected {k})")
             if not 0 <= head <= len(rows):
                 raise ValueError(f"{path}:{m}: head {head} outside 0..{len(rows)}")
-            if head == wid:
-                raise ValueError(f"{path}:{m}: word {wid} is its own head (HEAD = ID)")
         heads = [r[4] for r in rows]
         if rows and heads.count(0) != 1:
             raise ValueError(f"{path}:{start}: sentence is not a tree: {heads.count(0)} words on ROOT (HEAD 0), "
@@ -563,7 +562,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
                 loss = task.run(model, head, batch, lang, args.max_len)
             if not torch.isfinite(loss):  # diverged: the set stops, run_task leaves it out of the selection
                 raise FloatingPointError(f"non-finite training loss ({loss.item()}) at epoch {epoch}, update "
-                                    f"{k // hp['batch_size'] + 1} of {steps_per_epoch}; try a lower --lr")
+                                         f"{k // hp['batch_size'] + 1} of {steps_per_epoch}; try a lower --lr")
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -897,11 +896,9 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device)
-    given = args.eval_langs
-    args.eval_langs = ([lang for lang in langs if lang != args.train_lang] if given is None
-                       else list(dict.fromkeys(x.strip() for x in given.split(",") if x.strip())))
-    need(args.eval_langs, f"{args.ckpt} knows only {langs}: give --eval-langs (with --align-layer)" if given is None
-         else f"--eval-langs {given!r}: no language given")
+    given = args.eval_langs or ",".join(lang for lang in langs if lang != args.train_lang)  # default: the others
+    args.eval_langs = list(dict.fromkeys(x.strip() for x in given.split(",") if x.strip()))
+    need(args.eval_langs, f"--eval-langs {args.eval_langs or given!r}: no target language ({args.ckpt}: {langs})")
     args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
