@@ -5,11 +5,9 @@ Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language 
 language-specific vocabularies with and without shared strings, and code-switching as extra anchors).
 
 Run:
-  python bpe.py learn --input ../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt --merges 10000 --output en.codes
+  python bpe.py learn --input ../shared/data/monolingual/en.leipzig_wikipedia_2016_10K.txt --output en.codes
   python bpe.py apply --codes en.codes --input en.txt --output en.bpe
-  python bpe.py vocab --train en=EN.txt fr=FR.txt --mode joint --merges 80000 --out DIR
-  python bpe.py binarize --tokenizer DIR/tokenizer.json --lang en --input EN.txt --out-prefix DIR/en.train
-  python bpe.py prepare --data DIR --langs en,fr --out runs/prep
+  python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --out runs/prep
 """
 
 import argparse
@@ -24,7 +22,6 @@ import math
 import multiprocessing
 import os
 import random
-import sys
 import time
 import unicodedata
 from collections import Counter, defaultdict
@@ -521,20 +518,15 @@ def _encode_chunk(chunk):
     return np.array(ids, dtype=np.uint32), len(lines), sum(len(line.encode()) + 1 for line in lines)
 
 
-def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, cs_lang=None,
-             p=0.3, max_frac=0.15, seed=0, errors="strict", verbose=True):
+def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15, seed=0,
+             errors="strict", verbose=True):
     """A text file -> `out_prefix.bin` (flat ids, EOS_ID after every line; uint16 if the vocabulary fits)
     and `out_prefix.json`, streamed in chunks by `workers`. `code_switch`: a dictionary to code-switch the
-    text with (paper §4.2, D11); a replaced word gets the BPE of `cs_lang` (default: the other language)
-    and `lang`'s vocabulary, so this needs one shared id space."""
-    if code_switch is not None:
-        if tok.separate_vocab:
-            raise ValueError("code-switching needs one shared vocabulary (separate_vocab=False)")
-        if cs_lang is None:
-            others = [l for l in tok.langs if l != lang]
-            if len(others) != 1:
-                raise ValueError(f"code-switching: pass cs_lang (--cs-lang): which of {others} are the translations?")
-            cs_lang = others[0]
+    text with (paper §4.2, D11); a replaced word gets the BPE of the other language and `lang`'s vocabulary,
+    so this needs two languages and one shared id space."""
+    if code_switch is not None and (tok.separate_vocab or len(tok.langs) != 2):
+        raise ValueError("code-switching needs two languages and one shared vocabulary (separate_vocab=False)")
+    cs_lang = next((l for l in tok.langs if l != lang), None)  # the language of the translations
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
     lines = read_lines(text_path, None, errors)
@@ -718,73 +710,50 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     return out
 
 # -----------------------------------------------------------------------------
-# Command line: one subcommand per step (options shared by several commands are defined once)
-
-OPTIONS = {
-    "--lang": dict(help="language for pretokenize (default: the file name up to the first '.')"),
-    "--pretokenized": dict(action="store_true", help="split lines on spaces only, as subword-nmt"),
-    "--lowercase": dict(action="store_true", help="lowercase and strip accents (XLM-15)"),
-    "--max-lines": dict(type=int, help="learn BPE and the vocabulary from at most this many lines per file"),
-    "--min-freq": dict(type=int, default=2, help="stop BPE when the best pair is rarer"),
-    "--errors": dict(choices=["strict", "replace"], default="strict", help="not UTF-8: stop, or U+FFFD"),
-    "--mode": dict(choices=MODES, default="joint", help="vocabulary regime (paper §4.2)"),
-    "--separate-vocab": dict(action="store_true", help="one id space per language (separate embeddings)"),
-    "--seed": dict(type=int, default=0, help="seed of the joint-BPE line sampling and code-switching"),
-    "--workers": dict(type=int, default=1, help="encoding processes"),
-    "--code-switch": dict(metavar="DICT", help="MUSE dictionary: code-switch the (training) text (paper §4.2)"),
-}
-COMMANDS = {  # name: (help, options: a name in OPTIONS, or (name, add_argument's keywords))
-    "learn": ("learn BPE codes (subword-nmt v0.2 format) from text files", [
-        ("--input", dict(nargs="+", required=True, help="text files (their word counts are summed)")),
-        ("--output", dict(required=True, help="codes file to write")),
-        ("--merges", dict(type=int, default=10000, help="paper: 80000 joint, 40000 per language")),
-        "--min-freq", "--lang", "--pretokenized", "--lowercase", "--max-lines", "--errors"]),
-    "apply": ("apply BPE codes (subword-nmt or fastBPE) to a text file", [
-        ("--codes", dict(required=True)), ("--input", dict(required=True)), ("--output", dict(required=True)),
-        "--lang", "--pretokenized", "--lowercase", "--errors"]),
-    "vocab": ("build a Tokenizer (BPE + vocabulary) in one of the three regimes", [
-        ("--train", dict(nargs="+", required=True, metavar="LANG=PATH")), "--mode",
-        ("--merges", dict(type=int, default=80000, help="per language unless joint (paper: 40000)")),
-        "--separate-vocab", "--min-freq", "--lowercase", "--max-lines", "--seed",
-        ("--out", dict(required=True, help="directory for tokenizer.json, codes.LANG and vocab.LANG"))]),
-    "binarize": ("text -> flat id file (.bin + .json) for pretrain.py", [
-        ("--tokenizer", dict(required=True, help="tokenizer.json written by `vocab`")),
-        ("--lang", dict(required=True)), ("--input", dict(required=True)),
-        ("--out-prefix", dict(required=True, help="writes OUT_PREFIX.bin and OUT_PREFIX.json")),
-        "--workers", "--code-switch",
-        ("--cs-lang", dict(help="language of the translations (default: the other one)")),
-        ("--cs-p", dict(type=float, default=0.3, help="replacement probability per dictionary word")),
-        ("--cs-max-frac", dict(type=float, default=0.15, help="at most this fraction of a line's words")),
-        "--seed", "--errors"]),
-    "prepare": ("tokenizer + binarised train/dev splits for pretrain.py --data, cached under --out", [
-        ("--data", dict(help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")),
-        ("--train-files", dict(metavar="LANG=PATH,...")), ("--dev-files", dict(metavar="LANG=PATH,...")),
-        ("--langs", dict(default="en,fr")), "--mode",
-        ("--merges", dict(type=int, help="default: the paper's 80000 joint, else 40000")),
-        "--separate-vocab", "--lowercase", "--max-lines", "--seed", "--code-switch", "--workers",
-        ("--out", dict(required=True, help="cache directory; the prepared directory inside it is printed"))]),
-}
-
+# Command line: subword-nmt's learn and apply, and prepare (the data step of pretrain.py)
 
 def main(argv=None):
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=fmt)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name, (help, options) in COMMANDS.items():
-        p = sub.add_parser(name, help=help, formatter_class=fmt)
-        for o in options:
-            flag, kw = (o, OPTIONS[o]) if isinstance(o, str) else o
-            p.add_argument(flag, **kw)
+    learn = sub.add_parser("learn", help="learn BPE codes (subword-nmt v0.2) from text files", formatter_class=fmt)
+    learn.add_argument("--input", nargs="+", required=True, help="text files (their word counts are summed)")
+    learn.add_argument("--output", required=True, help="codes file to write")
+    learn.add_argument("--merges", type=int, default=10000, help="paper: 80000 joint, 40000 per language")
+    learn.add_argument("--min-freq", type=int, default=2, help="stop BPE when the best pair is rarer")
+    learn.add_argument("--max-lines", type=int, help="read at most this many lines per file")
+    apply = sub.add_parser("apply", help="apply BPE codes (subword-nmt or fastBPE) to a text file", formatter_class=fmt)
+    apply.add_argument("--codes", required=True)
+    apply.add_argument("--input", required=True)
+    apply.add_argument("--output", required=True)
+    for p in (learn, apply):
+        p.add_argument("--lang", help="language for pretokenize (default: the file name up to the first '.')")
+        p.add_argument("--pretokenized", action="store_true", help="split lines on spaces only, as subword-nmt")
+        p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
+        p.add_argument("--errors", choices=["strict", "replace"], default="strict", help="not UTF-8: stop, or U+FFFD")
+    prep = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=fmt)
+    prep.add_argument("--data", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")
+    prep.add_argument("--train-files", metavar="LANG=PATH,...")
+    prep.add_argument("--dev-files", metavar="LANG=PATH,...")
+    prep.add_argument("--langs", default="en,fr")
+    prep.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
+    prep.add_argument("--merges", type=int, help="default: the paper's 80000 joint, else 40000")
+    prep.add_argument("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
+    prep.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
+    prep.add_argument("--max-lines", type=int, help="learn BPE and vocabularies from at most this many lines per file")
+    prep.add_argument("--seed", type=int, default=0, help="seed of the joint-BPE line sampling and code-switching")
+    prep.add_argument("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2)")
+    prep.add_argument("--workers", type=int, default=1, help="encoding processes")
+    prep.add_argument("--out", required=True, help="cache directory; the prepared directory inside it is printed")
     args = parser.parse_args(argv)
     # the user's mistakes are caught here, before any work, each as one line naming the flag (a missing input file:
     # the first read names it)
-    for k in ("merges", "min_freq", "max_lines", "workers", "cs_p", "cs_max_frac"):
-        v, fraction = getattr(args, k, None), k.startswith("cs_")
-        if v is not None and (not 0 <= v <= 1 if fraction else v < 1):
-            parser.error(f"--{k.replace('_', '-')} must be {'in [0, 1]' if fraction else '>= 1'}, got {v}")
-    for flag, path in (("--output", vars(args).get("output")), ("--out-prefix", vars(args).get("out_prefix"))):
-        if path and not os.path.isdir(os.path.dirname(path) or "."):
-            parser.error(f"{flag} {path}: no directory {os.path.dirname(path) or '.'}")
+    for k in ("merges", "min_freq", "max_lines", "workers"):
+        v = getattr(args, k, None)
+        if v is not None and v < 1:
+            parser.error(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+    if args.cmd != "prepare" and not os.path.isdir(os.path.dirname(args.output) or "."):
+        parser.error(f"--output {args.output}: no directory {os.path.dirname(args.output) or '.'}")
 
     def read(path):  # learn, apply: (line, its words); --lang or the file name's start: 'en.train.txt' -> en
         for line in read_lines(path, getattr(args, "max_lines", None), args.errors):
@@ -809,30 +778,9 @@ def main(argv=None):
                         lead = line[: len(line) - len(line.lstrip(" "))]
                         text = lead + text + (line[len(line.rstrip(" ")):] if line.strip(" ") else "")
                     out.write(text + "\n")
-        elif args.cmd == "vocab":
-            files = parse_lang_files("--train", args.train)
-            make_dir("--out", args.out)  # before BPE learning, which takes hours at paper scale
-            tok = Tokenizer.build(files, args.mode, args.merges, args.separate_vocab, args.lowercase,
-                                  args.max_lines, args.min_freq, args.seed)
-            tok.save(os.path.join(args.out, "tokenizer.json"))
-            for lang in tok.langs:
-                tok.bpes[lang].save(os.path.join(args.out, f"codes.{lang}"))
-                tok.vocabs[lang].save(os.path.join(args.out, f"vocab.{lang}"))
-            print(f"wrote {args.out}/tokenizer.json, codes.<lang>, vocab.<lang>")
-        elif args.cmd == "binarize":
-            try:
-                tok = Tokenizer.load(args.tokenizer)
-            except ValueError as e:
-                raise ValueError(f"--tokenizer {e}") from None
-            for flag, lang in (("--lang", args.lang), ("--cs-lang", args.cs_lang)):
-                if lang is not None and lang not in tok.langs:
-                    raise ValueError(f"{flag} {lang}: {args.tokenizer} covers {', '.join(tok.langs)}")
-            print(json.dumps(binarize(args.input, tok, args.lang, args.out_prefix, args.workers,
-                                      read_dictionary(args.code_switch) if args.code_switch else None,
-                                      args.cs_lang, args.cs_p, args.cs_max_frac, args.seed, args.errors)))
-        elif args.cmd == "prepare":
+        else:
             langs, files = args.langs.split(","), None
-            if (args.train_files is None) != (args.dev_files is None) or (args.data is None) == (args.train_files is None):
+            if bool(args.train_files) != bool(args.dev_files) or bool(args.data) == bool(args.train_files):
                 raise ValueError("give --data, or --train-files with --dev-files")
             if args.train_files:
                 train = parse_lang_files("--train-files", args.train_files, langs)
@@ -846,9 +794,9 @@ def main(argv=None):
     except (ValueError, OSError) as e:
         if isinstance(e, OSError) and e.filename:  # "No such file or directory: x.tmp" -> the file meant
             e = f"{str(e.filename).removesuffix('.tmp')}: {e.strerror}"
-        sys.exit(f"bpe.py {args.cmd}: error: {e}")
+        raise SystemExit(f"bpe.py {args.cmd}: error: {e}")
     except KeyboardInterrupt:
-        sys.exit(f"bpe.py {args.cmd}: interrupted (no half-written file is left)")
+        raise SystemExit(f"bpe.py {args.cmd}: interrupted (no half-written file is left)")
 
 
 if __name__ == "__main__":

@@ -348,6 +348,17 @@ def test_tokenizer_dict_round_trip(files):
     assert torch.load(path, weights_only=True)["tokenizer"] == d
 
 
+def test_tokenizer_load_refuses_other_files(files, tmp_path):
+    """A codes file, a text file or other JSON given as a tokenizer.json: one ValueError naming the file."""
+    CODES.save(str(tmp_path / "codes"))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    for path, reason in (("codes", "not JSON"), ("list.json", "TypeError")):
+        with pytest.raises(ValueError, match=rf"{path}: not a tokenizer.json written by bpe.py \({reason}"):
+            Tokenizer.load(str(tmp_path / path))
+    with pytest.raises(ValueError, match=r"en.train.txt: not a tokenizer.json written by bpe.py \(not JSON"):
+        Tokenizer.load(files["en"])
+
+
 def test_encode_words_and_special_literals(files):
     tok = Tokenizer.build(files, "joint", num_merges=40, verbose=False)
     words = "the cat sleeps on Paris .".split()
@@ -478,13 +489,6 @@ def test_cli(files, tmp_path):
     r = run("apply", "--codes", "codes", "--input", "in.txt", "--output", "out.txt", "--pretokenized")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out.txt").read_text() == codes.apply("the cat sleeps") + "\n"
-    r = run("vocab", "--train", f"en={files['en']}", f"fr={files['fr']}", "--mode", "prefixed",
-            "--merges", "20", "--out", "tok")
-    assert r.returncode == 0 and "anchors" in r.stdout, r.stderr
-    r = run("binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "in.txt",
-            "--out-prefix", "en.test")
-    assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "en.test.json").read_text())["n_sentences"] == 1
     (tmp_path / "bad.codes").write_text("#version: 0.2\na b c\n")
     r = run("apply", "--codes", "bad.codes", "--input", "in.txt", "--output", "x.txt")
     assert r.returncode != 0 and "bad.codes:2:" in r.stderr

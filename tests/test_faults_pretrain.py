@@ -391,12 +391,13 @@ def test_unusable_out_is_one_line(world, tmp_path):
 
 @pytest.fixture(scope="module")
 def bpe_dir(tmp_path_factory):
+    import bpe
     d = tmp_path_factory.mktemp("bpe_cli")
     (d / "en.txt").write_text("the cat sat on the mat\nthe dog sat\n" * 3)
     (d / "fr.txt").write_text("le chat est sur le tapis\nle chien\n" * 3)
-    (d / "file").write_text("x")
     (d / "latin1.txt").write_bytes(b"the cat\ncaf\xe9\n")
-    bpe_cli(d, "vocab", "--train", "en=en.txt", "fr=fr.txt", "--merges", "10", "--out", "tok")
+    bpe.Tokenizer.build({"en": str(d / "en.txt"), "fr": str(d / "fr.txt")}, num_merges=10,
+                        verbose=False).save(str(d / "tokenizer.json"))
     bpe_cli(d, "learn", "--input", "en.txt", "--merges", "10", "--output", "codes")
     return d
 
@@ -419,32 +420,17 @@ def bpe_cli(cwd, *argv):
 
 
 BPE_MISTAKES = [
-    (["vocab", "--train", "en=en.txt", "en=fr.txt", "--out", "t2"], "--train: language 'en' given twice"),
-    (["vocab", "--train", "en=nope.txt", "--out", "t2"], "--train en=nope.txt: no such file"),
-    (["vocab", "--train", "en=en.txt", "--out", "file"], "--out file: exists and is not a directory"),
-    (["vocab", "--train", "en=en.txt", "--out", "file/sub"], "--out file/sub: cannot create the directory"),
-    (["vocab", "--train", "en=en.txt", "--merges", "-5", "--out", "t2"], "--merges must be >= 1, got -5"),
-    (["binarize", "--tokenizer", "codes", "--lang", "en", "--input", "en.txt", "--out-prefix", "x"],
-     "--tokenizer codes: not a tokenizer.json written by bpe.py (not JSON"),
-    (["binarize", "--tokenizer", "en.txt", "--lang", "en", "--input", "en.txt", "--out-prefix", "x"],
-     "--tokenizer en.txt: not a tokenizer.json written by bpe.py"),
-    (["binarize", "--tokenizer", "nope.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x"],
-     "nope.json: No such file or directory"),
-    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "de", "--input", "en.txt", "--out-prefix", "x"],
-     "--lang de: tok/tokenizer.json covers en, fr"),
-    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix",
-      "nodir/x"], "--out-prefix nodir/x: no directory nodir"),
-    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x",
-      "--workers", "0"], "--workers must be >= 1"),
-    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x",
-      "--code-switch", "codes", "--cs-p", "2"], "--cs-p must be in [0, 1]"),
-    (["binarize", "--tokenizer", "tok/tokenizer.json", "--lang", "en", "--input", "en.txt", "--out-prefix", "x",
-      "--code-switch", "codes", "--cs-lang", "xx"], "--cs-lang xx: tok/tokenizer.json covers en, fr"),
+    (["prepare", "--train-files", "en=en.txt,en=fr.txt", "--dev-files", "en=en.txt", "--out", "p"],
+     "--train-files: language 'en' given twice"),
+    (["prepare", "--train-files", "en=nope.txt,fr=fr.txt", "--dev-files", "en=en.txt,fr=fr.txt", "--out", "p"],
+     "--train-files en=nope.txt: no such file"),
+    (["prepare", "--data", ".", "--merges", "-5", "--out", "p"], "--merges must be >= 1, got -5"),
+    (["prepare", "--data", ".", "--workers", "0", "--out", "p"], "--workers must be >= 1"),
     (["learn", "--input", "nope.txt", "--output", "c2"], "nope.txt: No such file or directory"),
     (["learn", "--input", "en.txt", "--output", "nodir/c2"], "--output nodir/c2: no directory nodir"),
     (["learn", "--input", "en.txt", "--max-lines", "-1", "--output", "c2"], "--max-lines must be >= 1"),
     (["learn", "--input", "en.txt", "--min-freq", "0", "--output", "c2"], "--min-freq must be >= 1"),
-    (["apply", "--codes", "tok/tokenizer.json", "--input", "en.txt", "--output", "o"],
+    (["apply", "--codes", "tokenizer.json", "--input", "en.txt", "--output", "o"],
      "tokenizer.json:1: expected 'left right count' (fastBPE), got '{\"format\""),
     (["apply", "--codes", "codes", "--input", "nope.txt", "--output", "o"], "nope.txt: No such file or directory"),
     (["apply", "--codes", "codes", "--input", "latin1.txt", "--output", "o"], "latin1.txt:2: not valid UTF-8"),
