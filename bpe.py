@@ -116,15 +116,11 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the pair
     (`where`), and a heap of (-count, key(left), key(right), pair) finds the best one. An out-of-date entry
     is re-pushed with its current count; counts only grow through a push, so a current top is the best."""
-    if num_merges <= 0:
-        raise ValueError(f"num_merges must be > 0, got {num_merges}")
-    if min_freq < 1:
-        raise ValueError(f"min_freq must be >= 1, got {min_freq}")
+    if num_merges < 1 or min_freq < 1:
+        raise ValueError(f"learn_bpe: num_merges and min_freq must be >= 1, got {num_merges} and {min_freq}")
     for w in word_counts:
-        if not w:
-            raise ValueError("learn_bpe: the empty string is not a word")
-        if SPACE_RE.search(w):
-            raise ValueError(f"learn_bpe: word {w!r} contains whitespace; split it first (pretokenize)")
+        if not w or SPACE_RE.search(w):
+            raise ValueError(f"learn_bpe: word {w!r} is empty or contains whitespace; split lines with pretokenize")
     words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
@@ -330,6 +326,7 @@ class Tokenizer:
         joint learns on the same number of lines from every language (XLM samples 10M lines each with
         `shuf`): larger corpora are down-sampled, seeded. Vocabulary counts come from all lines."""
         tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
+        log = print if verbose else (lambda *args: None)
         counts, n_lines = {}, {}
         for lang in tok.langs:
             c, n = Counter(), 0
@@ -344,18 +341,15 @@ class Tokenizer:
             for k, lang in enumerate(tok.langs):
                 if n_lines[lang] == n_min:
                     learn_counts.update(counts[lang])
-                    continue
-                keep = np.zeros(n_lines[lang], dtype=bool)
-                keep[np.random.default_rng([seed, k]).choice(n_lines[lang], n_min, replace=False)] = True
-                lines = enumerate(read_lines(train_files[lang], max_lines))
-                learn_counts.update(w for n, line in lines if keep[n] for w in tok.words(line, lang))
-            if verbose:
-                print(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
+                else:
+                    keep = set(np.random.default_rng([seed, k]).choice(n_lines[lang], n_min, replace=False).tolist())
+                    lines = enumerate(read_lines(train_files[lang], max_lines))
+                    learn_counts.update(w for n, line in lines if n in keep for w in tok.words(line, lang))
+            log(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
             tok.bpes = dict.fromkeys(tok.langs, BPE(learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)))
         else:
             for lang in tok.langs:
-                if verbose:
-                    print(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
+                log(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
                 tok.bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
         token_counts = {lang: Counter() for lang in tok.langs}  # the pieces of every word x its count
         for lang in tok.langs:
@@ -370,10 +364,9 @@ class Tokenizer:
         tok.vocabs = {lang: union or vocab(token_counts[lang]) for lang in tok.langs}
         seen = Counter(t for tc in token_counts.values() for t in tc)
         tok.anchors = {t for t, n in seen.items() if n > 1}
-        if verbose:
-            sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in tok.langs)
-            print(f"vocabulary ({mode}{', separate ids' if separate_vocab else ''}): {sizes}; "
-                  f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
+        sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in tok.langs)
+        log(f"vocabulary ({mode}{', separate ids' if separate_vocab else ''}): {sizes}; "
+            f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
         return tok
 
     def vocab_size(self, lang):
@@ -394,8 +387,7 @@ class Tokenizer:
 
     def encode(self, line, lang):
         """A raw line -> ids (no </s> added). Pieces missing from the vocabulary become UNK_ID."""
-        index = self.vocabs[lang].index
-        return [index.get(p, UNK_ID) for p in self.tokenize(line, lang)]
+        return [self.vocabs[lang].index.get(p, UNK_ID) for p in self.tokenize(line, lang)]
 
     def encode_words(self, words, lang):
         """Already-split words -> ids per word, as encode() gives them in context ([UNK_ID] for no piece)."""
@@ -595,22 +587,14 @@ def make_dir(flag, path):
         raise SystemExit(f"error: {flag} {path}: the directory is not writable")
 
 
-def parse_lang_path(item):
-    """'en=data/en.txt' -> ('en', 'data/en.txt'): the LANG=PATH of every script's per-language file flags."""
-    lang, eq, path = item.partition("=")
-    if not eq or not lang.strip() or not path:
-        raise ValueError(f"expected LANG=PATH, got {item!r}")
-    return lang.strip(), path
-
-
 def parse_lang_files(flag, items, langs=None):
-    """['en=a.txt', 'fr=b.txt'] or 'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}; errors name `flag`."""
+    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (--train-files, --dev-files); errors name `flag`."""
     files = {}
-    for item in items.split(",") if isinstance(items, str) else items:
-        try:
-            lang, path = parse_lang_path(item)
-        except ValueError as e:
-            raise ValueError(f"{flag}: {e}") from None
+    for item in items.split(","):
+        lang, eq, path = item.partition("=")
+        lang = lang.strip()
+        if not eq or not lang or not path:
+            raise ValueError(f"{flag}: expected LANG=PATH, got {item!r}")
         if lang in files:
             raise ValueError(f"{flag}: language '{lang}' given twice")
         if not os.path.isfile(path):
