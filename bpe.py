@@ -146,13 +146,12 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
             if c == -negc:
                 break
             heapq.heapreplace(heap, (-c, ka, kb, pair)) if c > 0 else heapq.heappop(heap)
-        if not heap or -heap[0][0] < min_freq:
+        if not heap or -heap[0][0] < min_freq:  # else `pair` is the top entry, current: the best pair
             break
-        pair = heap[0][3]
         merges.append(pair)
         bar.update(1)
         (a, b), ab = pair, pair[0] + pair[1]
-        grown = set()  # pairs whose count went up: pushed once, after all words are updated
+        grown = defaultdict(set)  # pair whose count went up -> the words that now have it
         for j in where.pop(pair):
             # merge_pair, moving the neighbour pairs' counts: x a b y -> x ab y turns (x, a) into (x, ab) and
             # (b, y) into (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
@@ -162,17 +161,12 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
                 if w[i] == a and i + 1 < n and w[i + 1] == b:
                     if new:
                         stats[w[i - 1], a] -= f
-                        p = (new[-1], ab)
-                        stats[p] += f
-                        where[p].add(j)
-                        grown.add(p)
+                        stats[new[-1], ab] += f
+                        grown[new[-1], ab].add(j)
                     if i + 2 < n and not (w[i + 2] == a and i + 3 < n and w[i + 3] == b):
-                        y = w[i + 2]
-                        stats[b, y] -= f
-                        p = (ab, y)
-                        stats[p] += f
-                        where[p].add(j)
-                        grown.add(p)
+                        stats[b, w[i + 2]] -= f
+                        stats[ab, w[i + 2]] += f
+                        grown[ab, w[i + 2]].add(j)
                     new.append(ab)
                     i += 2
                 else:
@@ -181,7 +175,8 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
             if len(new) < n:  # else a stale index entry: the word no longer contains the pair
                 words[j] = new
         del stats[pair]
-        for p in grown:
+        for p, js in grown.items():  # pushed once, after all words are updated
+            where[p] |= js
             heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
     bar.close()
     return merges
@@ -232,19 +227,16 @@ class BPE:
                 lines = f.read().rstrip("\n").split("\n")
         except UnicodeDecodeError as e:
             raise ValueError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
-        nmt = lines[0].startswith("#version:")
-        if nmt and lines[0].split()[-1] not in ("0.2", "0.2.0"):
-            raise ValueError(f"{path}:1: codes version {lines[0].split()[-1]} is not supported (only 0.2)")
+        nmt = lines[0].split() in (["#version:", "0.2"], ["#version:", "0.2.0"])  # else fastBPE's, or an error
         merges = []
         for n, line in enumerate(lines[nmt:], 1 + nmt):
             parts = line.strip("\r\n ").split(" ")
-            if all(parts) and (len(parts) == 2 if nmt else len(parts) == 3 and parts[2].isdigit()):
-                merges.append((parts[0], parts[1]))
-                continue
-            got = line if len(line) <= 60 else line[:60] + "..."  # a tokenizer.json is one long line
-            raise ValueError(f"{path}:{n}: expected 'left right', got {got!r}" if nmt else
-                             f"{path}:{n}: expected 'left right count' (fastBPE), got {got!r}; "
-                             "subword-nmt codes need a '#version: 0.2' first line")
+            if not all(parts) or (len(parts) != 2 if nmt else len(parts) != 3 or not parts[2].isdigit()):
+                got = line if len(line) <= 60 else line[:60] + "..."  # a tokenizer.json is one long line
+                raise ValueError(f"{path}:{n}: expected 'left right', got {got!r}" if nmt else
+                                 f"{path}:{n}: expected 'left right count' (fastBPE), got {got!r}; "
+                                 "subword-nmt codes need a '#version: 0.2' first line")
+            merges.append((parts[0], parts[1]))
         return cls(merges)
 
 
@@ -577,10 +569,10 @@ def atomic_write(path, write):
 
 def make_dir(flag, path):
     """os.makedirs, or one line saying why the directory of `flag` (--out, --prep-dir) cannot be used."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise SystemExit(f"error: {flag} {path}: exists and is not a directory")
     try:
         os.makedirs(path, exist_ok=True)
+    except FileExistsError:  # a file, not a directory
+        raise SystemExit(f"error: {flag} {path}: exists and is not a directory")
     except OSError as e:
         raise SystemExit(f"error: {flag} {path}: cannot create the directory: {e.filename}: {e.strerror}")
     if not os.access(path, os.W_OK | os.X_OK):
@@ -605,15 +597,6 @@ def parse_lang_files(flag, items, langs=None):
     return files
 
 
-def find_text(data_dir, lang, split):
-    """`DIR/{lang}.{split}.txt`, or toydata's `DIR/mono/{lang}.{split}.txt`."""
-    for path in (os.path.join(data_dir, f"{lang}.{split}.txt"), os.path.join(data_dir, "mono", f"{lang}.{split}.txt")):
-        if os.path.isfile(path):
-            return path
-    raise SystemExit(f"error: --data {data_dir}: no {lang}.{split}.txt (nor mono/{lang}.{split}.txt) "
-                     f"for language '{lang}'")
-
-
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True):
     """Raw text (`files` {lang: {"train": path, "dev": path}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash
@@ -628,23 +611,27 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         names = ["tokenizer.json"] + [f"{l}.{s}.bin" for l in langs for s in ("train", "dev")]
         if all(os.path.isfile(os.path.join(data, name)) for name in names):
             return data
-        files = {l: {s: find_text(data, l, s) for s in ("train", "dev")} for l in langs}
+        files = {l: {} for l in langs}
+        for l, s in itertools.product(langs, ("train", "dev")):  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
+            name = f"{l}.{s}.txt"
+            found = [p for p in (os.path.join(data, name), os.path.join(data, "mono", name)) if os.path.isfile(p)]
+            if not found:
+                raise SystemExit(f"error: --data {data}: no {name} (nor mono/{name}) for language '{l}'")
+            files[l][s] = found[0]
     switch = {}  # lang -> the dictionary its training text is code-switched with
     if master:
-        for path in (p for v in files.values() for p in v.values()):
-            try:
+        try:
+            for path in (p for v in files.values() for p in v.values()):
                 open(path, "rb").close()
-            except OSError as e:
-                raise SystemExit(f"error: cannot read {path}: {e.strerror}")
-        if code_switch:
-            try:
-                switch[langs[0]] = read_dictionary(code_switch)
-            except (OSError, ValueError) as e:  # read_dictionary names the file and line at fault
-                raise SystemExit(f"error: --code-switch {e}")
-            switch[langs[1]] = Dictionary()
-            for src, tgts in switch[langs[0]].items():
-                for t in tgts:
-                    switch[langs[1]].setdefault(t, []).append(src)
+            if code_switch:  # langs[0]'s text by the dictionary, langs[1]'s by its inverse
+                switch[langs[0]], switch[langs[1]] = read_dictionary(code_switch), Dictionary()
+                for src, tgts in switch[langs[0]].items():
+                    for t in tgts:
+                        switch[langs[1]].setdefault(t, []).append(src)
+        except OSError as e:
+            raise SystemExit(f"error: cannot read {e.filename}: {e.strerror}")
+        except ValueError as e:  # read_dictionary names the file and line at fault
+            raise SystemExit(f"error: --code-switch {e}")
 
     def fingerprint(path):
         st = os.stat(path)
