@@ -486,10 +486,10 @@ def _init_worker(opts):
 
 
 def _encode_chunk(chunk):
-    """(first line number, [lines]) -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
-    (start, lines), w = chunk, _WORKER
+    """[(line number, line), ...] -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
+    w = _WORKER
     tok, lang, ids = w["tok"], w["lang"], []
-    for n, line in enumerate(lines, start):
+    for n, line in chunk:
         words = tok.words(line, lang)
         if w["code_switch"] is None:
             pieces = tok.pieces(words, lang)
@@ -499,7 +499,7 @@ def _encode_chunk(chunk):
             pieces = [p for a, b in zip(words, switched) for p in tok.pieces([b], lang if a == b else w["cs_lang"])]
         ids.extend(tok.vocabs[lang].index.get(p, UNK_ID) for p in pieces)
         ids.append(EOS_ID)
-    return np.array(ids, dtype=np.uint32), len(lines), sum(len(line.encode()) + 1 for line in lines)
+    return np.array(ids, dtype=np.uint32), len(chunk), sum(len(line.encode()) + 1 for _, line in chunk)
 
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15, seed=0,
@@ -513,9 +513,8 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     cs_lang = next((l for l in tok.langs if l != lang), None)  # the language of the translations
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    lines = read_lines(text_path, None, errors)
-    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
-    chunks = ((k * CHUNK_LINES + 1, c) for k, c in enumerate(chunks))  # (number of the first line, lines)
+    lines = enumerate(read_lines(text_path, None, errors), 1)
+    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])  # CHUNK_LINES (number, line) at a time
     n_tokens = n_sentences = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose)
@@ -601,10 +600,9 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True):
     """Raw text (`files` {lang: {"train": path, "dev": path}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash
     of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused by later calls (other DDP
-    ranks wait for its `done`). `data` may also be such a directory: it is used as it is. Every input is checked
-    before any work (BPE learning takes hours at paper scale), and the tokenizer is cached on its own first: a
-    retry after a bad dev file does not learn BPE again. Training text is code-switched with `code_switch`
-    (§4.2, D11): langs[0]'s by the dictionary, langs[1]'s by its inverse. Errors: one line."""
+    ranks wait for its `done`); a `data` directory holding these is used as it is. Every input is checked before
+    any work (BPE learning takes hours at paper scale), and the tokenizer is cached on its own first: a retry
+    after a bad dev file does not learn BPE again. `code_switch`: a dictionary (§4.2, D11). Errors: one line."""
     if not files:
         if not os.path.isdir(data):
             raise SystemExit(f"error: --data {data}: no such directory")
@@ -701,7 +699,6 @@ def main(argv=None):
         p.add_argument("--lang", help="language for pretokenize (default: the file name up to the first '.')")
         p.add_argument("--pretokenized", action="store_true", help="split lines on spaces only, as subword-nmt")
         p.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-        p.add_argument("--errors", choices=["strict", "replace"], default="strict", help="not UTF-8: stop, or U+FFFD")
     prep = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=fmt)
     prep.add_argument("--data", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")
     prep.add_argument("--train-files", metavar="LANG=PATH,...")
@@ -717,8 +714,7 @@ def main(argv=None):
     prep.add_argument("--workers", type=int, default=1, help="encoding processes")
     prep.add_argument("--out", required=True, help="cache directory; the prepared directory inside it is printed")
     args = parser.parse_args(argv)
-    # the user's mistakes are caught here, before any work, each as one line naming the flag (a missing input file:
-    # the first read names it)
+    # mistakes in flags: one line naming the flag, before any work (a missing input file: its first read names it)
     for k in ("merges", "min_freq", "max_lines", "workers"):
         v = getattr(args, k, None)
         if v is not None and v < 1:
@@ -727,7 +723,7 @@ def main(argv=None):
         parser.error(f"--output {args.output}: no directory {os.path.dirname(args.output) or '.'}")
 
     def read(path):  # learn, apply: (line, its words); --lang or the file name's start: 'en.train.txt' -> en
-        for line in read_lines(path, getattr(args, "max_lines", None), args.errors):
+        for line in read_lines(path, getattr(args, "max_lines", None)):
             line = lowercase_and_strip_accents(line) if args.lowercase else line
             yield line, ([w for w in line.strip("\r\n ").split(" ") if w] if args.pretokenized else
                          pretokenize(line, args.lang or os.path.basename(path).split(".")[0]))
