@@ -146,7 +146,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
             if c == -negc:
                 break
             heapq.heapreplace(heap, (-c, ka, kb, pair)) if c > 0 else heapq.heappop(heap)
-        if not heap or -heap[0][0] < min_freq:  # else `pair` is the top entry, current: the best pair
+        if not heap or -heap[0][0] < min_freq:  # else `pair` is the current top: the best pair
             break
         merges.append(pair)
         bar.update(1)
@@ -514,7 +514,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
     lines = enumerate(read_lines(text_path, None, errors), 1)
-    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])  # CHUNK_LINES (number, line) at a time
+    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])  # lists of (line number, line)
     n_tokens = n_sentences = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose)
@@ -609,8 +609,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         names = ["tokenizer.json"] + [f"{l}.{s}.bin" for l in langs for s in ("train", "dev")]
         if all(os.path.isfile(os.path.join(data, name)) for name in names):
             return data
-        files = {l: {} for l in langs}
-        for l, s in itertools.product(langs, ("train", "dev")):  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
+        files = {l: {} for l in langs}  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
+        for l, s in itertools.product(langs, ("train", "dev")):
             name = f"{l}.{s}.txt"
             found = [p for p in (os.path.join(data, name), os.path.join(data, "mono", name)) if os.path.isfile(p)]
             if not found:
@@ -745,7 +745,7 @@ def main(argv=None):
                         lead = line[: len(line) - len(line.lstrip(" "))]
                         text = lead + text + (line[len(line.rstrip(" ")):] if line.strip(" ") else "")
                     out.write(text + "\n")
-        else:
+        else:  # prepare
             langs, files = args.langs.split(","), None
             if bool(args.train_files) != bool(args.dev_files) or bool(args.data) == bool(args.train_files):
                 raise ValueError("give --data, or --train-files with --dev-files")
