@@ -610,7 +610,7 @@ def main(argv=None):
     try:
         args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
         if args.plot:
-            M.check_plot(args.plot)
+            M.plot_layers(args.plot)
         if args.toy:
             if not os.path.isdir(args.toy):
                 raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")

@@ -61,23 +61,18 @@ class ModelConfig:
         self.sep_layers = tuple(int(i) for i in self.sep_layers)
         self.vocab_sizes = tuple(int(v) for v in self.vocab_sizes)
         # sep_emb (the paper's switch) is both halves; both halves are sep_emb
-        if self.sep_emb:
-            self.sep_tok = self.sep_pos = True
+        self.sep_tok, self.sep_pos = self.sep_tok or self.sep_emb, self.sep_pos or self.sep_emb
         self.sep_emb = bool(self.sep_tok and self.sep_pos)
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         bad = [i for i in self.sep_layers if not 1 <= i <= self.n_layers]
         if bad:
             raise ValueError(f"sep_layers {bad} outside 1..{self.n_layers}")
-        if self.vocab_sizes:
-            if len(self.vocab_sizes) != self.n_langs:
-                raise ValueError(f"vocab_sizes has {len(self.vocab_sizes)} entries for {self.n_langs} languages")
-            if not self.sep_tok and set(self.vocab_sizes) != {self.vocab_size}:
-                raise ValueError(f"vocab_sizes {self.vocab_sizes} differ from vocab_size {self.vocab_size} "
-                                 "but token tables are shared (sep_tok=False)")
-
-    def lang_vocab_size(self, lang):
-        return self.vocab_sizes[lang] if self.vocab_sizes else self.vocab_size
+        if self.vocab_sizes and len(self.vocab_sizes) != self.n_langs:
+            raise ValueError(f"vocab_sizes has {len(self.vocab_sizes)} entries for {self.n_langs} languages")
+        if self.vocab_sizes and not self.sep_tok and set(self.vocab_sizes) != {self.vocab_size}:
+            raise ValueError(f"vocab_sizes {self.vocab_sizes} differ from vocab_size {self.vocab_size} "
+                             "but token tables are shared (sep_tok=False)")
 
 
 def parse_sep(spec, n_layers=8):
@@ -141,7 +136,8 @@ class FFN(nn.Module):
 
 
 class Block(nn.Module):
-    """One post-LN layer: x = LN(x + drop(attn(x))); x = LN(x + drop(ffn(x)))."""
+    """One post-LN layer: x = LN(x + drop(attn(x))); x = LN(x + drop(ffn(x))). With attn_mask (B, T), True at
+    real tokens, padded keys get no attention and padded positions are zeroed after the layer (XLM)."""
 
     def __init__(self, config):
         super().__init__()
@@ -151,9 +147,11 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(config.dim, eps=LAYER_NORM_EPS)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask=None):
+    def forward(self, x, attn_mask=None):
+        mask = None if attn_mask is None else attn_mask[:, None, None, :]  # (B, 1, 1, T): over heads and queries
         x = self.ln1(x + self.drop(self.attn(x, mask)))
-        return self.ln2(x + self.drop(self.ffn(x)))
+        x = self.ln2(x + self.drop(self.ffn(x)))
+        return x if attn_mask is None else x * attn_mask.unsqueeze(-1).to(x.dtype)
 
 
 class MLM(nn.Module):
@@ -177,9 +175,9 @@ class MLM(nn.Module):
         self.config = config
         d, L = config.dim, config.n_langs
         n_tok, n_pos = (L if config.sep_tok else 1), (L if config.sep_pos else 1)
+        vocab = config.vocab_sizes or (config.vocab_size,) * n_tok
         # paper §4.3: separate embeddings = own token table, own positions, own tied softmax (own bias)
-        self.tok_emb = nn.ModuleList(nn.Embedding(config.lang_vocab_size(l), d, padding_idx=config.pad_id)
-                                     for l in range(n_tok))
+        self.tok_emb = nn.ModuleList(nn.Embedding(vocab[l], d, padding_idx=config.pad_id) for l in range(n_tok))
         self.pos_emb = nn.ModuleList(nn.Embedding(config.max_positions, d) for _ in range(n_pos))
         self.lang_emb = nn.Embedding(L, d) if config.lang_emb else None
         self.ln_emb = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
@@ -190,14 +188,12 @@ class MLM(nn.Module):
         # the output weight IS tok_emb[l].weight (Press & Wolf tying, XLM share_inout_emb); the bias is
         # its own vector, initialised as XLM's nn.Linear(dim, n_words) bias: U(-1/sqrt(d), 1/sqrt(d))
         self.pred_bias = nn.ParameterList(
-            nn.Parameter(torch.empty(config.lang_vocab_size(l)).uniform_(-d ** -0.5, d ** -0.5))
-            for l in range(n_tok))
+            nn.Parameter(torch.empty(vocab[l]).uniform_(-d ** -0.5, d ** -0.5)) for l in range(n_tok))
         # XLM init: embeddings N(0, d^-0.5), pad row zero; Linear and LayerNorm keep PyTorch's default
         for emb in [*self.tok_emb, *self.pos_emb] + ([self.lang_emb] if self.lang_emb is not None else []):
             nn.init.normal_(emb.weight, mean=0.0, std=d ** -0.5)
         for emb in self.tok_emb:
-            with torch.no_grad():
-                emb.weight[config.pad_id].zero_()
+            nn.init.zeros_(emb.weight[config.pad_id])
 
     @staticmethod
     def _pick(copies, lang):
@@ -239,17 +235,11 @@ class MLM(nn.Module):
         if self.lang_emb is not None:
             x = x + self.lang_emb.weight[lang]
         x = self.drop(self.ln_emb(x))
-        mask = keep = None
         if attn_mask is not None:
-            mask = attn_mask.view(B, 1, 1, T)                   # broadcast over heads and queries
-            keep = attn_mask.unsqueeze(-1).to(x.dtype)          # (B, T, 1)
-            x = x * keep
+            x = x * attn_mask.unsqueeze(-1).to(x.dtype)        # padding zeroed, as after every block
         hs = [x]
         for copies in self.blocks:
-            x = self._pick(copies, lang)(x, mask)
-            if keep is not None:
-                x = x * keep
-            hs.append(x)
+            hs.append(self._pick(copies, lang)(hs[-1], attn_mask))
         return hs
 
     def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None):
@@ -265,8 +255,7 @@ class MLM(nn.Module):
         logits = F.linear(x[sel], W, b)                          # (N, V)
         if logits.size(0) == 0:                                  # no target: zero loss, graph kept
             return logits, x.sum() * 0.0
-        loss = F.cross_entropy(logits.float(), targets[sel])
-        return logits, loss
+        return logits, F.cross_entropy(logits.float(), targets[sel])
 
     @classmethod
     def from_xlm(cls, state_dict, config):
@@ -285,30 +274,24 @@ class MLM(nn.Module):
             "pred_bias.0": ["pred_layer.proj.bias"]}
         if config.lang_emb:
             names["lang_emb.weight"] = ["lang_embeddings.weight"]
+        layer = {"attn.out": "attentions.{i}.out_lin", "ln1": "layer_norm1.{i}", "ffn.lin1": "ffns.{i}.lin1",
+                 "ffn.lin2": "ffns.{i}.lin2", "ln2": "layer_norm2.{i}"}
         for i in range(config.n_layers):
             for w in ("weight", "bias"):
-                p = f"blocks.{i}.0."
-                names[p + f"attn.qkv.{w}"] = [f"attentions.{i}.{n}_lin.{w}" for n in "qkv"]
-                names[p + f"attn.out.{w}"] = [f"attentions.{i}.out_lin.{w}"]
-                names[p + f"ln1.{w}"] = [f"layer_norm1.{i}.{w}"]
-                names[p + f"ffn.lin1.{w}"] = [f"ffns.{i}.lin1.{w}"]
-                names[p + f"ffn.lin2.{w}"] = [f"ffns.{i}.lin2.{w}"]
-                names[p + f"ln2.{w}"] = [f"layer_norm2.{i}.{w}"]
+                names[f"blocks.{i}.0.attn.qkv.{w}"] = [f"attentions.{i}.{n}_lin.{w}" for n in "qkv"]
+                names.update({f"blocks.{i}.0.{k}.{w}": [f"{v.format(i=i)}.{w}"] for k, v in layer.items()})
         wanted = [n for v in names.values() for n in v]
         missing, unexpected = [n for n in wanted if n not in sd], sorted(set(sd) - set(wanted))
         if missing or unexpected:
-            raise KeyError(f"from_xlm: state dict does not match the config: missing {missing}, "
-                           f"unexpected {unexpected}")
+            raise KeyError(f"from_xlm: state dict does not fit the config: missing {missing}, unexpected {unexpected}")
         ours = {k: sd[v[0]] if len(v) == 1 else torch.cat([sd[n] for n in v]) for k, v in names.items()}
         if tied is not None and not torch.equal(tied, ours["tok_emb.0.weight"]):
             raise ValueError("from_xlm: pred_layer.proj.weight differs from embeddings.weight (untied model)")
         model = cls(config)
-        target = model.state_dict()
-        bad = [f"{k}: checkpoint {tuple(v.shape)} vs config {tuple(target[k].shape)}"
-               for k, v in ours.items() if v.shape != target[k].shape]
-        if bad:
-            raise ValueError("from_xlm: shapes do not match the config:\n  " + "\n  ".join(bad))
-        model.load_state_dict(ours)
+        try:
+            model.load_state_dict(ours)
+        except RuntimeError as e:  # torch lists every size mismatch
+            raise ValueError(f"from_xlm: shapes do not match the config: {e}") from None
         return model
 
 # -----------------------------------------------------------------------------
@@ -345,9 +328,7 @@ class AlignedEncoder(nn.Module):
             x = x @ W.to(x) if W is not None else x
         hs = [x]
         for block in self.blocks:
-            x = block(x, attn_mask[:, None, None, :])
-            x = x * attn_mask[..., None].to(x.dtype)
-            hs.append(x)
+            hs.append(block(hs[-1], attn_mask))
         return hs
 
 
@@ -397,20 +378,18 @@ def load_model(path, map_location="cpu"):
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad model config: {e}") from None
     state = ckpt.pop("model")
-    missing = sorted(set(model.state_dict()) - set(state))
-    unexpected = sorted(set(state) - set(model.state_dict()))
-    if missing or unexpected:
-        raise ValueError(f"{path}: the weights do not match the checkpoint's config ({len(missing)} missing, "
-                         f"{len(unexpected)} unexpected keys, e.g. {(missing + unexpected)[0]!r})")
     for k, v in state.items():
         if not isinstance(v, torch.Tensor):
             raise ValueError(f"{path}: weight {k!r} is a {type(v).__name__}, not a tensor")
         if v.is_floating_point() and not torch.isfinite(v).all():
             raise ValueError(f"{path}: weight {k!r} contains NaN or inf (a diverged run?); refusing to use it")
     try:
-        model.load_state_dict(state)
+        missing, unexpected = map(sorted, model.load_state_dict(state, strict=False))
     except RuntimeError as e:  # shapes that do not fit the config
         raise ValueError(f"{path}: the weights do not match the checkpoint's config: {_first_line(e)}") from None
+    if missing or unexpected:
+        raise ValueError(f"{path}: the weights do not match the checkpoint's config ({len(missing)} missing, "
+                         f"{len(unexpected)} unexpected keys, e.g. {(missing + unexpected)[0]!r})")
     if isinstance(map_location, (str, torch.device)):
         model.to(map_location)
     return model.eval(), ckpt
@@ -423,12 +402,9 @@ def encode_batch(model, rows, lang, pad_id=PAD_ID):
     run as one right-padded batch -> (hs, mask): n_layers + 1 tensors (B, T, dim), T the longest row,
     zeros at padding, and mask (B, T), True at real tokens. Padding is masked out of attention, so row
     b's states are those of row b run alone. Works for any model with MLM.hidden_states' signature."""
-    device = next(model.parameters()).device
-    idx = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
-    for b, r in enumerate(rows):
-        idx[b, :len(r)] = torch.tensor(r)
-    mask = torch.arange(idx.size(1)) < torch.tensor([len(r) for r in rows]).unsqueeze(1)   # (B, T)
-    idx, mask = idx.to(device), mask.to(device)
+    device, T = next(model.parameters()).device, max(len(r) for r in rows)
+    idx = torch.tensor([list(r) + [pad_id] * (T - len(r)) for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in rows], device=device)  # (B, T)
     return model.hidden_states(idx, lang, attn_mask=mask), mask
 
 
@@ -449,17 +425,14 @@ def encode_states(model, seqs, lang, max_len, layer=-1):
     </s> (the parser's ROOT), 1 + k = subword k, zeros after the end. Every sequence runs as
     `</s> ids[s:e] </s>` windows of at most max_len subwords: long ones are split, never dropped."""
     pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
-    rs, cs, rd, cd = [], [], [], []  # source (window row, col) -> destination (sentence row, col)
+    moves = []  # (window row, window col, sentence row, sentence col) of every state kept
     for r, (b, (s, e, keep)) in enumerate(pieces):
         ks = ([-1] if s == 0 else []) + list(range(keep, min(e, len(seqs[b]))))  # -1: the first window's </s>
-        rs += [r] * len(ks)
-        cs += [1 + k - s for k in ks]
-        rd += [b] * len(ks)
-        cd += [1 + k for k in ks]
+        moves += [(r, 1 + k - s, b, 1 + k) for k in ks]
     h = encode_batch(model, [[EOS_ID] + list(seqs[b][s:e]) + [EOS_ID] for b, (s, e, _) in pieces], lang)[0][layer]
-    index = lambda *xs: tuple(torch.tensor(x, device=h.device) for x in xs)  # noqa: E731
+    m = torch.tensor(moves, device=h.device)  # (N, 4)
     out = h.new_zeros(len(seqs), 1 + max(len(ids) for ids in seqs), h.size(-1))
-    return out.index_put(index(rd, cd), h[index(rs, cs)])
+    return out.index_put((m[:, 2], m[:, 3]), h[m[:, 0], m[:, 1]])
 
 
 @torch.no_grad()
@@ -473,8 +446,7 @@ def iter_states(model, id_lists, lang, batch_size=32):
     for a in range(0, len(order), batch_size):
         ks = order[a:a + batch_size]
         rows = [[EOS_ID] + list(id_lists[k][:keep]) + [EOS_ID] for k in ks]
-        hs, _ = encode_batch(model, rows, lang)
-        hs = torch.stack(hs, dim=1).float().cpu().numpy()             # (B, n_layers + 1, T, dim)
+        hs = torch.stack(encode_batch(model, rows, lang)[0], dim=1).float().cpu().numpy()  # (B, n_layers + 1, T, dim)
         for b, k in enumerate(ks):
             yield k, hs[b, :, :len(rows[b])]
 
@@ -482,12 +454,10 @@ def iter_states(model, id_lists, lang, batch_size=32):
 def pool_sentences(model, id_lists, lang, batch_size=32):
     """Sentence vectors of align.py and cka.py (decision D9): per layer, the mean state of each id list,
     its two </s> excluded (an empty list: the mean of the two) -> n_layers + 1 float32 arrays (n, dim)."""
-    out = None
+    out = [None] * len(id_lists)
     for k, H in iter_states(model, id_lists, lang, batch_size):
-        if out is None:
-            out = torch.zeros(H.shape[0], len(id_lists), H.shape[2]).numpy()
-        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
-    return list(out)
+        out[k] = torch.from_numpy(H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1))
+    return list(torch.stack(out, dim=1).numpy())
 
 
 # -----------------------------------------------------------------------------
@@ -518,9 +488,8 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
                              "LOCAL_RANK; use --device cuda (and CUDA_VISIBLE_DEVICES to choose GPUs)")
         n, i = torch.cuda.device_count(), int(index) if colon else (local_rank or 0)
         if i >= n:
-            raise ValueError(f"--device {device}: GPU {i} does not exist ({n} visible)" if colon else
-                             f"--device {device}: LOCAL_RANK {i} but only {n} GPU(s) visible; "
-                             f"use --nproc_per_node {n} or less")
+            raise ValueError(f"--device {device}: " + (f"GPU {i} does not exist ({n} visible)" if colon else
+                             f"LOCAL_RANK {i} but only {n} GPU(s) visible; use --nproc_per_node {n} or less"))
         device = f"cuda:{i}"
     elif device not in ("cpu", "mps"):
         raise ValueError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
@@ -543,27 +512,23 @@ def autocast(device, dtype):
 # -----------------------------------------------------------------------------
 # per-layer figures (--plot of align.py and cka.py, Figs. 4-7); matplotlib is not a requirement
 
-def check_plot(path):
-    """--plot FILE.png, checked before any work: matplotlib importable, the directory writable."""
+def plot_layers(path, title=None, header=(), rows=(), ylabel=""):
+    """Draw a per-layer table as a PNG: x = the first column (layer names), one line per column whose
+    values are floats (ints such as pair counts and '-' cells are left out). Written atomically.
+    plot_layers(path) alone checks --plot before any work: matplotlib importable, the directory writable."""
     try:
-        import matplotlib  # noqa: F401
+        from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     except ImportError:
         raise ValueError("--plot needs matplotlib, which is not a requirement: pip install matplotlib") from None
     d = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) or not os.path.isdir(d) or not os.access(d, os.W_OK):
         raise ValueError(f"--plot {path}: cannot write a file there")
-
-
-def plot_layers(path, title, header, rows, ylabel):
-    """Draw a per-layer table as a PNG: x = the first column (layer names), one line per column whose
-    values are floats (ints such as pair counts and '-' cells are left out). Written atomically."""
-    check_plot(path)
-    from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
-    xs = [str(r[0]) for r in rows]
+    if title is None:
+        return
     fig = Figure(figsize=(7, 3.6))
     ax = fig.subplots()
     for c in range(1, len(header)):
-        points = [(x, r[c]) for x, r in zip(xs, rows) if isinstance(r[c], float)]
+        points = [(str(r[0]), r[c]) for r in rows if isinstance(r[c], float)]
         if points:
             ax.plot(*zip(*points), marker="o", label=header[c])
     ax.set(xlabel="layer", ylabel=ylabel)
