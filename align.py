@@ -13,8 +13,8 @@ References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translati
 (MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al. 2013 (fast_align),
 Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
-Everything above the CLI ruler needs only numpy; the CLI imports torch, model.py and bpe.py inside functions
-(--device and --dtype as in pretrain.py):
+Everything above the CLI ruler needs only numpy (and bpe.py's file readers, imported inside functions); the
+CLI imports torch, model.py and bpe.py inside functions (--device and --dtype as in pretrain.py):
 
     python align.py words      --toy DIR --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy DIR --ckpt RUN/best.pt --save-maps maps.npz
@@ -22,7 +22,6 @@ Everything above the CLI ruler needs only numpy; the CLI imports torch, model.py
 """
 import argparse
 import errno
-import itertools
 import os
 import sys
 from collections import Counter
@@ -41,17 +40,6 @@ def _as_matrix(X, name):
     if not np.isfinite(X).all():
         raise ValueError(f"{name} contains NaN or inf (first in row {int(np.argwhere(~np.isfinite(X))[0, 0])})")
     return X
-
-
-def read_lines(path):
-    """Lines of a UTF-8 file, streamed, split on \\n only (a stray \\r or U+2028 does not shift the numbering
-    of a parallel file); a line that is not UTF-8 raises ValueError naming file and line."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                yield raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -189,10 +177,7 @@ def digamma(x):
     (fast_align's `digamma` shifts to 6, accurate to ~1e-11)."""
     x = np.array(x, dtype=np.float64)
     out = np.zeros_like(x)
-    for _ in range(10):
-        small = x < 10
-        if not small.any():
-            break
+    while (small := x < 10).any():
         out[small] -= 1.0 / x[small]
         x[small] += 1.0
     f = 1.0 / (x * x)
@@ -320,7 +305,8 @@ def one_to_one_pairs(links, src_words, tgt_words):
 
 
 def read_parallel(src_path, tgt_path, max_lines=None):
-    """Two files, line k of one translating line k of the other -> (src_lines, tgt_lines)."""
+    """Two UTF-8 files (bpe.read_lines), line k of one translating line k of the other -> (src_lines, tgt_lines)."""
+    from bpe import read_lines
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
     if len(src) != len(tgt):
         raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
@@ -350,19 +336,15 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
     sents_words: list of word lists. Returns (list of n_layers + 1 arrays (n_words_total, dim), offsets)
     with sentence k's words at rows offsets[k]:offsets[k+1]. Words cut off by max_positions are NaN."""
     import model as M
-    per_word = [tok.encode_words(ws, lang_code) if ws else [] for ws in sents_words]
+    per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
     offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
-    out = None
+    out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, dtype=np.float32)
     for k, H in M.iter_states(model, [sum(w, []) for w in per_word], lang_idx, batch_size):
-        if out is None:
-            out = np.full((H.shape[0], offsets[-1], H.shape[2]), np.nan, dtype=np.float32)
         pos = 1                                                       # position 0 is </s>
         for w, ids in enumerate(per_word[k]):
             if pos + len(ids) <= H.shape[1] - 1:
                 out[:, offsets[k] + w] = H[:, pos:pos + len(ids)].mean(axis=1)
             pos += len(ids)
-    if out is None:
-        raise ValueError("no sentences to encode")
     return list(out), offsets
 
 
@@ -370,30 +352,25 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200
     """Decision D8 for the word types of a corpus, most frequent first, keyed lowercase as MUSE:
     (a) embedding-table rows of the words that are ONE subword (Fig. 4a); (b) per layer, the mean
     contextual vector of a word over its occurrences (Fig. 4b). -> (keys_a, X_a), (keys_b, [X_b per layer])."""
-    from bpe import UNK_ID
-    sents, counts, form = [], Counter(), {}
-    for line in itertools.islice(read_lines(path), max_sents):
-        sents.append(tok.words(line.strip(), lang))
-        for w in sents[-1]:
-            counts[w.lower()] += 1
-            form.setdefault(w.lower(), w)                           # the first surface form is encoded
-    if not counts:
+    from bpe import UNK_ID, read_lines
+    sents = [tok.words(line.strip(), lang) for line in read_lines(path, max_sents)]
+    words = [w for ws in sents for w in ws]
+    if not words:
         raise ValueError(f"{path}: no words")
-    keys = [w for w, _ in counts.most_common(max_vocab)]
+    keys = [w for w, _ in Counter(w.lower() for w in words).most_common(max_vocab)]
+    form = {w.lower(): w for w in reversed(words)}                  # the first surface form is encoded
     table = model.tok_emb[lang_idx if len(model.tok_emb) > 1 else 0].weight.detach().float().cpu().numpy()
     single = [(k, ids[0]) for k, ids in zip(keys, tok.encode_words([form[k] for k in keys], lang))
               if len(ids) == 1 and ids[0] != UNK_ID]
     layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size)
     row = {k: i for i, k in enumerate(keys)}
-    which = np.array([row.get(w.lower(), -1) for ws in sents for w in ws], dtype=np.int64)
+    which = np.array([row.get(w.lower(), -1) for w in words], dtype=np.int64)
     ok = (which >= 0) & ~np.isnan(layers[0][:, 0])
     n_occ = np.bincount(which[ok], minlength=len(keys)).astype(np.float64)
     seen = n_occ > 0
-    X_b = []
-    for H in layers:
-        S = np.zeros((len(keys), H.shape[1]))
-        np.add.at(S, which[ok], H[ok])
-        X_b.append((S[seen] / n_occ[seen, None]).astype(np.float32))
+    S = np.zeros((len(layers), len(keys), layers[0].shape[1]))  # per layer, the sum over each word's tokens
+    np.add.at(S, (slice(None), which[ok]), np.stack(layers)[:, ok])
+    X_b = list((S[:, seen] / n_occ[seen, None]).astype(np.float32))
     return ([k for k, _ in single], table[[i for _, i in single]]), ([k for k, s in zip(keys, seen) if s], X_b)
 
 
@@ -409,14 +386,13 @@ def print_table(title, header, rows, plot=None):
 
 
 def _encoders(args):
-    """(model, tok, lang index) for the source and the target side: --ckpt encodes the source
-    language, --ckpt2 (two monolingual models) or else --ckpt too encodes the target language."""
+    """(model, tok, lang index, lang code) per side: --ckpt encodes --src; --ckpt2 (if given) or --ckpt, --tgt."""
     out, loaded = [], {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
         mdl, tok, langs = loaded[path] = loaded.get(path) or load_encoder(path, args.device)
         if lang not in langs:
             raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
-        out.append((mdl, tok, langs.index(lang)))
+        out.append((mdl, tok, langs.index(lang), lang))
     return out
 
 
@@ -431,9 +407,8 @@ def save_maps(path, maps, src, tgt):
     except OSError as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if e.errno == errno.ENOSPC:
-            raise ValueError(f"no space left writing {path}") from None
-        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
+        raise ValueError(f"no space left writing {path}" if e.errno == errno.ENOSPC else
+                         f"cannot write {path}: {e.strerror or e}") from None
 
 
 def load_map(path, src, tgt, layer):
@@ -455,9 +430,8 @@ def load_map(path, src, tgt, layer):
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
-    (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [
-        word_vectors(m, t, li, lang, path, args.max_sents, batch_size=args.batch_size)
-        for (m, t, li), lang, path in zip(_encoders(args), (args.src, args.tgt), (args.src_corpus, args.tgt_corpus))]
+    (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [word_vectors(*side, path, args.max_sents, batch_size=args.batch_size)
+                                            for side, path in zip(_encoders(args), (args.src_corpus, args.tgt_corpus))]
     runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
     rows, errors = [], []
     for name, ws, Xs, wt, Xt in runs:
@@ -488,7 +462,7 @@ def cmd_contextual(args):
         why = "is a directory" if os.path.isdir(args.save_maps) else f"{d} is not a writable directory"
         raise ValueError(f"--save-maps {args.save_maps}: cannot write there ({why})")
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
-    (ms, ts, ls), (mt, tt, lt) = _encoders(args)
+    (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     S, T = [ts.words(l, args.src) for l in src_lines], [tt.words(l, args.tgt) for l in tgt_lines]
     pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(fast_align(S, T), S, T)]
     Hs, off_s = encode_word_tokens(ms, ts, S, ls, args.src, args.batch_size)
@@ -525,7 +499,7 @@ def cmd_sentences(args):
     model.pool_sentences), without and with a Procrustes map."""
     import model as M
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents)
-    (ms, ts, ls), (mt, tt, lt) = _encoders(args)
+    (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size),
                             M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size))
     Es, Et = enc(te_s, te_t)
@@ -573,60 +547,60 @@ def build_parser():
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
     a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
 
-    p = sub.add_parser("words", parents=[common], help="Fig. 4: word translation after Procrustes (MUSE dictionaries)")
-    p.add_argument("--train-dict", help="MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)")
-    p.add_argument("--test-dict", help="MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)")
-    p.add_argument("--src-corpus", help="source-language text: vocabulary and contextual averages")
-    p.add_argument("--tgt-corpus", help="target-language text: vocabulary and contextual averages")
-    p.set_defaults(func=cmd_words, pair=(), toy_paths={
-        "train_dict": "dict/{l0}-{l1}.train.txt", "test_dict": "dict/{l0}-{l1}.test.txt",
-        "src_corpus": "mono/{l0}.train.txt", "tgt_corpus": "mono/{l1}.train.txt"})
+    def command(name, func, help, paths, pair=()):  # paths: data flag -> (help, its file in a --toy DIR world)
+        p = sub.add_parser(name, parents=[common], help=help)
+        for f, (h, _) in paths.items():
+            p.add_argument("--" + f.replace("_", "-"), help=h)
+        p.set_defaults(func=func, pair=pair, toy_paths={f: rel for f, (_, rel) in paths.items()})
+        return p
 
-    p = sub.add_parser("contextual", parents=[common], help="§5.1.2: contextual word alignment from fast_align pairs")
-    p.add_argument("--src-file", help="parallel sentences, source side (one per line)")
-    p.add_argument("--tgt-file", help="parallel sentences, target side (line k translates line k)")
+    command("words", cmd_words, "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
+        "train_dict": ("MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)", "dict/{l0}-{l1}.train.txt"),
+        "test_dict": ("MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)", "dict/{l0}-{l1}.test.txt"),
+        "src_corpus": ("source-language text: vocabulary and contextual averages", "mono/{l0}.train.txt"),
+        "tgt_corpus": ("target-language text: vocabulary and contextual averages", "mono/{l1}.train.txt")})
+    p = command("contextual", cmd_contextual, "§5.1.2: contextual word alignment from fast_align pairs", {
+        "src_file": ("parallel sentences, source side (one per line)", "parallel/{l0}-{l1}.train.{l0}"),
+        "tgt_file": ("parallel sentences, target side (line k translates line k)", "parallel/{l0}-{l1}.train.{l1}")})
     p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps)")
-    p.set_defaults(func=cmd_contextual, pair=(), toy_paths={
-        "src_file": "parallel/{l0}-{l1}.train.{l0}", "tgt_file": "parallel/{l0}-{l1}.train.{l1}"})
-
-    p = sub.add_parser("sentences", parents=[common], help="Fig. 6: Tatoeba-style sentence retrieval per layer")
-    p.add_argument("--test-src", help="test pairs, source side (e.g. tatoeba.fra-eng.eng)")
-    p.add_argument("--test-tgt", help="test pairs, target side (e.g. tatoeba.fra-eng.fra)")
-    p.add_argument("--train-src", help="parallel sentences to fit a Procrustes map, source side (optional)")
-    p.add_argument("--train-tgt", help="parallel sentences to fit a Procrustes map, target side (with --train-src)")
-    p.set_defaults(func=cmd_sentences, pair=("train_src", "train_tgt"), toy_paths={
-        "test_src": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "test_tgt": "tatoeba/tatoeba.{l1}-{l0}.{l1}",
-        "train_src": "parallel/{l0}-{l1}.train.{l0}", "train_tgt": "parallel/{l0}-{l1}.train.{l1}"})
+    command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
+        "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
+        "test_tgt": ("test pairs, target side (e.g. tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
+        "train_src": ("Procrustes fit pairs, source side (optional)", "parallel/{l0}-{l1}.train.{l0}"),
+        "train_tgt": ("Procrustes fit pairs, target side (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")},
+        pair=("train_src", "train_tgt"))
     return ap
 
 
-def main(argv=None):
-    """Every flag, file and the device are checked before any work (one line naming the flag otherwise).
-    --toy DIR fills in each unset data path of the sub-command's `toy_paths` (toydata.py's layout, l0 = --src,
-    l1 = --tgt); they are required unless in `pair`, an optional pair of flags (both or neither)."""
-    args = build_parser().parse_args(argv)
+def setup(args):
+    """Check every flag, file and the device before any work (one line naming the flag; cka.py checks its flags
+    here too) -> the autocast context of --dtype. --toy DIR fills in each unset path of `args.toy_paths` (l0 = --src,
+    l1 = --tgt); all are required but those of `args.pair`, two optional flags that go together."""
     import model as M
-    flag = lambda f: "--" + f.replace("_", "-")
+    flag = lambda f: "--" + f.replace("_", "-")  # noqa: E731
+    args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
+    if args.plot:
+        M.plot_layers(args.plot)
+    if args.toy and not os.path.isdir(args.toy):
+        raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
+    for f, rel in args.toy_paths.items():
+        if args.toy and getattr(args, f) is None:
+            setattr(args, f, os.path.join(args.toy, rel.format(l0=args.src, l1=args.tgt)))
+    if args.pair and (getattr(args, args.pair[0]) is None) != (getattr(args, args.pair[1]) is None):
+        raise ValueError(f"{flag(args.pair[0])} and {flag(args.pair[1])} go together: give both or neither")
+    for f in ["ckpt", "ckpt2", *args.toy_paths]:
+        path = getattr(args, f)
+        if path is None and f not in ("ckpt2", *args.pair):
+            raise ValueError(f"missing {flag(f)} (or give --toy DIR)")
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"{flag(f)} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
+    return M.autocast(args.device, args.dtype)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     try:
-        args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
-        if args.plot:
-            M.plot_layers(args.plot)
-        if args.toy:
-            if not os.path.isdir(args.toy):
-                raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
-            for f, rel in args.toy_paths.items():
-                if getattr(args, f) is None:
-                    setattr(args, f, os.path.join(args.toy, rel.format(l0=args.src, l1=args.tgt)))
-        if args.pair and (getattr(args, args.pair[0]) is None) != (getattr(args, args.pair[1]) is None):
-            raise ValueError(f"{flag(args.pair[0])} and {flag(args.pair[1])} go together: give both or neither")
-        for f in ["ckpt", "ckpt2", *args.toy_paths]:
-            path = getattr(args, f)
-            if path is None and f not in ("ckpt2", *args.pair):
-                raise ValueError(f"missing {flag(f)} (or give --toy DIR)")
-            if path is not None and not os.path.isfile(path):
-                why = "not a file" if os.path.exists(path) else "no such file"
-                raise ValueError(f"{flag(f)} {path}: {why}")
-        with M.autocast(args.device, args.dtype):
+        with setup(args):
             return args.func(args)
     except (ValueError, OSError) as e:
         sys.exit(f"align.py {args.command}: error: {e}")
