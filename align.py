@@ -547,8 +547,8 @@ def build_parser():
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
     a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
 
-    def command(name, func, help, paths, pair=()):  # paths: data flag -> (help, its file in a --toy DIR world)
-        p = sub.add_parser(name, parents=[common], help=help)
+    def command(name, func, summary, paths, pair=()):  # paths: data flag -> (help, its file in a --toy DIR world)
+        p = sub.add_parser(name, parents=[common], help=summary)
         for f, (h, _) in paths.items():
             p.add_argument("--" + f.replace("_", "-"), help=h)
         p.set_defaults(func=func, pair=pair, toy_paths={f: rel for f, (_, rel) in paths.items()})
@@ -573,9 +573,9 @@ def build_parser():
 
 
 def setup(args):
-    """Check every flag, file and the device before any work (one line naming the flag; cka.py checks its flags
-    here too) -> the autocast context of --dtype. --toy DIR fills in each unset path of `args.toy_paths` (l0 = --src,
-    l1 = --tgt); all are required but those of `args.pair`, two optional flags that go together."""
+    """Check every flag, file and the device before any work, one line naming the flag (cka.py's flags too)
+    -> the autocast context of --dtype. --toy DIR fills in each unset path of `args.toy_paths` (l0 = --src,
+    l1 = --tgt); all are required but the two optional flags of `args.pair`, which go together."""
     import model as M
     flag = lambda f: "--" + f.replace("_", "-")  # noqa: E731
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)

@@ -93,24 +93,23 @@ def cka_table(args):
     if len(src_lines) < 2:
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
 
-    def enc(side, lang, lines):  # sentence vectors per layer (decision D9)
-        (m, t, langs), path = side
+    def enc(encoder, path, lang, lines):  # sentence vectors per layer (decision D9)
+        m, t, langs = encoder
         if lang not in langs:
             raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
         with autocast:
             return M.pool_sentences(m, [t.encode(s, lang) for s in lines], langs.index(lang), args.batch_size)
-    src_side = tgt_side = (align.load_encoder(args.ckpt, args.device), args.ckpt)
-    E_src = enc(src_side, args.src, src_lines)
-    columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[0][2] else {}
+    src = tgt = align.load_encoder(args.ckpt, args.device)  # (model, tokenizer, language codes)
+    E_src = enc(src, args.ckpt, args.src, src_lines)
+    columns = {"bilingual": enc(src, args.ckpt, args.tgt, tgt_lines)} if args.tgt in src[2] else {}
     if args.ckpt2:
-        tgt_side = (align.load_encoder(args.ckpt2, args.device), args.ckpt2)
-        columns["monolingual"] = enc(tgt_side, args.tgt, tgt_lines)
+        tgt = align.load_encoder(args.ckpt2, args.device)
+        columns["monolingual"] = enc(tgt, args.ckpt2, args.tgt, tgt_lines)
     if not columns:
-        raise ValueError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src_side[0][2]}); give --ckpt2")
+        raise ValueError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src[2]}); give --ckpt2")
     torch.manual_seed(args.seed)
-    (model, tok, langs), path = tgt_side
-    rand = M.MLM(model.config).to(args.device).eval()           # untrained, same config and tokenizer
-    columns["random"] = enc(((rand, tok, langs), path + " (random init)"), args.tgt, tgt_lines)
+    rand = M.MLM(tgt[0].config).to(args.device).eval()           # untrained, same config and tokenizer
+    columns["random"] = enc((rand, *tgt[1:]), (args.ckpt2 or args.ckpt) + " (random init)", args.tgt, tgt_lines)
     header = ["layer"] + list(columns)
     rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
     rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])

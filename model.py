@@ -454,10 +454,10 @@ def iter_states(model, id_lists, lang, batch_size=32):
 def pool_sentences(model, id_lists, lang, batch_size=32):
     """Sentence vectors of align.py and cka.py (decision D9): per layer, the mean state of each id list,
     its two </s> excluded (an empty list: the mean of the two) -> n_layers + 1 float32 arrays (n, dim)."""
-    out = [None] * len(id_lists)
+    out = torch.zeros(model.config.n_layers + 1, len(id_lists), model.config.dim).numpy()
     for k, H in iter_states(model, id_lists, lang, batch_size):
-        out[k] = torch.from_numpy(H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1))
-    return list(torch.stack(out, dim=1).numpy())
+        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
+    return list(out)
 
 
 # -----------------------------------------------------------------------------
