@@ -7,8 +7,8 @@ maps. The paper uses it to show that layers of a bilingual model, and of two sep
 monolingual models, represent translations similarly, well above a random-encoder baseline.
 
 The numpy part (`linear_cka`, `linear_cka_gram`) can be copied alone. The CLI imports torch, model.py
-(the padded-batch encoder) and align.py (its flag checks, checkpoint and parallel-file readers) inside its
-functions, and prints the per-layer Figure 7 table (--device and --dtype as in pretrain.py):
+(the padded-batch encoder) and bpe.py (the checkpoint's tokenizer) inside its functions, never align.py,
+and prints the per-layer Figure 7 table (--device and --dtype as in pretrain.py):
 
     python cka.py --toy DIR --ckpt RUN/best.pt                         # bilingual model, both languages
     python cka.py --toy DIR --ckpt RUN_EN/best.pt --ckpt2 RUN_FR/best.pt   # two monolingual models
@@ -16,6 +16,7 @@ functions, and prints the per-layer Figure 7 table (--device and --dtype as in p
         --src-file ../shared/data/tatoeba/tatoeba.fra-eng.eng --tgt-file ../shared/data/tatoeba/tatoeba.fra-eng.fra
 """
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -76,7 +77,25 @@ def linear_cka_gram(X, Y):
 
 
 # =====================================================================================================
-# CLI: the Figure 7 table (torch, model.py and align.py are imported inside)
+# CLI: the Figure 7 table (torch, model.py and bpe.py are imported inside; align.py is not needed)
+
+def read_parallel(src_path, tgt_path, max_lines=None):
+    """Two UTF-8 files, line k of one translating line k of the other -> (src_lines, tgt_lines), split on
+    \\n only; non-UTF-8 lines, unequal lengths or empty files raise ValueError naming the files."""
+    src, tgt = [], []
+    for path, lines in ((src_path, src), (tgt_path, tgt)):
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if len(src) != len(tgt):
+        raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
+    if not src:
+        raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
+    return src[:max_lines or None], tgt[:max_lines or None]
+
 
 def cka_table(args):
     """Per layer, CKA of mean-pooled parallel sentences (rows = sentence pairs) -> (header, rows + avg row):
@@ -85,31 +104,52 @@ def cka_table(args):
       random       --ckpt encodes --src, an untrained model of the same config (and tokenizer) as the
                    --tgt side's model encodes --tgt: the baseline any similarity must beat"""
     import torch
-    import align
+    import bpe
     import model as M
 
-    autocast = align.setup(args)  # every flag and file before any work; --toy DIR gives the tatoeba/ pairs
-    src_lines, tgt_lines = align.read_parallel(args.src_file, args.tgt_file, args.max_sents)
+    if args.toy:
+        if not os.path.isdir(args.toy):
+            raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
+        args.src_file = args.src_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.src}")
+        args.tgt_file = args.tgt_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.tgt}")
+    for flag in ("ckpt", "ckpt2", "src_file", "tgt_file"):  # every input exists before anything is loaded
+        path, name = getattr(args, flag), "--" + flag.replace("_", "-")
+        if path is None and flag != "ckpt2":
+            raise ValueError(f"missing {name} (or give --toy DIR for the sentence files)")
+        if path is not None and not os.path.isfile(path):
+            why = "not a file" if os.path.exists(path) else "no such file"
+            filled = " (filled in from --toy)" if args.toy and "file" in flag else ""
+            raise ValueError(f"{name} {path}: {why}{filled}")
+    args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
+    if args.plot:
+        M.plot_layers(args.plot)  # only the check: matplotlib importable, the directory writable
+    src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     if len(src_lines) < 2:
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
 
-    def enc(encoder, path, lang, lines):  # sentence vectors per layer (decision D9)
-        m, t, langs = encoder
+    def load(path):  # (model in eval mode, tokenizer, language codes, path) from pretrain.py's best.pt
+        mdl, extra = M.load_model(path, map_location=args.device)
+        if "tokenizer" not in extra or "langs" not in extra:
+            raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
+        return mdl, bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"]), path
+
+    def enc(side, lang, lines):  # sentence vectors per layer (decision D9)
+        m, t, langs, path = side
         if lang not in langs:
             raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
-        with autocast:
+        with M.autocast(args.device, args.dtype):
             return M.pool_sentences(m, [t.encode(s, lang) for s in lines], langs.index(lang), args.batch_size)
-    src = tgt = align.load_encoder(args.ckpt, args.device)  # (model, tokenizer, language codes)
-    E_src = enc(src, args.ckpt, args.src, src_lines)
-    columns = {"bilingual": enc(src, args.ckpt, args.tgt, tgt_lines)} if args.tgt in src[2] else {}
+    src_side = tgt_side = load(args.ckpt)
+    E_src = enc(src_side, args.src, src_lines)
+    columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
     if args.ckpt2:
-        tgt = align.load_encoder(args.ckpt2, args.device)
-        columns["monolingual"] = enc(tgt, args.ckpt2, args.tgt, tgt_lines)
+        tgt_side = load(args.ckpt2)
+        columns["monolingual"] = enc(tgt_side, args.tgt, tgt_lines)
     if not columns:
-        raise ValueError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src[2]}); give --ckpt2")
+        raise ValueError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src_side[2]}); give --ckpt2")
     torch.manual_seed(args.seed)
-    rand = M.MLM(tgt[0].config).to(args.device).eval()           # untrained, same config and tokenizer
-    columns["random"] = enc((rand, *tgt[1:]), (args.ckpt2 or args.ckpt) + " (random init)", args.tgt, tgt_lines)
+    rand = M.MLM(tgt_side[0].config).to(args.device).eval()      # untrained, same config and tokenizer
+    columns["random"] = enc((rand, *tgt_side[1:3], tgt_side[3] + " (random init)"), args.tgt, tgt_lines)
     header = ["layer"] + list(columns)
     rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
     rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
@@ -148,8 +188,6 @@ def build_parser():
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
     a("--seed", type=int, default=0, help="seed of the random-encoder baseline")
     a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
-    ap.set_defaults(pair=(), toy_paths={  # align.setup checks the flags; --toy DIR fills in the sentence files
-        "src_file": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "tgt_file": "tatoeba/tatoeba.{l1}-{l0}.{l1}"})
     return ap
 
 
