@@ -14,9 +14,6 @@ Run:
     python pretrain.py --data DIR --langs en,fr --accumulate 8 --out runs/default        # 1 GPU
     torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3 --out runs/sep
     python pretrain.py ... --resume                               # continue from runs/.../checkpoint.pt
-
---device and --dtype are model.pick_device's, as in finetune.py, align.py and cka.py. The text is prepared once by
-bpe.prepare (the same as `python bpe.py prepare`); this file reads what it wrote.
 """
 
 import argparse
@@ -166,10 +163,9 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
 
 
 def drop_unused_lang_grads(model, used):
-    """None for the gradients of the language-specific parameters (--sep) of every language j that no micro-batch
-    of this update was in, on any rank (used[j] == 0). The DDP zero term gives them an exactly-zero gradient and Adam
-    would still move them by momentum; a None gradient makes Adam skip them, so they change only on their own
-    language's updates (as in XLM)."""
+    """None for the gradients of the language-specific parameters (--sep) of every language j that no micro-batch of
+    this update was in, on any rank (used[j] == 0). The DDP zero term gives them an exact zero gradient, and Adam would
+    still move them by momentum; with None Adam skips them: they change only on their own language's updates (XLM)."""
     for j, u in enumerate(used):
         if not u:
             for p in model.lang_specific_parameters(j):
@@ -269,14 +265,13 @@ def get_args(argv=None):
     a("--compile", action="store_true", help="torch.compile the model")
     a("--threads", type=int, help="CPU threads for torch (default torch's; --toy 1)")
     args = p.parse_args(argv)
-    offsets_unset = args.pos_offsets is None
+    if args.toy and args.pos_offsets is None and (args.bptt or 0) > TOY["pos_offsets"]:
+        args.pos_offsets = 0  # the --toy preset with a longer --bptt: off, not an error
     for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.merges is None:
         args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
-    if offsets_unset and args.pos_offsets < args.bptt:  # the --toy preset with a longer --bptt: off, not an error
-        args.pos_offsets = 0
 
     def need(ok, message):
         if not ok:
@@ -290,7 +285,8 @@ def get_args(argv=None):
 
     langs = args.langs.split(",")
     need(not (args.overwrite and args.resume), "--overwrite starts a new run; it cannot be combined with --resume")
-    need(all(langs) and len(set(langs)) == len(langs), f"--langs {args.langs}: expected distinct languages separated by commas, e.g. en,fr")
+    need(all(langs) and len(set(langs)) == len(langs),
+         f"--langs {args.langs}: expected distinct languages separated by commas, e.g. en,fr")
     for what, ok, names in RANGES:
         for k in names.split():
             v = getattr(args, k)  # None: not given (--threads)
@@ -326,53 +322,6 @@ def get_args(argv=None):
     return args
 
 # -----------------------------------------------------------------------------
-# the run directory: an earlier run's files, the toy world
-
-def open_run(args, ckpt_path):
-    """--resume: the checkpoint, refused unless made with the same flags (RESUME_MAY_CHANGE aside). A new run refuses
-    an --out holding an earlier run's files unless --overwrite; the toy world (toy/) and prepared data (data/) are
-    not a run's files: they are reused."""
-    if not args.resume:
-        found = [f for f in RUN_FILES if os.path.exists(os.path.join(args.out, f))]
-        if found and not args.overwrite and not args.prepare_only:
-            raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run; pass --resume to "
-                             "continue it (with its checkpoint.pt), --overwrite to start again, or another --out")
-        return None
-    try:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except Exception as e:  # no such file, or a damaged one
-        raise SystemExit(f"error: --resume: cannot read {ckpt_path}: {e}")
-    if not isinstance(ckpt, dict) or not {"args", "model", "optimizer", "rng"} <= set(ckpt):
-        raise SystemExit(f"error: --resume: {ckpt_path} is not a checkpoint written by pretrain.py")
-    old, new = ckpt["args"], vars(args)
-    diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
-                   for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
-    if diff:
-        raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:{diff}")
-    return ckpt
-
-
-def write_toy_world(args, langs, master):
-    """--toy without --data: toydata.write_world with the --toy-* knobs in OUT/toy/, written once by the master.
-    OUT/toy.json records the knobs: it tells the other ranks the world is there, and refuses other knobs later."""
-    knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], "overlap": args.toy_overlap, "order": args.toy_order,
-             "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic, "seed": args.toy_seed,
-             **TOY_SIZES[args.toy_size]}
-    record = os.path.join(args.out, "toy.json")
-    if master and not os.path.exists(record):
-        print(f"writing the toy world to {args.data}")
-        try:
-            write_world(args.data, force=True, **knobs)
-        except OSError as e:  # a full disk, an unwritable directory
-            raise SystemExit(f"error: cannot write the toy world: {e.filename or args.data}: {e.strerror or e}")
-        write_text(record, json.dumps(knobs))
-    while not os.path.exists(record):
-        time.sleep(2)
-    with open(record) as f:
-        if json.load(f) != knobs:
-            raise SystemExit(f"error: {args.data} was written with other --toy-* flags; use another --out")
-
-# -----------------------------------------------------------------------------
 # main: device, run directory, data, model and optimiser, training loop with evaluation and checkpoints
 
 def main(argv=None):
@@ -380,22 +329,22 @@ def main(argv=None):
     langs = args.langs.split(",")
     ddp = int(os.environ.get("RANK", -1)) != -1  # under torchrun
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    master = rank == 0  # the master evaluates and writes the files
     try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
-        device, dtype, backend = pick_device(args.device, args.dtype,
-                                             int(os.environ.get("LOCAL_RANK", 0)) if ddp else None)
+        device, dtype, backend = pick_device(args.device, args.dtype, int(os.environ["LOCAL_RANK"]) if ddp else None)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
-    if device.startswith("cuda"):
+    device_type = torch.device(device).type  # cuda, cpu or mps
+    if device_type == "cuda":
         torch.cuda.set_device(device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device_type, master = torch.device(device).type, rank == 0  # device_type: cuda, cpu or mps
     log = print if master else (lambda *a, **k: None)
     ckpt_path, log_path = os.path.join(args.out, "checkpoint.pt"), os.path.join(args.out, "log.jsonl")
 
     # SIGTERM (a preempted job) or Ctrl-C during training only sets a flag (the handler may interrupt a print): the
     # loop finishes the update, saves checkpoint.pt and exits 128 + signal. Before training, or a second time: at once
-    stop_signal, training = None, False  # training: set just before the loop
+    stop_signal, training = None, False
 
     def on_signal(signum, frame):
         nonlocal stop_signal
@@ -406,12 +355,47 @@ def main(argv=None):
 
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
-    # data: the toy world, then bpe.prepare (every input checked first; the master prepares, the other ranks wait),
-    # then what it wrote: the tokenizer and each language's ids, memory-mapped
-    ckpt = open_run(args, ckpt_path)
+    # the run directory: a new run refuses an earlier run's files unless --overwrite (toy/ and data/ are reused);
+    # --resume reads checkpoint.pt, refused unless made with the same flags (RESUME_MAY_CHANGE aside)
+    found = [f for f in RUN_FILES if os.path.exists(os.path.join(args.out, f))]
+    if found and not (args.resume or args.overwrite or args.prepare_only):
+        raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run; pass --resume to "
+                         "continue it (with its checkpoint.pt), --overwrite to start again, or another --out")
+    ckpt = None
+    if args.resume:
+        try:
+            ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as e:  # no such file, or a damaged one
+            raise SystemExit(f"error: --resume: cannot read {ckpt_path}: {e}")
+        if not isinstance(ckpt, dict) or not {"args", "model", "optimizer", "rng"} <= set(ckpt):
+            raise SystemExit(f"error: --resume: {ckpt_path} is not a checkpoint written by pretrain.py")
+        old, new = ckpt["args"], vars(args)
+        diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
+                       for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
+        if diff:
+            raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:{diff}")
     make_dir("--out", args.out)
+
+    # data: --toy without --data writes the toy world to OUT/toy/ (the master; OUT/toy.json records its knobs: it
+    # tells the other ranks the world is there and refuses other knobs later), then bpe.prepare (every input checked
+    # first; the master prepares, the other ranks wait), then what it wrote: the tokenizer and the memory-mapped ids
     if args.toy_world:
-        write_toy_world(args, langs, master)
+        knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], "overlap": args.toy_overlap,
+                 "order": args.toy_order, "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic,
+                 "seed": args.toy_seed, **TOY_SIZES[args.toy_size]}
+        record = os.path.join(args.out, "toy.json")
+        if master and not os.path.exists(record):
+            print(f"writing the toy world to {args.data}")
+            try:
+                write_world(args.data, force=True, **knobs)
+            except OSError as e:  # a full disk, an unwritable directory
+                raise SystemExit(f"error: cannot write the toy world: {e.filename or args.data}: {e.strerror or e}")
+            write_text(record, json.dumps(knobs))
+        while not os.path.exists(record):
+            time.sleep(2)
+        with open(record) as f:
+            if json.load(f) != knobs:
+                raise SystemExit(f"error: {args.data} was written with other --toy-* flags; use another --out")
     files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
     data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
                        separate_vocab=args.sep_tok, lowercase=args.lowercase, seed=args.seed,
@@ -419,25 +403,20 @@ def main(argv=None):
     if args.prepare_only:
         log(f"data prepared in {data_dir}")
         sys.exit(0)
-    train, dev, n_sentences = [], [], []
     try:
         tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
-        for l in langs:
-            ids, meta = load_bin(os.path.join(data_dir, f"{l}.train"))
-            dev_ids, _ = load_bin(os.path.join(data_dir, f"{l}.dev"))
-            train.append(ids)
-            dev.append(dev_ids)
-            n_sentences.append(meta["n_sentences"])
+        train = [load_bin(os.path.join(data_dir, f"{l}.train")) for l in langs]  # (ids, meta) per language
+        dev = [load_bin(os.path.join(data_dir, f"{l}.dev"))[0] for l in langs]
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: cannot read the prepared data in {data_dir}: {e}")
+    n_sentences = [meta["n_sentences"] for _, meta in train]
+    train = [ids for ids, _ in train]
     if set(langs) - set(tok.langs) or not all(len(ids) for ids in train + dev):
         raise SystemExit(f"error: {data_dir} has no vocabulary or an empty train or dev corpus for one of --langs")
     n_tokens, vocab_sizes = [len(ids) for ids in train], [tok.vocab_size(l) for l in langs]
     probs = sampling_probs(n_sentences)
-    if ckpt is not None and (ckpt["tokenizer"] != tok.to_dict() or ckpt["data"]["n_tokens"] != n_tokens):
-        raise SystemExit(f"error: --resume: the data in {data_dir} are not the ones {ckpt_path} was trained on")
 
-    # model and optimiser (D3)
+    # model, optimiser (D3), AMP: autocast (none for float32) and a GradScaler for float16
     torch.manual_seed(args.seed)  # same init on every rank (DDP broadcasts rank 0's anyway)
     config = ModelConfig(vocab_size=max(vocab_sizes), n_langs=len(langs), n_layers=args.n_layers,
                          n_heads=args.n_heads, dim=args.dim, ffn_dim=args.ffn_dim, dropout=args.dropout,
@@ -447,7 +426,7 @@ def main(argv=None):
     raw_model = MLM(config).to(device)
     params = list(raw_model.parameters())
     optimizer = torch.optim.Adam(params, lr=args.lr, **ADAM)
-    ctx = autocast(device, dtype)  # float32: no autocast at all
+    ctx = autocast(device, dtype)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 
     # per-rank randomness: data order (numpy), masking (torch CPU generator), dropout (torch global); then --resume
@@ -458,6 +437,8 @@ def main(argv=None):
     step, epoch, n_streams, best_ppl, bad_steps = 0, 0, 0, float("inf"), 0
     saved_step = None  # the step checkpoint.pt holds
     if ckpt is not None:
+        if ckpt["tokenizer"] != tok.to_dict() or ckpt["data"]["n_tokens"] != n_tokens:
+            raise SystemExit(f"error: --resume: the data in {data_dir} are not the ones {ckpt_path} was trained on")
         if len(ckpt["rng"]) != world_size:  # every rank goes on from its own RNG states
             raise SystemExit(f"error: --resume: {ckpt_path} goes on with {len(ckpt['rng'])} processes only")
         raw_model.load_state_dict(ckpt["model"])
@@ -479,9 +460,8 @@ def main(argv=None):
                 f.truncate(ckpt["log_bytes"])
             log(f"{log_path}: records after step {step} dropped (they are redone from the checkpoint)")
         del ckpt
-    for name in RUN_FILES if master and args.overwrite else ():  # a new run: no file of the earlier one is mixed in
-        if os.path.exists(os.path.join(args.out, name)):
-            os.remove(os.path.join(args.out, name))
+    for name in found if master and args.overwrite else ():  # a new run: no file of the earlier one is mixed in
+        os.remove(os.path.join(args.out, name))
 
     model = torch.compile(raw_model) if args.compile else raw_model
     if ddp:
@@ -494,31 +474,13 @@ def main(argv=None):
         f"{tokens_per_update:,} tokens per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} "
         f"accumulation x {world_size} processes), dtype {dtype}, device {device}")
 
-    # checkpoints and log.jsonl: the master writes, each file through a temp file and a rename (bpe.atomic_write)
-    def log_json(obj):
+    def log_json(obj):  # log.jsonl, written by the master
         try:
             if master:
                 with open(log_path, "a") as f:
                     f.write(json.dumps(obj) + "\n")
         except OSError as e:
             raise SystemExit(f"error: cannot write {log_path}: {e.strerror}")
-
-    def save_checkpoint():
-        """checkpoint.pt: everything needed to go on bit for bit (collective: gathers every rank's RNGs)."""
-        nonlocal saved_step
-        rngs = [{"sampler": sampler.state_dict(), "mask": mask_gen.get_state(), "torch": torch.get_rng_state(),
-                 "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}]
-        if ddp:
-            rngs, mine = [None] * world_size, rngs[0]
-            dist.all_gather_object(rngs, mine)
-        if master:
-            ck = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                  "config": asdict(config), "args": vars(args), "tokenizer": tok.to_dict(), "langs": langs,
-                  "step": step, "epoch": epoch, "n_streams": n_streams, "best_ppl": best_ppl, "rng": rngs,
-                  "data": {"dir": data_dir, "n_tokens": n_tokens},
-                  "log_bytes": os.path.getsize(log_path) if os.path.exists(log_path) else 0}
-            atomic_write(ckpt_path, lambda tmp: torch.save(ck, tmp))
-        saved_step = step
 
     # -------------------------------------------------------------------------
     # training loop: one update = `accumulate` micro-batches, each one language (XLM src/trainer.py mlm_step)
@@ -544,9 +506,8 @@ def main(argv=None):
                 model.require_backward_grad_sync = micro == args.accumulate - 1
             with ctx:
                 _, loss = model(inputs, lang, targets, pos_offset=offset)
-                # DDP and --sep: the other language's parts get no gradient on this rank and plain DDP would hang;
-                # 0 * (one element of every parameter) puts them all in the graph (no find_unused_parameters). Every
-                # run adds it, so 1 GPU with --accumulate k and k GPUs do the same arithmetic (drop_unused_lang_grads)
+                # + 0 * one element of every parameter: with --sep, DDP sees every parameter used (no
+                # find_unused_parameters) and 1 GPU with --accumulate k does k GPUs' arithmetic (drop_unused_lang_grads)
                 loss = loss + sum(p.view(-1)[0] for p in params) * 0.0
             scaler.scale(loss / args.accumulate).backward()
             loss_sum += loss.detach().float()
@@ -589,45 +550,52 @@ def main(argv=None):
                       "grad_norm": grad_norm, "tok_per_s": tok_s})
 
         # evaluation (master) at the end of an epoch and of the run, every --eval-every and at --snapshots: best.pt
-        # when English improves (paper §3.1), step{N}.pt, then checkpoint.pt; a non-finite perplexity saves nothing
+        # when English improves (paper §3.1), step{N}.pt; a non-finite perplexity stops the run, overwriting nothing
         epoch_end = n_streams >= args.epoch_size
-        if (epoch_end or step >= args.max_steps
-                or stepped and (args.eval_every and step % args.eval_every == 0 or step in args.snapshots)):
-            if epoch_end:  # XLM: the epoch counter moves on after the end-of-epoch evaluation
-                n_streams, epoch = 0, epoch + 1
-            ok = True
-            if master:
-                ppl = {l: evaluate_ppl(raw_model, dev[j], j, vocab_sizes[j], args.bptt, device, ctx)
-                       for j, l in enumerate(langs)}
-                ok = all(math.isfinite(v) for v in ppl.values())
-                improved = ok and ppl[langs[0]] < best_ppl
-                log(f"eval step {step} epoch {epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
-                    + (" (best)" if improved else ""))
-                log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
-                best_ppl = ppl[langs[0]] if improved else best_ppl
-                names = (["best.pt"] if improved else []) + (
-                    [f"step{step}.pt"] if ok and step in args.snapshots else [])
-                for name in names:
-                    atomic_write(os.path.join(args.out, name), lambda tmp: save_model(
-                        tmp, raw_model, tokenizer=tok.to_dict(), langs=langs, args=vars(args), step=step, dev_ppl=ppl))
-            if ddp:
-                obj = [best_ppl, ok]
-                dist.broadcast_object_list(obj, src=0)
-                best_ppl, ok = obj
-            if not ok:
-                log(f"warning: step {step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
-                diverged = f"the dev perplexity is not finite at step {step}"
-                break
-            save_checkpoint()
+        evaluate = (epoch_end or step >= args.max_steps
+                    or stepped and (args.eval_every and step % args.eval_every == 0 or step in args.snapshots))
+        if epoch_end:  # the epoch counter moves on (XLM)
+            n_streams, epoch = 0, epoch + 1
+        ok = True
+        if evaluate and master:
+            ppl = {l: evaluate_ppl(raw_model, dev[j], j, vocab_sizes[j], args.bptt, device, ctx)
+                   for j, l in enumerate(langs)}
+            ok = all(math.isfinite(v) for v in ppl.values())
+            improved = ok and ppl[langs[0]] < best_ppl
+            log(f"eval step {step} epoch {epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
+                + (" (best)" if improved else ""))
+            log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
+            best_ppl = ppl[langs[0]] if improved else best_ppl
+            names = (["best.pt"] if improved else []) + ([f"step{step}.pt"] if ok and step in args.snapshots else [])
+            for name in names:
+                atomic_write(os.path.join(args.out, name), lambda tmp: save_model(
+                    tmp, raw_model, tokenizer=tok.to_dict(), langs=langs, args=vars(args), step=step, dev_ppl=ppl))
 
-        # a signal: every rank stops after the same update (and joins the checkpoint's RNG gather)
-        stop = torch.tensor(float(stop_signal or 0), device=device)
+        # a signal on any rank, or the master's non-finite dev perplexity: every rank stops after the same update
+        halt = torch.tensor([float(stop_signal or 0), float(not ok)], device=device)
         if ddp:
-            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-        if stop.item():
-            stopped_by = int(stop.item())
-            if saved_step != step:
-                save_checkpoint()
+            dist.all_reduce(halt, op=dist.ReduceOp.MAX)
+        stopped_by, ok = int(halt[0]), not halt[1]
+        if not ok:
+            log(f"warning: step {step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
+            diverged = f"the dev perplexity is not finite at step {step}"
+            break
+        if evaluate or stopped_by:
+            # checkpoint.pt: everything needed to go on bit for bit, every rank's RNG states included (a collective)
+            rngs = [{"sampler": sampler.state_dict(), "mask": mask_gen.get_state(), "torch": torch.get_rng_state(),
+                     "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}]
+            if ddp:
+                rngs, mine = [None] * world_size, rngs[0]
+                dist.all_gather_object(rngs, mine)
+            if master:
+                ck = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                      "scaler": scaler.state_dict(), "config": asdict(config), "args": vars(args),
+                      "tokenizer": tok.to_dict(), "langs": langs, "step": step, "epoch": epoch, "n_streams": n_streams,
+                      "best_ppl": best_ppl, "rng": rngs, "data": {"dir": data_dir, "n_tokens": n_tokens},
+                      "log_bytes": os.path.getsize(log_path) if os.path.exists(log_path) else 0}
+                atomic_write(ckpt_path, lambda tmp: torch.save(ck, tmp))
+            saved_step = step
+        if stopped_by:
             if ddp:  # no rank leaves before the master has written it (torchrun kills the rest when one exits)
                 dist.barrier()
             break
