@@ -58,10 +58,8 @@ def mask_tokens(x, vocab_size, generator, mask_prob=MASK_PROB, probs=PRED_PROBS,
         selected[~selected.any(dim=1), T - 1] = True
     u = torch.rand(B, T, generator=generator)  # which of the three treatments
     random_ids = torch.randint(vocab_size, (B, T), generator=generator)
-    to_random = selected & (u >= probs[0] + probs[1])
-    inputs = x.clone()
+    inputs = torch.where(selected & (u >= probs[0] + probs[1]), random_ids, x)
     inputs[selected & (u < probs[0])] = MASK_ID
-    inputs[to_random] = random_ids[to_random]
     return inputs, torch.where(selected, x, torch.full_like(x, -1))
 
 
@@ -156,10 +154,8 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
         total += float(loss) * k
         count += k
     model.train(was_training)
-    try:
-        return math.exp(total / count)
-    except OverflowError:  # a mean cross-entropy above ~709.8 nats: a diverged model
-        return float("inf")
+    mean = total / count  # above ~709.8 nats math.exp overflows: a diverged model
+    return float("inf") if mean > math.log(sys.float_info.max) else math.exp(mean)
 
 
 def drop_unused_lang_grads(model, used):
@@ -186,7 +182,6 @@ MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language 
 RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile",
                      "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "prepare_only",
                      "overwrite", "lr", "warmup", "max_bad_steps"}
-RUN_FILES = ("checkpoint.pt", "best.pt", "log.jsonl")  # what a run writes in --out (--overwrite replaces them)
 RANGES = [("> 0", lambda v: v > 0, "n_layers dim n_heads batch_size bptt accumulate epoch_size epochs max_steps "
                                    "lr merges log_every max_bad_steps workers threads"),
           (">= 0", lambda v: v >= 0, "warmup eval_every clip seed toy_seed"),
@@ -199,8 +194,7 @@ an --out holding an earlier run's files needs --resume or --overwrite (its toy/ 
 
 
 def get_args(argv=None):
-    """The flags, presets filled in, then every value checked up front, one usage line each (a bad value must not
-    surface as a torch error after the data are prepared); resolves --sep, --snapshots, --train-files/--dev-files."""
+    """The flags, presets filled in, every value checked before any work (one usage line each); resolves --sep."""
     p = argparse.ArgumentParser(prog="pretrain.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=WHEN_THINGS_GO_WRONG)
     a = p.add_argument
@@ -357,7 +351,7 @@ def main(argv=None):
 
     # the run directory: a new run refuses an earlier run's files unless --overwrite (toy/ and data/ are reused);
     # --resume reads checkpoint.pt, refused unless made with the same flags (RESUME_MAY_CHANGE aside)
-    found = [f for f in RUN_FILES if os.path.exists(os.path.join(args.out, f))]
+    found = [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if os.path.exists(os.path.join(args.out, f))]
     if found and not (args.resume or args.overwrite or args.prepare_only):
         raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run; pass --resume to "
                          "continue it (with its checkpoint.pt), --overwrite to start again, or another --out")
@@ -374,11 +368,11 @@ def main(argv=None):
                        for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
         if diff:
             raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:{diff}")
+        changed = ", ".join(f"--{k} {old.get(k)} -> {new[k]}" for k in ("lr", "warmup") if old.get(k) != new[k])
     make_dir("--out", args.out)
 
-    # data: --toy without --data writes the toy world to OUT/toy/ (the master; OUT/toy.json records its knobs: it
-    # tells the other ranks the world is there and refuses other knobs later), then bpe.prepare (every input checked
-    # first; the master prepares, the other ranks wait), then what it wrote: the tokenizer and the memory-mapped ids
+    # data: the toy world (the master writes it; OUT/toy.json records its knobs, then refuses others), then bpe.prepare
+    # (inputs checked first; the master prepares, the other ranks wait), then what it wrote: tokenizer and ids
     if args.toy_world:
         knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], "overlap": args.toy_overlap,
                  "order": args.toy_order, "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic,
@@ -452,16 +446,14 @@ def main(argv=None):
         torch.set_rng_state(r["torch"])
         if device_type == "cuda" and r.get("cuda") is not None:
             torch.cuda.set_rng_state(r["cuda"])
-        changed = ", ".join(f"--{k} {ckpt['args'].get(k)} -> {getattr(args, k)}" for k in ("lr", "warmup")
-                            if ckpt["args"].get(k) != getattr(args, k))
         log(f"resumed from {ckpt_path} at step {step}, epoch {epoch}" + (f" ({changed})" if changed else ""))
         if master and os.path.exists(log_path) and os.path.getsize(log_path) > ckpt["log_bytes"]:
-            with open(log_path, "r+b") as f:  # what was logged after the checkpoint is done again
-                f.truncate(ckpt["log_bytes"])
+            os.truncate(log_path, ckpt["log_bytes"])  # what was logged after the checkpoint is done again
             log(f"{log_path}: records after step {step} dropped (they are redone from the checkpoint)")
         del ckpt
-    for name in found if master and args.overwrite else ():  # a new run: no file of the earlier one is mixed in
-        os.remove(os.path.join(args.out, name))
+    if master and args.overwrite:  # a new run: no file of the earlier one is mixed in
+        for name in found:
+            os.remove(os.path.join(args.out, name))
 
     model = torch.compile(raw_model) if args.compile else raw_model
     if ddp:
@@ -486,9 +478,8 @@ def main(argv=None):
     # training loop: one update = `accumulate` micro-batches, each one language (XLM src/trainer.py mlm_step)
     stopped_by, diverged = 0, None
     training = True  # from now on a signal stops the run after the current update (on_signal)
-    model.train()
     t0 = time.time()
-    while step < args.max_steps and epoch < args.epochs:
+    while step < args.max_steps and epoch < args.epochs and not stopped_by:
         lr = get_lr(step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -551,10 +542,9 @@ def main(argv=None):
 
         # evaluation (master) at the end of an epoch and of the run, every --eval-every and at --snapshots: best.pt
         # when English improves (paper §3.1), step{N}.pt; a non-finite perplexity stops the run, overwriting nothing
-        epoch_end = n_streams >= args.epoch_size
-        evaluate = (epoch_end or step >= args.max_steps
+        evaluate = (n_streams >= args.epoch_size or step >= args.max_steps
                     or stepped and (args.eval_every and step % args.eval_every == 0 or step in args.snapshots))
-        if epoch_end:  # the epoch counter moves on (XLM)
+        if n_streams >= args.epoch_size:  # the epoch counter moves on (XLM)
             n_streams, epoch = 0, epoch + 1
         ok = True
         if evaluate and master:
@@ -595,13 +585,10 @@ def main(argv=None):
                       "log_bytes": os.path.getsize(log_path) if os.path.exists(log_path) else 0}
                 atomic_write(ckpt_path, lambda tmp: torch.save(ck, tmp))
             saved_step = step
-        if stopped_by:
-            if ddp:  # no rank leaves before the master has written it (torchrun kills the rest when one exits)
-                dist.barrier()
-            break
     for sig, handler in old_handlers.items():
         signal.signal(sig, handler)
     if ddp:
+        dist.barrier()  # no rank leaves before the master has written checkpoint.pt (torchrun kills the rest)
         # free the DDP wrapper (its reducer holds gloo work) first: with torch 2.13 + gloo, destroying the group while
         # it lived aborted 3 of 25 two-process runs ("terminate called without an active exception"), 0 of 30 after
         del model
@@ -612,10 +599,9 @@ def main(argv=None):
             "run the same command with --resume", file=sys.stderr)
         sys.exit(128 + stopped_by)  # the shell's code for a process ended by that signal
     if diverged:
-        raise SystemExit(1 if not master else f"error: {diverged}; stopping. " + (
-            "no checkpoint was saved: start again with a lower --lr (add --overwrite to reuse this --out)"
-            if saved_step is None else f"{ckpt_path} holds step {saved_step} (best.pt the best model up to it): "
-            "go on from there with the same command plus --resume --lr X (a lower one), or try --dtype float32"))
+        raise SystemExit(1 if not master else f"error: {diverged}; " + (
+            "nothing was saved: start again with a lower --lr (and --overwrite)" if saved_step is None else
+            f"{ckpt_path} holds step {saved_step}: the same command plus --resume --lr X (lower) or --dtype float32"))
     log(f"done: step {step}, epoch {epoch}, best {langs[0]} dev ppl {best_ppl:.2f}; files in {args.out}")
 
 
