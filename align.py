@@ -321,16 +321,6 @@ def read_parallel(src_path, tgt_path, max_lines=None):
 # Layers as in the paper's Figures 5-7: L0 = embedding output, L1..L8 = Transformer blocks. Input (XLM):
 # `</s> w1 ... wn </s>`; the two </s> are never part of a pooled vector.
 
-def load_encoder(path, device="cpu"):
-    """(model in eval mode, bpe.Tokenizer, language codes) from pretrain.py's best.pt."""
-    import bpe
-    import model as M
-    mdl, extra = M.load_model(path, map_location=device)
-    if "tokenizer" not in extra or "langs" not in extra:
-        raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
-    return mdl, bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
-
-
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
     """Contextual vector of every word token (decision D8: a word = the mean of its subword states).
     sents_words: list of word lists. Returns (list of n_layers + 1 arrays (n_words_total, dim), offsets)
@@ -387,9 +377,10 @@ def print_table(title, header, rows, plot=None):
 
 def _encoders(args):
     """(model, tok, lang index, lang code) per side: --ckpt encodes --src; --ckpt2 (if given) or --ckpt, --tgt."""
+    import model as M
     out, loaded = [], {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
-        mdl, tok, langs = loaded[path] = loaded.get(path) or load_encoder(path, args.device)
+        mdl, tok, langs, _ = loaded[path] = loaded.get(path) or M.load_encoder(path, args.device)
         if lang not in langs:
             raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
         out.append((mdl, tok, langs.index(lang), lang))

@@ -104,8 +104,7 @@ def cka_table(args):
       random       --ckpt encodes --src, an untrained model of the same config (and tokenizer) as the
                    --tgt side's model encodes --tgt: the baseline any similarity must beat"""
     import torch
-    import bpe
-    import model as M
+    import model as M  # (model.load_encoder reads the tokenizer with bpe.py)
 
     if args.toy:
         if not os.path.isdir(args.toy):
@@ -127,11 +126,8 @@ def cka_table(args):
     if len(src_lines) < 2:
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
 
-    def load(path):  # (model in eval mode, tokenizer, language codes, path) from pretrain.py's best.pt
-        mdl, extra = M.load_model(path, map_location=args.device)
-        if "tokenizer" not in extra or "langs" not in extra:
-            raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
-        return mdl, bpe.Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"]), path
+    def load(path):  # (model in eval mode, tokenizer, language codes, path)
+        return M.load_encoder(path, args.device)[:3] + (path,)
 
     def enc(side, lang, lines):  # sentence vectors per layer (decision D9)
         m, t, langs, path = side

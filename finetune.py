@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import align
 import bpe
 from bpe import EOS_ID, UNK_ID, read_lines
-from model import DTYPES, AlignedEncoder, encode_batch, encode_states, load_model, pick_device
+from model import DTYPES, AlignedEncoder, encode_batch, encode_states, load_encoder, pick_device
 
 
 def need(ok, msg):
@@ -856,15 +856,11 @@ def build_parser():
 
 
 def load_ckpt(path, flag, device):
-    """(model, tokenizer, language codes, extra) of a pretrain.py checkpoint, or one line naming the flag."""
+    """model.load_encoder, or one line naming the flag."""
     try:
-        model, extra = load_model(path, map_location=device)
-        if "tokenizer" not in extra:
-            raise ValueError(f"{path}: the checkpoint has no tokenizer (vocab/BPE); use pretrain.py's best.pt")
-        tok = bpe.Tokenizer.from_dict(extra["tokenizer"])
+        return load_encoder(path, device)
     except (KeyError, TypeError, ValueError) as e:
         raise SystemExit(f"error: {flag}: {e}") from None
-    return model, tok, list(extra.get("langs") or tok.langs), extra
 
 
 def lang_index(langs, code, ckpt):

@@ -394,6 +394,16 @@ def load_model(path, map_location="cpu"):
         model.to(map_location)
     return model.eval(), ckpt
 
+
+def load_encoder(path, map_location="cpu"):
+    """(model in eval mode, bpe.Tokenizer, language codes, the checkpoint's other entries) of pretrain.py's best.pt,
+    as align.py, cka.py and finetune.py load it. bpe.py is imported here only: the rest of model.py runs alone."""
+    from bpe import Tokenizer
+    model, extra = load_model(path, map_location)
+    if "tokenizer" not in extra or "langs" not in extra:
+        raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
+    return model, Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"]), extra
+
 # -----------------------------------------------------------------------------
 # padded batches: the one forward pass that align.py, cka.py and finetune.py share
 
