@@ -701,8 +701,8 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None):
     found = [train_file] if train_file else []
     for split, lang in [("train", train_lang), ("dev", train_lang)][len(found):] + [("test", x) for x in eval_langs]:
         names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
-        hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(os.path.join(glob.escape(data_dir),
-                                                                                     layout.format(**names))))]
+        patterns = [os.path.join(glob.escape(data_dir), layout.format(**names)) for layout in LAYOUTS[task]]
+        hits = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
         xnli_train = (task, split) == ("xnli", "train")  # the shared data has no NLI train set
         need(hits, f"{task}: no {lang} {split} file under --data {data_dir}" + " (pass --train-file)" * xnli_train)
         if len(hits) > 1:
