@@ -66,15 +66,11 @@ def word_states(model, seqs, firsts, lang, max_len, with_root):
 
 
 class Task:
-    """What the §3.2 protocol asks of a task: `labels` (id = index) from English train, English dev selecting by
-    `metric`; featurize examples, run(batch of features) -> the loss, or with predict=True the predictions;
-    score(examples, preds) -> {name: fraction}."""
+    """What the §3.2 protocol asks of a task: `labels` (id = index) from English train, `metric` for English dev,
+    featurize(examples), run(batch) -> the loss (the predictions with predict=True), score(examples, preds)."""
 
     def __init__(self, train_examples):
         self.labels = self.label_set(train_examples)
-
-    def check_labels(self, examples, path):  # XNLI: read_xnli admits no other label
-        pass
 
     def head(self, d, dropout):  # XNLI, NER (the parser has its own)
         return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
@@ -226,13 +222,9 @@ class NERTask(Task):
     def label_set(self, train_examples):
         return ["O"] + sorted({t for _, ts in train_examples for t in ts} - {"O"})
 
-    def check_labels(self, examples, path):
-        bad = sorted({t for _, ts in examples for t in ts} - set(self.labels))
-        if bad:
-            raise ValueError(f"{path}: tags {bad} never occur in the English train set ({self.labels})")
-
-    def featurize(self, examples, tok, lang, max_positions):
-        return [first_subwords(tok, words, lang) + ([self.labels.index(t) for t in tags],) for words, tags in examples]
+    def featurize(self, examples, tok, lang, max_positions):  # a tag unseen in English train: -1 (dev/test only)
+        ids = {t: i for i, t in enumerate(self.labels)}
+        return [first_subwords(tok, words, lang) + ([ids.get(t, -1) for t in tags],) for words, tags in examples]
 
     def run(self, model, head, batch, lang, max_len, predict=False):
         h, mask = word_states(model, [ids for ids, _, _ in batch], [f for _, f, _ in batch], lang, max_len, False)
@@ -432,12 +424,6 @@ class ParseTask(Task):
     def label_set(self, train_examples):
         return sorted({strip_subtype(r) for s in train_examples for r in s["rels"]})
 
-    def check_labels(self, examples, path):  # not fatal: such words can only count as LAS errors
-        unseen = [strip_subtype(r) for s in examples for r in s["rels"] if strip_subtype(r) not in self.labels]
-        if unseen:
-            print(f"parse: {path}: deprels never seen in the English train set (they count as LAS errors): "
-                  + ", ".join(f"{r} x{unseen.count(r)}" for r in sorted(set(unseen))))
-
     def head(self, d, dropout):
         return BiaffineParser(d, len(self.labels))
 
@@ -481,8 +467,7 @@ PAPER_PRESET = {
     "ner": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[]),
     "parse": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[]),
 }
-# --toy: a tiny model on the synthetic world learns in a few epochs at larger learning rates; two sets per
-# task, so the mean of the best two is the mean of both
+# --toy: a tiny model learns in a few epochs at larger learning rates; two sets: the best two are both
 TOY_PRESET = {
     "xnli": dict(epochs=10, epoch_size=0, batch_size=[16], lr=[2e-4, 5e-4], head_lr=[1e-3]),
     "ner": dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[]),
@@ -602,7 +587,8 @@ def prepare_task(task_name, files, model, routes, args):
         task = Task(train)
         dev, tests = reader(files["dev"]), {code: reader(path) for code, path in files["test"].items()}
         for path, ex in [(files["dev"], dev)] + [(files["test"][code], ex) for code, ex in tests.items()]:
-            task.check_labels(ex, path)
+            if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
+                print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
     featurize = lambda ex, code: task.featurize(ex, routes[code][0], code, model.config.max_positions)  # noqa: E731
@@ -641,8 +627,7 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
         records.append(rec)
     model.load_state_dict(init_state)
     ok = [i for i, r in enumerate(records) if "failed" not in r]
-    need(ok, f"{task.name}: every hyper-parameter set diverged (non-finite loss); no results written. Try a lower "
-         "--lr / --head-lr")
+    need(ok, f"{task.name}: every hyper-parameter set diverged (non-finite loss), no results; try a lower --lr")
     top, dev, test = mean_of_best_two([records[i] for i in ok], task.metric)
     path, best_two = os.path.join(out, "results.json"), [ok[i] for i in top]
     protocol = "per set: epoch chosen by English dev; reported: mean of the best two sets by English dev"
@@ -687,9 +672,8 @@ def setup_aligned(model, tok, langs, args):
 # -----------------------------------------------------------------------------
 # CLI: data files; OUT/results.json and OUT/sets/ (resume); the results table; flags; main(argv)
 
-# --data: a toydata.py world, or ../shared/data's layout. PAN-X's official test files have no labels, so its
-# test split is a labelled part of dev held out (heldout-from-dev); a language with several UD treebanks takes the
-# first in sorted order.
+# --data: a toydata.py world, or ../shared/data's layout (PAN-X test: heldout-from-dev, as its official test files
+# have no labels; a language with several UD treebanks: the first in sorted order)
 LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
            "ner": ["ner/{lang}.{split}.tsv", "wikiann_panx/{panx_split}-{lang}.tsv"],
            "parse": ["ud/{lang}.{split}.conllu", "ud/UD_*/{lang}_*-ud-{split}*.conllu"]}
@@ -733,9 +717,8 @@ JOB_FLAGS = ("train_lang", "batch_size", "lr", "head_lr", "epochs", "epoch_size"
 
 
 def earlier_sets(task_name, files, args, out):
-    """The run's identity (task, JOB_FLAGS, checkpoint and data file contents) and {set file: record} of the sets
-    a run of the same identity finished in `out`: the same command again resumes, or recomputes results.json from
-    them. results.json or a set of any other run is refused, naming what differs."""
+    """The run's identity (task, JOB_FLAGS, checkpoint and data contents) and {set file: record} of the sets it
+    finished in `out` earlier (the same command resumes); another run's results or sets: refused, naming why."""
     def digest(path):
         with open(path, "rb") as f:
             return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
@@ -780,13 +763,12 @@ def results_table(run_dirs):
     for d in run_dirs:
         name, step = re.fullmatch(r"(.+?)(?:-s\d+)?(?:-step(\d+))?", os.path.basename(os.path.normpath(d))).groups()
         cells, ppl = {}, {}
-        for task in SHORT:
-            for path in (os.path.join(d, task, "results.json"), os.path.join(d, "results.json")):
-                r = read_json(path, "--table") if os.path.exists(path) else None
-                if isinstance(r, dict) and r.get("task") == task and isinstance(r.get("test"), dict):
-                    cells.update({(task, lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
-                    ppl = (r.get("pretrain") or {}).get("dev_ppl") or ppl
-                    break
+        for path in sorted(glob.glob(os.path.join(glob.escape(d), "results.json"))
+                           + glob.glob(os.path.join(glob.escape(d), "*", "results.json"))):  # one task, or --toy's
+            r = read_json(path, "--table")
+            if isinstance(r, dict) and r.get("task") in SHORT and isinstance(r.get("test"), dict):
+                cells.update({(r["task"], lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
+                ppl = (r.get("pretrain") or {}).get("dev_ppl") or ppl
         need(cells, f"--table: no results.json under {d}")
         groups.setdefault((name, step), []).append((cells, ppl))
     cols = sorted({c for runs in groups.values() for cells, _ in runs for c in cells},

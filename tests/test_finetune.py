@@ -501,15 +501,25 @@ def test_bad_inputs(toy_world, toy_ckpt, tmp_path):
     with pytest.raises(SystemExit, match="'de' is not one of the checkpoint's languages"):
         ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--eval-langs", "de",
                  "--out", str(tmp_path / "o")])
-    task = ft.NERTask([(["a"], ["B-PER"])])
-    with pytest.raises(ValueError, match="never occur in the English train set"):
-        task.check_labels([(["a"], ["B-LOC"])], "dev.tsv")
     shutil.copytree(toy_world / "xnli", tmp_path / "data" / "xnli")
     bad = tmp_path / "data" / "xnli" / "en.dev.tsv"  # XNLI's labels are fixed: read_xnli refuses any other
     bad.write_text("A man.\tA person.\tentailment\nA man.\tA dog.\tmaybe\n")
     with pytest.raises(SystemExit, match=re.escape(f"error: {bad}:2: unknown XNLI label 'maybe'")):
         ft.main(["--task", "xnli", "--ckpt", str(toy_ckpt), "--data", str(tmp_path / "data"),
                  "--out", str(tmp_path / "o")])
+
+
+def test_labels_unseen_in_english_train_are_named_and_scored_as_errors(toy_world, toy_ckpt, tmp_path, capsys):
+    """A target test tag that English train never has (B-MISC) cannot be predicted: the run names it, and its
+    gold span can only be missed (recall below 1)."""
+    shutil.copytree(toy_world / "ner", tmp_path / "w" / "ner")
+    test = tmp_path / "w" / "ner" / "fr.test.tsv"
+    test.write_text(test.read_text().replace("\tO\n", "\tB-MISC\n", 1))
+    ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(tmp_path / "w"), "--epochs", "1",
+             "--batch-size", "32", "--lr", "1e-3", "--out", str(tmp_path / "o")])
+    assert f"ner: {test}: labels never seen in the English train set: B-MISC" in capsys.readouterr().out
+    res = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert "B-MISC" not in res["labels"] and 0 <= res["test"]["fr"]["recall"] < 1
 
 
 def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy_ckpt, tmp_path):
