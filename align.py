@@ -564,8 +564,8 @@ def build_parser():
 
 
 def setup(args):
-    """Check every flag, file and the device before any work, one line naming the flag (cka.py's flags too)
-    -> the autocast context of --dtype. --toy DIR fills in each unset path of `args.toy_paths` (l0 = --src,
+    """Check every flag, file and the device before any work, one line naming the flag -> the autocast
+    context of --dtype. --toy DIR fills in each unset path of `args.toy_paths` (l0 = --src,
     l1 = --tgt); all are required but the two optional flags of `args.pair`, which go together."""
     import model as M
     flag = lambda f: "--" + f.replace("_", "-")  # noqa: E731

@@ -116,9 +116,7 @@ def cka_table(args):
         if path is None and flag != "ckpt2":
             raise ValueError(f"missing {name} (or give --toy DIR for the sentence files)")
         if path is not None and not os.path.isfile(path):
-            why = "not a file" if os.path.exists(path) else "no such file"
-            filled = " (filled in from --toy)" if args.toy and "file" in flag else ""
-            raise ValueError(f"{name} {path}: {why}{filled}")
+            raise ValueError(f"{name} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
         M.plot_layers(args.plot)  # only the check: matplotlib importable, the directory writable
