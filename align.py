@@ -571,7 +571,7 @@ def setup(args):
     flag = lambda f: "--" + f.replace("_", "-")  # noqa: E731
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
-        M.plot_layers(args.plot)
+        M.check_plot(args.plot)
     if args.toy and not os.path.isdir(args.toy):
         raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
     for f, rel in args.toy_paths.items():

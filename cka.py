@@ -119,7 +119,7 @@ def cka_table(args):
             raise ValueError(f"{name} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
-        M.plot_layers(args.plot)  # only the check: matplotlib importable, the directory writable
+        M.check_plot(args.plot)
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     if len(src_lines) < 2:
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")

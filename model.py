@@ -522,19 +522,22 @@ def autocast(device, dtype):
 # -----------------------------------------------------------------------------
 # per-layer figures (--plot of align.py and cka.py, Figs. 4-7); matplotlib is not a requirement
 
-def plot_layers(path, title=None, header=(), rows=(), ylabel=""):
-    """Draw a per-layer table as a PNG: x = the first column (layer names), one line per column whose
-    values are floats (ints such as pair counts and '-' cells are left out). Written atomically.
-    plot_layers(path) alone checks --plot before any work: matplotlib importable, the directory writable."""
+def check_plot(path):
+    """--plot FILE.png, checked before any work: matplotlib importable, the directory writable."""
     try:
-        from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
+        import matplotlib  # noqa: F401
     except ImportError:
         raise ValueError("--plot needs matplotlib, which is not a requirement: pip install matplotlib") from None
     d = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) or not os.path.isdir(d) or not os.access(d, os.W_OK):
         raise ValueError(f"--plot {path}: cannot write a file there")
-    if title is None:
-        return
+
+
+def plot_layers(path, title, header, rows, ylabel):
+    """Draw a per-layer table as a PNG: x = the first column (layer names), one line per column whose
+    values are floats (ints such as pair counts and '-' cells are left out). Written atomically."""
+    check_plot(path)
+    from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     fig = Figure(figsize=(7, 3.6))
     ax = fig.subplots()
     for c in range(1, len(header)):

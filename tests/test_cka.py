@@ -145,10 +145,10 @@ def test_plot_layers_draws_the_float_columns(tmp_path):
         plt.Axes.plot = real
     assert drawn == {"a": [0.5, 0.25], "b": [0.75]}
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and not list(tmp_path.glob("*.tmp*"))
-    # the path alone: only the --plot check (a writable directory), nothing drawn
-    assert M.plot_layers(str(tmp_path / "q.png")) is None and not (tmp_path / "q.png").exists()
+    # the --plot check before any work: a writable directory passes and draws nothing, a missing one is refused
+    assert M.check_plot(str(tmp_path / "q.png")) is None and not (tmp_path / "q.png").exists()
     with pytest.raises(ValueError, match="cannot write a file there"):
-        M.plot_layers(str(tmp_path / "no" / "q.png"))
+        M.check_plot(str(tmp_path / "no" / "q.png"))
 
 
 @pytest.mark.parametrize("flag, value", [("--max-sents", "1"), ("--batch-size", "0"), ("--batch-size", "x")])
