@@ -332,13 +332,19 @@ LETTERS_CYRILLIC = ("бвгджзклмнпрстхш", "аеиоуыя", "нр�
 FULL_STOPS = (".", "。")   # the full stop of the first and of the second language
 
 
-def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0):
+def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
     """forms[l][c] = the word form of concept c in language l (0 or 1), unique inside a language. A random
     `overlap` fraction of the concepts keep language 0's form in language 1 (anchors); all other forms differ
-    between the languages. Frequent words are shorter (Zipf's law of abbreviation)."""
+    between the languages. Frequent words are shorter (Zipf's law of abbreviation).
+    `name_overlap` (None: no special case) redraws the anchors among the entity name parts alone: that
+    fraction of the name parts is identical, while the other concepts keep the anchors `overlap` gave them."""
     rng = np.random.default_rng([seed, 2])
     n = world.n_concepts
     shared = set(rng.choice(n, size=int(round(overlap * n)), replace=False).tolist())
+    if name_overlap is not None:
+        names = [c for c in range(n) if world.kind[c] == "name"]
+        pick = np.random.default_rng([seed, 5]).choice(names, size=int(round(name_overlap * len(names))), replace=False)
+        shared = (shared - set(names)) | set(pick.tolist())
     frequent = set()   # the 20 most frequent concepts of each kind: the shortest content words
     for k in set(world.kind):
         frequent.update(sorted((c for c in range(n) if world.kind[c] == k), key=lambda c: -world.weight[c])[:20])
@@ -528,7 +534,7 @@ SIZES["paper"] = dict(SIZES["full"], n_task_train=1000, n_task_eval=300)
 
 def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_shift=0.0,
                 n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000,
-                n_task_eval=500, seed=0, cyrillic=False, n_tatoeba=1000, force=False):
+                n_task_eval=500, seed=0, cyrillic=False, n_tatoeba=1000, force=False, name_overlap=None):
     """Generate the world and write every file under out_dir; returns a summary dict.
 
     langs = (l0, l1). l0 is the source ("English") side: SVO, adjective before noun, prepositions; l1 has the
@@ -545,8 +551,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     t0 = time.time()
     if len(langs) != 2 or langs[0] == langs[1] or "" in langs:
         raise ValueError(f"langs must be two distinct codes (the models are bilingual), got {','.join(langs)}")
-    for name, v in [("overlap", overlap), ("domain_shift", domain_shift)]:
-        if not 0.0 <= v <= 1.0:
+    for name, v in [("overlap", overlap), ("domain_shift", domain_shift), ("name_overlap", name_overlap)]:
+        if v is not None and not 0.0 <= v <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {v}")
     parse_order(order)   # a ValueError before anything is written
     l0, l1 = langs
@@ -559,7 +565,7 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     os.makedirs(out_dir, exist_ok=True)
 
     world = World(seed)
-    forms = make_lexicon(world, overlap, cyrillic, seed)
+    forms = make_lexicon(world, overlap, cyrillic, seed, name_overlap)
     orders = ("svo", order)
     sizes = {"train": n_train, "dev": n_dev, "test": n_test}
     task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
@@ -615,6 +621,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         "vocab_sizes": {lang: len(set(forms[li])) for li, lang in enumerate(langs)},
         "shared": len(set(forms[0]) & set(forms[1])), "dict_test_words": len(test),
     }
+    if name_overlap is not None:   # recorded only when set, so that older worlds keep their bytes
+        summary["name_overlap"] = name_overlap
     _write(out_dir, "world.json", json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     return {**summary, "out_dir": str(out_dir), "seconds": round(time.time() - t0, 2)}
 
@@ -629,6 +637,8 @@ def main(argv=None):
     add("--out", dest="out_dir", metavar="DIR", required=True, help="output directory (empty or absent unless --force)")
     add("--langs", type=lambda s: s.split(","), default="en,fr", help="the two language codes; the first is the source")
     add("--overlap", type=float, default=0.0, help="fraction of identical word forms (anchor points, paper §4.2)")
+    add("--name-overlap", type=float, default=None,
+        help="fraction of identical entity name parts, drawn apart from --overlap (default: as --overlap gives)")
     add("--order", default="svo", help="word order of the second language, " + ORDER_HELP)
     add("--domain-shift", type=float, default=0.0, help="0 = one topic mix, 1 = disjoint topics (paper §4.1)")
     add("--cyrillic", action="store_true", help="write the second language in Cyrillic letters")

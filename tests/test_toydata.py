@@ -368,3 +368,24 @@ def test_project_readers_parse_toy_world(toy_world):
         nli = finetune.read_xnli(toy_world / f"xnli/{lang}.test.tsv")
         assert len(ud) == len(ner) == len(nli) == TOY_WORLD_SIZES["n_task_eval"]
         assert {lab for _, _, lab in nli} == set(toydata.LABELS)
+
+
+def test_name_overlap_redraws_anchors_among_entity_names_only():
+    """--name-overlap sets the share of identical entity name parts on its own; every other concept keeps the
+    anchor status --overlap gave it, and leaving it unset changes nothing."""
+    world = toydata.World(0)
+    names = [c for c in range(world.n_concepts) if world.kind[c] == "name"]
+    others = [c for c in range(world.n_concepts) if world.kind[c] != "name"]
+
+    def same(forms, cs):
+        return {c for c in cs if forms[0][c] == forms[1][c]}
+
+    base = toydata.make_lexicon(world, overlap=0.3, seed=0)
+    assert base == toydata.make_lexicon(world, overlap=0.3, seed=0, name_overlap=None)
+    assert 0 < len(same(base, names)) < len(names)          # the plain 30 % draw includes some name parts
+    for share in (0.0, 1.0):
+        forms = toydata.make_lexicon(world, overlap=0.3, seed=0, name_overlap=share)
+        assert len(same(forms, names)) == round(share * len(names))
+        assert same(forms, others) == same(base, others)     # the other anchors are untouched
+    with pytest.raises(ValueError, match="name_overlap"):
+        toydata.write_world("/nonexistent-never-written", name_overlap=1.5)
