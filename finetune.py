@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import align
 import bpe
 from bpe import EOS_ID, UNK_ID, read_lines
-from model import DTYPES, AlignedEncoder, encode_batch, encode_states, load_encoder, pick_device
+from model import DTYPES, AlignedEncoder, check_plot, encode_batch, encode_states, load_encoder, pick_device
 
 
 def need(ok, msg):
@@ -718,11 +718,11 @@ def mean_std(v):
 SHORT = {"ppl": "dev ppl", "xnli": "XNLI", "ner": "NER", "parse": "Parse"}  # --table's columns, in this order
 
 
-def results_table(run_dirs):
-    """Table 1's layout for --out dirs named NAME[-sSEED][-stepN]: a row per NAME (and N, in update order: pretrain.py
-    --snapshots), the checkpoint's dev perplexity if known, the test score per task x language in % (XNLI acc, NER F1,
-    LAS), their average and Δ = the average minus the first row's (the paper's Default); mean ± std over seeds."""
-    groups = {}  # (NAME, N) -> a {("ppl" or task, lang): dev ppl or score} per seed
+def read_table(run_dirs):
+    """The runs of --table grouped by (NAME, N) for --out dirs named NAME[-sSEED][-stepN] (N: pretrain.py
+    --snapshots): returns the columns (("ppl" or task, lang), in SHORT's order) and an ordered {(NAME, N):
+    [cells of one seed]} with cells = {column: dev ppl, or test score in % (XNLI acc, NER F1, LAS)}."""
+    groups = {}
     for d in run_dirs:
         name, step = re.fullmatch(r"(.+?)(?:-s\d+)?(?:-step(\d+))?", os.path.basename(os.path.normpath(d))).groups()
         cells = {}
@@ -736,12 +736,19 @@ def results_table(run_dirs):
         groups.setdefault((name, step), []).append(cells)
     cols = sorted({c for runs in groups.values() for cells in runs for c in cells},
                   key=lambda c: (list(SHORT).index(c[0]), c[1]))
-    scores = [c for c in cols if c[0] != "ppl"]
     names = list(dict.fromkeys(name for name, _ in groups))
+    return cols, {k: groups[k] for k in sorted(groups, key=lambda k: (names.index(k[0]), int(k[1] or 0)))}
+
+
+def results_table(run_dirs):
+    """Table 1's layout: a row per NAME (and N, in update order), the checkpoint's dev perplexity if known, the
+    test score per task x language in %, their average and Δ = the average minus the first row's (the paper's
+    Default); mean ± std over seeds."""
+    cols, groups = read_table(run_dirs)
+    scores = [c for c in cols if c[0] != "ppl"]
     steps = any(step for _, step in groups)
     lines, first = [], None
-    for name, step in sorted(groups, key=lambda k: (names.index(k[0]), int(k[1] or 0))):
-        runs = groups[name, step]
+    for (name, step), runs in groups.items():
         avgs = [np.mean([cells[c] for c in scores]) for cells in runs if all(c in cells for c in scores)]
         first = avgs if first is None else first
         values = [[cells[c] for cells in runs if c in cells] for c in cols] + [avgs]
@@ -749,6 +756,40 @@ def results_table(run_dirs):
         lines.append([name] + [step or "-"] * steps + [str(len(runs))] + [mean_std(v) for v in values] + [delta])
     header = ["model"] + ["updates"] * steps + ["seeds"] + [f"{SHORT[t]} {lang}" for t, lang in cols]
     return format_rows(header + ["avg", "Δ"], lines)
+
+
+def plot_curves(path, run_dirs):
+    """--table ... --plot FILE.png: learning curves, a panel per column of the table (dev ppl, then the test
+    scores), a line per NAME over N updates (log scale), mean ± std over seeds as error bars. Atomic."""
+    from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    cols, groups = read_table(run_dirs)
+    need(any(step for _, step in groups), "--plot: the --table dirs have no -stepN suffix, so there is no curve")
+    fig = Figure(figsize=(3.2 * len(cols), 3.4))
+    for ax, col in zip(fig.subplots(1, len(cols), squeeze=False)[0], cols):
+        for name in dict.fromkeys(n for n, _ in groups):
+            pts = [(int(step), [cells[col] for cells in runs if col in cells])
+                   for (n, step), runs in groups.items() if n == name and step]
+            pts = [(x, v) for x, v in pts if v]
+            if pts:
+                xs, vs = zip(*pts)
+                ax.errorbar(xs, [np.mean(v) for v in vs], yerr=[np.std(v) for v in vs], marker="o", ms=3,
+                            capsize=2, label=name)
+        ax.set(xscale="log", xlabel="updates", title=f"{SHORT[col[0]]} {col[1]}" + (" (test, %)" * (col[0] != "ppl")))
+        steps = sorted({int(step) for _, step in groups if step})
+        ax.set_xticks(steps, [str(x) for x in steps], rotation=45, fontsize=8)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        if col[0] == "ppl":
+            ax.set_yscale("log")
+            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                axis(ScalarFormatter())
+        ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+    print(f"wrote {path}")
 
 
 def number(lo, hi=math.inf, cast=int, many=False):
@@ -795,6 +836,7 @@ def build_parser():
     add("--out", help="results.json and sets/ (a folder per task when several run); rerun to resume")
     add("--overwrite", action="store_true", help="replace the results and sets of another run in --out")
     add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1 for --out dirs named NAME[-sSEED][-stepN]")
+    add("--plot", metavar="FILE.png", help="with --table over -stepN dirs: also draw the learning curves (needs matplotlib)")
     return p
 
 
@@ -813,8 +855,15 @@ def lang_index(langs, code, ckpt):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.plot:
+        need(args.table, "--plot goes with --table (the learning curves of -stepN dirs)")
+        try:
+            check_plot(args.plot)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}")
     if args.table:
-        return print(results_table(args.table))
+        print(results_table(args.table))
+        return plot_curves(args.plot, args.table) if args.plot else None
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
     need(args.ckpt and args.out, "--ckpt and --out are required (or --table)")

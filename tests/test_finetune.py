@@ -597,3 +597,31 @@ def test_table_rows_per_model_and_update(tmp_path, capsys):
     assert lines[2].split() == ["default", "1000", "2", "25.0", "±5.0", "25.0", "±5.0", "55.0", "±5.0", "75.0",
                                 "±5.0", "65.0", "±5.0", "+50.0"]
     assert lines[3].split() == ["sep", "500", "1", "95.0", "95.0", "1.0", "2.0", "1.5", "-13.5"]
+
+
+def test_table_plot_draws_learning_curves(tmp_path):
+    """--table over NAME-sSEED-stepN dirs with --plot draws the curves (mean over seeds per NAME and N); --plot
+    without -stepN dirs, or without --table, is refused in one line."""
+    pytest.importorskip("matplotlib", reason="matplotlib is optional (only --plot needs it)")
+    dirs = []
+    for name, scale in (("default", 1.0), ("no-anchors", 0.6)):
+        for seed in (0, 1):
+            for n in (500, 2000, 8000):
+                d = tmp_path / f"{name}-s{seed}-step{n}"
+                (d / "ner").mkdir(parents=True)
+                (d / "ner" / "results.json").write_text(json.dumps(
+                    {"task": "ner", "metric": "f1", "test": {"fr": {"f1": scale * (0.3 + n / 16000 + 0.05 * seed)}},
+                     "pretrain": {"dev_ppl": {"en": 1000 / n ** 0.5}}}))
+                dirs.append(str(d))
+    png = tmp_path / "curves.png"
+    ft.main(["--table", *dirs, "--plot", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(tmp_path.glob("*.tmp.png"))
+    _, groups = ft.read_table(dirs)
+    assert list(groups) == [(m, s) for m in ("default", "no-anchors") for s in ("500", "2000", "8000")]
+    assert [c[("ner", "fr")] for c in groups["default", "8000"]] == pytest.approx([80.0, 85.0])
+    with pytest.raises(SystemExit, match="no -stepN suffix"):
+        plain = tmp_path / "default-s0"
+        shutil.copytree(tmp_path / "default-s0-step500", plain)
+        ft.main(["--table", str(plain), "--plot", str(png)])
+    with pytest.raises(SystemExit, match="--plot goes with --table"):
+        ft.main(["--plot", str(png)])
