@@ -261,11 +261,12 @@ def write_text(path, text):
 
 def read_lines(path, max_lines=None):
     """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside
-    lines); a bad byte raises ValueError naming file:line."""
+    lines), a byte order mark at the start of the file dropped (editors on Windows write one); a bad byte raises
+    ValueError naming file:line."""
     with open(path, "rb") as f:
         for n, raw in enumerate(itertools.islice(f, max_lines), 1):
             try:
-                yield raw.decode("utf-8").rstrip("\r\n")
+                yield raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
 

@@ -1,0 +1,41 @@
+"""The official distributions as unpacked (README "Real data"): every format is written here by the test itself, read
+to exactly the examples of the equivalent simple-format file, and a wrong file is answered with file:line."""
+import glob
+import json
+import os
+
+import pytest
+
+import bpe
+import finetune as ft
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason="../shared/data not present")
+
+BOM = "\ufeff"
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+# -----------------------------------------------------------------------------
+# a UTF-8 byte order mark is stripped once, by the reader (failing-first: it used to stay on the first line)
+
+def test_bom_is_stripped_by_read_lines(tmp_path):
+    p = write(tmp_path / "a.txt", BOM + "Hello world\n" + BOM + "keeps a second one\n")
+    assert list(bpe.read_lines(p)) == ["Hello world", BOM + "keeps a second one"]  # only the file's first bytes
+
+
+def test_bom_never_becomes_a_vocabulary_token(tmp_path):
+    files = {lang: write(tmp_path / f"{lang}.txt", BOM + "the cat sat on the mat\nthe dog sat\n" * 3)
+             for lang in ("en", "fr")}
+    tok = bpe.Tokenizer.build(files, num_merges=20, verbose=False)
+    assert not any(BOM in t for lang in tok.langs for t in tok.vocabs[lang].tokens)
+
+
+def test_conllu_with_bom_reads(tmp_path):
+    text = "# sent_id = 1\n1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n2\t!\t!\tPUNCT\t_\t_\t1\tpunct\t_\t_\n\n"
+    assert ft.read_conllu(write(tmp_path / "bom.conllu", BOM + text)) == ft.read_conllu(write(tmp_path / "a.conllu", text))
