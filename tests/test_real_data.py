@@ -39,3 +39,25 @@ def test_bom_never_becomes_a_vocabulary_token(tmp_path):
 def test_conllu_with_bom_reads(tmp_path):
     text = "# sent_id = 1\n1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n2\t!\t!\tPUNCT\t_\t_\t1\tpunct\t_\t_\n\n"
     assert ft.read_conllu(write(tmp_path / "bom.conllu", BOM + text)) == ft.read_conllu(write(tmp_path / "a.conllu", text))
+
+
+# -----------------------------------------------------------------------------
+# model.flops_per_token: the cost table's FLOPs, checked against torch's own count of a training step
+
+@pytest.mark.parametrize("sep", ["", "emb,1"])
+def test_flops_per_token_equals_torch_flop_counter(sep):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import model as M
+    extra = M.parse_sep(sep, 2) | ({"vocab_sizes": (100, 90)} if sep else {})
+    c = M.ModelConfig(vocab_size=100, n_layers=2, dim=32, n_heads=2, ffn_dim=64, **extra)
+    m = M.MLM(c)
+    B, T = 4, 20
+    idx = torch.randint(14, 90, (B, T))
+    targets = torch.full((B, T), -1)
+    targets[:, :5] = idx[:, :5]  # a quarter of the positions are targets
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:  # MATH: attention as matmuls
+        m(idx, 1, targets)[1].backward()
+    assert counter.get_total_flops() == B * T * M.flops_per_token(c, T, target_frac=0.25, lang=1)
