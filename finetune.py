@@ -117,7 +117,8 @@ def read_xnli_1_0(path, lang):
             continue
         fields = [x.strip() for x in line.split("\t")]
         if len(fields) != len(names):
-            raise ValueError(f"{path}:{n}: expected {len(names)} tab-separated columns (the header's), got {len(fields)}")
+            raise ValueError(f"{path}:{n}: expected {len(names)} tab-separated columns (the header's), "
+                             f"got {len(fields)}")
         if fields[at["language"]] != lang:
             continue
         premise, hypothesis, label = (fields[at[c]] for c in ("sentence1", "sentence2", "gold_label"))

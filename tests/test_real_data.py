@@ -39,7 +39,8 @@ def test_bom_never_becomes_a_vocabulary_token(tmp_path):
 
 def test_conllu_with_bom_reads(tmp_path):
     text = "# sent_id = 1\n1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n2\t!\t!\tPUNCT\t_\t_\t1\tpunct\t_\t_\n\n"
-    assert ft.read_conllu(write(tmp_path / "bom.conllu", BOM + text)) == ft.read_conllu(write(tmp_path / "a.conllu", text))
+    with_bom, without = write(tmp_path / "bom.conllu", BOM + text), write(tmp_path / "a.conllu", text)
+    assert ft.read_conllu(with_bom) == ft.read_conllu(without)
 
 
 # -----------------------------------------------------------------------------
@@ -160,8 +161,10 @@ def test_official_tree_reads_to_the_simple_examples(trees, task):
 def test_treebank_flag_picks_another_treebank_of_the_language(trees):
     ex, _, official = trees
     files, got = read_all("parse", official, treebanks={"fr": "FTB"})
-    assert files["test"]["fr"].endswith("UD_French-FTB/fr_ftb-ud-test.conllu") and got["test"] == ex["parse", "fr", "test"][:1]
-    with pytest.raises(SystemExit, match=r"--treebank fr=Sequoia: no such treebank for fr under --data .* \(found FTB, GSD\)"):
+    assert files["test"]["fr"].endswith("UD_French-FTB/fr_ftb-ud-test.conllu")
+    assert got["test"] == ex["parse", "fr", "test"][:1]
+    with pytest.raises(SystemExit, match=r"--treebank fr=Sequoia: no such treebank for fr under --data .* "
+                                         r"\(found FTB, GSD\)"):
         read_all("parse", official, treebanks={"fr": "Sequoia"})
 
 
@@ -172,7 +175,8 @@ def test_a_language_with_several_treebanks_and_no_default_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="several UD treebanks for de under --data .*: GSD, HDT; pick one with "
                                          "--treebank de=NAME"):
         ft.resolve_files("parse", str(tmp_path), "de", [])
-    assert ft.resolve_files("parse", str(tmp_path), "de", [], treebanks={"de": "HDT"})["dev"].endswith("de_hdt-ud-dev.conllu")
+    files = ft.resolve_files("parse", str(tmp_path), "de", [], treebanks={"de": "HDT"})
+    assert files["dev"].endswith("UD_German-HDT/de_hdt-ud-dev.conllu")
 
 
 def test_xtreme_panx_multinli_and_a_train_file_by_its_name(trees, tmp_path):
@@ -222,7 +226,148 @@ def test_a_wrong_file_in_a_known_layout_is_named_with_its_line(tmp_path, name, t
 def test_a_missing_split_names_what_was_looked_for(trees, tmp_path):
     _, _, official = trees
     with pytest.raises(SystemExit, match=r"error: ner: no de test file under --data .*: looked for ner/de.test.tsv, "
-                                         r"wikiann_panx/heldout-from-dev-de.tsv, panx_dataset/de/test, panx/test-de.tsv"):
+                                         r"wikiann_panx/heldout-from-dev-de.tsv, panx_dataset/de/test, "
+                                         r"panx/test-de.tsv"):
         ft.resolve_files("ner", str(official), "en", ["de"])
     with pytest.raises(SystemExit, match=r"xnli: no en train file under --data .* \(pass --train-file\)"):
         ft.resolve_files("xnli", str(tmp_path), "en", [])
+
+
+@needs_data
+@pytest.mark.parametrize("task", ["xnli", "ner", "parse"])
+def test_our_evaluation_directory_reads_as_before(task):
+    """The old layout of ../shared/data: the same files, read by the simple readers (the paper's zh treebank, GSD)."""
+    langs = ["fr", "ru", "zh"]
+    want = {"xnli": ("xnli/dev-en.tsv", "xnli/dev-en.tsv", "xnli/test-{}.tsv"),
+            "ner": ("wikiann_panx/train-en.tsv", "wikiann_panx/dev-en.tsv", "wikiann_panx/heldout-from-dev-{}.tsv"),
+            "parse": ("ud/UD_English-EWT/en_ewt-ud-train.first3000.conllu", "ud/UD_English-EWT/en_ewt-ud-dev.conllu",
+                      "ud/UD_{}-GSD/{}_gsd-ud-test.conllu")}[task]
+    names = {"fr": "French", "ru": "Russian", "zh": "Chinese"}
+    train_file = os.path.join(DATA, want[0]) if task == "xnli" else None  # no NLI train set there
+    files = ft.resolve_files(task, DATA, "en", langs, train_file=train_file)
+    expect = {"train": want[0], "dev": want[1]} | {
+        lang: want[2].format(*((names[lang], lang) if task == "parse" else (lang,))) for lang in langs}
+    got = {"train": files["train"], "dev": files["dev"]} | files["test"]
+    assert got == {k: os.path.join(DATA, v) for k, v in expect.items()}
+    simple = ft.TASKS[task][1]
+    for k, path in got.items():
+        assert ft.read_split(task, path, k if k in langs else "en") == simple(path)
+
+
+# -----------------------------------------------------------------------------
+# Wikipedia through WikiExtractor: <doc> lines dropped, titles kept, dev lines held out of a seeded shuffle
+
+def write_wikiextractor(root, lines, per_doc=20, per_file=4):
+    """`lines` as WikiExtractor writes them: documents of a title line, an empty line and per_doc text lines,
+    per_file documents per file AA/wiki_00, AA/wiki_01, ... -> (root, the titles)."""
+    docs = [lines[k:k + per_doc] for k in range(0, len(lines), per_doc)]
+    titles = [f"Article {k}" for k in range(len(docs))]
+    for f in range(0, len(docs), per_file):
+        write(root / "AA" / f"wiki_{f // per_file:02d}", "".join(
+            f'<doc id="{k}" url="https://en.wikipedia.org/wiki?curid={k}" title="{titles[k]}">\n{titles[k]}\n\n'
+            + "".join(line + "\n" for line in docs[k]) + "</doc>\n" for k in range(f, min(f + per_file, len(docs)))))
+    return root, titles
+
+
+def prepared(out):
+    (d,) = [p for p in glob.glob(os.path.join(out, "*")) if os.path.isdir(p)]
+    return d
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def test_wikiextractor_directory_with_held_out_dev(tmp_path):
+    text = {lang: [f"{lang} line {k} " + " ".join(["word"] * (k % 5)) for k in range(200)] for lang in ("en", "fr")}
+    dirs = {lang: write_wikiextractor(tmp_path / "wiki" / lang, lines)[0] for lang, lines in text.items()}
+    lines = list(bpe.read_wikiextractor(str(dirs["en"])))
+    assert lines[:2] == ["Article 0", "en line 0 "] and len(lines) == 200 + 10  # titles kept; <doc>, blanks dropped
+    spec = ",".join(f"{lang}={d}" for lang, d in dirs.items())
+    bpe.main(["prepare", "--train-files", spec, "--merges", "20", "--out", str(tmp_path / "a")])
+    bpe.main(["prepare", "--train-files", spec, "--merges", "20", "--out", str(tmp_path / "b"), "--seed", "3"])
+    a, b = prepared(tmp_path / "a"), prepared(tmp_path / "b")
+    train, dev = read(os.path.join(a, "en.train.txt")), read(os.path.join(a, "en.dev.txt"))
+    assert len(dev) == 21 and sorted(train + dev) == sorted(lines)  # a tenth held out, nothing lost, never trained on
+    assert train != lines[21:] and set(dev) != set(lines[:21])  # shuffled
+    assert read(os.path.join(b, "en.dev.txt")) == dev  # the same split whatever --seed
+    assert json.loads("\n".join(read(os.path.join(a, "recipe.json"))))["dev_lines"] == bpe.DEV_LINES
+
+
+def test_shuffle_split_over_several_buckets_is_a_permutation(tmp_path, monkeypatch):
+    monkeypatch.setattr(bpe, "SHUFFLE_BUCKET_BYTES", 100)
+    lines = [f"line {k}" for k in range(500)]
+    assert bpe.shuffle_split(iter(lines), 5000, str(tmp_path / "tmp"), str(tmp_path / "t.txt")) == (500, 0)
+    out = read(tmp_path / "t.txt")
+    assert sorted(out) == sorted(lines) and out != lines and not (tmp_path / "tmp").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("stray text\n", "AA/wiki_00:1: text outside <doc ...> ... </doc> (not WikiExtractor output)"),
+    ('<doc id="1">\nTitle\n', "AA/wiki_00:1: <doc> never closed by </doc>"),
+    ('<doc id="1">\nA\n<doc id="2">\n', "AA/wiki_00:3: <doc> inside the <doc> of line 1"),
+])
+def test_a_directory_that_is_not_wikiextractor_output_is_named_with_its_line(tmp_path, capsys, text, message):
+    write(tmp_path / "w" / "AA" / "wiki_00", text)
+    with pytest.raises(SystemExit) as e:
+        bpe.main(["prepare", "--train-files", f"en={tmp_path / 'w'},fr={tmp_path / 'w'}", "--out", str(tmp_path / "p")])
+    assert f"{tmp_path / 'w'}/{message}" in str(e.value)
+
+
+# -----------------------------------------------------------------------------
+# end to end on the CPU: WikiExtractor text -> bpe.py prepare -> pretrain.py (the paper's flags, a tiny model) ->
+# finetune.py on the official tree, all three tasks -> align.py (MUSE, Tatoeba names) and cka.py
+
+def test_end_to_end_from_the_official_downloads(toy_world, trees, tmp_path, capsys):
+    import signal
+
+    import align
+    import cka
+    import pretrain
+    ex, simple, official = trees
+    wiki = {lang: write_wikiextractor(tmp_path / "wiki" / lang, read(toy_world / "mono" / f"{lang}.train.txt")[:600])[0]
+            for lang in ("en", "fr")}
+    bpe.main(["prepare", "--train-files", ",".join(f"{lang}={d}" for lang, d in wiki.items()), "--merges", "300",
+              "--out", str(tmp_path / "prep")])
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        pretrain.main(["--data", prepared(tmp_path / "prep"), "--langs", "en,fr", "--out", str(tmp_path / "pt"),
+                       "--dim", "32", "--n-layers", "2", "--n-heads", "2", "--ffn-dim", "64", "--bptt", "32",
+                       "--batch-size", "8", "--max-steps", "20", "--warmup", "5", "--lr", "3e-3", "--device", "cpu",
+                       "--threads", "1"])
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    ckpt = str(tmp_path / "pt" / "best.pt")
+    grid = ["--epochs", "1", "--epoch-size", "0", "--batch-size", "8", "--lr", "1e-3", "--head-lr", "1e-3",
+            "--threads", "1", "--device", "cpu", "--eval-langs", "fr"]
+    capsys.readouterr()
+    for task in ("xnli", "ner", "parse"):
+        ft.main(["--task", task, "--ckpt", ckpt, "--data", str(official), "--out", str(tmp_path / task)] + grid)
+    printed = capsys.readouterr().out
+    for line in ("xnli: en train 24 from", "XNLI-MT-1.0/multinli/multinli.train.en.tsv", "xnli: fr test 24 from",
+                 "ner: fr test 24 from", "panx_dataset/fr/test", "parse: fr test 24 from",
+                 "UD_French-GSD/fr_gsd-ud-test.conllu"):
+        assert line in printed
+    ft.main(["--task", "ner", "--ckpt", ckpt, "--data", str(simple), "--out", str(tmp_path / "ner-simple")] + grid)
+    scores = [json.loads("\n".join(read(tmp_path / d / "results.json")))["test"] for d in ("ner", "ner-simple")]
+    assert scores[0] == scores[1]  # the same examples, the same scores
+
+    muse, tatoeba = tmp_path / "dictionaries", tmp_path / "tatoeba"
+    tatoeba.mkdir()
+    for name, src in (("en-fr.0-5000.txt", "en-fr.train.txt"), ("en-fr.5000-6500.txt", "en-fr.test.txt")):
+        write(muse / name, "\n".join(read(toy_world / "dict" / src)) + "\n")
+    for new, old in (("fra", "fr"), ("eng", "en")):
+        shutil.copy(toy_world / "tatoeba" / f"tatoeba.fr-en.{old}", tatoeba / f"tatoeba.fra-eng.{new}")
+    common = ["--ckpt", ckpt, "--src", "en", "--tgt", "fr", "--device", "cpu", "--max-sents", "60"]
+    align.main(["words"] + common + ["--train-dict", str(muse / "en-fr.0-5000.txt"),
+                                     "--test-dict", str(muse / "en-fr.5000-6500.txt"),
+                                     "--src-corpus", str(wiki["en"] / "AA" / "wiki_00"),
+                                     "--tgt-corpus", str(wiki["fr"] / "AA" / "wiki_00")])
+    align.main(["sentences"] + common + ["--test-src", str(tatoeba / "tatoeba.fra-eng.eng"),
+                                         "--test-tgt", str(tatoeba / "tatoeba.fra-eng.fra")])
+    cka.main(common + ["--src-file", str(tatoeba / "tatoeba.fra-eng.eng"),
+                       "--tgt-file", str(tatoeba / "tatoeba.fra-eng.fra")])
+    printed = capsys.readouterr().out
+    assert "P@1" in printed and "CKA" in printed
