@@ -9,6 +9,7 @@ score the same weights on each target language's test set:
 a monolingual target model's layer i mapped into them by align.py's orthogonal map.
 
     python finetune.py --toy runs/toy/toy --ckpt runs/toy/best.pt --out runs/toy/ft   # all three tasks, toy presets
+    python finetune.py --task ner --ckpt RUN/best.pt --data DATA --eval-langs fr --out runs/ner  # README "Real data"
     python finetune.py --task ner --toy WORLD --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
         --align-layer 4 --eval-langs fr --out runs/aligned                   # §5.1.2
     python finetune.py --table runs/ft/default-s{0,1} runs/ft/sep-emb-s0   # Table 1 layout (also over -stepN dirs)
@@ -75,7 +76,8 @@ class Task:
 
 
 # -----------------------------------------------------------------------------
-# XNLI (§3.2): `premise<TAB>hypothesis<TAB>label`, `</s> premise </s> hypothesis </s>`, a linear head at position 0
+# XNLI (§3.2): `premise<TAB>hypothesis<TAB>label` (or XNLI 1.0, XNLI-MT, MultiNLI as distributed),
+# `</s> premise </s> hypothesis </s>`, a linear head at position 0
 
 XNLI_LABELS = ("contradiction", "neutral", "entailment")  # ids 0, 1, 2 as XLM `src/evaluation/xnli.py`
 
@@ -815,10 +817,15 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
             if "UD_*" in layout.pattern and hits:
                 hits = pick_treebank(hits, lang, treebanks or {}, data_dir)
             if hits:
+                if lang in (treebanks or {}) and "UD_*" not in layout.pattern:  # --treebank would be ignored
+                    need(False, f"--treebank {lang}={treebanks[lang]}: the {lang} {split} file under --data is not "
+                                f"in a UD release tree ({hits[0]})")
                 return os.path.join(data_dir, hits[0])
         hint = " (pass --train-file)" * (split == "train")  # e.g. our evaluation directory has no NLI train set
         need(False, f"{task}: no {lang} {split} file under --data {data_dir}: looked for {', '.join(tried)}{hint}")
     need(train_file is None or os.path.isfile(train_file), f"--train-file {train_file}: not a file")
+    unused = sorted(set(treebanks or {}) - {train_lang, *eval_langs})
+    need(not unused, f"--treebank: {', '.join(unused)} is not the train language or one of --eval-langs")
     return {"train": train_file or find(train_lang, "train"), "dev": find(train_lang, "dev"),
             "test": {lang: find(lang, "test") for lang in eval_langs}}
 
@@ -1016,6 +1023,13 @@ def main(argv=None):
     need(os.path.isdir(args.data), f"{flag} {args.data}: no such directory")
     tasks = [args.task] if args.task else list(TASKS) if args.toy else []
     need(tasks, "--task is required (only --toy runs all three)")
+    treebanks = {}  # --treebank fr=FTB -> {"fr": "FTB"}
+    for item in args.treebank.split(",") if args.treebank is not None else []:
+        lang, _, name = item.strip().partition("=")
+        need(lang and name and lang not in treebanks,
+             f"--treebank {args.treebank}: expected LANG=NAME,... (each language once), e.g. fr=FTB")
+        treebanks[lang] = name.strip()
+    need(not treebanks or "parse" in tasks, "--treebank picks UD treebanks: it needs --task parse")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device)
@@ -1027,18 +1041,13 @@ def main(argv=None):
         model, routes = setup_aligned(model, tok, langs, args)
     else:
         routes = {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang] + args.eval_langs}
-    treebanks = {}  # --treebank fr=FTB -> {"fr": "FTB"}
-    for item in (args.treebank or "").split(",") if args.treebank is not None else []:
-        lang, _, name = item.strip().partition("=")
-        need(lang and name and lang not in treebanks,
-             f"--treebank {args.treebank}: expected LANG=NAME,... (each language once), e.g. fr=FTB")
-        treebanks[lang] = name.strip()
     bpe.make_dir("--out", args.out)
     plans = []
     for name in tasks:  # every file of every task is read before the first set trains
         preset = (TOY_PRESET if args.toy else PAPER_PRESET)[name]
         targs = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if getattr(args, k) is None}})
-        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file, treebanks)
+        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file,
+                              treebanks if name == "parse" else None)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job, done = earlier_sets(name, files, targs, out)
         plans.append((*prepare_task(name, files, model, routes, targs), files, targs, out, job, done))

@@ -3,6 +3,7 @@ to exactly the examples of the equivalent simple-format file, and a wrong file i
 import glob
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -371,3 +372,19 @@ def test_end_to_end_from_the_official_downloads(toy_world, trees, tmp_path, caps
                        "--tgt-file", str(tatoeba / "tatoeba.fra-eng.fra")])
     printed = capsys.readouterr().out
     assert "P@1" in printed and "CKA" in printed
+
+
+def test_treebank_flag_mistakes_are_one_line(trees, tmp_path):
+    ex, simple, official = trees
+    base = ["--ckpt", str(tmp_path / "none.pt"), "--data", str(official), "--out", str(tmp_path / "o")]
+    for flags, message in [(["--task", "ner", "--treebank", "fr=FTB"], "--treebank picks UD treebanks: it needs --task "
+                                                                        "parse"),
+                           (["--task", "parse", "--treebank", "fr"], "--treebank fr: expected LANG=NAME,..."),
+                           (["--task", "parse", "--treebank", "fr=FTB,fr=GSD"], "(each language once)")]:
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            ft.main(base + flags)
+    with pytest.raises(SystemExit, match="--treebank: ru is not the train language or one of --eval-langs"):
+        ft.resolve_files("parse", str(official), "en", ["fr"], treebanks={"ru": "GSD"})
+    with pytest.raises(SystemExit, match=r"--treebank fr=GSD: the fr test file under --data is not in a UD release "
+                                         r"tree \(ud/fr.test.conllu\)"):
+        ft.resolve_files("parse", str(simple), "en", ["fr"], treebanks={"fr": "GSD"})
