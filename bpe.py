@@ -627,11 +627,11 @@ def read_wikiextractor(path):
             raise ValueError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
 
 
-def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
+def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED, source="the text"):
     """Write `lines` (an iterable of about `size` bytes) in a seeded random order to train_path, the first
     min(DEV_LINES, n // 10) of that order to dev_path instead when given -> (n_train, n_dev). Every line goes to a
     bucket file drawn at random, then each bucket is permuted in memory: a uniform shuffle of a corpus larger than
-    memory. Empty lines are dropped."""
+    memory. Empty lines are dropped; `source` names the text in errors."""
     rng = np.random.default_rng(seed)
     n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
@@ -650,7 +650,7 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
                 f.close()
         n_dev = min(DEV_LINES, n // 10) if dev_path else 0
         if dev_path and n_dev == 0:
-            raise ValueError(f"{n} lines: too few to hold out dev lines (give a dev file)")
+            raise ValueError(f"{source}: {n} lines, too few to hold out dev lines from (give a dev file)")
 
         def shuffled():  # bucket by bucket, each in a random order
             for b in buckets:
@@ -755,7 +755,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
                 held_out = dest["dev"] if v.get("dev") is None else None
                 size = sum(map(os.path.getsize, wikiextractor_files(v["train"]) if wiki["train"] else [v["train"]]))
                 lines = read_wikiextractor(v["train"]) if wiki["train"] else read_lines(v["train"])
-                n_train, n_dev = shuffle_split(lines, size, os.path.join(out, "shuffle.tmp"), dest["train"], held_out)
+                n_train, n_dev = shuffle_split(lines, size, os.path.join(out, "shuffle.tmp"), dest["train"], held_out,
+                                               source=v["train"])
                 print(f"{l}: {v['train']}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
                       + (f", {n_dev} dev lines held out" if held_out else "") + f", in {out}")
                 files[l] = {"train": dest["train"], "dev": held_out or files[l]["dev"]}
