@@ -261,11 +261,12 @@ def write_text(path, text):
 
 def read_lines(path, max_lines=None):
     """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside
-    lines); a bad byte raises ValueError naming file:line."""
+    lines), a byte order mark at the start of the file dropped (editors on Windows write one); a bad byte raises
+    ValueError naming file:line."""
     with open(path, "rb") as f:
         for n, raw in enumerate(itertools.islice(f, max_lines), 1):
             try:
-                yield raw.decode("utf-8").rstrip("\r\n")
+                yield raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
@@ -564,7 +565,8 @@ def make_dir(flag, path):
 
 
 def parse_lang_files(flag, items, langs=None):
-    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (--train-files, --dev-files); errors name `flag`."""
+    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (--train-files, --dev-files; a PATH may be a WikiExtractor
+    output directory); errors name `flag`."""
     files = {}
     for item in items.split(","):
         lang, eq, path = item.partition("=")
@@ -573,12 +575,101 @@ def parse_lang_files(flag, items, langs=None):
             raise ValueError(f"{flag}: expected LANG=PATH, got {item!r}")
         if lang in files:
             raise ValueError(f"{flag}: language '{lang}' given twice")
-        if not os.path.isfile(path):
+        if not os.path.isfile(path) and not os.path.isdir(path):  # a directory: WikiExtractor output
             raise ValueError(f"{flag} {item}: no such file")
         files[lang] = path
     if langs is not None and sorted(files) != sorted(langs):
         raise ValueError(f"{flag}: languages {','.join(sorted(files))} do not match --langs {','.join(langs)}")
     return files
+
+
+# Wikipedia through WikiExtractor (XLM `get-data-wiki.sh`): a directory AA/wiki_00, AA/wiki_01, ... of
+# `<doc id=... url=... title=...>` blocks. Its text lines are shuffled with a fixed seed (as XLM's `shuf`), then
+# the first DEV_LINES of that order become the dev split when no dev file is given, the rest the train split.
+
+DEV_LINES = 5000  # XLM holds out 5000 valid (and 5000 test) lines per language; at most a tenth of a small corpus
+SHUFFLE_SEED = 42  # XLM's `get_seeded_random 42`; fixed, whatever --seed is, so that every run sees the same split
+SHUFFLE_BUCKET_BYTES = 1 << 28  # the shuffle holds one bucket of about this many bytes in memory at a time
+
+
+def wikiextractor_files(path):
+    """The text files of a WikiExtractor output directory in sorted order (AA/wiki_00, AA/wiki_01, ..., AB/...)."""
+    found = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names if f.startswith("wiki_"))
+    packed = [f for f in found if f.endswith(".bz2")]
+    if packed:
+        raise ValueError(f"{packed[0]}: compressed WikiExtractor output (--compress); unpack it with bunzip2 first")
+    if not found:
+        raise ValueError(f"{path}: a directory without WikiExtractor files (AA/wiki_00, ...)")
+    return found
+
+
+def read_wikiextractor(path):
+    """The text lines of a WikiExtractor output directory: `<doc ...>` and `</doc>` lines and empty lines dropped,
+    each article's title line (the first after `<doc>`) kept, as XLM's `get-data-wiki.sh` keeps it. Anything
+    outside a `<doc>` block raises ValueError naming file:line."""
+    for name in wikiextractor_files(path):
+        start = None  # the line of the open <doc>
+        for n, line in enumerate(read_lines(name), 1):
+            if line.startswith("<doc ") and line.endswith(">"):
+                if start:
+                    raise ValueError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not WikiExtractor output)")
+                start = n
+            elif line == "</doc>":
+                if not start:
+                    raise ValueError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor output)")
+                start = None
+            elif line.strip():
+                if not start:
+                    raise ValueError(f"{name}:{n}: text outside <doc ...> ... </doc> (not WikiExtractor output): "
+                                     f"{line[:60]!r}")
+                yield line
+        if start:
+            raise ValueError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
+
+
+def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED, source="the text"):
+    """Write `lines` (an iterable of about `size` bytes) in a seeded random order to train_path, the first
+    min(DEV_LINES, n // 10) of that order to dev_path instead when given -> (n_train, n_dev). Every line goes to a
+    bucket file drawn at random, then each bucket is permuted in memory: a uniform shuffle of a corpus larger than
+    memory. Empty lines are dropped; `source` names the text in errors."""
+    rng = np.random.default_rng(seed)
+    n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
+    os.makedirs(work_dir, exist_ok=True)
+    buckets = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)]
+    n = 0
+    try:
+        outs = [open(b, "w", encoding="utf-8", newline="\n") for b in buckets]
+        try:
+            lines = (line for line in lines if line.strip())
+            for chunk in iter(lambda: list(itertools.islice(lines, 1 << 16)), []):
+                for line, k in zip(chunk, rng.integers(n_buckets, size=len(chunk)).tolist()):
+                    outs[k].write(line + "\n")
+                n += len(chunk)
+        finally:
+            for f in outs:
+                f.close()
+        n_dev = min(DEV_LINES, n // 10) if dev_path else 0
+        if dev_path and n_dev == 0:
+            raise ValueError(f"{source}: {n} lines, too few to hold out dev lines from (give a dev file)")
+
+        def shuffled():  # bucket by bucket, each in a random order
+            for b in buckets:
+                with open(b, "rb") as f:
+                    part = f.read().decode("utf-8").split("\n")[:-1]
+                os.remove(b)
+                yield from (part[i] for i in rng.permutation(len(part)).tolist())
+        order = shuffled()
+        if n_dev:
+            write_text(dev_path, "".join(line + "\n" for line in itertools.islice(order, n_dev)))
+        with _atomic(train_path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.writelines(line + "\n" for line in order)
+    finally:
+        for b in buckets:
+            if os.path.exists(b):
+                os.remove(b)
+        if os.path.isdir(work_dir) and not os.listdir(work_dir):
+            os.rmdir(work_dir)
+    return n - n_dev, n_dev
 
 
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
@@ -587,7 +678,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused by later calls (other DDP
     ranks wait for its `done`); a `data` directory holding these is used as it is. Every input is checked before
     any work (BPE learning takes hours at paper scale). `code_switch`: a MUSE file (§4.2, D11). Errors: one line
-    (`flag`: the option that gave prep_dir)."""
+    (`flag`: the option that gave prep_dir). A path may be a WikiExtractor directory, and "dev" may be None: the
+    text is then written to the prepared directory first, shuffled, the dev lines held out (shuffle_split)."""
     if not files:
         if not os.path.isdir(data):
             raise SystemExit(f"error: --data {data}: no such directory")
@@ -604,8 +696,13 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     switch = {}  # lang -> {word: [translations]}: langs[0]'s text by the dictionary, langs[1]'s by its inverse
     if master:
         try:
-            for path in (p for v in files.values() for p in v.values()):
-                open(path, "rb").close()
+            for path in (p for v in files.values() for p in v.values() if p):
+                try:
+                    names = wikiextractor_files(path) if os.path.isdir(path) else [path]
+                except ValueError as e:
+                    raise SystemExit(f"error: {e}") from None
+                for name in names:
+                    open(name, "rb").close()
             if code_switch:
                 switch = {langs[0]: {}, langs[1]: {}}
                 for src, tgt in read_dictionary(code_switch):
@@ -618,7 +715,13 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         except ValueError as e:  # read_dictionary names the file and line at fault
             raise SystemExit(f"error: --code-switch {e}")
 
-    def fingerprint(path):
+    def fingerprint(path):  # a WikiExtractor directory: the sha1 of its files' names, sizes and times
+        if path is None:
+            return None
+        if os.path.isdir(path):
+            stats = [[os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
+                     for f in wikiextractor_files(path)]
+            return [os.path.abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
         st = os.stat(path)
         return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
 
@@ -626,6 +729,9 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
               "lowercase": lowercase, "bpe_lines": max_lines, "seed": seed,
               "code_switch": fingerprint(code_switch) if code_switch else None,
               "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}}
+    to_write = {l: v for l, v in files.items() if v.get("dev") is None or any(map(os.path.isdir, v.values()))}
+    if to_write:  # the split of the text written first (shuffle_split): part of the recipe
+        recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
     digest = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
     out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
     done = os.path.join(out, "done")
@@ -638,6 +744,22 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         return out
     make_dir(flag, out)
     try:
+        files = {l: dict(v) for l, v in files.items()}
+        for l, v in to_write.items():  # WikiExtractor output, or text without a dev file: out/{lang}.{train,dev}.txt
+            dest = {s: os.path.join(out, f"{l}.{s}.txt") for s in ("train", "dev")}
+            wiki = {s: v.get(s) is not None and os.path.isdir(v[s]) for s in ("train", "dev")}
+            if wiki["dev"]:  # a WikiExtractor dev directory: its lines in order
+                write_text(dest["dev"], "".join(line + "\n" for line in read_wikiextractor(v["dev"])))
+                files[l]["dev"] = dest["dev"]
+            if wiki["train"] or v.get("dev") is None:
+                held_out = dest["dev"] if v.get("dev") is None else None
+                size = sum(map(os.path.getsize, wikiextractor_files(v["train"]) if wiki["train"] else [v["train"]]))
+                lines = read_wikiextractor(v["train"]) if wiki["train"] else read_lines(v["train"])
+                n_train, n_dev = shuffle_split(lines, size, os.path.join(out, "shuffle.tmp"), dest["train"], held_out,
+                                               source=v["train"])
+                print(f"{l}: {v['train']}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
+                      + (f", {n_dev} dev lines held out" if held_out else "") + f", in {out}")
+                files[l] = {"train": dest["train"], "dev": held_out or files[l]["dev"]}
         print(f"learning BPE ({mode}, {merges} merges) for {out}")
         tok = Tokenizer.build({l: files[l]["train"] for l in langs}, mode=mode, num_merges=merges,
                               separate_vocab=separate_vocab, lowercase=lowercase, max_lines=max_lines, seed=seed)
@@ -664,8 +786,10 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="cmd", required=True)
     prep = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=fmt)
     prep.add_argument("--data", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")
-    prep.add_argument("--train-files", metavar="LANG=PATH,...")
-    prep.add_argument("--dev-files", metavar="LANG=PATH,...")
+    prep.add_argument("--train-files", metavar="LANG=PATH,...", help="text files, or WikiExtractor output directories "
+                      "(shuffled with a fixed seed, <doc> lines dropped)")
+    prep.add_argument("--dev-files", metavar="LANG=PATH,...", help=f"without it, min({DEV_LINES}, a tenth) of each "
+                      "train text's shuffled lines are held out as dev")
     prep.add_argument("--langs", default="en,fr")
     prep.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
     prep.add_argument("--merges", type=int, help="default: the paper's 80000 joint, else 40000")
@@ -683,17 +807,17 @@ def main(argv=None):
         v = getattr(args, k)
         if v is not None and v < 1:
             prep.error(f"--{k.replace('_', '-')} must be >= 1, got {v}")
-    if bool(args.train_files) != bool(args.dev_files) or bool(args.data) == bool(args.train_files):
-        prep.error("give --data, or --train-files with --dev-files")
+    if args.dev_files and not args.train_files or bool(args.data) == bool(args.train_files):
+        prep.error("give --data, or --train-files with --dev-files (or without: dev lines are held out)")
     if args.code_switch and (args.separate_vocab or len(langs) != 2):
         prep.error("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
     if args.train_files:
         try:
             train = parse_lang_files("--train-files", args.train_files, langs)
-            dev = parse_lang_files("--dev-files", args.dev_files, langs)
+            dev = parse_lang_files("--dev-files", args.dev_files, langs) if args.dev_files else {}
         except ValueError as e:
             prep.error(str(e))
-        files = {l: {"train": train[l], "dev": dev[l]} for l in langs}
+        files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
     merges = args.merges or (80000 if args.mode == "joint" else 40000)
     try:
         print(prepare(langs, args.out, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,

@@ -9,11 +9,14 @@ score the same weights on each target language's test set:
 a monolingual target model's layer i mapped into them by align.py's orthogonal map.
 
     python finetune.py --toy runs/toy/toy --ckpt runs/toy/best.pt --out runs/toy/ft   # all three tasks, toy presets
+    python finetune.py --task ner --ckpt RUN/best.pt --data DATA --eval-langs fr --out runs/ner  # README "Real data"
     python finetune.py --task ner --toy WORLD --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
         --align-layer 4 --eval-langs fr --out runs/aligned                   # §5.1.2
     python finetune.py --table runs/ft/default-s{0,1} runs/ft/sep-emb-s0   # Table 1 layout (also over -stepN dirs)
 """
 import argparse
+import collections
+import fnmatch
 import functools
 import glob
 import hashlib
@@ -73,7 +76,8 @@ class Task:
 
 
 # -----------------------------------------------------------------------------
-# XNLI (§3.2): `premise<TAB>hypothesis<TAB>label`, `</s> premise </s> hypothesis </s>`, a linear head at position 0
+# XNLI (§3.2): `premise<TAB>hypothesis<TAB>label` (or XNLI 1.0, XNLI-MT, MultiNLI as distributed),
+# `</s> premise </s> hypothesis </s>`, a linear head at position 0
 
 XNLI_LABELS = ("contradiction", "neutral", "entailment")  # ids 0, 1, 2 as XLM `src/evaluation/xnli.py`
 
@@ -94,6 +98,92 @@ def read_xnli(path):
         examples.append((premise, hypothesis, label))
     if not examples:
         raise ValueError(f"{path}: no examples (empty split)")
+    return examples
+
+
+def read_xnli_1_0(path, lang):
+    """XNLI 1.0 as distributed (Conneau et al. 2018, `XNLI-1.0.zip`: `xnli.dev.tsv`, `xnli.test.tsv`): one file for
+    all 15 languages, a header line, columns read by name (`language`, `gold_label`, `sentence1`, `sentence2`) ->
+    [(premise, hypothesis, label)] of the rows of `lang`, in file order."""
+    lines = enumerate(read_lines(path), 1)
+    _, header = next(lines, (1, ""))
+    names = [x.strip() for x in header.split("\t")]
+    cols = {"language", "gold_label", "sentence1", "sentence2"}
+    if not cols <= set(names):
+        raise ValueError(f"{path}:1: expected the XNLI 1.0 header (columns {', '.join(sorted(cols))}), got "
+                         f"{header[:80]!r}")
+    at = {c: names.index(c) for c in cols}
+    examples = []
+    for n, line in lines:
+        if not line.strip():
+            continue
+        fields = [x.strip() for x in line.split("\t")]
+        if len(fields) != len(names):
+            raise ValueError(f"{path}:{n}: expected {len(names)} tab-separated columns (the header's), "
+                             f"got {len(fields)}")
+        if fields[at["language"]] != lang:
+            continue
+        premise, hypothesis, label = (fields[at[c]] for c in ("sentence1", "sentence2", "gold_label"))
+        if not label:
+            raise ValueError(f"{path}:{n}: no label (column gold_label is empty)")
+        if label not in XNLI_LABELS:
+            raise ValueError(f"{path}:{n}: unknown XNLI label {label!r} (expected entailment, neutral, contradiction)")
+        if not premise or not hypothesis:
+            raise ValueError(f"{path}:{n}: empty sentence1 or sentence2")
+        examples.append((premise, hypothesis, label))
+    if not examples:
+        raise ValueError(f"{path}: no rows of language {lang!r} (column language)")
+    return examples
+
+
+def read_xnli_mt(path, lang=None):
+    """XNLI-MT 1.0 (`XNLI-MT-1.0.zip`, `multinli/multinli.train.{lang}.tsv`: MultiNLI train, the English original
+    and its machine translations): a header `premise<TAB>hypo<TAB>label`, then rows whose label `contradictory`
+    means contradiction -> [(premise, hypothesis, label)]."""
+    lines = enumerate(read_lines(path), 1)
+    _, header = next(lines, (1, ""))
+    if [x.strip() for x in header.split("\t")] != ["premise", "hypo", "label"]:
+        raise ValueError(f"{path}:1: expected the XNLI-MT header premise<TAB>hypo<TAB>label, got {header[:80]!r}")
+    examples = []
+    for n, line in lines:
+        if not line.strip():
+            continue
+        fields = [x.strip() for x in line.split("\t")]
+        if len(fields) != 3 or not fields[0] or not fields[1] or not fields[2]:
+            raise ValueError(f"{path}:{n}: expected premise<TAB>hypo<TAB>label, got {line[:80]!r}")
+        label = "contradiction" if fields[2] == "contradictory" else fields[2]
+        if label not in XNLI_LABELS:
+            raise ValueError(f"{path}:{n}: unknown XNLI-MT label {fields[2]!r} (expected entailment, neutral, "
+                             "contradictory)")
+        examples.append((fields[0], fields[1], label))
+    if not examples:
+        raise ValueError(f"{path}: no examples (empty split)")
+    return examples
+
+
+def read_multinli(path, lang=None):
+    """MultiNLI 1.0 (Williams et al. 2018, `multinli_1.0.zip`: `multinli_1.0_train.jsonl`): one JSON object a line,
+    `sentence1`, `sentence2`, `gold_label`; pairs without a gold label (`-`, no annotator majority) are skipped
+    -> [(premise, hypothesis, label)]."""
+    examples = []
+    for n, line in enumerate(read_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            premise, hypothesis, label = (row[k].strip() for k in ("sentence1", "sentence2", "gold_label"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{path}:{n}: expected a JSON object with string fields sentence1, sentence2, "
+                             f"gold_label (MultiNLI .jsonl), got {line[:80]!r}") from None
+        if label == "-":
+            continue
+        if label not in XNLI_LABELS:
+            raise ValueError(f"{path}:{n}: unknown MultiNLI gold_label {label!r}")
+        if not premise or not hypothesis:
+            raise ValueError(f"{path}:{n}: empty sentence1 or sentence2")
+        examples.append((premise, hypothesis, label))
+    if not examples:
+        raise ValueError(f"{path}: no examples with a gold label (empty split)")
     return examples
 
 
@@ -129,7 +219,33 @@ class XNLITask(Task):
 # NER (§3.2): PAN-X `token<TAB>tag`, the paper's BIO repair, micro span F1, a linear tagger on first subwords
 
 def read_ner(path):
-    """PAN-X `token<TAB>tag` (XTREME), a blank line between sentences -> [(words, tags)]."""
+    """PAN-X `token<TAB>tag` (XTREME's `panx/{split}-{lang}.tsv`), a blank line between sentences -> [(words, tags)].
+    A file whose every token starts with the same `xx:` is raw PAN-X (read_panx) and refused: kept, the prefix would
+    make every English word differ from every French one."""
+    sentences = read_tagged(path)
+    words = [w for ws, _ in sentences for w in ws]
+    prefix = re.match(r"[a-z]{2,3}:", words[0])
+    if prefix and all(w.startswith(prefix[0]) for w in words):
+        raise ValueError(f"{path}:{first_line(path)}: every token starts with {prefix[0]!r}: raw PAN-X, read from "
+                         f"panx_dataset/{prefix[0][:-1]}/{{train,dev,test}} (the prefix is stripped there)")
+    return sentences
+
+
+def read_panx(path, lang):
+    """WikiAnn / PAN-X as distributed with Rahimi et al. 2019's splits (`panx_dataset/{lang}.tar.gz` unpacked to
+    `panx_dataset/{lang}/{train,dev,test}`): `lang:token<TAB>tag`, the prefix stripped at the first colon; it
+    must be the file's own language -> [(words, tags)]."""
+    return read_tagged(path, lang)
+
+
+def first_line(path):
+    """The number of the first non-blank line of a file (where a whole-file format error is reported)."""
+    return next((n for n, line in enumerate(read_lines(path), 1) if line.strip()), 1)
+
+
+def read_tagged(path, lang=None):
+    """read_ner and read_panx: `token<TAB>tag` lines, or with `lang` `lang:token<TAB>tag`; blank lines end
+    sentences -> [(words, tags)]."""
     sentences, words, tags = [], [], []
     lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
     for n, line in lines:
@@ -139,8 +255,16 @@ def read_ner(path):
             continue
         fields = line.split("\t")
         if len(fields) != 2 or not fields[0] or not fields[1].strip():
-            raise ValueError(f"{path}:{n}: expected token<TAB>tag, got {line!r}")
-        words.append(fields[0])
+            want = "lang:token<TAB>tag (raw PAN-X)" if lang else "token<TAB>tag"
+            raise ValueError(f"{path}:{n}: expected {want}, got {line!r}")
+        word = fields[0]
+        if lang is not None:
+            prefix, colon, word = word.partition(":")
+            if not colon or not word:
+                raise ValueError(f"{path}:{n}: expected lang:token<TAB>tag (raw PAN-X), got {line!r}")
+            if prefix != lang:
+                raise ValueError(f"{path}:{n}: PAN-X prefix {prefix + ':'!r} is not this file's language {lang!r}")
+        words.append(word)
         tags.append(fields[1].strip())
         if tags[-1] != "O" and not re.fullmatch(r"[BI]-\S+", tags[-1]):
             raise ValueError(f"{path}:{n}: tag {tags[-1]!r} is not O, B-X or I-X (IOB2)")
@@ -552,10 +676,10 @@ def mean_of_best_two(records, metric):
 
 def prepare_task(task_name, files, model, routes, args):
     """Read and featurise every file of one task before any training -> (task, data); routes: code -> (tok, lang)."""
-    Task, reader = TASKS[task_name]
+    Task = TASKS[task_name][0]
     try:
-        train, dev = reader(files["train"]), reader(files["dev"])
-        task, tests = Task(train), {code: reader(path) for code, path in files["test"].items()}
+        train, dev = (read_split(task_name, files[s], args.train_lang) for s in ("train", "dev"))
+        task, tests = Task(train), {code: read_split(task_name, path, code) for code, path in files["test"].items()}
         for path, ex in [(files["dev"], dev)] + [(files["test"][code], ex) for code, ex in tests.items()]:
             if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
                 print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
@@ -565,8 +689,10 @@ def prepare_task(task_name, files, model, routes, args):
     data = {"lang_id": routes[args.train_lang][1], "train": (train, featurize(train, args.train_lang)),
             "dev": (dev, featurize(dev, args.train_lang)),
             "test": {code: (ex, featurize(ex, code), routes[code][1]) for code, ex in tests.items()}}
-    print(f"{task_name}: train {len(train)} ({files['train']}), dev {len(dev)}, "
-          + ", ".join(f"{c} test {len(ex)}" for c, ex in tests.items()))
+    for what, ex, path in [(f"{args.train_lang} train", train, files["train"]),
+                           (f"{args.train_lang} dev", dev, files["dev"])] + \
+            [(f"{c} test", ex, files["test"][c]) for c, ex in tests.items()]:
+        print(f"{task_name}: {what} {len(ex)} from {path}")
     return task, data
 
 
@@ -637,24 +763,87 @@ def setup_aligned(model, tok, langs, args):
 # -----------------------------------------------------------------------------
 # CLI: data files; OUT/results.json and OUT/sets/ (resume); the results table; flags; main(argv)
 
-# --data: a toydata.py world, or ../shared/data's layout (PAN-X test: heldout-from-dev, as its official test files
-# have no labels; a language with several UD treebanks: the first in sorted order)
-LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
-           "ner": ["ner/{lang}.{split}.tsv", "wikiann_panx/{panx_split}-{lang}.tsv"],
-           "parse": ["ud/{lang}.{split}.conllu", "ud/UD_*/{lang}_*-ud-{split}*.conllu"]}
+# --data: where each split of each task is looked for, in this order; the first layout with the file wins, and the
+# console names the file every split came from. A layout is (pattern under --data, reader, the splits it gives);
+# readers that take a language read a file holding several languages, or check the file's own. {panx_split}: the
+# test split of our evaluation directory is `heldout-from-dev` (XTREME's PAN-X test files carry no labels).
+Layout = collections.namedtuple("Layout", "pattern reader splits")
+LAYOUTS = {
+    "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli, "train dev test"),  # toydata.py
+             Layout("xnli/{split}-{lang}.tsv", read_xnli, "train dev test"),  # our evaluation directory (XTREME names)
+             Layout("XNLI-1.0/xnli.{split}.tsv", read_xnli_1_0, "dev test"),  # XNLI 1.0
+             Layout("XNLI-MT-1.0/multinli/multinli.train.{lang}.tsv", read_xnli_mt, "train"),  # XNLI-MT 1.0
+             Layout("multinli_1.0/multinli_1.0_train.jsonl", read_multinli, "train")],  # MultiNLI 1.0 (English)
+    "ner": [Layout("ner/{lang}.{split}.tsv", read_ner, "train dev test"),
+            Layout("wikiann_panx/{panx_split}-{lang}.tsv", read_ner, "train dev test"),
+            Layout("panx_dataset/{lang}/{split}", read_panx, "train dev test"),  # Rahimi et al. 2019, unpacked
+            Layout("panx/{split}-{lang}.tsv", read_ner, "train dev test")],  # XTREME
+    "parse": [Layout("ud/{lang}.{split}.conllu", read_conllu, "train dev test"),
+              Layout("ud/UD_*/{lang}_*-ud-{split}*.conllu", read_conllu, "train dev test"),
+              Layout("ud-treebanks-v2.3/UD_*/{lang}_*-ud-{split}.conllu", read_conllu, "train dev test")],  # UD 2.3
+}
+# the UD treebank of each language in the paper (§3.2); another one of the language: --treebank LANG=NAME
+PAPER_TREEBANKS = {"en": "EWT", "fr": "GSD", "ru": "GSD", "zh": "GSD"}
 
 
-def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None):
-    """{"train", "dev": path, "test": {lang: path}} from LAYOUTS under --data (train: --train-file if given)."""
+def pick_treebank(hits, lang, treebanks, data_dir):
+    """The files of one UD treebank among `hits` (paths `.../UD_Language-NAME/...`): --treebank's NAME for `lang`,
+    else the paper's, else the only one; several and none chosen, or the chosen one absent: one line."""
+    found = sorted({os.path.basename(os.path.dirname(p)).rpartition("-")[2] for p in hits})
+    want = treebanks.get(lang) or PAPER_TREEBANKS.get(lang)
+    if want is None:
+        need(len(found) == 1, f"parse: several UD treebanks for {lang} under --data {data_dir}: {', '.join(found)}; "
+                              f"pick one with --treebank {lang}=NAME")
+        return hits
+    flag = f"--treebank {lang}={want}" if lang in treebanks else f"the paper's treebank for {lang}, {want}"
+    need(want in found, f"parse: {flag}: no such treebank for {lang} under --data {data_dir} (found "
+                        f"{', '.join(found)}){'' if lang in treebanks else f'; pick one with --treebank {lang}=NAME'}")
+    return [p for p in hits if os.path.basename(os.path.dirname(p)).rpartition("-")[2] == want]
+
+
+def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treebanks=None):
+    """{"train", "dev": path, "test": {lang: path}} from LAYOUTS under --data (train: --train-file if given);
+    `treebanks` {lang: NAME} picks a UD treebank (--treebank)."""
     def find(lang, split):
         names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
-        hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(layout.format(**names), root_dir=data_dir))]
-        hint = " (pass --train-file)" * (split == "train")  # e.g. the shared data has no NLI train set
-        need(hits, f"{task}: no {lang} {split} file under --data {data_dir}{hint}")
-        return os.path.join(data_dir, hits[0])
+        tried = []
+        for layout in LAYOUTS[task]:
+            if split not in layout.splits.split():
+                continue
+            tried.append(layout.pattern.format(**names))
+            hits = sorted(glob.glob(tried[-1], root_dir=data_dir))
+            if layout.reader is read_multinli and lang != "en":
+                hits = []  # MultiNLI is English
+            if "UD_*" in layout.pattern and hits:
+                hits = pick_treebank(hits, lang, treebanks or {}, data_dir)
+            if hits:
+                if lang in (treebanks or {}) and "UD_*" not in layout.pattern:  # --treebank would be ignored
+                    need(False, f"--treebank {lang}={treebanks[lang]}: the {lang} {split} file under --data is not "
+                                f"in a UD release tree ({hits[0]})")
+                return os.path.join(data_dir, hits[0])
+        hint = " (pass --train-file)" * (split == "train")  # e.g. our evaluation directory has no NLI train set
+        need(False, f"{task}: no {lang} {split} file under --data {data_dir}: looked for {', '.join(tried)}{hint}")
     need(train_file is None or os.path.isfile(train_file), f"--train-file {train_file}: not a file")
+    unused = sorted(set(treebanks or {}) - {train_lang, *eval_langs})
+    need(not unused, f"--treebank: {', '.join(unused)} is not the train language or one of --eval-langs")
     return {"train": train_file or find(train_lang, "train"), "dev": find(train_lang, "dev"),
             "test": {lang: find(lang, "test") for lang in eval_langs}}
+
+
+def read_split(task, path, lang):
+    """The examples of one file, by the reader of the layout its name matches (the task's simple-format reader for a
+    --train-file of no known name); `lang`: the language of the split."""
+    parts = os.path.normpath(path).split(os.sep)
+    for layout in LAYOUTS[task]:
+        pattern = layout.pattern.format(lang="*", split="*", panx_split="*").split("/")
+        if len(parts) >= len(pattern) and all(map(fnmatch.fnmatchcase, parts[-len(pattern):], pattern)):
+            reader = layout.reader
+            break
+    else:  # a --train-file: XNLI-MT and MultiNLI by their file names, anything else in the simple format
+        name = os.path.basename(path)
+        reader = (read_xnli_mt if task == "xnli" and fnmatch.fnmatchcase(name, "multinli.train.*.tsv") else
+                  read_multinli if task == "xnli" and name.endswith(".jsonl") else TASKS[task][1])
+    return reader(path, lang) if reader in (read_xnli_1_0, read_panx) else reader(path)
 
 
 def write_json(path, obj):
@@ -813,11 +1002,13 @@ def build_parser():
     add, floats = p.add_argument, number(0, cast=float, many=True)
     add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
     add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
-    add("--data", help="a toydata.py world, or a directory laid out as ../shared/data (see LAYOUTS)")
+    add("--data", help="a toydata.py world, or the official downloads unpacked in one directory (README: Real data)")
     add("--toy", metavar="DIR", help="--data DIR with the toy presets; all three tasks unless --task")
     add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects (%(default)s)")
     add("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
-    add("--train-file", help="the English train file, instead of --data's (the shared data has no NLI train set)")
+    add("--train-file", help="the English train file, instead of --data's (XNLI-MT and MultiNLI by their names)")
+    add("--treebank", metavar="LANG=NAME,...", help="UD: another treebank than the paper's (en=EWT, fr=GSD, ru=GSD, "
+        "zh=GSD), e.g. fr=FTB for UD_French-FTB")
     add("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
     add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
     add("--batch-size", type=number(1, many=True), help="comma list (paper: 16,32; XNLI 4,8)")
@@ -881,6 +1072,13 @@ def main(argv=None):
     need(os.path.isdir(args.data), f"{flag} {args.data}: no such directory")
     tasks = [args.task] if args.task else list(TASKS) if args.toy else []
     need(tasks, "--task is required (only --toy runs all three)")
+    treebanks = {}  # --treebank fr=FTB -> {"fr": "FTB"}
+    for item in args.treebank.split(",") if args.treebank is not None else []:
+        lang, _, name = item.strip().partition("=")
+        need(lang and name and lang not in treebanks,
+             f"--treebank {args.treebank}: expected LANG=NAME,... (each language once), e.g. fr=FTB")
+        treebanks[lang] = name.strip()
+    need(not treebanks or "parse" in tasks, "--treebank picks UD treebanks: it needs --task parse")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device)
@@ -897,7 +1095,8 @@ def main(argv=None):
     for name in tasks:  # every file of every task is read before the first set trains
         preset = (TOY_PRESET if args.toy else PAPER_PRESET)[name]
         targs = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if getattr(args, k) is None}})
-        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file)
+        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file,
+                              treebanks if name == "parse" else None)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job, done = earlier_sets(name, files, targs, out)
         plans.append((*prepare_task(name, files, model, routes, targs), files, targs, out, job, done))

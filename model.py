@@ -282,6 +282,24 @@ class MLM(nn.Module):
         return model
 
 # -----------------------------------------------------------------------------
+# Cost: the matmul FLOPs of one MLM training token (README "Real data": the cost of a Table 1 row)
+
+def flops_per_token(config, seq_len, target_frac=0.15, lang=0):
+    """Forward + backward matmul FLOPs per input token of MLM training as MLM.forward computes it, a multiply-add
+    counted as 2 and the backward as twice the forward (gradients of the inputs and of the weights):
+      per layer: Q, K, V and output projections 8 d^2, FFN 4 d f, attention scores and mixing 4 T d (every
+      token attends to all T positions of its stream: an encoder, no causal half);
+      softmax: 2 d V at the target positions only (MLM.forward projects only the ~15 % masked positions, as XLM),
+      so target_frac x 2 d V per input token, V the vocabulary of language `lang`.
+    Language-specific copies (sep_layers, sep_emb) change no count: a token runs through one copy. Embedding
+    look-ups, LayerNorm, GELU, softmax and dropout are not matmuls and are left out (under 1 % at the paper's size)."""
+    d, f, T = config.dim, config.ffn_dim, seq_len
+    V = config.vocab_sizes[lang] if config.vocab_sizes else config.vocab_size
+    forward = config.n_layers * (8 * d * d + 4 * d * f + 4 * T * d) + target_frac * 2 * d * V
+    return 3 * forward
+
+
+# -----------------------------------------------------------------------------
 # The encoder of §5.1.2 (Figure 5): two pretrained models cut at layer i, one mapped into the other, 4 new layers
 
 class AlignedEncoder(nn.Module):
