@@ -8,8 +8,8 @@ score the same weights on each target language's test set:
 --align-layer runs §5.1.2 (Figure 5): English layers 0..i frozen, 4 new layers and the head trained on top, and
 a monolingual target model's layer i mapped into them by align.py's orthogonal map.
 
-    python finetune.py --toy runs/toy/toy --ckpt runs/toy/best.pt --out runs/toy/ft   # all three tasks, toy presets
-    python finetune.py --task ner --toy WORLD --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
+    python finetune.py --toy --data runs/toy/toy --ckpt runs/toy/best.pt --out runs/toy/ft   # all three tasks
+    python finetune.py --task ner --toy --data WORLD --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
         --align-layer 4 --eval-langs fr --out runs/aligned                   # §5.1.2
     python finetune.py --table runs/ft/default-s{0,1} runs/ft/sep-emb-s0   # Table 1 layout (also over -stepN dirs)
 """
@@ -22,11 +22,13 @@ import json
 import math
 import os
 import re
+import sys
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm import tqdm
 
 import align
 import bpe
@@ -505,6 +507,8 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     cpu_copy = lambda m: {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}  # noqa: E731
     stream = np.array([], dtype=np.int64)  # as XLM: an endless shuffled stream, cut into epochs
     best, dev_curve = None, []
+    bar = tqdm(total=args.epochs * steps_per_epoch, unit="step", desc=f"{task.name} {hp_text(hp)}", leave=False,
+               disable=not sys.stderr.isatty(), mininterval=1)  # stderr, on a terminal only
     for epoch in range(1, args.epochs + 1):
         model.train()
         head.train()
@@ -517,6 +521,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                 loss = task.run(model, head, batch, lang, args.max_len)
             if not torch.isfinite(loss):  # diverged: the set stops, run_task leaves it out of the selection
+                bar.close()
                 raise FloatingPointError(f"non-finite training loss ({loss.item()}) at epoch {epoch}, update "
                                          f"{k // hp['batch_size'] + 1} of {steps_per_epoch}; try a lower --lr")
             for opt in opts:
@@ -527,12 +532,15 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
             for o in opts + scheds:
                 o.step()
             total_loss += loss.item() * len(batch)
+            bar.update()
         dev = evaluate(task, model, head, dev_feats, dev_ex, lang, args.max_len)
         dev_curve.append(dev[task.metric])
-        log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
-            f"{100 * dev[task.metric]:.2f}")
+        with tqdm.external_write_mode():  # the line above the bar
+            log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
+                f"{100 * dev[task.metric]:.2f}")
         if best is None or dev[task.metric] > best["dev"][task.metric]:
             best = {"epoch": epoch, "dev": dev, "state": cpu_copy(model), "head": cpu_copy(head)}
+    bar.close()
     model.load_state_dict(best["state"])
     head.load_state_dict(best["head"])
     test = {code: evaluate(task, model, head, feats, ex, lid, args.max_len)
@@ -629,8 +637,9 @@ def setup_aligned(model, tok, langs, args):
         raise SystemExit(f"error: --align-maps: {e}") from None
     need(W.shape == (dim, dim), f"--align-maps: {path}: maps of size {tuple(W.shape)}, not {dim}x{dim} (--ckpt's dim)")
     torch.manual_seed(args.seed)  # the new layers' init, so that --seed decides a run
-    enc = AlignedEncoder({en: (model, lang_index(langs, en, args.ckpt), None),
-                          code: (tmodel, lang_index(tlangs, code, args.target_ckpt), W)}, layer).to(args.device)
+    enc = AlignedEncoder({en: (model, lang_index(langs, en, args.ckpt, "--train-lang"), None),
+                          code: (tmodel, lang_index(tlangs, code, args.target_ckpt, "--eval-langs"), W)},
+                         layer).to(args.device)
     return enc, {en: (tok, en), code: (ttok, code)}
 
 
@@ -644,13 +653,20 @@ LAYOUTS = {"xnli": ["xnli/{lang}.{split}.tsv", "xnli/{split}-{lang}.tsv"],
            "parse": ["ud/{lang}.{split}.conllu", "ud/UD_*/{lang}_*-ud-{split}*.conllu"]}
 
 
-def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None):
-    """{"train", "dev": path, "test": {lang: path}} from LAYOUTS under --data (train: --train-file if given)."""
+def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, flag="--data"):
+    """{"train", "dev": path, "test": {lang: path}} from LAYOUTS under --data (train: --train-file if given);
+    a missing file names `flag` (the flag the user gave) and the paths searched."""
     def find(lang, split):
         names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
-        hits = [p for layout in LAYOUTS[task] for p in sorted(glob.glob(layout.format(**names), root_dir=data_dir))]
-        hint = " (pass --train-file)" * (split == "train")  # e.g. the shared data has no NLI train set
-        need(hits, f"{task}: no {lang} {split} file under --data {data_dir}{hint}")
+        looked = [layout.format(**names) for layout in LAYOUTS[task]]
+        hits = [p for pattern in looked for p in sorted(glob.glob(pattern, root_dir=data_dir))]
+        if not hits:  # only a directory with the task's other files lacks just the train file (no NLI train set)
+            other = [p for layout in LAYOUTS[task] for p in glob.glob(
+                layout.format(lang=train_lang, split="dev", panx_split="dev"), root_dir=data_dir)]
+            hint = "; pass --train-file" if split == "train" and other else \
+                   f"; is {data_dir} a toydata.py world or a real-data directory?"
+            need(hits, f"{task}: no {lang} {split} file under {flag} {data_dir} (looked for "
+                       f"{' and '.join(os.path.join(data_dir, x) for x in looked)}){hint}")
         return os.path.join(data_dir, hits[0])
     need(train_file is None or os.path.isfile(train_file), f"--train-file {train_file}: not a file")
     return {"train": train_file or find(train_lang, "train"), "dev": find(train_lang, "dev"),
@@ -768,34 +784,72 @@ def number(lo, hi=math.inf, cast=int, many=False):
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Unset grid flags take the paper's "
-                                "values (the toy presets with --toy).")
+                                "values (the toy presets with --toy).", formatter_class=bpe.HelpFormatter)
     add, floats = p.add_argument, number(0, cast=float, many=True)
-    add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
-    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
-    add("--data", help="a toydata.py world, or a directory laid out as ../shared/data (see LAYOUTS)")
-    add("--toy", metavar="DIR", help="--data DIR with the toy presets; all three tasks unless --task")
-    add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects (%(default)s)")
+    add("--task", choices=sorted(TASKS), help="the task (default: all three with --toy, else required)")
+    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer); required")
+    add("--data", metavar="DIR", help="the data directory: a toydata.py world, or the real files (xnli/, "
+        "wikiann_panx/, ud/UD_*/ as in the README's real-data section); required")
+    add("--toy", nargs="?", const=True, default=False, metavar="DIR",
+        help="the toy presets (--data: the toy world); all three tasks unless --task. "
+        "The old spelling --toy DIR (= --toy --data DIR) is deprecated")
+    add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects")
     add("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
-    add("--train-file", help="the English train file, instead of --data's (the shared data has no NLI train set)")
-    add("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
-    add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
-    add("--batch-size", type=number(1, many=True), help="comma list (paper: 16,32; XNLI 4,8)")
-    add("--lr", type=floats, help="encoder lrs (paper: 2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
-    add("--head-lr", type=floats, help="XNLI classifier lrs (paper: 5e-6,2.5e-5,1.25e-4)")
-    add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (%(default)s)")
-    add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head (%(default)s)")
-    add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping (%(default)s; 0 = off)")
-    add("--seed", type=int, default=0, help="seed of every set: head init, data order (%(default)s)")
-    add("--device", default="auto", help="auto (cuda if available, the default), cpu, cuda, cuda:N, mps")
+    add("--train-file", help="the English train file, instead of --data's (default: --data's; the real data has "
+        "no NLI train set)")
+    add("--epochs", type=number(1), help="epochs per set (default: paper 10 NER/parsing, 200 XNLI; --toy 4, 10)")
+    add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass over train (default: 0; paper's "
+        "XNLI 20000 pairs, as XLM)")
+    add("--batch-size", dest="one_batch_size", type=number(1, many=True), metavar="N",
+        help="examples per step: one value (default: the grid of --batch-sizes)")
+    add("--batch-sizes", dest="batch_size", type=number(1, many=True), metavar="N,...",
+        help="grid of examples per step (default: paper 16,32, XNLI 4,8; --toy 16)")
+    add("--lr", dest="one_lr", type=floats, metavar="LR", help="encoder learning rate: one value (default: the "
+        "grid of --lrs)")
+    add("--lrs", dest="lr", type=floats, metavar="LR,...", help="grid of encoder learning rates (default: paper "
+        "2e-5,3e-5,5e-5, XNLI 1.25e-6,2.5e-6,5e-6; --toy 3e-4,1e-3, XNLI 2e-4,5e-4)")
+    add("--head-lr", dest="one_head_lr", type=floats, metavar="LR", help="XNLI classifier learning rate: one value "
+        "(default: the grid of --head-lrs)")
+    add("--head-lrs", dest="head_lr", type=floats, metavar="LR,...", help="grid of XNLI classifier learning rates "
+        "(default: paper 5e-6,2.5e-5,1.25e-4; --toy 1e-3)")
+    add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window")
+    add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
+    add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping, 0 = off")
+    add("--seed", type=int, default=0, help="seed of every set: head init, data order")
+    add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (no float16)")
-    add("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
-    add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on top")
-    add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps")
-    add("--align-maps", help="§5.1.2: align.py contextual --save-maps .npz")
-    add("--out", help="results.json and sets/ (a folder per task when several run); rerun to resume")
+    add("--threads", type=number(0), default=0, help="torch CPU threads, 0 = as many as torch picks")
+    add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on "
+        "top (default: off)")
+    add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps "
+        "(with --align-layer)")
+    add("--align-maps", help="§5.1.2: align.py contextual --save-maps .npz (with --align-layer)")
+    add("--out", metavar="DIR", help="results.json and sets/ (a folder per task when several run); rerun to resume; "
+        "required")
     add("--overwrite", action="store_true", help="replace the results and sets of another run in --out")
     add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1 for --out dirs named NAME[-sSEED][-stepN]")
     return p
+
+
+def deprecated(old, new):
+    """The spellings of the previous release still work, with this one line on stderr."""
+    print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
+
+
+def old_spellings(args):
+    """--toy DIR -> --toy --data DIR; --batch-size / --lr / --head-lr with a comma list -> the grid flags."""
+    args.data_flag = "--data"  # the flag that gave the data directory, named in messages
+    if isinstance(args.toy, str):
+        deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
+        need(args.data is None, f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
+        args.data, args.toy, args.data_flag = args.toy, True, "--toy"
+    for k, flag in (("batch_size", "--batch-size"), ("lr", "--lr"), ("head_lr", "--head-lr")):
+        one = vars(args).pop("one_" + k)
+        if one is not None:
+            need(getattr(args, k) is None, f"{flag} and {flag}s: give one of them")
+            if len(one) > 1:
+                deprecated(f"{flag} with a comma list", f"{flag}s {','.join(map(str, one))}")
+            setattr(args, k, one)
 
 
 def load_ckpt(path, flag, device):
@@ -806,13 +860,14 @@ def load_ckpt(path, flag, device):
         raise SystemExit(f"error: {flag}: {e}") from None
 
 
-def lang_index(langs, code, ckpt):
-    need(code in langs, f"language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
+def lang_index(langs, code, ckpt, flag):
+    need(code in langs, f"{flag} {code}: not one of the checkpoint's languages {langs} ({ckpt})")
     return langs.index(code)
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    old_spellings(args)
     if args.table:
         return print(results_table(args.table))
 
@@ -826,10 +881,8 @@ def main(argv=None):
     args.bf16 = dtype == "bfloat16"  # (auto on a GPU without bfloat16: float32)
     need((args.align_layer is not None) == bool(args.target_ckpt) == bool(args.align_maps),
          "--align-layer, --target-ckpt and --align-maps go together (aligned transfer, §5.1.2)")
-    need(not (args.toy and args.data), f"--toy {args.toy} and --data {args.data}: give one data directory")
-    flag, args.data = ("--toy", args.toy) if args.toy else ("--data", args.data)
-    need(args.data, "--data DIR (or --toy DIR) is required")
-    need(os.path.isdir(args.data), f"{flag} {args.data}: no such directory")
+    need(args.data, "--data DIR is required" + " (the toy world, e.g. runs/toy/toy)" * bool(args.toy))
+    need(os.path.isdir(args.data), f"{args.data_flag} {args.data}: no such directory")
     tasks = [args.task] if args.task else list(TASKS) if args.toy else []
     need(tasks, "--task is required (only --toy runs all three)")
     if args.threads:
@@ -842,13 +895,14 @@ def main(argv=None):
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
     else:
-        routes = {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang] + args.eval_langs}
+        routes = {c: (tok, lang_index(langs, c, args.ckpt, "--eval-langs" if i else "--train-lang"))
+                  for i, c in enumerate([args.train_lang] + args.eval_langs)}
     bpe.make_dir("--out", args.out)
     plans = []
     for name in tasks:  # every file of every task is read before the first set trains
         preset = (TOY_PRESET if args.toy else PAPER_PRESET)[name]
         targs = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if getattr(args, k) is None}})
-        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file)
+        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file, args.data_flag)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job, done = earlier_sets(name, files, targs, out)
         plans.append((*prepare_task(name, files, model, routes, targs), files, targs, out, job, done))
