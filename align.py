@@ -516,7 +516,8 @@ def build_parser():
     def command(name, func, summary, paths):  # paths: data flag -> (help, its file in a --toy --data DIR world)
         p = sub.add_parser(name, parents=[common], help=summary, formatter_class=HelpFormatter)
         for f, (h, rel) in paths.items():
-            p.add_argument("--" + f.replace("_", "-"), help=f"{h} (default with --toy: --data's {rel.format(l0='SRC', l1='TGT')})")
+            where = rel.format(l0="SRC", l1="TGT")
+            p.add_argument("--" + f.replace("_", "-"), help=f"{h} (default with --toy: --data's {where})")
         p.set_defaults(func=func, toy_paths={f: rel for f, (_, rel) in paths.items()})
         return p
 

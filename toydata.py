@@ -641,7 +641,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     add = ap.add_argument   # every flag but --size is an argument of write_world
-    add("--out", dest="out_dir", metavar="DIR", required=True, help="output directory (empty or absent unless --force); required")
+    add("--out", dest="out_dir", metavar="DIR", required=True,
+        help="output directory (empty or absent unless --force); required")
     add("--langs", type=lambda s: s.split(","), default="en,fr", help="the two language codes; the first is the source")
     add("--overlap", type=float, default=0.0, help="fraction of identical word forms (anchor points, paper §4.2)")
     add("--name-overlap", type=float, default=None,
