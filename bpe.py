@@ -677,7 +677,7 @@ def build_parser():
     prep.add_argument("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or "
                       "toydata's mono/); or --train-files with --dev-files")
     prep.add_argument("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data, "
-                      "e.g. en=a.txt,fr=b.txt")
+                      "e.g. en=a.txt,fr=b.txt (with --dev-files)")
     prep.add_argument("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
     prep.add_argument("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'")
     prep.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")

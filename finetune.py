@@ -827,7 +827,8 @@ def build_parser():
     add("--out", metavar="DIR", help="results.json and sets/ (a folder per task when several run); rerun to resume; "
         "required")
     add("--overwrite", action="store_true", help="replace the results and sets of another run in --out")
-    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1 for --out dirs named NAME[-sSEED][-stepN]")
+    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1 for --out dirs named "
+        "NAME[-sSEED][-stepN] (default: off, fine-tune)")
     return p
 
 

@@ -4,6 +4,7 @@ Run: python -m pytest -q tests/test_finetune.py
 """
 import glob
 import itertools
+import io
 import json
 import os
 import re
@@ -481,6 +482,29 @@ def test_ner_long_sentences_and_frozen_lang_specific(toy_world, toy_ckpt):
     head = task.head(m.config.dim, 0.1)
     preds = task.run(m.eval(), head.eval(), data["dev"][1][-1:], 0, 22, predict=True)
     assert len(preds[0]) == len(long_words)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_bar_only_on_a_terminal(toy_world, toy_ckpt, monkeypatch, tty):
+    """A set's bar (steps, rate, ETA) goes to stderr when it is a terminal, and nothing when it is not (CI, logs)."""
+    import argparse
+    m, tok = _load(toy_ckpt)
+    train = ft.read_ner(str(toy_world / "ner/en.train.tsv"))[:32]
+    task = ft.NERTask(train)
+    feats = task.featurize(train, tok, "en", 24)
+    data = {"lang_id": 0, "train": (train, feats), "dev": (train[:8], feats[:8]), "test": {}}
+    args = argparse.Namespace(seed=0, head_dropout=0.1, epoch_size=0, epochs=2, max_len=22, clip=5.0, bf16=False)
+    err = _Terminal() if tty else io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    init = {k: v.clone() for k, v in m.state_dict().items()}
+    ft.finetune_one(task, m, init, data, {"batch_size": 16, "lr": 1e-3, "head_lr": None}, args, log=lambda s: None)
+    out = err.getvalue()
+    assert ("ner bs 16 lr 0.001" in out and "4/4" in out and "step/s" in out) if tty else out == ""
 
 
 def test_bad_inputs(toy_world, toy_ckpt, tmp_path):
