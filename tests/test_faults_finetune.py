@@ -131,9 +131,9 @@ def test_finetune_bad_flag_values(toy_world, toy_ckpt, tmp_path, capsys, extra, 
 
 FT_BAD_INPUTS = [
     # (extra argv, expected message); {w} = the toy world, {c} = the checkpoint's folder, {t} = tmp_path
-    (["--eval-langs", "de"], "'de' is not one of the checkpoint's languages"),
+    (["--eval-langs", "de"], "error: --eval-langs de: not one of the checkpoint's languages"),
     (["--eval-langs", ","], "error: --eval-langs ',': no target language"),
-    (["--train-lang", "xx"], "'xx' is not one of the checkpoint's languages"),
+    (["--train-lang", "xx"], "error: --train-lang xx: not one of the checkpoint's languages"),
     (["--train-file", "{t}/missing.tsv"], "error: --train-file {t}/missing.tsv: not a file"),
     (["--train-file", "{t}"], "error: --train-file {t}: not a file"),
     (["--data", "{t}/nodata"], "error: --data {t}/nodata: no such directory"),
@@ -309,7 +309,7 @@ def test_results_json_of_another_job_is_not_overwritten(toy_world, toy_ckpt, tmp
     out = tmp_path / "o"
     out.mkdir()
     (out / "results.json").write_text('{"task": "ner", "note": "an earlier, precious run"}')
-    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--out", str(out), "--lr", "1e-3"]
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--out", str(out), "--lrs", "1e-3"]
     with pytest.raises(SystemExit, match=f"^error: {re.escape(str(out / 'results.json'))} already exists"):
         ft.main(argv)
     assert "precious" in (out / "results.json").read_text()

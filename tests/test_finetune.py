@@ -516,7 +516,7 @@ def test_bad_inputs(toy_world, toy_ckpt, tmp_path):
         ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit, match="no tokenizer"):
         ft.main(["--task", "ner", "--ckpt", str(bare), "--toy", "--data", str(toy_world), "--out", str(tmp_path / "o")])
-    with pytest.raises(SystemExit, match="'de' is not one of the checkpoint's languages"):
+    with pytest.raises(SystemExit, match="--eval-langs de: not one of the checkpoint's languages"):
         ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--eval-langs", "de",
                  "--out", str(tmp_path / "o")])
     shutil.copytree(toy_world / "xnli", tmp_path / "data" / "xnli")
