@@ -293,6 +293,23 @@ def test_sentence_vectors_exclude_specials_and_ignore_batching(ckpts):
         np.testing.assert_allclose(W[l][2], S[l][0], atol=1e-5)
 
 
+@pytest.mark.parametrize("tty", [True, False])
+def test_encoding_progress_bar_only_on_a_terminal(ckpts, monkeypatch, tty):
+    """align.py's word-token encoding draws a bar (sentences, rate) on stderr when it is a terminal, else nothing."""
+    import io
+
+    import model as M
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    mdl, tok, _, _ = M.load_encoder(ckpts["bi"])
+    err = Terminal() if tty else io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    align.encode_word_tokens(mdl, tok, [["a", "b"], ["hello"]], 0, "en", batch_size=1)
+    assert ("encode en" in err.getvalue() and "sent/s" in err.getvalue()) if tty else err.getvalue() == ""
+
+
 def run_cli(argv, capsys):
     rows = align.main(argv)
     return rows, capsys.readouterr().out
