@@ -172,7 +172,7 @@ def test_digamma_known_values():
     euler = 0.5772156649015329
     np.testing.assert_allclose(align.digamma([1.0, 0.5, 2.0, 10.0]),
                                [-euler, -euler - 2 * np.log(2), 1 - euler,
-                                sum(1 / k for k in range(1, 10)) - euler], rtol=1e-12, atol=1e-12)
+                                sum(1 / k for k in range(1, 10)) - euler], rtol=0, atol=1e-10)
 
 
 def planted_corpus(n_sents, rng, V=60):
