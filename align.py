@@ -15,8 +15,8 @@ Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
 Above the CLI ruler only numpy (and bpe.py's readers); the CLI imports torch, model.py and bpe.py inside:
 
-    python align.py words      --toy DIR --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
-    python align.py contextual --toy DIR --ckpt RUN/best.pt --save-maps maps.npz
+    python align.py words      --toy --data WORLD --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
+    python align.py contextual --toy --data WORLD --ckpt RUN/best.pt --save-maps maps.npz
     python align.py sentences  --ckpt RUN/best.pt --test-src tatoeba.fra-eng.eng --test-tgt tatoeba.fra-eng.fra
 """
 import argparse
@@ -347,10 +347,13 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
     sents_words: list of word lists. Returns (list of n_layers + 1 arrays (n_words_total, dim), offsets)
     with sentence k's words at rows offsets[k]:offsets[k+1]. Words cut off by max_positions are NaN."""
     import model as M
+    from tqdm import tqdm
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
     offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
     out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, dtype=np.float32)
-    for k, H in M.iter_states(model, [sum(w, []) for w in per_word], lang_idx, batch_size):
+    states = M.iter_states(model, [sum(w, []) for w in per_word], lang_idx, batch_size)
+    for k, H in tqdm(states, total=len(per_word), desc=f"encode {lang_code}", unit="sent", leave=False,
+                     disable=not sys.stderr.isatty(), mininterval=1):  # stderr, on a terminal only
         pos = 1                                                       # position 0 is </s>
         for w, ids in enumerate(per_word[k]):
             if pos + len(ids) <= H.shape[1] - 1:
@@ -517,7 +520,7 @@ def cmd_sentences(args):
     enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size),
                             M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size))
     Es, Et = enc(te_s, te_t)
-    Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt)) if args.train_src else (None, None)
+    Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_sents)) if args.train_src else (None, None)
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
     rows = []
     for l in range(len(Es)):
@@ -544,25 +547,31 @@ def _positive(s):
 
 def build_parser():
     import model as M
-    ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).")
+    from bpe import HelpFormatter
+    ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).",
+                                 formatter_class=HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
     a = common.add_argument
-    a("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2)")
-    a("--ckpt2", help="second (monolingual) checkpoint encoding --tgt")
-    a("--src", default="en", help="source language code as in the checkpoint (default en)")
-    a("--tgt", default="fr", help="target language code as in the checkpoint (default fr)")
-    a("--toy", metavar="DIR", help="toydata.py world directory: fills in every data path not given")
-    a("--max-sents", type=_positive, help="use at most this many lines per file")
-    a("--batch-size", type=_positive, default=32, help="sentences per forward pass")
+    a("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2); required")
+    a("--ckpt2", help="second (monolingual) checkpoint encoding --tgt (default: none, --ckpt encodes both)")
+    a("--src", default="en", help="source language code as in the checkpoint")
+    a("--tgt", default="fr", help="target language code as in the checkpoint")
+    a("--toy", nargs="?", const=True, default=False, metavar="DIR",
+      help="the data are the toy world given by --data. The old spelling --toy DIR (= --toy --data DIR) is deprecated")
+    a("--data", metavar="DIR", help="with --toy: a toydata.py world, whose files fill in every data path not given")
+    a("--max-sents", type=_positive, metavar="N", help="read at most the first N sentences (lines) of each text "
+      "file, N pairs of parallel files (default: all)")
+    a("--batch-size", type=_positive, default=32, help="examples (sentences) per step (forward pass)")
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
-    a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
+    a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib; default: no plot)")
 
-    def command(name, func, summary, paths):  # paths: data flag -> (help, its file in a --toy DIR world)
-        p = sub.add_parser(name, parents=[common], help=summary)
-        for f, (h, _) in paths.items():
-            p.add_argument("--" + f.replace("_", "-"), help=h)
+    def command(name, func, summary, paths):  # paths: data flag -> (help, its file in a --toy --data DIR world)
+        p = sub.add_parser(name, parents=[common], help=summary, formatter_class=HelpFormatter)
+        for f, (h, rel) in paths.items():
+            where = rel.format(l0="SRC", l1="TGT")
+            p.add_argument("--" + f.replace("_", "-"), help=f"{h} (default with --toy: --data's {where})")
         p.set_defaults(func=func, toy_paths={f: rel for f, (_, rel) in paths.items()})
         return p
 
@@ -574,7 +583,8 @@ def build_parser():
     p = command("contextual", cmd_contextual, "§5.1.2: contextual word alignment from fast_align pairs", {
         "src_file": ("parallel sentences, source side (one per line)", "parallel/{l0}-{l1}.train.{l0}"),
         "tgt_file": ("parallel sentences, target side (line k translates line k)", "parallel/{l0}-{l1}.train.{l1}")})
-    p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps)")
+    p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps; "
+                   "default: not written)")
     command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
         "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
         "test_tgt": ("test pairs, target side (e.g. tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
@@ -585,24 +595,37 @@ def build_parser():
 
 def setup(args):
     """Check every flag, file and the device before any work, one line naming the flag -> the autocast
-    context of --dtype. --toy DIR fills in each unset path of `args.toy_paths` (l0 = --src, l1 = --tgt);
+    context of --dtype. --toy --data DIR fills in each unset path of `args.toy_paths` (l0 = --src, l1 = --tgt);
     all are required but --ckpt2 and the pair --train-src, --train-tgt, which go together."""
     import model as M
     flag = lambda f: "--" + f.replace("_", "-")  # noqa: E731
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+            raise ValueError(f"--plot {args.plot}: no such directory {os.path.dirname(os.path.abspath(args.plot))}")
         M.check_plot(args.plot)
-    if args.toy and not os.path.isdir(args.toy):
-        raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
-    for f, rel in args.toy_paths.items():
-        if args.toy and getattr(args, f) is None:
-            setattr(args, f, os.path.join(args.toy, rel.format(l0=args.src, l1=args.tgt)))
+    data_flag = "--data"
+    if isinstance(args.toy, str):  # the previous release's --toy DIR
+        print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}", file=sys.stderr)
+        if args.data is not None:
+            raise ValueError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
+        args.data, args.toy, data_flag = args.toy, True, "--toy"
+    if bool(args.toy) != (args.data is not None):
+        raise ValueError("--toy and --data DIR go together (the toy world's layout is the one align.py knows; "
+                         "real data: give each file's flag)")
+    if args.toy and not os.path.isdir(args.data):
+        raise ValueError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
+    from_world = [f for f in args.toy_paths if args.toy and getattr(args, f) is None]
+    for f in from_world:
+        setattr(args, f, os.path.join(args.data, args.toy_paths[f].format(l0=args.src, l1=args.tgt)))
     if (getattr(args, "train_src", None) is None) != (getattr(args, "train_tgt", None) is None):
         raise ValueError("--train-src and --train-tgt go together: give both or neither")
     for f in ["ckpt", "ckpt2", *args.toy_paths]:
         path = getattr(args, f)
         if path is None and f not in ("ckpt2", "train_src", "train_tgt"):
-            raise ValueError(f"missing {flag(f)} (or give --toy DIR)")
+            raise ValueError(f"missing {flag(f)} (or give --toy --data WORLD)")
+        if f in from_world and not os.path.isfile(path):  # named by --src and --tgt, not given as a file
+            raise ValueError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"{flag(f)} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
     return M.autocast(args.device, args.dtype)

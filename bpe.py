@@ -22,6 +22,7 @@ import math
 import multiprocessing
 import os
 import random
+import sys
 import time
 import unicodedata
 from collections import Counter, defaultdict
@@ -138,7 +139,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     heapq.heapify(heap)
 
     merges = []
-    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose, mininterval=1)
+    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not sys.stderr.isatty(), mininterval=1)
     while len(merges) < num_merges:
         while heap:  # pop stale entries until the top one is current (lazy deletion)
             negc, ka, kb, pair = heap[0]
@@ -503,7 +504,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])  # lists of (line number, line)
     n_tokens = n_sentences = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
-               desc=f"binarize {os.path.basename(text_path)}", disable=not verbose)
+               desc=f"binarize {os.path.basename(text_path)}", disable=not verbose or not sys.stderr.isatty())
     _init_worker(dict(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed))
     pool = multiprocessing.Pool(workers, _init_worker, (dict(_WORKER),)) if workers > 1 else None
     try:
@@ -780,27 +781,58 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
 # -----------------------------------------------------------------------------
 # Command line: prepare (the data step of pretrain.py, run once ahead)
 
-def main(argv=None):
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help of every script: each flag's default after its help, unless the help text says it already or the
+    flag is unset (None) or a switch (off), whose help says what that means."""
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser():
+    """bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)."""
+    fmt = HelpFormatter
     parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=fmt)
     sub = parser.add_subparsers(dest="cmd", required=True)
     prep = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=fmt)
-    prep.add_argument("--data", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/)")
-    prep.add_argument("--train-files", metavar="LANG=PATH,...", help="text files, or WikiExtractor output directories "
-                      "(shuffled with a fixed seed, <doc> lines dropped)")
-    prep.add_argument("--dev-files", metavar="LANG=PATH,...", help=f"without it, min({DEV_LINES}, a tenth) of each "
-                      "train text's shuffled lines are held out as dev")
-    prep.add_argument("--langs", default="en,fr")
+    prep.add_argument("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or "
+                      "toydata's mono/); or --train-files")
+    prep.add_argument("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data, "
+                      "e.g. en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed "
+                      "seed, <doc> lines dropped)")
+    prep.add_argument("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); "
+                      f"without it, min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
+    prep.add_argument("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'")
     prep.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
-    prep.add_argument("--merges", type=int, help="default: the paper's 80000 joint, else 40000")
+    prep.add_argument("--merges", type=int, help="BPE merge operations (default: the paper's 80000 joint, "
+                      "else 40000 per language)")
     prep.add_argument("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
     prep.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    prep.add_argument("--max-lines", type=int, help="learn BPE and vocabularies from at most this many lines per file")
+    prep.add_argument("--max-lines", type=int, help="learn BPE and vocabularies from at most this many lines per "
+                      "file (default: all)")
     prep.add_argument("--seed", type=int, default=0, help="seed of the joint-BPE line sampling and code-switching")
-    prep.add_argument("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2)")
+    prep.add_argument("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2; "
+                      "default: none)")
     prep.add_argument("--workers", type=int, default=1, help="encoding processes")
-    prep.add_argument("--out", required=True, help="cache directory; the prepared directory inside it is printed")
-    args = parser.parse_args(argv)
+    prep.add_argument("--prep-dir", metavar="DIR", help="cache of prepared data (as pretrain.py --prep-dir): the "
+                      "prepared directory inside it is printed; required")
+    prep.add_argument("--out", dest="old_out", metavar="DIR", help="deprecated spelling of --prep-dir")
+    parser.prepare = prep
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    prep, args = parser.prepare, parser.parse_args(argv)
+    flag = "--prep-dir"
+    if args.old_out is not None:  # the previous release's spelling
+        print(f"note: --out is deprecated and will be removed; use --prep-dir {args.old_out}", file=sys.stderr)
+        if args.prep_dir is not None:
+            prep.error("--out and --prep-dir: give one (--prep-dir)")
+        args.prep_dir, flag = args.old_out, "--out"
+    if args.prep_dir is None:
+        prep.error("the following arguments are required: --prep-dir")
     langs, files = args.langs.split(","), None
     # mistakes in flags: one line naming the flag, before any work
     for k in ("merges", "max_lines", "workers"):
@@ -820,8 +852,8 @@ def main(argv=None):
         files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
     merges = args.merges or (80000 if args.mode == "joint" else 40000)
     try:
-        print(prepare(langs, args.out, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,
-                      args.max_lines, args.seed, args.code_switch, args.workers, flag="--out"))
+        print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,
+                      args.max_lines, args.seed, args.code_switch, args.workers, flag=flag))
     except KeyboardInterrupt:
         raise SystemExit("bpe.py prepare: interrupted (no half-written file is left)")
 

@@ -10,8 +10,8 @@ The numpy part (`linear_cka`, `linear_cka_gram`) can be copied alone. The CLI im
 (the padded-batch encoder) and bpe.py (the checkpoint's tokenizer) inside its functions, never align.py,
 and prints the per-layer Figure 7 table (--device and --dtype as in pretrain.py):
 
-    python cka.py --toy DIR --ckpt RUN/best.pt                         # bilingual model, both languages
-    python cka.py --toy DIR --ckpt RUN_EN/best.pt --ckpt2 RUN_FR/best.pt   # two monolingual models
+    python cka.py --toy --data DIR --ckpt RUN/best.pt                   # bilingual model, both languages
+    python cka.py --toy --data DIR --ckpt RUN_EN/best.pt --ckpt2 RUN_FR/best.pt  # two monolingual models
     python cka.py --ckpt RUN/best.pt --src en --tgt fr \\
         --src-file ../shared/data/tatoeba/tatoeba.fra-eng.eng --tgt-file ../shared/data/tatoeba/tatoeba.fra-eng.fra
 """
@@ -89,19 +89,33 @@ def cka_table(args):
     import model as M  # (model.load_encoder reads the tokenizer with bpe.py)
     from bpe import read_parallel
 
+    data_flag, from_world = "--data", set()
+    if isinstance(args.toy, str):  # the previous release's --toy DIR
+        print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}", file=sys.stderr)
+        if args.data is not None:
+            raise ValueError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
+        args.data, args.toy, data_flag = args.toy, True, "--toy"
+    if bool(args.toy) != (args.data is not None):
+        raise ValueError("--toy and --data DIR go together (a toydata.py world; real data: --src-file, --tgt-file)")
     if args.toy:
-        if not os.path.isdir(args.toy):
-            raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
-        args.src_file = args.src_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.src}")
-        args.tgt_file = args.tgt_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.tgt}")
+        if not os.path.isdir(args.data):
+            raise ValueError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
+        for flag, lang in (("src_file", args.src), ("tgt_file", args.tgt)):
+            if getattr(args, flag) is None:
+                setattr(args, flag, os.path.join(args.data, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{lang}"))
+                from_world.add(flag)
     for flag in ("ckpt", "ckpt2", "src_file", "tgt_file"):  # every input exists before anything is loaded
         path, name = getattr(args, flag), "--" + flag.replace("_", "-")
         if path is None and flag != "ckpt2":
-            raise ValueError(f"missing {name} (or give --toy DIR for the sentence files)")
+            raise ValueError(f"missing {name} (or give --toy --data WORLD for the sentence files)")
+        if flag in from_world and not os.path.isfile(path):  # named by --src and --tgt, not given as a file
+            raise ValueError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"{name} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+            raise ValueError(f"--plot {args.plot}: no such directory {os.path.dirname(os.path.abspath(args.plot))}")
         M.check_plot(args.plot)
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     if len(src_lines) < 2:
@@ -143,6 +157,7 @@ def cka_table(args):
 
 def build_parser():
     import model as M
+    from bpe import HelpFormatter
 
     def at_least(lo):  # argparse type: an integer >= lo, refused in one line otherwise
         def parse(s):
@@ -150,21 +165,28 @@ def build_parser():
                 raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {s!r}")
             return int(s)
         return parse
-    ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).")
+    ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).",
+                                 formatter_class=HelpFormatter)
     a = ap.add_argument
-    a("--ckpt", help="pretrain.py best.pt encoding --src (and --tgt if it has it)")
-    a("--ckpt2", help="second checkpoint encoding --tgt (the monolingual column)")
-    a("--src", default="en", help="source language code (default en)")
-    a("--tgt", default="fr", help="target language code (default fr)")
-    a("--src-file", help="source side of the parallel sentences (e.g. tatoeba.fra-eng.eng)")
-    a("--tgt-file", help="target side, line k translating line k")
-    a("--toy", metavar="DIR", help="toydata.py world whose tatoeba/ pairs are the default files")
-    a("--max-sents", type=at_least(2), help="use at most this many pairs (>= 2)")
-    a("--batch-size", type=at_least(1), default=32, help="sentences per forward pass")
+    a("--ckpt", help="pretrain.py best.pt encoding --src (and --tgt if it has it); required")
+    a("--ckpt2", help="second checkpoint encoding --tgt (the monolingual column; default: none)")
+    a("--src", default="en", help="source language code")
+    a("--tgt", default="fr", help="target language code")
+    a("--src-file", help="source side of the parallel sentences, e.g. tatoeba.fra-eng.eng (default with --toy: "
+      "--data's tatoeba/tatoeba.TGT-SRC.SRC)")
+    a("--tgt-file", help="target side, line k translating line k (default with --toy: --data's "
+      "tatoeba/tatoeba.TGT-SRC.TGT)")
+    a("--toy", nargs="?", const=True, default=False, metavar="DIR",
+      help="the sentence files are the toy world's, given by --data. The old spelling --toy DIR (= --toy --data DIR) "
+      "is deprecated")
+    a("--data", metavar="DIR", help="with --toy: a toydata.py world whose tatoeba/ pairs are the default files")
+    a("--max-sents", type=at_least(2), metavar="N", help="read at most the first N sentences (lines) of each "
+      "file, i.e. N pairs, N >= 2 (default: all)")
+    a("--batch-size", type=at_least(1), default=32, help="examples (sentences) per step (forward pass)")
     a("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders (as pretrain.py)")
     a("--seed", type=int, default=0, help="seed of the random-encoder baseline")
-    a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
+    a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib; default: no plot)")
     return ap
 
 

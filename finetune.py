@@ -8,9 +8,9 @@ score the same weights on each target language's test set:
 --align-layer runs §5.1.2 (Figure 5): English layers 0..i frozen, 4 new layers and the head trained on top, and
 a monolingual target model's layer i mapped into them by align.py's orthogonal map.
 
-    python finetune.py --toy runs/toy/toy --ckpt runs/toy/best.pt --out runs/toy/ft   # all three tasks, toy presets
+    python finetune.py --toy --data runs/toy/toy --ckpt runs/toy/best.pt --out runs/toy/ft   # all three tasks
     python finetune.py --task ner --ckpt RUN/best.pt --data DATA --eval-langs fr --out runs/ner  # README "Real data"
-    python finetune.py --task ner --toy WORLD --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
+    python finetune.py --task ner --toy --data WORLD --ckpt EN/best.pt --target-ckpt FR/best.pt --align-maps maps.npz \
         --align-layer 4 --eval-langs fr --out runs/aligned                   # §5.1.2
     python finetune.py --table runs/ft/default-s{0,1} runs/ft/sep-emb-s0   # Table 1 layout (also over -stepN dirs)
 """
@@ -25,11 +25,13 @@ import json
 import math
 import os
 import re
+import sys
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm import tqdm
 
 import align
 import bpe
@@ -629,6 +631,8 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     cpu_copy = lambda m: {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}  # noqa: E731
     stream = np.array([], dtype=np.int64)  # as XLM: an endless shuffled stream, cut into epochs
     best, dev_curve = None, []
+    bar = tqdm(total=args.epochs * steps_per_epoch, unit="step", desc=f"{task.name} {hp_text(hp)}", leave=False,
+               disable=not sys.stderr.isatty(), mininterval=1)  # stderr, on a terminal only
     for epoch in range(1, args.epochs + 1):
         model.train()
         head.train()
@@ -641,6 +645,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                 loss = task.run(model, head, batch, lang, args.max_len)
             if not torch.isfinite(loss):  # diverged: the set stops, run_task leaves it out of the selection
+                bar.close()
                 raise FloatingPointError(f"non-finite training loss ({loss.item()}) at epoch {epoch}, update "
                                          f"{k // hp['batch_size'] + 1} of {steps_per_epoch}; try a lower --lr")
             for opt in opts:
@@ -651,12 +656,15 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
             for o in opts + scheds:
                 o.step()
             total_loss += loss.item() * len(batch)
+            bar.update()
         dev = evaluate(task, model, head, dev_feats, dev_ex, lang, args.max_len)
         dev_curve.append(dev[task.metric])
-        log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
-            f"{100 * dev[task.metric]:.2f}")
+        with tqdm.external_write_mode():  # the line above the bar
+            log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
+                f"{100 * dev[task.metric]:.2f}")
         if best is None or dev[task.metric] > best["dev"][task.metric]:
             best = {"epoch": epoch, "dev": dev, "state": cpu_copy(model), "head": cpu_copy(head)}
+    bar.close()
     model.load_state_dict(best["state"])
     head.load_state_dict(best["head"])
     test = {code: evaluate(task, model, head, feats, ex, lid, args.max_len)
@@ -755,8 +763,9 @@ def setup_aligned(model, tok, langs, args):
         raise SystemExit(f"error: --align-maps: {e}") from None
     need(W.shape == (dim, dim), f"--align-maps: {path}: maps of size {tuple(W.shape)}, not {dim}x{dim} (--ckpt's dim)")
     torch.manual_seed(args.seed)  # the new layers' init, so that --seed decides a run
-    enc = AlignedEncoder({en: (model, lang_index(langs, en, args.ckpt), None),
-                          code: (tmodel, lang_index(tlangs, code, args.target_ckpt), W)}, layer).to(args.device)
+    enc = AlignedEncoder({en: (model, lang_index(langs, en, args.ckpt, "--train-lang"), None),
+                          code: (tmodel, lang_index(tlangs, code, args.target_ckpt, "--eval-langs"), W)},
+                         layer).to(args.device)
     return enc, {en: (tok, en), code: (ttok, code)}
 
 
@@ -801,9 +810,10 @@ def pick_treebank(hits, lang, treebanks, data_dir):
     return [p for p in hits if os.path.basename(os.path.dirname(p)).rpartition("-")[2] == want]
 
 
-def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treebanks=None):
+def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treebanks=None, flag="--data"):
     """{"train", "dev": path, "test": {lang: path}} from LAYOUTS under --data (train: --train-file if given);
-    `treebanks` {lang: NAME} picks a UD treebank (--treebank)."""
+    `treebanks` {lang: NAME} picks a UD treebank (--treebank); a missing file names `flag` (the flag the user
+    gave) and the paths searched."""
     def find(lang, split):
         names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
         tried = []
@@ -821,8 +831,12 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
                     need(False, f"--treebank {lang}={treebanks[lang]}: the {lang} {split} file under --data is not "
                                 f"in a UD release tree ({hits[0]})")
                 return os.path.join(data_dir, hits[0])
-        hint = " (pass --train-file)" * (split == "train")  # e.g. our evaluation directory has no NLI train set
-        need(False, f"{task}: no {lang} {split} file under --data {data_dir}: looked for {', '.join(tried)}{hint}")
+        # only a directory with the task's other files lacks just the train file (e.g. no English NLI train set)
+        other = split == "train" and any(glob.glob(layout.pattern.format(lang=train_lang, split="dev", panx_split="dev"),
+                                                   root_dir=data_dir) for layout in LAYOUTS[task])
+        hint = "; pass --train-file" if other else f"; is {data_dir} a toydata.py world or a real-data directory?"
+        need(False, f"{task}: no {lang} {split} file under {flag} {data_dir} (looked for "
+                    f"{', '.join(os.path.join(data_dir, t) for t in tried)}){hint}")
     need(train_file is None or os.path.isfile(train_file), f"--train-file {train_file}: not a file")
     unused = sorted(set(treebanks or {}) - {train_lang, *eval_langs})
     need(not unused, f"--treebank: {', '.join(unused)} is not the train language or one of --eval-langs")
@@ -998,37 +1012,77 @@ def number(lo, hi=math.inf, cast=int, many=False):
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Unset grid flags take the paper's "
-                                "values (the toy presets with --toy).")
+                                "values (the toy presets with --toy).", formatter_class=bpe.HelpFormatter)
     add, floats = p.add_argument, number(0, cast=float, many=True)
-    add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
-    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
-    add("--data", help="a toydata.py world, or the official downloads unpacked in one directory (README: Real data)")
-    add("--toy", metavar="DIR", help="--data DIR with the toy presets; all three tasks unless --task")
-    add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects (%(default)s)")
+    add("--task", choices=sorted(TASKS), help="the task (default: all three with --toy, else required)")
+    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer); required")
+    add("--data", metavar="DIR", help="the data directory: a toydata.py world, or the official downloads unpacked "
+        "in one directory (README: Real data); required")
+    add("--toy", nargs="?", const=True, default=False, metavar="DIR",
+        help="the toy presets (--data: the toy world); all three tasks unless --task. "
+        "The old spelling --toy DIR (= --toy --data DIR) is deprecated")
+    add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects")
     add("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
-    add("--train-file", help="the English train file, instead of --data's (XNLI-MT and MultiNLI by their names)")
-    add("--treebank", metavar="LANG=NAME,...", help="UD: another treebank than the paper's (en=EWT, fr=GSD, ru=GSD, "
-        "zh=GSD), e.g. fr=FTB for UD_French-FTB")
-    add("--epochs", type=number(1), help="epochs per set (paper: 10 NER/parsing, 200 XNLI)")
-    add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (XNLI: 20000, as XLM)")
-    add("--batch-size", type=number(1, many=True), help="comma list (paper: 16,32; XNLI 4,8)")
-    add("--lr", type=floats, help="encoder lrs (paper: 2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
-    add("--head-lr", type=floats, help="XNLI classifier lrs (paper: 5e-6,2.5e-5,1.25e-4)")
-    add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (%(default)s)")
-    add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head (%(default)s)")
-    add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping (%(default)s; 0 = off)")
-    add("--seed", type=int, default=0, help="seed of every set: head init, data order (%(default)s)")
-    add("--device", default="auto", help="auto (cuda if available, the default), cpu, cuda, cuda:N, mps")
+    add("--train-file", help="the English train file, instead of --data's (default: --data's; XNLI-MT and MultiNLI "
+        "are found there by their names)")
+    add("--treebank", metavar="LANG=NAME,...", help="UD: another treebank than the paper's (default: en=EWT, fr=GSD, "
+        "ru=GSD, zh=GSD), e.g. fr=FTB for UD_French-FTB")
+    add("--epochs", type=number(1), help="epochs per set (default: paper 10 NER/parsing, 200 XNLI; --toy 4, 10)")
+    add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass over train (default: 0; paper's "
+        "XNLI 20000 pairs, as XLM)")
+    add("--batch-size", dest="one_batch_size", type=number(1, many=True), metavar="N",
+        help="examples per step: one value (default: the grid of --batch-sizes)")
+    add("--batch-sizes", dest="batch_size", type=number(1, many=True), metavar="N,...",
+        help="grid of examples per step (default: paper 16,32, XNLI 4,8; --toy 16)")
+    add("--lr", dest="one_lr", type=floats, metavar="LR", help="encoder learning rate: one value (default: the "
+        "grid of --lrs)")
+    add("--lrs", dest="lr", type=floats, metavar="LR,...", help="grid of encoder learning rates (default: paper "
+        "2e-5,3e-5,5e-5, XNLI 1.25e-6,2.5e-6,5e-6; --toy 3e-4,1e-3, XNLI 2e-4,5e-4)")
+    add("--head-lr", dest="one_head_lr", type=floats, metavar="LR", help="XNLI classifier learning rate: one value "
+        "(default: the grid of --head-lrs)")
+    add("--head-lrs", dest="head_lr", type=floats, metavar="LR,...", help="grid of XNLI classifier learning rates "
+        "(default: paper 5e-6,2.5e-5,1.25e-4; --toy 1e-3)")
+    add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window")
+    add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
+    add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping, 0 = off")
+    add("--seed", type=int, default=0, help="seed of every set: head init, data order")
+    add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (no float16)")
-    add("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
-    add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on top")
-    add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps")
-    add("--align-maps", help="§5.1.2: align.py contextual --save-maps .npz")
-    add("--out", help="results.json and sets/ (a folder per task when several run); rerun to resume")
+    add("--threads", type=number(0), default=0, help="torch CPU threads, 0 = as many as torch picks")
+    add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on "
+        "top (default: off)")
+    add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps "
+        "(with --align-layer)")
+    add("--align-maps", help="§5.1.2: align.py contextual --save-maps .npz (with --align-layer)")
+    add("--out", metavar="DIR", help="results.json and sets/ (a folder per task when several run); rerun to resume; "
+        "required")
     add("--overwrite", action="store_true", help="replace the results and sets of another run in --out")
-    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1 for --out dirs named NAME[-sSEED][-stepN]")
-    add("--plot", metavar="FILE.png", help="with --table over -stepN dirs: also draw the learning curves (needs matplotlib)")
+    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1 for --out dirs named "
+        "NAME[-sSEED][-stepN] (default: off, fine-tune)")
+    add("--plot", metavar="FILE.png", help="with --table over -stepN dirs: also draw the learning curves (needs "
+        "matplotlib; default: off)")
     return p
+
+
+def deprecated(old, new):
+    """The spellings of the previous release still work, with this one line on stderr."""
+    print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
+
+
+def old_spellings(args):
+    """--toy DIR -> --toy --data DIR; --batch-size / --lr / --head-lr with a comma list -> the grid flags."""
+    args.data_flag = "--data"  # the flag that gave the data directory, named in messages
+    if isinstance(args.toy, str):
+        deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
+        need(args.data is None, f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
+        args.data, args.toy, args.data_flag = args.toy, True, "--toy"
+    for k, flag in (("batch_size", "--batch-size"), ("lr", "--lr"), ("head_lr", "--head-lr")):
+        one = vars(args).pop("one_" + k)
+        if one is not None:
+            need(getattr(args, k) is None, f"{flag} and {flag}s: give one of them")
+            if len(one) > 1:
+                deprecated(f"{flag} with a comma list", f"{flag}s {','.join(map(str, one))}")
+            setattr(args, k, one)
 
 
 def load_ckpt(path, flag, device):
@@ -1039,13 +1093,14 @@ def load_ckpt(path, flag, device):
         raise SystemExit(f"error: {flag}: {e}") from None
 
 
-def lang_index(langs, code, ckpt):
-    need(code in langs, f"language {code!r} is not one of the checkpoint's languages {langs} ({ckpt})")
+def lang_index(langs, code, ckpt, flag):
+    need(code in langs, f"{flag} {code}: not one of the checkpoint's languages {langs} ({ckpt})")
     return langs.index(code)
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    old_spellings(args)
     if args.plot:
         need(args.table, "--plot goes with --table (the learning curves of -stepN dirs)")
         try:
@@ -1066,10 +1121,8 @@ def main(argv=None):
     args.bf16 = dtype == "bfloat16"  # (auto on a GPU without bfloat16: float32)
     need((args.align_layer is not None) == bool(args.target_ckpt) == bool(args.align_maps),
          "--align-layer, --target-ckpt and --align-maps go together (aligned transfer, §5.1.2)")
-    need(not (args.toy and args.data), f"--toy {args.toy} and --data {args.data}: give one data directory")
-    flag, args.data = ("--toy", args.toy) if args.toy else ("--data", args.data)
-    need(args.data, "--data DIR (or --toy DIR) is required")
-    need(os.path.isdir(args.data), f"{flag} {args.data}: no such directory")
+    need(args.data, "--data DIR is required" + " (the toy world, e.g. runs/toy/toy)" * bool(args.toy))
+    need(os.path.isdir(args.data), f"{args.data_flag} {args.data}: no such directory")
     tasks = [args.task] if args.task else list(TASKS) if args.toy else []
     need(tasks, "--task is required (only --toy runs all three)")
     treebanks = {}  # --treebank fr=FTB -> {"fr": "FTB"}
@@ -1089,14 +1142,15 @@ def main(argv=None):
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
     else:
-        routes = {c: (tok, lang_index(langs, c, args.ckpt)) for c in [args.train_lang] + args.eval_langs}
+        routes = {c: (tok, lang_index(langs, c, args.ckpt, "--eval-langs" if i else "--train-lang"))
+                  for i, c in enumerate([args.train_lang] + args.eval_langs)}
     bpe.make_dir("--out", args.out)
     plans = []
     for name in tasks:  # every file of every task is read before the first set trains
         preset = (TOY_PRESET if args.toy else PAPER_PRESET)[name]
         targs = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if getattr(args, k) is None}})
         files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file,
-                              treebanks if name == "parse" else None)
+                              treebanks if name == "parse" else None, args.data_flag)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job, done = earlier_sets(name, files, targs, out)
         plans.append((*prepare_task(name, files, model, routes, targs), files, targs, out, job, done))

@@ -558,7 +558,7 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     l0, l1 = langs
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not force:
-            raise FileExistsError(f"{out_dir} is not empty; pass force=True (--force) to overwrite it")
+            raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it (write_world: force=True)")
         # remove what an earlier run wrote (and nothing else), so that old files do not mix in
         for d in ("mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli"):
             shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)   # ignore_errors: it may not exist
@@ -630,11 +630,19 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
 # -----------------------------------------------------------------------------
 # CLI
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help: each flag's default, unless the help says it or the flag is a switch."""
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     add = ap.add_argument   # every flag but --size is an argument of write_world
-    add("--out", dest="out_dir", metavar="DIR", required=True, help="output directory (empty or absent unless --force)")
+    add("--out", dest="out_dir", metavar="DIR", required=True,
+        help="output directory (empty or absent unless --force); required")
     add("--langs", type=lambda s: s.split(","), default="en,fr", help="the two language codes; the first is the source")
     add("--overlap", type=float, default=0.0, help="fraction of identical word forms (anchor points, paper §4.2)")
     add("--name-overlap", type=float, default=None,
@@ -642,10 +650,18 @@ def main(argv=None):
     add("--order", default="svo", help="word order of the second language, " + ORDER_HELP)
     add("--domain-shift", type=float, default=0.0, help="0 = one topic mix, 1 = disjoint topics (paper §4.1)")
     add("--cyrillic", action="store_true", help="write the second language in Cyrillic letters")
-    add("--size", choices=list(SIZES), default="full", help="sentences per file: a row of SIZES (paper: Table 1's)")
+    what = dict(n_train="mono train", n_dev="dev", n_test="test", n_parallel="parallel", n_task_train="task train",
+                n_task_eval="task dev/test", n_tatoeba="Tatoeba")
+    add("--size", choices=list(SIZES), default="full", help="sentences (or pairs) per language and file (paper: "
+        "Table 1's world): " + "; ".join(f"{k}: " + ", ".join(f"{what[f]} {n}" for f, n in v.items())
+                                         for k, v in SIZES.items()))
     add("--seed", type=int, default=0, help="random seed (same seed, same files)")
     add("--force", action="store_true", help="overwrite a non-empty --out (earlier outputs removed)")
-    args = vars(ap.parse_args(argv))
+    return ap
+
+
+def main(argv=None):
+    args = vars(build_parser().parse_args(argv))
     sizes = SIZES[args.pop("size")]
     try:
         s = write_world(**args, **sizes)

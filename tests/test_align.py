@@ -293,13 +293,30 @@ def test_sentence_vectors_exclude_specials_and_ignore_batching(ckpts):
         np.testing.assert_allclose(W[l][2], S[l][0], atol=1e-5)
 
 
+@pytest.mark.parametrize("tty", [True, False])
+def test_encoding_progress_bar_only_on_a_terminal(ckpts, monkeypatch, tty):
+    """align.py's word-token encoding draws a bar (sentences, rate) on stderr when it is a terminal, else nothing."""
+    import io
+
+    import model as M
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    mdl, tok, _, _ = M.load_encoder(ckpts["bi"])
+    err = Terminal() if tty else io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    align.encode_word_tokens(mdl, tok, [["a", "b"], ["hello"]], 0, "en", batch_size=1)
+    assert ("encode en" in err.getvalue() and "sent/s" in err.getvalue()) if tty else err.getvalue() == ""
+
+
 def run_cli(argv, capsys):
     rows = align.main(argv)
     return rows, capsys.readouterr().out
 
 
 def test_cli_words_contextual_sentences_on_the_toy_world(ckpts, toy_world, tmp_path, capsys):
-    toy = ["--toy", str(toy_world), "--ckpt", ckpts["bi"]]
+    toy = ["--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"]]
     rows, out = run_cli(["words"] + toy + ["--max-sents", "300"], capsys)
     assert [r[0] for r in rows] == ["emb (4a)", "L0 (4b)", "L1 (4b)", "L2 (4b)"]
     assert all(0 <= r[1] <= 1 and 0 <= r[2] <= 1 and r[4] > 0 for r in rows[1:]) and "| L2 (4b) |" in out
@@ -338,11 +355,11 @@ def test_cli_errors_name_the_input(ckpts, toy_world, tmp_path):
     with pytest.raises(SystemExit, match=r"a\.en has 2 lines, .*b\.fr has 1"):
         align.main(["sentences", "--ckpt", ckpts["bi"], "--test-src", str(a), "--test-tgt", str(b)])
     with pytest.raises(SystemExit, match=r"fr\.pt: language 'en' is not one of .*\['fr'\]"):
-        align.main(["sentences", "--ckpt", ckpts["fr"], "--toy", str(toy_world)])
+        align.main(["sentences", "--ckpt", ckpts["fr"], "--toy", "--data", str(toy_world)])
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     with pytest.raises(SystemExit, match="empty.txt: the dictionary is empty"):
-        align.main(["words", "--toy", str(toy_world), "--ckpt", ckpts["bi"], "--test-dict", str(empty)])
+        align.main(["words", "--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"], "--test-dict", str(empty)])
     with pytest.raises(SystemExit, match="missing --test-src"):
         align.main(["sentences", "--ckpt", ckpts["bi"]])
 
@@ -350,5 +367,5 @@ def test_cli_errors_name_the_input(ckpts, toy_world, tmp_path):
 @needs_data
 def test_cli_error_when_no_dictionary_pair_is_in_the_vocabulary(ckpts, toy_world):
     with pytest.raises(SystemExit, match=r"5000-6500.reconstructed.txt \(emb \(4a\)\): none of its"):
-        align.main(["words", "--toy", str(toy_world), "--ckpt", ckpts["bi"], "--max-sents", "50",
+        align.main(["words", "--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"], "--max-sents", "50",
                     "--test-dict", MUSE + ".5000-6500.reconstructed.txt"])

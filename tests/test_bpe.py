@@ -465,7 +465,7 @@ def test_cli_prepare(files, tmp_path):
     """python bpe.py prepare: the directory it prints holds the tokenizer and the ids; the same command reuses it."""
     spec = ",".join(f"{lang}={path}" for lang, path in files.items())
     cmd = [sys.executable, os.path.join(ROOT, "bpe.py"), "prepare", "--train-files", spec, "--dev-files", spec,
-           "--merges", "30", "--out", str(tmp_path / "prep")]
+           "--merges", "30", "--prep-dir", str(tmp_path / "prep")]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     prepared = r.stdout.strip().splitlines()[-1]
@@ -473,5 +473,8 @@ def test_cli_prepare(files, tmp_path):
     ids, meta = bpe.load_bin(os.path.join(prepared, "fr.train"))
     assert meta["n_sentences"] == len(FR) * 5
     assert list(ids[:len(tok.encode(FR[0], "fr")) + 1]) == tok.encode(FR[0], "fr") + [EOS_ID]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path))
+    assert r.stderr == ""  # not a terminal: no progress bar
+    old = cmd[:-2] + ["--out", str(tmp_path / "prep")]  # the previous release's spelling: the same, with a note
+    r = subprocess.run(old, capture_output=True, text=True, cwd=str(tmp_path))
     assert r.returncode == 0 and "using prepared data" in r.stdout and r.stdout.strip().splitlines()[-1] == prepared
+    assert r.stderr == f"note: --out is deprecated and will be removed; use --prep-dir {tmp_path / 'prep'}\n"

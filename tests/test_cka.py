@@ -84,7 +84,8 @@ def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys):
                             n_heads=2, dim=16, ffn_dim=32, max_positions=64)
         paths[name] = str(tmp_path / f"{name}.pt")
         M.save_model(paths[name], M.MLM(cfg), tokenizer=tok.to_dict(), langs=list(files))
-    args = cka.build_parser().parse_args(["--toy", str(toy_world), "--ckpt", paths["bi"], "--ckpt2", paths["fr"],
+    args = cka.build_parser().parse_args(["--toy", "--data", str(toy_world), "--ckpt", paths["bi"],
+                                          "--ckpt2", paths["fr"],
                                           "--max-sents", "50", "--seed", "7"])
     header, rows = cka.cka_table(args)
     out = capsys.readouterr().out
@@ -119,9 +120,9 @@ def test_plot_is_checked_before_any_work(tmp_path, monkeypatch):
         (world / f"tatoeba/tatoeba.fr-en.{side}").write_text("a b\nc d\n")
     (tmp_path / "x.pt").write_bytes(b"")
     with pytest.raises(SystemExit, match="pip install matplotlib"):
-        cka.main(["--toy", str(world), "--ckpt", str(tmp_path / "x.pt"), "--plot", str(tmp_path / "c.png")])
+        cka.main(["--toy", "--data", str(world), "--ckpt", str(tmp_path / "x.pt"), "--plot", str(tmp_path / "c.png")])
     with pytest.raises(SystemExit, match="pip install matplotlib"):
-        align.main(["sentences", "--toy", str(world), "--ckpt", str(tmp_path / "x.pt"),
+        align.main(["sentences", "--toy", "--data", str(world), "--ckpt", str(tmp_path / "x.pt"),
                     "--plot", str(tmp_path / "s.png")])
     assert not list(tmp_path.glob("*.png"))
 

@@ -122,7 +122,8 @@ FT_BAD_FLAGS = [
 @pytest.mark.parametrize("extra, msg", FT_BAD_FLAGS, ids=[" ".join(a) for a, _ in FT_BAD_FLAGS])
 def test_finetune_bad_flag_values(toy_world, toy_ckpt, tmp_path, capsys, extra, msg):
     with pytest.raises(SystemExit) as e:
-        ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(tmp_path / "o")]
+        ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world),
+                 "--out", str(tmp_path / "o")]
                 + extra)
     assert e.value.code == 2 and msg in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -130,9 +131,9 @@ def test_finetune_bad_flag_values(toy_world, toy_ckpt, tmp_path, capsys, extra, 
 
 FT_BAD_INPUTS = [
     # (extra argv, expected message); {w} = the toy world, {c} = the checkpoint's folder, {t} = tmp_path
-    (["--eval-langs", "de"], "'de' is not one of the checkpoint's languages"),
+    (["--eval-langs", "de"], "error: --eval-langs de: not one of the checkpoint's languages"),
     (["--eval-langs", ","], "error: --eval-langs ',': no target language"),
-    (["--train-lang", "xx"], "'xx' is not one of the checkpoint's languages"),
+    (["--train-lang", "xx"], "error: --train-lang xx: not one of the checkpoint's languages"),
     (["--train-file", "{t}/missing.tsv"], "error: --train-file {t}/missing.tsv: not a file"),
     (["--train-file", "{t}"], "error: --train-file {t}: not a file"),
     (["--data", "{t}/nodata"], "error: --data {t}/nodata: no such directory"),
@@ -167,7 +168,7 @@ def test_finetune_bad_inputs_one_line_before_any_work(toy_world, toy_ckpt, nan_c
     fill = lambda x: x.format(w=toy_world, c=toy_ckpt.parent, t=tmp_path)  # noqa: E731
     if "--align-layer" in extra:
         extra = extra + ["--eval-langs", "fr"]
-    toy = [] if "--data" in extra else ["--toy", str(toy_world)]
+    toy = [] if "--data" in extra else ["--toy", "--data", str(toy_world)]
     with pytest.raises(SystemExit, match=re.escape(fill(msg))) as e:
         ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--out", str(tmp_path / "o"), "--epochs", "1", "--lr",
                  "1e-3", "--batch-size", "32"] + toy + [fill(a) for a in extra])
@@ -185,7 +186,7 @@ def test_finetune_damaged_checkpoint(toy_world, toy_ckpt, nan_ckpt, tmp_path, ki
     elif kind == "plain tensor":
         torch.save(torch.ones(2), path)
     with pytest.raises(SystemExit, match=f"^error: --ckpt: .*{re.escape(str(path))}") as e:
-        ft.main(["--task", "ner", "--ckpt", str(path), "--toy", str(toy_world), "--out", str(tmp_path / "o")])
+        ft.main(["--task", "ner", "--ckpt", str(path), "--toy", "--data", str(toy_world), "--out", str(tmp_path / "o")])
     assert "\n" not in str(e.value.code)
     assert not (tmp_path / "o").exists()
 
@@ -201,7 +202,7 @@ def test_finetune_bad_data_file_stops_before_training(toy_world, toy_ckpt, tmp_p
     trained = []
     monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: trained.append(1))
     with pytest.raises(SystemExit, match=re.escape(str(conllu)) + r":1: .*not a tree"):
-        ft.main(["--toy", str(world), "--ckpt", str(toy_ckpt), "--epochs", "1", "--lr", "1e-3", "--out",
+        ft.main(["--toy", "--data", str(world), "--ckpt", str(toy_ckpt), "--epochs", "1", "--lr", "1e-3", "--out",
                  str(tmp_path / "o")])
     assert trained == []
 
@@ -210,7 +211,8 @@ def test_finetune_bad_data_file_stops_before_training(toy_world, toy_ckpt, tmp_p
 def test_finetune_device_cuda_without_cuda(toy_world, toy_ckpt, tmp_path):
     for dev in ("cuda", "cuda:0"):
         with pytest.raises(SystemExit, match=f"^error: --device {dev}: CUDA is not available on this machine"):
-            ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(tmp_path),
+            ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world),
+                     "--out", str(tmp_path),
                      "--device", dev])
 
 
@@ -219,7 +221,7 @@ def test_finetune_unwritable_out_and_table_inputs(toy_world, toy_ckpt, tmp_path)
     afile.write_text("x")
     for out, msg in ((afile, "exists and is not a directory"), (afile / "sub", "cannot create the directory")):
         with pytest.raises(SystemExit, match=f"^error: --out {re.escape(str(out))}: {msg}"):
-            ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(out)])
+            ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--out", str(out)])
     with pytest.raises(SystemExit, match=f"^error: --table: no results.json under {re.escape(str(tmp_path / 'no'))}"):
         ft.main(["--table", str(tmp_path / "no")])
     (tmp_path / "run").mkdir()
@@ -248,13 +250,13 @@ def test_write_json_full_disk_leaves_no_file(tmp_path, monkeypatch):
 # -----------------------------------------------------------------------------
 # finetune.py: each finished set on disk at once, resume, results.json policy, diverged sets
 
-NER_RUN = ["--task", "ner", "--epochs", "1", "--batch-size", "32", "--lr", "1e-3,3e-4"]
+NER_RUN = ["--task", "ner", "--epochs", "1", "--batch-size", "32", "--lrs", "1e-3,3e-4"]
 
 
 def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckpt, tmp_path, monkeypatch, capsys):
     import json
     out = tmp_path / "o"
-    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(out)]
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--out", str(out)]
     real = ft.finetune_one
     calls = []
 
@@ -307,7 +309,7 @@ def test_results_json_of_another_job_is_not_overwritten(toy_world, toy_ckpt, tmp
     out = tmp_path / "o"
     out.mkdir()
     (out / "results.json").write_text('{"task": "ner", "note": "an earlier, precious run"}')
-    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(out), "--lr", "1e-3"]
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--out", str(out), "--lrs", "1e-3"]
     with pytest.raises(SystemExit, match=f"^error: {re.escape(str(out / 'results.json'))} already exists"):
         ft.main(argv)
     assert "precious" in (out / "results.json").read_text()
@@ -330,7 +332,7 @@ def test_a_diverged_set_is_left_out_and_all_diverged_writes_nothing(toy_world, t
     real_one = ft.finetune_one
     monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: current.update(a[4]) or real_one(*a, **k))
     monkeypatch.setattr(ft.NERTask, "run", run)
-    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world)]
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world)]
     ft.main(argv + ["--out", str(tmp_path / "a")])
     text = capsys.readouterr().out
     assert "set 1/2 stopped: non-finite training loss (nan) at epoch 1, update 1" in text
@@ -368,22 +370,27 @@ BAD_UTF8 = b"le chat\nl'\xe9t\xe9\n"
 
 ALIGN_BAD_INPUTS = [
     # (argv after the sub-command, expected message); {w} toy world, {c} checkpoint folder, {t} tmp_path
-    (["sentences", "--ckpt", "{t}/missing.pt", "--toy", "{w}"], "--ckpt {t}/missing.pt: no such file"),
-    (["sentences", "--ckpt", "{t}/empty.pt", "--toy", "{w}"], "{t}/empty.pt: empty file (0 bytes), not a checkpoint"),
-    (["sentences", "--ckpt", "{c}/nan.pt", "--toy", "{w}"], "{c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN"),
-    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "{t}/noworld"], "--toy {t}/noworld: no such directory"),
+    (["sentences", "--ckpt", "{t}/missing.pt", "--toy", "--data", "{w}"], "--ckpt {t}/missing.pt: no such file"),
+    (["sentences", "--ckpt", "{t}/empty.pt", "--toy", "--data", "{w}"],
+     "{t}/empty.pt: empty file (0 bytes), not a checkpoint"),
+    (["sentences", "--ckpt", "{c}/nan.pt", "--toy", "--data", "{w}"],
+     "{c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "--data", "{t}/noworld"], "--data {t}/noworld: no such directory"),
     (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/no.en", "--test-tgt", "{t}/bad.fr"],
      "--test-src {t}/no.en: no such file"),
     (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/ok.en", "--test-tgt", "{t}/ok.en", "--train-src",
       "{t}/ok.en"], "--train-src and --train-tgt go together"),
     (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/ok.en", "--test-tgt", "{t}/bad.fr"],
      "{t}/bad.fr:2: not valid UTF-8"),
-    (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--test-dict", "{t}/bad.fr"], "{t}/bad.fr:2: not valid UTF-8"),
-    (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--src-corpus", "{t}/bad.fr"], "{t}/bad.fr:2: not valid UTF-8"),
-    (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}/nodir/maps.npz"],
+    (["words", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--test-dict", "{t}/bad.fr"],
+     "{t}/bad.fr:2: not valid UTF-8"),
+    (["words", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--src-corpus", "{t}/bad.fr"],
+     "{t}/bad.fr:2: not valid UTF-8"),
+    (["contextual", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--save-maps", "{t}/nodir/maps.npz"],
      "--save-maps {t}/nodir/maps.npz: cannot write there"),
-    (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}"], "is a directory"),
-    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--device", "gpu"], "--device gpu: expected auto, cpu, cuda, cuda:N or mps"),
+    (["contextual", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--save-maps", "{t}"], "is a directory"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--device", "gpu"],
+     "--device gpu: expected auto, cpu, cuda, cuda:N or mps"),
 ]
 
 
@@ -428,7 +435,7 @@ CKA_BAD = [
     (["--ckpt2", "{t}/none.pt"], "--ckpt2 {t}/none.pt: no such file"),
     (["--src-file", "{t}/bad.fr", "--tgt-file", "{t}/ok.en"], "{t}/bad.fr:2: not valid UTF-8"),
     (["--src-file", "{t}/ok.en", "--tgt-file", "{t}/nothere"], "--tgt-file {t}/nothere: no such file"),
-    (["--toy", "{t}/noworld"], "--toy {t}/noworld: no such directory"),
+    (["--toy", "--data", "{t}/noworld"], "--data {t}/noworld: no such directory"),
     (["--device", "cuda:x"], "--device cuda:x: expected auto, cpu, cuda, cuda:N or mps"),
 ]
 
@@ -437,7 +444,8 @@ CKA_BAD = [
 def test_cka_bad_inputs_one_line(toy_world, toy_ckpt, nan_ckpt, bad_files, capsys, argv, msg):
     import cka
     fill = lambda x: x.format(w=toy_world, c=toy_ckpt.parent, t=bad_files)  # noqa: E731
-    base = ["--ckpt", str(toy_ckpt)] + ([] if "--toy" in argv or "--src-file" in argv else ["--toy", str(toy_world)])
+    given = "--toy" in argv or "--src-file" in argv
+    base = ["--ckpt", str(toy_ckpt)] + ([] if given else ["--toy", "--data", str(toy_world)])
     with pytest.raises(SystemExit) as e:
         cka.main(base + [fill(a) for a in argv])
     text = str(e.value.code) if e.value.code != 2 else capsys.readouterr().err
@@ -450,7 +458,7 @@ def test_align_and_cka_device_cuda_without_cuda(toy_world, toy_ckpt):
     import cka
     for main, argv in ((align.main, ["sentences"]), (cka.main, [])):
         with pytest.raises(SystemExit, match="--device cuda: CUDA is not available on this machine"):
-            main(argv + ["--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--device", "cuda"])
+            main(argv + ["--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--device", "cuda"])
 
 
 def test_dtype_flags_mean_the_same_in_every_script():

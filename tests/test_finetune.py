@@ -4,6 +4,7 @@ Run: python -m pytest -q tests/test_finetune.py
 """
 import glob
 import itertools
+import io
 import json
 import os
 import re
@@ -403,7 +404,7 @@ def test_resolve_files_real_layout():
     assert f["train"].endswith("en_ewt-ud-train.first3000.conllu") and f["test"]["ru"].endswith("ru_gsd-ud-test.conllu")
     f = ft.resolve_files("xnli", DATA, "en", ["fr"], train_file=f["train"])
     assert f["dev"].endswith("dev-en.tsv") and f["test"]["fr"].endswith("test-fr.tsv")
-    with pytest.raises(SystemExit, match=r"xnli: no en train file under --data .* \(pass --train-file\)"):
+    with pytest.raises(SystemExit, match=r"xnli: no en train file under --data .*; pass --train-file"):
         ft.resolve_files("xnli", DATA, "en", ["fr"])
     with pytest.raises(SystemExit, match="ner: no xx test file under --data"):
         ft.resolve_files("ner", DATA, "en", ["xx"])
@@ -430,8 +431,8 @@ def toy_ckpt(toy_world, tmp_path_factory):
 def test_toy_end_to_end_parse_beats_chance(toy_world, toy_ckpt, tmp_path, capsys):
     """Random-init encoder, tiny biaffine fine-tune: English dev UAS far above a random head (~1/len)."""
     out = tmp_path / "parse"
-    ft.main(["--task", "parse", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--epochs", "3",
-             "--batch-size", "16", "--lr", "1e-3,3e-4", "--out", str(out)])
+    ft.main(["--task", "parse", "--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--epochs", "3",
+             "--batch-size", "16", "--lrs", "1e-3,3e-4", "--out", str(out)])
     import json
     res = json.loads((out / "results.json").read_text())
     assert len(res["configs"]) == 2 and sorted(res["best_two"]) == [0, 1]
@@ -483,17 +484,40 @@ def test_ner_long_sentences_and_frozen_lang_specific(toy_world, toy_ckpt):
     assert len(preds[0]) == len(long_words)
 
 
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_bar_only_on_a_terminal(toy_world, toy_ckpt, monkeypatch, tty):
+    """A set's bar (steps, rate, ETA) goes to stderr when it is a terminal, and nothing when it is not (CI, logs)."""
+    import argparse
+    m, tok = _load(toy_ckpt)
+    train = ft.read_ner(str(toy_world / "ner/en.train.tsv"))[:32]
+    task = ft.NERTask(train)
+    feats = task.featurize(train, tok, "en", 24)
+    data = {"lang_id": 0, "train": (train, feats), "dev": (train[:8], feats[:8]), "test": {}}
+    args = argparse.Namespace(seed=0, head_dropout=0.1, epoch_size=0, epochs=2, max_len=22, clip=5.0, bf16=False)
+    err = _Terminal() if tty else io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    init = {k: v.clone() for k, v in m.state_dict().items()}
+    ft.finetune_one(task, m, init, data, {"batch_size": 16, "lr": 1e-3, "head_lr": None}, args, log=lambda s: None)
+    out = err.getvalue()
+    assert ("ner bs 16 lr 0.001" in out and "4/4" in out and "step/s" in out) if tty else out == ""
+
+
 def test_bad_inputs(toy_world, toy_ckpt, tmp_path):
     from model import load_model, save_model
     m, _ = load_model(str(toy_ckpt))
     bare = tmp_path / "bare.pt"
     save_model(bare, m, langs=["en", "fr"])
-    with pytest.raises(SystemExit, match=re.escape("--data DIR (or --toy DIR) is required")):
+    with pytest.raises(SystemExit, match=re.escape("--data DIR is required")):
         ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit, match="no tokenizer"):
-        ft.main(["--task", "ner", "--ckpt", str(bare), "--toy", str(toy_world), "--out", str(tmp_path / "o")])
-    with pytest.raises(SystemExit, match="'de' is not one of the checkpoint's languages"):
-        ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--eval-langs", "de",
+        ft.main(["--task", "ner", "--ckpt", str(bare), "--toy", "--data", str(toy_world), "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="--eval-langs de: not one of the checkpoint's languages"):
+        ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--eval-langs", "de",
                  "--out", str(tmp_path / "o")])
     shutil.copytree(toy_world / "xnli", tmp_path / "data" / "xnli")
     bad = tmp_path / "data" / "xnli" / "en.dev.tsv"  # XNLI's labels are fixed: read_xnli refuses any other
@@ -509,7 +533,7 @@ def test_labels_unseen_in_english_train_are_named_and_scored_as_errors(toy_world
     shutil.copytree(toy_world / "ner", tmp_path / "w" / "ner")
     test = tmp_path / "w" / "ner" / "fr.test.tsv"
     test.write_text(test.read_text().replace("\tO\n", "\tB-MISC\n", 1))
-    ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(tmp_path / "w"), "--epochs", "1",
+    ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", "--data", str(tmp_path / "w"), "--epochs", "1",
              "--batch-size", "32", "--lr", "1e-3", "--out", str(tmp_path / "o")])
     assert f"ner: {test}: labels never seen in the English train set: B-MISC" in capsys.readouterr().out
     res = json.loads((tmp_path / "o" / "results.json").read_text())
@@ -530,7 +554,7 @@ def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy
     np.savez(maps, src_to_tgt=eye, tgt_to_src=eye, src="en", tgt="fr")
     shutil.copytree(toy_world / "ner", tmp_path / "world" / "ner")
     shutil.copy(toy_world / "ner" / "en.dev.tsv", tmp_path / "world" / "ner" / "fr.test.tsv")
-    argv = ["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(tmp_path / "world"), "--eval-langs", "fr",
+    argv = ["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", "--data", str(tmp_path / "world"), "--eval-langs", "fr",
             "--epochs", "1", "--batch-size", "32",
             "--lr", "1e-3", "--align-layer", "1", "--target-ckpt", str(target), "--align-maps", str(maps)]
     out = tmp_path / "aligned"
@@ -545,7 +569,7 @@ def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy
 def test_toy_runs_all_three_tasks(toy_world, toy_ckpt, tmp_path, capsys):
     """--toy without --task: XNLI, NER and parsing each write out/TASK/results.json (1 epoch, 1 set)."""
     import json
-    ft.main(["--toy", str(toy_world), "--ckpt", str(toy_ckpt), "--epochs", "1", "--batch-size", "32",
+    ft.main(["--toy", "--data", str(toy_world), "--ckpt", str(toy_ckpt), "--epochs", "1", "--batch-size", "32",
              "--lr", "1e-3", "--head-lr", "1e-3", "--out", str(tmp_path)])
     for task, metric in [("xnli", "acc"), ("ner", "f1"), ("parse", "las")]:
         res = json.loads((tmp_path / task / "results.json").read_text())

@@ -59,7 +59,8 @@ def pretrain(world, out, sep):
 def ner_f1(ckpt, world, out):
     """(en dev F1, fr test F1) of zero-shot NER fine-tuned on English."""
     import finetune
-    finetune.main(["--ckpt", str(ckpt), "--toy", str(world), "--out", str(out), "--seed", str(SEED)] + FINETUNE)
+    finetune.main(["--ckpt", str(ckpt), "--toy", "--data", str(world), "--out", str(out), "--seed", str(SEED)]
+                  + FINETUNE)
     with open(out / "results.json", encoding="utf-8") as f:
         res = json.load(f)
     return res["dev"]["f1"], res["test"]["fr"]["f1"]
@@ -93,7 +94,8 @@ def test_shared_model_transfers_far_better_than_sep_emb_l1_6(runs):
 
 def cka_rows(ckpt, world):
     import cka
-    return cka.cka_table(cka.build_parser().parse_args(["--ckpt", str(ckpt), "--toy", str(world), "--batch-size", "64"]))
+    argv = ["--ckpt", str(ckpt), "--toy", "--data", str(world), "--batch-size", "64"]
+    return cka.cka_table(cka.build_parser().parse_args(argv))
 
 
 def test_bilingual_cka_beats_a_random_encoder(runs):

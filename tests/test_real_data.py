@@ -226,11 +226,11 @@ def test_a_wrong_file_in_a_known_layout_is_named_with_its_line(tmp_path, name, t
 
 def test_a_missing_split_names_what_was_looked_for(trees, tmp_path):
     _, _, official = trees
-    with pytest.raises(SystemExit, match=r"error: ner: no de test file under --data .*: looked for ner/de.test.tsv, "
-                                         r"wikiann_panx/heldout-from-dev-de.tsv, panx_dataset/de/test, "
-                                         r"panx/test-de.tsv"):
+    with pytest.raises(SystemExit, match=r"error: ner: no de test file under --data (\S+) \(looked for \1/ner/de.test.tsv, "
+                                         r"\1/wikiann_panx/heldout-from-dev-de.tsv, \1/panx_dataset/de/test, "
+                                         r"\1/panx/test-de.tsv\)"):
         ft.resolve_files("ner", str(official), "en", ["de"])
-    with pytest.raises(SystemExit, match=r"xnli: no en train file under --data .* \(pass --train-file\)"):
+    with pytest.raises(SystemExit, match=r"xnli: no en train file under --data "):
         ft.resolve_files("xnli", str(tmp_path), "en", [])
 
 
@@ -286,8 +286,8 @@ def test_wikiextractor_directory_with_held_out_dev(tmp_path):
     lines = list(bpe.read_wikiextractor(str(dirs["en"])))
     assert lines[:2] == ["Article 0", "en line 0 "] and len(lines) == 200 + 10  # titles kept; <doc>, blanks dropped
     spec = ",".join(f"{lang}={d}" for lang, d in dirs.items())
-    bpe.main(["prepare", "--train-files", spec, "--merges", "20", "--out", str(tmp_path / "a")])
-    bpe.main(["prepare", "--train-files", spec, "--merges", "20", "--out", str(tmp_path / "b"), "--seed", "3"])
+    bpe.main(["prepare", "--train-files", spec, "--merges", "20", "--prep-dir", str(tmp_path / "a")])
+    bpe.main(["prepare", "--train-files", spec, "--merges", "20", "--prep-dir", str(tmp_path / "b"), "--seed", "3"])
     a, b = prepared(tmp_path / "a"), prepared(tmp_path / "b")
     train, dev = read(os.path.join(a, "en.train.txt")), read(os.path.join(a, "en.dev.txt"))
     assert len(dev) == 21 and sorted(train + dev) == sorted(lines)  # a tenth held out, nothing lost, never trained on
@@ -312,7 +312,7 @@ def test_shuffle_split_over_several_buckets_is_a_permutation(tmp_path, monkeypat
 def test_a_directory_that_is_not_wikiextractor_output_is_named_with_its_line(tmp_path, capsys, text, message):
     write(tmp_path / "w" / "AA" / "wiki_00", text)
     with pytest.raises(SystemExit) as e:
-        bpe.main(["prepare", "--train-files", f"en={tmp_path / 'w'},fr={tmp_path / 'w'}", "--out", str(tmp_path / "p")])
+        bpe.main(["prepare", "--train-files", f"en={tmp_path / 'w'},fr={tmp_path / 'w'}", "--prep-dir", str(tmp_path / "p")])
     assert f"{tmp_path / 'w'}/{message}" in str(e.value)
 
 
@@ -330,7 +330,7 @@ def test_end_to_end_from_the_official_downloads(toy_world, trees, tmp_path, caps
     wiki = {lang: write_wikiextractor(tmp_path / "wiki" / lang, read(toy_world / "mono" / f"{lang}.train.txt")[:600])[0]
             for lang in ("en", "fr")}
     bpe.main(["prepare", "--train-files", ",".join(f"{lang}={d}" for lang, d in wiki.items()), "--merges", "300",
-              "--out", str(tmp_path / "prep")])
+              "--prep-dir", str(tmp_path / "prep")])
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         pretrain.main(["--data", prepared(tmp_path / "prep"), "--langs", "en,fr", "--out", str(tmp_path / "pt"),

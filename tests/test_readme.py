@@ -1,0 +1,158 @@
+"""Every command of every ```bash block of README.md parses with its script's own argparse parser, in the
+spellings of this release (no deprecated flag), and every $VARIABLE a block uses is set in that block, so a
+block runs as written when pasted alone. Nothing is run: parsing only, well under a second."""
+import os
+import re
+import shlex
+
+import pytest
+
+import align
+import bpe
+import cka
+import finetune
+import pretrain
+import toydata
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+
+PARSERS = {"finetune.py": finetune.build_parser, "align.py": align.build_parser, "cka.py": cka.build_parser,
+           "bpe.py": bpe.build_parser, "toydata.py": toydata.build_parser,
+           # TODO(lead, issue 25): pretrain.py has no parser-only function yet (get_args also checks files);
+           # once it exposes build_parser(), its README lines are parsed too: remove this marker and the skip below.
+           "pretrain.py": getattr(pretrain, "build_parser", None)}
+
+
+def bash_blocks(text):
+    return re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def logical_lines(block):
+    """Lines with comments cut and backslash continuations joined; a heredoc's body is left out."""
+    out, heredoc, pending = [], None, ""
+    for line in block.splitlines():
+        if heredoc:
+            heredoc = None if line.strip() == heredoc else heredoc
+            continue
+        if m := re.search(r"<<\s*'?(\w+)'?", line):
+            heredoc = m.group(1)
+        line = re.sub(r"(^|\s)#.*$", "", line)  # a comment starts with a word-initial #
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        out.append(pending + line)
+        pending = ""
+    return out
+
+
+def set_names(lines):
+    """{name: raw value} of the block's assignments; loop variables get their first item, and the words a
+    function reads from its arguments ($1 ...) or a parameter expansion (${x##...}) a placeholder 0."""
+    names = {}
+    for line in lines:
+        for m in re.finditer(r"(?:^|[;\s])([A-Za-z_]\w*)=(\"[^\"]*\"|'[^']*'|[^\s;]*)", line):
+            value = m.group(2).strip("\"'")
+            names[m.group(1)] = "0" if re.fullmatch(r"\$\{?\d\}?|\$\{\w+[#%].*\}", value) else value
+        for m in re.finditer(r"\bfor (\w+) in (\S+)", line):
+            names[m.group(1)] = m.group(2).rstrip(";")
+    return names
+
+
+def expand(line, names):
+    line = line.replace('"$@"', "")
+    for _ in range(5):  # values that use other variables (BI=$T/pt/...)
+        line = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: names.get(m.group(1), m.group(0)), line)
+    return line
+
+
+def braces(word):
+    """Bash brace expansion of one word: a{b,c}d -> abd acd."""
+    m = re.search(r"\{([^{}]*,[^{}]*)\}", word)
+    if not m:
+        return [word]
+    return [x for part in m.group(1).split(",") for x in braces(word[:m.start()] + part + word[m.end():])]
+
+
+def commands(text):
+    """(block number, script, argv, the line as written) for every python/torchrun command of every bash block;
+    also the unset variables each block uses."""
+    found, unset = [], []
+    for b, block in enumerate(bash_blocks(text), 1):
+        lines = logical_lines(block)
+        names = set_names(lines)
+        for line in lines:
+            line = re.sub(r"\s\d*>>?(&\d+|\s*\S+)", " ", line)  # redirections
+            unset += [(b, v) for v in re.findall(r"\$\{?([A-Za-z_]\w*)", line) if v not in names]
+            for cmd in re.split(r"&&|\|\||;|\|", expand(line, names)):
+                words = shlex.split(cmd)
+                if not words or words[0] not in ("python", "torchrun") or "-m" in words[:2]:
+                    continue
+                i = next(k for k, w in enumerate(words) if w.endswith(".py"))
+                argv = [x for w in words[i + 1:] for x in braces(w)]
+                found.append((b, os.path.basename(words[i]), argv, cmd.strip()))
+    return found, unset
+
+
+def old_spelling(script, args):
+    """The reason a parsed command would be refused or warned about at run time (not only at parsing), or ''."""
+    if script in ("finetune.py", "align.py", "cka.py"):
+        if isinstance(args.toy, str):
+            return "--toy DIR is deprecated: --toy --data DIR"
+        if args.toy and not args.data and not getattr(args, "table", None):
+            return "--toy needs --data WORLD"
+    if script == "finetune.py":
+        for k in ("batch_size", "lr", "head_lr"):
+            if len(getattr(args, "one_" + k) or []) > 1:
+                return f"--{k.replace('_', '-')} with a comma list is deprecated: --{k.replace('_', '-')}s"
+    if script == "bpe.py" and (args.old_out is not None or args.prep_dir is None):
+        return "bpe.py prepare: --prep-dir (--out is deprecated)"
+    return ""
+
+
+def test_every_readme_command_parses_with_its_script(capsys):
+    with open(README, encoding="utf-8") as f:
+        found, unset = commands(f.read())
+    assert not unset, f"README bash blocks use variables they do not set (block, name): {sorted(set(unset))}"
+    parsed, skipped, bad = 0, 0, []
+    for block, script, argv, line in found:
+        assert script in PARSERS, f"block {block}: unknown script {script}: {line}"
+        build = PARSERS[script]
+        if build is None:  # pretrain.py (see the marker above)
+            skipped += 1
+            continue
+        try:
+            args = build().parse_args(argv)
+        except SystemExit:
+            bad.append(f"block {block}: {line}\n    {capsys.readouterr().err.strip().splitlines()[-1]}")
+            continue
+        if why := old_spelling(script, args):
+            bad.append(f"block {block}: {line}\n    {why}")
+        parsed += 1
+    assert not bad, "README commands that do not parse:\n" + "\n".join(bad)
+    assert parsed >= 30 and skipped <= 20, (parsed, skipped)  # the extraction found the README's commands
+
+
+def test_the_extraction_sees_variables_loops_and_braces():
+    """The extractor itself: assignments, loop variables, continuations, redirections, heredocs and brace
+    expansion; a variable set in another block counts as unset."""
+    text = ("```bash\nT=runs/x; W=\"--overlap 0.3 --seed 0\"\npython toydata.py --out $T/w $W  # c\n"
+            "for task in ner parse; do\n  python finetune.py --task $task --toy --data $T/w \\\n"
+            "    --ckpt a.pt --out $T/{a,b} > $T/log 2>&1 && echo ok\ndone\ncat <<X\npython nope.py\nX\n```\n"
+            "```bash\npython cka.py --toy --data $T/w --ckpt a.pt\n```\n")
+    found, unset = commands(text)
+    assert [(b, s, a) for b, s, a, _ in found] == [
+        (1, "toydata.py", ["--out", "runs/x/w", "--overlap", "0.3", "--seed", "0"]),
+        (1, "finetune.py", ["--task", "ner", "--toy", "--data", "runs/x/w", "--ckpt", "a.pt", "--out", "runs/x/a",
+                            "runs/x/b"]),
+        (2, "cka.py", ["--toy", "--data", "$T/w", "--ckpt", "a.pt"])]
+    assert unset == [(2, "T")]
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--toy", "W", "--ckpt", "a.pt", "--out", "o"], "deprecated"),
+    (["--toy", "--ckpt", "a.pt", "--out", "o"], "needs --data"),
+    (["--toy", "--data", "W", "--lr", "1e-3,2e-3", "--ckpt", "a.pt", "--out", "o"], "--lrs"),
+])
+def test_old_spellings_are_caught(argv, why):
+    assert why in old_spelling("finetune.py", finetune.build_parser().parse_args(argv))
