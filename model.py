@@ -458,8 +458,9 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
     """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo").
     device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N" or "mps"; a CUDA answer always
     has an index, which torch.cuda.set_device needs. Under torchrun (local_rank = LOCAL_RANK) each process
-    takes GPU `local_rank`, so cuda:N is refused. dtype: "auto" (bfloat16 on GPUs that support it, else
-    float16; float32 on CPU and MPS) or one of DTYPES. What this machine cannot serve is a one-line ValueError."""
+    takes GPU `local_rank`, so cuda:N is refused. dtype: "auto" (bfloat16 on a GPU of compute capability
+    >= 8.0, else float16; float32 on CPU and MPS) or one of DTYPES. What this machine cannot serve is a
+    one-line ValueError."""
     cuda = torch.cuda.is_available()
     if device == "auto":
         device = "cuda" if cuda else "cpu"
@@ -482,12 +483,16 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
     elif device not in ("cpu", "mps"):
         raise ValueError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
     gpu = device.startswith("cuda")
+    # native bfloat16 from compute capability 8.0 (A100); asked of the chosen GPU, not of the current one, and not
+    # torch.cuda.is_bf16_supported(), which also counts the emulated (slow) bf16 of a V100 or T4
+    cc = torch.cuda.get_device_capability(int(device[5:])) if gpu else None
     if dtype == "auto":
-        dtype = "float32" if not gpu else "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        dtype = "float32" if not gpu else "bfloat16" if cc >= (8, 0) else "float16"
     elif dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
-    elif dtype == "bfloat16" and gpu and not torch.cuda.is_bf16_supported():
-        raise ValueError("--dtype bfloat16: this GPU does not support bfloat16; use --dtype float16 or auto")
+    elif dtype == "bfloat16" and gpu and cc < (8, 0):
+        raise ValueError(f"--dtype bfloat16: GPU {device[5:]} has no native bfloat16 (compute capability "
+                         f"{cc[0]}.{cc[1]}, 8.0 needed); use --dtype float16 or auto")
     return device, dtype, "nccl" if gpu else "gloo"
 
 
