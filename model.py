@@ -229,20 +229,23 @@ class MLM(nn.Module):
             hs.append(self._pick(copies, lang)(hs[-1], attn_mask))
         return hs
 
-    def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None):
+    def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None, target_index=None):
         """With targets (B, T) (-1 = not a prediction target): logits (N, V_lang) of the N target positions
         only, in the order of targets[targets != -1] (row-major), and their mean cross-entropy. Projecting
         only the ~15 % masked positions is what XLM does and saves most of the softmax cost. Without
-        targets: logits (B, T, V_lang) for every position and loss None."""
+        targets: logits (B, T, V_lang) for every position and loss None. target_index: optional (N,) flat
+        positions of the targets (row-major), computed where the targets were made: the same result without
+        the two boolean selections, each of which waits for the GPU to count the targets."""
         x = self.hidden_states(idx, lang, attn_mask, pos_offset)[-1]
         W, b = self._pick(self.tok_emb, lang).weight, self._pick(self.pred_bias, lang)
         if targets is None:
             return F.linear(x, W, b), None
-        sel = targets != -1
-        logits = F.linear(x[sel], W, b)                          # (N, V)
+        if target_index is None:
+            target_index = (targets.view(-1) != -1).nonzero().squeeze(1)
+        logits = F.linear(x.reshape(-1, x.size(-1)).index_select(0, target_index), W, b)  # (N, V)
         if logits.size(0) == 0:                                  # no target: zero loss, graph kept
             return logits, x.sum() * 0.0
-        return logits, F.cross_entropy(logits.float(), targets[sel])
+        return logits, F.cross_entropy(logits.float(), targets.view(-1).index_select(0, target_index))
 
     @classmethod
     def from_xlm(cls, state_dict, config):

@@ -550,8 +550,9 @@ def forward_backward(run):
         lang, i = run.sampler.next()
         seen.append(lang)
         x = torch.from_numpy(get_batch(run.train[lang], i, args.batch_size, args.bptt))
-        inputs, targets = (t.to(run.device, non_blocking=True) for t in mask_tokens(x, run.vocab_sizes[lang],
-                                                                                      run.mask_gen))
+        inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_gen)
+        where = (targets.view(-1) != -1).nonzero().squeeze(1)  # on the host: MLM.forward need not ask the GPU
+        inputs, targets, where = (t.to(run.device, non_blocking=True) for t in (inputs, targets, where))
         offset = None
         if args.pos_offsets > args.bptt:  # --pos-offsets: each stream starts at a random position
             offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
@@ -559,7 +560,7 @@ def forward_backward(run):
         if run.ddp:  # sync gradients only on the last micro-batch
             run.model.require_backward_grad_sync = micro == args.accumulate - 1
         with run.ctx:
-            _, loss = run.model(inputs, lang, targets, pos_offset=offset)
+            _, loss = run.model(inputs, lang, targets, pos_offset=offset, target_index=where)
             if run.ddp and run.raw_model.has_lang_specific():  # + 0 x the other languages' own parameters: DDP
                 others = [p for j in range(len(run.langs)) if j != lang
                           for p in run.raw_model.lang_specific_parameters(j)]
