@@ -274,8 +274,8 @@ def get_args(argv=None):
     if args.merges is None:
         args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
 
-    def check(ok, message):  # a usage line, exit 2
-        if not ok:
+    def check(condition, message):  # a usage line, exit 2
+        if not condition:
             p.error(message)
 
     def parsed(prefix, parse, *a):  # a parser's ValueError -> one usage line
@@ -288,10 +288,10 @@ def get_args(argv=None):
     check(not (args.overwrite and args.resume), "--overwrite starts a new run; it cannot be combined with --resume")
     check(all(langs) and len(set(langs)) == len(langs),
           f"--langs {args.langs}: expected distinct languages, e.g. en,fr")
-    for what, ok, names in RANGES:
+    for what, valid, names in RANGES:
         for k in names.split():
             v = getattr(args, k)  # None: not given (--threads)
-            check(v is None or ok(v) and math.isfinite(v), f"--{k.replace('_', '-')} must be {what}, got {v}")
+            check(v is None or valid(v) and math.isfinite(v), f"--{k.replace('_', '-')} must be {what}, got {v}")
     check(args.dim % args.n_heads == 0, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
     snapshots = args.snapshots.replace(",", " ").split()
     check(all(x.isdigit() and int(x) > 0 for x in snapshots), f"--snapshots {args.snapshots}: expected e.g. 500,1000")
@@ -558,7 +558,7 @@ def forward_backward(run):
             offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
             offset = offset.to(run.device, non_blocking=True)
         if run.ddp:  # sync gradients only on the last micro-batch
-            run.model.require_backward_grad_sync = micro == args.accumulate - 1
+            run.ddp_model.require_backward_grad_sync = micro == args.accumulate - 1
         with run.ctx:
             _, loss = run.model(inputs, lang, targets, pos_offset=offset, target_index=where)
             if run.ddp and run.raw_model.has_lang_specific():  # + 0 x the other languages' own parameters: DDP
@@ -675,11 +675,12 @@ def main(argv=None):
     if run.master and args.overwrite:  # a new run: no file of the earlier one is mixed in
         for name in found:
             os.remove(os.path.join(args.out, name))
-    if args.compile:
-        run.model = torch.compile(run.raw_model)
     if run.ddp:  # the other ranks wait for the master's evaluation and checkpoint in their next collective
         dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
-        run.model = DDP(run.model, device_ids=[torch.device(run.device).index] if run.device_type == "cuda" else None)
+        run.model = run.ddp_model = DDP(run.raw_model, device_ids=[torch.device(run.device).index]
+                                        if run.device_type == "cuda" else None)
+    if args.compile:  # after DDP: the graph is split at its gradient buckets, so their all-reduce overlaps backward
+        run.model = torch.compile(run.model)
     tokens_per_update = args.batch_size * args.bptt * args.accumulate * world_size
     log(f"languages {run.langs} (sampling p = {np.round(run.probs, 3).tolist()}), vocab sizes {run.vocab_sizes}, "
         f"train tokens {run.n_tokens}")
@@ -728,7 +729,7 @@ def main(argv=None):
         dist.barrier()  # no rank leaves before the master has written checkpoint.pt (torchrun kills the rest)
         # free the DDP wrapper (its reducer holds gloo work) first: with torch 2.13 + gloo, destroying the group while
         # it lived aborted 3 of 25 two-process runs ("terminate called without an active exception"), 0 of 30 after
-        del run.model
+        del run.model, run.ddp_model
         gc.collect()
         dist.destroy_process_group()
     if stopped_by:
