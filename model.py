@@ -243,8 +243,8 @@ class MLM(nn.Module):
         if target_index is None:
             target_index = (targets.view(-1) != -1).nonzero().squeeze(1)
         logits = F.linear(x.reshape(-1, x.size(-1)).index_select(0, target_index), W, b)  # (N, V)
-        if logits.size(0) == 0:                                  # no target: zero loss, graph kept
-            return logits, x.sum() * 0.0
+        if logits.size(0) == 0:  # no target: zero loss, graph kept (the bias too: DDP sees every parameter used)
+            return logits, (x.sum() + b.sum()) * 0.0
         return logits, F.cross_entropy(logits.float(), targets.view(-1).index_select(0, target_index))
 
     @classmethod
