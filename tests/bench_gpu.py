@@ -35,7 +35,7 @@ PEAK_BF16_TFLOPS = [("H200", 989), ("H100 NVL", 835), ("H100 PCIe", 756), ("H100
                     ("L40S", 362), ("L4", 121), ("A10", 125), ("RTX 4090", 165), ("RTX 3090", 71)]
 
 
-def peak_flops(device, override=None):
+def peak_flops(device, override=None, tiny=False):
     """(FLOP/s to measure MFU against, what it is)."""
     if override:
         return override * 1e12, f"--peak-tflops {override}"
@@ -45,7 +45,7 @@ def peak_flops(device, override=None):
             if key in name:
                 return tflops * 1e12, f"{name} dense bf16 peak {tflops} TFLOP/s"
         raise SystemExit(f"error: no bf16 peak known for {name}; pass --peak-tflops")
-    wall, _ = matmul_flops_per_s(1024 if torch.get_num_threads() == 1 else 2048, reps=3)
+    wall, _ = matmul_flops_per_s(512 if tiny else 2048, reps=3)
     return wall, f"this CPU's fp32 matmul rate {wall / 1e9:.1f} GFLOP/s"
 
 
@@ -129,13 +129,16 @@ def main(argv=None):
     p.add_argument("--vocab", type=int, default=80000, help="vocabulary (paper: 80k joint BPE merges)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default torch's)")
     p.add_argument("--peak-tflops", type=float, help="the card's dense bf16 peak, if not in the table")
     args = p.parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     device = "cuda:0" if device == "cuda" else device
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
     modes = (args.modes or ("eager,compile" if device.startswith("cuda") else "eager")).split(",")
-    peak, what = peak_flops(device, args.peak_tflops)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    peak, what = peak_flops(device, args.peak_tflops, args.tiny)
     print(f"device {device}, dtype {dtype}, {args.batch_size} x {args.bptt} tokens per step, vocab {args.vocab}"
           f"{', tiny model' if args.tiny else ', paper model 8 x 768'}; MFU against {what}")
     for mode in modes:

@@ -453,8 +453,12 @@ def test_gpu_benchmark_runs_tiny_on_the_cpu(capsys):
     """tests/bench_gpu.py (the paper config on a GPU) at a tiny size on the CPU: every number it reports is printed."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     import bench_gpu
-    bench_gpu.main(["--tiny", "--device", "cpu", "--batch-size", "4", "--bptt", "32", "--vocab", "200", "--steps", "2",
-                    "--warmup-steps", "1"])
+    threads = torch.get_num_threads()
+    try:
+        bench_gpu.main(["--tiny", "--device", "cpu", "--batch-size", "4", "--bptt", "32", "--vocab", "200", "--steps",
+                        "2", "--warmup-steps", "1", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "MFU against this CPU's fp32 matmul rate" in out
     line = [l for l in out.splitlines() if l.startswith("eager")][0]
