@@ -508,10 +508,10 @@ class BiaffineParser(nn.Module):
         """MST per sentence on log-softmax arc scores, each label the argmax at the chosen head. mask (B, T): True at
         the words (position 0, ROOT, is ignored). Returns per sentence the CoNLL heads (0 = ROOT) and label ids."""
         logp = s_arc.detach().float().log_softmax(-1).cpu().numpy()
-        best_rel = s_rel.detach().argmax(-1).cpu().numpy()
+        best_rel, words = s_rel.detach().argmax(-1).cpu().numpy(), mask[:, 1:].cpu().numpy()  # one copy each
         out_heads, out_rels = [], []
         for b in range(len(logp)):
-            pos = np.concatenate([[0], 1 + np.flatnonzero(mask[b, 1:].cpu().numpy())])  # ROOT, then the words
+            pos = np.concatenate([[0], 1 + np.flatnonzero(words[b])])  # ROOT, then the words
             heads = mst_decode(logp[b][np.ix_(pos, pos)])[1:]  # indices into pos = CoNLL word numbers
             out_heads.append(heads.tolist())
             out_rels.append([int(best_rel[b, i, pos[h]]) for i, h in zip(pos[1:], heads)])
@@ -598,15 +598,17 @@ def warmup_linear(step, total, warmup=0.1):
 
 
 @torch.no_grad()
-def evaluate(task, model, head, feats, examples, lang, max_len, batch_size=64):
-    """Scores of one split: batches of 64 in length order (less padding), predictions back in file order."""
+def evaluate(task, model, head, feats, examples, lang, max_len, batch_size=64, bf16=False):
+    """Scores of one split: batches of 64 in length order (less padding), predictions back in file order; under
+    the same autocast as training (bf16)."""
     model.eval()
     head.eval()
     order = sorted(range(len(feats)), key=lambda i: len(feats[i][0]))
-    preds = {}
+    preds, device = {}, next(model.parameters()).device
     for k in range(0, len(order), batch_size):
         chunk = order[k:k + batch_size]
-        preds.update(zip(chunk, task.run(model, head, [feats[i] for i in chunk], lang, max_len, predict=True)))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            preds.update(zip(chunk, task.run(model, head, [feats[i] for i in chunk], lang, max_len, predict=True)))
     return task.score(examples, [preds[i] for i in range(len(feats))])
 
 
@@ -657,7 +659,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
                 o.step()
             total_loss += loss.item() * len(batch)
             bar.update()
-        dev = evaluate(task, model, head, dev_feats, dev_ex, lang, args.max_len)
+        dev = evaluate(task, model, head, dev_feats, dev_ex, lang, args.max_len, bf16=args.bf16)
         dev_curve.append(dev[task.metric])
         with tqdm.external_write_mode():  # the line above the bar
             log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
@@ -667,7 +669,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     bar.close()
     model.load_state_dict(best["state"])
     head.load_state_dict(best["head"])
-    test = {code: evaluate(task, model, head, feats, ex, lid, args.max_len)
+    test = {code: evaluate(task, model, head, feats, ex, lid, args.max_len, bf16=args.bf16)
             for code, (ex, feats, lid) in data["test"].items()}
     return {**hp, "best_epoch": best["epoch"], "dev_curve": dev_curve, "dev": best["dev"], "test": test}
 

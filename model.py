@@ -229,20 +229,23 @@ class MLM(nn.Module):
             hs.append(self._pick(copies, lang)(hs[-1], attn_mask))
         return hs
 
-    def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None):
+    def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None, target_index=None):
         """With targets (B, T) (-1 = not a prediction target): logits (N, V_lang) of the N target positions
         only, in the order of targets[targets != -1] (row-major), and their mean cross-entropy. Projecting
         only the ~15 % masked positions is what XLM does and saves most of the softmax cost. Without
-        targets: logits (B, T, V_lang) for every position and loss None."""
+        targets: logits (B, T, V_lang) for every position and loss None. target_index: optional (N,) flat
+        positions of the targets (row-major), computed where the targets were made: the same result without
+        the two boolean selections, each of which waits for the GPU to count the targets."""
         x = self.hidden_states(idx, lang, attn_mask, pos_offset)[-1]
         W, b = self._pick(self.tok_emb, lang).weight, self._pick(self.pred_bias, lang)
         if targets is None:
             return F.linear(x, W, b), None
-        sel = targets != -1
-        logits = F.linear(x[sel], W, b)                          # (N, V)
-        if logits.size(0) == 0:                                  # no target: zero loss, graph kept
-            return logits, x.sum() * 0.0
-        return logits, F.cross_entropy(logits.float(), targets[sel])
+        if target_index is None:
+            target_index = (targets.view(-1) != -1).nonzero().squeeze(1)
+        logits = F.linear(x.reshape(-1, x.size(-1)).index_select(0, target_index), W, b)  # (N, V)
+        if logits.size(0) == 0:  # no target: zero loss, graph kept (the bias too: DDP sees every parameter used)
+            return logits, (x.sum() + b.sum()) * 0.0
+        return logits, F.cross_entropy(logits.float(), targets.view(-1).index_select(0, target_index))
 
     @classmethod
     def from_xlm(cls, state_dict, config):
@@ -476,8 +479,9 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
     """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo").
     device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N" or "mps"; a CUDA answer always
     has an index, which torch.cuda.set_device needs. Under torchrun (local_rank = LOCAL_RANK) each process
-    takes GPU `local_rank`, so cuda:N is refused. dtype: "auto" (bfloat16 on GPUs that support it, else
-    float16; float32 on CPU and MPS) or one of DTYPES. What this machine cannot serve is a one-line ValueError."""
+    takes GPU `local_rank`, so cuda:N is refused. dtype: "auto" (bfloat16 on a GPU of compute capability
+    >= 8.0, else float16; float32 on CPU and MPS) or one of DTYPES. What this machine cannot serve is a
+    one-line ValueError."""
     cuda = torch.cuda.is_available()
     if device == "auto":
         device = "cuda" if cuda else "cpu"
@@ -500,12 +504,16 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
     elif device not in ("cpu", "mps"):
         raise ValueError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
     gpu = device.startswith("cuda")
+    # native bfloat16 from compute capability 8.0 (A100); asked of the chosen GPU, not of the current one, and not
+    # torch.cuda.is_bf16_supported(), which also counts the emulated (slow) bf16 of a V100 or T4
+    cc = torch.cuda.get_device_capability(int(device[5:])) if gpu else None
     if dtype == "auto":
-        dtype = "float32" if not gpu else "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        dtype = "float32" if not gpu else "bfloat16" if cc >= (8, 0) else "float16"
     elif dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
-    elif dtype == "bfloat16" and gpu and not torch.cuda.is_bf16_supported():
-        raise ValueError("--dtype bfloat16: this GPU does not support bfloat16; use --dtype float16 or auto")
+    elif dtype == "bfloat16" and gpu and cc < (8, 0):
+        raise ValueError(f"--dtype bfloat16: GPU {device[5:]} has no native bfloat16 (compute capability "
+                         f"{cc[0]}.{cc[1]}, 8.0 needed); use --dtype float16 or auto")
     return device, dtype, "nccl" if gpu else "gloo"
 
 

@@ -21,10 +21,14 @@ import gc
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import sys
 import time
 from dataclasses import asdict
+from datetime import timedelta
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -181,12 +185,19 @@ MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language 
 # may differ on --resume (data are compared by vocabulary and token counts; --lr, --warmup: a diverged run goes on)
 RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile",
                      "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "overwrite",
-                     "lr", "warmup", "max_bad_steps"}
-RANGES = [("> 0", lambda v: v > 0, "n_layers dim n_heads batch_size bptt accumulate epoch_size epochs max_steps "
-                                   "lr merges log_every max_bad_steps workers threads"),
-          (">= 0", lambda v: v >= 0, "warmup eval_every clip seed toy_seed pos_offsets"),
+                     "lr", "warmup", "max_bad_steps", "save_every"}
+MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: a larger one is a typo, not a model
+# every number flag's check, in one table: (what it must be, the test, the flags)
+RANGES = [("> 0", lambda v: v > 0, "n_layers dim n_heads ffn_dim batch_size bptt accumulate epoch_size epochs "
+                                   "max_steps lr merges log_every max_bad_steps workers threads"),
+          (">= 0", lambda v: v >= 0, "warmup eval_every save_every clip seed toy_seed pos_offsets"),
+          ("< 2^32", lambda v: v < 2**32, "seed"),  # seeds the masking generator as seed * 1000 + rank + 1 < 2^64
+          (f"<= {MAX_POSITIONS}", lambda v: v <= MAX_POSITIONS, "bptt pos_offsets"),
           ("in [0, 1)", lambda v: 0 <= v < 1, "dropout attention_dropout"),
           ("in [0, 1]", lambda v: 0 <= v <= 1, "toy_overlap toy_domain_shift")]
+# torchrun: the other ranks wait in a collective while the master evaluates and writes checkpoint.pt (~1.4 GB at the
+# paper's size); NCCL's default of 10 minutes would end a run whose dev sets are large
+DDP_TIMEOUT = timedelta(minutes=60)
 
 
 def get_args(argv=None):
@@ -204,7 +215,8 @@ def get_args(argv=None):
     a("--train-files", metavar="LANG=PATH,...", help="text per language instead of --data, e.g. en=a.txt,fr=b.txt")
     a("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
     a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
-    a("--resume", action="store_true", help="continue from OUT/checkpoint.pt (--lr, schedule and length may change)")
+    a("--resume", action="store_true",
+      help="continue from OUT/checkpoint.pt (--lr, --warmup, --max-steps, --epochs may change)")
     a("--overwrite", action="store_true", help="start a new run in an --out holding an earlier run's files")
     a("--seed", type=int, default=0, help="seed for init, data order, masking, dropout")
     # data preparation (bpe.prepare)
@@ -244,6 +256,9 @@ def get_args(argv=None):
     a("--max-steps", type=int, help="stop after this many updates (paper: none; --toy 8000)")
     a("--eval-every", type=int, help="also evaluate and save every N updates (default 0: once per epoch)")
     a("--snapshots", default="", metavar="STEP,...", help="also keep the model at these updates as OUT/step{N}.pt")
+    a("--save-every", type=int, default=0, metavar="N", help="write checkpoint.pt at an evaluation only N or more "
+      "updates after the last one (default 0: at every evaluation; the run's end and a stop always save). Larger: "
+      "less time writing while the other GPUs wait, but a crash redoes up to N updates")
     preset("--log-every", int, "progress line every N updates")
     a("--max-bad-steps", type=int, default=5, help="stop after this many NaN/inf losses in a row")
     # system
@@ -259,8 +274,8 @@ def get_args(argv=None):
     if args.merges is None:
         args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
 
-    def need(ok, message):
-        if not ok:
+    def check(condition, message):  # a usage line, exit 2
+        if not condition:
             p.error(message)
 
     def parsed(prefix, parse, *a):  # a parser's ValueError -> one usage line
@@ -270,113 +285,217 @@ def get_args(argv=None):
             p.error(prefix + str(e))
 
     langs = args.langs.split(",")
-    need(not (args.overwrite and args.resume), "--overwrite starts a new run; it cannot be combined with --resume")
-    need(all(langs) and len(set(langs)) == len(langs), f"--langs {args.langs}: expected distinct languages, e.g. en,fr")
-    for what, ok, names in RANGES:
+    check(not (args.overwrite and args.resume), "--overwrite starts a new run; it cannot be combined with --resume")
+    check(all(langs) and len(set(langs)) == len(langs),
+          f"--langs {args.langs}: expected distinct languages, e.g. en,fr")
+    for what, valid, names in RANGES:
         for k in names.split():
             v = getattr(args, k)  # None: not given (--threads)
-            need(v is None or ok(v) and math.isfinite(v), f"--{k.replace('_', '-')} must be {what}, got {v}")
-    need(args.dim % args.n_heads == 0, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
+            check(v is None or valid(v) and math.isfinite(v), f"--{k.replace('_', '-')} must be {what}, got {v}")
+    check(args.dim % args.n_heads == 0, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
     snapshots = args.snapshots.replace(",", " ").split()
-    need(all(x.isdigit() and int(x) > 0 for x in snapshots), f"--snapshots {args.snapshots}: expected e.g. 500,1000")
+    check(all(x.isdigit() and int(x) > 0 for x in snapshots), f"--snapshots {args.snapshots}: expected e.g. 500,1000")
     args.snapshots = sorted({int(x) for x in snapshots})
     vars(args).update(parsed("", parse_sep, args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers
     if args.toy:  # toydata.py's own check, before anything is written
         parsed("--toy-order: ", parse_order, args.toy_order)
     # the data: --data, --train-files/--dev-files or the toy world in OUT/toy; prepared in --prep-dir
-    need((args.train_files is None) == (args.dev_files is None), "--train-files and --dev-files go together")
+    check((args.train_files is None) == (args.dev_files is None), "--train-files and --dev-files go together")
     if args.train_files:
-        need(args.data is None, "give either --data or --train-files/--dev-files, not both")
+        check(args.data is None, "give either --data or --train-files/--dev-files, not both")
         args.train_files = parsed("", parse_lang_files, "--train-files", args.train_files, langs)
         args.dev_files = parsed("", parse_lang_files, "--dev-files", args.dev_files, langs)
     args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
     args.toy_world = args.toy and args.data is None and not args.train_files
     if args.toy_world:
-        need(len(langs) <= 2, f"--langs {args.langs}: the toy world is bilingual (toydata.py); give one or two")
+        check(len(langs) <= 2, f"--langs {args.langs}: the toy world is bilingual (toydata.py); give one or two")
         args.data = os.path.join(args.out, "toy")
-    need(args.data is not None or args.train_files, "--data (or --train-files/--dev-files, or --toy) is required")
+    check(args.data is not None or args.train_files, "--data (or --train-files/--dev-files, or --toy) is required")
     if args.code_switch:
-        need(not args.sep_tok, "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok")
-        need(len(langs) == 2, "--code-switch needs exactly two --langs (the dictionary's source and target)")
+        check(not args.sep_tok,
+              "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok")
+        check(len(langs) == 2, "--code-switch needs exactly two --langs (the dictionary's source and target)")
         toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[1]}.txt")  # written with the toy world
         args.code_switch = toy_dict if args.code_switch == "toy" else args.code_switch
-        need(os.path.isfile(args.code_switch) or args.toy_world and args.code_switch == toy_dict,
+        check(os.path.isfile(args.code_switch) or args.toy_world and args.code_switch == toy_dict,
              f"--code-switch {args.code_switch}: no such file (for 'toy': --toy, or --data a toydata.py world)")
     return args
 
 # -----------------------------------------------------------------------------
-# main: device, run directory, data, model and optimiser, training loop with evaluation and checkpoints
+# the run directory, and the one form of advice printed when a run stops: a command this program accepts
 
-def main(argv=None):
-    args = get_args(argv)
-    langs = args.langs.split(",")
-    ddp = int(os.environ.get("RANK", -1)) != -1  # under torchrun
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    master = rank == 0  # the master evaluates and writes the files
+def run_files(out):
+    """What an earlier run wrote in --out: checkpoint.pt, best.pt, log.jsonl and its step{N}.pt snapshots. The toy
+    world (toy/, toy.json) and the prepared data (data/) are inputs, reused by every run in --out."""
+    names = set(os.listdir(out)) if os.path.isdir(out) else set()
+    snapshots = sorted((f for f in names if re.fullmatch(r"step\d+\.pt", f)), key=lambda f: int(f[4:-3]))
+    return [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if f in names] + snapshots
+
+
+def command(argv, then, lr=None):
+    """`python pretrain.py ARGV` made to go on (then="--resume") or to start again (then="--overwrite"), with
+    another --lr if given: every piece of advice the program prints is built here, so it is always accepted
+    (the same command plus --resume would be refused when it holds --overwrite)."""
+    drop, kept, skip_value = ("--resume", "--overwrite") + (("--lr",) if lr else ()), [], False
+    for a in argv:
+        name = a.split("=", 1)[0]
+        hit = name.startswith("--") and len(name) > 2 and any(d.startswith(name) for d in drop)  # argparse prefixes
+        if not (hit or skip_value):
+            kept.append(a)
+        skip_value = hit and "=" not in a and "--lr".startswith(name)
+    launcher = "torchrun ... pretrain.py" if "LOCAL_RANK" in os.environ else "python pretrain.py"
+    return f"{launcher} {shlex.join(kept + [then] + (['--lr', f'{lr:g}'] if lr else []))}"
+
+
+def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
+    if saved_step is None:
+        return "nothing was saved; start again with " + command(argv, "--overwrite", lr)
+    return f"{ckpt_path} holds step {saved_step}; go on with " + command(argv, "--resume", lr)
+
+
+class StopSignal:
+    """SIGTERM (a preempted job) and Ctrl-C. Before training either stops the program at once (nothing to save).
+    During training the first one only sets `signum` (a handler may interrupt a print): the loop finishes the update,
+    saves checkpoint.pt and exits 128 + signal. A repeated SIGTERM is ignored, so it cannot abort that save: torchrun
+    forwards the SIGTERM it gets to its workers, and a scheduler may signal them directly too. A second Ctrl-C stops
+    at once without saving (checkpoint.pt is written atomically: the previous one stays)."""
+
+    def __init__(self, advice):
+        self.signum, self.training, self.advice = None, False, advice  # advice(): how to go on, for a 2nd Ctrl-C
+        self.old = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if not self.training:  # only inputs were written so far (toy/, data/), which the same command reuses
+            raise SystemExit(f"error: stopped by {name} before training started; run the same command")
+        if self.signum is None:
+            self.signum = signum
+        elif signum == signal.SIGINT:
+            raise SystemExit(f"error: stopped by a second SIGINT without saving; {self.advice()}")
+
+    def restore(self):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+# -----------------------------------------------------------------------------
+# checkpoint.pt: read (--resume), restore and save. Everything needed to go on bit for bit, every rank's RNGs
+
+
+def read_checkpoint(path, args, argv):
+    """--resume: OUT/checkpoint.pt, refused in one line when missing, damaged, not pretrain.py's, made with other flags
+    (RESUME_MAY_CHANGE aside) or holding NaN/inf weights. -> (checkpoint, the --lr/--warmup changes as text)."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: --resume: no checkpoint.pt to go on from in {args.out}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types here: RuntimeError, EOFError, OSError "[Errno 22]", ...
+        torch_says = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:100]
+        raise SystemExit(f"error: --resume: {path} is damaged or truncated ({os.path.getsize(path)} bytes; "
+                         f"torch: {torch_says}); it cannot be continued")
+    if not isinstance(ckpt, dict) or not {"args", "model", "optimizer", "rng"} <= set(ckpt):
+        raise SystemExit(f"error: --resume: {path} is not a checkpoint written by pretrain.py")
+    old, new = ckpt["args"], vars(args)
+    diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
+                   for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
+    if diff:
+        raise SystemExit(f"error: --resume: {path} was made with different flags:{diff}")
+    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise SystemExit(f"error: --resume: {path} holds NaN or inf weights ({bad[0]}, {len(bad)} tensors): the run "
+                         f"cannot go on from it; start again with {command(argv, '--overwrite', lr=args.lr / 2)}")
+    return ckpt, ", ".join(f"--{k} {old.get(k)} -> {new[k]}" for k in ("lr", "warmup") if old.get(k) != new[k])
+
+
+def rng_states(run):
+    return {"sampler": run.sampler.state_dict(), "mask": run.mask_gen.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if run.device_type == "cuda" else None}
+
+
+def restore_checkpoint(run, ckpt):
+    """The model, optimizer, scaler, progress and this rank's RNG states from a read_checkpoint(); log.jsonl is cut
+    back to what it held then (what was logged after the checkpoint is done again)."""
+    if ckpt["tokenizer"] != run.tok.to_dict() or ckpt["data"]["n_tokens"] != run.n_tokens:
+        raise SystemExit(f"error: --resume: the data in {run.data_dir} are not the ones {run.ckpt_path} was trained on")
+    if len(ckpt["rng"]) != run.world_size:  # every rank goes on from its own RNG states
+        raise SystemExit(f"error: --resume: {run.ckpt_path} goes on with {len(ckpt['rng'])} processes only")
+    run.raw_model.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    if ckpt["scaler"] and run.scaler.is_enabled():  # empty when the run was not fp16
+        run.scaler.load_state_dict(ckpt["scaler"])
+    run.step, run.epoch, run.n_streams, run.best_ppl = ckpt["step"], ckpt["epoch"], ckpt["n_streams"], ckpt["best_ppl"]
+    rng, run.saved_step = ckpt["rng"][run.rank], run.step
+    run.sampler.load_state_dict(rng["sampler"])
+    run.mask_gen.set_state(rng["mask"])
+    torch.set_rng_state(rng["torch"])
+    if run.device_type == "cuda" and rng.get("cuda") is not None:
+        torch.cuda.set_rng_state(rng["cuda"])
+    if run.master and os.path.exists(run.log_path) and os.path.getsize(run.log_path) > ckpt["log_bytes"]:
+        os.truncate(run.log_path, ckpt["log_bytes"])
+        run.log(f"{run.log_path}: records after step {run.step} dropped (they are redone from the checkpoint)")
+
+
+def save_checkpoint(run):
+    """checkpoint.pt, written by the master (atomically) with every rank's RNG states (a collective). Under torchrun
+    a stop must fit in the 30 s between its SIGTERM and its SIGKILL to the workers: a slower write is reported."""
+    t0, rngs = time.time(), [rng_states(run)]
+    if run.ddp:
+        rngs, mine = [None] * run.world_size, rngs[0]
+        dist.all_gather_object(rngs, mine)
+    if run.master:
+        checkpoint = {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                      "scaler": run.scaler.state_dict(), "config": asdict(run.config), "args": vars(run.args),
+                      "tokenizer": run.tok.to_dict(), "langs": run.langs, "step": run.step, "epoch": run.epoch,
+                      "n_streams": run.n_streams, "best_ppl": run.best_ppl, "rng": rngs,
+                      "data": {"dir": run.data_dir, "n_tokens": run.n_tokens},
+                      "log_bytes": os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0}
+        atomic_write(run.ckpt_path, lambda tmp: torch.save(checkpoint, tmp))
+    run.saved_step, seconds = run.step, time.time() - t0
+    if run.ddp and seconds > 10 and not run.warned_slow_save:
+        run.warned_slow_save = True
+        run.log(f"warning: writing {run.ckpt_path} took {seconds:.0f} s: torchrun kills its workers 30 s after "
+                "forwarding a SIGTERM, so a stop may keep only the checkpoint before it (see --save-every)")
+
+# -----------------------------------------------------------------------------
+# setup: device, data (the toy world, bpe.prepare), model and optimizer
+
+
+def setup_device(args, ddp):
+    """model.pick_device (bf16 only on a GPU of compute capability >= 8.0), then set_device and --threads."""
     try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
         device, dtype, backend = pick_device(args.device, args.dtype, int(os.environ["LOCAL_RANK"]) if ddp else None)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
-    device_type = torch.device(device).type  # cuda, cpu or mps
-    if device_type == "cuda":
+    if device.startswith("cuda"):
         torch.cuda.set_device(device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    log = print if master else (lambda *a, **k: None)
-    ckpt_path, log_path = os.path.join(args.out, "checkpoint.pt"), os.path.join(args.out, "log.jsonl")
+    return device, dtype, backend
 
-    # SIGTERM (a preempted job) or Ctrl-C during training only sets a flag (the handler may interrupt a print): the
-    # loop finishes the update, saves checkpoint.pt and exits 128 + signal. Before training, or a second time: at once
-    stop_signal, training = None, False
 
-    def on_signal(signum, frame):
-        nonlocal stop_signal
-        if not training or stop_signal is not None:
-            raise SystemExit(f"error: stopped by {signal.Signals(signum).name} without saving; run the same command")
-        stop_signal = signum
-
-    old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    # the run directory: a new run refuses an earlier run's files unless --overwrite (toy/ and data/ are reused);
-    # --resume reads checkpoint.pt, refused unless made with the same flags (RESUME_MAY_CHANGE aside)
-    found = [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if os.path.exists(os.path.join(args.out, f))]
-    if found and not (args.resume or args.overwrite):
-        raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run; pass --resume to "
-                         "continue it (with its checkpoint.pt), --overwrite to start again, or another --out")
-    if args.resume:
+def write_toy_world(args, langs, master):
+    """--toy without --data: the master writes toydata.write_world's world to OUT/toy once (OUT/toy.json records its
+    knobs; a later run with other --toy-* flags is refused); the other ranks wait for it."""
+    knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], "overlap": args.toy_overlap, "order": args.toy_order,
+             "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic, "seed": args.toy_seed,
+             **TOY_SIZES[args.toy_size]}
+    record = os.path.join(args.out, "toy.json")
+    if master and not os.path.exists(record):
+        print(f"writing the toy world to {args.data}")
         try:
-            ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        except Exception as e:  # no such file, or a damaged one
-            raise SystemExit(f"error: --resume: cannot read {ckpt_path}: {e}")
-        if not isinstance(ckpt, dict) or not {"args", "model", "optimizer", "rng"} <= set(ckpt):
-            raise SystemExit(f"error: --resume: {ckpt_path} is not a checkpoint written by pretrain.py")
-        old, new = ckpt["args"], vars(args)
-        diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
-                       for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
-        if diff:
-            raise SystemExit(f"error: --resume: {ckpt_path} was made with different flags:{diff}")
-        changed = ", ".join(f"--{k} {old.get(k)} -> {new[k]}" for k in ("lr", "warmup") if old.get(k) != new[k])
-    make_dir("--out", args.out)
+            write_world(args.data, force=True, **knobs)
+        except OSError as e:  # a full disk, an unwritable directory
+            raise SystemExit(f"error: cannot write the toy world: {e.filename or args.data}: {e.strerror or e}")
+        write_text(record, json.dumps(knobs))
+    while not os.path.exists(record):
+        time.sleep(2)
+    with open(record) as f:
+        if json.load(f) != knobs:
+            raise SystemExit(f"error: {args.data} was written with other --toy-* flags; use another --out")
 
-    # data: the toy world (the master writes it; OUT/toy.json records its knobs, then refuses others), then bpe.prepare
-    # (inputs checked first; the master prepares, the other ranks wait), then what it wrote: tokenizer and ids
-    if args.toy_world:
-        knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], "overlap": args.toy_overlap,
-                 "order": args.toy_order, "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic,
-                 "seed": args.toy_seed, **TOY_SIZES[args.toy_size]}
-        record = os.path.join(args.out, "toy.json")
-        if master and not os.path.exists(record):
-            print(f"writing the toy world to {args.data}")
-            try:
-                write_world(args.data, force=True, **knobs)
-            except OSError as e:  # a full disk, an unwritable directory
-                raise SystemExit(f"error: cannot write the toy world: {e.filename or args.data}: {e.strerror or e}")
-            write_text(record, json.dumps(knobs))
-        while not os.path.exists(record):
-            time.sleep(2)
-        with open(record) as f:
-            if json.load(f) != knobs:
-                raise SystemExit(f"error: {args.data} was written with other --toy-* flags; use another --out")
+
+def load_data(args, langs, master):
+    """bpe.prepare (inputs checked first; the master prepares, the other ranks wait), then what it wrote: tokenizer,
+    memory-mapped ids per language, vocabulary sizes. A batch larger than a language's data is refused."""
     files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
     data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
                        separate_vocab=args.sep_tok, lowercase=args.lowercase, seed=args.seed,
@@ -388,201 +507,240 @@ def main(argv=None):
         vocab_sizes = [tok.vocab_size(l) for l in langs]
     except (OSError, ValueError, KeyError) as e:  # KeyError: a tokenizer without one of --langs
         raise SystemExit(f"error: cannot read the prepared data in {data_dir}: {e}")
-    n_tokens, probs = [len(ids) for ids in train], sampling_probs([m["n_sentences"] for m in meta])
+    n_tokens = [len(ids) for ids in train]
+    smallest, lang = min(zip(n_tokens, langs))
+    if args.batch_size * args.bptt > smallest:  # every batch would be mostly `</s>` padding (a 10^9 typo: no memory)
+        raise SystemExit(f"error: --batch-size {args.batch_size} x --bptt {args.bptt} is more than the {lang} training "
+                         f"data ({smallest} tokens); lower --batch-size")
+    return SimpleNamespace(data_dir=data_dir, tok=tok, train=train, dev=dev, vocab_sizes=vocab_sizes, n_tokens=n_tokens,
+                           probs=sampling_probs([m["n_sentences"] for m in meta]))
 
-    # model, optimiser (D3), AMP: autocast (none for float32) and a GradScaler for float16
-    torch.manual_seed(args.seed)  # same init on every rank (DDP broadcasts rank 0's anyway)
-    config = ModelConfig(vocab_size=max(vocab_sizes), n_langs=len(langs), n_layers=args.n_layers,
-                         n_heads=args.n_heads, dim=args.dim, ffn_dim=args.ffn_dim, dropout=args.dropout,
-                         attention_dropout=args.attention_dropout, max_positions=max(512, args.bptt, args.pos_offsets),
-                         lang_emb=args.lang_emb, sep_emb=args.sep_emb, sep_tok=args.sep_tok, sep_pos=args.sep_pos,
-                         sep_layers=tuple(args.sep_layers), vocab_sizes=tuple(vocab_sizes) if args.sep_tok else ())
-    raw_model = MLM(config).to(device)
-    params = list(raw_model.parameters())
-    optimizer = torch.optim.Adam(params, lr=args.lr, **ADAM)
-    ctx = autocast(device, dtype)
-    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 
-    # per-rank randomness: data order (numpy), masking (torch CPU generator), dropout (torch global); then --resume
-    sampler = StreamSampler([n_stream_batches(n, args.batch_size, args.bptt) for n in n_tokens], probs,
-                            seed=[args.seed, rank])
-    mask_gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
-    torch.manual_seed(args.seed * 1000 + rank + 2)
-    step, epoch, n_streams, best_ppl, bad_steps = 0, 0, 0, float("inf"), 0
-    saved_step = None  # the step checkpoint.pt holds
-    if args.resume:
-        if ckpt["tokenizer"] != tok.to_dict() or ckpt["data"]["n_tokens"] != n_tokens:
-            raise SystemExit(f"error: --resume: the data in {data_dir} are not the ones {ckpt_path} was trained on")
-        if len(ckpt["rng"]) != world_size:  # every rank goes on from its own RNG states
-            raise SystemExit(f"error: --resume: {ckpt_path} goes on with {len(ckpt['rng'])} processes only")
-        raw_model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if ckpt["scaler"] and scaler.is_enabled():  # empty when the run was not fp16
-            scaler.load_state_dict(ckpt["scaler"])
-        step, epoch, n_streams, best_ppl = ckpt["step"], ckpt["epoch"], ckpt["n_streams"], ckpt["best_ppl"]
-        saved_step, r = step, ckpt["rng"][rank]
-        sampler.load_state_dict(r["sampler"])
-        mask_gen.set_state(r["mask"])
-        torch.set_rng_state(r["torch"])
-        if device_type == "cuda" and r.get("cuda") is not None:
-            torch.cuda.set_rng_state(r["cuda"])
-        log(f"resumed from {ckpt_path} at step {step}, epoch {epoch}" + (f" ({changed})" if changed else ""))
-        if master and os.path.exists(log_path) and os.path.getsize(log_path) > ckpt["log_bytes"]:
-            os.truncate(log_path, ckpt["log_bytes"])  # what was logged after the checkpoint is done again
-            log(f"{log_path}: records after step {step} dropped (they are redone from the checkpoint)")
+def build(run, args, dtype):
+    """Model (seeded alike on every rank), Adam (D3), AMP (autocast; a GradScaler for float16), then per-rank
+    randomness: data order (numpy), masking (a torch CPU generator), dropout (torch's global generator)."""
+    torch.manual_seed(args.seed)
+    run.config = ModelConfig(vocab_size=max(run.vocab_sizes), n_langs=len(run.langs), n_layers=args.n_layers,
+                             n_heads=args.n_heads, dim=args.dim, ffn_dim=args.ffn_dim, dropout=args.dropout,
+                             attention_dropout=args.attention_dropout,
+                             max_positions=max(512, args.bptt, args.pos_offsets), lang_emb=args.lang_emb,
+                             sep_emb=args.sep_emb, sep_tok=args.sep_tok, sep_pos=args.sep_pos,
+                             sep_layers=tuple(args.sep_layers),
+                             vocab_sizes=tuple(run.vocab_sizes) if args.sep_tok else ())
+    run.raw_model = run.model = MLM(run.config).to(run.device)
+    run.params = list(run.raw_model.parameters())
+    fused = True if run.device_type == "cuda" else None  # one kernel for all parameters on a GPU
+    run.optimizer = torch.optim.Adam(run.params, lr=args.lr, fused=fused, **ADAM)
+    run.ctx = autocast(run.device, dtype)
+    run.scaler = torch.amp.GradScaler(run.device_type, enabled=(dtype == "float16"))
+    run.sampler = StreamSampler([n_stream_batches(n, args.batch_size, args.bptt) for n in run.n_tokens], run.probs,
+                                seed=[args.seed, run.rank])
+    run.mask_gen = torch.Generator().manual_seed(args.seed * 1000 + run.rank + 1)
+    torch.manual_seed(args.seed * 1000 + run.rank + 2)
+    run.step, run.epoch, run.n_streams, run.best_ppl, run.saved_step = 0, 0, 0, float("inf"), None
+
+# -----------------------------------------------------------------------------
+# one update: micro-batches, the ranks' agreement, the optimizer step with its skip rule; evaluation
+
+
+def forward_backward(run):
+    """One update's `accumulate` micro-batches, each of one language (XLM mlm_step). -> (mean loss, languages)."""
+    args, loss_sum, seen = run.args, torch.zeros((), device=run.device), []
+    for micro in range(args.accumulate):
+        lang, i = run.sampler.next()
+        seen.append(lang)
+        x = torch.from_numpy(get_batch(run.train[lang], i, args.batch_size, args.bptt))
+        inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_gen)
+        where = (targets.view(-1) != -1).nonzero().squeeze(1)  # on the host: MLM.forward need not ask the GPU
+        inputs, targets, where = (t.to(run.device, non_blocking=True) for t in (inputs, targets, where))
+        offset = None
+        if args.pos_offsets > args.bptt:  # --pos-offsets: each stream starts at a random position
+            offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
+            offset = offset.to(run.device, non_blocking=True)
+        if run.ddp:  # sync gradients only on the last micro-batch
+            run.ddp_model.require_backward_grad_sync = micro == args.accumulate - 1
+        with run.ctx:
+            _, loss = run.model(inputs, lang, targets, pos_offset=offset, target_index=where)
+            if run.ddp and run.raw_model.has_lang_specific():  # + 0 x the other languages' own parameters: DDP
+                others = [p for j in range(len(run.langs)) if j != lang
+                          for p in run.raw_model.lang_specific_parameters(j)]
+                loss = loss + sum(p.view(-1)[0] for p in others) * 0.0  # sees them used (no find_unused_parameters)
+        run.scaler.scale(loss / args.accumulate).backward()
+        loss_sum += loss.detach().float()
+        run.n_streams += args.batch_size
+    return loss_sum / args.accumulate, seen
+
+
+def agree(run, loss, seen):
+    """The update's one host-device sync and, under torchrun, its one all_reduce: the mean loss over ranks, which
+    languages any rank's micro-batches were in (--sep), a stop signal on any rank. -> (loss, used, signum or 0)."""
+    n, signum = len(run.langs), run.stop.signum
+    flags = torch.zeros(n + 2)
+    flags[seen] = 1.0
+    if signum:
+        flags[n + (signum == signal.SIGTERM)] = 1.0
+    packed = torch.cat([loss.view(1).float(), flags.to(run.device, non_blocking=True)])
+    if run.ddp:
+        dist.all_reduce(packed)  # a sum: the loss is divided by the number of ranks below
+    values = packed.tolist()
+    stop = signal.SIGTERM if values[n + 2] else signal.SIGINT if values[n + 1] else 0
+    return values[0] / run.world_size, values[1:n + 1], stop
+
+
+def optimizer_step(run, loss, used):
+    """Clip and step, unless the loss or the gradient norm is not finite: then the update is skipped (with float16
+    the GradScaler skips an overflow itself and lowers its scale). -> (grad norm, stepped, skipped)."""
+    if run.raw_model.has_lang_specific():
+        drop_unused_lang_grads(run.raw_model, used)
+    grad_norm, stepped, skipped = float("nan"), False, True
+    if math.isfinite(loss):
+        run.scaler.unscale_(run.optimizer)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, run.args.clip if run.args.clip > 0 else math.inf))
+    if math.isfinite(loss) and (math.isfinite(grad_norm) or run.scaler.is_enabled()):
+        scale = run.scaler.get_scale()
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+        stepped, skipped = run.scaler.get_scale() >= scale, False
+    run.optimizer.zero_grad(set_to_none=True)
+    return grad_norm, stepped, skipped
+
+
+def log_json(run, record):
+    """A line of log.jsonl, written by the master."""
+    try:
+        if run.master:
+            with open(run.log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+    except OSError as e:
+        raise SystemExit(f"error: cannot write {run.log_path}: {e.strerror}")
+
+
+def evaluate(run):
+    """The master's English and other dev perplexities (XLM evaluate_mlm); best.pt when English improves (paper
+    §3.1), step{N}.pt at --snapshots; a non-finite one overwrites nothing. -> every one finite (all ranks agree)."""
+    finite, args = True, run.args
+    if run.master:
+        ppl = {l: evaluate_ppl(run.raw_model, run.dev[j], j, run.vocab_sizes[j], args.bptt, run.device, run.ctx)
+               for j, l in enumerate(run.langs)}
+        finite = all(math.isfinite(v) for v in ppl.values())
+        improved = finite and ppl[run.langs[0]] < run.best_ppl
+        run.log(f"eval step {run.step} epoch {run.epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
+                + (" (best)" if improved else ""))
+        log_json(run, {"step": run.step, "epoch": run.epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
+        run.best_ppl = ppl[run.langs[0]] if improved else run.best_ppl
+        names = (["best.pt"] if improved else []) + ([f"step{run.step}.pt"] if finite and run.step in args.snapshots
+                                                     else [])
+        for name in names:
+            atomic_write(os.path.join(args.out, name), lambda tmp: save_model(
+                tmp, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs, args=vars(args), step=run.step,
+                dev_ppl=ppl))
+    if run.ddp:  # the master's verdict: every rank stops after the same update
+        flag = torch.tensor([float(not finite)], device=run.device)
+        dist.all_reduce(flag)
+        finite = not flag.item()
+    return finite
+
+# -----------------------------------------------------------------------------
+# main: setup, then the training loop
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args = get_args(argv)
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    run = SimpleNamespace(args=args, langs=args.langs.split(","), ddp="RANK" in os.environ, rank=rank,
+                          world_size=world_size, master=rank == 0, ckpt_path=os.path.join(args.out, "checkpoint.pt"),
+                          log_path=os.path.join(args.out, "log.jsonl"), warned_slow_save=False, saved_step=None)
+    run.device, dtype, backend = setup_device(args, run.ddp)
+    run.device_type = torch.device(run.device).type  # cuda, cpu or mps
+    run.log = log = print if run.master else (lambda *a, **k: None)
+    run.stop = StopSignal(lambda: how_to_go_on(run.ckpt_path, run.saved_step, argv))
+
+    # the run directory: a new run refuses an earlier run's files unless --overwrite; --resume reads checkpoint.pt
+    found = run_files(args.out)
+    if found and not (args.resume or args.overwrite):
+        raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run; pass --resume to "
+                         "continue it (with its checkpoint.pt), --overwrite to start again, or another --out")
+    ckpt, changed = read_checkpoint(run.ckpt_path, args, argv) if args.resume else (None, "")
+    make_dir("--out", args.out)
+    if args.toy_world:
+        write_toy_world(args, run.langs, run.master)
+    vars(run).update(vars(load_data(args, run.langs, run.master)))
+    build(run, args, dtype)
+    if ckpt:
+        restore_checkpoint(run, ckpt)
+        log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.epoch}"
+            + (f" ({changed})" if changed else ""))
         del ckpt
-    if master and args.overwrite:  # a new run: no file of the earlier one is mixed in
+    if run.master and args.overwrite:  # a new run: no file of the earlier one is mixed in
         for name in found:
             os.remove(os.path.join(args.out, name))
-
-    model = torch.compile(raw_model) if args.compile else raw_model
-    if ddp:
-        dist.init_process_group(backend=backend)
-        model = DDP(model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
+    if run.ddp:  # the other ranks wait for the master's evaluation and checkpoint in their next collective
+        dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
+        run.model = run.ddp_model = DDP(run.raw_model, device_ids=[torch.device(run.device).index]
+                                        if run.device_type == "cuda" else None)
+    if args.compile:  # after DDP: the graph is split at its gradient buckets, so their all-reduce overlaps backward
+        run.model = torch.compile(run.model)
     tokens_per_update = args.batch_size * args.bptt * args.accumulate * world_size
-    log(f"languages {langs} (sampling p = {np.round(probs, 3).tolist()}), vocab sizes {vocab_sizes}, "
-        f"train tokens {n_tokens}")
-    log(f"model: {sum(p.numel() for p in params):,} parameters, sep={args.sep or 'none'}, bpe={args.bpe}; "
+    log(f"languages {run.langs} (sampling p = {np.round(run.probs, 3).tolist()}), vocab sizes {run.vocab_sizes}, "
+        f"train tokens {run.n_tokens}")
+    log(f"model: {sum(p.numel() for p in run.params):,} parameters, sep={args.sep or 'none'}, bpe={args.bpe}; "
         f"{tokens_per_update:,} tokens per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} "
-        f"accumulation x {world_size} processes), dtype {dtype}, device {device}")
+        f"accumulation x {world_size} processes), dtype {dtype}, device {run.device}")
 
-    def log_json(obj):  # log.jsonl, written by the master
-        try:
-            if master:
-                with open(log_path, "a") as f:
-                    f.write(json.dumps(obj) + "\n")
-        except OSError as e:
-            raise SystemExit(f"error: cannot write {log_path}: {e.strerror}")
-
-    # -------------------------------------------------------------------------
-    # training loop: one update = `accumulate` micro-batches, each one language (XLM src/trainer.py mlm_step)
-    stopped_by, diverged = 0, None
-    training = True  # from now on a signal stops the run after the current update (on_signal)
-    t0 = time.time()
-    while step < args.max_steps and epoch < args.epochs and not stopped_by:
-        lr = get_lr(step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
-        for group in optimizer.param_groups:
+    # training loop: one update = `accumulate` micro-batches; evaluation at the end of an epoch and of the run, every
+    # --eval-every and at --snapshots; checkpoint.pt then (--save-every permitting) and when a signal stops the run
+    bad_steps, stopped_by, diverged, t0 = 0, 0, None, time.time()
+    run.stop.training = True
+    while run.step < args.max_steps and run.epoch < args.epochs and not stopped_by:
+        lr = get_lr(run.step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
+        for group in run.optimizer.param_groups:
             group["lr"] = lr
-        loss_sum, micro_langs = torch.zeros((), device=device), []
-        for micro in range(args.accumulate):
-            lang, i = sampler.next()
-            micro_langs.append(langs[lang])
-            x = torch.from_numpy(get_batch(train[lang], i, args.batch_size, args.bptt))
-            inputs, targets = (t.to(device, non_blocking=True) for t in mask_tokens(x, vocab_sizes[lang], mask_gen))
-            offset = None
-            if args.pos_offsets > args.bptt:  # --pos-offsets: each stream starts at a random position
-                offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=mask_gen)
-                offset = offset.to(device, non_blocking=True)
-            if ddp:  # sync gradients only on the last micro-batch
-                model.require_backward_grad_sync = micro == args.accumulate - 1
-            with ctx:
-                _, loss = model(inputs, lang, targets, pos_offset=offset)
-                # + 0 * one element of every parameter: with --sep, DDP sees every parameter used (no
-                # find_unused_parameters) and 1 GPU with --accumulate k does k GPUs' arithmetic (drop_unused_lang_grads)
-                loss = loss + sum(p.view(-1)[0] for p in params) * 0.0
-            scaler.scale(loss / args.accumulate).backward()
-            loss_sum += loss.detach().float()
-            n_streams += args.batch_size
-        loss_avg = loss_sum / args.accumulate
-        if ddp:  # every rank must agree whether to skip
-            dist.all_reduce(loss_avg, op=dist.ReduceOp.AVG)
-        loss_value = float(loss_avg)
-        if raw_model.has_lang_specific():  # which languages did this update see, on any rank?
-            used = torch.zeros(len(langs), device=device)
-            used[[langs.index(l) for l in micro_langs]] = 1.0
-            if ddp:
-                dist.all_reduce(used, op=dist.ReduceOp.MAX)
-            drop_unused_lang_grads(raw_model, used.tolist())
-        grad_norm, stepped = float("nan"), False
-        if math.isfinite(loss_value):
-            scaler.unscale_(optimizer)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, args.clip if args.clip > 0 else math.inf))
-        if math.isfinite(loss_value) and (math.isfinite(grad_norm) or scaler.is_enabled()):
-            # fp16: a non-finite grad norm is an overflow; scaler.step skips the update, update() lowers the scale
-            scale = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
-            stepped, bad_steps = scaler.get_scale() >= scale, 0
-            step += int(stepped)
-        else:
-            bad_steps += 1
-            log(f"step {step}: non-finite loss {loss_value} / grad norm {grad_norm}, update skipped "
+        loss, seen = forward_backward(run)
+        loss, used, stopped_by = agree(run, loss, seen)
+        grad_norm, stepped, skipped = optimizer_step(run, loss, used)
+        run.step, bad_steps = run.step + int(stepped), bad_steps + 1 if skipped else 0
+        if skipped:
+            log(f"step {run.step}: non-finite loss {loss} / grad norm {grad_norm}, update skipped "
                 f"({bad_steps} in a row)")
-            log_json({"step": step, "skipped": True, "loss": loss_value, "grad_norm": grad_norm})
+            log_json(run, {"step": run.step, "skipped": True, "loss": loss, "grad_norm": grad_norm})
             if bad_steps >= args.max_bad_steps:
-                diverged = f"{bad_steps} non-finite losses in a row at step {step}"
+                diverged = f"{bad_steps} non-finite losses in a row at step {run.step}"
                 break
-        optimizer.zero_grad(set_to_none=True)
-        if stepped and step % args.log_every == 0:
+        if stepped and run.step % args.log_every == 0:
             tok_s, t0 = tokens_per_update * args.log_every / (time.time() - t0), time.time()
-            log(f"step {step} | epoch {epoch} | loss {loss_value:.4f} | lr {lr:.2e} | grad norm {grad_norm:.2f} | "
+            log(f"step {run.step} | epoch {run.epoch} | loss {loss:.4f} | lr {lr:.2e} | grad norm {grad_norm:.2f} | "
                 f"{tok_s:,.0f} tok/s")
-            log_json({"step": step, "epoch": epoch, "lang": ",".join(micro_langs), "loss": loss_value, "lr": lr,
-                      "grad_norm": grad_norm, "tok_per_s": tok_s})
-
-        # evaluation (master) at the end of an epoch and of the run, every --eval-every and at --snapshots: best.pt
-        # when English improves (paper §3.1), step{N}.pt; a non-finite perplexity stops the run, overwriting nothing
-        evaluate = (n_streams >= args.epoch_size or step >= args.max_steps
-                    or stepped and (args.eval_every and step % args.eval_every == 0 or step in args.snapshots))
-        if n_streams >= args.epoch_size:  # the epoch counter moves on (XLM)
-            n_streams, epoch = 0, epoch + 1
-        ok = True
-        if evaluate and master:
-            ppl = {l: evaluate_ppl(raw_model, dev[j], j, vocab_sizes[j], args.bptt, device, ctx)
-                   for j, l in enumerate(langs)}
-            ok = all(math.isfinite(v) for v in ppl.values())
-            improved = ok and ppl[langs[0]] < best_ppl
-            log(f"eval step {step} epoch {epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
-                + (" (best)" if improved else ""))
-            log_json({"step": step, "epoch": epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
-            best_ppl = ppl[langs[0]] if improved else best_ppl
-            names = (["best.pt"] if improved else []) + ([f"step{step}.pt"] if ok and step in args.snapshots else [])
-            for name in names:
-                atomic_write(os.path.join(args.out, name), lambda tmp: save_model(
-                    tmp, raw_model, tokenizer=tok.to_dict(), langs=langs, args=vars(args), step=step, dev_ppl=ppl))
-
-        # a signal on any rank, or the master's non-finite dev perplexity: every rank stops after the same update
-        halt = torch.tensor([float(stop_signal or 0), float(not ok)], device=device)
-        if ddp:
-            dist.all_reduce(halt, op=dist.ReduceOp.MAX)
-        stopped_by, ok = int(halt[0]), not halt[1]
-        if not ok:
-            log(f"warning: step {step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
-            diverged = f"the dev perplexity is not finite at step {step}"
+            log_json(run, {"step": run.step, "epoch": run.epoch, "lang": ",".join(run.langs[j] for j in seen),
+                           "loss": loss, "lr": lr, "grad_norm": grad_norm, "tok_per_s": tok_s})
+        last = run.step >= args.max_steps or run.n_streams >= args.epoch_size and run.epoch + 1 >= args.epochs
+        due = (run.n_streams >= args.epoch_size or run.step >= args.max_steps
+               or stepped and (args.eval_every and run.step % args.eval_every == 0 or run.step in args.snapshots))
+        if run.n_streams >= args.epoch_size:  # the epoch counter moves on (XLM)
+            run.n_streams, run.epoch = 0, run.epoch + 1
+        if due and not evaluate(run):
+            log(f"warning: step {run.step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
+            diverged = f"the dev perplexity is not finite at step {run.step}"
             break
-        if evaluate or stopped_by:
-            # checkpoint.pt: everything needed to go on bit for bit, every rank's RNG states included (a collective)
-            rngs = [{"sampler": sampler.state_dict(), "mask": mask_gen.get_state(), "torch": torch.get_rng_state(),
-                     "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}]
-            if ddp:
-                rngs, mine = [None] * world_size, rngs[0]
-                dist.all_gather_object(rngs, mine)
-            if master:
-                ck = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                      "scaler": scaler.state_dict(), "config": asdict(config), "args": vars(args),
-                      "tokenizer": tok.to_dict(), "langs": langs, "step": step, "epoch": epoch, "n_streams": n_streams,
-                      "best_ppl": best_ppl, "rng": rngs, "data": {"dir": data_dir, "n_tokens": n_tokens},
-                      "log_bytes": os.path.getsize(log_path) if os.path.exists(log_path) else 0}
-                atomic_write(ckpt_path, lambda tmp: torch.save(ck, tmp))
-            saved_step = step
-    for sig, handler in old_handlers.items():
-        signal.signal(sig, handler)
-    if ddp:
+        if stopped_by or due and (last or run.step - (run.saved_step or 0) >= args.save_every):
+            save_checkpoint(run)
+    run.stop.restore()
+    if run.ddp:
         dist.barrier()  # no rank leaves before the master has written checkpoint.pt (torchrun kills the rest)
         # free the DDP wrapper (its reducer holds gloo work) first: with torch 2.13 + gloo, destroying the group while
         # it lived aborted 3 of 25 two-process runs ("terminate called without an active exception"), 0 of 30 after
-        del model
+        del run.model, run.ddp_model
         gc.collect()
         dist.destroy_process_group()
     if stopped_by:
-        log(f"stopped by {signal.Signals(stopped_by).name} after step {step}: saved {ckpt_path}; to go on, "
-            "run the same command with --resume", file=sys.stderr)
+        log(f"stopped by {signal.Signals(stopped_by).name} after step {run.step}: saved {run.ckpt_path}; to go on, "
+            f"run {command(argv, '--resume')}", file=sys.stderr)
         sys.exit(128 + stopped_by)  # the shell's code for a process ended by that signal
     if diverged:
-        raise SystemExit(1 if not master else f"error: {diverged}; " + (
-            "nothing was saved: start again with a lower --lr (and --overwrite)" if saved_step is None else
-            f"{ckpt_path} holds step {saved_step}: the same command plus --resume --lr X (lower) or --dtype float32"))
-    log(f"done: step {step}, epoch {epoch}, best {langs[0]} dev ppl {best_ppl:.2f}; files in {args.out}")
+        raise SystemExit(1 if not run.master else f"error: {diverged}; "
+                         + how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=args.lr / 2))
+    log(f"done: step {run.step}, epoch {run.epoch}, best {run.langs[0]} dev ppl {run.best_ppl:.2f}; "
+        f"files in {args.out}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 clear line, never a traceback, a half-written file or a result that looks valid but is not."""
 import errno
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -20,9 +22,16 @@ from test_pretrain import ENV, ROOT, TINY, read_log, run
 
 
 def fake_cuda(monkeypatch, n_gpus, bf16=True):
+    """n_gpus fake GPUs; bf16: native bfloat16 on all (compute capability 8.0, A100) or none (7.0, V100), or one
+    bool per GPU. torch.cuda.is_bf16_supported() says True everywhere, as torch's does by default (emulated bf16),
+    and cuda:0 is the current device: only the chosen GPU's capability may decide."""
+    caps = [(8, 0) if b else (7, 0) for b in (bf16 if isinstance(bf16, list) else [bf16] * n_gpus)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: n_gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: n_gpus)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    index = lambda d=None: 0 if d is None else d if isinstance(d, int) else torch.device(d).index or 0  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: caps[index(d)])
 
 
 # (device flag, LOCAL_RANK or None, GPUs, bf16) -> (device, dtype of --dtype auto, backend) or an error
@@ -37,6 +46,10 @@ CASES = [
     ("cuda", None, 2, True, ("cuda:0", "bfloat16", "nccl")),
     ("cuda", 1, 2, False, ("cuda:1", "float16", "nccl")),
     ("cuda:1", None, 2, True, ("cuda:1", "bfloat16", "nccl")),
+    ("cuda:1", None, 2, [True, False], ("cuda:1", "float16", "nccl")),  # the chosen GPU decides, not cuda:0
+    ("cuda", 1, 2, [True, False], ("cuda:1", "float16", "nccl")),       # torchrun rank 1 on the V100
+    ("cuda", 0, 2, [False, True], ("cuda:0", "float16", "nccl")),
+    ("auto", 1, 2, [False, True], ("cuda:1", "bfloat16", "nccl")),
     ("cuda", None, 0, True, "CUDA is not available on this machine"),
     ("cuda", 0, 0, True, "CUDA is not available on this machine"),
     ("cuda:1", None, 0, True, "CUDA is not available on this machine"),
@@ -63,7 +76,7 @@ def test_pick_device(monkeypatch, flag, local_rank, n_gpus, bf16, want):
 def test_pick_device_explicit_dtype(monkeypatch):
     fake_cuda(monkeypatch, 1, bf16=False)
     assert pick_device("cuda", "float16") == ("cuda:0", "float16", "nccl")
-    with pytest.raises(ValueError, match="does not support bfloat16"):
+    with pytest.raises(ValueError, match=r"^--dtype bfloat16: GPU 0 has no native bfloat16 \(compute capability 7.0"):
         pick_device("cuda", "bfloat16")
     assert pick_device("cpu", "bfloat16") == ("cpu", "bfloat16", "gloo")  # CPU autocast has bf16
     with pytest.raises(ValueError, match="--dtype"):
@@ -147,6 +160,48 @@ def test_signal_saves_checkpoint_and_resume_is_exact(world, tmp_path, sig):
     assert all(torch.equal(a["model"][n], b["model"][n]) for n in a["model"])
     strip = lambda log: [{x: y for x, y in r.items() if x != "tok_per_s"} for r in log]  # noqa: E731
     assert strip(read_log(out)) == strip(read_log(tmp_path / "straight"))
+
+
+def signals_during_first_save(monkeypatch, *sigs):
+    """Send `sigs` to this process while checkpoint.pt is being written for the first time (a preempted job's
+    scheduler and torchrun both forward SIGTERM; a user presses Ctrl-C twice)."""
+    save, sent = torch.save, []
+
+    def save_and_signal(obj, f, *a, **k):
+        if "checkpoint.pt" in str(f) and not sent:
+            sent.append(1)
+            for sig in sigs:
+                os.kill(os.getpid(), sig)
+                time.sleep(0.01)  # the handler runs between two bytecodes, here
+        return save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, "save", save_and_signal)
+
+
+def test_repeated_sigterm_does_not_abort_the_save(world, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    flags = flags_of(world) + ["--out", out, "--eval-every", 2, "--max-steps", 10]
+    signals_during_first_save(monkeypatch, signal.SIGTERM, signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        run(flags)
+    assert e.value.code == 128 + signal.SIGTERM
+    # the signals came during step 2's save, after the loop had read its stop flags: it stops after the next update
+    assert "stopped by SIGTERM after step 3" in capsys.readouterr().err
+    assert step_of(out / "checkpoint.pt") == 3 and no_temp_files(out)
+
+
+def test_second_ctrl_c_stops_at_once_and_says_how_to_go_on(world, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    flags = flags_of(world) + ["--out", out, "--eval-every", 2, "--max-steps", 4, "--overwrite"]
+    run(flags[:-1] + ["--max-steps", 1])  # an earlier run's files, which --overwrite removes
+    signals_during_first_save(monkeypatch, signal.SIGINT, signal.SIGINT)
+    with pytest.raises(SystemExit) as e:
+        run(flags)
+    message = str(e.value.code)
+    assert message.startswith("error: stopped by a second SIGINT without saving") and "\n" not in message
+    assert not (out / "checkpoint.pt").exists() and no_temp_files(out)
+    monkeypatch.undo()
+    run(advised_command(message))  # nothing was saved: a new run, which must not be refused for log.jsonl
+    assert step_of(out / "checkpoint.pt") == 4
 
 
 def test_sigterm_to_one_torchrun_rank_stops_every_rank(world, tmp_path):
@@ -247,10 +302,65 @@ def test_divergence_keeps_the_last_good_files_and_resume_may_lower_lr(at_step_2,
     assert "not overwritten" in capsys.readouterr().out
     assert (out / "checkpoint.pt").read_bytes() == before["checkpoint.pt"]
     assert (out / "best.pt").read_bytes() == before["best.pt"]
-    run(flags + ["--max-steps", 4, "--resume", "--lr", 5e-4])  # the advice can be followed
+    advice = advised_command(message)  # the printed command is accepted: it diverges again (lr 5e29), not refused
+    assert advice[-3:] == ["--resume", "--lr", "5e+29"] and "--dtype" not in advice
+    with pytest.raises(SystemExit, match="^error: the dev perplexity is not finite at step 3; .*holds step 2"):
+        run(advice)
+    run(flags + ["--max-steps", 4, "--resume", "--lr", 5e-4])  # a lower rate goes on
     assert "--lr 0.001 -> 0.0005" in capsys.readouterr().out
     assert step_of(out / "checkpoint.pt") == 4
     assert all(math_finite(r) for r in read_log(out)), "the diverged records were cut from log.jsonl"
+
+
+def nan_weights(out):
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    next(iter(ck["model"].values())).fill_(float("nan"))
+    torch.save(ck, out / "checkpoint.pt")
+
+
+def truncate(out):
+    os.truncate(out / "checkpoint.pt", os.path.getsize(out / "checkpoint.pt") // 2)
+
+
+# (setup of OUT at step 2, flags, the one line expected): refused before any update, OUT unchanged (issue 22)
+RUN_FAULTS = [
+    ("nan-weights", nan_weights, ["--resume"], r"checkpoint.pt holds NaN or inf weights .*cannot go on.*--overwrite"),
+    ("truncated", truncate, ["--resume"], r"checkpoint.pt is damaged or truncated \(\d+ bytes; torch: .*\); it cannot be continued$"),
+    ("no-checkpoint", lambda out: (out / "checkpoint.pt").unlink(), ["--resume"], r"no checkpoint.pt to go on from"),
+    ("huge-batch", None, ["--overwrite", "--batch-size", 10**9],
+     r"--batch-size 1000000000 x --bptt 32 is more than the en training data \(\d+ tokens\)"),
+]
+
+
+@pytest.mark.parametrize("setup, flags, message", [c[1:] for c in RUN_FAULTS], ids=[c[0] for c in RUN_FAULTS])
+def test_run_fault_is_one_line_and_changes_nothing(at_step_2, setup, flags, message):
+    out, base, _ = at_step_2
+    if setup:
+        setup(out)
+    before = {f: (out / f).read_bytes() for f in os.listdir(out) if (out / f).is_file()}
+    with pytest.raises(SystemExit) as e:
+        run(base + ["--max-steps", 4] + flags)
+    assert re.search("^error: .*" + message, str(e.value.code)) and "\n" not in str(e.value.code), e.value.code
+    assert {f: (out / f).read_bytes() for f in os.listdir(out) if (out / f).is_file()} == before
+
+
+def test_overwrite_removes_every_file_of_the_earlier_run(at_step_2):
+    out, flags, _ = at_step_2
+    run(flags + ["--max-steps", 3, "--snapshots", "1,3", "--overwrite"])
+    assert (out / "step1.pt").exists() and (out / "step3.pt").exists()
+    run(flags + ["--max-steps", 2, "--overwrite"])
+    assert not (out / "step1.pt").exists() and not (out / "step3.pt").exists(), "the earlier run's snapshots"
+    run(flags + ["--max-steps", 1, "--snapshots", "1", "--overwrite"])
+    for f in ("checkpoint.pt", "best.pt", "log.jsonl"):
+        (out / f).unlink()
+    with pytest.raises(SystemExit, match="holds step1.pt of an earlier run"):  # a snapshot alone is a run's file
+        run(flags + ["--max-steps", 1])
+
+
+def advised_command(message):
+    """The argv of the `python pretrain.py ...` command a message advises (it must be one this program accepts)."""
+    assert "python pretrain.py " in message, message
+    return shlex.split(message.split("python pretrain.py ", 1)[1].split(";")[0])
 
 
 def math_finite(record):
@@ -281,6 +391,11 @@ BAD_FLAGS = [
     (["--langs", "en,"], "--langs en,: expected distinct languages"),
     (["--toy-order", "xyz"], "--toy-order"),
     (["--toy-overlap", 2], "--toy-overlap must be in [0, 1]"),
+    (["--ffn-dim", 0], "--ffn-dim must be > 0"),                     # issue 22 item 9: tracebacks before
+    (["--ffn-dim", -4], "--ffn-dim must be > 0"),
+    (["--seed", 10**17], "--seed must be < 2^32"),
+    (["--pos-offsets", 10**9], "--pos-offsets must be <= 16384"),
+    (["--bptt", 10**9], "--bptt must be <= 16384"),
 ]
 
 

@@ -157,6 +157,25 @@ def test_pos_offset_shifts_the_positions_of_each_row():
         assert torch.allclose(c[1], d[1], atol=1e-6) and not torch.allclose(c[1], a[1])
 
 
+def test_target_index_gives_the_boolean_selections_result_bit_for_bit():
+    """MLM.forward's target_index (pretrain.py computes it on the host) and its own index equal the boolean mask
+    selection x[targets != -1] it replaced: logits, loss and every gradient, bit for bit."""
+    torch.manual_seed(0)
+    m = MLM(ModelConfig(vocab_size=50, n_layers=2, n_heads=2, dim=16, ffn_dim=32, max_positions=16, dropout=0.0,
+                        attention_dropout=0.0))
+    x = torch.randint(14, 50, (3, 10))
+    y = torch.where(torch.rand(3, 10) < 0.3, x, torch.full_like(x, -1))
+    h = m.hidden_states(x, 0)[-1]
+    ref = F.cross_entropy(F.linear(h[y != -1], m.tok_emb[0].weight, m.pred_bias[0]).float(), y[y != -1])
+    ref.backward()
+    want = [p.grad.clone() for p in m.parameters()]
+    for index in (None, (y.view(-1) != -1).nonzero().squeeze(1)):
+        m.zero_grad()
+        _, loss = m(x, 0, y, target_index=index)
+        loss.backward()
+        assert torch.equal(loss, ref) and all(torch.equal(p.grad, g) for p, g in zip(m.parameters(), want))
+
+
 def test_output_weight_is_the_token_embedding():
     """Tied softmax: no separate output matrix; logits = h·Eᵀ + b with E the token table itself."""
     for kw in (dict(), dict(sep_emb=True, vocab_sizes=(37, 30))):

@@ -266,6 +266,16 @@ def test_snapshots_keep_the_model_at_the_given_updates(world, tmp_path):
     assert not torch.equal(m2.state_dict()["ln_emb.weight"], m3.state_dict()["ln_emb.weight"])
 
 
+def test_save_every_writes_checkpoint_at_evaluations_n_updates_apart_and_at_the_end(world, tmp_path, monkeypatch):
+    import pretrain
+    saved, save = [], pretrain.save_checkpoint
+    monkeypatch.setattr(pretrain, "save_checkpoint", lambda r: (saved.append(r.step), save(r)))
+    run(TINY + ["--data", world["raw"], "--prep-dir", world["cache"], "--out", tmp_path / "a", "--max-steps", 7,
+                "--eval-every", 1, "--save-every", 3])
+    assert saved == [3, 6, 7]
+    assert len([r for r in read_log(tmp_path / "a") if "dev_ppl" in r]) == 7, "evaluation is not thinned"
+
+
 def test_pos_offsets_train_position_rows_beyond_bptt(world, tmp_path):
     """--bptt 8 --pos-offsets 24: position rows 8..23 are trained too (without the flag they keep their init)."""
     rows = {}
@@ -437,3 +447,20 @@ def test_private_parameters_of_an_unseen_language_do_not_move():
     assert not torch.equal(shared_before, m.blocks[1][0].ln2.weight)
     update(0, False)  # without the fix momentum moves them: the test can fail
     assert not all(torch.equal(b, p) for b, p in zip(before, m.lang_specific_parameters(1)))
+
+
+def test_gpu_benchmark_runs_tiny_on_the_cpu(capsys):
+    """tests/bench_gpu.py (the paper config on a GPU) at a tiny size on the CPU: every number it reports is printed."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import bench_gpu
+    threads = torch.get_num_threads()
+    try:
+        bench_gpu.main(["--tiny", "--device", "cpu", "--batch-size", "4", "--bptt", "32", "--vocab", "200", "--steps",
+                        "2", "--warmup-steps", "1", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "MFU against this CPU's fp32 matmul rate" in out
+    line = [l for l in out.splitlines() if l.startswith("eager")][0]
+    for what in ("tok/s", "MFU", "peak memory", "split forward", "backward", "optimizer"):
+        assert what in line, line
