@@ -89,6 +89,11 @@ def cka_table(args):
     import model as M  # (model.load_encoder reads the tokenizer with bpe.py)
     from bpe import read_parallel
 
+    for flag, code in (("--src", args.src), ("--tgt", args.tgt)):  # a code names files of a --toy world
+        if not code.isalpha():
+            raise ValueError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
+    if args.src == args.tgt:  # the same sentences on both sides: CKA 1.000 that measures nothing
+        raise ValueError(f"--src and --tgt are both {args.src!r}: give two languages")
     if args.toy:
         if not os.path.isdir(args.toy):
             raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
@@ -174,6 +179,10 @@ def main(argv=None):
         return cka_table(args)
     except (ValueError, OSError) as e:  # bad inputs (files, checkpoints, languages): one line, no traceback
         sys.exit(f"cka.py: error: {e}")
+    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
+        if not isinstance(e, MemoryError) and "out of memory" not in str(e) and "allocate memory" not in str(e):
+            raise
+        sys.exit(f"cka.py: error: out of memory; try a smaller --batch-size (or --max-sents)")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import sys
 
 import numpy as np
 import torch
@@ -561,6 +562,9 @@ def prepare_task(task_name, files, model, routes, args):
                 print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
+    n_per_epoch = args.epoch_size or len(train)
+    need(max(args.batch_size) <= n_per_epoch, f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} "
+         f"{task_name} training examples of an epoch ({files['train']}): every update would be the whole epoch")
     featurize = lambda ex, code: task.featurize(ex, routes[code][0], code, model.config.max_positions)  # noqa: E731
     data = {"lang_id": routes[args.train_lang][1], "train": (train, featurize(train, args.train_lang)),
             "dev": (dev, featurize(dev, args.train_lang)),
@@ -701,8 +705,26 @@ def earlier_sets(task_name, files, args, out):
             diff = ", ".join(k for k in sorted(set(old) | set(job)) if old.get(k) != job.get(k))
             raise SystemExit(f"error: {path} already exists, from another run (other {diff}); rerun with the same "
                              "flags, pass --overwrite to replace it, or use another --out")
-        done[path] = saved.get("record")
+        rec = saved.get("record")
+        if path.endswith(os.path.join("sets", os.path.basename(path))) and not good_record(rec, task_name, args):
+            raise SystemExit(f"error: {path}: not a finished set as finetune.py writes it (edited or damaged); remove "
+                             "it to train that set again, or pass --overwrite")
+        done[path] = rec
     return job, done
+
+
+def good_record(rec, task_name, args):
+    """A sets/*.json record: the set's hyper-parameters, and a failure or the scores that run_task averages."""
+    metric, hps = TASKS[task_name][0].metric, grid(task_name, args)
+    if not isinstance(rec, dict) or {k: rec.get(k) for k in ("batch_size", "lr", "head_lr")} not in hps:
+        return False
+    if "failed" in rec:
+        return True
+    test, epoch = rec.get("test"), rec.get("best_epoch")
+    if not (isinstance(test, dict) and sorted(test) == sorted(args.eval_langs)) or type(epoch) is not int:
+        return False
+    scores = [rec.get("dev")] + list(test.values())
+    return all(isinstance(s, dict) and metric in s and all(is_score(v) for v in s.values()) for s in scores)
 
 
 def format_rows(header, rows):
@@ -718,6 +740,23 @@ def mean_std(v):
 SHORT = {"ppl": "dev ppl", "xnli": "XNLI", "ner": "NER", "parse": "Parse"}  # --table's columns, in this order
 
 
+def is_score(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def table_cells(r, path):
+    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl}; one that was edited into another
+    shape (a score that is not a finite number, the wrong metric) is refused, naming the file."""
+    metric, pretrain = TASKS[r["task"]][0].metric, r.get("pretrain") or {}
+    ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
+    ok = (r.get("metric") == metric and all(isinstance(s, dict) and is_score(s.get(metric)) for s in r["test"].values())
+          and isinstance(ppl, dict) and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
+    need(ok, f"--table: {path}: not a results.json as finetune.py writes it (a {r['task']} test {metric} or a dev "
+             "perplexity is missing or not a number); run the fine-tuning again")
+    return {**{(r["task"], lang): 100 * s[metric] for lang, s in r["test"].items()},
+            **{("ppl", lang): v for lang, v in ppl.items()}}
+
+
 def results_table(run_dirs):
     """Table 1's layout for --out dirs named NAME[-sSEED][-stepN]: a row per NAME (and N, in update order: pretrain.py
     --snapshots), the checkpoint's dev perplexity if known, the test score per task x language in % (XNLI acc, NER F1,
@@ -729,9 +768,7 @@ def results_table(run_dirs):
         for path in sorted(glob.glob("results.json", root_dir=d) + glob.glob("*/results.json", root_dir=d)):
             r = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's three
             if isinstance(r, dict) and r.get("task") in TASKS and isinstance(r.get("test"), dict):
-                cells.update({(r["task"], lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
-                ppl = (r.get("pretrain") or {}).get("dev_ppl") or {}
-                cells.update({("ppl", lang): v for lang, v in ppl.items()})
+                cells.update(table_cells(r, os.path.join(d, path)))
         need(cells, f"--table: no results.json under {d}")
         groups.setdefault((name, step), []).append(cells)
     cols = sorted({c for runs in groups.values() for cells in runs for c in cells},
@@ -751,17 +788,20 @@ def results_table(run_dirs):
     return format_rows(header + ["avg", "Δ"], lines)
 
 
-def number(lo, hi=math.inf, cast=int, many=False):
-    """argparse type: a number in [lo, hi), or with many=True a comma list of them (`16,32` -> [16, 32])."""
+def number(lo, hi=math.inf, cast=int, many=False, above=False):
+    """argparse type: a number in [lo, hi) ((lo, hi) with above=True), or with many=True a comma list of distinct ones
+    (`16,32` -> [16, 32]; `16,16` would train one set twice and count it twice in the mean of the best two)."""
     def parse(s):
         try:
             v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
         except ValueError:
             v = []
-        if not v or not all(lo <= x < hi for x in v):
+        if not v or not all((lo < x if above else lo <= x) and x < hi for x in v):
             kind = "integer" if cast is int else "number"
             what = f"a comma list of {kind}s" if many else f"one {kind}"
-            raise argparse.ArgumentTypeError(f"expected {what} in [{lo}, {hi}), got {s!r}")
+            raise argparse.ArgumentTypeError(f"expected {what} in {'(' if above else '['}{lo}, {hi}), got {s!r}")
+        if len(set(v)) < len(v):
+            raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
         return v if many else v[0]
     return parse
 
@@ -769,7 +809,7 @@ def number(lo, hi=math.inf, cast=int, many=False):
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Unset grid flags take the paper's "
                                 "values (the toy presets with --toy).")
-    add, floats = p.add_argument, number(0, cast=float, many=True)
+    add, floats = p.add_argument, number(0, cast=float, many=True, above=True)  # a learning rate of 0 trains nothing
     add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
     add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
     add("--data", help="a toydata.py world, or a directory laid out as ../shared/data (see LAYOUTS)")
@@ -785,7 +825,7 @@ def build_parser():
     add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (%(default)s)")
     add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head (%(default)s)")
     add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping (%(default)s; 0 = off)")
-    add("--seed", type=int, default=0, help="seed of every set: head init, data order (%(default)s)")
+    add("--seed", type=number(0, 2 ** 32), default=0, help="seed of every set: head init, data order (%(default)s)")
     add("--device", default="auto", help="auto (cuda if available, the default), cpu, cuda, cuda:N, mps")
     add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (no float16)")
     add("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
@@ -811,8 +851,7 @@ def lang_index(langs, code, ckpt):
     return langs.index(code)
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def _main(args):
     if args.table:
         return print(results_table(args.table))
 
@@ -836,8 +875,9 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device)
     given = args.eval_langs or ",".join(lang for lang in langs if lang != args.train_lang)  # default: the others
-    args.eval_langs = list(dict.fromkeys(x.strip() for x in given.split(",") if x.strip()))
+    args.eval_langs = [x.strip() for x in given.split(",") if x.strip()]
     need(args.eval_langs, f"--eval-langs {args.eval_langs or given!r}: no target language ({args.ckpt}: {langs})")
+    need(len(set(args.eval_langs)) == len(args.eval_langs), f"--eval-langs {given}: a language is given twice")
     args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
@@ -854,6 +894,24 @@ def main(argv=None):
         plans.append((*prepare_task(name, files, model, routes, targs), files, targs, out, job, done))
     for plan in plans:
         run_task(*plan, model, {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")})  # for --table
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
+        if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and "allocate memory" not in str(e):
+            raise
+        raise SystemExit("error: out of memory; try a smaller --batch-size or --max-len (finished sets are kept, "
+                         "the same command goes on from them)") from None
+    except KeyboardInterrupt:  # Ctrl-C: the set in progress is lost, the finished ones are on disk (sets/)
+        out = args.out or ""
+        kept = glob.glob(os.path.join(out, "sets", "*.json")) + glob.glob(os.path.join(out, "*", "sets", "*.json"))
+        print(f"finetune.py: interrupted; {len(kept)} finished hyper-parameter set(s) kept in {out}, the same command "
+              "goes on from them" if kept else "finetune.py: interrupted before any set finished; nothing was kept",
+              file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

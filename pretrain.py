@@ -271,7 +271,8 @@ def get_args(argv=None):
 
     langs = args.langs.split(",")
     need(not (args.overwrite and args.resume), "--overwrite starts a new run; it cannot be combined with --resume")
-    need(all(langs) and len(set(langs)) == len(langs), f"--langs {args.langs}: expected distinct languages, e.g. en,fr")
+    need(all(map(str.isalpha, langs)) and len(set(langs)) == len(langs),
+         f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr")
     for what, ok, names in RANGES:
         for k in names.split():
             v = getattr(args, k)  # None: not given (--threads)
