@@ -273,6 +273,8 @@ def read_lines(path, max_lines=None):
 def read_parallel(src_path, tgt_path, max_lines=None):
     """Two UTF-8 files (read_lines), line k of one translating line k of the other -> (src_lines, tgt_lines), the
     first max_lines of each; files of unequal length or empty ones raise ValueError naming both (align.py, cka.py)."""
+    if os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
+        raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
     if len(src) != len(tgt):
         raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
@@ -587,7 +589,9 @@ def parse_lang_files(flag, items, langs=None):
         if lang in files:
             raise ValueError(f"{flag}: language '{lang}' given twice")
         if not os.path.isfile(path):
-            raise ValueError(f"{flag} {item}: no such file")
+            raise ValueError(f"{flag} {item}: {'not a file' if os.path.exists(path) else 'no such file'}")
+        if same := [l for l, p in files.items() if os.path.samefile(p, path)]:
+            raise ValueError(f"{flag}: {same[0]} and {lang} are the same file {path}")
         files[lang] = path
     if langs is not None and sorted(files) != sorted(langs):
         raise ValueError(f"{flag}: languages {','.join(sorted(files))} do not match --langs {','.join(langs)}")
@@ -702,7 +706,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
               "lowercase": lowercase, "code_switch_sha1": cs_sha1}
     if not files:
         if not os.path.isdir(data):
-            raise SystemExit(f"error: --data {data}: no such directory")
+            why = "not a directory" if os.path.exists(data) else "no such directory"
+            raise SystemExit(f"error: --data {data}: {why}")
         made = ["tokenizer.json", "recipe.json", "done"] + [f"{l}.{s}.bin" for l in langs for s in ("train", "dev")]
         if any(os.path.isfile(os.path.join(data, name)) for name in made):  # a prepared folder
             _check_prepared(data, recipe, flag)
@@ -821,7 +826,8 @@ def main(argv=None):
     if args.code_switch and (args.separate_vocab or len(langs) != 2):
         prep.error("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
     if args.code_switch and not os.path.isfile(args.code_switch):
-        prep.error(f"--code-switch {args.code_switch}: no such file")
+        prep.error(f"--code-switch {args.code_switch}: "
+                   + ("not a file" if os.path.exists(args.code_switch) else "no such file"))
     if args.train_files:
         try:
             train = parse_lang_files("--train-files", args.train_files, langs)

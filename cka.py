@@ -149,10 +149,11 @@ def cka_table(args):
 def build_parser():
     import model as M
 
-    def at_least(lo):  # argparse type: an integer >= lo, refused in one line otherwise
+    def at_least(lo, below=None):  # argparse type: an integer >= lo (and < below), refused in one line otherwise
         def parse(s):
-            if not s.lstrip("-").isdigit() or int(s) < lo:
-                raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {s!r}")
+            if not s.lstrip("-").isdigit() or int(s) < lo or below is not None and int(s) >= below:
+                raise argparse.ArgumentTypeError(f"must be an integer >= {lo}" + f" and < {below}" * (below is not None)
+                                                 + f", got {s!r}")
             return int(s)
         return parse
     ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).")
@@ -168,7 +169,7 @@ def build_parser():
     a("--batch-size", type=at_least(1), default=32, help="sentences per forward pass")
     a("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders (as pretrain.py)")
-    a("--seed", type=int, default=0, help="seed of the random-encoder baseline")
+    a("--seed", type=at_least(0, 2 ** 32), default=0, help="seed of the random-encoder baseline")
     a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib)")
     return ap
 

@@ -505,16 +505,22 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         scheds = [torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: warmup_linear(s, steps_per_epoch * args.epochs))]
     cpu_copy = lambda m: {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}  # noqa: E731
     stream = np.array([], dtype=np.int64)  # as XLM: an endless shuffled stream, cut into epochs
+
+    def take(n):  # the stream's next n indices, its permutations drawn as they are reached (any --epoch-size fits)
+        nonlocal stream
+        parts = []
+        while n > 0:
+            stream = stream if len(stream) else rng.permutation(len(train))
+            parts.append(stream[:n])
+            stream, n = stream[n:], n - len(parts[-1])
+        return np.concatenate(parts)
     best, dev_curve = None, []
     for epoch in range(1, args.epochs + 1):
         model.train()
         head.train()
-        while len(stream) < n_per_epoch:
-            stream = np.concatenate([stream, rng.permutation(len(train))])
-        order, stream = stream[:n_per_epoch], stream[n_per_epoch:]
         total_loss = 0.0
         for k in range(0, n_per_epoch, hp["batch_size"]):
-            batch = [train[i] for i in order[k:k + hp["batch_size"]]]
+            batch = [train[i] for i in take(min(hp["batch_size"], n_per_epoch - k))]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                 loss = task.run(model, head, batch, lang, args.max_len)
             if not torch.isfinite(loss):  # diverged: the set stops, run_task leaves it out of the selection
@@ -822,13 +828,13 @@ def build_parser():
     add("--batch-size", type=number(1, many=True), help="comma list (paper: 16,32; XNLI 4,8)")
     add("--lr", type=floats, help="encoder lrs (paper: 2e-5,3e-5,5e-5; XNLI 1.25e-6,2.5e-6,5e-6)")
     add("--head-lr", type=floats, help="XNLI classifier lrs (paper: 5e-6,2.5e-5,1.25e-4)")
-    add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window (%(default)s)")
+    add("--max-len", type=number(2), help="NER/parsing: subwords per window (128; at most the model's positions - 2)")
     add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head (%(default)s)")
     add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping (%(default)s; 0 = off)")
     add("--seed", type=number(0, 2 ** 32), default=0, help="seed of every set: head init, data order (%(default)s)")
     add("--device", default="auto", help="auto (cuda if available, the default), cpu, cuda, cuda:N, mps")
     add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (no float16)")
-    add("--threads", type=number(0), default=0, help="torch CPU threads (0 = torch's default)")
+    add("--threads", type=number(0, 1025), default=0, help="torch CPU threads (0 = torch's default)")
     add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on top")
     add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps")
     add("--align-maps", help="§5.1.2: align.py contextual --save-maps .npz")
@@ -878,7 +884,10 @@ def _main(args):
     args.eval_langs = [x.strip() for x in given.split(",") if x.strip()]
     need(args.eval_langs, f"--eval-langs {args.eval_langs or given!r}: no target language ({args.ckpt}: {langs})")
     need(len(set(args.eval_langs)) == len(args.eval_langs), f"--eval-langs {given}: a language is given twice")
-    args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
+    most = max(2, model.config.max_positions - 2)  # <s> and </s> around each window
+    need(args.max_len is None or args.max_len <= most, f"--max-len {args.max_len}: the checkpoint has "
+         f"{model.config.max_positions} positions, a window at most {most} subwords")
+    args.max_len = min(args.max_len or 128, most)
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
     else:

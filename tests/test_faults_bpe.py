@@ -132,8 +132,13 @@ BPE_CASES = [
     (["--data", "{p}", "--mode", "prefixed"], "(--mode joint there, prefixed here; --merges 200 there, 40000 here)"),
     (["--data", "{p}", "--separate-vocab"], "(--merges 200 there, 80000 here; --separate-vocab off there, on here)"),
     (["--data", "{p}", "--merges", "200", "--lowercase"], "(--lowercase off there, on here)"),
-    # flags out of range (more inputs of our own)
+    # more inputs of our own: flags out of range, a file for a folder and the other way round, one text twice
     (["--data", "{w}", "--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--data", "{w}/world.json"], "--data {w}/world.json: not a directory"),
+    (["--data", "{w}", "--code-switch", "{w}/dict"], "--code-switch {w}/dict: not a file"),
+    (["--train-files", "en={w}/mono/en.train.txt,fr={w}/mono/en.train.txt", "--dev-files",
+      "en={w}/mono/en.dev.txt,fr={w}/mono/fr.dev.txt"], "--train-files: en and fr are the same file"),
+    (["--data", "{p}", "--merges", "200", "--langs", "en"], "(--langs en,fr there, en here)"),
 ]
 
 

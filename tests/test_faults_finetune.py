@@ -119,11 +119,12 @@ FT_BAD_FLAGS = [
     (["--lr", "1e-3,0.001"], "argument --lr: '1e-3,0.001' gives a value twice"),
     (["--seed", "-1"], "argument --seed: expected one integer in [0, 4294967296), got '-1'"),
     (["--seed", str(10 ** 30)], "argument --seed: expected one integer in [0, 4294967296)"),
+    (["--threads", "100000"], "argument --threads: expected one integer in [0, 1025)"),  # was libgomp's abort
     (["--max-len", "1"], "argument --max-len: expected one integer in [2, inf)"),
     (["--head-dropout", "1.5"], "argument --head-dropout: expected one number in [0, 1)"),
     (["--head-dropout", "nan"], "argument --head-dropout: expected one number in [0, 1)"),
     (["--clip", "-1"], "argument --clip: expected one number in [0, inf)"),
-    (["--threads", "-2"], "argument --threads: expected one integer in [0, inf)"),
+    (["--threads", "-2"], "argument --threads: expected one integer in [0, 1025)"),
     (["--align-layer", "-1"], "argument --align-layer: expected one integer in [0, inf)"),
 ]
 
@@ -143,6 +144,7 @@ FT_BAD_INPUTS = [
     (["--eval-langs", ","], "error: --eval-langs ',': no target language"),
     (["--eval-langs", "fr,fr"], "error: --eval-langs fr,fr: a language is given twice"),  # was dropped quietly
     (["--batch-size", "1000000000"], "error: --batch-size 1000000000 is more than the 300 ner training examples"),
+    (["--max-len", "1000"], "error: --max-len 1000: the checkpoint has 24 positions, a window at most 22"),  # was 22
     (["--train-lang", "xx"], "'xx' is not one of the checkpoint's languages"),
     (["--train-file", "{t}/missing.tsv"], "error: --train-file {t}/missing.tsv: not a file"),
     (["--train-file", "{t}"], "error: --train-file {t}: not a file"),
@@ -401,6 +403,40 @@ def test_results_json_of_another_job_is_not_overwritten(toy_world, toy_ckpt, tmp
     assert "precious" not in (out / "results.json").read_text()
 
 
+@pytest.mark.parametrize("epoch_size", [100, 10 ** 12])
+def test_epoch_stream_is_drawn_as_it_is_reached(toy_world, toy_ckpt, tmp_path, monkeypatch, epoch_size):
+    """The epochs cut one endless stream of permutations of the train set (XLM); it is drawn batch by batch, so
+    --epoch-size 10**12 starts training (the whole epoch's order was built first: memory for 10**12 indices)."""
+    import numpy as np
+    seen = []
+
+    def run(self, model, head, batch, lang, max_len, predict=False):
+        if not predict:
+            seen.append([id(x) for x in batch])
+            if len(seen) == 7:
+                raise InterruptedError
+        return real(self, model, head, batch, lang, max_len, predict)
+    real = ft.NERTask.run
+    monkeypatch.setattr(ft.NERTask, "run", run)
+    order = {}
+    real_prepare = ft.prepare_task
+
+    def prepare(*a, **k):
+        task, data = real_prepare(*a, **k)
+        order.update({id(x): i for i, x in enumerate(data["train"][1])})
+        return task, data
+    monkeypatch.setattr(ft, "prepare_task", prepare)
+    monkeypatch.setattr(ft, "evaluate", lambda *a, **k: {"f1": 0.0})  # the dev score between the epochs
+    with pytest.raises(InterruptedError):
+        ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(tmp_path / "o"),
+                 "--epochs", "2", "--lr", "1e-3", "--batch-size", "32", "--epoch-size", str(epoch_size)])
+    rng = np.random.default_rng(0)  # --seed 0: the stream is permutations of the 300 examples, one after another
+    stream = np.concatenate([rng.permutation(300) for _ in range(2)])
+    sizes = [32, 32, 32, 4, 32, 32, 32] if epoch_size == 100 else [32] * 7  # epoch 1 ends after 100 examples
+    want = [x.tolist() for x in np.split(stream[:sum(sizes)], np.cumsum(sizes)[:-1])]
+    assert [[order[i] for i in b] for b in seen] == want
+
+
 def test_a_diverged_set_is_left_out_and_all_diverged_writes_nothing(toy_world, toy_ckpt, tmp_path, monkeypatch, capsys):
     """NaN loss in the set with the larger learning rate: that set stops (named, with the epoch), the
     selection uses the other; NaN in every set: no results.json at all, one error line."""
@@ -474,6 +510,8 @@ ALIGN_BAD_INPUTS = [
     (["sentences", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--tgt", "en"], "--src and --tgt are both 'en'"),
     (["words", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--src", "fr"], "--src and --tgt are both 'fr'"),
     (["sentences", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--tgt", "f/r"], "--tgt 'f/r': expected a language code"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/ok.en", "--test-tgt", "{t}/../{t.name}/ok.en"],
+     "are the same file: both sides would be one text"),
     (["contextual", "--ckpt", "{c}/best.pt", "--toy", "{w}", "--save-maps", "{t}/old.npz"],
      "--save-maps {t}/old.npz: exists (maps of an earlier run, perhaps of another checkpoint); pass --overwrite"),
 ]
@@ -526,6 +564,9 @@ CKA_BAD = [
     (["--device", "cuda:x"], "--device cuda:x: expected auto, cpu, cuda, cuda:N or mps"),
     (["--tgt", "en"], "--src and --tgt are both 'en': give two languages"),  # issue 22: was CKA 1.000
     (["--src", "e n"], "--src 'e n': expected a language code of letters"),
+    (["--src-file", "{t}/ok.en", "--tgt-file", "{t}/ok.en"], "are the same file: both sides would be one text"),
+    (["--seed", "-1"], "argument --seed: must be an integer >= 0 and < 4294967296, got '-1'"),  # was accepted
+    (["--seed", str(10 ** 23)], "argument --seed: must be an integer >= 0"),  # was "Overflow when unpacking long long"
 ]
 
 

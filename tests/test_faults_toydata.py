@@ -20,6 +20,8 @@ def fake_open(kind):
             return real(path, mode, **kw)
         if kind == "read-only":
             raise PermissionError(errno.EACCES, "Permission denied", path)
+        if kind == "Ctrl-C":
+            raise KeyboardInterrupt
         f = real(path, mode, **kw)
 
         def write(text):
@@ -42,6 +44,7 @@ TOYDATA_CASES = [
     (["--overlap", "nan"], None, "overlap must be in [0, 1], got nan"),
     ([], "full disk", "toydata.py: error: cannot write {t}/w/mono/en.train.txt: No space left on device"),
     ([], "read-only", "toydata.py: error: cannot write {t}/w/mono/en.train.txt: Permission denied"),
+    ([], "Ctrl-C", "toydata.py: interrupted; {t}/w is incomplete (write it again with --force)"),
 ]
 
 
