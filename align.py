@@ -477,6 +477,9 @@ def cmd_contextual(args):
     if args.save_maps and (os.path.isdir(args.save_maps) or not (os.path.isdir(d) and os.access(d, os.W_OK))):
         why = "is a directory" if os.path.isdir(args.save_maps) else f"{d} is not a writable directory"
         raise ValueError(f"--save-maps {args.save_maps}: cannot write there ({why})")
+    if args.save_maps and os.path.exists(args.save_maps) and not args.overwrite:
+        raise ValueError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, perhaps of another "
+                         "checkpoint); pass --overwrite to replace it, or another file")
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     S, T = [ts.words(l, args.src) for l in src_lines], [tt.words(l, args.tgt) for l in tgt_lines]
@@ -585,6 +588,7 @@ def build_parser():
         "tgt_file": ("parallel sentences, target side (line k translates line k)", "parallel/{l0}-{l1}.train.{l1}")})
     p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps; "
                    "default: not written)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
     command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
         "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
         "test_tgt": ("test pairs, target side (e.g. tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
@@ -599,6 +603,12 @@ def setup(args):
     all are required but --ckpt2 and the pair --train-src, --train-tgt, which go together."""
     import model as M
     flag = lambda f: "--" + f.replace("_", "-")  # noqa: E731
+    for f in ("src", "tgt"):  # a code names files of a --toy world
+        if not getattr(args, f).isalpha():
+            raise ValueError(f"{flag(f)} {getattr(args, f)!r}: expected a language code of letters, e.g. en")
+    if args.src == args.tgt and not args.ckpt2:  # the same text on both sides: P@1 100 that measures nothing
+        raise ValueError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
+                         "model with --ckpt2 (en-en', two models of one language)")
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
         if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
@@ -638,6 +648,10 @@ def main(argv=None):
             return args.func(args)
     except (ValueError, OSError) as e:
         sys.exit(f"align.py {args.command}: error: {e}")
+    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
+        if not isinstance(e, MemoryError) and "out of memory" not in str(e) and "allocate memory" not in str(e):
+            raise
+        sys.exit(f"align.py {args.command}: error: out of memory; try a smaller --batch-size (or --max-sents)")
 
 
 if __name__ == "__main__":

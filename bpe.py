@@ -275,6 +275,8 @@ def read_lines(path, max_lines=None):
 def read_parallel(src_path, tgt_path, max_lines=None):
     """Two UTF-8 files (read_lines), line k of one translating line k of the other -> (src_lines, tgt_lines), the
     first max_lines of each; files of unequal length or empty ones raise ValueError naming both (align.py, cka.py)."""
+    if os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
+        raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
     if len(src) != len(tgt):
         raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
@@ -476,18 +478,21 @@ def _init_worker(opts):
 def _encode_chunk(chunk):
     """[(line number, line), ...] -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
     w = _WORKER
-    tok, lang, ids = w["tok"], w["lang"], []
+    tok, lang, ids, n_words, n_switched = w["tok"], w["lang"], [], 0, 0
     for n, line in chunk:
         words = tok.words(line, lang)
+        n_words += len(words)
         if w["code_switch"] is None:
             pieces = tok.pieces(words, lang)
         else:  # the rng depends only on (seed, line number): the output is the same for any --workers
             rng = random.Random(w["seed"] * 1_000_003 + n)
             switched = code_switch(words, w["code_switch"], rng, w["p"], w["max_frac"])
+            n_switched += sum(a != b for a, b in zip(words, switched))
             pieces = [p for a, b in zip(words, switched) for p in tok.pieces([b], lang if a == b else w["cs_lang"])]
         ids.extend(tok.vocabs[lang].index.get(p, UNK_ID) for p in pieces)
         ids.append(EOS_ID)
-    return np.array(ids, dtype=np.uint32), len(chunk), sum(len(line.encode()) + 1 for _, line in chunk)
+    n_bytes = sum(len(line.encode()) + 1 for _, line in chunk)
+    return np.array(ids, dtype=np.uint32), len(chunk), n_bytes, n_words, n_switched
 
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15, seed=0, verbose=True):
@@ -502,7 +507,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
     lines = enumerate(read_lines(text_path), 1)
     chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])  # lists of (line number, line)
-    n_tokens = n_sentences = 0
+    n_tokens = n_sentences = n_words = n_switched = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose or not sys.stderr.isatty())
     _init_worker(dict(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed))
@@ -510,27 +515,37 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
         with _atomic(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
-            for ids, n_lines, n_bytes in results:
+            for ids, n_lines, n_bytes, words, switched in results:
                 f.write(ids.astype(dtype).tobytes())
                 n_tokens, n_sentences = n_tokens + len(ids), n_sentences + n_lines
+                n_words, n_switched = n_words + words, n_switched + switched
                 bar.update(n_bytes)
-            if n_sentences == 0:
-                raise ValueError(f"{text_path}: empty corpus (no lines)")
+            if n_words == 0:  # blank lines alone would be a corpus of </s>
+                raise ValueError(f"{text_path}: empty corpus (no words in {n_sentences} lines)")
     finally:
         bar.close()
         _WORKER.clear()
         if pool:
             pool.terminate()
-    meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
+    meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences, "n_words": n_words,
             "vocab_size": vocab_size, "lang": lang}
+    if code_switch is not None:
+        meta["n_switched"] = n_switched
     write_text(out_prefix + ".json", json.dumps(meta) + "\n")
     return meta
 
 
 def load_bin(out_prefix):
     """-> (read-only np.memmap of the ids, meta dict) for files written by binarize()."""
-    with open(out_prefix + ".json", encoding="utf-8") as f:
-        meta = json.load(f)
+    path = out_prefix + ".json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        if not (isinstance(meta, dict) and meta.get("dtype") in ("uint16", "uint32") and
+                isinstance(meta.get("n_tokens"), int) and isinstance(meta.get("n_sentences"), int)):
+            raise ValueError("no dtype, n_tokens and n_sentences")
+    except ValueError as e:  # not UTF-8, not JSON, other JSON
+        raise ValueError(f"{path}: not a header written by bpe.binarize ({e})") from None
     data = np.memmap(out_prefix + ".bin", dtype=meta["dtype"], mode="r")
     if len(data) != meta["n_tokens"]:
         raise ValueError(f"{out_prefix}.bin has {len(data)} ids, its .json says {meta['n_tokens']}")
@@ -578,6 +593,8 @@ def parse_lang_files(flag, items, langs=None):
             raise ValueError(f"{flag}: language '{lang}' given twice")
         if not os.path.isfile(path) and not os.path.isdir(path):  # a directory: WikiExtractor output
             raise ValueError(f"{flag} {item}: no such file")
+        if same := [l for l, p in files.items() if os.path.samefile(p, path)]:
+            raise ValueError(f"{flag}: {same[0]} and {lang} are the same file {path}")
         files[lang] = path
     if langs is not None and sorted(files) != sorted(langs):
         raise ValueError(f"{flag}: languages {','.join(sorted(files))} do not match --langs {','.join(langs)}")
@@ -671,21 +688,122 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
         if os.path.isdir(work_dir) and not os.listdir(work_dir):
             os.rmdir(work_dir)
     return n - n_dev, n_dev
+def parse_langs(text):
+    """'en,fr' -> ['en', 'fr']: distinct codes of letters (a code names files: 'en/x' or ' fr' would not be one)."""
+    langs = text.split(",")
+    if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
+        raise ValueError(f"--langs {text}: expected distinct languages, each a code of letters, e.g. en,fr")
+    return langs
+
+
+MIN_DEV_WORDS = 20  # a dev split with fewer words cannot measure a perplexity (best.pt is chosen on it)
+CS_SAMPLE_LINES = 20000  # lines per language read to check a --code-switch dictionary against the text
+# what a prepared folder records and a run must match: recipe key -> (pretrain.py's flag, bpe.py prepare's flag)
+RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"), "merges": ("--merges", "--merges"),
+                "separate_vocab": ("--sep emb/tok", "--separate-vocab"), "lowercase": ("--lowercase", "--lowercase"),
+                "code_switch_sha1": ("--code-switch", "--code-switch")}
+
+
+def file_sha1(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha1").hexdigest()
+
+
+def _check_prepared(data, recipe, program):
+    """A --data directory written by prepare: every file there, a recipe equal to this run's choices; else one line."""
+    names = ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in recipe["langs"] for s in ("train", "dev")
+                                                 for x in ("bin", "json")]
+    missing = [n for n in names if not os.path.isfile(os.path.join(data, n))]
+    if missing:
+        raise SystemExit(f"error: --data {data}: a prepared folder without {', '.join(missing)}; "
+                         "prepare it again (bpe.py prepare, or give pretrain.py the text)")
+    path = os.path.join(data, "recipe.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            made = json.load(f)
+        if not isinstance(made, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --data {data}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    if "code_switch_sha1" not in made:  # written before the digest was recorded: the file it named, if unchanged
+        cs = made.get("code_switch")
+        made["code_switch_sha1"] = (None if not cs else file_sha1(cs[0]) if os.path.isfile(cs[0])
+                                    and [os.stat(cs[0]).st_size, os.stat(cs[0]).st_mtime_ns] == cs[1:] else "unknown")
+    k = 1 if program == "bpe.py" else 0  # the flags of the program that called: bpe.py prepare or pretrain.py
+
+    def show(key, v):
+        return (",".join(v) if key == "langs" else "a dictionary with sha1 " + v[:10] if key == "code_switch_sha1"
+                and v else "none" if v is None else "on" if v is True else "off" if v is False else str(v))
+    diff = [f"{RECIPE_FLAGS[key][k]} {show(key, made.get(key))} there, {show(key, recipe[key])} here"
+            for key in RECIPE_FLAGS if made.get(key) != recipe[key]]
+    if diff:
+        raise SystemExit(f"error: --data {data} was prepared with other choices ({'; '.join(diff)}): give the flags it "
+                         "was made with, or prepare the data for these flags (bpe.py prepare, or the text as --data)")
+
+
+def _words_of(path, lang, lowercase, max_lines=None):
+    """Pretokenised words of the first max_lines lines of a text file (the tokenizer is not learned yet)."""
+    for line in read_lines(path, max_lines):
+        yield from pretokenize(lowercase_and_strip_accents(line) if lowercase else line, lang)
+
+
+def _check_dictionary(switch, files, langs, lowercase, code_switch):
+    """A --code-switch dictionary must switch words of the text (the first CS_SAMPLE_LINES lines of each train file):
+    one that matches nothing, or the text better with its columns swapped (fr-en for en,fr), is refused."""
+    hits = {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
+    total = {}
+    for l in langs:
+        other = langs[1] if l == langs[0] else langs[0]
+        n, own, swapped = 0, 0, 0
+        for w in _words_of(files[l]["train"], l, lowercase, CS_SAMPLE_LINES):
+            n += 1
+            own += w in switch[l] or w.lower() in switch[l]
+            swapped += w in switch[other] or w.lower() in switch[other]
+        hits[l, 0], hits[l, 1], total[l] = own, swapped, n
+    cover = ", ".join(f"{l} {100 * hits[l, 0] / max(total[l], 1):.1f} %" for l in langs)
+    if sum(hits[l, 1] for l in langs) > sum(hits[l, 0] for l in langs):
+        swapped = ", ".join(f"{l} {100 * hits[l, 1] / max(total[l], 1):.1f} %" for l in langs)
+        raise SystemExit(f"error: --code-switch {code_switch}: its columns look the wrong way round for --langs "
+                         f"{','.join(langs)} (words found as given: {cover}; swapped: {swapped}); it must be "
+                         f"'{langs[0]}-word {langs[1]}-word' per line")
+    for l in langs:
+        if hits[l, 0] < max(1, 0.001 * total[l]):
+            raise SystemExit(f"error: --code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} "
+                             f"({hits[l, 0]} of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a "
+                             f"{langs[0]}-{langs[1]} dictionary?")
+    print(f"code-switching dictionary {code_switch}: words of the text found in it: {cover}")
 
 
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
-            lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir"):
+            lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
+            program="pretrain.py"):
     """Raw text (`files` {lang: {"train": path, "dev": path}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash
     of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused by later calls (other DDP
-    ranks wait for its `done`); a `data` directory holding these is used as it is. Every input is checked before
-    any work (BPE learning takes hours at paper scale). `code_switch`: a MUSE file (§4.2, D11). Errors: one line
-    (`flag`: the option that gave prep_dir). A path may be a WikiExtractor directory, and "dev" may be None: the
-    text is then written to the prepared directory first, shuffled, the dev lines held out (shuffle_split)."""
+    ranks wait for its `done`). A `data` directory prepared earlier is used as it is if its recipe.json matches
+    these choices (langs, mode, merges, separate_vocab, lowercase, code_switch's contents), else refused. Every
+    input is checked before any work (BPE learning takes hours at paper scale): a dev split needs MIN_DEV_WORDS
+    words, a code-switch dictionary (a MUSE file, §4.2, D11) must match the text. Errors: one line (`flag`: the
+    option that gave prep_dir; `program`: the script whose flag names a refusal shows). A path may be a
+    WikiExtractor directory, and "dev" may be None: the text is then written to the prepared directory first,
+    shuffled, the dev lines held out (shuffle_split)."""
+    langs = list(langs)
+    if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
+        raise SystemExit(f"error: --langs {','.join(langs)}: expected distinct languages, each a code of letters")
+    cs_sha1 = None
+    if code_switch:
+        try:
+            cs_sha1 = file_sha1(code_switch)
+        except OSError as e:
+            raise SystemExit(f"error: --code-switch {code_switch}: cannot read it: {e.strerror}") from None
+    recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
+              "lowercase": lowercase, "code_switch_sha1": cs_sha1}
     if not files:
         if not os.path.isdir(data):
-            raise SystemExit(f"error: --data {data}: no such directory")
-        names = ["tokenizer.json"] + [f"{l}.{s}.bin" for l in langs for s in ("train", "dev")]
-        if all(os.path.isfile(os.path.join(data, name)) for name in names):
+            why = "not a directory" if os.path.exists(data) else "no such directory"
+            raise SystemExit(f"error: --data {data}: {why}")
+        made = ["tokenizer.json", "recipe.json", "done"] + [f"{l}.{s}.bin" for l in langs for s in ("train", "dev")]
+        if any(os.path.isfile(os.path.join(data, name)) for name in made):  # a prepared folder
+            _check_prepared(data, recipe, program)
             return data
         files = {l: {} for l in langs}  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
         for l, s in itertools.product(langs, ("train", "dev")):
@@ -704,6 +822,13 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
                     raise SystemExit(f"error: {e}") from None
                 for name in names:
                     open(name, "rb").close()
+            for l in langs:  # words, not lines: a dev file of blank lines is no dev set (held-out dev: shuffle_split)
+                if files[l]["dev"] is None or os.path.isdir(files[l]["dev"]):
+                    continue
+                n = sum(1 for _ in itertools.islice(_words_of(files[l]["dev"], l, lowercase), MIN_DEV_WORDS))
+                if n < MIN_DEV_WORDS:
+                    raise ValueError(f"{files[l]['dev']}: a {l} dev split of {n} words; at least {MIN_DEV_WORDS} "
+                                     "are needed to measure a perplexity")
             if code_switch:
                 switch = {langs[0]: {}, langs[1]: {}}
                 for src, tgt in read_dictionary(code_switch):
@@ -713,8 +838,10 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
                         switch[langs[1]].setdefault(t, []).append(src)
         except OSError as e:
             raise SystemExit(f"error: cannot read {e.filename}: {e.strerror}")
-        except ValueError as e:  # read_dictionary names the file and line at fault
-            raise SystemExit(f"error: --code-switch {e}")
+        except ValueError as e:  # read_dictionary and read_lines name the file and line at fault
+            raise SystemExit(f"error: {'--code-switch ' * str(e).startswith(str(code_switch))}{e}")
+        if code_switch:
+            _check_dictionary(switch, files, langs, lowercase, code_switch)
 
     def fingerprint(path):  # a WikiExtractor directory: the sha1 of its files' names, sizes and times
         if path is None:
@@ -726,14 +853,14 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         st = os.stat(path)
         return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
 
-    recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
-              "lowercase": lowercase, "bpe_lines": max_lines, "seed": seed,
-              "code_switch": fingerprint(code_switch) if code_switch else None,
-              "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}}
+    recipe.update({"bpe_lines": max_lines, "seed": seed,
+                   "code_switch": fingerprint(code_switch) if code_switch else None,
+                   "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}})
     to_write = {l: v for l, v in files.items() if v.get("dev") is None or any(map(os.path.isdir, v.values()))}
     if to_write:  # the split of the text written first (shuffle_split): part of the recipe
         recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
-    digest = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+    hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}  # the directory names of earlier versions
+    digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
     done = os.path.join(out, "done")
     if not master:
@@ -767,15 +894,22 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         print(f"preparing data in {out}")
         for s in ("dev", "train"):  # the small dev files first: a bad one is found in seconds
             for l in langs:
-                binarize(files[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
-                         code_switch=switch.get(l) if s == "train" else None, seed=seed)
+                meta = binarize(files[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
+                                code_switch=switch.get(l) if s == "train" else None, seed=seed)
+                if "n_switched" in meta:
+                    other = langs[1] if l == langs[0] else langs[0]
+                    print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words "
+                          f"({100 * meta['n_switched'] / max(meta['n_words'], 1):.1f} %) replaced by {other} words")
         tok.save(os.path.join(out, "tokenizer.json"))
         write_text(os.path.join(out, "recipe.json"), json.dumps(recipe, indent=1))
         write_text(done, "")  # last: the cache is complete
     except ValueError as e:  # the readers name the file (and line) at fault
         raise SystemExit(f"error: data preparation failed: {e}")
-    except OSError as e:
-        raise SystemExit(f"error: data preparation failed: {str(e.filename).removesuffix('.tmp')}: {e.strerror}")
+    except OSError as e:  # a full disk: no file name in the error; _atomic has removed the temporary file
+        where = str(e.filename).removesuffix(".tmp") if e.filename else out
+        if e.errno == errno.ENOSPC:
+            raise SystemExit(f"error: data preparation failed: no space left writing in {where}")
+        raise SystemExit(f"error: data preparation failed: {where}: {e.strerror or e}")
     return out
 
 # -----------------------------------------------------------------------------
@@ -833,16 +967,25 @@ def main(argv=None):
         args.prep_dir, flag = args.old_out, "--out"
     if args.prep_dir is None:
         prep.error("the following arguments are required: --prep-dir")
-    langs, files = args.langs.split(","), None
+    files = None
+    try:
+        langs = parse_langs(args.langs)
+    except ValueError as e:
+        prep.error(str(e))
     # mistakes in flags: one line naming the flag, before any work
     for k in ("merges", "max_lines", "workers"):
         v = getattr(args, k)
         if v is not None and v < 1:
             prep.error(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+    if args.seed < 0:
+        prep.error(f"--seed must be >= 0, got {args.seed}")
     if args.dev_files and not args.train_files or bool(args.data) == bool(args.train_files):
         prep.error("give --data, or --train-files with --dev-files (or without: dev lines are held out)")
     if args.code_switch and (args.separate_vocab or len(langs) != 2):
         prep.error("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
+    if args.code_switch and not os.path.isfile(args.code_switch):
+        prep.error(f"--code-switch {args.code_switch}: "
+                   + ("not a file" if os.path.exists(args.code_switch) else "no such file"))
     if args.train_files:
         try:
             train = parse_lang_files("--train-files", args.train_files, langs)
@@ -853,7 +996,8 @@ def main(argv=None):
     merges = args.merges or (80000 if args.mode == "joint" else 40000)
     try:
         print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,
-                      args.max_lines, args.seed, args.code_switch, args.workers, flag=flag))
+                      args.max_lines, args.seed, args.code_switch, args.workers, flag=flag,
+                      program="bpe.py"))
     except KeyboardInterrupt:
         raise SystemExit("bpe.py prepare: interrupted (no half-written file is left)")
 

@@ -97,6 +97,12 @@ def cka_table(args):
         args.data, args.toy, data_flag = args.toy, True, "--toy"
     if bool(args.toy) != (args.data is not None):
         raise ValueError("--toy and --data DIR go together (a toydata.py world; real data: --src-file, --tgt-file)")
+    for flag, code in (("--src", args.src), ("--tgt", args.tgt)):  # a code names files of a --toy world
+        if not code.isalpha():
+            raise ValueError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
+    if args.src == args.tgt and not args.ckpt2:  # the same sentences on both sides: CKA 1.000 that measures nothing
+        raise ValueError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
+                         "model with --ckpt2 (en-en', two models of one language)")
     if args.toy:
         if not os.path.isdir(args.data):
             raise ValueError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
@@ -159,10 +165,11 @@ def build_parser():
     import model as M
     from bpe import HelpFormatter
 
-    def at_least(lo):  # argparse type: an integer >= lo, refused in one line otherwise
+    def at_least(lo, below=None):  # argparse type: an integer >= lo (and < below), refused in one line otherwise
         def parse(s):
-            if not s.lstrip("-").isdigit() or int(s) < lo:
-                raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {s!r}")
+            if not s.lstrip("-").isdigit() or int(s) < lo or below is not None and int(s) >= below:
+                raise argparse.ArgumentTypeError(f"must be an integer >= {lo}" + f" and < {below}" * (below is not None)
+                                                 + f", got {s!r}")
             return int(s)
         return parse
     ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).",
@@ -185,7 +192,7 @@ def build_parser():
     a("--batch-size", type=at_least(1), default=32, help="examples (sentences) per step (forward pass)")
     a("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders (as pretrain.py)")
-    a("--seed", type=int, default=0, help="seed of the random-encoder baseline")
+    a("--seed", type=at_least(0, 2 ** 32), default=0, help="seed of the random-encoder baseline")
     a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib; default: no plot)")
     return ap
 
@@ -196,6 +203,10 @@ def main(argv=None):
         return cka_table(args)
     except (ValueError, OSError) as e:  # bad inputs (files, checkpoints, languages): one line, no traceback
         sys.exit(f"cka.py: error: {e}")
+    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
+        if not isinstance(e, MemoryError) and "out of memory" not in str(e) and "allocate memory" not in str(e):
+            raise
+        sys.exit(f"cka.py: error: out of memory; try a smaller --batch-size (or --max-sents)")
 
 
 if __name__ == "__main__":

@@ -632,18 +632,24 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         scheds = [torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: warmup_linear(s, steps_per_epoch * args.epochs))]
     cpu_copy = lambda m: {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}  # noqa: E731
     stream = np.array([], dtype=np.int64)  # as XLM: an endless shuffled stream, cut into epochs
+
+    def take(n):  # the stream's next n indices, its permutations drawn as they are reached (any --epoch-size fits)
+        nonlocal stream
+        parts = []
+        while n > 0:
+            stream = stream if len(stream) else rng.permutation(len(train))
+            parts.append(stream[:n])
+            stream, n = stream[n:], n - len(parts[-1])
+        return np.concatenate(parts)
     best, dev_curve = None, []
     bar = tqdm(total=args.epochs * steps_per_epoch, unit="step", desc=f"{task.name} {hp_text(hp)}", leave=False,
                disable=not sys.stderr.isatty(), mininterval=1)  # stderr, on a terminal only
     for epoch in range(1, args.epochs + 1):
         model.train()
         head.train()
-        while len(stream) < n_per_epoch:
-            stream = np.concatenate([stream, rng.permutation(len(train))])
-        order, stream = stream[:n_per_epoch], stream[n_per_epoch:]
         total_loss = 0.0
         for k in range(0, n_per_epoch, hp["batch_size"]):
-            batch = [train[i] for i in order[k:k + hp["batch_size"]]]
+            batch = [train[i] for i in take(min(hp["batch_size"], n_per_epoch - k))]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                 loss = task.run(model, head, batch, lang, args.max_len)
             if not torch.isfinite(loss):  # diverged: the set stops, run_task leaves it out of the selection
@@ -695,6 +701,9 @@ def prepare_task(task_name, files, model, routes, args):
                 print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
+    n_per_epoch = args.epoch_size or len(train)
+    need(max(args.batch_size) <= n_per_epoch, f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} "
+         f"{task_name} training examples of an epoch ({files['train']}): every update would be the whole epoch")
     featurize = lambda ex, code: task.featurize(ex, routes[code][0], code, model.config.max_positions)  # noqa: E731
     data = {"lang_id": routes[args.train_lang][1], "train": (train, featurize(train, args.train_lang)),
             "dev": (dev, featurize(dev, args.train_lang)),
@@ -906,8 +915,26 @@ def earlier_sets(task_name, files, args, out):
             diff = ", ".join(k for k in sorted(set(old) | set(job)) if old.get(k) != job.get(k))
             raise SystemExit(f"error: {path} already exists, from another run (other {diff}); rerun with the same "
                              "flags, pass --overwrite to replace it, or use another --out")
-        done[path] = saved.get("record")
+        rec = saved.get("record")
+        if path.endswith(os.path.join("sets", os.path.basename(path))) and not good_record(rec, task_name, args):
+            raise SystemExit(f"error: {path}: not a finished set as finetune.py writes it (edited or damaged); remove "
+                             "it to train that set again, or pass --overwrite")
+        done[path] = rec
     return job, done
+
+
+def good_record(rec, task_name, args):
+    """A sets/*.json record: the set's hyper-parameters, and a failure or the scores that run_task averages."""
+    metric, hps = TASKS[task_name][0].metric, grid(task_name, args)
+    if not isinstance(rec, dict) or {k: rec.get(k) for k in ("batch_size", "lr", "head_lr")} not in hps:
+        return False
+    if "failed" in rec:
+        return True
+    test, epoch = rec.get("test"), rec.get("best_epoch")
+    if not (isinstance(test, dict) and sorted(test) == sorted(args.eval_langs)) or type(epoch) is not int:
+        return False
+    scores = [rec.get("dev")] + list(test.values())
+    return all(isinstance(s, dict) and metric in s and all(is_score(v) for v in s.values()) for s in scores)
 
 
 def format_rows(header, rows):
@@ -923,6 +950,23 @@ def mean_std(v):
 SHORT = {"ppl": "dev ppl", "xnli": "XNLI", "ner": "NER", "parse": "Parse"}  # --table's columns, in this order
 
 
+def is_score(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def table_cells(r, path):
+    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl}; one that was edited into another
+    shape (a score that is not a finite number, the wrong metric) is refused, naming the file."""
+    metric, pretrain = TASKS[r["task"]][0].metric, r.get("pretrain") or {}
+    ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
+    ok = (r.get("metric") == metric and all(isinstance(s, dict) and is_score(s.get(metric)) for s in r["test"].values())
+          and isinstance(ppl, dict) and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
+    need(ok, f"--table: {path}: not a results.json as finetune.py writes it (a {r['task']} test {metric} or a dev "
+             "perplexity is missing or not a number); run the fine-tuning again")
+    return {**{(r["task"], lang): 100 * s[metric] for lang, s in r["test"].items()},
+            **{("ppl", lang): v for lang, v in ppl.items()}}
+
+
 def read_table(run_dirs):
     """The runs of --table grouped by (NAME, N) for --out dirs named NAME[-sSEED][-stepN] (N: pretrain.py
     --snapshots): returns the columns (("ppl" or task, lang), in SHORT's order) and an ordered {(NAME, N):
@@ -934,9 +978,7 @@ def read_table(run_dirs):
         for path in sorted(glob.glob("results.json", root_dir=d) + glob.glob("*/results.json", root_dir=d)):
             r = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's three
             if isinstance(r, dict) and r.get("task") in TASKS and isinstance(r.get("test"), dict):
-                cells.update({(r["task"], lang): 100 * s[r["metric"]] for lang, s in r["test"].items()})
-                ppl = (r.get("pretrain") or {}).get("dev_ppl") or {}
-                cells.update({("ppl", lang): v for lang, v in ppl.items()})
+                cells.update(table_cells(r, os.path.join(d, path)))
         need(cells, f"--table: no results.json under {d}")
         groups.setdefault((name, step), []).append(cells)
     cols = sorted({c for runs in groups.values() for cells in runs for c in cells},
@@ -997,17 +1039,20 @@ def plot_curves(path, run_dirs):
     print(f"wrote {path}")
 
 
-def number(lo, hi=math.inf, cast=int, many=False):
-    """argparse type: a number in [lo, hi), or with many=True a comma list of them (`16,32` -> [16, 32])."""
+def number(lo, hi=math.inf, cast=int, many=False, above=False):
+    """argparse type: a number in [lo, hi) ((lo, hi) with above=True), or with many=True a comma list of distinct ones
+    (`16,32` -> [16, 32]; `16,16` would train one set twice and count it twice in the mean of the best two)."""
     def parse(s):
         try:
             v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
         except ValueError:
             v = []
-        if not v or not all(lo <= x < hi for x in v):
+        if not v or not all((lo < x if above else lo <= x) and x < hi for x in v):
             kind = "integer" if cast is int else "number"
             what = f"a comma list of {kind}s" if many else f"one {kind}"
-            raise argparse.ArgumentTypeError(f"expected {what} in [{lo}, {hi}), got {s!r}")
+            raise argparse.ArgumentTypeError(f"expected {what} in {'(' if above else '['}{lo}, {hi}), got {s!r}")
+        if len(set(v)) < len(v):
+            raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
         return v if many else v[0]
     return parse
 
@@ -1015,7 +1060,7 @@ def number(lo, hi=math.inf, cast=int, many=False):
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Unset grid flags take the paper's "
                                 "values (the toy presets with --toy).", formatter_class=bpe.HelpFormatter)
-    add, floats = p.add_argument, number(0, cast=float, many=True)
+    add, floats = p.add_argument, number(0, cast=float, many=True, above=True)  # a learning rate of 0 trains nothing
     add("--task", choices=sorted(TASKS), help="the task (default: all three with --toy, else required)")
     add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer); required")
     add("--data", metavar="DIR", help="the data directory: a toydata.py world, or the official downloads unpacked "
@@ -1044,13 +1089,14 @@ def build_parser():
         "(default: the grid of --head-lrs)")
     add("--head-lrs", dest="head_lr", type=floats, metavar="LR,...", help="grid of XNLI classifier learning rates "
         "(default: paper 5e-6,2.5e-5,1.25e-4; --toy 1e-3)")
-    add("--max-len", type=number(2), default=128, help="NER/parsing: subwords per window")
+    add("--max-len", type=number(2), help="NER/parsing: subwords per window (default: 128; at most the model's "
+        "positions - 2)")
     add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
     add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping, 0 = off")
-    add("--seed", type=int, default=0, help="seed of every set: head init, data order")
+    add("--seed", type=number(0, 2 ** 32), default=0, help="seed of every set: head init, data order")
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (no float16)")
-    add("--threads", type=number(0), default=0, help="torch CPU threads, 0 = as many as torch picks")
+    add("--threads", type=number(0, 1025), default=0, help="torch CPU threads, 0 = as many as torch picks")
     add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on "
         "top (default: off)")
     add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps "
@@ -1100,8 +1146,7 @@ def lang_index(langs, code, ckpt, flag):
     return langs.index(code)
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def _main(args):
     old_spellings(args)
     if args.plot:
         need(args.table, "--plot goes with --table (the learning curves of -stepN dirs)")
@@ -1138,9 +1183,13 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device)
     given = args.eval_langs or ",".join(lang for lang in langs if lang != args.train_lang)  # default: the others
-    args.eval_langs = list(dict.fromkeys(x.strip() for x in given.split(",") if x.strip()))
+    args.eval_langs = [x.strip() for x in given.split(",") if x.strip()]
     need(args.eval_langs, f"--eval-langs {args.eval_langs or given!r}: no target language ({args.ckpt}: {langs})")
-    args.max_len = max(2, min(args.max_len, model.config.max_positions - 2))
+    need(len(set(args.eval_langs)) == len(args.eval_langs), f"--eval-langs {given}: a language is given twice")
+    most = max(2, model.config.max_positions - 2)  # <s> and </s> around each window
+    need(args.max_len is None or args.max_len <= most, f"--max-len {args.max_len}: the checkpoint has "
+         f"{model.config.max_positions} positions, a window at most {most} subwords")
+    args.max_len = min(args.max_len or 128, most)
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
     else:
@@ -1158,6 +1207,24 @@ def main(argv=None):
         plans.append((*prepare_task(name, files, model, routes, targs), files, targs, out, job, done))
     for plan in plans:
         run_task(*plan, model, {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")})  # for --table
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
+        if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and "allocate memory" not in str(e):
+            raise
+        raise SystemExit("error: out of memory; try a smaller --batch-size or --max-len (finished sets are kept, "
+                         "the same command goes on from them)") from None
+    except KeyboardInterrupt:  # Ctrl-C: the set in progress is lost, the finished ones are on disk (sets/)
+        out = args.out or ""
+        kept = glob.glob(os.path.join(out, "sets", "*.json")) + glob.glob(os.path.join(out, "*", "sets", "*.json"))
+        print(f"finetune.py: interrupted; {len(kept)} finished hyper-parameter set(s) kept in {out}, the same command "
+              "goes on from them" if kept else "finetune.py: interrupted before any set finished; nothing was kept",
+              file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

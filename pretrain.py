@@ -286,8 +286,8 @@ def get_args(argv=None):
 
     langs = args.langs.split(",")
     check(not (args.overwrite and args.resume), "--overwrite starts a new run; it cannot be combined with --resume")
-    check(all(langs) and len(set(langs)) == len(langs),
-          f"--langs {args.langs}: expected distinct languages, e.g. en,fr")
+    check(all(map(str.isalpha, langs)) and len(set(langs)) == len(langs),
+          f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr")
     for what, valid, names in RANGES:
         for k in names.split():
             v = getattr(args, k)  # None: not given (--threads)

@@ -503,9 +503,16 @@ def _write(out_dir, name, text):
     """Write text to out_dir/name (e.g. 'mono/en.train.txt') atomically: no half-written file under the name."""
     path = os.path.join(out_dir, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    except BaseException as e:  # a full disk, Ctrl-C: no temporary file is left behind
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        if isinstance(e, OSError) and not e.filename:  # a failed write names no file: name it
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
 
 
 def _sample_trees(world, rng, n, mixture=None, need_entity=False):
@@ -549,13 +556,17 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         world.json                               knobs, seed, vocabulary sizes, shared count
     """
     t0 = time.time()
-    if len(langs) != 2 or langs[0] == langs[1] or "" in langs:
-        raise ValueError(f"langs must be two distinct codes (the models are bilingual), got {','.join(langs)}")
+    if len(langs) != 2 or langs[0] == langs[1] or not all(map(str.isalpha, langs)):
+        raise ValueError(f"langs must be two distinct codes of letters (bilingual models), got {','.join(langs)}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
     for name, v in [("overlap", overlap), ("domain_shift", domain_shift), ("name_overlap", name_overlap)]:
         if v is not None and not 0.0 <= v <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {v}")
     parse_order(order)   # a ValueError before anything is written
     l0, l1 = langs
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"out_dir {out_dir}: exists and is not a directory")
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not force:
             raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it (write_world: force=True)")
@@ -663,10 +674,21 @@ def build_parser():
 def main(argv=None):
     args = vars(build_parser().parse_args(argv))
     sizes = SIZES[args.pop("size")]
+    if args["seed"] < 0:   # the flag's name, not write_world's argument
+        ap.error(f"--seed must be >= 0, got {args['seed']}")
+    if len(args["langs"]) != 2 or len(set(args["langs"])) != 2 or not all(map(str.isalpha, args["langs"])):
+        ap.error(f"--langs {','.join(args['langs'])}: expected two distinct codes of letters, e.g. en,fr")
+    if os.path.exists(args["out_dir"]) and not os.path.isdir(args["out_dir"]):
+        ap.error(f"--out {args['out_dir']}: exists and is not a directory")
     try:
         s = write_world(**args, **sizes)
     except (FileExistsError, ValueError) as e:   # one line: toydata.py: error: overlap must be in [0, 1], got 1.5
         raise SystemExit(f"toydata.py: error: {e}")
+    except OSError as e:   # a full disk, a read-only folder: _write leaves no temporary file
+        where = str(e.filename or args["out_dir"]).removesuffix(".tmp")
+        raise SystemExit(f"toydata.py: error: cannot write {where}: {e.strerror or e}")
+    except KeyboardInterrupt:
+        raise SystemExit(f"toydata.py: interrupted; {args['out_dir']} is incomplete (write it again with --force)")
     print(f"wrote {s['out_dir']} in {s['seconds']} s: {s['n_concepts']} concepts, vocab {s['vocab_sizes']}, "
           f"shared forms {s['shared']}")
     return s

@@ -413,6 +413,7 @@ def test_binarize_round_trip(files, tmp_path):
     text.write_text("\n".join(lines) + "\n")
     meta = bpe.binarize(str(text), tok, "fr", str(tmp_path / "fr.test"), verbose=False)
     assert meta == {"dtype": "uint16", "n_tokens": meta["n_tokens"], "n_sentences": len(lines),
+                    "n_words": sum(len(bpe.pretokenize(line, "fr")) for line in lines),
                     "vocab_size": tok.vocab_size("fr"), "lang": "fr"}
     data, meta2 = bpe.load_bin(str(tmp_path / "fr.test"))
     assert meta2 == meta and len(data) == meta["n_tokens"] and data[-1] == EOS_ID

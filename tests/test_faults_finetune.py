@@ -104,17 +104,27 @@ FT_BAD_FLAGS = [
     (["--epochs", "-3"], "argument --epochs: expected one integer in [1, inf)"),
     (["--epochs", "2.5"], "argument --epochs: expected one integer in [1, inf), got '2.5'"),
     (["--epoch-size", "-1"], "argument --epoch-size: expected one integer in [0, inf)"),
-    (["--lr", ","], "argument --lr: expected a comma list of numbers in [0, inf), got ','"),
-    (["--lr=-1e-3"], "argument --lr: expected a comma list of numbers in [0, inf)"),
-    (["--lr", "nan"], "argument --lr: expected a comma list of numbers in [0, inf)"),
-    (["--lr", "inf"], "argument --lr: expected a comma list of numbers in [0, inf)"),
-    (["--lr", "1e-3,x"], "argument --lr: expected a comma list of numbers in [0, inf), got '1e-3,x'"),
-    (["--head-lr", ""], "argument --head-lr: expected a comma list of numbers in [0, inf)"),
+    (["--lr", ","], "argument --lr: expected a comma list of numbers in (0, inf), got ','"),
+    (["--lr=-1e-3"], "argument --lr: expected a comma list of numbers in (0, inf)"),
+    (["--lr", "nan"], "argument --lr: expected a comma list of numbers in (0, inf)"),
+    (["--lr", "inf"], "argument --lr: expected a comma list of numbers in (0, inf)"),
+    (["--lr", "1e-3,x"], "argument --lr: expected a comma list of numbers in (0, inf), got '1e-3,x'"),
+    (["--head-lr", ""], "argument --head-lr: expected a comma list of numbers in (0, inf)"),
+    # issue 22: a learning rate of 0 trains nothing; a repeated value trains one set twice and counts it twice in
+    # the mean of the best two; --seed -1 was refused by torch after the files were read (leaving an empty sets/)
+    (["--lr", "0"], "argument --lr: expected a comma list of numbers in (0, inf), got '0'"),
+    (["--lr", "1e-3,0"], "argument --lr: expected a comma list of numbers in (0, inf), got '1e-3,0'"),
+    (["--head-lr", "0"], "argument --head-lr: expected a comma list of numbers in (0, inf), got '0'"),
+    (["--batch-size", "16,16"], "argument --batch-size: '16,16' gives a value twice"),
+    (["--lr", "1e-3,0.001"], "argument --lr: '1e-3,0.001' gives a value twice"),
+    (["--seed", "-1"], "argument --seed: expected one integer in [0, 4294967296), got '-1'"),
+    (["--seed", str(10 ** 30)], "argument --seed: expected one integer in [0, 4294967296)"),
+    (["--threads", "100000"], "argument --threads: expected one integer in [0, 1025)"),  # was libgomp's abort
     (["--max-len", "1"], "argument --max-len: expected one integer in [2, inf)"),
     (["--head-dropout", "1.5"], "argument --head-dropout: expected one number in [0, 1)"),
     (["--head-dropout", "nan"], "argument --head-dropout: expected one number in [0, 1)"),
     (["--clip", "-1"], "argument --clip: expected one number in [0, inf)"),
-    (["--threads", "-2"], "argument --threads: expected one integer in [0, inf)"),
+    (["--threads", "-2"], "argument --threads: expected one integer in [0, 1025)"),
     (["--align-layer", "-1"], "argument --align-layer: expected one integer in [0, inf)"),
 ]
 
@@ -134,6 +144,9 @@ FT_BAD_INPUTS = [
     (["--eval-langs", "de"], "error: --eval-langs de: not one of the checkpoint's languages"),
     (["--eval-langs", ","], "error: --eval-langs ',': no target language"),
     (["--train-lang", "xx"], "error: --train-lang xx: not one of the checkpoint's languages"),
+    (["--eval-langs", "fr,fr"], "error: --eval-langs fr,fr: a language is given twice"),  # was dropped quietly
+    (["--batch-size", "1000000000"], "error: --batch-size 1000000000 is more than the 300 ner training examples"),
+    (["--max-len", "1000"], "error: --max-len 1000: the checkpoint has 24 positions, a window at most 22"),  # was 22
     (["--train-file", "{t}/missing.tsv"], "error: --train-file {t}/missing.tsv: not a file"),
     (["--train-file", "{t}"], "error: --train-file {t}: not a file"),
     (["--data", "{t}/nodata"], "error: --data {t}/nodata: no such directory"),
@@ -233,6 +246,78 @@ def test_finetune_unwritable_out_and_table_inputs(toy_world, toy_ckpt, tmp_path)
         ft.main(["--table", str(tmp_path / "run")])
 
 
+GOOD_RESULTS = {"task": "ner", "metric": "f1", "test": {"fr": {"f1": 0.5, "precision": 0.5, "recall": 0.5}},
+                "pretrain": {"step": 30, "dev_ppl": {"en": 10.0, "fr": 11.0}}}
+TABLE_EDITS = [
+    # (a hand edit of a results.json, read by --table); issue 22: each was a traceback (KeyError, TypeError, ...)
+    ("as written", lambda r: r),
+    ("score as text", lambda r: r["test"]["fr"].update(f1="50%")),
+    ("score null", lambda r: r["test"]["fr"].update(f1=None)),
+    ("score not a dict", lambda r: r["test"].update(fr=0.5)),
+    ("score removed", lambda r: r["test"]["fr"].pop("f1")),
+    ("other metric", lambda r: r.update(metric="acc")),
+    ("ppl as text", lambda r: r["pretrain"].update(dev_ppl={"en": "ten"})),
+    ("pretrain a list", lambda r: r.update(pretrain=[1])),
+]
+
+
+@pytest.mark.parametrize("edit", [e for _, e in TABLE_EDITS], ids=[name for name, _ in TABLE_EDITS])
+def test_table_refuses_a_hand_edited_results_json(tmp_path, capsys, edit):
+    import copy
+    import json
+    r = copy.deepcopy(GOOD_RESULTS)
+    edit(r)
+    run = tmp_path / "default-s0"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(r))
+    if r == GOOD_RESULTS:
+        ft.main(["--table", str(run)])
+        assert "50.0" in capsys.readouterr().out
+        return
+    with pytest.raises(SystemExit, match=f"^error: --table: {re.escape(str(run / 'results.json'))}: not a "
+                                         "results.json as finetune.py writes it") as e:
+        ft.main(["--table", str(run)])
+    assert "\n" not in str(e.value.code)
+
+
+@pytest.fixture(scope="module")
+def finished_ner(toy_world, toy_ckpt, tmp_path_factory):
+    """--out of a finished one-set NER run (sets/bs-32-lr-0.001.json and results.json) and its argv."""
+    out = tmp_path_factory.mktemp("finished") / "o"
+    argv = NER_RUN + ["--lr", "1e-3", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(out)]
+    ft.main(argv)
+    return out, argv
+
+
+SET_EDITS = [
+    # (a hand edit of the finished set's record, sets/*.json); the same command again would have averaged it
+    ("score as text", lambda rec: rec["test"]["fr"].update(f1="high")),
+    ("dev removed", lambda rec: rec.pop("dev")),
+    ("other lr", lambda rec: rec.update(lr=5.0)),
+    ("other language", lambda rec: rec.update(test={"de": rec["test"]["fr"]})),
+    ("record null", None),
+]
+
+
+@pytest.mark.parametrize("edit", [e for _, e in SET_EDITS], ids=[name for name, _ in SET_EDITS])
+def test_a_hand_edited_set_is_refused_before_training(finished_ner, tmp_path, monkeypatch, edit):
+    import json
+    import shutil
+    old, argv = finished_ner
+    out = tmp_path / "o"
+    shutil.copytree(old, out)
+    path = out / "sets" / "bs-32-lr-0.001.json"
+    saved = json.loads(path.read_text())
+    edit(saved["record"]) if edit else saved.update(record=None)
+    path.write_text(json.dumps(saved))
+    before = (out / "results.json").read_bytes()
+    monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(SystemExit, match=f"^error: {re.escape(str(path))}: not a finished set as finetune.py "
+                                         "writes it .*remove it to train that set again, or pass --overwrite"):
+        ft.main(argv[:-1] + [str(out)])
+    assert (out / "results.json").read_bytes() == before
+
+
 def test_write_json_full_disk_leaves_no_file(tmp_path, monkeypatch):
     import errno
     import json
@@ -266,8 +351,11 @@ def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckp
             raise KeyboardInterrupt
         return real(*a, **k)
     monkeypatch.setattr(ft, "finetune_one", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as e:  # Ctrl-C: one line saying what is kept (was a KeyboardInterrupt traceback)
         ft.main(argv)
+    assert e.value.code == 130 and capsys.readouterr().err == (
+        f"finetune.py: interrupted; 1 finished hyper-parameter set(s) kept in {out}, the same command goes on from "
+        "them\n")
     sets = sorted(p.name for p in (out / "sets").iterdir())
     assert sets == ["bs-32-lr-0.001.json"] and not (out / "results.json").exists()  # the first set is kept
 
@@ -315,6 +403,40 @@ def test_results_json_of_another_job_is_not_overwritten(toy_world, toy_ckpt, tmp
     assert "precious" in (out / "results.json").read_text()
     ft.main(argv + ["--overwrite"])
     assert "precious" not in (out / "results.json").read_text()
+
+
+@pytest.mark.parametrize("epoch_size", [100, 10 ** 12])
+def test_epoch_stream_is_drawn_as_it_is_reached(toy_world, toy_ckpt, tmp_path, monkeypatch, epoch_size):
+    """The epochs cut one endless stream of permutations of the train set (XLM); it is drawn batch by batch, so
+    --epoch-size 10**12 starts training (the whole epoch's order was built first: memory for 10**12 indices)."""
+    import numpy as np
+    seen = []
+
+    def run(self, model, head, batch, lang, max_len, predict=False):
+        if not predict:
+            seen.append([id(x) for x in batch])
+            if len(seen) == 7:
+                raise InterruptedError
+        return real(self, model, head, batch, lang, max_len, predict)
+    real = ft.NERTask.run
+    monkeypatch.setattr(ft.NERTask, "run", run)
+    order = {}
+    real_prepare = ft.prepare_task
+
+    def prepare(*a, **k):
+        task, data = real_prepare(*a, **k)
+        order.update({id(x): i for i, x in enumerate(data["train"][1])})
+        return task, data
+    monkeypatch.setattr(ft, "prepare_task", prepare)
+    monkeypatch.setattr(ft, "evaluate", lambda *a, **k: {"f1": 0.0})  # the dev score between the epochs
+    with pytest.raises(InterruptedError):
+        ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(tmp_path / "o"),
+                 "--epochs", "2", "--lr", "1e-3", "--batch-size", "32", "--epoch-size", str(epoch_size)])
+    rng = np.random.default_rng(0)  # --seed 0: the stream is permutations of the 300 examples, one after another
+    stream = np.concatenate([rng.permutation(300) for _ in range(2)])
+    sizes = [32, 32, 32, 4, 32, 32, 32] if epoch_size == 100 else [32] * 7  # epoch 1 ends after 100 examples
+    want = [x.tolist() for x in np.split(stream[:sum(sizes)], np.cumsum(sizes)[:-1])]
+    assert [[order[i] for i in b] for b in seen] == want
 
 
 def test_a_diverged_set_is_left_out_and_all_diverged_writes_nothing(toy_world, toy_ckpt, tmp_path, monkeypatch, capsys):
@@ -391,6 +513,14 @@ ALIGN_BAD_INPUTS = [
     (["contextual", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--save-maps", "{t}"], "is a directory"),
     (["sentences", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--device", "gpu"],
      "--device gpu: expected auto, cpu, cuda, cuda:N or mps"),
+    # issue 22: the same language on both sides measures nothing (was P@1 100); maps of another run are kept
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--tgt", "en"], "--src and --tgt are both 'en'"),
+    (["words", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--src", "fr"], "--src and --tgt are both 'fr'"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--tgt", "f/r"], "--tgt 'f/r': expected a language code"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/ok.en", "--test-tgt", "{t}/../{t.name}/ok.en"],
+     "are the same file: both sides would be one text"),
+    (["contextual", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--save-maps", "{t}/old.npz"],
+     "--save-maps {t}/old.npz: exists (maps of an earlier run, perhaps of another checkpoint); pass --overwrite"),
 ]
 
 
@@ -399,6 +529,7 @@ def bad_files(tmp_path):
     (tmp_path / "empty.pt").write_bytes(b"")
     (tmp_path / "bad.fr").write_bytes(BAD_UTF8)
     (tmp_path / "ok.en").write_text("the cat\nthe summer\n")
+    (tmp_path / "old.npz").write_bytes(b"maps of an earlier run")
     return tmp_path
 
 
@@ -409,7 +540,8 @@ def test_align_bad_inputs_one_line(toy_world, toy_ckpt, nan_ckpt, bad_files, arg
     with pytest.raises(SystemExit, match=re.escape(fill(msg))) as e:
         align.main([fill(a) for a in argv])
     assert str(e.value.code).startswith(f"align.py {argv[0]}: error: ") and "\n" not in str(e.value.code)
-    assert not list(bad_files.rglob("*.npz*"))
+    assert [p.name for p in bad_files.rglob("*.npz*")] == ["old.npz"]
+    assert (bad_files / "old.npz").read_bytes() == b"maps of an earlier run"
 
 
 def test_align_save_maps_full_disk_leaves_no_file(tmp_path, monkeypatch):
@@ -437,6 +569,11 @@ CKA_BAD = [
     (["--src-file", "{t}/ok.en", "--tgt-file", "{t}/nothere"], "--tgt-file {t}/nothere: no such file"),
     (["--toy", "--data", "{t}/noworld"], "--data {t}/noworld: no such directory"),
     (["--device", "cuda:x"], "--device cuda:x: expected auto, cpu, cuda, cuda:N or mps"),
+    (["--tgt", "en"], "--src and --tgt are both 'en' in one model"),  # issue 22: was CKA 1.000
+    (["--src", "e n"], "--src 'e n': expected a language code of letters"),
+    (["--src-file", "{t}/ok.en", "--tgt-file", "{t}/ok.en"], "are the same file: both sides would be one text"),
+    (["--seed", "-1"], "argument --seed: must be an integer >= 0 and < 4294967296, got '-1'"),  # was accepted
+    (["--seed", str(10 ** 23)], "argument --seed: must be an integer >= 0"),  # was "Overflow when unpacking long long"
 ]
 
 

@@ -1,0 +1,182 @@
+"""User-side faults in bpe.py prepare and in the prepared folders pretrain.py takes as --data (issue 22): a run whose
+flags differ from how its data were prepared is refused in one line, and so is a code-switching dictionary that
+switches nothing, a dev split without words, a language code that is not one; nothing is left half written.
+
+Run: python -m pytest -q tests/test_faults_bpe.py
+"""
+import errno
+import os
+import re
+import shutil
+import signal
+
+import pytest
+
+import bpe
+from conftest import SMOKE
+
+MERGES = "200"
+# pretrain.py on the prepared folder: the conftest smoke model, one update (a refusal comes before any training)
+SMALL = SMOKE + ["--merges", MERGES, "--batch-size", "4", "--max-steps", "1", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def prep(toy_world, tmp_path_factory):
+    """A folder written by bpe.prepare in joint mode (MERGES merges) from the shared toy world's mono/ text."""
+    out = bpe.prepare(["en", "fr"], str(tmp_path_factory.mktemp("prep")), data=str(toy_world), merges=int(MERGES))
+    return out
+
+
+@pytest.fixture(scope="module")
+def inputs(toy_world, tmp_path_factory):
+    """Text and dictionaries beside the toy world: dev files of blank lines, reversed and foreign dictionaries."""
+    d = tmp_path_factory.mktemp("inputs")
+    blank = d / "blank"
+    blank.mkdir()
+    for name in ("en.train.txt", "fr.train.txt", "fr.dev.txt"):
+        shutil.copy(toy_world / "mono" / name, blank / name)
+    (blank / "en.dev.txt").write_text("\n" * 50)  # 50 lines, no word
+    pairs = (toy_world / "dict" / "en-fr.txt").read_text().split("\n")
+    (d / "fr-en.txt").write_text("\n".join(" ".join(p.split()[::-1]) for p in pairs))  # columns swapped
+    (d / "de-it.txt").write_text("Hund cane\nKatze gatto\n")  # another language pair: matches nothing
+    return d
+
+
+def no_temp_files(root):
+    return not [p for p in root.rglob("*") if p.name.endswith(".tmp")]
+
+
+def call(main, argv, capsys):
+    """main(argv) in this process -> (exit code, the last line of stderr or of the SystemExit message, stdout)."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # pretrain.main sets its own
+    try:
+        main([str(a) for a in argv])
+        code, text = 0, ""
+    except SystemExit as e:
+        code, text = (1, e.code) if isinstance(e.code, str) else (e.code, "")
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    out, err = capsys.readouterr()
+    lines = (text or err).strip().splitlines()
+    return code, lines[-1] if lines else "", out
+
+
+# -----------------------------------------------------------------------------
+# 1. pretrain.py --data PREP: the folder's recipe (mode, merges, separate ids, lowercase, code-switch dictionary,
+#    languages) must be the run's; else one line naming each flag that differs (before: trained on PREP silently)
+
+PRETRAIN_ON_PREP = [
+    # (extra flags, expected message); {d} = the toy world's dictionary
+    (["--bpe", "prefixed"], "was prepared with other choices (--bpe joint there, prefixed here)"),
+    (["--bpe", "separate", "--merges", "100"], "--bpe joint there, separate here; --merges 200 there, 100 here"),
+    (["--code-switch", "{d}"], "(--code-switch none there, a dictionary with sha1 "),
+    (["--sep", "emb"], "(--sep emb/tok off there, on here)"),
+    (["--sep", "tok"], "(--sep emb/tok off there, on here)"),
+    (["--lowercase"], "(--lowercase off there, on here)"),
+    (["--merges", "300"], "(--merges 200 there, 300 here)"),
+    (["--langs", "fr,en"], "(--langs en,fr there, fr,en here)"),
+    # 7. a language code is letters: ' fr' would name the file ' fr.train.txt', 'en/x' a folder
+    (["--langs", "en, fr"], "--langs en, fr: expected distinct languages, each a code of letters"),
+    (["--langs", "en/x,fr"], "--langs en/x,fr: expected distinct languages, each a code of letters"),
+]
+
+
+@pytest.mark.parametrize("extra, message", PRETRAIN_ON_PREP, ids=[" ".join(f) for f, _ in PRETRAIN_ON_PREP])
+def test_pretrain_refuses_a_prepared_folder_made_otherwise(prep, toy_world, tmp_path, capsys, extra, message):
+    import pretrain
+    extra = [a.format(d=toy_world / "dict" / "en-fr.txt") for a in extra]
+    code, line, _ = call(pretrain.main, SMALL + ["--data", prep, "--out", tmp_path / "o"] + extra, capsys)
+    assert code in (1, 2) and message in line, line
+    assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("log.jsonl"))
+
+
+DAMAGED_PREP = [
+    # 10. (what is done to a copy of the folder, expected message)
+    ("rm fr.train.bin", "a prepared folder without fr.train.bin; prepare it again"),  # was "no en.train.txt ..."
+    ("rm recipe.json", "a prepared folder without recipe.json"),
+    ("break en.train.json", "en.train.json: not a header written by bpe.binarize"),  # was an unnamed JSON error
+    ("break recipe.json", "recipe.json: Expecting value"),
+]
+
+
+@pytest.mark.parametrize("damage, message", DAMAGED_PREP, ids=[d for d, _ in DAMAGED_PREP])
+def test_damaged_prepared_folder_is_named(prep, tmp_path, capsys, damage, message):
+    import pretrain
+    copy = tmp_path / "prep"
+    shutil.copytree(prep, copy)
+    verb, name = damage.split()
+    (copy / name).unlink() if verb == "rm" else (copy / name).write_text("[not JSON")
+    code, line, _ = call(pretrain.main, SMALL + ["--data", copy, "--out", tmp_path / "o"], capsys)
+    assert code == 1 and message in line and str(copy) in line, line
+
+
+# -----------------------------------------------------------------------------
+# bpe.py prepare: mistakes in flags and inputs, one line each, nothing written
+
+BPE_CASES = [
+    # (argv after `prepare`, expected message); {w} = the toy world, {i} = the inputs folder, {p} = PREP
+    # 11. a repeated language (was dropped quietly); 7. codes of letters
+    (["--data", "{w}", "--langs", "en,en"], "--langs en,en: expected distinct languages"),
+    (["--data", "{w}", "--langs", "en, fr"], "--langs en, fr: expected distinct languages, each a code of letters"),
+    (["--data", "{w}", "--langs", "en/x,fr"], "--langs en/x,fr: expected distinct languages"),
+    (["--data", "{w}", "--langs", "en,"], "--langs en,: expected distinct languages"),
+    # 2. a dictionary the wrong way round, or of other languages, switches nothing: refused before BPE is learned
+    (["--data", "{w}", "--code-switch", "{i}/fr-en.txt"], "its columns look the wrong way round for --langs en,fr"),
+    (["--data", "{w}", "--code-switch", "{i}/de-it.txt"], "matches almost no en word"),
+    (["--data", "{w}", "--code-switch", "{i}/none.txt"], "--code-switch {i}/none.txt: no such file"),
+    (["--data", "{w}", "--code-switch", "{w}/mono/en.train.txt"], "en.train.txt:1: expected 'source target'"),
+    # 4. words, not lines: a dev file of blank lines is no dev set (was four </s>, and best.pt chosen on them)
+    (["--data", "{i}/blank"], "{i}/blank/en.dev.txt: a en dev split of 0 words; at least 20 are needed"),
+    # 1. a prepared folder as --data: its recipe must be these flags
+    (["--data", "{p}", "--mode", "prefixed"], "(--mode joint there, prefixed here; --merges 200 there, 40000 here)"),
+    (["--data", "{p}", "--separate-vocab"], "(--merges 200 there, 80000 here; --separate-vocab off there, on here)"),
+    (["--data", "{p}", "--merges", "200", "--lowercase"], "(--lowercase off there, on here)"),
+    # more inputs of our own: flags out of range, a file for a folder and the other way round, one text twice
+    (["--data", "{w}", "--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--data", "{w}/world.json"], "--data {w}/world.json: not a directory"),
+    (["--data", "{w}", "--code-switch", "{w}/dict"], "--code-switch {w}/dict: not a file"),
+    (["--train-files", "en={w}/mono/en.train.txt,fr={w}/mono/en.train.txt", "--dev-files",
+      "en={w}/mono/en.dev.txt,fr={w}/mono/fr.dev.txt"], "--train-files: en and fr are the same file"),
+    (["--data", "{p}", "--merges", "200", "--langs", "en"], "(--langs en,fr there, en here)"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BPE_CASES, ids=[" ".join(a[2:4]) for a, _ in BPE_CASES])
+def test_bpe_prepare_mistake_is_one_line(toy_world, inputs, prep, tmp_path, capsys, argv, message):
+    fill = lambda s: s.format(w=toy_world, i=inputs, p=prep)  # noqa: E731
+    code, line, _ = call(bpe.main, ["prepare"] + [fill(a) for a in argv] + ["--merges", MERGES] * (
+        "{p}" not in argv) + ["--out", tmp_path / "cache"], capsys)
+    assert code in (1, 2) and fill(message) in line, line
+    assert not (tmp_path / "cache").exists()
+
+
+def test_code_switching_says_how_many_words_it_switched(toy_world, tmp_path, capsys):
+    """2. The count of switched words per language is printed and kept in the .json header."""
+    code, _, out = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "100", "--code-switch",
+                                   toy_world / "dict" / "en-fr.txt", "--out", tmp_path], capsys)
+    assert code == 0
+    found = dict(re.findall(r"code-switching (en|fr): (\d+) of \d+ words", out))
+    assert set(found) == {"en", "fr"} and all(int(n) > 0 for n in found.values())
+    _, meta = bpe.load_bin(os.path.join(out.strip().splitlines()[-1], "en.train"))
+    assert meta["n_switched"] == int(found["en"]) and 0 < meta["n_switched"] < meta["n_words"]
+
+
+def test_full_disk_in_prepare_names_the_folder_and_leaves_no_temp_file(toy_world, tmp_path, capsys, monkeypatch):
+    """10. A full disk while the ids are written: 'no space left writing in DIR' (was 'None: No space left ...')."""
+    def full(chunk):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as f.write raises it: no file name
+    monkeypatch.setattr(bpe, "_encode_chunk", full)
+    code, line, _ = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "50", "--out", tmp_path], capsys)
+    assert code == 1 and re.fullmatch(rf"error: data preparation failed: no space left writing in "
+                                      rf"{re.escape(str(tmp_path))}/joint-50-\w+", line), line
+    assert no_temp_files(tmp_path) and not list(tmp_path.rglob("done"))
+
+
+def test_binarize_refuses_text_without_words(tmp_path):
+    """4. Blank lines are not a corpus: binarize counts words, not lines."""
+    tok = bpe.Tokenizer.build({"en": __file__}, num_merges=20, verbose=False)
+    (tmp_path / "blank.txt").write_text("\n\n  \n")
+    with pytest.raises(ValueError, match=r"blank.txt: empty corpus \(no words in 3 lines\)"):
+        bpe.binarize(str(tmp_path / "blank.txt"), tok, "en", str(tmp_path / "x"), verbose=False)
+    assert not list(tmp_path.glob("x.*"))
