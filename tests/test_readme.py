@@ -74,6 +74,19 @@ def braces(word):
     return [x for part in m.group(1).split(",") for x in braces(word[:m.start()] + part + word[m.end():])]
 
 
+def split_commands(line):
+    """The simple commands of a shell line as word lists, split at && || ; | outside quotes."""
+    lex = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+    lex.whitespace_split = True
+    out = [[]]
+    for word in lex:
+        if word in ("&&", "||", ";", "|", "&"):
+            out.append([])
+        else:
+            out[-1].append(word)
+    return out
+
+
 def commands(text):
     """(block number, script, argv, the line as written) for every python/torchrun command of every bash block;
     also the unset variables each block uses."""
@@ -84,9 +97,9 @@ def commands(text):
         for line in lines:
             line = re.sub(r"\s\d*>>?(&\d+|\s*\S+)", " ", line)  # redirections
             unset += [(b, v) for v in re.findall(r"\$\{?([A-Za-z_]\w*)", line) if v not in names]
-            for cmd in re.split(r"&&|\|\||;|\|", expand(line, names)):
-                words = shlex.split(cmd)
-                if not words or words[0] not in ("python", "torchrun") or "-m" in words[:2]:
+            for words in split_commands(expand(line, names)):
+                cmd = shlex.join(words)
+                if not words or words[0] not in ("python", "torchrun") or {"-m", "-c"} & set(words[:2]):
                     continue
                 i = next(k for k, w in enumerate(words) if w.endswith(".py"))
                 argv = [x for w in words[i + 1:] for x in braces(w)]
