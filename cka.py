@@ -86,17 +86,17 @@ def cka_table(args):
       random       --ckpt encodes --src, an untrained model of the same config (and tokenizer) as the
                    --tgt side's model encodes --tgt: the baseline any similarity must beat"""
     import torch
-    import model as M  # (model.load_encoder reads the tokenizer with bpe.py)
-    from bpe import read_parallel
+    import model as M
+    from bpe import checkpoint_tokenizer, read_parallel
 
     if args.toy:
         if not os.path.isdir(args.toy):
             raise ValueError(f"--toy {args.toy}: no such directory (a toydata.py world)")
         args.src_file = args.src_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.src}")
         args.tgt_file = args.tgt_file or os.path.join(args.toy, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{args.tgt}")
-    for flag in ("ckpt", "ckpt2", "src_file", "tgt_file"):  # every input exists before anything is loaded
+    for flag in ("ckpt", "ckpt2", "xlm_codes", "src_file", "tgt_file"):  # every input exists before anything is loaded
         path, name = getattr(args, flag), "--" + flag.replace("_", "-")
-        if path is None and flag != "ckpt2":
+        if path is None and flag not in ("ckpt2", "xlm_codes"):
             raise ValueError(f"missing {name} (or give --toy DIR for the sentence files)")
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"{name} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
@@ -108,7 +108,8 @@ def cka_table(args):
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
 
     def load(path):  # (model in eval mode, tokenizer, language codes, path)
-        return M.load_encoder(path, args.device)[:3] + (path,)
+        model, extra = M.load_model(path, args.device)
+        return (model, *checkpoint_tokenizer(extra, path, args.xlm_codes), path)
 
     def enc(side, lang, lines):  # sentence vectors per layer (decision D9)
         m, t, langs, path = side
@@ -154,6 +155,7 @@ def build_parser():
     a = ap.add_argument
     a("--ckpt", help="pretrain.py best.pt encoding --src (and --tgt if it has it)")
     a("--ckpt2", help="second checkpoint encoding --tgt (the monolingual column)")
+    a("--xlm-codes", metavar="CODES", help="fastBPE codes of a released XLM checkpoint given as --ckpt/--ckpt2 (e.g. codes_enfr)")
     a("--src", default="en", help="source language code (default en)")
     a("--tgt", default="fr", help="target language code (default fr)")
     a("--src-file", help="source side of the parallel sentences (e.g. tatoeba.fra-eng.eng)")

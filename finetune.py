@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import align
 import bpe
 from bpe import EOS_ID, UNK_ID, read_lines
-from model import DTYPES, AlignedEncoder, encode_batch, encode_states, load_encoder, pick_device
+from model import DTYPES, AlignedEncoder, encode_batch, encode_states, load_model, pick_device
 
 
 def need(ok, msg):
@@ -619,7 +619,7 @@ def setup_aligned(model, tok, langs, args):
     from align.py contextual --save-maps -> (AlignedEncoder, routes)."""
     need(len(args.eval_langs) == 1, "--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
     code, en, path, layer = args.eval_langs[0], args.train_lang, args.align_maps, args.align_layer
-    tmodel, ttok, tlangs, _ = load_ckpt(args.target_ckpt, "--target-ckpt", args.device)
+    tmodel, ttok, tlangs, _ = load_ckpt(args.target_ckpt, "--target-ckpt", args.device, args.xlm_codes)
     n, dim = min(model.config.n_layers, tmodel.config.n_layers), model.config.dim
     need(0 <= layer <= n, f"--align-layer {layer} outside 0..{n}")
     need(tmodel.config.dim == dim, f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {dim}")
@@ -688,7 +688,7 @@ def digest(path):
 def earlier_sets(task_name, files, args, out):
     """The run's identity (task, JOB_FLAGS, checkpoint and data contents) and {set file: record} of the sets it
     finished in `out` earlier (the same command resumes); another run's results or sets: refused, naming why."""
-    paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps,
+    paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps, "xlm_codes": args.xlm_codes,
              "train file": files["train"], "dev file": files["dev"],
              **{f"{lang} test file": p for lang, p in files["test"].items()}}
     job = {"task": task_name, **{k: digest(p) for k, p in paths.items() if p}, **{k: vars(args)[k] for k in JOB_FLAGS}}
@@ -771,7 +771,8 @@ def build_parser():
                                 "values (the toy presets with --toy).")
     add, floats = p.add_argument, number(0, cast=float, many=True)
     add("--task", choices=sorted(TASKS), help="the task; with --toy and no --task, all three run")
-    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer)")
+    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer), or a released XLM .pth with --xlm-codes")
+    add("--xlm-codes", metavar="CODES", help="fastBPE codes of a released XLM checkpoint given as --ckpt/--target-ckpt")
     add("--data", help="a toydata.py world, or a directory laid out as ../shared/data (see LAYOUTS)")
     add("--toy", metavar="DIR", help="--data DIR with the toy presets; all three tasks unless --task")
     add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects (%(default)s)")
@@ -798,11 +799,13 @@ def build_parser():
     return p
 
 
-def load_ckpt(path, flag, device):
-    """model.load_encoder, or one line naming the flag."""
+def load_ckpt(path, flag, device, xlm_codes=None):
+    """(model, tokenizer, language codes, the checkpoint's other entries) of pretrain.py's best.pt, or of a released
+    XLM checkpoint with its fastBPE codes (--xlm-codes); a mistake is one line naming the flag."""
     try:
-        return load_encoder(path, device)
-    except (KeyError, TypeError, ValueError) as e:
+        model, extra = load_model(path, device)
+        return (model, *bpe.checkpoint_tokenizer(extra, path, xlm_codes), extra)
+    except (KeyError, TypeError, ValueError, OSError) as e:
         raise SystemExit(f"error: {flag}: {e}") from None
 
 
@@ -818,6 +821,7 @@ def main(argv=None):
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
     need(args.ckpt and args.out, "--ckpt and --out are required (or --table)")
+    need(not args.xlm_codes or os.path.isfile(args.xlm_codes), f"--xlm-codes {args.xlm_codes}: no such file")
     need(args.dtype != "float16", "--dtype float16: fine-tuning has no GradScaler; use --dtype bfloat16 or float32")
     try:
         args.device, dtype, _ = pick_device(args.device, args.dtype)
@@ -834,7 +838,7 @@ def main(argv=None):
     need(tasks, "--task is required (only --toy runs all three)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device)
+    model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device, args.xlm_codes)
     given = args.eval_langs or ",".join(lang for lang in langs if lang != args.train_lang)  # default: the others
     args.eval_langs = list(dict.fromkeys(x.strip() for x in given.split(",") if x.strip()))
     need(args.eval_langs, f"--eval-langs {args.eval_langs or given!r}: no target language ({args.ckpt}: {langs})")
