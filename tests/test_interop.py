@@ -203,3 +203,84 @@ def test_export_hf_without_safetensors_writes_pytorch_model_bin(learned, tmp_pat
     x = torch.tensor([[1] + tok.encode("Été comme hiver", "fr") + [1]])
     with torch.no_grad():
         assert (hf(x, langs=torch.ones_like(x)).logits[..., :model.config.vocab_size] - model(x, 1)[0]).abs().max() < 1e-5
+
+
+# -----------------------------------------------------------------------------
+# released XLM checkpoints in align.py, cka.py and finetune.py: a checkpoint in XLM's layout, written here
+
+def write_xlm_release(d, toy_world, use_lang_emb=True):
+    """What XLM publishes for a model such as mlm_enfr_1024, made as XLM's tools make it: fastBPE codes
+    ('left right count' lines, no header), the vocabulary of the BPE'd training text by count (XLM
+    data/dictionary.py: specials first, pieces that a word continues end in '@@') and train.py's checkpoint
+    {model, dico_id2word, dico_word2id, dico_counts, params} with XLM's state-dict names (2 layers, d 16)."""
+    from collections import Counter
+
+    from test_model import xlm_state_dict
+    lines = [s for lang in ("en", "fr") for s in (toy_world / f"mono/{lang}.train.txt").read_text("utf-8").splitlines()[:300]]
+    counts = Counter(w for s in lines for w in s.split())                     # Moses output: words between spaces
+    merges = bpe.learn_bpe(counts, 300)
+    (d / "codes_enfr").write_text("".join(f"{a} {b} {10 ** 6 - i}\n" for i, (a, b) in enumerate(merges)), "utf-8")
+    pieces = Counter()
+    for w, c in counts.items():
+        for p in bpe.BPE(merges).apply_words([w]):
+            pieces[p] += c
+    words = M.XLM_SPECIALS + [w for w, _ in sorted(pieces.items(), key=lambda kv: (-kv[1], kv[0]))]
+    sd = xlm_state_dict(len(words), 512, 16, 64, 2, n_langs=2)
+    if not use_lang_emb:
+        del sd["lang_embeddings.weight"]
+    params = {"emb_dim": 16, "n_layers": 2, "n_heads": 2, "n_langs": 2, "langs": ["en", "fr"],
+              "id2lang": {0: "en", 1: "fr"}, "lang2id": {"en": 0, "fr": 1}, "use_lang_emb": use_lang_emb,
+              "gelu_activation": True, "sinusoidal_embeddings": False, "share_inout_emb": True, "asm": False,
+              "dropout": 0.1, "attention_dropout": 0.1, "n_words": len(words), "mlm_steps": [("en", None), ("fr", None)]}
+    torch.save({"model": sd, "dico_id2word": dict(enumerate(words)), "dico_word2id": {w: i for i, w in enumerate(words)},
+                "dico_counts": {w: pieces.get(w, 0) for w in words}, "params": params}, d / "mlm_enfr.pth")
+    return d / "mlm_enfr.pth", d / "codes_enfr", sd, words, lines
+
+
+def test_xlm_checkpoint_ids_and_forward_are_xlms(toy_world, tmp_path):
+    from test_model import xlm_forward
+    pth, codes, sd, words, lines = write_xlm_release(tmp_path, toy_world)
+    model, extra = M.load_model(str(pth))
+    c = model.config
+    assert (c.vocab_size, c.n_langs, c.dim, c.ffn_dim, c.max_positions, c.lang_emb) == (len(words), 2, 16, 64, 512, True)
+    tok, langs = bpe.checkpoint_tokenizer(extra, str(pth), str(codes))
+    assert langs == ["en", "fr"] and not tok.lowercase                         # the vocabulary has capitals
+    fast = bpe.BPE.load(str(codes))                                            # fastBPE codes read again
+    word2id = {w: i for i, w in enumerate(words)}
+    for k, line in enumerate(lines[:20] + lines[-20:] + ["Qux zorglub !"]):
+        lang = "en" if k < 20 else "fr"
+        # XLM's route: apply the codes to the (already tokenised) line, '@@' pieces, then the dictionary
+        assert tok.encode(line, lang) == [word2id.get(p, 3) for p in fast.apply(line).split()], line
+    x = [1] + tok.encode(lines[-1], "fr") + [1]
+    ref = xlm_forward(sd, torch.tensor([x]).t(), torch.tensor([len(x)]), torch.ones(len(x), 1, dtype=torch.long), 2, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(torch.tensor([x]), 1)[0][0], ref[:, 0], atol=1e-5, rtol=1e-5)  # language 1 = fr
+    low = bpe.checkpoint_tokenizer({"xlm_vocab": M.XLM_SPECIALS + ["ete", "noel"], "langs": ["en"]}, "x", str(codes))[0]
+    assert low.lowercase                                                       # XLM-15 style: lowercased, no accents
+    pth2, *_ = write_xlm_release(tmp_path, toy_world, use_lang_emb=False)
+    assert not M.load_model(str(pth2))[0].config.lang_emb
+
+
+def test_xlm_checkpoint_runs_through_cka_align_and_finetune(toy_world, tmp_path, capsys):
+    import align
+    import cka
+    import finetune
+    torch.set_num_threads(1)
+    pth, codes, *_ = write_xlm_release(tmp_path, toy_world)
+    header, rows = cka.main(["--toy", str(toy_world), "--ckpt", str(pth), "--xlm-codes", str(codes), "--max-sents", "40"])
+    assert header == ["layer", "bilingual", "random"] and [r[0] for r in rows] == ["L0", "L1", "L2", "avg"]
+    align.main(["sentences", "--toy", str(toy_world), "--ckpt", str(pth), "--xlm-codes", str(codes), "--max-sents", "40"])
+    out = capsys.readouterr().out
+    assert "| L2 |" in out and "| avg |" in out
+    model, tok, langs, _ = finetune.load_ckpt(str(pth), "--ckpt", "cpu", str(codes))
+    assert langs == ["en", "fr"] and model.config.lang_emb
+    # mistakes: one line each
+    with pytest.raises(SystemExit, match=r"an XLM checkpoint; give its fastBPE codes file with --xlm-codes") as e:
+        cka.main(["--toy", str(toy_world), "--ckpt", str(pth)])
+    assert "\n" not in str(e.value)
+    ours = tmp_path / "ours.pt"
+    M.save_model(ours, tiny_model(21), tokenizer=TINY_RECORD, langs=["en", "fr"])
+    with pytest.raises(SystemExit, match=r"--xlm-codes .*ours\.pt is not an XLM checkpoint"):
+        align.main(["sentences", "--toy", str(toy_world), "--ckpt", str(ours), "--xlm-codes", str(codes)])
+    with pytest.raises(SystemExit, match="--xlm-codes nope: no such file"):
+        cka.main(["--toy", str(toy_world), "--ckpt", str(pth), "--xlm-codes", "nope"])
