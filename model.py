@@ -19,7 +19,8 @@ Only torch is imported, so this file can be copied alone:
     hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # padded batch of id lists
 
 Below the model: §5.1.2's AlignedEncoder, checkpoints, the padded-batch forward pass that the other scripts
-share, their --device, --dtype and --plot. No CLI: pretrain.py trains it; `pytest tests/test_model.py` checks it.
+share, their --device, --dtype and --plot, and export_hf (Hugging Face transformers). pretrain.py trains the
+model; the one command here is `python model.py export CKPT OUT_DIR` (export_hf); `pytest tests/test_model.py` checks it.
 """
 
 import json

@@ -47,6 +47,16 @@ def test_hf_pretokenize_pattern_is_bpe_pretokenize(lang):
         assert pattern.findall(line) == bpe.pretokenize(line, lang), line
 
 
+def test_model_py_imports_no_project_file():
+    """model.py copies alone (torch only; its loader no longer imports bpe.py): every import, also inside functions."""
+    import ast
+    with open(M.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    names = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+             for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    assert names <= {"argparse", "contextlib", "dataclasses", "json", "os", "re", "torch", "safetensors", "matplotlib"}
+
+
 # a tiny tokenizer record by hand: its tokenizer.json vocabulary is known
 TINY_RECORD = {"format": "bpe.Tokenizer/1", "langs": ["en", "fr"], "mode": "joint", "lowercase": False,
                "separate_vocab": False, "bpes": [[["l", "o"], ["lo", "w</w>"], ["e", "r</w>"], ["n", "e"], ["l", "o"]]],
