@@ -7,7 +7,7 @@ language-specific vocabularies with and without shared strings, and code-switchi
 Run:
   python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --out runs/prep
 In Python, learn_bpe and BPE.apply give subword-nmt's learn-bpe and apply-bpe results; BPE.save / BPE.load
-write and read its codes files.
+write and read its codes files (BPE.load also fastBPE's, which XLM's released models come with).
 """
 
 import argparse
