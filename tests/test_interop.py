@@ -126,7 +126,7 @@ def test_export_hf_files_known_answer(tmp_path):
     back = {k: v[:21] if k in ("transformer.embeddings.weight", "pred_layer.proj.bias") else v for k, v in sd.items()}
     again = M.MLM.from_xlm(back, model.config).eval()
     x = torch.tensor([[1, 14, 16, 3, 20, 1]])
-    torch.testing.assert_close(again(x, 1)[0], model(x, 1)[0], rtol=0, atol=0)
+    assert torch.equal(again(x, 1)[0], model(x, 1)[0])
 
 
 def test_export_hf_refuses_sep_and_bad_lang(tmp_path):
@@ -161,6 +161,7 @@ def learned(toy_world, tmp_path_factory):
 def test_export_hf_cli_transformers_same_ids_and_logits(learned, toy_world, tmp_path, capsys):
     pytest.importorskip("transformers", reason="transformers is not a dependency: pip install transformers")
     from transformers import PreTrainedTokenizerFast, XLMWithLMHeadModel
+    torch.set_num_threads(1)
     tok, ckpt, model = learned
     V = model.config.vocab_size
     M.main(["export", str(ckpt), str(tmp_path / "hf")])                       # python model.py export CKPT OUT
@@ -264,7 +265,7 @@ def test_xlm_checkpoint_ids_and_forward_are_xlms(toy_world, tmp_path):
     x = [1] + tok.encode(lines[-1], "fr") + [1]
     ref = xlm_forward(sd, torch.tensor([x]).t(), torch.tensor([len(x)]), torch.ones(len(x), 1, dtype=torch.long), 2, 2)
     with torch.no_grad():
-        torch.testing.assert_close(model(torch.tensor([x]), 1)[0][0], ref[:, 0], atol=1e-5, rtol=1e-5)  # language 1 = fr
+        assert (model(torch.tensor([x]), 1)[0][0] - ref[:, 0]).abs().max() < 1e-5  # language 1 = fr
     low = bpe.checkpoint_tokenizer({"xlm_vocab": M.XLM_SPECIALS + ["ete", "noel"], "langs": ["en"]}, "x", str(codes))[0]
     assert low.lowercase                                                       # XLM-15 style: lowercased, no accents
     pth2, *_ = write_xlm_release(tmp_path, toy_world, use_lang_emb=False)
