@@ -146,6 +146,7 @@ def test_export_hf_refuses_sep_and_bad_lang(tmp_path):
 def learned(toy_world, tmp_path_factory):
     """(Tokenizer, checkpoint path) of a joint en/fr/zh tokenizer learned on toy text plus real sentences
     (LEARN), so that real text gets merges, unknown characters and pieces outside the vocabulary."""
+    pytest.importorskip("transformers", reason="transformers is not a dependency: pip install transformers")
     d = tmp_path_factory.mktemp("learned")
     files = {}
     for lang in ("en", "fr", "zh"):
