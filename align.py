@@ -402,9 +402,13 @@ def print_table(title, header, rows, plot=None):
 def _encoders(args):
     """(model, tok, lang index, lang code) per side: --ckpt encodes --src; --ckpt2 (if given) or --ckpt, --tgt."""
     import model as M
+    from bpe import checkpoint_tokenizer
     out, loaded = [], {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
-        mdl, tok, langs, _ = loaded[path] = loaded.get(path) or M.load_encoder(path, args.device)
+        if path not in loaded:
+            mdl, extra = M.load_model(path, args.device)
+            loaded[path] = (mdl, *checkpoint_tokenizer(extra, path, args.xlm_codes))
+        mdl, tok, langs = loaded[path]
         if lang not in langs:
             raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
         out.append((mdl, tok, langs.index(lang), lang))
@@ -558,6 +562,8 @@ def build_parser():
     a = common.add_argument
     a("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2); required")
     a("--ckpt2", help="second (monolingual) checkpoint encoding --tgt (default: none, --ckpt encodes both)")
+    a("--xlm-codes", metavar="CODES", help="fastBPE codes of a released XLM checkpoint given as --ckpt/--ckpt2 "
+      "(e.g. codes_enfr; default: none, pretrain.py checkpoints)")
     a("--src", default="en", help="source language code as in the checkpoint")
     a("--tgt", default="fr", help="target language code as in the checkpoint")
     a("--toy", nargs="?", const=True, default=False, metavar="DIR",
@@ -630,9 +636,9 @@ def setup(args):
         setattr(args, f, os.path.join(args.data, args.toy_paths[f].format(l0=args.src, l1=args.tgt)))
     if (getattr(args, "train_src", None) is None) != (getattr(args, "train_tgt", None) is None):
         raise ValueError("--train-src and --train-tgt go together: give both or neither")
-    for f in ["ckpt", "ckpt2", *args.toy_paths]:
+    for f in ["ckpt", "ckpt2", "xlm_codes", *args.toy_paths]:
         path = getattr(args, f)
-        if path is None and f not in ("ckpt2", "train_src", "train_tgt"):
+        if path is None and f not in ("ckpt2", "xlm_codes", "train_src", "train_tgt"):
             raise ValueError(f"missing {flag(f)} (or give --toy --data WORLD)")
         if f in from_world and not os.path.isfile(path):  # named by --src and --tgt, not given as a file
             raise ValueError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")

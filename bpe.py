@@ -7,7 +7,7 @@ language-specific vocabularies with and without shared strings, and code-switchi
 Run:
   python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --out runs/prep
 In Python, learn_bpe and BPE.apply give subword-nmt's learn-bpe and apply-bpe results; BPE.save / BPE.load
-write and read its codes files.
+write and read its codes files (BPE.load also fastBPE's, which XLM's released models come with).
 """
 
 import argparse
@@ -222,19 +222,23 @@ class BPE:
 
     @classmethod
     def load(cls, path):
-        """subword-nmt v0.2 codes: '#version: 0.2', then 'left right' per line."""
+        """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count'
+        per line, no header: what XLM's released models come with, e.g. codes_enfr). Both mark the end of a
+        word with '</w>' on its last symbol and apply merges by rank, so one BPE serves both."""
         try:  # as subword-nmt reads them: trailing newlines dropped, then one line per merge
             with open(path, encoding="utf-8") as f:
                 lines = f.read().rstrip("\n").split("\n")
         except UnicodeDecodeError as e:
             raise ValueError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
-        if lines[0].split() not in (["#version:", "0.2"], ["#version:", "0.2.0"]):
-            raise ValueError(f"{path}:1: expected the header '#version: 0.2' (subword-nmt), got {lines[0][:60]!r}")
+        nmt = lines[0].split() in (["#version:", "0.2"], ["#version:", "0.2.0"])  # else fastBPE's, or an error
         merges = []
-        for n, line in enumerate(lines[1:], 2):
+        for n, line in enumerate(lines[nmt:], 1 + nmt):
             parts = line.strip("\r\n ").split(" ")
-            if len(parts) != 2 or not all(parts):
+            if nmt and (len(parts) != 2 or not all(parts)):
                 raise ValueError(f"{path}:{n}: expected 'left right', got {line[:60]!r}")
+            if not nmt and (len(parts) != 3 or not all(parts) or not parts[2].isdigit()):
+                raise ValueError(f"{path}:{n}: expected 'left right count' (fastBPE) or a first line "
+                                 f"'#version: 0.2' (subword-nmt), got {line[:60]!r}")
             merges.append((parts[0], parts[1]))
         return cls(merges)
 
@@ -425,6 +429,25 @@ class Tokenizer:
         except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
             reason = f"not JSON: {e}" if isinstance(e, json.JSONDecodeError) else f"{type(e).__name__}: {e}"
             raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})") from None
+
+def checkpoint_tokenizer(extra, path, xlm_codes=None):
+    """(Tokenizer, language codes) of a checkpoint read by model.load_model (`extra`: its entries besides the
+    model). pretrain.py's best.pt carries its tokenizer record. A released XLM checkpoint carries its dictionary
+    (XLM's ids; pieces end in '@@' when a word goes on, as ours) and needs its fastBPE codes file `xlm_codes`
+    (e.g. codes_enfr): one joint BPE for its languages, lowercasing and accent stripping when the dictionary has
+    no upper-case letter (XLM-15 style). Mistakes are a one-line ValueError naming the file."""
+    if "xlm_vocab" in extra:
+        if not xlm_codes:
+            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (e.g. codes_enfr)")
+        words, langs = list(extra["xlm_vocab"]), list(extra["langs"])
+        codes, vocab = BPE.load(xlm_codes), Vocab(words[N_SPECIAL:])
+        lowercase = all(w == w.lower() for w in words[N_SPECIAL:])
+        return Tokenizer(langs, "joint", dict.fromkeys(langs, codes), dict.fromkeys(langs, vocab), lowercase), langs
+    if xlm_codes:
+        raise ValueError(f"--xlm-codes {xlm_codes}: {path} is not an XLM checkpoint (its own tokenizer is inside)")
+    if "tokenizer" not in extra or "langs" not in extra:
+        raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
+    return Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2; README decision D11)

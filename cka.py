@@ -86,8 +86,8 @@ def cka_table(args):
       random       --ckpt encodes --src, an untrained model of the same config (and tokenizer) as the
                    --tgt side's model encodes --tgt: the baseline any similarity must beat"""
     import torch
-    import model as M  # (model.load_encoder reads the tokenizer with bpe.py)
-    from bpe import read_parallel
+    import model as M
+    from bpe import checkpoint_tokenizer, read_parallel
 
     data_flag, from_world = "--data", set()
     if isinstance(args.toy, str):  # the previous release's --toy DIR
@@ -110,9 +110,9 @@ def cka_table(args):
             if getattr(args, flag) is None:
                 setattr(args, flag, os.path.join(args.data, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{lang}"))
                 from_world.add(flag)
-    for flag in ("ckpt", "ckpt2", "src_file", "tgt_file"):  # every input exists before anything is loaded
+    for flag in ("ckpt", "ckpt2", "xlm_codes", "src_file", "tgt_file"):  # every input exists before anything is loaded
         path, name = getattr(args, flag), "--" + flag.replace("_", "-")
-        if path is None and flag != "ckpt2":
+        if path is None and flag not in ("ckpt2", "xlm_codes"):
             raise ValueError(f"missing {name} (or give --toy --data WORLD for the sentence files)")
         if flag in from_world and not os.path.isfile(path):  # named by --src and --tgt, not given as a file
             raise ValueError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")
@@ -128,7 +128,8 @@ def cka_table(args):
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
 
     def load(path):  # (model in eval mode, tokenizer, language codes, path)
-        return M.load_encoder(path, args.device)[:3] + (path,)
+        model, extra = M.load_model(path, args.device)
+        return (model, *checkpoint_tokenizer(extra, path, args.xlm_codes), path)
 
     def enc(side, lang, lines):  # sentence vectors per layer (decision D9)
         m, t, langs, path = side
@@ -177,6 +178,8 @@ def build_parser():
     a = ap.add_argument
     a("--ckpt", help="pretrain.py best.pt encoding --src (and --tgt if it has it); required")
     a("--ckpt2", help="second checkpoint encoding --tgt (the monolingual column; default: none)")
+    a("--xlm-codes", metavar="CODES", help="fastBPE codes of a released XLM checkpoint given as --ckpt/--ckpt2 "
+      "(e.g. codes_enfr; default: none, pretrain.py checkpoints)")
     a("--src", default="en", help="source language code")
     a("--tgt", default="fr", help="target language code")
     a("--src-file", help="source side of the parallel sentences, e.g. tatoeba.fra-eng.eng (default with --toy: "

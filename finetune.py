@@ -36,7 +36,7 @@ from tqdm import tqdm
 import align
 import bpe
 from bpe import EOS_ID, UNK_ID, read_lines
-from model import DTYPES, AlignedEncoder, check_plot, encode_batch, encode_states, load_encoder, pick_device
+from model import DTYPES, AlignedEncoder, check_plot, encode_batch, encode_states, load_model, pick_device
 
 
 def need(ok, msg):
@@ -764,7 +764,7 @@ def setup_aligned(model, tok, langs, args):
     from align.py contextual --save-maps -> (AlignedEncoder, routes)."""
     need(len(args.eval_langs) == 1, "--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
     code, en, path, layer = args.eval_langs[0], args.train_lang, args.align_maps, args.align_layer
-    tmodel, ttok, tlangs, _ = load_ckpt(args.target_ckpt, "--target-ckpt", args.device)
+    tmodel, ttok, tlangs, _ = load_ckpt(args.target_ckpt, "--target-ckpt", args.device, args.xlm_codes)
     n, dim = min(model.config.n_layers, tmodel.config.n_layers), model.config.dim
     need(0 <= layer <= n, f"--align-layer {layer} outside 0..{n}")
     need(tmodel.config.dim == dim, f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {dim}")
@@ -902,7 +902,7 @@ def digest(path):
 def earlier_sets(task_name, files, args, out):
     """The run's identity (task, JOB_FLAGS, checkpoint and data contents) and {set file: record} of the sets it
     finished in `out` earlier (the same command resumes); another run's results or sets: refused, naming why."""
-    paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps,
+    paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps, "xlm_codes": args.xlm_codes,
              "train file": files["train"], "dev file": files["dev"],
              **{f"{lang} test file": p for lang, p in files["test"].items()}}
     job = {"task": task_name, **{k: digest(p) for k, p in paths.items() if p}, **{k: vars(args)[k] for k in JOB_FLAGS}}
@@ -1062,7 +1062,10 @@ def build_parser():
                                 "values (the toy presets with --toy).", formatter_class=bpe.HelpFormatter)
     add, floats = p.add_argument, number(0, cast=float, many=True, above=True)  # a learning rate of 0 trains nothing
     add("--task", choices=sorted(TASKS), help="the task (default: all three with --toy, else required)")
-    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer); required")
+    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer), or a released XLM .pth with --xlm-codes; "
+        "required")
+    add("--xlm-codes", metavar="CODES", help="fastBPE codes of a released XLM checkpoint given as --ckpt/--target-ckpt "
+        "(default: none, pretrain.py checkpoints)")
     add("--data", metavar="DIR", help="the data directory: a toydata.py world, or the official downloads unpacked "
         "in one directory (README: Real data); required")
     add("--toy", nargs="?", const=True, default=False, metavar="DIR",
@@ -1133,11 +1136,13 @@ def old_spellings(args):
             setattr(args, k, one)
 
 
-def load_ckpt(path, flag, device):
-    """model.load_encoder, or one line naming the flag."""
+def load_ckpt(path, flag, device, xlm_codes=None):
+    """(model, tokenizer, language codes, the checkpoint's other entries) of pretrain.py's best.pt, or of a released
+    XLM checkpoint with its fastBPE codes (--xlm-codes); a mistake is one line naming the flag."""
     try:
-        return load_encoder(path, device)
-    except (KeyError, TypeError, ValueError) as e:
+        model, extra = load_model(path, device)
+        return (model, *bpe.checkpoint_tokenizer(extra, path, xlm_codes), extra)
+    except (KeyError, TypeError, ValueError, OSError) as e:
         raise SystemExit(f"error: {flag}: {e}") from None
 
 
@@ -1160,6 +1165,7 @@ def _main(args):
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
     need(args.ckpt and args.out, "--ckpt and --out are required (or --table)")
+    need(not args.xlm_codes or os.path.isfile(args.xlm_codes), f"--xlm-codes {args.xlm_codes}: no such file")
     need(args.dtype != "float16", "--dtype float16: fine-tuning has no GradScaler; use --dtype bfloat16 or float32")
     try:
         args.device, dtype, _ = pick_device(args.device, args.dtype)
@@ -1181,7 +1187,7 @@ def _main(args):
     need(not treebanks or "parse" in tasks, "--treebank picks UD treebanks: it needs --task parse")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device)
+    model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device, args.xlm_codes)
     given = args.eval_langs or ",".join(lang for lang in langs if lang != args.train_lang)  # default: the others
     args.eval_langs = [x.strip() for x in given.split(",") if x.strip()]
     need(args.eval_langs, f"--eval-langs {args.eval_langs or given!r}: no target language ({args.ckpt}: {langs})")

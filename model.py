@@ -19,9 +19,11 @@ Only torch is imported, so this file can be copied alone:
     hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # padded batch of id lists
 
 Below the model: §5.1.2's AlignedEncoder, checkpoints, the padded-batch forward pass that the other scripts
-share, their --device, --dtype and --plot. No CLI: pretrain.py trains it; `pytest tests/test_model.py` checks it.
+share, their --device, --dtype and --plot, and export_hf (Hugging Face transformers). pretrain.py trains the
+model; the one command here is `python model.py export CKPT OUT_DIR` (export_hf); `pytest tests/test_model.py` checks it.
 """
 
+import json
 import os
 import re
 from contextlib import nullcontext
@@ -354,7 +356,7 @@ def save_model(path, model, **extra):
         raise
 
 
-CKPT_HINT = "expected a checkpoint written by pretrain.py (best.pt or checkpoint.pt) or model.save_model"
+CKPT_HINT = "expected a checkpoint written by pretrain.py (best.pt or checkpoint.pt), model.save_model or XLM's train.py"
 
 
 def _first_line(e, n=100):
@@ -364,7 +366,9 @@ def _first_line(e, n=100):
 
 
 def load_model(path, map_location="cpu"):
-    """-> (model in eval mode on the device `map_location`, the extra entries of save_model).
+    """-> (model in eval mode on the device `map_location`, the extra entries of save_model: pretrain.py's best.pt
+    has "tokenizer" (bpe.Tokenizer.to_dict's record) and "langs"; bpe.checkpoint_tokenizer builds the tokenizer).
+    A released XLM checkpoint (`model`, `dico_word2id`, `params`) is read too (_from_xlm_checkpoint).
     Every way a file can be wrong (missing, empty, truncated, not a torch file, another kind of checkpoint,
     weights that do not fit the config, NaN/inf weights of a diverged run) is a one-line ValueError naming it."""
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
@@ -375,6 +379,9 @@ def load_model(path, map_location="cpu"):
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises many types here (RuntimeError, UnpicklingError, KeyError, EOFError)
         raise ValueError(f"cannot read {path}: {_first_line(e)} (a truncated or damaged file? {CKPT_HINT})") from None
+    if isinstance(ckpt, dict) and {"model", "dico_word2id", "params"} <= set(ckpt):  # a released XLM model
+        model, extra = _from_xlm_checkpoint(path, ckpt)
+        return model.to(map_location).eval(), extra
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict) and isinstance(ckpt.get("config"), dict)):
         got = f"keys {sorted(map(str, ckpt))[:8]}" if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
         raise ValueError(f"{path}: not a model checkpoint (got {got}; {CKPT_HINT})")
@@ -396,14 +403,45 @@ def load_model(path, map_location="cpu"):
     return model.to(map_location).eval(), ckpt
 
 
-def load_encoder(path, map_location="cpu"):
-    """(model in eval mode, bpe.Tokenizer, language codes, the checkpoint's other entries) of pretrain.py's best.pt,
-    as align.py, cka.py and finetune.py load it. bpe.py is imported here only: the rest of model.py runs alone."""
-    from bpe import Tokenizer
-    model, extra = load_model(path, map_location)
-    if "tokenizer" not in extra or "langs" not in extra:
-        raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
-    return model, Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"]), extra
+XLM_SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]  # XLM data/dictionary.py
+
+
+def _from_xlm_checkpoint(path, ckpt):
+    """A facebookresearch/XLM train.py checkpoint {"model": state dict, "dico_word2id": {word: id}, "params": {...}}
+    -> (model, {"langs": params' id2lang in id order, "xlm_vocab": the dictionary's words in id order}). The config
+    comes from params as XLM's TransformerModel reads them (emb_dim, n_layers, n_heads, n_langs; FFN 4 x emb_dim;
+    language embeddings when n_langs > 1 and use_lang_emb, XLM's default True) and the state dict's position table."""
+    params, word2id, state = ckpt["params"], ckpt["dico_word2id"], ckpt["model"]
+    if not all(isinstance(x, dict) for x in (params, word2id, state)):
+        raise ValueError(f"{path}: an XLM checkpoint's model, dico_word2id and params must be dicts")
+    need = [k for k in ("emb_dim", "n_layers", "n_heads", "n_langs", "id2lang") if k not in params]
+    if need:
+        raise ValueError(f"{path}: the XLM params lack {need}")
+    if not params.get("gelu_activation", True) or params.get("asm", False):
+        raise ValueError(f"{path}: XLM params with ReLU (gelu_activation false) or an adaptive softmax (asm): "
+                         "not the architecture MLM reproduces")
+    words = sorted(word2id, key=word2id.get)
+    if [word2id[w] for w in words] != list(range(len(words))) or words[:len(XLM_SPECIALS)] != XLM_SPECIALS:
+        raise ValueError(f"{path}: dico_word2id is not an XLM dictionary (ids 0..n-1, {' '.join(XLM_SPECIALS[:5])} ... first)")
+    id2lang = {int(k): v for k, v in params["id2lang"].items()}
+    n_langs = int(params["n_langs"])
+    if sorted(id2lang) != list(range(n_langs)):
+        raise ValueError(f"{path}: the XLM params' id2lang {params['id2lang']} does not number its n_langs {n_langs} languages")
+    pos = next((v for k, v in state.items() if k.endswith("position_embeddings.weight")), None)
+    if pos is None:
+        raise ValueError(f"{path}: the XLM state dict has no position_embeddings.weight")
+    try:
+        config = ModelConfig(vocab_size=len(words), n_langs=n_langs, n_layers=int(params["n_layers"]),
+                             n_heads=int(params["n_heads"]), dim=int(params["emb_dim"]), ffn_dim=4 * int(params["emb_dim"]),
+                             dropout=float(params.get("dropout", 0.0)),
+                             attention_dropout=float(params.get("attention_dropout", 0.0)), max_positions=pos.size(0),
+                             lang_emb=n_langs > 1 and bool(params.get("use_lang_emb", True)))
+        model = MLM.from_xlm(state, config)
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"{path}: {str(e).strip(chr(39) + chr(34))[:300]}") from None
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        raise ValueError(f"{path}: a weight contains NaN or inf; refusing to use it")
+    return model, {"langs": [id2lang[i] for i in range(n_langs)], "xlm_vocab": words}
 
 # -----------------------------------------------------------------------------
 # padded batches: the one forward pass that align.py, cka.py and finetune.py share
@@ -557,3 +595,160 @@ def plot_layers(path, title, header, rows, ylabel):
     fig.savefig(tmp, dpi=110, bbox_inches="tight")
     os.replace(tmp, path)
     print(f"wrote {path}")
+
+
+# -----------------------------------------------------------------------------
+# export to Hugging Face transformers: XLMWithLMHeadModel weights + a `tokenizers` tokenizer.json (torch only here)
+
+# bpe.pretokenize's regex (bpe.TOKEN_RE, TOKEN_RE_ZH) in Oniguruma's syntax, which `tokenizers` runs: whitespace
+# spelled out (what str.isspace() calls whitespace; \uHHHH, which both read), the zh set difference as an intersection
+_HF_SPACE = r"\t-\r\x1c-\x20\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_HF_WORD = r"[\p{L}\p{M}\p{N}]"
+_HF_TOKEN = (r"\p{N}+(?:[.,]\p{N}+)+|WORD+(?:['’\-]WORD+)*|(?![" + _HF_SPACE + r"])\X")
+HF_PRETOKENIZE = {"": _HF_TOKEN.replace("WORD", _HF_WORD),
+                  "zh": r"\p{Han}|" + _HF_TOKEN.replace("WORD", r"[\p{L}\p{M}\p{N}&&\P{Han}]")}
+HF_UNUSED_BIAS = -1e4  # output bias of the BPE symbols our vocabulary lacks (below): never predicted
+
+
+def hf_tokenizer_json(record, lang, vocab_size):
+    """A `tokenizers` tokenizer.json (as a dict) giving the ids of bpe.Tokenizer.encode(line, lang) between two </s>
+    (XLM's `</s> ids </s>`; a pair: `</s> a </s> b </s>`), from the record of bpe.Tokenizer.to_dict.
+    -> (tokenizer dict, number of extra ids). Pre-tokenisation is a regex split equal to bpe.pretokenize for `lang`,
+    BPE keeps our merges with the '</w>' end-of-word suffix; our pieces 'ab@@' (word goes on) and 'ab' (word ends)
+    are `tokenizers`' 'ab' and 'ab</w>', at our ids. `tokenizers` also needs every symbol of a merge in its
+    vocabulary; the ones ours lacks get ids vocab_size, vocab_size + 1, ... (export_hf gives them <unk>'s row)."""
+    prefix = f"{lang}:" if record["mode"] == "prefixed" else ""  # a prefixed vocabulary: this language's tokens
+    tokens = record["vocabs"][record["vocab_of"][lang]]["tokens"]
+    vocab = {t: i for i, t in enumerate(XLM_SPECIALS)}
+    for i, t in enumerate(tokens, len(XLM_SPECIALS)):
+        if t.startswith(prefix):
+            t = t[len(prefix):]
+            vocab[t[:-2] if t.endswith("@@") else t + "</w>"] = i
+    merges = list(dict.fromkeys(tuple(m) for m in record["bpes"][record["bpe_of"][lang]]))  # the first rank counts
+    n = vocab_size
+    for a, b in merges:
+        for symbol in (a, b, a + b):
+            if symbol not in vocab:
+                vocab[symbol], n = n, n + 1
+    special = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                "special": True} for i, t in enumerate(XLM_SPECIALS)]
+    eos, seq = {"SpecialToken": {"id": "</s>", "type_id": 0}}, lambda s: {"Sequence": {"id": s, "type_id": 0}}
+    # bpe.lowercase_and_strip_accents: lower, NFD, drop the non-spacing marks (Mn), lower again
+    lower = {"type": "Sequence", "normalizers": [
+        {"type": "Lowercase"}, {"type": "NFD"},
+        {"type": "Replace", "pattern": {"Regex": r"\p{Mn}"}, "content": ""}, {"type": "Lowercase"}]}
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
+           "normalizer": lower if record.get("lowercase") else None,
+           "pre_tokenizer": {"type": "Split", "pattern": {"Regex": HF_PRETOKENIZE["zh" if lang == "zh" else ""]},
+                             "behavior": "Removed", "invert": True},
+           "post_processor": {"type": "TemplateProcessing", "single": [eos, seq("A"), eos],
+                              "pair": [eos, seq("A"), eos, seq("B"), eos],
+                              "special_tokens": {"</s>": {"id": "</s>", "ids": [1], "tokens": ["</s>"]}}},
+           "decoder": {"type": "BPEDecoder", "suffix": "</w>"},
+           "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                     "end_of_word_suffix": "</w>", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                     "vocab": vocab, "merges": [list(m) for m in merges]}}
+    return tok, n - vocab_size
+
+
+def hf_state_dict(model, n_extra=0):
+    """MLM's weights under XLMWithLMHeadModel's names (MLM.from_xlm reads them back); the fused qkv split into
+    q_lin, k_lin, v_lin. n_extra more token rows copy <unk>'s (3), their output bias HF_UNUSED_BIAS."""
+    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    emb, bias = sd["tok_emb.0.weight"], sd["pred_bias.0"]
+    out = {"transformer.embeddings.weight": torch.cat([emb, emb[3:4].expand(n_extra, -1)]),
+           "transformer.position_embeddings.weight": sd["pos_emb.0.weight"],
+           "transformer.layer_norm_emb.weight": sd["ln_emb.weight"], "transformer.layer_norm_emb.bias": sd["ln_emb.bias"],
+           "pred_layer.proj.bias": torch.cat([bias, bias.new_full((n_extra,), HF_UNUSED_BIAS)])}
+    if model.config.lang_emb:
+        out["transformer.lang_embeddings.weight"] = sd["lang_emb.weight"]
+    names = {"attn.out": "attentions.{i}.out_lin", "ln1": "layer_norm1.{i}", "ffn.lin1": "ffns.{i}.lin1",
+             "ffn.lin2": "ffns.{i}.lin2", "ln2": "layer_norm2.{i}"}
+    for i in range(model.config.n_layers):
+        for w in ("weight", "bias"):
+            for n, t in zip("qkv", sd[f"blocks.{i}.0.attn.qkv.{w}"].chunk(3)):
+                out[f"transformer.attentions.{i}.{n}_lin.{w}"] = t
+            out.update({f"transformer.{v.format(i=i)}.{w}": sd[f"blocks.{i}.0.{k}.{w}"] for k, v in names.items()})
+    return {k: v.contiguous().clone() for k, v in out.items()}
+
+
+def export_hf(ckpt_path, out_dir, lang=None):
+    """Write pretrain.py's best.pt as a directory that transformers loads with no code of ours:
+    XLMWithLMHeadModel.from_pretrained(out_dir) and PreTrainedTokenizerFast.from_pretrained(out_dir) (config.json,
+    model.safetensors or, without the safetensors package, pytorch_model.bin, tokenizer.json, tokenizer_config.json,
+    special_tokens_map.json). The tokenizer is the one of `lang` (default: the checkpoint's first language;
+    pre-tokenisation differs for zh only). Models with language-specific parts (--sep) have no transformers
+    equivalent and are refused. -> the list of files written."""
+    model, extra = load_model(ckpt_path)
+    c, record, langs = model.config, extra.get("tokenizer"), extra.get("langs")
+    if not record or not langs:
+        raise ValueError(f"{ckpt_path}: no tokenizer record in the checkpoint (pretrain.py's best.pt has one)")
+    if model.has_lang_specific():
+        sep = ",".join((["tok"] if c.sep_tok else []) + (["pos"] if c.sep_pos else []) + [str(i) for i in c.sep_layers])
+        raise ValueError(f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no transformers "
+                         "equivalent (XLM shares everything); only fully shared models are exported")
+    if c.ffn_dim != 4 * c.dim:
+        raise ValueError(f"{ckpt_path}: ffn_dim {c.ffn_dim} is not 4 x dim {c.dim}, which transformers' XLM fixes")
+    lang = lang or langs[0]
+    if lang not in langs:
+        raise ValueError(f"--lang {lang}: not one of the checkpoint's languages {langs}")
+    tok, n_extra = hf_tokenizer_json(record, lang, c.vocab_size)
+    config = {"architectures": ["XLMWithLMHeadModel"], "model_type": "xlm", "vocab_size": c.vocab_size + n_extra,
+              "emb_dim": c.dim, "n_layers": c.n_layers, "n_heads": c.n_heads, "dropout": c.dropout,
+              "attention_dropout": c.attention_dropout, "gelu_activation": True, "sinusoidal_embeddings": False,
+              "causal": False, "asm": False, "n_langs": c.n_langs, "use_lang_emb": c.lang_emb,
+              "max_position_embeddings": c.max_positions, "layer_norm_eps": LAYER_NORM_EPS, "is_encoder": True,
+              "bos_token_id": 0, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "unk_index": 3, "mask_index": 5,
+              "mask_token_id": 5, "lang_id": langs.index(lang), "lang2id": {l: i for i, l in enumerate(langs)},
+              "id2lang": {str(i): l for i, l in enumerate(langs)}, "tie_word_embeddings": True}
+    specials = {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "</s>",
+                "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<special1>"}
+    # no token_type_ids: XLM adds the token embedding of a type id to every position
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": c.max_positions,
+                  "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": False, **specials}
+    os.makedirs(out_dir, exist_ok=True)
+    sd = hf_state_dict(model, n_extra)
+    try:
+        from safetensors.torch import save_file  # optional, as transformers prefers
+        weights = ("model.safetensors", lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}))
+    except ImportError:
+        weights = ("pytorch_model.bin", lambda tmp: torch.save(sd, tmp))
+    files = {"config.json": config, "tokenizer.json": tok, "tokenizer_config.json": tok_config,
+             "special_tokens_map.json": specials}
+    written = []
+    for name, content in [weights] + list(files.items()):
+        path, tmp = os.path.join(out_dir, name), os.path.join(out_dir, name + ".tmp")
+        try:
+            if callable(content):
+                content(tmp)
+            else:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(content, f, ensure_ascii=False, indent=1)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        written.append(path)
+    return written
+
+
+def main(argv=None):
+    """python model.py export CKPT OUT_DIR [--lang L]: export_hf from the command line."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="model.py", description="Export a checkpoint for Hugging Face transformers.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export", help="pretrain.py's best.pt -> a transformers model directory (export_hf)")
+    ex.add_argument("ckpt", help="pretrain.py's best.pt (a fully shared model)")
+    ex.add_argument("out", help="output directory (created; its files are replaced)")
+    ex.add_argument("--lang", help="whose tokenizer (pre-tokenisation differs for zh only); default: the first language")
+    args = ap.parse_args(argv)
+    try:
+        files = export_hf(args.ckpt, args.out, args.lang)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"model.py export: error: {e}") from None
+    print("wrote " + ", ".join(files))
+
+
+if __name__ == "__main__":
+    main()

@@ -272,7 +272,8 @@ def ckpts(toy_world, tmp_path_factory):
 
 def test_sentence_vectors_exclude_specials_and_ignore_batching(ckpts):
     import model as M
-    mdl, tok, langs, _ = M.load_encoder(ckpts["bi"])
+    mdl, extra = M.load_model(ckpts["bi"])
+    tok, langs = bpe.checkpoint_tokenizer(extra, ckpts["bi"])
     sents = ["the", "a b c d e f g h", "", "x y"]
     E1 = M.pool_sentences(mdl, [tok.encode(s, "fr") for s in sents], 1, batch_size=1)
     E4 = M.pool_sentences(mdl, [tok.encode(s, "fr") for s in sents], 1, batch_size=4)
@@ -303,7 +304,8 @@ def test_encoding_progress_bar_only_on_a_terminal(ckpts, monkeypatch, tty):
     class Terminal(io.StringIO):
         def isatty(self):
             return True
-    mdl, tok, _, _ = M.load_encoder(ckpts["bi"])
+    mdl, extra = M.load_model(ckpts["bi"])
+    tok, _ = bpe.checkpoint_tokenizer(extra, ckpts["bi"])
     err = Terminal() if tty else io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
     align.encode_word_tokens(mdl, tok, [["a", "b"], ["hello"]], 0, "en", batch_size=1)

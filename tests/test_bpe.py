@@ -187,11 +187,19 @@ def test_codes_save_load(tmp_path):
     assert not os.path.exists(path + ".tmp")
 
 
+def test_fastbpe_codes_load(tmp_path):
+    """fastBPE's codes (what XLM's released models come with): 'left right count', no header; the same merges."""
+    path = tmp_path / "codes_enfr"
+    path.write_text("".join(f"{a} {b} {100 - i}\n" for i, (a, b) in enumerate(SENNRICH_MERGES)), encoding="utf-8")
+    assert BPE.load(str(path)).merges == SENNRICH_MERGES
+
+
 @pytest.mark.parametrize("content,line", [
     ("#version: 0.2\na b\nc d e\n", 3),      # subword-nmt codes with a 3-field line
     ("#version: 0.2\na b\n\nc d\n", 3),      # blank line inside
     ("a b\nc d\n", 1),                       # no header: v0.1 / unknown
     ("#version: 0.1\na b\n", 1),             # other version
+    ("a b 7\nc d x\n", 2),                   # fastBPE codes with a count that is no number
     ('{"format": "bpe.Tokenizer/1", "bpes": [' + "x" * 5000 + "]}", 1),  # a tokenizer.json: one long line
 ])
 def test_bad_codes_file_names_file_and_line(tmp_path, content, line):

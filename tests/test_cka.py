@@ -97,7 +97,8 @@ def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys):
     # the random baseline is its own untrained model: it differs from both trained(-like) columns
     assert all(abs(r[3] - r[1]) > 1e-6 and abs(r[3] - r[2]) > 1e-6 for r in rows[:-1])
     # the bilingual column equals CKA computed by hand from the shared sentence vectors
-    mdl, tok, _, _ = M.load_encoder(paths["bi"])
+    mdl, extra = M.load_model(paths["bi"])
+    tok, _ = bpe.checkpoint_tokenizer(extra, paths["bi"])
     en, fr = bpe.read_parallel(args.src_file, args.tgt_file, 50)
     Es = M.pool_sentences(mdl, [tok.encode(s, "en") for s in en], 0)
     Et = M.pool_sentences(mdl, [tok.encode(s, "fr") for s in fr], 1)
