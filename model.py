@@ -733,7 +733,7 @@ def export_hf(ckpt_path, out_dir, lang=None):
     return written
 
 
-def main(argv=None):
+def build_parser():
     """python model.py export CKPT OUT_DIR [--lang L]: export_hf from the command line."""
     import argparse
     ap = argparse.ArgumentParser(prog="model.py", description="Export a checkpoint for Hugging Face transformers.")
@@ -742,7 +742,11 @@ def main(argv=None):
     ex.add_argument("ckpt", help="pretrain.py's best.pt (a fully shared model)")
     ex.add_argument("out", help="output directory (created; its files are replaced)")
     ex.add_argument("--lang", help="whose tokenizer (pre-tokenisation differs for zh only); default: the first language")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     try:
         files = export_hf(args.ckpt, args.out, args.lang)
     except (ValueError, OSError) as e:
