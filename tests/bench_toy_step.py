@@ -68,7 +68,7 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         n_targets.append(int((targets != -1).sum()))
-        return float(loss)
+        return float(loss.detach())
 
     for i in range(10):  # warm-up: Adam state, allocator
         step(i)
