@@ -195,27 +195,78 @@ class BPE:
             if len(pair) != 2 or not pair[0] or not pair[1]:
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
             self.ranks.setdefault(pair, i)
-        self.cache = {}  # word -> tuple of pieces (without @@)
+        # per-word caches, filled as words are met: word -> pieces with '@@' on non-final ones (apply_words),
+        # and word -> those pieces joined by ' ' (apply: a line is then one dict lookup per word and a join)
+        self.cache, self.joined = {}, {}
+        self.none = len(self.merges)  # a rank above every merge's: the pair is no merge
+
+    def _merge(self, word):
+        """'lowest' -> ['lo', 'west</w>']: from characters (the last + '</w>'), merge the lowest-rank pair, every
+        occurrence left to right (subword-nmt's encode). rs[i] is the rank of the pair (w[i], w[i + 1]); a rank
+        names one pair, so the positions of the lowest rank are exactly that pair's occurrences."""
+        if len(word) < 2:
+            return [word + EOW]
+        w = list(word)
+        w[-1] += EOW
+        get, none = self.ranks.get, self.none
+        rs = list(map(get, zip(w, w[1:]), itertools.repeat(none)))
+        while rs:
+            r = min(rs)
+            if r == none:
+                break
+            i = rs.index(r)
+            if rs.count(r) == 1:  # the usual case: one occurrence, and only its neighbours' pairs change
+                ab = w[i] + w[i + 1]
+                del w[i + 1]
+                w[i] = ab
+                if i + 1 < len(w):
+                    rs[i] = get((ab, w[i + 1]), none)
+                    del rs[i + 1]
+                else:
+                    del rs[i]
+                if i:
+                    rs[i - 1] = get((w[i - 1], ab), none)
+                continue
+            new, n = w[:i], len(w)
+            while i < n:
+                if i < n - 1 and rs[i] == r:  # non-overlapping: a a a with (a, a) -> aa a
+                    new.append(w[i] + w[i + 1])
+                    i += 2
+                else:
+                    new.append(w[i])
+                    i += 1
+            w = new
+            rs = list(map(get, zip(w, w[1:]), itertools.repeat(none)))
+        return w
+
+    def _pieces(self, word):
+        """word -> its pieces with '@@' on non-final ones (cached): 'lowest' -> ('lo@@', 'west')."""
+        ps = self.cache.get(word)
+        if ps is None:
+            w = self._merge(word) if word else []
+            ps = self.cache[word] = tuple(p + SEP for p in w[:-1]) + (w[-1][: -len(EOW)],) if w else ()
+        return ps
 
     def segment(self, word):
-        """'lowest' -> ['lo', 'west']: from characters (the last + '</w>'), merge the lowest-rank pair."""
-        if word not in self.cache:
-            w = list(word[:-1]) + [word[-1] + EOW] if word else []
-            while len(w) > 1:
-                best = min(zip(w, w[1:]), key=lambda pair: self.ranks.get(pair, math.inf))  # inf: not a merge
-                if best not in self.ranks:
-                    break
-                w = merge_pair(w, *best)
-            self.cache[word] = tuple(w[:-1]) + (w[-1][: -len(EOW)],) if w else ()
-        return list(self.cache[word])
+        """'lowest' -> ['lo', 'west']: the pieces of one word, without '@@'."""
+        ps = self._pieces(word)
+        return [p[: -len(SEP)] for p in ps[:-1]] + list(ps[-1:])
 
     def apply_words(self, words):
         """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces of every word, '@@' on non-final ones."""
-        return [p + SEP if k < len(ps) - 1 else p for ps in map(self.segment, words) for k, p in enumerate(ps)]
+        return [p for w in words for p in self._pieces(w)]
 
     def apply(self, line):
         """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words are split on ' ' only."""
-        return " ".join(self.apply_words([w for w in line.strip("\r\n ").split(" ") if w]))
+        line = line.strip("\r\n ")
+        words = line.split(" ") if "  " not in line else [w for w in line.split(" ") if w]  # '' for runs of ' '
+        try:  # the words met before: one lookup each
+            return " ".join(map(self.joined.__getitem__, words)) if line else ""
+        except KeyError:
+            for w in words:
+                if w not in self.joined:  # no ' ' inside: the pieces joined by '@@ ', then '</w>' dropped
+                    self.joined[w] = (SEP + " ").join(self._merge(w))[: -len(EOW)]
+            return " ".join(map(self.joined.__getitem__, words))
 
     def save(self, path):
         write_text(path, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))

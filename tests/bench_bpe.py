@@ -10,8 +10,9 @@ start with test_). subword-nmt is a reference tool here, not a project dependenc
    bpe.learn_bpe and subword-nmt's learn_bpe (--dict-input, the same counts) in the same process;
    prints both times, the ratio, and whether the merge lists are identical.
 2. apply: the learned codes applied to every pretokenised line (words joined by single spaces) with
-   bpe.BPE.apply and subword-nmt's BPE.process_line, both with fresh per-word caches; prints MB/s of
-   input text and whether every output line is identical.
+   bpe.BPE.apply and subword-nmt's BPE.process_line, both with fresh per-word caches, alternating for
+   --rounds rounds; prints MB/s of input text per CPU second (median) and whether every output line is
+   identical. --apply-only skips subword-nmt's learning (minutes) and compares application only.
 Exits with status 1 if anything differs.
 """
 
@@ -20,6 +21,7 @@ import contextlib
 import glob
 import io
 import os
+import statistics
 import sys
 import time
 from collections import Counter
@@ -33,6 +35,9 @@ parser.add_argument("--data", default=os.path.join(os.path.dirname(__file__), ".
 parser.add_argument("--merges", type=int, default=10000, help="number of merges")
 parser.add_argument("--min-freq", type=int, default=2, help="min pair frequency")
 parser.add_argument("--max-lines", type=int, default=None, help="lines per file (default: all)")
+parser.add_argument("--rounds", type=int, default=3, help="apply timings (median)")
+parser.add_argument("--apply-only", action="store_true",
+                    help="skip subword-nmt's learning (minutes): learn with bpe.py, compare application only")
 args = parser.parse_args()
 
 try:
@@ -67,15 +72,19 @@ t_ours = time.perf_counter() - t0
 
 dict_file = io.StringIO("".join(f"{w} {c}\n" for w, c in counts.items()))
 codes_file = io.StringIO()
-t0 = time.perf_counter()
-with contextlib.redirect_stderr(io.StringIO()):
-    snmt_learn.learn_bpe(dict_file, codes_file, args.merges, args.min_freq, is_dict=True)
-t_ref = time.perf_counter() - t0
-ref = [tuple(l.split(" ")) for l in codes_file.getvalue().split("\n")[1:] if l]
-
-same_merges = ours == ref
-print(f"learn {len(ours)} merges: bpe.py {t_ours:.1f} s, subword-nmt {t_ref:.1f} s, "
-      f"ratio {t_ref / t_ours:.2f}x, merges identical: {same_merges}")
+if args.apply_only:
+    codes_file.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in ours))
+    ref, same_merges = ours, True
+    print(f"learn {len(ours)} merges: bpe.py {t_ours:.1f} s (subword-nmt not run: --apply-only)")
+else:
+    t0 = time.perf_counter()
+    with contextlib.redirect_stderr(io.StringIO()):
+        snmt_learn.learn_bpe(dict_file, codes_file, args.merges, args.min_freq, is_dict=True)
+    t_ref = time.perf_counter() - t0
+    ref = [tuple(l.split(" ")) for l in codes_file.getvalue().split("\n")[1:] if l]
+    same_merges = ours == ref
+    print(f"learn {len(ours)} merges: bpe.py {t_ours:.1f} s, subword-nmt {t_ref:.1f} s, "
+          f"ratio {t_ref / t_ours:.2f}x, merges identical: {same_merges}")
 if not same_merges:
     k = next((i for i, (x, y) in enumerate(zip(ours, ref)) if x != y), min(len(ours), len(ref)))
     print(f"  first difference at merge {k}: ours {ours[k:k + 1]} subword-nmt {ref[k:k + 1]}")
@@ -83,18 +92,20 @@ if not same_merges:
 # -----------------------------------------------------------------------------
 # apply
 
-codes_file.seek(0)
-ref_bpe = snmt_apply.BPE(codes_file)
-t0 = time.perf_counter()
-ref_out = [ref_bpe.process_line(l) for l in lines]
-t_ref = time.perf_counter() - t0
-
-our_bpe = bpe.BPE(ours)
-t0 = time.perf_counter()
-our_out = [our_bpe.apply(l) for l in lines]
-t_ours = time.perf_counter() - t0
+codes = codes_file.getvalue()
+t_ref, t_ours = [], []
+for r in range(args.rounds):  # alternating, each with fresh caches; process CPU time (a shared machine)
+    ref_bpe = snmt_apply.BPE(io.StringIO(codes))
+    t0 = time.process_time()
+    ref_out = [ref_bpe.process_line(l) for l in lines]
+    t_ref.append(time.process_time() - t0)
+    our_bpe = bpe.BPE(ours)
+    t0 = time.process_time()
+    our_out = [our_bpe.apply(l) for l in lines]
+    t_ours.append(time.process_time() - t0)
+t_ref, t_ours = statistics.median(t_ref), statistics.median(t_ours)
 
 n_diff = sum(x != y for x, y in zip(our_out, ref_out))
-print(f"apply {len(lines)} lines: bpe.py {n_bytes / 1e6 / t_ours:.2f} MB/s, subword-nmt "
-      f"{n_bytes / 1e6 / t_ref:.2f} MB/s (ratio {t_ref / t_ours:.2f}x), lines differing: {n_diff}")
+print(f"apply {len(lines)} lines (CPU time, median of {args.rounds}): bpe.py {n_bytes / 1e6 / t_ours:.2f} MB/s, "
+      f"subword-nmt {n_bytes / 1e6 / t_ref:.2f} MB/s (ratio {t_ref / t_ours:.2f}x), lines differing: {n_diff}")
 sys.exit(0 if same_merges and n_diff == 0 else 1)

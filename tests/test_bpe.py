@@ -164,6 +164,40 @@ def test_segment_known_answer():
     assert CODES.segment("") == []
 
 
+
+def test_fast_segment_equals_the_plain_rule_on_random_codes():
+    """BPE._merge (one occurrence: only the neighbours' ranks change) against the rule it implements, merge_pair
+    of the lowest-rank pair present, on words full of repeated and overlapping pairs (a a a, a b a b) and codes
+    with duplicates and merges of merged symbols; apply, apply_words and segment agree with it."""
+    rng = random.Random(0)
+    for _ in range(30):
+        alphabet = "ab" if rng.random() < 0.5 else "abc"
+        words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))) for _ in range(40)]
+        symbols = list(alphabet) + [c + bpe.EOW for c in alphabet]
+        merges = []
+        for _ in range(rng.randint(1, 25)):
+            a, b = rng.choice(symbols[:-len(alphabet)] or symbols), rng.choice(symbols)
+            if not a.endswith(bpe.EOW):
+                merges.append((a, b))
+                symbols.insert(0, a + b)
+        codes = BPE(merges)
+        for word in words:
+            w = list(word[:-1]) + [word[-1] + bpe.EOW]
+            while len(w) > 1:
+                best = min(zip(w, w[1:]), key=lambda p: codes.ranks.get(p, len(merges)))
+                if best not in codes.ranks:
+                    break
+                w = bpe.merge_pair(w, *best)
+            expected = w[:-1] + [w[-1][:-len(bpe.EOW)]]
+            assert codes.segment(word) == expected, (word, merges)
+            assert codes.apply(word) == " ".join(p + "@@" for p in expected[:-1]) + " " * (len(expected) > 1) + expected[-1]
+        assert codes.apply_words(words) == [p for w in words for p in BPE(merges).apply(w).split(" ")]
+    # every occurrence of the lowest pair at once: merging only the first 'a bc' would make (abc, a), rank 2, and
+    # give abca bc d (subword-nmt merges a bigram everywhere before it looks at the new pairs)
+    codes = BPE([("b", "c"), ("x", "y"), ("abc", "a"), ("a", "bc")])
+    assert codes.segment("abcabcd") == ["abc", "abc", "d"]
+    assert codes.apply("abcabcd abcabcd") == "abc@@ abc@@ d abc@@ abc@@ d"
+
 MIXED = ["", "x", "hello world", "Привет мир", "中文 字符 测试", "مرحبا بالعالم", "emoji 🙂 👍🏽 🇫🇷",
          "combining e\u0301te\u0301 n\u0303", "mixed Москва 東京 القاهرة café 42"]
 
