@@ -797,10 +797,10 @@ def build_parser():
     sub = parser.add_subparsers(dest="cmd", required=True)
     prep = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=fmt)
     prep.add_argument("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or "
-                      "toydata's mono/); or --train-files")
+                      "toydata's mono/); required unless --train-files")
     prep.add_argument("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data, "
                       "e.g. en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed "
-                      "seed, <doc> lines dropped)")
+                      "seed, <doc> lines dropped); required unless --data")
     prep.add_argument("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); "
                       f"without it, min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
     prep.add_argument("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'")

@@ -386,6 +386,12 @@ def command(argv, then, lr=None):
     return f"{launcher} {shlex.join(kept + [then] + (['--lr', f'{lr:g}'] if lr else []))}"
 
 
+def print_above_bars(*a, **k):
+    """print, the progress bars on the terminal cleared first and drawn again after (the master's log lines)."""
+    with tqdm.external_write_mode(file=k.get("file")):
+        print(*a, **k)
+
+
 def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
     if saved_step is None:
         return "nothing was saved; start again with " + command(argv, "--overwrite", lr)
@@ -692,7 +698,7 @@ def main(argv=None):
                           log_path=os.path.join(args.out, "log.jsonl"), warned_slow_save=False, saved_step=None)
     run.device, dtype, backend = setup_device(args, run.ddp)
     run.device_type = torch.device(run.device).type  # cuda, cpu or mps
-    run.log = log = print if run.master else (lambda *a, **k: None)
+    run.log = log = print_above_bars if run.master else (lambda *a, **k: None)
     run.stop = StopSignal(lambda: how_to_go_on(run.ckpt_path, run.saved_step, argv))
 
     # the run directory: a new run refuses an earlier run's files unless --overwrite; --resume reads checkpoint.pt
@@ -731,6 +737,9 @@ def main(argv=None):
     # training loop: one update = `accumulate` micro-batches; evaluation at the end of an epoch and of the run, every
     # --eval-every and at --snapshots; checkpoint.pt then (--save-every permitting) and when a signal stops the run
     bad_steps, stopped_by, diverged, t0 = 0, 0, None, time.time()
+    updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
+    bar = tqdm(total=updates, initial=run.step, unit="update", desc="pretrain", mininterval=1,
+               disable=not run.master or not sys.stderr.isatty())  # stderr, on a terminal only
     run.stop.training = True
     while run.step < args.max_steps and run.epoch < args.epochs and not stopped_by:
         lr = get_lr(run.step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
@@ -740,6 +749,8 @@ def main(argv=None):
         loss, used, stopped_by = agree(run, loss, seen)
         grad_norm, stepped, skipped = optimizer_step(run, loss, used)
         run.step, bad_steps = run.step + int(stepped), bad_steps + 1 if skipped else 0
+        bar.update(int(stepped))
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         if skipped:
             log(f"step {run.step}: non-finite loss {loss} / grad norm {grad_norm}, update skipped "
                 f"({bad_steps} in a row)")
@@ -764,6 +775,7 @@ def main(argv=None):
             break
         if stopped_by or due and (last or run.step - (run.saved_step or 0) >= args.save_every):
             save_checkpoint(run)
+    bar.close()
     run.stop.restore()
     if run.ddp:
         dist.barrier()  # no rank leaves before the master has written checkpoint.pt (torchrun kills the rest)
