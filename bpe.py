@@ -35,7 +35,7 @@ from tqdm import tqdm
 # XLM's special tokens (XLM src/data/dictionary.py): first in every vocabulary, shared by every regime
 
 SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
-BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3
+EOS_ID, PAD_ID, UNK_ID = 1, 2, 3  # <s> (id 0) is never used: a stream starts with </s>
 MASK_ID = 5  # <special1>; <special0> (id 4) is XLM's SEP
 N_SPECIAL = len(SPECIALS)  # 14: the first BPE token has id 14
 EOW = "</w>"  # end-of-word marker used while learning (attached to the last character: codes v0.2)
@@ -60,7 +60,7 @@ SPACE_RE = regex.compile(rf"[{_SPACE}]")
 
 
 def lowercase_and_strip_accents(text):
-    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py); off by default (D5)."""
+    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py); off by default, as XLM-17/100."""
     text = unicodedata.normalize("NFD", text.lower())
     return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
 
@@ -425,7 +425,7 @@ class Tokenizer:
             raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})") from None
 
 # -----------------------------------------------------------------------------
-# 5. Code-switching: extra anchors (paper §4.2; README decision D11)
+# 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is prepared
 
 def read_dictionary(path):
     """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
@@ -493,7 +493,7 @@ def _encode_chunk(chunk):
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15, seed=0, verbose=True):
     """A text file -> `out_prefix.bin` (flat ids, EOS_ID after every line; uint16 if the vocabulary fits)
     and `out_prefix.json`, streamed in chunks by `workers`. `code_switch`: a dictionary to code-switch the
-    text with (paper §4.2, D11); a replaced word gets the BPE of the other language and `lang`'s vocabulary,
+    text with (paper §4.2, done here once); a replaced word gets the BPE of the other language and `lang`'s vocabulary,
     so this needs two languages and one shared id space."""
     if code_switch is not None and (tok.separate_vocab or len(tok.langs) != 2):
         raise ValueError("code-switching needs two languages and one shared vocabulary (separate_vocab=False)")
@@ -678,7 +678,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     """Raw text (`files` {lang: {"train": path, "dev": path}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash
     of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused by later calls (other DDP
     ranks wait for its `done`); a `data` directory holding these is used as it is. Every input is checked before
-    any work (BPE learning takes hours at paper scale). `code_switch`: a MUSE file (§4.2, D11). Errors: one line
+    any work (BPE learning takes hours at paper scale). `code_switch`: a MUSE file (§4.2, done here). Errors: one line
     (`flag`: the option that gave prep_dir). A path may be a WikiExtractor directory, and "dev" may be None: the
     text is then written to the prepared directory first, shuffled, the dev lines held out (shuffle_split)."""
     if not files:

@@ -124,7 +124,7 @@ def cka_table(args):
     def load(path):  # (model in eval mode, tokenizer, language codes, path)
         return M.load_encoder(path, args.device)[:3] + (path,)
 
-    def enc(side, lang, lines):  # sentence vectors per layer (decision D9)
+    def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
         m, t, langs, path = side
         if lang not in langs:
             raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")

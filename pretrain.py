@@ -45,7 +45,8 @@ from toydata import SIZES as TOY_SIZES, parse_order, write_world
 MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
 PRED_PROBS = (0.8, 0.1, 0.1)  # of those: MASK, kept, random id (XLM word_mask_keep_rand)
 ALPHA = 0.7                   # language sampling exponent (XLM lg_sampling_factor)
-ADAM = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)  # D3: XLM's adam_inverse_sqrt, no weight decay
+# XLM's adam_inverse_sqrt defaults: eps 1e-8, no weight decay (XLM's README BERT recipe has 1e-6 and decoupled 0.01)
+ADAM = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
 # -----------------------------------------------------------------------------
 # masking, schedule, language sampling (pure functions, imported by the tests)
@@ -214,7 +215,8 @@ def build_parser():
         a(flag, type=typ, help=f"{what} (default: paper {PAPER[k]}" + (f"; --toy {TOY[k]})" if k in TOY else ")"),
           **kw)
 
-    a("--out", required=True, metavar="DIR", help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/); required")
+    a("--out", required=True, metavar="DIR", help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/); "
+      "required")
     a("--toy", action="store_true", help="a switch: the CPU-sized presets, on the toy world given by --data (unset: a "
       "new one in OUT/toy)")
     a("--data", metavar="DIR", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or one bpe.py prepared "
@@ -232,8 +234,8 @@ def build_parser():
     a("--merges", type=int, help="BPE merge operations (default: paper 80000 joint, 40000 per "
       "language; --toy 2000 / 1000)")
     a("--code-switch", metavar="DICT", help="MUSE dictionary to code-switch the text with (Extra anchors, "
-      "D11), or toy (default: none)")
-    a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off, D5)")
+      "the training text code-switched once, when it is prepared), or toy (default: none)")
+    a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off: the text as given)")
     a("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
     a("--workers", type=int, default=1, help="processes for binarising text")
     # toy world (toydata.py)
@@ -246,24 +248,26 @@ def build_parser():
     # model (model.ModelConfig)
     a("--sep", default="", help="language-specific parts (Table 1): emb, 1-3, 1-6, emb,1-3, emb,1-6; "
       "also tok, pos (default: none, all shared)")
-    a("--lang-emb", action="store_true", help="add language embeddings (off, as mBERT/XLM-100; D1)")
+    a("--lang-emb", action="store_true", help="add language embeddings (off: the paper is silent; as the "
+      "mBERT and XLM-17/100 checkpoints)")
     preset("--n-layers", int, "layers")
     preset("--dim", int, "hidden size")
     preset("--n-heads", int, "attention heads")
     preset("--ffn-dim", int, "feed-forward size")
     preset("--dropout", float, "dropout")
-    preset("--attention-dropout", float, "attention dropout (D4)")
+    preset("--attention-dropout", float, "attention dropout (as XLM's recipes; its flag's default is 0)")
     # optimisation
-    preset("--batch-size", int, "examples (streams of --bptt tokens) per step, per GPU and micro-batch (x 8 GPUs in the "
-           "paper)")
+    preset("--batch-size", int, "examples (streams of --bptt tokens) per step, per GPU and micro-batch (x 8 GPUs "
+           "in the paper)")
     preset("--bptt", int, "tokens per stream")
     preset("--pos-offsets", int, "N: each stream starts at a random position in [0, N - bptt] (off: N <= bptt)")
     a("--accumulate", type=int, help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
     preset("--lr", float, "peak learning rate")
     preset("--warmup", int, "linear warm-up updates from 1e-7")
     preset("--schedule", None, "after warm-up: inverse_sqrt (XLM) or linear to 0", choices=["inverse_sqrt", "linear"])
-    a("--clip", type=float, default=5.0, help="gradient clipping norm, 0 = off (D3)")
-    preset("--epoch-size", int, "examples (streams) per GPU per epoch (D2)")
+    a("--clip", type=float, default=5.0, help="gradient clipping norm, 0 = off (XLM's clip_grad_norm; the "
+      "paper names none)")
+    preset("--epoch-size", int, "examples (streams) per GPU per epoch, XLM's meaning of an epoch")
     preset("--epochs", int, "epochs")
     a("--max-steps", type=int, help="stop after this many updates (default: paper none; --toy 8000)")
     a("--eval-every", type=int, help="also evaluate and save every N updates (default 0: once per epoch)")
@@ -562,8 +566,8 @@ def load_data(args, langs, master):
 
 
 def build(run, args, dtype):
-    """Model (seeded alike on every rank), Adam (D3), AMP (autocast; a GradScaler for float16), then per-rank
-    randomness: data order (numpy), masking (a torch CPU generator), dropout (torch's global generator)."""
+    """Model (seeded alike on every rank), Adam (ADAM: XLM's values), AMP (autocast; a GradScaler for float16), then
+    per-rank randomness: data order (numpy), masking (a torch CPU generator), dropout (torch's global generator)."""
     torch.manual_seed(args.seed)
     run.config = ModelConfig(vocab_size=max(run.vocab_sizes), n_langs=len(run.langs), n_layers=args.n_layers,
                              n_heads=args.n_heads, dim=args.dim, ffn_dim=args.ffn_dim, dropout=args.dropout,

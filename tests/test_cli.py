@@ -18,7 +18,8 @@ def parsers():
     """(name, parser) of every script, align.py's sub-commands each."""
     top = align.build_parser()
     subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices
-    return ([("pretrain.py", pretrain.build_parser()), ("finetune.py", ft.build_parser()), ("cka.py", cka.build_parser()), ("toydata.py", toydata.build_parser()),
+    return ([("pretrain.py", pretrain.build_parser()), ("finetune.py", ft.build_parser()),
+             ("cka.py", cka.build_parser()), ("toydata.py", toydata.build_parser()),
              ("bpe.py prepare", bpe.build_parser().prepare)] + [(f"align.py {k}", p) for k, p in subs.items()])
 
 
