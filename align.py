@@ -156,7 +156,7 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
 
 
 # -----------------------------------------------------------------------------------------------------
-# §5.1.2 word pairs from parallel sentences: fast_align (Dyer et al. 2013) in numpy (decision D12)
+# §5.1.2 word pairs from parallel sentences: fast_align (Dyer et al. 2013) re-implemented in numpy, not its binary
 #
 # Reparameterised IBM Model 2. For target word j (1..m) of a pair with n source words plus NULL (i = 0):
 #     p(a_j = 0)          = p0                                           (p0 = 0.08)
@@ -343,7 +343,7 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # CLI part: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as XLM's `</s> w1 ... wn </s>`
 
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
-    """Contextual vector of every word token (decision D8: a word = the mean of its subword states).
+    """Contextual vector of every word token (the paper leaves it open: a word = the mean of its subword states).
     sents_words: list of word lists. Returns (list of n_layers + 1 arrays (n_words_total, dim), offsets)
     with sentence k's words at rows offsets[k]:offsets[k+1]. Words cut off by max_positions are NaN."""
     import model as M
@@ -363,7 +363,7 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
 
 
 def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200000, batch_size=32):
-    """Decision D8 for the word types of a corpus, most frequent first, keyed lowercase as MUSE:
+    """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed lowercase as MUSE:
     (a) embedding-table rows of the words that are ONE subword (Fig. 4a); (b) per layer, the mean
     contextual vector of a word over its occurrences (Fig. 4b). -> (keys_a, X_a), (keys_b, [X_b per layer])."""
     from bpe import UNK_ID, read_lines

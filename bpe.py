@@ -35,7 +35,7 @@ from tqdm import tqdm
 # XLM's special tokens (XLM src/data/dictionary.py): first in every vocabulary, shared by every regime
 
 SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
-BOS_ID, EOS_ID, PAD_ID, UNK_ID = 0, 1, 2, 3
+EOS_ID, PAD_ID, UNK_ID = 1, 2, 3  # <s> (id 0) is never used: a stream starts with </s>
 MASK_ID = 5  # <special1>; <special0> (id 4) is XLM's SEP
 N_SPECIAL = len(SPECIALS)  # 14: the first BPE token has id 14
 EOW = "</w>"  # end-of-word marker used while learning (attached to the last character: codes v0.2)
@@ -60,7 +60,7 @@ SPACE_RE = regex.compile(rf"[{_SPACE}]")
 
 
 def lowercase_and_strip_accents(text):
-    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py); off by default (D5)."""
+    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py); off by default, as XLM-17/100."""
     text = unicodedata.normalize("NFD", text.lower())
     return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
 
@@ -501,7 +501,7 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
     return Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 # -----------------------------------------------------------------------------
-# 5. Code-switching: extra anchors (paper §4.2; README decision D11)
+# 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is prepared
 
 def read_dictionary(path):
     """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
@@ -572,7 +572,7 @@ def _encode_chunk(chunk):
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15, seed=0, verbose=True):
     """A text file -> `out_prefix.bin` (flat ids, EOS_ID after every line; uint16 if the vocabulary fits)
     and `out_prefix.json`, streamed in chunks by `workers`. `code_switch`: a dictionary to code-switch the
-    text with (paper §4.2, D11); a replaced word gets the BPE of the other language and `lang`'s vocabulary,
+    text with (paper §4.2, done here once); a replaced word gets the BPE of the other language and `lang`'s vocabulary,
     so this needs two languages and one shared id space."""
     if code_switch is not None and (tok.separate_vocab or len(tok.langs) != 2):
         raise ValueError("code-switching needs two languages and one shared vocabulary (separate_vocab=False)")
@@ -1005,10 +1005,10 @@ def build_parser():
     sub = parser.add_subparsers(dest="cmd", required=True)
     prep = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=fmt)
     prep.add_argument("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or "
-                      "toydata's mono/); or --train-files")
+                      "toydata's mono/); required unless --train-files")
     prep.add_argument("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data, "
                       "e.g. en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed "
-                      "seed, <doc> lines dropped)")
+                      "seed, <doc> lines dropped); required unless --data")
     prep.add_argument("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); "
                       f"without it, min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
     prep.add_argument("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'")

@@ -131,7 +131,7 @@ def cka_table(args):
         model, extra = M.load_model(path, args.device)
         return (model, *checkpoint_tokenizer(extra, path, args.xlm_codes), path)
 
-    def enc(side, lang, lines):  # sentence vectors per layer (decision D9)
+    def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
         m, t, langs, path = side
         if lang not in langs:
             raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")

@@ -207,7 +207,7 @@ class XNLITask(Task):
             feats.append(([EOS_ID] + a + [EOS_ID] + b + [EOS_ID], self.labels.index(label)))
         return feats
 
-    def run(self, model, head, batch, lang, max_len, predict=False):
+    def run(self, model, head, batch, lang, max_len, predict=False):  # max_len: Task's; featurize cut the pairs
         logits = head(encode_batch(model, [ids for ids, _ in batch], lang)[0][-1][:, 0])
         if predict:
             return logits.argmax(-1).tolist()
@@ -349,7 +349,7 @@ class NERTask(Task):
 
 
 # -----------------------------------------------------------------------------
-# UD parsing (§3.2): CoNLL-U with its tree check, biaffine scorer (D7), MST decoding, UAS/LAS (CoNLL 2018)
+# UD parsing (§3.2): CoNLL-U with its tree check, biaffine scorer (Dozat & Manning), MST decoding, UAS/LAS (CoNLL 2018)
 
 def read_conllu(path):
     """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}, without comments, multiword ranges and empty
@@ -414,7 +414,7 @@ def strip_subtype(rel):
 
 
 def attachment_scores(gold_heads, gold_rels, pred_heads, pred_rels):
-    """(UAS, LAS) over all words (D6: punctuation counted), deprels without subtypes: with gold tokenisation,
+    """(UAS, LAS) over all words (punctuation counted, as CoNLL 2018), deprels without subtypes: with gold tokens,
     `conll18_ud_eval.py`'s F1."""
     n = uas = las = 0
     for gh, gr, ph, pr in zip(gold_heads, gold_rels, pred_heads, pred_rels, strict=True):  # unequal lengths raise
@@ -461,7 +461,7 @@ def mst_decode(scores):
     return chu_liu_edmonds(S)
 
 
-ARC_MLP, REL_MLP, MLP_DROPOUT, LEAKY_SLOPE = 500, 100, 0.33, 0.1  # D7 (Dozat & Manning 2017)
+ARC_MLP, REL_MLP, MLP_DROPOUT, LEAKY_SLOPE = 500, 100, 0.33, 0.1  # Dozat & Manning 2017's sizes (the paper's parser)
 
 
 class Biaffine(nn.Module):

@@ -46,9 +46,9 @@ class ModelConfig:
     dim: int = 768                   # paper §3.1
     ffn_dim: int = 3072              # paper §3.1 (XLM hard-codes 4 * dim)
     dropout: float = 0.1             # paper §3.1
-    attention_dropout: float = 0.1   # paper §3.1 (README decision D4)
+    attention_dropout: float = 0.1   # paper §3.1, as XLM's recipes (its flag's default is 0)
     max_positions: int = 512         # paper §3.1: learned positions, XLM N_MAX_POSITIONS
-    lang_emb: bool = False           # paper §3.1 is silent; off as mBERT / XLM-17/100 (README D1)
+    lang_emb: bool = False           # paper §3.1 is silent; off as the mBERT and XLM-17/100 checkpoints
     sep_emb: bool = False            # paper §4.3: per-language token + position tables and softmax
     sep_layers: tuple = ()           # paper §4.3: per-language copies of these layers (1-based)
     vocab_sizes: tuple = ()          # with sep_tok: one vocabulary size per language; () = vocab_size each
@@ -499,7 +499,7 @@ def iter_states(model, id_lists, lang, batch_size=32):
 
 
 def pool_sentences(model, id_lists, lang, batch_size=32):
-    """Sentence vectors of align.py and cka.py (decision D9): per layer, the mean state of each id list,
+    """Sentence vectors of align.py and cka.py (pooling left open by the paper): the mean state of each id list,
     its two </s> excluded (an empty list: the mean of the two) -> n_layers + 1 float32 arrays (n, dim)."""
     out = torch.zeros(model.config.n_layers + 1, len(id_lists), model.config.dim).numpy()
     for k, H in iter_states(model, id_lists, lang, batch_size):

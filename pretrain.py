@@ -26,6 +26,7 @@ import shlex
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import timedelta
 from types import SimpleNamespace
@@ -36,15 +37,16 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bpe import (EOS_ID, MASK_ID, MODES, Tokenizer, atomic_write, load_bin, make_dir, parse_lang_files, prepare,
-                 write_text)
+from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, Tokenizer, atomic_write, load_bin, make_dir, parse_lang_files,
+                 prepare, write_text)
 from model import MLM, ModelConfig, autocast, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
 MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
 PRED_PROBS = (0.8, 0.1, 0.1)  # of those: MASK, kept, random id (XLM word_mask_keep_rand)
 ALPHA = 0.7                   # language sampling exponent (XLM lg_sampling_factor)
-ADAM = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)  # D3: XLM's adam_inverse_sqrt, no weight decay
+# XLM's adam_inverse_sqrt defaults: eps 1e-8, no weight decay (XLM's README BERT recipe has 1e-6 and decoupled 0.01)
+ADAM = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
 # -----------------------------------------------------------------------------
 # masking, schedule, language sampling (pure functions, imported by the tests)
@@ -149,7 +151,8 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
     was_training, g, total, count = model.training, torch.Generator().manual_seed(0), 0.0, 0
     model.eval()
     n = n_stream_batches(len(ids), 1, bptt)
-    for start in tqdm(range(0, n, windows_per_forward), desc=f"eval lang {lang}", leave=False, mininterval=2):
+    for start in tqdm(range(0, n, windows_per_forward), desc=f"eval lang {lang}", leave=False, mininterval=2,
+                      disable=not sys.stderr.isatty()):  # stderr, on a terminal only
         x = np.concatenate([get_batch(ids, i, 1, bptt) for i in range(start, min(n, start + windows_per_forward))])
         inputs, targets = mask_tokens(torch.from_numpy(x), vocab_size, g, probs=(1.0, 0.0, 0.0), at_least_one=True)
         k = int((targets != -1).sum())
@@ -200,19 +203,26 @@ RANGES = [("> 0", lambda v: v > 0, "n_layers dim n_heads ffn_dim batch_size bptt
 DDP_TIMEOUT = timedelta(minutes=60)
 
 
-def get_args(argv=None):
-    """The flags, presets filled in, every value checked before any work (one usage line each); resolves --sep."""
-    p = argparse.ArgumentParser(prog="pretrain.py", description=__doc__.split("\n\n")[0])
+def build_parser():
+    """The flags as parsed, nothing checked yet (get_args fills in the presets and checks every value); --help shows
+    each flag's default (bpe.HelpFormatter), a preset's as "paper X; --toy Y"."""
+    p = argparse.ArgumentParser(prog="pretrain.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
     a = p.add_argument
 
     def preset(flag, typ, what, **kw):  # unset: PAPER's value, or TOY's with --toy
         k = flag[2:].replace("-", "_")
-        a(flag, type=typ, help=f"{what}: paper {PAPER[k]}" + (f"; --toy {TOY[k]}" if k in TOY else ""), **kw)
+        a(flag, type=typ, help=f"{what} (default: paper {PAPER[k]}" + (f"; --toy {TOY[k]})" if k in TOY else ")"),
+          **kw)
 
-    a("--out", required=True, help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/)")
-    a("--toy", action="store_true", help="CPU-sized preset, on the synthetic world of toydata.py unless --data")
-    a("--data", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or one bpe.py prepared")
-    a("--train-files", metavar="LANG=PATH,...", help="text per language instead of --data, e.g. en=a.txt,fr=b.txt")
+    a("--out", required=True, metavar="DIR", help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/); "
+      "required")
+    a("--toy", action="store_true", help="a switch: the CPU-sized presets, on the toy world given by --data (unset: a "
+      "new one in OUT/toy)")
+    a("--data", metavar="DIR", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or one bpe.py prepared "
+      "(default with --toy: a new toy world in OUT/toy)")
+    a("--train-files", metavar="LANG=PATH,...", help="text per language instead of --data, e.g. en=a.txt,fr=b.txt "
+      "(with --dev-files)")
     a("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
     a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
     a("--resume", action="store_true",
@@ -221,10 +231,12 @@ def get_args(argv=None):
     a("--seed", type=int, default=0, help="seed for init, data order, masking, dropout")
     # data preparation (bpe.prepare)
     a("--bpe", choices=MODES, default="joint", help="joint: Default; separate: Default anchors; prefixed: No anchors")
-    a("--merges", type=int, help="BPE merges: paper 80000 joint, 40000 per language; --toy 2000 / 1000")
-    a("--code-switch", metavar="DICT", help="MUSE dictionary to code-switch the text with (Extra anchors, D11), or toy")
-    a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off, D5)")
-    a("--prep-dir", help="cache for prepared data (default OUT/data)")
+    a("--merges", type=int, help="BPE merge operations (default: paper 80000 joint, 40000 per "
+      "language; --toy 2000 / 1000)")
+    a("--code-switch", metavar="DICT", help="MUSE dictionary to code-switch the text with (Extra anchors, "
+      "the training text code-switched once, when it is prepared), or toy (default: none)")
+    a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off: the text as given)")
+    a("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
     a("--workers", type=int, default=1, help="processes for binarising text")
     # toy world (toydata.py)
     a("--toy-size", choices=list(TOY_SIZES), default="full", help="toy world size (tiny is for tests)")
@@ -234,28 +246,33 @@ def get_args(argv=None):
     a("--toy-cyrillic", action="store_true", help="toy: write the second language in Cyrillic letters")
     a("--toy-seed", type=int, default=0, help="toy: world seed")
     # model (model.ModelConfig)
-    a("--sep", default="", help="language-specific parts (Table 1): emb, 1-3, 1-6, emb,1-3, emb,1-6; also tok, pos")
-    a("--lang-emb", action="store_true", help="add language embeddings (off, as mBERT/XLM-100; D1)")
+    a("--sep", default="", help="language-specific parts (Table 1): emb, 1-3, 1-6, emb,1-3, emb,1-6; "
+      "also tok, pos (default: none, all shared)")
+    a("--lang-emb", action="store_true", help="add language embeddings (off: the paper is silent; as the "
+      "mBERT and XLM-17/100 checkpoints)")
     preset("--n-layers", int, "layers")
     preset("--dim", int, "hidden size")
     preset("--n-heads", int, "attention heads")
     preset("--ffn-dim", int, "feed-forward size")
     preset("--dropout", float, "dropout")
-    preset("--attention-dropout", float, "attention dropout (D4)")
+    preset("--attention-dropout", float, "attention dropout (as XLM's recipes; its flag's default is 0)")
     # optimisation
-    preset("--batch-size", int, "streams per GPU per micro-batch (x 8 GPUs in the paper)")
+    preset("--batch-size", int, "examples (streams of --bptt tokens) per step, per GPU and micro-batch (x 8 GPUs "
+           "in the paper)")
     preset("--bptt", int, "tokens per stream")
     preset("--pos-offsets", int, "N: each stream starts at a random position in [0, N - bptt] (off: N <= bptt)")
     a("--accumulate", type=int, help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
     preset("--lr", float, "peak learning rate")
     preset("--warmup", int, "linear warm-up updates from 1e-7")
     preset("--schedule", None, "after warm-up: inverse_sqrt (XLM) or linear to 0", choices=["inverse_sqrt", "linear"])
-    a("--clip", type=float, default=5.0, help="gradient clipping norm, 0 = off (D3)")
-    preset("--epoch-size", int, "streams per GPU per epoch (D2)")
+    a("--clip", type=float, default=5.0, help="gradient clipping norm, 0 = off (XLM's clip_grad_norm; the "
+      "paper names none)")
+    preset("--epoch-size", int, "examples (streams) per GPU per epoch, XLM's meaning of an epoch")
     preset("--epochs", int, "epochs")
-    a("--max-steps", type=int, help="stop after this many updates (paper: none; --toy 8000)")
+    a("--max-steps", type=int, help="stop after this many updates (default: paper none; --toy 8000)")
     a("--eval-every", type=int, help="also evaluate and save every N updates (default 0: once per epoch)")
-    a("--snapshots", default="", metavar="STEP,...", help="also keep the model at these updates as OUT/step{N}.pt")
+    a("--snapshots", default="", metavar="STEP,...", help="also keep the model at these updates as OUT/step{N}.pt "
+      "(default: none)")
     a("--save-every", type=int, default=0, metavar="N", help="write checkpoint.pt at an evaluation only N or more "
       "updates after the last one (default 0: at every evaluation; the run's end and a stop always save). Larger: "
       "less time writing while the other GPUs wait, but a crash redoes up to N updates")
@@ -267,6 +284,12 @@ def get_args(argv=None):
       help="autocast: auto = bf16 on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU and MPS")
     a("--compile", action="store_true", help="torch.compile the model")
     a("--threads", type=int, help="CPU threads for torch (default torch's; --toy 1)")
+    return p
+
+
+def get_args(argv=None):
+    """The flags, presets filled in, every value checked before any work (one usage line each); resolves --sep."""
+    p = build_parser()
     args = p.parse_args(argv)
     for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
         if getattr(args, k) is None:
@@ -332,6 +355,26 @@ def run_files(out):
     return [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if f in names] + snapshots
 
 
+@contextmanager
+def removed_if_left_empty(*paths):
+    """The directories among `paths` and their parents that do not exist yet are removed again, the deepest first, when
+    the body fails and they are still empty (--out, --prep-dir: the inputs are checked after make_dir)."""
+    new = set()
+    for path in map(os.path.abspath, paths):
+        while not os.path.exists(path):
+            new.add(path)
+            path = os.path.dirname(path)
+    try:
+        yield
+    except BaseException:
+        for d in sorted(new, key=len, reverse=True):  # a child's path is longer than its parent's
+            try:
+                os.rmdir(d)
+            except OSError:  # not empty (or never made): kept
+                pass
+        raise
+
+
 def command(argv, then, lr=None):
     """`python pretrain.py ARGV` made to go on (then="--resume") or to start again (then="--overwrite"), with
     another --lr if given: every piece of advice the program prints is built here, so it is always accepted
@@ -345,6 +388,12 @@ def command(argv, then, lr=None):
         skip_value = hit and "=" not in a and "--lr".startswith(name)
     launcher = "torchrun ... pretrain.py" if "LOCAL_RANK" in os.environ else "python pretrain.py"
     return f"{launcher} {shlex.join(kept + [then] + (['--lr', f'{lr:g}'] if lr else []))}"
+
+
+def print_above_bars(*a, **k):
+    """print, the progress bars on the terminal cleared first and drawn again after (the master's log lines)."""
+    with tqdm.external_write_mode(file=k.get("file")):
+        print(*a, **k)
 
 
 def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
@@ -517,8 +566,8 @@ def load_data(args, langs, master):
 
 
 def build(run, args, dtype):
-    """Model (seeded alike on every rank), Adam (D3), AMP (autocast; a GradScaler for float16), then per-rank
-    randomness: data order (numpy), masking (a torch CPU generator), dropout (torch's global generator)."""
+    """Model (seeded alike on every rank), Adam (ADAM: XLM's values), AMP (autocast; a GradScaler for float16), then
+    per-rank randomness: data order (numpy), masking (a torch CPU generator), dropout (torch's global generator)."""
     torch.manual_seed(args.seed)
     run.config = ModelConfig(vocab_size=max(run.vocab_sizes), n_langs=len(run.langs), n_layers=args.n_layers,
                              n_heads=args.n_heads, dim=args.dim, ffn_dim=args.ffn_dim, dropout=args.dropout,
@@ -653,7 +702,7 @@ def main(argv=None):
                           log_path=os.path.join(args.out, "log.jsonl"), warned_slow_save=False, saved_step=None)
     run.device, dtype, backend = setup_device(args, run.ddp)
     run.device_type = torch.device(run.device).type  # cuda, cpu or mps
-    run.log = log = print if run.master else (lambda *a, **k: None)
+    run.log = log = print_above_bars if run.master else (lambda *a, **k: None)
     run.stop = StopSignal(lambda: how_to_go_on(run.ckpt_path, run.saved_step, argv))
 
     # the run directory: a new run refuses an earlier run's files unless --overwrite; --resume reads checkpoint.pt
@@ -662,10 +711,11 @@ def main(argv=None):
         raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run; pass --resume to "
                          "continue it (with its checkpoint.pt), --overwrite to start again, or another --out")
     ckpt, changed = read_checkpoint(run.ckpt_path, args, argv) if args.resume else (None, "")
-    make_dir("--out", args.out)
-    if args.toy_world:
-        write_toy_world(args, run.langs, run.master)
-    vars(run).update(vars(load_data(args, run.langs, run.master)))
+    with removed_if_left_empty(args.out, args.prep_dir):  # a refused --data leaves no empty --out behind
+        make_dir("--out", args.out)
+        if args.toy_world:
+            write_toy_world(args, run.langs, run.master)
+        vars(run).update(vars(load_data(args, run.langs, run.master)))
     build(run, args, dtype)
     if ckpt:
         restore_checkpoint(run, ckpt)
@@ -691,6 +741,9 @@ def main(argv=None):
     # training loop: one update = `accumulate` micro-batches; evaluation at the end of an epoch and of the run, every
     # --eval-every and at --snapshots; checkpoint.pt then (--save-every permitting) and when a signal stops the run
     bad_steps, stopped_by, diverged, t0 = 0, 0, None, time.time()
+    updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
+    bar = tqdm(total=updates, initial=run.step, unit="update", desc="pretrain", mininterval=1,
+               disable=not run.master or not sys.stderr.isatty())  # stderr, on a terminal only
     run.stop.training = True
     while run.step < args.max_steps and run.epoch < args.epochs and not stopped_by:
         lr = get_lr(run.step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
@@ -700,6 +753,8 @@ def main(argv=None):
         loss, used, stopped_by = agree(run, loss, seen)
         grad_norm, stepped, skipped = optimizer_step(run, loss, used)
         run.step, bad_steps = run.step + int(stepped), bad_steps + 1 if skipped else 0
+        bar.update(int(stepped))
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         if skipped:
             log(f"step {run.step}: non-finite loss {loss} / grad norm {grad_norm}, update skipped "
                 f"({bad_steps} in a row)")
@@ -724,6 +779,7 @@ def main(argv=None):
             break
         if stopped_by or due and (last or run.step - (run.saved_step or 0) >= args.save_every):
             save_checkpoint(run)
+    bar.close()
     run.stop.restore()
     if run.ddp:
         dist.barrier()  # no rank leaves before the master has written checkpoint.pt (torchrun kills the rest)

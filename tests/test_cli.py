@@ -10,14 +10,16 @@ import align
 import bpe
 import cka
 import finetune as ft
+import pretrain
 import toydata
 
 
 def parsers():
-    """(name, parser) of every script but pretrain.py, align.py's sub-commands each."""
+    """(name, parser) of every script, align.py's sub-commands each."""
     top = align.build_parser()
     subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices
-    return ([("finetune.py", ft.build_parser()), ("cka.py", cka.build_parser()), ("toydata.py", toydata.build_parser()),
+    return ([("pretrain.py", pretrain.build_parser()), ("finetune.py", ft.build_parser()),
+             ("cka.py", cka.build_parser()), ("toydata.py", toydata.build_parser()),
              ("bpe.py prepare", bpe.build_parser().prepare)] + [(f"align.py {k}", p) for k, p in subs.items()])
 
 

@@ -437,6 +437,22 @@ def test_bad_dictionary_fails_before_bpe_and_bad_dev_file_is_one_line(world, tmp
     run(TINY + ["--data", data, "--out", tmp_path / "a", "--max-steps", 1])  # fixed: the same command goes on
     assert step_of(tmp_path / "a" / "checkpoint.pt") == 1
 
+def test_a_failed_data_check_leaves_no_empty_out(tmp_path, capsys):
+    """A --data that does not exist or is empty is refused in one line, and the --out (with its parents and OUT/data)
+    that this run created is removed again; an --out that existed before is kept, and so are its files."""
+    (tmp_path / "empty").mkdir()
+    for data, why in (("nonexist", "no such directory"), ("empty", "no en.train.txt")):
+        with pytest.raises(SystemExit, match=f"^error: --data {tmp_path / data}: {why}"):
+            run(TINY + ["--data", tmp_path / data, "--out", tmp_path / "new" / "a"])
+        assert os.listdir(tmp_path) == ["empty"], data
+    (tmp_path / "old").mkdir()
+    with pytest.raises(SystemExit, match="no such directory"):
+        run(TINY + ["--data", tmp_path / "nonexist", "--out", tmp_path / "old"])
+    with pytest.raises(SystemExit, match="no such directory"):
+        run(TINY + ["--data", tmp_path / "nonexist", "--out", tmp_path / "old" / "b", "--prep-dir", tmp_path / "p"])
+    assert sorted(os.listdir(tmp_path)) == ["empty", "old"] and os.listdir(tmp_path / "old") == []
+
+
 # -----------------------------------------------------------------------------
 # 6. log.jsonl after a kill and a resume: every record once, the checkpoint's eval record kept
 

@@ -196,7 +196,7 @@ def test_mst_larger_random_is_a_tree():
 def test_biaffine_parser_shapes_loss_and_decode():
     torch.manual_seed(0)
     B, T, d, R = 2, 6, 16, 5
-    p = ft.BiaffineParser(d, R)  # D7 defaults
+    p = ft.BiaffineParser(d, R)  # Dozat & Manning's sizes by default
     assert p.arc_dep[0].out_features == 500 and p.rel_dep[0].out_features == 100
     assert p.arc_dep[1].negative_slope == 0.1 and p.arc_dep[2].p == 0.33
     p = ft.BiaffineParser(d, R, arc_mlp=32, rel_mlp=16)  # small, so fitting below is fast

@@ -1,5 +1,6 @@
 """pretrain.py: masking, schedule, sampling, streams (pure functions), then short CPU runs of the CLI:
 loss goes down, exact resume, a 2-process torchrun run, and every Table 1 row's flags."""
+import io
 import json
 import math
 import os
@@ -249,6 +250,27 @@ TABLE1 = {
     "monolingual_fr": ["--langs", "fr"],  # §5: monolingual models of the same world, for alignment / CKA
 }
 OWN_WORLD = {"domain_shift", "extra_anchors_toy_dict", "monolingual_fr"}  # these rows write their own tiny world
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_bar_only_on_a_terminal(world, tmp_path, monkeypatch, capsys, tty):
+    """The updates' bar (count, rate, loss) and the evaluation's go to stderr on a terminal, above which the log lines
+    are printed; off a terminal (CI, logs) stderr stays empty and stdout holds the log lines alone."""
+    err = _Terminal() if tty else io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    run(TINY + ["--data", world["joint"], "--out", tmp_path / "bar", "--max-steps", 3, "--log-every", 2])
+    bar, out = err.getvalue(), capsys.readouterr().out
+    assert "step 2 | epoch 0 | loss" in out and "pretrain" not in out and "eval lang" not in out
+    if tty:
+        assert "pretrain: 100%" in bar and "3/3" in bar and "update/s" in bar and "loss=" in bar
+        assert "eval lang 0" in bar
+    else:
+        assert bar == ""
 
 
 def test_snapshots_keep_the_model_at_the_given_updates(world, tmp_path):

@@ -19,10 +19,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 
 PARSERS = {"model.py": model.build_parser, "finetune.py": finetune.build_parser, "align.py": align.build_parser, "cka.py": cka.build_parser,
-           "bpe.py": bpe.build_parser, "toydata.py": toydata.build_parser,
-           # TODO(lead, issue 25): pretrain.py has no parser-only function yet (get_args also checks files);
-           # once it exposes build_parser(), its README lines are parsed too: remove this marker and the skip below.
-           "pretrain.py": getattr(pretrain, "build_parser", None)}
+           "bpe.py": bpe.build_parser, "toydata.py": toydata.build_parser, "pretrain.py": pretrain.build_parser}
+
+
+SHELL = {"HOME", "PWD", "USER"}  # set by the shell itself
 
 
 def bash_blocks(text):
@@ -75,19 +75,6 @@ def braces(word):
     return [x for part in m.group(1).split(",") for x in braces(word[:m.start()] + part + word[m.end():])]
 
 
-def split_commands(line):
-    """The simple commands of a shell line as word lists, split at && || ; | outside quotes."""
-    lex = shlex.shlex(line, posix=True, punctuation_chars=";&|")
-    lex.whitespace_split = True
-    out = [[]]
-    for word in lex:
-        if word in ("&&", "||", ";", "|", "&"):
-            out.append([])
-        else:
-            out[-1].append(word)
-    return out
-
-
 def commands(text):
     """(block number, script, argv, the line as written) for every python/torchrun command of every bash block;
     also the unset variables each block uses."""
@@ -97,15 +84,27 @@ def commands(text):
         names = set_names(lines)
         for line in lines:
             line = re.sub(r"\s\d*>>?(&\d+|\s*\S+)", " ", line)  # redirections
-            unset += [(b, v) for v in re.findall(r"\$\{?([A-Za-z_]\w*)", line) if v not in names and v != "HOME"]
+            unset += [(b, v) for v in re.findall(r"\$\{?([A-Za-z_]\w*)", line) if v not in names and v not in SHELL]
             for words in split_commands(expand(line, names)):
-                cmd = shlex.join(words)
                 if not words or words[0] not in ("python", "torchrun") or {"-m", "-c"} & set(words[:2]):
                     continue
                 i = next(k for k, w in enumerate(words) if w.endswith(".py"))
                 argv = [x for w in words[i + 1:] for x in braces(w)]
-                found.append((b, os.path.basename(words[i]), argv, cmd.strip()))
+                found.append((b, os.path.basename(words[i]), argv, shlex.join(words)))
     return found, unset
+
+
+def split_commands(line):
+    """The words of each command of a line cut at `;`, `&&`, `||`, `|`, `&` and parentheses outside quotes."""
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    commands = [[]]
+    for token in lex:
+        if token and set(token) <= set(lex.punctuation_chars):
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return commands
 
 
 def old_spelling(script, args):
@@ -119,6 +118,8 @@ def old_spelling(script, args):
         for k in ("batch_size", "lr", "head_lr"):
             if len(getattr(args, "one_" + k) or []) > 1:
                 return f"--{k.replace('_', '-')} with a comma list is deprecated: --{k.replace('_', '-')}s"
+    if script == "pretrain.py" and not (args.data or args.train_files or args.toy):
+        return "pretrain.py needs --data, --train-files/--dev-files or --toy"
     if script == "bpe.py" and (args.old_out is not None or args.prep_dir is None):
         return "bpe.py prepare: --prep-dir (--out is deprecated)"
     return ""
@@ -128,15 +129,11 @@ def test_every_readme_command_parses_with_its_script(capsys):
     with open(README, encoding="utf-8") as f:
         found, unset = commands(f.read())
     assert not unset, f"README bash blocks use variables they do not set (block, name): {sorted(set(unset))}"
-    parsed, skipped, bad = 0, 0, []
+    parsed, bad = 0, []
     for block, script, argv, line in found:
         assert script in PARSERS, f"block {block}: unknown script {script}: {line}"
-        build = PARSERS[script]
-        if build is None:  # pretrain.py (see the marker above)
-            skipped += 1
-            continue
         try:
-            args = build().parse_args(argv)
+            args = PARSERS[script]().parse_args(argv)
         except SystemExit:
             bad.append(f"block {block}: {line}\n    {capsys.readouterr().err.strip().splitlines()[-1]}")
             continue
@@ -144,7 +141,7 @@ def test_every_readme_command_parses_with_its_script(capsys):
             bad.append(f"block {block}: {line}\n    {why}")
         parsed += 1
     assert not bad, "README commands that do not parse:\n" + "\n".join(bad)
-    assert parsed >= 30 and skipped <= 30, (parsed, skipped)  # the extraction found the README's commands
+    assert parsed >= 50, parsed  # the extraction found the README's commands
 
 
 def test_the_extraction_sees_variables_loops_and_braces():
@@ -152,13 +149,15 @@ def test_the_extraction_sees_variables_loops_and_braces():
     expansion; a variable set in another block counts as unset."""
     text = ("```bash\nT=runs/x; W=\"--overlap 0.3 --seed 0\"\npython toydata.py --out $T/w $W  # c\n"
             "for task in ner parse; do\n  python finetune.py --task $task --toy --data $T/w \\\n"
-            "    --ckpt a.pt --out $T/{a,b} > $T/log 2>&1 && echo ok\ndone\ncat <<X\npython nope.py\nX\n```\n"
+            "    --ckpt a.pt --out $T/{a,b} > $T/log 2>&1 && echo ok\ndone\ncat <<X\npython nope.py\nX\n"
+            "python -c \"import bpe; print(1)\"; python bpe.py prepare --data \"$T/w\"|tail\n```\n"
             "```bash\npython cka.py --toy --data $T/w --ckpt a.pt\n```\n")
     found, unset = commands(text)
     assert [(b, s, a) for b, s, a, _ in found] == [
         (1, "toydata.py", ["--out", "runs/x/w", "--overlap", "0.3", "--seed", "0"]),
         (1, "finetune.py", ["--task", "ner", "--toy", "--data", "runs/x/w", "--ckpt", "a.pt", "--out", "runs/x/a",
                             "runs/x/b"]),
+        (1, "bpe.py", ["prepare", "--data", "runs/x/w"]),
         (2, "cka.py", ["--toy", "--data", "$T/w", "--ckpt", "a.pt"])]
     assert unset == [(2, "T")]
 
