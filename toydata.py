@@ -672,7 +672,8 @@ def build_parser():
 
 
 def main(argv=None):
-    args = vars(build_parser().parse_args(argv))
+    ap = build_parser()
+    args = vars(ap.parse_args(argv))
     sizes = SIZES[args.pop("size")]
     if args["seed"] < 0:   # the flag's name, not write_world's argument
         ap.error(f"--seed must be >= 0, got {args['seed']}")

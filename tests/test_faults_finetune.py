@@ -284,7 +284,7 @@ def test_table_refuses_a_hand_edited_results_json(tmp_path, capsys, edit):
 def finished_ner(toy_world, toy_ckpt, tmp_path_factory):
     """--out of a finished one-set NER run (sets/bs-32-lr-0.001.json and results.json) and its argv."""
     out = tmp_path_factory.mktemp("finished") / "o"
-    argv = NER_RUN + ["--lr", "1e-3", "--ckpt", str(toy_ckpt), "--toy", str(toy_world), "--out", str(out)]
+    argv = NER_RUN[:-2] + ["--lr", "1e-3", "--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--out", str(out)]
     ft.main(argv)
     return out, argv
 
