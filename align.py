@@ -484,7 +484,7 @@ def cmd_contextual(args):
     if args.save_maps and os.path.exists(args.save_maps) and not args.overwrite:
         raise ValueError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, perhaps of another "
                          "checkpoint); pass --overwrite to replace it, or another file")
-    src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
+    src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents, same_ok=bool(args.ckpt2))
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     S, T = [ts.words(l, args.src) for l in src_lines], [tt.words(l, args.tgt) for l in tgt_lines]
     pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(fast_align(S, T), S, T)]
@@ -522,7 +522,7 @@ def cmd_sentences(args):
     model.pool_sentences), without and with a Procrustes map."""
     import model as M
     from bpe import read_parallel
-    te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents)
+    te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents, same_ok=bool(args.ckpt2))
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size),
                             M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size))

@@ -327,10 +327,11 @@ def read_lines(path, max_lines=None):
                 raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
 
-def read_parallel(src_path, tgt_path, max_lines=None):
+def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
     """Two UTF-8 files (read_lines), line k of one translating line k of the other -> (src_lines, tgt_lines), the
-    first max_lines of each; files of unequal length or empty ones raise ValueError naming both (align.py, cka.py)."""
-    if os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
+    first max_lines of each; files of unequal length or empty ones raise ValueError naming both (align.py, cka.py).
+    One file on both sides is refused unless same_ok (two models of one language, the paper's en-en')."""
+    if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
         raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
     if len(src) != len(tgt):

@@ -123,7 +123,8 @@ def cka_table(args):
         if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
             raise ValueError(f"--plot {args.plot}: no such directory {os.path.dirname(os.path.abspath(args.plot))}")
         M.check_plot(args.plot)
-    src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents)
+    src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents,
+                                         same_ok=bool(args.ckpt2))
     if len(src_lines) < 2:
         raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
 

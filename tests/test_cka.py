@@ -108,6 +108,12 @@ def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys):
                                           "--src-file", args.tgt_file, "--tgt-file", args.src_file])
     with pytest.raises(ValueError, match="no model for 'en'"):
         cka.cka_table(args)
+    # the paper's en-en': two models of one language on one file is a measurement; one model alone is not
+    same = ["--src", "fr", "--tgt", "fr", "--src-file", args.src_file, "--tgt-file", args.src_file, "--max-sents", "50"]
+    _, rows = cka.cka_table(cka.build_parser().parse_args(["--ckpt", paths["bi"], "--ckpt2", paths["fr"]] + same))
+    assert all(0 < r[2] < 1 for r in rows)   # the monolingual column: two different fr models
+    with pytest.raises(ValueError, match="both 'fr' in one model"):
+        cka.cka_table(cka.build_parser().parse_args(["--ckpt", paths["bi"]] + same))
 
 
 def test_plot_is_checked_before_any_work(tmp_path, monkeypatch):
