@@ -310,9 +310,10 @@ def test_shuffle_split_over_several_buckets_is_a_permutation(tmp_path, monkeypat
     ('<doc id="1">\nA\n<doc id="2">\n', "AA/wiki_00:3: <doc> inside the <doc> of line 1"),
 ])
 def test_a_directory_that_is_not_wikiextractor_output_is_named_with_its_line(tmp_path, capsys, text, message):
-    write(tmp_path / "w" / "AA" / "wiki_00", text)
+    for d in ("w", "w2"):  # two directories: one given for both languages is refused before it is read
+        write(tmp_path / d / "AA" / "wiki_00", text)
     with pytest.raises(SystemExit) as e:
-        bpe.main(["prepare", "--train-files", f"en={tmp_path / 'w'},fr={tmp_path / 'w'}", "--prep-dir", str(tmp_path / "p")])
+        bpe.main(["prepare", "--train-files", f"en={tmp_path / 'w'},fr={tmp_path / 'w2'}", "--prep-dir", str(tmp_path / "p")])
     assert f"{tmp_path / 'w'}/{message}" in str(e.value)
 
 
@@ -334,7 +335,7 @@ def test_end_to_end_from_the_official_downloads(toy_world, trees, tmp_path, caps
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         pretrain.main(["--data", prepared(tmp_path / "prep"), "--langs", "en,fr", "--out", str(tmp_path / "pt"),
-                       "--dim", "32", "--n-layers", "2", "--n-heads", "2", "--ffn-dim", "64", "--bptt", "32",
+                       "--merges", "300", "--dim", "32", "--n-layers", "2", "--n-heads", "2", "--ffn-dim", "64", "--bptt", "32",
                        "--batch-size", "8", "--max-steps", "20", "--warmup", "5", "--lr", "3e-3", "--device", "cpu",
                        "--threads", "1"])
     finally:
