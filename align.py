@@ -524,8 +524,13 @@ def cmd_sentences(args):
     from bpe import read_parallel
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents, same_ok=bool(args.ckpt2))
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
-    enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size),
-                            M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size))
+    from tqdm import tqdm
+    bar = lambda lang: lambda it, n: tqdm(it, total=n, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
+                                          disable=not sys.stderr.isatty())  # stderr, on a terminal only
+    enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size,
+                                             bar(args.src)),
+                            M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size,
+                                             bar(args.tgt)))
     Es, Et = enc(te_s, te_t)
     Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_sents)) if args.train_src else (None, None)
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))

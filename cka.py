@@ -86,6 +86,8 @@ def cka_table(args):
       random       --ckpt encodes --src, an untrained model of the same config (and tokenizer) as the
                    --tgt side's model encodes --tgt: the baseline any similarity must beat"""
     import torch
+    from tqdm import tqdm
+
     import model as M
     from bpe import checkpoint_tokenizer, read_parallel
 
@@ -136,8 +138,10 @@ def cka_table(args):
         m, t, langs, path = side
         if lang not in langs:
             raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
+        bar = lambda it, n: tqdm(it, total=n, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
+                                 disable=not sys.stderr.isatty())  # stderr, on a terminal only
         with M.autocast(args.device, args.dtype):
-            return M.pool_sentences(m, [t.encode(s, lang) for s in lines], langs.index(lang), args.batch_size)
+            return M.pool_sentences(m, [t.encode(s, lang) for s in lines], langs.index(lang), args.batch_size, bar)
     src_side = tgt_side = load(args.ckpt)
     E_src = enc(src_side, args.src, src_lines)
     columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}

@@ -498,11 +498,13 @@ def iter_states(model, id_lists, lang, batch_size=32):
             yield k, H[:, :len(row)]
 
 
-def pool_sentences(model, id_lists, lang, batch_size=32):
+def pool_sentences(model, id_lists, lang, batch_size=32, progress=None):
     """Sentence vectors of align.py and cka.py (pooling left open by the paper): the mean state of each id list,
-    its two </s> excluded (an empty list: the mean of the two) -> n_layers + 1 float32 arrays (n, dim)."""
+    its two </s> excluded (an empty list: the mean of the two) -> n_layers + 1 float32 arrays (n, dim).
+    `progress(iterable, total)` may wrap the sentences as they are encoded (a progress bar, e.g. tqdm)."""
     out = torch.zeros(model.config.n_layers + 1, len(id_lists), model.config.dim).numpy()
-    for k, H in iter_states(model, id_lists, lang, batch_size):
+    states = iter_states(model, id_lists, lang, batch_size)
+    for k, H in progress(states, len(id_lists)) if progress else states:
         out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
     return list(out)
 

@@ -371,3 +371,34 @@ def test_cli_error_when_no_dictionary_pair_is_in_the_vocabulary(ckpts, toy_world
     with pytest.raises(SystemExit, match=r"5000-6500.reconstructed.txt \(emb \(4a\)\): none of its"):
         align.main(["words", "--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"], "--max-sents", "50",
                     "--test-dict", MUSE + ".5000-6500.reconstructed.txt"])
+
+
+def test_sentence_encoding_progress_wraps_the_states_without_changing_them(ckpts, monkeypatch, capsys):
+    """model.pool_sentences(progress=...) hands the states to a wrapper (a bar) with their total and returns the
+    same vectors; align.py sentences draws its `encode` bars on a terminal only."""
+    import io
+
+    import model as M
+    mdl, extra = M.load_model(ckpts["bi"])
+    tok, _ = bpe.checkpoint_tokenizer(extra, ckpts["bi"])
+    ids = [tok.encode(s, "en") for s in ("hello world", "a b", "")]
+    seen = []
+
+    def wrap(states, total):
+        seen.append(total)
+        yield from states
+    plain, wrapped = M.pool_sentences(mdl, ids, 0, 2), M.pool_sentences(mdl, ids, 0, 2, progress=wrap)
+    assert seen == [3] and all(np.array_equal(a, b) for a, b in zip(plain, wrapped))
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    pairs = ckpts["bi"] + ".pairs"
+    for lang, text in (("en", "hello world\na b\n"), ("fr", "bonjour monde\nc d\n")):
+        with open(f"{pairs}.{lang}", "w", encoding="utf-8") as f:
+            f.write(text)
+    for err in (Terminal(), io.StringIO()):
+        monkeypatch.setattr("sys.stderr", err)
+        align.main(["sentences", "--ckpt", ckpts["bi"], "--test-src", f"{pairs}.en", "--test-tgt", f"{pairs}.fr"])
+        drawn = "encode en" in err.getvalue() and "encode fr" in err.getvalue()
+        assert drawn if isinstance(err, Terminal) else err.getvalue() == ""

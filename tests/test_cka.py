@@ -71,7 +71,7 @@ def test_bad_input(X, Y, msg):
 torch = pytest.importorskip("torch")
 
 
-def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys):
+def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys, monkeypatch):
     import bpe
     import model as M
     torch.set_num_threads(1)
@@ -114,6 +114,15 @@ def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys):
     assert all(0 < r[2] < 1 for r in rows)   # the monolingual column: two different fr models
     with pytest.raises(ValueError, match="both 'fr' in one model"):
         cka.cka_table(cka.build_parser().parse_args(["--ckpt", paths["bi"]] + same))
+    # the sentence encoding draws its bars on stderr when it is a terminal (and nothing otherwise, as above)
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setattr("sys.stderr", Terminal())
+    cka.cka_table(cka.build_parser().parse_args(["--ckpt", paths["bi"], "--ckpt2", paths["fr"]] + same))
+    assert "encode fr" in sys.stderr.getvalue() and "sent/s" in sys.stderr.getvalue()
 
 
 def test_plot_is_checked_before_any_work(tmp_path, monkeypatch):
