@@ -36,7 +36,7 @@ from tqdm import tqdm
 import align
 import bpe
 from bpe import EOS_ID, UNK_ID, read_lines
-from model import DTYPES, AlignedEncoder, check_plot, encode_batch, encode_states, load_model, pick_device
+from model import DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states, load_model, pick_device
 
 
 def need(ok, msg):
@@ -607,7 +607,7 @@ def evaluate(task, model, head, feats, examples, lang, max_len, batch_size=64, b
     preds, device = {}, next(model.parameters()).device
     for k in range(0, len(order), batch_size):
         chunk = order[k:k + batch_size]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        with autocast(device, "bfloat16" if bf16 else "float32"):
             preds.update(zip(chunk, task.run(model, head, [feats[i] for i in chunk], lang, max_len, predict=True)))
     return task.score(examples, [preds[i] for i in range(len(feats))])
 
@@ -650,7 +650,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         total_loss = 0.0
         for k in range(0, n_per_epoch, hp["batch_size"]):
             batch = [train[i] for i in take(min(hp["batch_size"], n_per_epoch - k))]
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            with autocast(device, "bfloat16" if args.bf16 else "float32"):
                 loss = task.run(model, head, batch, lang, args.max_len)
             if not torch.isfinite(loss):  # diverged: the set stops, run_task leaves it out of the selection
                 bar.close()
