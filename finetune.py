@@ -81,6 +81,7 @@ class Task:
 # XNLI (§3.2): `premise<TAB>hypothesis<TAB>label` (or XNLI 1.0, XNLI-MT, MultiNLI as distributed),
 # `</s> premise </s> hypothesis </s>`, a linear head at position 0
 
+# toydata.LABELS lists the same three in its generator's order; labels are matched by name, so the orders may differ
 XNLI_LABELS = ("contradiction", "neutral", "entailment")  # ids 0, 1, 2 as XLM `src/evaluation/xnli.py`
 
 

@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 LAYER_NORM_EPS = 1e-12  # XLM model/transformer.py (BERT's value)
+# bpe.py defines these for the scripts; model.py imports only torch (it must copy alone), so it keeps its own copy
 EOS_ID, PAD_ID = 1, 2  # XLM's fixed special ids (<s> 0, </s> 1, <pad> 2, <unk> 3), as bpe.py writes them
 
 

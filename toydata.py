@@ -386,6 +386,8 @@ def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
 # relations (an antonym verb shares its frame with the verb, so an MLM cannot tell the two apart). Entailment
 # drops a modifier, neutral adds one, contradiction swaps subject and object or changes an argument.
 
+# the generator's order (example i gets LABELS[i % 3], so reordering changes the data); finetune.py keeps XLM's
+# ids (contradiction, neutral, entailment) by name: this file must copy alone, so it does not import them
 LABELS = ("entailment", "neutral", "contradiction")
 
 
