@@ -390,28 +390,24 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200
 
 def print_table(title, header, rows, plot=None):
     """Markdown table to stdout (numbers as percentages with one decimal); --plot FILE.png draws it too."""
+    import model as M
     pct = [[100 * v if isinstance(v, float) else v for v in r] for r in rows]
-    print(f"\n{title}\n\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
-    for r in pct:
-        print("| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in r) + " |")
+    print(f"\n{title}\n\n" + M.markdown_table(header, pct, "{:.1f}"))
     if plot:
-        import model as M
         M.plot_layers(plot, title, header, pct, "P@1 (%)")
 
 
 def _encoders(args):
     """(model, tok, lang index, lang code) per side: --ckpt encodes --src; --ckpt2 (if given) or --ckpt, --tgt."""
     import model as M
-    from bpe import checkpoint_tokenizer
+    from bpe import checkpoint_lang, checkpoint_tokenizer
     out, loaded = [], {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
         if path not in loaded:
             mdl, extra = M.load_model(path, args.device)
             loaded[path] = (mdl, *checkpoint_tokenizer(extra, path, args.xlm_codes))
         mdl, tok, langs = loaded[path]
-        if lang not in langs:
-            raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
-        out.append((mdl, tok, langs.index(lang), lang))
+        out.append((mdl, tok, checkpoint_lang(langs, lang, f"{path}: language {lang!r} is"), lang))
     return out
 
 

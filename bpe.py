@@ -501,6 +501,15 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
         raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
     return Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
+
+def checkpoint_lang(langs, lang, head, tail=""):
+    """The index of language code `lang` among a checkpoint's codes `langs` (align.py, cka.py, finetune.py), or
+    the one-line ValueError "{head} not one of the checkpoint's languages [...]{tail}", head and tail naming the
+    checkpoint or flag as each script's messages do."""
+    if lang not in langs:
+        raise ValueError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
+    return list(langs).index(lang)
+
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is prepared
 

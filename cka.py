@@ -89,7 +89,7 @@ def cka_table(args):
     from tqdm import tqdm
 
     import model as M
-    from bpe import checkpoint_tokenizer, read_parallel
+    from bpe import checkpoint_lang, checkpoint_tokenizer, read_parallel
 
     data_flag, from_world = "--data", set()
     if isinstance(args.toy, str):  # the previous release's --toy DIR
@@ -136,12 +136,11 @@ def cka_table(args):
 
     def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
         m, t, langs, path = side
-        if lang not in langs:
-            raise ValueError(f"{path}: language {lang!r} is not one of the checkpoint's languages {langs}")
+        index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
         bar = lambda it, n: tqdm(it, total=n, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
                                  disable=not sys.stderr.isatty())  # stderr, on a terminal only
         with M.autocast(args.device, args.dtype):
-            return M.pool_sentences(m, [t.encode(s, lang) for s in lines], langs.index(lang), args.batch_size, bar)
+            return M.pool_sentences(m, [t.encode(s, lang) for s in lines], index, args.batch_size, bar)
     src_side = tgt_side = load(args.ckpt)
     E_src = enc(src_side, args.src, src_lines)
     columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
@@ -158,10 +157,7 @@ def cka_table(args):
     rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
     print(f"\nLinear CKA of mean-pooled parallel sentences ({len(src_lines)} pairs, {args.src} via {args.ckpt}, "
           f"{args.tgt} via each column's model)\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for r in rows:
-        print("| " + " | ".join([r[0]] + [f"{v:.3f}" for v in r[1:]]) + " |")
+    print(M.markdown_table(header, rows, "{:.3f}"))
     if args.plot:
         M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer", header, rows[:-1], "linear CKA")
     return header, rows

@@ -1148,8 +1148,11 @@ def load_ckpt(path, flag, device, xlm_codes=None):
 
 
 def lang_index(langs, code, ckpt, flag):
-    need(code in langs, f"{flag} {code}: not one of the checkpoint's languages {langs} ({ckpt})")
-    return langs.index(code)
+    """bpe.checkpoint_lang, its mistake one line `error: ...` (SystemExit)."""
+    try:
+        return bpe.checkpoint_lang(langs, code, f"{flag} {code}:", f" ({ckpt})")
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def _main(args):

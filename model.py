@@ -578,6 +578,14 @@ def check_plot(path):
         raise ValueError(f"--plot {path}: cannot write a file there")
 
 
+def markdown_table(header, rows, fmt="{:.3f}"):
+    """The per-layer tables of align.py and cka.py in markdown: a header row, the |---| row, one line per row,
+    floats written with `fmt`, anything else with str()."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt.format(v) if isinstance(v, float) else str(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def plot_layers(path, title, header, rows, ylabel):
     """Draw a per-layer table as a PNG: x = the first column (layer names), one line per column whose
     values are floats (ints such as pair counts and '-' cells are left out). Atomic; callers run check_plot first."""
