@@ -413,11 +413,11 @@ def _encoders(args):
 
 def save_maps(path, maps, src, tgt):
     """Atomically write the per-layer maps (.npz); the temp file is removed on failure (full disk...)."""
-    M = np.stack(maps)
+    stacked = np.stack(maps)
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, src_to_tgt=M, tgt_to_src=M.transpose(0, 2, 1), src=src, tgt=tgt)
+            np.savez(f, src_to_tgt=stacked, tgt_to_src=stacked.transpose(0, 2, 1), src=src, tgt=tgt)
         os.replace(tmp, path)
     except OSError as e:
         if os.path.exists(tmp):
@@ -432,14 +432,14 @@ def load_map(path, src, tgt, layer):
     try:
         with np.load(path) as z:
             pair = str(z["src"]), str(z["tgt"])
-            M = z["src_to_tgt" if pair == (src, tgt) else "tgt_to_src"]
+            maps = z["src_to_tgt" if pair == (src, tgt) else "tgt_to_src"]
     except Exception as e:  # missing, truncated, not an .npz, no such entry: OSError, BadZipFile, KeyError, ...
         raise ValueError(f"cannot read {path}: {type(e).__name__}: {e}") from None
     if set(pair) != {src, tgt}:
         raise ValueError(f"{path}: maps are for {pair[0]}->{pair[1]}, not {src}->{tgt}")
-    if M.ndim != 3 or not 0 <= layer < len(M) or not np.isfinite(M[layer]).all():
-        raise ValueError(f"{path}: no finite layer-{layer} map (maps of shape {M.shape})")
-    return M[layer].astype(np.float32)
+    if maps.ndim != 3 or not 0 <= layer < len(maps) or not np.isfinite(maps[layer]).all():
+        raise ValueError(f"{path}: no finite layer-{layer} map (maps of shape {maps.shape})")
+    return maps[layer].astype(np.float32)
 
 
 def cmd_words(args):
