@@ -413,15 +413,12 @@ def _encoders(args):
 
 def save_maps(path, maps, src, tgt):
     """Atomically write the per-layer maps (.npz); the temp file is removed on failure (full disk...)."""
+    from bpe import atomic_path
     stacked = np.stack(maps)
-    tmp = path + ".tmp"
     try:
-        with open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, src_to_tgt=stacked, tgt_to_src=stacked.transpose(0, 2, 1), src=src, tgt=tgt)
-        os.replace(tmp, path)
     except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
         raise ValueError(f"no space left writing {path}" if e.errno == errno.ENOSPC else
                          f"cannot write {path}: {e.strerror or e}") from None
 

@@ -295,23 +295,23 @@ class BPE:
 
 
 @contextlib.contextmanager
-def _atomic(path):
+def atomic_path(path):
     """Yields path.tmp to write, renamed to `path` at the end: never half a file. Any failure (disk full, a bad
-    input line, Ctrl-C) removes it, and the tmp.tmp of a save that writes its own temp file first."""
+    input line, Ctrl-C) removes it. The one write-then-rename of the scripts (model.py and toydata.py keep their
+    own small copy: each must copy alone)."""
     tmp = str(path) + ".tmp"
     try:
         yield tmp
         os.replace(tmp, path)
     except BaseException:
-        for t in (tmp, tmp + ".tmp"):
-            if os.path.exists(t):
-                os.remove(t)
+        if os.path.exists(tmp):
+            os.remove(tmp)
         raise
 
 
 def write_text(path, text):
-    """A UTF-8 text file, written through _atomic."""
-    with _atomic(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    """A UTF-8 text file, written through atomic_path."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
 
 
@@ -598,7 +598,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     pool = multiprocessing.Pool(workers, _init_worker, (dict(_WORKER),)) if workers > 1 else None
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
-        with _atomic(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
+        with atomic_path(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
             for ids, n_lines, n_bytes, words, switched in results:
                 f.write(ids.astype(dtype).tobytes())
                 n_tokens, n_sentences = n_tokens + len(ids), n_sentences + n_lines
@@ -638,18 +638,24 @@ def load_bin(out_prefix):
 # -----------------------------------------------------------------------------
 # 7. Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
 
-def atomic_write(path, write):
-    """write(tmp) writes `path` through _atomic (model.save_model writes its own temp file first); a failure stops
-    the program with one line. A full disk: OSError ENOSPC, or torch.save's short write ('unexpected pos')."""
+@contextlib.contextmanager
+def write_errors(path):
+    """A failed write of `path` stops the program with one line. A full disk: OSError ENOSPC, or torch.save's short
+    write ('unexpected pos')."""
     try:
-        with _atomic(path) as tmp:
-            write(tmp)
+        yield
     except (OSError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and "unexpected pos" not in str(e):
             raise
         full = isinstance(e, RuntimeError) or e.errno == errno.ENOSPC
         raise SystemExit(f"error: no space left writing {path}" if full else
                          f"error: cannot write {path}: {e.strerror or e}") from None
+
+
+def atomic_write(path, write):
+    """write(tmp) writes `path` through atomic_path; a failure stops the program with one line (write_errors)."""
+    with write_errors(path), atomic_path(path) as tmp:
+        write(tmp)
 
 
 def make_dir(flag, path):
@@ -763,7 +769,7 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
         order = shuffled()
         if n_dev:
             write_text(dev_path, "".join(line + "\n" for line in itertools.islice(order, n_dev)))
-        with _atomic(train_path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        with atomic_path(train_path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
             f.writelines(line + "\n" for line in order)
     finally:
         for b in buckets:
@@ -989,7 +995,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         write_text(done, "")  # last: the cache is complete
     except ValueError as e:  # the readers name the file (and line) at fault
         raise SystemExit(f"error: data preparation failed: {e}")
-    except OSError as e:  # a full disk: no file name in the error; _atomic has removed the temporary file
+    except OSError as e:  # a full disk: no file name in the error; atomic_path has removed the temporary file
         where = str(e.filename).removesuffix(".tmp") if e.filename else out
         if e.errno == errno.ENOSPC:
             raise SystemExit(f"error: data preparation failed: no space left writing in {where}")

@@ -347,7 +347,7 @@ def save_model(path, model, **extra):
     """Atomically write {"model": state_dict, "config": asdict(config), **extra} (a failed write, e.g. a
     full disk, leaves no file). Pass the raw model, not a DDP or torch.compile wrapper: no key prefixes."""
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(model.config).items()}
-    tmp = str(path) + ".tmp"
+    tmp = str(path) + ".tmp"  # bpe.atomic_path's write-then-rename, kept here: model.py must copy alone
     try:
         torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
         os.replace(tmp, path)

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, Tokenizer, atomic_write, load_bin, make_dir, parse_lang_files,
-                 prepare, write_text)
+                 prepare, write_errors, write_text)
 from model import MLM, ModelConfig, autocast, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
@@ -680,9 +680,9 @@ def evaluate(run):
         names = (["best.pt"] if improved else []) + ([f"step{run.step}.pt"] if finite and run.step in args.snapshots
                                                      else [])
         for name in names:
-            atomic_write(os.path.join(args.out, name), lambda tmp: save_model(
-                tmp, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs, args=vars(args), step=run.step,
-                dev_ppl=ppl))
+            with write_errors(os.path.join(args.out, name)):  # save_model writes its own temp file, then renames it
+                save_model(os.path.join(args.out, name), run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
+                           args=vars(args), step=run.step, dev_ppl=ppl)
     if run.ddp:  # the master's verdict: every rank stops after the same update
         flag = torch.tensor([float(not finite)], device=run.device)
         dist.all_reduce(flag)

@@ -505,7 +505,7 @@ def _write(out_dir, name, text):
     """Write text to out_dir/name (e.g. 'mono/en.train.txt') atomically: no half-written file under the name."""
     path = os.path.join(out_dir, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
+    try:  # bpe.atomic_path's write-then-rename, kept here: toydata.py must copy alone
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(path + ".tmp", path)
