@@ -1014,6 +1014,25 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def number(lo, hi=math.inf, cast=int, many=False, above=False):
+    """argparse type of the scripts' numeric flags: a number in [lo, hi) ((lo, hi) with above=True), or with
+    many=True a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32]; `16,16` would train one set
+    twice and count it twice in the mean of the best two)."""
+    def parse(s):
+        try:
+            v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
+        except ValueError:
+            v = []
+        if not v or not all((lo < x if above else lo <= x) and x < hi for x in v):
+            kind = "integer" if cast is int else "number"
+            what = f"a comma list of {kind}s" if many else f"one {kind}"
+            raise argparse.ArgumentTypeError(f"expected {what} in {'(' if above else '['}{lo}, {hi}), got {s!r}")
+        if len(set(v)) < len(v):
+            raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
+        return v if many else v[0]
+    return parse
+
+
 def build_parser():
     """bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)."""
     fmt = HelpFormatter

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 import align
 import bpe
-from bpe import EOS_ID, UNK_ID, read_lines
+from bpe import EOS_ID, UNK_ID, number, read_lines
 from model import DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states, load_model, pick_device
 
 
@@ -1037,24 +1037,6 @@ def plot_curves(path, run_dirs):
     with bpe.atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     print(f"wrote {path}")
-
-
-def number(lo, hi=math.inf, cast=int, many=False, above=False):
-    """argparse type: a number in [lo, hi) ((lo, hi) with above=True), or with many=True a comma list of distinct ones
-    (`16,32` -> [16, 32]; `16,16` would train one set twice and count it twice in the mean of the best two)."""
-    def parse(s):
-        try:
-            v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
-        except ValueError:
-            v = []
-        if not v or not all((lo < x if above else lo <= x) and x < hi for x in v):
-            kind = "integer" if cast is int else "number"
-            what = f"a comma list of {kind}s" if many else f"one {kind}"
-            raise argparse.ArgumentTypeError(f"expected {what} in {'(' if above else '['}{lo}, {hi}), got {s!r}")
-        if len(set(v)) < len(v):
-            raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
-        return v if many else v[0]
-    return parse
 
 
 def build_parser():
