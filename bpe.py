@@ -872,7 +872,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     ranks wait for its `done`). A `data` directory prepared earlier is used as it is if its recipe.json matches
     these choices (langs, mode, merges, separate_vocab, lowercase, code_switch's contents), else refused. Every
     input is checked before any work (BPE learning takes hours at paper scale): a dev split needs MIN_DEV_WORDS
-    words, a code-switch dictionary (a MUSE file, §4.2, D11) must match the text. Errors: one line (`flag`: the
+    words, a code-switch dictionary (a MUSE file, §4.2, applied here to the text) must match it. Errors: one line (`flag`: the
     option that gave prep_dir; `program`: the script whose flag names a refusal shows). A path may be a
     WikiExtractor directory, and "dev" may be None: the text is then written to the prepared directory first,
     shuffled, the dev lines held out (shuffle_split)."""

@@ -13,7 +13,7 @@ and prints the per-layer Figure 7 table (--device and --dtype as in pretrain.py)
     python cka.py --toy --data DIR --ckpt RUN/best.pt                   # bilingual model, both languages
     python cka.py --toy --data DIR --ckpt RUN_EN/best.pt --ckpt2 RUN_FR/best.pt  # two monolingual models
     python cka.py --ckpt RUN/best.pt --src en --tgt fr \\
-        --src-file ../shared/data/tatoeba/tatoeba.fra-eng.eng --tgt-file ../shared/data/tatoeba/tatoeba.fra-eng.fra
+        --src-file DATA/tatoeba/tatoeba.fra-eng.eng --tgt-file DATA/tatoeba/tatoeba.fra-eng.fra   # README: Real data
 """
 import argparse
 import os
