@@ -833,7 +833,8 @@ def _check_prepared(data, recipe, program):
 
 def _words_of(path, lang, lowercase, max_lines=None):
     """Pretokenised words of the first max_lines lines of a text file (the tokenizer is not learned yet)."""
-    for line in read_lines(path, max_lines):
+    lines = itertools.islice(read_wikiextractor(path), max_lines) if os.path.isdir(path) else read_lines(path, max_lines)
+    for line in lines:  # a WikiExtractor directory (--train-files en=DIR) is read as prepare reads it
         yield from pretokenize(lowercase_and_strip_accents(line) if lowercase else line, lang)
 
 

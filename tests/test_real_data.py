@@ -389,3 +389,14 @@ def test_treebank_flag_mistakes_are_one_line(trees, tmp_path):
     with pytest.raises(SystemExit, match=r"--treebank fr=GSD: the fr test file under --data is not in a UD release "
                                          r"tree \(ud/fr.test.conllu\)"):
         ft.resolve_files("parse", str(simple), "en", ["fr"], treebanks={"fr": "GSD"})
+
+
+def test_code_switching_reads_wikiextractor_directories(toy_world, tmp_path, capsys):
+    """--code-switch checks its dictionary against the text, and a WikiExtractor directory is text too: it is
+    read as prepare reads it (a traceback reading the directory as a file before)."""
+    wiki = {lang: write_wikiextractor(tmp_path / "wiki" / lang, read(toy_world / "mono" / f"{lang}.train.txt")[:400])[0]
+            for lang in ("en", "fr")}
+    bpe.main(["prepare", "--train-files", ",".join(f"{lang}={d}" for lang, d in wiki.items()), "--merges", "50",
+              "--code-switch", str(toy_world / "dict" / "en-fr.txt"), "--prep-dir", str(tmp_path / "p")])
+    out = capsys.readouterr().out
+    assert "code-switching dictionary" in out and "code-switching en:" in out
