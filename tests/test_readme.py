@@ -1,6 +1,6 @@
-"""Every command of every ```bash block of README.md parses with its script's own argparse parser, in the
-spellings of this release (no deprecated flag), and every $VARIABLE a block uses is set in that block, so a
-block runs as written when pasted alone. Nothing is run: parsing only, well under a second."""
+"""Every command of every ```bash block of README.md and RESULTS.md parses with its script's own argparse
+parser, in the spellings of this release (no deprecated flag), and every $VARIABLE a block uses is set in that
+block, so a block runs as written when pasted alone. Nothing is run: parsing only, well under a second."""
 import os
 import re
 import shlex
@@ -17,6 +17,7 @@ import toydata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
+RESULTS = os.path.join(ROOT, "RESULTS.md")
 
 PARSERS = {"model.py": model.build_parser, "finetune.py": finetune.build_parser, "align.py": align.build_parser, "cka.py": cka.build_parser,
            "bpe.py": bpe.build_parser, "toydata.py": toydata.build_parser, "pretrain.py": pretrain.build_parser}
@@ -55,15 +56,17 @@ def set_names(lines):
         for m in re.finditer(r"(?:^|[;\s])([A-Za-z_]\w*)=(\"[^\"]*\"|'[^']*'|[^\s;]*)", line):
             value = m.group(2).strip("\"'")
             names[m.group(1)] = "0" if re.fullmatch(r"\$\{?\d\}?|\$\{\w+[#%].*\}", value) else value
-        for m in re.finditer(r"\bfor (\w+) in (\S+)", line):
-            names[m.group(1)] = m.group(2).rstrip(";")
+        for m in re.finditer(r"\bfor (\w+) in (\"[^\"]*\"|'[^']*'|\S+)", line):
+            names[m.group(1)] = m.group(2).rstrip(";").strip("\"'")
+        for m in re.finditer(r"\bset -- \$\{?(\w+)\}?", line):  # set -- $run: $1, $2 ... are its words
+            names.update({str(k): w for k, w in enumerate(names.get(m.group(1), "").split(), 1)})
     return names
 
 
 def expand(line, names):
     line = line.replace('"$@"', "")
     for _ in range(5):  # values that use other variables (BI=$T/pt/...)
-        line = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: names.get(m.group(1), m.group(0)), line)
+        line = re.sub(r"\$\{?([A-Za-z_]\w*|\d)\}?", lambda m: names.get(m.group(1), m.group(0)), line)
     return line
 
 
@@ -86,7 +89,7 @@ def commands(text):
             line = re.sub(r"\s\d*>>?(&\d+|\s*\S+)", " ", line)  # redirections
             unset += [(b, v) for v in re.findall(r"\$\{?([A-Za-z_]\w*)", line) if v not in names and v not in SHELL]
             for words in split_commands(expand(line, names)):
-                if not words or words[0] not in ("python", "torchrun") or {"-m", "-c"} & set(words[:2]):
+                if not words or words[0] not in ("python", "torchrun") or {"-m", "-c", "-"} & set(words[:2]):
                     continue
                 i = next(k for k, w in enumerate(words) if w.endswith(".py"))
                 argv = [x for w in words[i + 1:] for x in braces(w)]
@@ -125,13 +128,17 @@ def old_spelling(script, args):
     return ""
 
 
-def test_every_readme_command_parses_with_its_script(capsys):
-    with open(README, encoding="utf-8") as f:
+@pytest.mark.parametrize("path, least", [(README, 40), (RESULTS, 25)])
+def test_every_command_parses_with_its_script(capsys, path, least):
+    """README.md and RESULTS.md: every python/torchrun command of their bash blocks (the least count is a floor
+    that shows the extraction found the documents' commands)."""
+    name = os.path.basename(path)
+    with open(path, encoding="utf-8") as f:
         found, unset = commands(f.read())
-    assert not unset, f"README bash blocks use variables they do not set (block, name): {sorted(set(unset))}"
+    assert not unset, f"{name} bash blocks use variables they do not set (block, name): {sorted(set(unset))}"
     parsed, bad = 0, []
     for block, script, argv, line in found:
-        assert script in PARSERS, f"block {block}: unknown script {script}: {line}"
+        assert script in PARSERS, f"{name} block {block}: unknown script {script}: {line}"
         try:
             args = PARSERS[script]().parse_args(argv)
         except SystemExit:
@@ -140,8 +147,8 @@ def test_every_readme_command_parses_with_its_script(capsys):
         if why := old_spelling(script, args):
             bad.append(f"block {block}: {line}\n    {why}")
         parsed += 1
-    assert not bad, "README commands that do not parse:\n" + "\n".join(bad)
-    assert parsed >= 50, parsed  # the extraction found the README's commands
+    assert not bad, f"{name} commands that do not parse:\n" + "\n".join(bad)
+    assert parsed >= least, parsed
 
 
 def test_the_extraction_sees_variables_loops_and_braces():
@@ -160,6 +167,18 @@ def test_the_extraction_sees_variables_loops_and_braces():
         (1, "bpe.py", ["prepare", "--data", "runs/x/w"]),
         (2, "cka.py", ["--toy", "--data", "$T/w", "--ckpt", "a.pt"])]
     assert unset == [(2, "T")]
+
+
+def test_the_extraction_sees_positional_words_and_skips_stdin_scripts():
+    """RESULTS.md's loops: `for run in "a 0 joint" ...; do set -- $run` gives $1 $2 $3 the first item's words;
+    `python - ARGS <<EOF` (a script on stdin) is not a project command."""
+    text = ('```bash\nfor run in "names0 1 prefixed" "x 2 joint"; do\n  set -- $run\n'
+            '  python pretrain.py --toy --seed $2 --bpe $3 --out r/$1-s$2\ndone\n'
+            "python - r figures/f.png <<'EOF'\nimport sys\nEOF\n```\n")
+    found, unset = commands(text)
+    assert [(s, a) for _, s, a, _ in found] == [
+        ("pretrain.py", ["--toy", "--seed", "1", "--bpe", "prefixed", "--out", "r/names0-s1"])]
+    assert unset == []
 
 
 @pytest.mark.parametrize("argv, why", [
