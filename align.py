@@ -541,18 +541,9 @@ def cmd_sentences(args):
     return rows
 
 
-def _positive(s):
-    """argparse type: an integer >= 1, refused in one line otherwise."""
-    if not s.lstrip("-").isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}")
-    if int(s) < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {int(s)}")
-    return int(s)
-
-
 def build_parser():
     import model as M
-    from bpe import HelpFormatter
+    from bpe import HelpFormatter, number
     ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).",
                                  formatter_class=HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -567,9 +558,9 @@ def build_parser():
     a("--toy", nargs="?", const=True, default=False, metavar="DIR",
       help="the data are the toy world given by --data. The old spelling --toy DIR (= --toy --data DIR) is deprecated")
     a("--data", metavar="DIR", help="with --toy: a toydata.py world, whose files fill in every data path not given")
-    a("--max-sents", type=_positive, metavar="N", help="read at most the first N sentences (lines) of each text "
+    a("--max-sents", type=number(1), metavar="N", help="read at most the first N sentences (lines) of each text "
       "file, N pairs of parallel files (default: all)")
-    a("--batch-size", type=_positive, default=32, help="examples (sentences) per step (forward pass)")
+    a("--batch-size", type=number(1), default=32, help="examples (sentences) per step (forward pass)")
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
     a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib; default: no plot)")

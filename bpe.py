@@ -1015,19 +1015,22 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def number(lo, hi=math.inf, cast=int, many=False, above=False):
-    """argparse type of the scripts' numeric flags: a number in [lo, hi) ((lo, hi) with above=True), or with
-    many=True a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32]; `16,16` would train one set
-    twice and count it twice in the mean of the best two)."""
+def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
+    """The argparse type of every script's numeric flags: a number in [lo, hi) ((lo, ... with above=True, ..., hi]
+    with upto=True), or with many=True a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32];
+    `16,16` would train one set twice and count it twice in the mean of the best two). NaN and inf are refused;
+    argparse names the flag: `argument --lr: expected one number in (0, inf), got '-1'`."""
     def parse(s):
         try:
             v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
         except ValueError:
             v = []
-        if not v or not all((lo < x if above else lo <= x) and x < hi for x in v):
+        if not v or not all((lo < x if above else lo <= x) and (x <= hi if upto else x < hi) and math.isfinite(x)
+                            for x in v):
             kind = "integer" if cast is int else "number"
             what = f"a comma list of {kind}s" if many else f"one {kind}"
-            raise argparse.ArgumentTypeError(f"expected {what} in {'(' if above else '['}{lo}, {hi}), got {s!r}")
+            span = f"{'(' if above else '['}{lo}, {hi}{']' if upto else ')'}"
+            raise argparse.ArgumentTypeError(f"expected {what} in {span}, got {s!r}")
         if len(set(v)) < len(v):
             raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
         return v if many else v[0]
@@ -1049,16 +1052,17 @@ def build_parser():
                       f"without it, min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
     prep.add_argument("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'")
     prep.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
-    prep.add_argument("--merges", type=int, help="BPE merge operations (default: the paper's 80000 joint, "
+    prep.add_argument("--merges", type=number(1), help="BPE merge operations (default: the paper's 80000 joint, "
                       "else 40000 per language)")
     prep.add_argument("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
     prep.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    prep.add_argument("--max-lines", type=int, help="learn BPE and vocabularies from at most this many lines per "
+    prep.add_argument("--max-lines", type=number(1), help="learn BPE and vocabularies from at most this many lines per "
                       "file (default: all)")
-    prep.add_argument("--seed", type=int, default=0, help="seed of the joint-BPE line sampling and code-switching")
+    prep.add_argument("--seed", type=number(0), default=0, help="seed of the joint-BPE line sampling and "
+                      "code-switching")
     prep.add_argument("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2; "
                       "default: none)")
-    prep.add_argument("--workers", type=int, default=1, help="encoding processes")
+    prep.add_argument("--workers", type=number(1), default=1, help="encoding processes")
     prep.add_argument("--prep-dir", metavar="DIR", help="cache of prepared data (as pretrain.py --prep-dir): the "
                       "prepared directory inside it is printed; required")
     prep.add_argument("--out", dest="old_out", metavar="DIR", help="deprecated spelling of --prep-dir")
@@ -1082,13 +1086,7 @@ def main(argv=None):
         langs = parse_langs(args.langs)
     except ValueError as e:
         prep.error(str(e))
-    # mistakes in flags: one line naming the flag, before any work
-    for k in ("merges", "max_lines", "workers"):
-        v = getattr(args, k)
-        if v is not None and v < 1:
-            prep.error(f"--{k.replace('_', '-')} must be >= 1, got {v}")
-    if args.seed < 0:
-        prep.error(f"--seed must be >= 0, got {args.seed}")
+    # mistakes in flags: one line naming the flag, before any work (numbers: number, as argparse reads them)
     if args.dev_files and not args.train_files or bool(args.data) == bool(args.train_files):
         prep.error("give --data, or --train-files with --dev-files (or without: dev lines are held out)")
     if args.code_switch and (args.separate_vocab or len(langs) != 2):

@@ -165,15 +165,8 @@ def cka_table(args):
 
 def build_parser():
     import model as M
-    from bpe import HelpFormatter
+    from bpe import HelpFormatter, number
 
-    def at_least(lo, below=None):  # argparse type: an integer >= lo (and < below), refused in one line otherwise
-        def parse(s):
-            if not s.lstrip("-").isdigit() or int(s) < lo or below is not None and int(s) >= below:
-                raise argparse.ArgumentTypeError(f"must be an integer >= {lo}" + f" and < {below}" * (below is not None)
-                                                 + f", got {s!r}")
-            return int(s)
-        return parse
     ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).",
                                  formatter_class=HelpFormatter)
     a = ap.add_argument
@@ -191,12 +184,12 @@ def build_parser():
       help="the sentence files are the toy world's, given by --data. The old spelling --toy DIR (= --toy --data DIR) "
       "is deprecated")
     a("--data", metavar="DIR", help="with --toy: a toydata.py world whose tatoeba/ pairs are the default files")
-    a("--max-sents", type=at_least(2), metavar="N", help="read at most the first N sentences (lines) of each "
+    a("--max-sents", type=number(2), metavar="N", help="read at most the first N sentences (lines) of each "
       "file, i.e. N pairs, N >= 2 (default: all)")
-    a("--batch-size", type=at_least(1), default=32, help="examples (sentences) per step (forward pass)")
+    a("--batch-size", type=number(1), default=32, help="examples (sentences) per step (forward pass)")
     a("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders (as pretrain.py)")
-    a("--seed", type=at_least(0, 2 ** 32), default=0, help="seed of the random-encoder baseline")
+    a("--seed", type=number(0, 2 ** 32), default=0, help="seed of the random-encoder baseline")
     a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib; default: no plot)")
     return ap
 

@@ -173,4 +173,4 @@ def test_bad_counts_are_refused_in_one_line(flag, value, capsys):
         cka.main([flag, value])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"argument {flag}: must be an integer >= " in err and repr(value) in err
+    assert f"argument {flag}: expected one integer in [" in err and repr(value) in err
