@@ -347,14 +347,13 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
     sents_words: list of word lists. Returns (list of n_layers + 1 arrays (n_words_total, dim), offsets)
     with sentence k's words at rows offsets[k]:offsets[k+1]. Words cut off by max_positions are NaN."""
     import model as M
-    from tqdm import tqdm
+    from bpe import encode_bar
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
     offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
     out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, dtype=np.float32)
     states = M.iter_states(model, [sum(w, []) for w in per_word], lang_idx, batch_size)
-    for k, H in tqdm(states, total=len(per_word), desc=f"encode {lang_code}", unit="sent", leave=False,
-                     disable=not sys.stderr.isatty(), mininterval=1):  # stderr, on a terminal only
-        pos = 1                                                       # position 0 is </s>
+    for k, H in encode_bar(lang_code)(states, len(per_word)):
+        pos = 1  # position 0 is </s>
         for w, ids in enumerate(per_word[k]):
             if pos + len(ids) <= H.shape[1] - 1:
                 out[:, offsets[k] + w] = H[:, pos:pos + len(ids)].mean(axis=1)
@@ -379,11 +378,11 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200
     layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size)
     row = {k: i for i, k in enumerate(keys)}
     which = np.array([row.get(w.lower(), -1) for w in words], dtype=np.int64)
-    ok = (which >= 0) & ~np.isnan(layers[0][:, 0])
-    n_occ = np.bincount(which[ok], minlength=len(keys)).astype(np.float64)
+    counted = (which >= 0) & ~np.isnan(layers[0][:, 0])  # a kept word type, a token with states
+    n_occ = np.bincount(which[counted], minlength=len(keys)).astype(np.float64)
     seen = n_occ > 0
     S = np.zeros((len(layers), len(keys), layers[0].shape[1]))  # per layer, the sum over each word's tokens
-    np.add.at(S, (slice(None), which[ok]), np.stack(layers)[:, ok])
+    np.add.at(S, (slice(None), which[counted]), np.stack(layers)[:, counted])
     X_b = list((S[:, seen] / n_occ[seen, None]).astype(np.float32))
     return ([k for k, _ in single], table[[i for _, i in single]]), ([k for k, s in zip(keys, seen) if s], X_b)
 
@@ -488,8 +487,9 @@ def cmd_contextual(args):
         raise ValueError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a held-out part")
 
     def token_pairs(ks):  # (source row, target row) of the pairs of sentences ks whose two words have states
-        r = np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]], dtype=np.int64).reshape(-1, 2)
-        return r[~np.isnan(Hs[0][r[:, 0], 0]) & ~np.isnan(Ht[0][r[:, 1], 0])]
+        rows = np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]], dtype=np.int64)
+        rows = rows.reshape(-1, 2)
+        return rows[~np.isnan(Hs[0][rows[:, 0], 0]) & ~np.isnan(Ht[0][rows[:, 1], 0])]
     fit, ev = token_pairs(range(n_fit)), token_pairs(range(n_fit, len(S)))
     if len(fit) < 2 or len(ev) < 1:
         raise ValueError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval)")
@@ -514,16 +514,13 @@ def cmd_sentences(args):
     """Fig. 6: Tatoeba-style retrieval P@1 per layer of sentence vectors (the mean of their subword states,
     model.pool_sentences), without and with a Procrustes map."""
     import model as M
-    from bpe import read_parallel
+    from bpe import encode_bar, read_parallel
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents, same_ok=bool(args.ckpt2))
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
-    from tqdm import tqdm
-    bar = lambda lang: lambda it, n: tqdm(it, total=n, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
-                                          disable=not sys.stderr.isatty())  # stderr, on a terminal only
     enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size,
-                                             bar(args.src)),
+                                             encode_bar(args.src)),
                             M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size,
-                                             bar(args.tgt)))
+                                             encode_bar(args.tgt)))
     Es, Et = enc(te_s, te_t)
     Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_sents)) if args.train_src else (None, None)
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))

@@ -510,6 +510,13 @@ def checkpoint_lang(langs, lang, head, tail=""):
         raise ValueError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
     return list(langs).index(lang)
 
+
+def encode_bar(lang):
+    """The "encode {lang}" progress bar of align.py and cka.py, as model.pool_sentences takes it: a wrapper
+    (iterable, total) -> iterable, drawn on stderr only when it is a terminal."""
+    return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
+                                  disable=not sys.stderr.isatty())
+
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is prepared
 

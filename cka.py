@@ -86,10 +86,9 @@ def cka_table(args):
       random       --ckpt encodes --src, an untrained model of the same config (and tokenizer) as the
                    --tgt side's model encodes --tgt: the baseline any similarity must beat"""
     import torch
-    from tqdm import tqdm
 
     import model as M
-    from bpe import checkpoint_lang, checkpoint_tokenizer, read_parallel
+    from bpe import checkpoint_lang, checkpoint_tokenizer, encode_bar, read_parallel
 
     data_flag, from_world = "--data", set()
     if isinstance(args.toy, str):  # the previous release's --toy DIR
@@ -137,10 +136,8 @@ def cka_table(args):
     def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
         m, t, langs, path = side
         index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
-        bar = lambda it, n: tqdm(it, total=n, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
-                                 disable=not sys.stderr.isatty())  # stderr, on a terminal only
         with M.autocast(args.device, args.dtype):
-            return M.pool_sentences(m, [t.encode(s, lang) for s in lines], index, args.batch_size, bar)
+            return M.pool_sentences(m, [t.encode(s, lang) for s in lines], index, args.batch_size, encode_bar(lang))
     src_side = tgt_side = load(args.ckpt)
     E_src = enc(src_side, args.src, src_lines)
     columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
