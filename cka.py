@@ -200,7 +200,7 @@ def main(argv=None):
     except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
         if not isinstance(e, MemoryError) and "out of memory" not in str(e) and "allocate memory" not in str(e):
             raise
-        sys.exit(f"cka.py: error: out of memory; try a smaller --batch-size (or --max-sents)")
+        sys.exit("cka.py: error: out of memory; try a smaller --batch-size (or --max-sents)")
 
 
 if __name__ == "__main__":

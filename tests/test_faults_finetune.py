@@ -412,12 +412,12 @@ def test_epoch_stream_is_drawn_as_it_is_reached(toy_world, toy_ckpt, tmp_path, m
     import numpy as np
     seen = []
 
-    def run(self, model, head, batch, lang, max_len, predict=False):
+    def run(self, model, head, batch, lang, predict=False):
         if not predict:
             seen.append([id(x) for x in batch])
             if len(seen) == 7:
                 raise InterruptedError
-        return real(self, model, head, batch, lang, max_len, predict)
+        return real(self, model, head, batch, lang, predict)
     real = ft.NERTask.run
     monkeypatch.setattr(ft.NERTask, "run", run)
     order = {}
@@ -446,9 +446,9 @@ def test_a_diverged_set_is_left_out_and_all_diverged_writes_nothing(toy_world, t
     real = ft.NERTask.run
     nan_if = {"lr": 1e-3}
 
-    def run(self, model, head, batch, lang, max_len, predict=False):
+    def run(self, model, head, batch, lang, predict=False):
         opt_lr = nan_if["lr"]
-        out = real(self, model, head, batch, lang, max_len, predict)
+        out = real(self, model, head, batch, lang, predict)
         return out * float("nan") if not predict and (opt_lr is None or current["lr"] == opt_lr) else out
     current = {}
     real_one = ft.finetune_one
