@@ -594,24 +594,13 @@ def setup(args):
     context of --dtype. --toy --data DIR fills in each unset path of `args.toy_paths` (l0 = --src, l1 = --tgt);
     all are required but --ckpt2 and the pair --train-src, --train-tgt, which go together."""
     import model as M
+    from bpe import check_src_tgt, toy_data
     flag = lambda f: "--" + f.replace("_", "-")  # noqa: E731
-    for f in ("src", "tgt"):  # a code names files of a --toy world
-        if not getattr(args, f).isalpha():
-            raise ValueError(f"{flag(f)} {getattr(args, f)!r}: expected a language code of letters, e.g. en")
-    if args.src == args.tgt and not args.ckpt2:  # the same text on both sides: P@1 100 that measures nothing
-        raise ValueError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
-                         "model with --ckpt2 (en-en', two models of one language)")
+    check_src_tgt(args)  # P@1 100 of one text on both sides measures nothing
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
-        if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
-            raise ValueError(f"--plot {args.plot}: no such directory {os.path.dirname(os.path.abspath(args.plot))}")
         M.check_plot(args.plot)
-    data_flag = "--data"
-    if isinstance(args.toy, str):  # the previous release's --toy DIR
-        print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}", file=sys.stderr)
-        if args.data is not None:
-            raise ValueError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
-        args.data, args.toy, data_flag = args.toy, True, "--toy"
+    data_flag = toy_data(args)
     if bool(args.toy) != (args.data is not None):
         raise ValueError("--toy and --data DIR go together (the toy world's layout is the one align.py knows; "
                          "real data: give each file's flag)")
@@ -634,14 +623,15 @@ def setup(args):
 
 
 def main(argv=None):
+    from bpe import out_of_memory
     args = build_parser().parse_args(argv)
     try:
         with setup(args):
             return args.func(args)
     except (ValueError, OSError) as e:
         sys.exit(f"align.py {args.command}: error: {e}")
-    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
-        if not isinstance(e, MemoryError) and "out of memory" not in str(e) and "allocate memory" not in str(e):
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
             raise
         sys.exit(f"align.py {args.command}: error: out of memory; try a smaller --batch-size (or --max-sents)")
 

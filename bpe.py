@@ -1044,6 +1044,40 @@ def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
     return parse
 
 
+def deprecated(old, new):
+    """The spellings of the previous release still work, with this one line on stderr."""
+    print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
+
+
+def toy_data(args):
+    """finetune.py, align.py, cka.py: the previous release's `--toy DIR` becomes `--toy --data DIR`, with a note
+    -> the flag that gave the data directory, named in messages. Both spellings at once: ValueError."""
+    if not isinstance(args.toy, str):
+        return "--data"
+    deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
+    if args.data is not None:
+        raise ValueError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
+    args.data, args.toy = args.toy, True
+    return "--toy"
+
+
+def check_src_tgt(args):
+    """align.py and cka.py: --src and --tgt are codes of letters (they name a toy world's files) and two languages,
+    unless --ckpt2 encodes --tgt (en-en', two models of one language): one text on both sides measures nothing."""
+    for flag, code in (("--src", args.src), ("--tgt", args.tgt)):
+        if not code.isalpha():
+            raise ValueError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
+    if args.src == args.tgt and not args.ckpt2:
+        raise ValueError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
+                         "model with --ckpt2 (en-en', two models of one language)")
+
+
+def out_of_memory(e):
+    """Whether an exception is running out of memory: MemoryError, a GPU's OutOfMemoryError, or the CPU
+    allocator's RuntimeError (the scripts then stop with one line advising a smaller --batch-size)."""
+    return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
+
+
 def build_parser():
     """bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)."""
     fmt = HelpFormatter
@@ -1082,7 +1116,7 @@ def main(argv=None):
     prep, args = parser.prepare, parser.parse_args(argv)
     flag = "--prep-dir"
     if args.old_out is not None:  # the previous release's spelling
-        print(f"note: --out is deprecated and will be removed; use --prep-dir {args.old_out}", file=sys.stderr)
+        deprecated("--out", f"--prep-dir {args.old_out}")
         if args.prep_dir is not None:
             prep.error("--out and --prep-dir: give one (--prep-dir)")
         args.prep_dir, flag = args.old_out, "--out"

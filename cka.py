@@ -88,22 +88,12 @@ def cka_table(args):
     import torch
 
     import model as M
-    from bpe import checkpoint_lang, checkpoint_tokenizer, encode_bar, read_parallel
+    from bpe import check_src_tgt, checkpoint_lang, checkpoint_tokenizer, encode_bar, read_parallel, toy_data
 
-    data_flag, from_world = "--data", set()
-    if isinstance(args.toy, str):  # the previous release's --toy DIR
-        print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}", file=sys.stderr)
-        if args.data is not None:
-            raise ValueError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
-        args.data, args.toy, data_flag = args.toy, True, "--toy"
+    data_flag, from_world = toy_data(args), set()
     if bool(args.toy) != (args.data is not None):
         raise ValueError("--toy and --data DIR go together (a toydata.py world; real data: --src-file, --tgt-file)")
-    for flag, code in (("--src", args.src), ("--tgt", args.tgt)):  # a code names files of a --toy world
-        if not code.isalpha():
-            raise ValueError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
-    if args.src == args.tgt and not args.ckpt2:  # the same sentences on both sides: CKA 1.000 that measures nothing
-        raise ValueError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
-                         "model with --ckpt2 (en-en', two models of one language)")
+    check_src_tgt(args)  # CKA 1.000 of one text on both sides measures nothing
     if args.toy:
         if not os.path.isdir(args.data):
             raise ValueError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
@@ -121,8 +111,6 @@ def cka_table(args):
             raise ValueError(f"{name} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
-        if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
-            raise ValueError(f"--plot {args.plot}: no such directory {os.path.dirname(os.path.abspath(args.plot))}")
         M.check_plot(args.plot)
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents,
                                          same_ok=bool(args.ckpt2))
@@ -192,13 +180,14 @@ def build_parser():
 
 
 def main(argv=None):
+    from bpe import out_of_memory
     args = build_parser().parse_args(argv)
     try:
         return cka_table(args)
     except (ValueError, OSError) as e:  # bad inputs (files, checkpoints, languages): one line, no traceback
         sys.exit(f"cka.py: error: {e}")
-    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
-        if not isinstance(e, MemoryError) and "out of memory" not in str(e) and "allocate memory" not in str(e):
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
             raise
         sys.exit("cka.py: error: out of memory; try a smaller --batch-size (or --max-sents)")
 

@@ -951,24 +951,18 @@ def build_parser():
     return p
 
 
-def deprecated(old, new):
-    """The spellings of the previous release still work, with this one line on stderr."""
-    print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
-
-
 def old_spellings(args):
     """--toy DIR -> --toy --data DIR; --batch-size / --lr / --head-lr with a comma list -> the grid flags."""
-    args.data_flag = "--data"  # the flag that gave the data directory, named in messages
-    if isinstance(args.toy, str):
-        deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
-        need(args.data is None, f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
-        args.data, args.toy, args.data_flag = args.toy, True, "--toy"
+    try:
+        args.data_flag = bpe.toy_data(args)  # the flag that gave the data directory, named in messages
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     for k, flag in (("batch_size", "--batch-size"), ("lr", "--lr"), ("head_lr", "--head-lr")):
         one = vars(args).pop("one_" + k)
         if one is not None:
             need(getattr(args, k) is None, f"{flag} and {flag}s: give one of them")
             if len(one) > 1:
-                deprecated(f"{flag} with a comma list", f"{flag}s {','.join(map(str, one))}")
+                bpe.deprecated(f"{flag} with a comma list", f"{flag}s {','.join(map(str, one))}")
             setattr(args, k, one)
 
 
@@ -1058,8 +1052,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return _main(args)
-    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
-        if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and "allocate memory" not in str(e):
+    except (MemoryError, RuntimeError) as e:
+        if not bpe.out_of_memory(e):
             raise
         raise SystemExit("error: out of memory; try a smaller --batch-size or --max-len (finished sets are kept, "
                          "the same command goes on from them)") from None

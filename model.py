@@ -582,7 +582,9 @@ def check_plot(path):
     except ImportError:
         raise ValueError("--plot needs matplotlib, which is not a requirement: pip install matplotlib") from None
     d = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(d) or not os.access(d, os.W_OK):
+    if not os.path.isdir(d):
+        raise ValueError(f"--plot {path}: no such directory {d}")
+    if os.path.isdir(path) or not os.access(d, os.W_OK):
         raise ValueError(f"--plot {path}: cannot write a file there")
 
 

@@ -163,8 +163,10 @@ def test_plot_layers_draws_the_float_columns(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and not list(tmp_path.glob("*.tmp*"))
     # the --plot check before any work: a writable directory passes and draws nothing, a missing one is refused
     assert M.check_plot(str(tmp_path / "q.png")) is None and not (tmp_path / "q.png").exists()
-    with pytest.raises(ValueError, match="cannot write a file there"):
+    with pytest.raises(ValueError, match="no such directory"):
         M.check_plot(str(tmp_path / "no" / "q.png"))
+    with pytest.raises(ValueError, match="cannot write a file there"):  # a directory where the file would go
+        M.check_plot(str(tmp_path))
 
 
 @pytest.mark.parametrize("flag, value", [("--max-sents", "1"), ("--batch-size", "0"), ("--batch-size", "x")])
