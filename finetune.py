@@ -121,14 +121,16 @@ def nli_example(where, premise, hypothesis, label, column="XNLI label"):
     return premise, hypothesis, label
 
 
+def tab_fields(lines):
+    """(line number, line, its tab-separated fields stripped) of each non-blank (number, line) of `lines`."""
+    return ((n, line, [x.strip() for x in line.split("\t")]) for n, line in lines if line.strip())
+
+
 def read_xnli(path):
     """`premise<TAB>hypothesis<TAB>label` lines (XTREME: XNLI, and MultiNLI as train-en.tsv) -> [(premise,
     hypothesis, label)]."""
     examples = []
-    for n, line in enumerate(read_lines(path), 1):
-        if not line.strip():
-            continue
-        fields = [x.strip() for x in line.split("\t")]
+    for n, line, fields in tab_fields(enumerate(read_lines(path), 1)):
         if len(fields) != 3 or not fields[0] or not fields[1]:
             raise ValueError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {line!r}")
         examples.append(nli_example(f"{path}:{n}", *fields))
@@ -150,10 +152,7 @@ def read_xnli_1_0(path, lang):
                          f"{header[:80]!r}")
     at = {c: names.index(c) for c in cols}
     examples = []
-    for n, line in lines:
-        if not line.strip():
-            continue
-        fields = [x.strip() for x in line.split("\t")]
+    for n, _, fields in tab_fields(lines):
         if len(fields) != len(names):
             raise ValueError(f"{path}:{n}: expected {len(names)} tab-separated columns (the header's), "
                              f"got {len(fields)}")
@@ -177,11 +176,8 @@ def read_xnli_mt(path):
     if [x.strip() for x in header.split("\t")] != ["premise", "hypo", "label"]:
         raise ValueError(f"{path}:1: expected the XNLI-MT header premise<TAB>hypo<TAB>label, got {header[:80]!r}")
     examples = []
-    for n, line in lines:
-        if not line.strip():
-            continue
-        fields = [x.strip() for x in line.split("\t")]
-        if len(fields) != 3 or not fields[0] or not fields[1] or not fields[2]:
+    for n, line, fields in tab_fields(lines):
+        if len(fields) != 3 or not all(fields):
             raise ValueError(f"{path}:{n}: expected premise<TAB>hypo<TAB>label, got {line[:80]!r}")
         label = "contradiction" if fields[2] == "contradictory" else fields[2]
         if label not in XNLI_LABELS:
