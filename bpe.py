@@ -39,7 +39,7 @@ EOS_ID, PAD_ID, UNK_ID = 1, 2, 3  # <s> (id 0) is never used: a stream starts wi
 MASK_ID = 5  # <special1>; <special0> (id 4) is XLM's SEP
 N_SPECIAL = len(SPECIALS)  # 14: the first BPE token has id 14
 EOW = "</w>"  # end-of-word marker used while learning (attached to the last character: codes v0.2)
-SEP = "@@"  # continuation marker written after every non-final piece of a word
+CONTINUE = "@@"  # continuation marker written after every non-final piece of a word (subword-nmt, fastBPE)
 MODES = ("joint", "separate", "prefixed")  # the vocabulary regimes of paper §4.2 (Tokenizer)
 
 # -----------------------------------------------------------------------------
@@ -244,13 +244,13 @@ class BPE:
         ps = self.cache.get(word)
         if ps is None:
             w = self._merge(word) if word else []
-            ps = self.cache[word] = tuple(p + SEP for p in w[:-1]) + (w[-1][: -len(EOW)],) if w else ()
+            ps = self.cache[word] = tuple(p + CONTINUE for p in w[:-1]) + (w[-1][: -len(EOW)],) if w else ()
         return ps
 
     def segment(self, word):
         """'lowest' -> ['lo', 'west']: the pieces of one word, without '@@'."""
         ps = self._pieces(word)
-        return [p[: -len(SEP)] for p in ps[:-1]] + list(ps[-1:])
+        return [p[: -len(CONTINUE)] for p in ps[:-1]] + list(ps[-1:])
 
     def apply_words(self, words):
         """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces of every word, '@@' on non-final ones."""
@@ -265,7 +265,7 @@ class BPE:
         except KeyError:
             for w in words:
                 if w not in self.joined:  # no ' ' inside: the pieces joined by '@@ ', then '</w>' dropped
-                    self.joined[w] = (SEP + " ").join(self._merge(w))[: -len(EOW)]
+                    self.joined[w] = (CONTINUE + " ").join(self._merge(w))[: -len(EOW)]
             return " ".join(map(self.joined.__getitem__, words))
 
     def save(self, path):
