@@ -217,7 +217,7 @@ class XNLITask(Task):
     # §3.2's grid; an epoch is 20000 pairs, XLM's --epoch_size
     paper = dict(epochs=200, epoch_size=20000, batch_size=[4, 8], lr=[1.25e-6, 2.5e-6, 5e-6],
                  head_lr=[5e-6, 2.5e-5, 1.25e-4])
-    toy = dict(epochs=10, epoch_size=0, batch_size=[16], lr=[2e-4, 5e-4], head_lr=[1e-3])  # as NER's toy preset
+    toy = dict(epochs=10, epoch_size=0, batch_size=[16], lr=[2e-4, 5e-4], head_lr=[1e-3])  # --toy: a tiny model, larger lrs
 
     def optimizers(self, params, head, hp, total_steps):
         """XLM: two Adam optimisers, the encoder's and the classifier's, at fixed learning rates (no schedule)."""
@@ -364,7 +364,8 @@ def span_f1(gold, pred):
 class NERTask(Task):
     """BIO tagging: dropout + Linear(d, n_tags) on the first subword of every word; span F1 after repair."""
     name, metric, read = "ner", "f1", staticmethod(read_ner)
-    paper = dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[None])  # §3.2
+    # §3.2's grid; an epoch is one pass over train
+    paper = dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[None])
     # --toy: a tiny model learns in a few epochs at larger learning rates; two sets: the best two are both
     toy = dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[None])
 
