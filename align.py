@@ -347,14 +347,13 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
     sents_words: list of word lists. Returns (list of n_layers + 1 arrays (n_words_total, dim), offsets)
     with sentence k's words at rows offsets[k]:offsets[k+1]. Words cut off by max_positions are NaN."""
     import model as M
-    from tqdm import tqdm
+    from bpe import encode_bar
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
     offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
     out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, dtype=np.float32)
     states = M.iter_states(model, [sum(w, []) for w in per_word], lang_idx, batch_size)
-    for k, H in tqdm(states, total=len(per_word), desc=f"encode {lang_code}", unit="sent", leave=False,
-                     disable=not sys.stderr.isatty(), mininterval=1):  # stderr, on a terminal only
-        pos = 1                                                       # position 0 is </s>
+    for k, H in encode_bar(lang_code)(states, len(per_word)):
+        pos = 1  # position 0 is </s>
         for w, ids in enumerate(per_word[k]):
             if pos + len(ids) <= H.shape[1] - 1:
                 out[:, offsets[k] + w] = H[:, pos:pos + len(ids)].mean(axis=1)
@@ -379,11 +378,11 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200
     layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size)
     row = {k: i for i, k in enumerate(keys)}
     which = np.array([row.get(w.lower(), -1) for w in words], dtype=np.int64)
-    ok = (which >= 0) & ~np.isnan(layers[0][:, 0])
-    n_occ = np.bincount(which[ok], minlength=len(keys)).astype(np.float64)
+    counted = (which >= 0) & ~np.isnan(layers[0][:, 0])  # a kept word type, a token with states
+    n_occ = np.bincount(which[counted], minlength=len(keys)).astype(np.float64)
     seen = n_occ > 0
     S = np.zeros((len(layers), len(keys), layers[0].shape[1]))  # per layer, the sum over each word's tokens
-    np.add.at(S, (slice(None), which[ok]), np.stack(layers)[:, ok])
+    np.add.at(S, (slice(None), which[counted]), np.stack(layers)[:, counted])
     X_b = list((S[:, seen] / n_occ[seen, None]).astype(np.float32))
     return ([k for k, _ in single], table[[i for _, i in single]]), ([k for k, s in zip(keys, seen) if s], X_b)
 
@@ -488,8 +487,9 @@ def cmd_contextual(args):
         raise ValueError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a held-out part")
 
     def token_pairs(ks):  # (source row, target row) of the pairs of sentences ks whose two words have states
-        r = np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]], dtype=np.int64).reshape(-1, 2)
-        return r[~np.isnan(Hs[0][r[:, 0], 0]) & ~np.isnan(Ht[0][r[:, 1], 0])]
+        rows = np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]], dtype=np.int64)
+        rows = rows.reshape(-1, 2)
+        return rows[~np.isnan(Hs[0][rows[:, 0], 0]) & ~np.isnan(Ht[0][rows[:, 1], 0])]
     fit, ev = token_pairs(range(n_fit)), token_pairs(range(n_fit, len(S)))
     if len(fit) < 2 or len(ev) < 1:
         raise ValueError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval)")
@@ -514,16 +514,13 @@ def cmd_sentences(args):
     """Fig. 6: Tatoeba-style retrieval P@1 per layer of sentence vectors (the mean of their subword states,
     model.pool_sentences), without and with a Procrustes map."""
     import model as M
-    from bpe import read_parallel
+    from bpe import encode_bar, read_parallel
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents, same_ok=bool(args.ckpt2))
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
-    from tqdm import tqdm
-    bar = lambda lang: lambda it, n: tqdm(it, total=n, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
-                                          disable=not sys.stderr.isatty())  # stderr, on a terminal only
     enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size,
-                                             bar(args.src)),
+                                             encode_bar(args.src)),
                             M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size,
-                                             bar(args.tgt)))
+                                             encode_bar(args.tgt)))
     Es, Et = enc(te_s, te_t)
     Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_sents)) if args.train_src else (None, None)
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
@@ -541,18 +538,9 @@ def cmd_sentences(args):
     return rows
 
 
-def _positive(s):
-    """argparse type: an integer >= 1, refused in one line otherwise."""
-    if not s.lstrip("-").isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}")
-    if int(s) < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {int(s)}")
-    return int(s)
-
-
 def build_parser():
     import model as M
-    from bpe import HelpFormatter
+    from bpe import HelpFormatter, number
     ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).",
                                  formatter_class=HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -567,9 +555,9 @@ def build_parser():
     a("--toy", nargs="?", const=True, default=False, metavar="DIR",
       help="the data are the toy world given by --data. The old spelling --toy DIR (= --toy --data DIR) is deprecated")
     a("--data", metavar="DIR", help="with --toy: a toydata.py world, whose files fill in every data path not given")
-    a("--max-sents", type=_positive, metavar="N", help="read at most the first N sentences (lines) of each text "
+    a("--max-sents", type=number(1), metavar="N", help="read at most the first N sentences (lines) of each text "
       "file, N pairs of parallel files (default: all)")
-    a("--batch-size", type=_positive, default=32, help="examples (sentences) per step (forward pass)")
+    a("--batch-size", type=number(1), default=32, help="examples (sentences) per step (forward pass)")
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
     a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib; default: no plot)")
@@ -606,24 +594,13 @@ def setup(args):
     context of --dtype. --toy --data DIR fills in each unset path of `args.toy_paths` (l0 = --src, l1 = --tgt);
     all are required but --ckpt2 and the pair --train-src, --train-tgt, which go together."""
     import model as M
+    from bpe import check_src_tgt, toy_data
     flag = lambda f: "--" + f.replace("_", "-")  # noqa: E731
-    for f in ("src", "tgt"):  # a code names files of a --toy world
-        if not getattr(args, f).isalpha():
-            raise ValueError(f"{flag(f)} {getattr(args, f)!r}: expected a language code of letters, e.g. en")
-    if args.src == args.tgt and not args.ckpt2:  # the same text on both sides: P@1 100 that measures nothing
-        raise ValueError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
-                         "model with --ckpt2 (en-en', two models of one language)")
+    check_src_tgt(args)  # P@1 100 of one text on both sides measures nothing
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
-        if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
-            raise ValueError(f"--plot {args.plot}: no such directory {os.path.dirname(os.path.abspath(args.plot))}")
         M.check_plot(args.plot)
-    data_flag = "--data"
-    if isinstance(args.toy, str):  # the previous release's --toy DIR
-        print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}", file=sys.stderr)
-        if args.data is not None:
-            raise ValueError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
-        args.data, args.toy, data_flag = args.toy, True, "--toy"
+    data_flag = toy_data(args)
     if bool(args.toy) != (args.data is not None):
         raise ValueError("--toy and --data DIR go together (the toy world's layout is the one align.py knows; "
                          "real data: give each file's flag)")
@@ -646,14 +623,15 @@ def setup(args):
 
 
 def main(argv=None):
+    from bpe import out_of_memory
     args = build_parser().parse_args(argv)
     try:
         with setup(args):
             return args.func(args)
     except (ValueError, OSError) as e:
         sys.exit(f"align.py {args.command}: error: {e}")
-    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
-        if not isinstance(e, MemoryError) and "out of memory" not in str(e) and "allocate memory" not in str(e):
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
             raise
         sys.exit(f"align.py {args.command}: error: out of memory; try a smaller --batch-size (or --max-sents)")
 

@@ -39,7 +39,7 @@ EOS_ID, PAD_ID, UNK_ID = 1, 2, 3  # <s> (id 0) is never used: a stream starts wi
 MASK_ID = 5  # <special1>; <special0> (id 4) is XLM's SEP
 N_SPECIAL = len(SPECIALS)  # 14: the first BPE token has id 14
 EOW = "</w>"  # end-of-word marker used while learning (attached to the last character: codes v0.2)
-SEP = "@@"  # continuation marker written after every non-final piece of a word
+CONTINUE = "@@"  # continuation marker written after every non-final piece of a word (subword-nmt, fastBPE)
 MODES = ("joint", "separate", "prefixed")  # the vocabulary regimes of paper §4.2 (Tokenizer)
 
 # -----------------------------------------------------------------------------
@@ -244,13 +244,13 @@ class BPE:
         ps = self.cache.get(word)
         if ps is None:
             w = self._merge(word) if word else []
-            ps = self.cache[word] = tuple(p + SEP for p in w[:-1]) + (w[-1][: -len(EOW)],) if w else ()
+            ps = self.cache[word] = tuple(p + CONTINUE for p in w[:-1]) + (w[-1][: -len(EOW)],) if w else ()
         return ps
 
     def segment(self, word):
         """'lowest' -> ['lo', 'west']: the pieces of one word, without '@@'."""
         ps = self._pieces(word)
-        return [p[: -len(SEP)] for p in ps[:-1]] + list(ps[-1:])
+        return [p[: -len(CONTINUE)] for p in ps[:-1]] + list(ps[-1:])
 
     def apply_words(self, words):
         """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces of every word, '@@' on non-final ones."""
@@ -265,7 +265,7 @@ class BPE:
         except KeyError:
             for w in words:
                 if w not in self.joined:  # no ' ' inside: the pieces joined by '@@ ', then '</w>' dropped
-                    self.joined[w] = (SEP + " ").join(self._merge(w))[: -len(EOW)]
+                    self.joined[w] = (CONTINUE + " ").join(self._merge(w))[: -len(EOW)]
             return " ".join(map(self.joined.__getitem__, words))
 
     def save(self, path):
@@ -509,6 +509,13 @@ def checkpoint_lang(langs, lang, head, tail=""):
     if lang not in langs:
         raise ValueError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
     return list(langs).index(lang)
+
+
+def encode_bar(lang):
+    """The "encode {lang}" progress bar of align.py and cka.py, as model.pool_sentences takes it: a wrapper
+    (iterable, total) -> iterable, drawn on stderr only when it is a terminal."""
+    return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
+                                  disable=not sys.stderr.isatty())
 
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is prepared
@@ -1015,23 +1022,60 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def number(lo, hi=math.inf, cast=int, many=False, above=False):
-    """argparse type of the scripts' numeric flags: a number in [lo, hi) ((lo, hi) with above=True), or with
-    many=True a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32]; `16,16` would train one set
-    twice and count it twice in the mean of the best two)."""
+def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
+    """The argparse type of every script's numeric flags: a number in [lo, hi) ((lo, ... with above=True, ..., hi]
+    with upto=True), or with many=True a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32];
+    `16,16` would train one set twice and count it twice in the mean of the best two). NaN and inf are refused;
+    argparse names the flag: `argument --lr: expected one number in (0, inf), got '-1'`."""
     def parse(s):
         try:
             v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
         except ValueError:
             v = []
-        if not v or not all((lo < x if above else lo <= x) and x < hi for x in v):
+        if not v or not all((lo < x if above else lo <= x) and (x <= hi if upto else x < hi) and math.isfinite(x)
+                            for x in v):
             kind = "integer" if cast is int else "number"
             what = f"a comma list of {kind}s" if many else f"one {kind}"
-            raise argparse.ArgumentTypeError(f"expected {what} in {'(' if above else '['}{lo}, {hi}), got {s!r}")
+            span = f"{'(' if above else '['}{lo}, {hi}{']' if upto else ')'}"
+            raise argparse.ArgumentTypeError(f"expected {what} in {span}, got {s!r}")
         if len(set(v)) < len(v):
             raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
         return v if many else v[0]
     return parse
+
+
+def deprecated(old, new):
+    """The spellings of the previous release still work, with this one line on stderr."""
+    print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
+
+
+def toy_data(args):
+    """finetune.py, align.py, cka.py: the previous release's `--toy DIR` becomes `--toy --data DIR`, with a note
+    -> the flag that gave the data directory, named in messages. Both spellings at once: ValueError."""
+    if not isinstance(args.toy, str):
+        return "--data"
+    deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
+    if args.data is not None:
+        raise ValueError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
+    args.data, args.toy = args.toy, True
+    return "--toy"
+
+
+def check_src_tgt(args):
+    """align.py and cka.py: --src and --tgt are codes of letters (they name a toy world's files) and two languages,
+    unless --ckpt2 encodes --tgt (en-en', two models of one language): one text on both sides measures nothing."""
+    for flag, code in (("--src", args.src), ("--tgt", args.tgt)):
+        if not code.isalpha():
+            raise ValueError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
+    if args.src == args.tgt and not args.ckpt2:
+        raise ValueError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
+                         "model with --ckpt2 (en-en', two models of one language)")
+
+
+def out_of_memory(e):
+    """Whether an exception is running out of memory: MemoryError, a GPU's OutOfMemoryError, or the CPU
+    allocator's RuntimeError (the scripts then stop with one line advising a smaller --batch-size)."""
+    return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
 
 
 def build_parser():
@@ -1049,16 +1093,17 @@ def build_parser():
                       f"without it, min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
     prep.add_argument("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'")
     prep.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
-    prep.add_argument("--merges", type=int, help="BPE merge operations (default: the paper's 80000 joint, "
+    prep.add_argument("--merges", type=number(1), help="BPE merge operations (default: the paper's 80000 joint, "
                       "else 40000 per language)")
     prep.add_argument("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
     prep.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    prep.add_argument("--max-lines", type=int, help="learn BPE and vocabularies from at most this many lines per "
+    prep.add_argument("--max-lines", type=number(1), help="learn BPE and vocabularies from at most this many lines per "
                       "file (default: all)")
-    prep.add_argument("--seed", type=int, default=0, help="seed of the joint-BPE line sampling and code-switching")
+    prep.add_argument("--seed", type=number(0), default=0, help="seed of the joint-BPE line sampling and "
+                      "code-switching")
     prep.add_argument("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2; "
                       "default: none)")
-    prep.add_argument("--workers", type=int, default=1, help="encoding processes")
+    prep.add_argument("--workers", type=number(1), default=1, help="encoding processes")
     prep.add_argument("--prep-dir", metavar="DIR", help="cache of prepared data (as pretrain.py --prep-dir): the "
                       "prepared directory inside it is printed; required")
     prep.add_argument("--out", dest="old_out", metavar="DIR", help="deprecated spelling of --prep-dir")
@@ -1071,7 +1116,7 @@ def main(argv=None):
     prep, args = parser.prepare, parser.parse_args(argv)
     flag = "--prep-dir"
     if args.old_out is not None:  # the previous release's spelling
-        print(f"note: --out is deprecated and will be removed; use --prep-dir {args.old_out}", file=sys.stderr)
+        deprecated("--out", f"--prep-dir {args.old_out}")
         if args.prep_dir is not None:
             prep.error("--out and --prep-dir: give one (--prep-dir)")
         args.prep_dir, flag = args.old_out, "--out"
@@ -1082,13 +1127,7 @@ def main(argv=None):
         langs = parse_langs(args.langs)
     except ValueError as e:
         prep.error(str(e))
-    # mistakes in flags: one line naming the flag, before any work
-    for k in ("merges", "max_lines", "workers"):
-        v = getattr(args, k)
-        if v is not None and v < 1:
-            prep.error(f"--{k.replace('_', '-')} must be >= 1, got {v}")
-    if args.seed < 0:
-        prep.error(f"--seed must be >= 0, got {args.seed}")
+    # mistakes in flags: one line naming the flag, before any work (numbers: number, as argparse reads them)
     if args.dev_files and not args.train_files or bool(args.data) == bool(args.train_files):
         prep.error("give --data, or --train-files with --dev-files (or without: dev lines are held out)")
     if args.code_switch and (args.separate_vocab or len(langs) != 2):

@@ -86,25 +86,14 @@ def cka_table(args):
       random       --ckpt encodes --src, an untrained model of the same config (and tokenizer) as the
                    --tgt side's model encodes --tgt: the baseline any similarity must beat"""
     import torch
-    from tqdm import tqdm
 
     import model as M
-    from bpe import checkpoint_lang, checkpoint_tokenizer, read_parallel
+    from bpe import check_src_tgt, checkpoint_lang, checkpoint_tokenizer, encode_bar, read_parallel, toy_data
 
-    data_flag, from_world = "--data", set()
-    if isinstance(args.toy, str):  # the previous release's --toy DIR
-        print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}", file=sys.stderr)
-        if args.data is not None:
-            raise ValueError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
-        args.data, args.toy, data_flag = args.toy, True, "--toy"
+    data_flag, from_world = toy_data(args), set()
     if bool(args.toy) != (args.data is not None):
         raise ValueError("--toy and --data DIR go together (a toydata.py world; real data: --src-file, --tgt-file)")
-    for flag, code in (("--src", args.src), ("--tgt", args.tgt)):  # a code names files of a --toy world
-        if not code.isalpha():
-            raise ValueError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
-    if args.src == args.tgt and not args.ckpt2:  # the same sentences on both sides: CKA 1.000 that measures nothing
-        raise ValueError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
-                         "model with --ckpt2 (en-en', two models of one language)")
+    check_src_tgt(args)  # CKA 1.000 of one text on both sides measures nothing
     if args.toy:
         if not os.path.isdir(args.data):
             raise ValueError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
@@ -122,8 +111,6 @@ def cka_table(args):
             raise ValueError(f"{name} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
     args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
     if args.plot:
-        if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
-            raise ValueError(f"--plot {args.plot}: no such directory {os.path.dirname(os.path.abspath(args.plot))}")
         M.check_plot(args.plot)
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents,
                                          same_ok=bool(args.ckpt2))
@@ -137,10 +124,8 @@ def cka_table(args):
     def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
         m, t, langs, path = side
         index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
-        bar = lambda it, n: tqdm(it, total=n, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
-                                 disable=not sys.stderr.isatty())  # stderr, on a terminal only
         with M.autocast(args.device, args.dtype):
-            return M.pool_sentences(m, [t.encode(s, lang) for s in lines], index, args.batch_size, bar)
+            return M.pool_sentences(m, [t.encode(s, lang) for s in lines], index, args.batch_size, encode_bar(lang))
     src_side = tgt_side = load(args.ckpt)
     E_src = enc(src_side, args.src, src_lines)
     columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
@@ -165,15 +150,8 @@ def cka_table(args):
 
 def build_parser():
     import model as M
-    from bpe import HelpFormatter
+    from bpe import HelpFormatter, number
 
-    def at_least(lo, below=None):  # argparse type: an integer >= lo (and < below), refused in one line otherwise
-        def parse(s):
-            if not s.lstrip("-").isdigit() or int(s) < lo or below is not None and int(s) >= below:
-                raise argparse.ArgumentTypeError(f"must be an integer >= {lo}" + f" and < {below}" * (below is not None)
-                                                 + f", got {s!r}")
-            return int(s)
-        return parse
     ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).",
                                  formatter_class=HelpFormatter)
     a = ap.add_argument
@@ -191,26 +169,27 @@ def build_parser():
       help="the sentence files are the toy world's, given by --data. The old spelling --toy DIR (= --toy --data DIR) "
       "is deprecated")
     a("--data", metavar="DIR", help="with --toy: a toydata.py world whose tatoeba/ pairs are the default files")
-    a("--max-sents", type=at_least(2), metavar="N", help="read at most the first N sentences (lines) of each "
+    a("--max-sents", type=number(2), metavar="N", help="read at most the first N sentences (lines) of each "
       "file, i.e. N pairs, N >= 2 (default: all)")
-    a("--batch-size", type=at_least(1), default=32, help="examples (sentences) per step (forward pass)")
+    a("--batch-size", type=number(1), default=32, help="examples (sentences) per step (forward pass)")
     a("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders (as pretrain.py)")
-    a("--seed", type=at_least(0, 2 ** 32), default=0, help="seed of the random-encoder baseline")
+    a("--seed", type=number(0, 2 ** 32), default=0, help="seed of the random-encoder baseline")
     a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib; default: no plot)")
     return ap
 
 
 def main(argv=None):
+    from bpe import out_of_memory
     args = build_parser().parse_args(argv)
     try:
         return cka_table(args)
     except (ValueError, OSError) as e:  # bad inputs (files, checkpoints, languages): one line, no traceback
         sys.exit(f"cka.py: error: {e}")
-    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
-        if not isinstance(e, MemoryError) and "out of memory" not in str(e) and "allocate memory" not in str(e):
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
             raise
-        sys.exit(f"cka.py: error: out of memory; try a smaller --batch-size (or --max-sents)")
+        sys.exit("cka.py: error: out of memory; try a smaller --batch-size (or --max-sents)")
 
 
 if __name__ == "__main__":

@@ -39,9 +39,10 @@ from bpe import EOS_ID, UNK_ID, number, read_lines
 from model import DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states, load_model, pick_device
 
 
-def need(ok, msg):
-    """Stop with one line, `error: msg`, unless ok (bad flags and input files are caught before any work)."""
-    if not ok:
+def need(condition, msg):
+    """Stop with one line, `error: msg`, unless the condition holds (bad flags and input files are caught before
+    any work)."""
+    if not condition:
         raise SystemExit(f"error: {msg}")
 
 
@@ -66,15 +67,40 @@ def word_states(model, seqs, firsts, lang, max_len, with_root):
     return states.gather(1, pos.clamp(min=0)[..., None].expand(-1, -1, states.size(-1))), pos >= 0
 
 
+# -----------------------------------------------------------------------------
+# A task: what each of the three sections below defines for the protocol, its grid preset and optimiser included
+
+def warmup_linear(step, total, warmup=0.1):
+    """LR factor: linear warm-up over the first 10 % of the updates, then linear decay to 0 (crosslingual-nlp)."""
+    n_warm = max(1, int(warmup * total))
+    return step / n_warm if step < n_warm else max(0.0, (total - step) / max(1, total - n_warm))
+
+
 class Task:
     """What the §3.2 protocol asks of a task: `labels` (id = index) from English train, `metric` for English dev,
-    featurize(examples), run(batch) -> the loss (the predictions with predict=True), score(examples, preds)."""
+    featurize(examples), run(batch) -> the loss (the predictions with predict=True), score(examples, preds).
+    Each task also gives its reader `read` (the simple format), its grid presets `paper` and `toy` (the values of
+    the grid flags left unset) and its optimisers. NER and parsing encode a long sentence in windows of `max_len`
+    subwords (XNLI's featurize cuts a pair to fit instead)."""
+    own_head_lr = False  # a classifier learning rate of its own, a third axis of the grid (XNLI)
 
-    def __init__(self, train_examples):
+    def __init__(self, train_examples, max_len=128):
         self.labels = self.label_set(train_examples)
+        self.max_len = max_len
 
     def head(self, d, dropout):  # XNLI, NER (the parser has its own)
         return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
+
+    def optimizers(self, params, head, hp, total_steps):
+        """(optimisers, schedulers) of one set: one Adam over the encoder and the head, 10 % linear warm-up then
+        linear decay (crosslingual-nlp; NER and parsing)."""
+        opt = torch.optim.Adam(params + list(head.parameters()), lr=hp["lr"])
+        return [opt], [torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_linear(s, total_steps))]
+
+    @classmethod
+    def file_reader(cls, name):
+        """The reader of a --train-file whose path matches no layout (read_split): the task's simple format."""
+        return cls.read
 
 
 # -----------------------------------------------------------------------------
@@ -85,20 +111,29 @@ class Task:
 XNLI_LABELS = ("contradiction", "neutral", "entailment")  # ids 0, 1, 2 as XLM `src/evaluation/xnli.py`
 
 
+def nli_example(where, premise, hypothesis, label, column="XNLI label"):
+    """One (premise, hypothesis, label) of an NLI file, checked: a known label (`column`: what the file calls it)
+    and two non-empty sentences; `where`: path:line."""
+    if label not in XNLI_LABELS:
+        raise ValueError(f"{where}: unknown {column} {label!r} (expected entailment, neutral, contradiction)")
+    if not premise or not hypothesis:
+        raise ValueError(f"{where}: empty sentence1 or sentence2")
+    return premise, hypothesis, label
+
+
+def tab_fields(lines):
+    """(line number, line, its tab-separated fields stripped) of each non-blank (number, line) of `lines`."""
+    return ((n, line, [x.strip() for x in line.split("\t")]) for n, line in lines if line.strip())
+
+
 def read_xnli(path):
     """`premise<TAB>hypothesis<TAB>label` lines (XTREME: XNLI, and MultiNLI as train-en.tsv) -> [(premise,
     hypothesis, label)]."""
     examples = []
-    for n, line in enumerate(read_lines(path), 1):
-        if not line.strip():
-            continue
-        fields = [x.strip() for x in line.split("\t")]
+    for n, line, fields in tab_fields(enumerate(read_lines(path), 1)):
         if len(fields) != 3 or not fields[0] or not fields[1]:
             raise ValueError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {line!r}")
-        premise, hypothesis, label = fields
-        if label not in XNLI_LABELS:
-            raise ValueError(f"{path}:{n}: unknown XNLI label {label!r} (expected entailment, neutral, contradiction)")
-        examples.append((premise, hypothesis, label))
+        examples.append(nli_example(f"{path}:{n}", *fields))
     if not examples:
         raise ValueError(f"{path}: no examples (empty split)")
     return examples
@@ -117,10 +152,7 @@ def read_xnli_1_0(path, lang):
                          f"{header[:80]!r}")
     at = {c: names.index(c) for c in cols}
     examples = []
-    for n, line in lines:
-        if not line.strip():
-            continue
-        fields = [x.strip() for x in line.split("\t")]
+    for n, _, fields in tab_fields(lines):
         if len(fields) != len(names):
             raise ValueError(f"{path}:{n}: expected {len(names)} tab-separated columns (the header's), "
                              f"got {len(fields)}")
@@ -129,17 +161,13 @@ def read_xnli_1_0(path, lang):
         premise, hypothesis, label = (fields[at[c]] for c in ("sentence1", "sentence2", "gold_label"))
         if not label:
             raise ValueError(f"{path}:{n}: no label (column gold_label is empty)")
-        if label not in XNLI_LABELS:
-            raise ValueError(f"{path}:{n}: unknown XNLI label {label!r} (expected entailment, neutral, contradiction)")
-        if not premise or not hypothesis:
-            raise ValueError(f"{path}:{n}: empty sentence1 or sentence2")
-        examples.append((premise, hypothesis, label))
+        examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label))
     if not examples:
         raise ValueError(f"{path}: no rows of language {lang!r} (column language)")
     return examples
 
 
-def read_xnli_mt(path, lang=None):
+def read_xnli_mt(path):
     """XNLI-MT 1.0 (`XNLI-MT-1.0.zip`, `multinli/multinli.train.{lang}.tsv`: MultiNLI train, the English original
     and its machine translations): a header `premise<TAB>hypo<TAB>label`, then rows whose label `contradictory`
     means contradiction -> [(premise, hypothesis, label)]."""
@@ -148,11 +176,8 @@ def read_xnli_mt(path, lang=None):
     if [x.strip() for x in header.split("\t")] != ["premise", "hypo", "label"]:
         raise ValueError(f"{path}:1: expected the XNLI-MT header premise<TAB>hypo<TAB>label, got {header[:80]!r}")
     examples = []
-    for n, line in lines:
-        if not line.strip():
-            continue
-        fields = [x.strip() for x in line.split("\t")]
-        if len(fields) != 3 or not fields[0] or not fields[1] or not fields[2]:
+    for n, line, fields in tab_fields(lines):
+        if len(fields) != 3 or not all(fields):
             raise ValueError(f"{path}:{n}: expected premise<TAB>hypo<TAB>label, got {line[:80]!r}")
         label = "contradiction" if fields[2] == "contradictory" else fields[2]
         if label not in XNLI_LABELS:
@@ -164,7 +189,7 @@ def read_xnli_mt(path, lang=None):
     return examples
 
 
-def read_multinli(path, lang=None):
+def read_multinli(path):
     """MultiNLI 1.0 (Williams et al. 2018, `multinli_1.0.zip`: `multinli_1.0_train.jsonl`): one JSON object a line,
     `sentence1`, `sentence2`, `gold_label`; pairs without a gold label (`-`, no annotator majority) are skipped
     -> [(premise, hypothesis, label)]."""
@@ -178,21 +203,31 @@ def read_multinli(path, lang=None):
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ValueError(f"{path}:{n}: expected a JSON object with string fields sentence1, sentence2, "
                              f"gold_label (MultiNLI .jsonl), got {line[:80]!r}") from None
-        if label == "-":
-            continue
-        if label not in XNLI_LABELS:
-            raise ValueError(f"{path}:{n}: unknown MultiNLI gold_label {label!r}")
-        if not premise or not hypothesis:
-            raise ValueError(f"{path}:{n}: empty sentence1 or sentence2")
-        examples.append((premise, hypothesis, label))
+        if label != "-":
+            examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label, "MultiNLI gold_label"))
     if not examples:
         raise ValueError(f"{path}: no examples with a gold label (empty split)")
     return examples
 
 
 class XNLITask(Task):
-    """Pair classification: dropout + Linear(d, 3) on the last layer at position 0 (the first </s>)."""
-    name, metric = "xnli", "acc"
+    """Pair classification: dropout + Linear(d, 3) on the last layer at position 0 (the first </s>); XLM's two
+    Adam optimisers, the classifier's learning rate a grid axis of its own."""
+    name, metric, read, own_head_lr = "xnli", "acc", staticmethod(read_xnli), True
+    # §3.2's grid; an epoch is 20000 pairs, XLM's --epoch_size
+    paper = dict(epochs=200, epoch_size=20000, batch_size=[4, 8], lr=[1.25e-6, 2.5e-6, 5e-6],
+                 head_lr=[5e-6, 2.5e-5, 1.25e-4])
+    toy = dict(epochs=10, epoch_size=0, batch_size=[16], lr=[2e-4, 5e-4], head_lr=[1e-3])  # --toy: a tiny model, larger lrs
+
+    def optimizers(self, params, head, hp, total_steps):
+        """XLM: two Adam optimisers, the encoder's and the classifier's, at fixed learning rates (no schedule)."""
+        return [torch.optim.Adam(params, lr=hp["lr"]), torch.optim.Adam(head.parameters(), lr=hp["head_lr"])], []
+
+    @classmethod
+    def file_reader(cls, name):
+        """A --train-file: XNLI-MT and MultiNLI known by their file names, anything else in the simple format."""
+        return (read_xnli_mt if fnmatch.fnmatchcase(name, "multinli.train.*.tsv") else
+                read_multinli if name.endswith(".jsonl") else read_xnli)
 
     def label_set(self, train_examples):
         return list(XNLI_LABELS)  # XLM's fixed ids
@@ -208,7 +243,7 @@ class XNLITask(Task):
             feats.append(([EOS_ID] + a + [EOS_ID] + b + [EOS_ID], self.labels.index(label)))
         return feats
 
-    def run(self, model, head, batch, lang, max_len, predict=False):  # max_len: Task's; featurize cut the pairs
+    def run(self, model, head, batch, lang, predict=False):
         logits = head(encode_batch(model, [ids for ids, _ in batch], lang)[0][-1][:, 0])
         if predict:
             return logits.argmax(-1).tolist()
@@ -328,7 +363,11 @@ def span_f1(gold, pred):
 
 class NERTask(Task):
     """BIO tagging: dropout + Linear(d, n_tags) on the first subword of every word; span F1 after repair."""
-    name, metric = "ner", "f1"
+    name, metric, read = "ner", "f1", staticmethod(read_ner)
+    # §3.2's grid; an epoch is one pass over train
+    paper = dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[None])
+    # --toy: a tiny model learns in a few epochs at larger learning rates; two sets: the best two are both
+    toy = dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[None])
 
     def label_set(self, train_examples):
         return ["O"] + sorted({t for _, ts in train_examples for t in ts} - {"O"})
@@ -337,8 +376,9 @@ class NERTask(Task):
         ids = {t: i for i, t in enumerate(self.labels)}
         return [first_subwords(tok, words, lang) + ([ids.get(t, -1) for t in tags],) for words, tags in examples]
 
-    def run(self, model, head, batch, lang, max_len, predict=False):
-        h, mask = word_states(model, [ids for ids, _, _ in batch], [f for _, f, _ in batch], lang, max_len, False)
+    def run(self, model, head, batch, lang, predict=False):
+        h, mask = word_states(model, [ids for ids, _, _ in batch], [f for _, f, _ in batch], lang, self.max_len,
+                              False)
         if predict:
             best = head(h).argmax(-1).tolist()
             return [[self.labels[k] for k in best[b][:len(f)]] for b, (_, f, _) in enumerate(batch)]
@@ -521,7 +561,8 @@ class BiaffineParser(nn.Module):
 
 class ParseTask(Task):
     """Biaffine parsing on first subwords, ROOT = the leading </s>; MST decoding; UAS/LAS (CoNLL 2018)."""
-    name, metric = "parse", "las"
+    name, metric, read = "parse", "las", staticmethod(read_conllu)
+    paper, toy = NERTask.paper, NERTask.toy  # §3.2 gives parsing NER's grid
 
     def label_set(self, train_examples):
         return sorted({strip_subtype(r) for s in train_examples for r in s["rels"]})
@@ -534,8 +575,8 @@ class ParseTask(Task):
         return [first_subwords(tok, s["words"], lang) + (s["heads"], [ids.get(strip_subtype(r), -1) for r in s["rels"]])
                 for s in examples]
 
-    def run(self, model, head, batch, lang, max_len, predict=False):
-        h, mask = word_states(model, [f[0] for f in batch], [f[1] for f in batch], lang, max_len, True)  # ROOT + W
+    def run(self, model, head, batch, lang, predict=False):
+        h, mask = word_states(model, [f[0] for f in batch], [f[1] for f in batch], lang, self.max_len, True)  # +ROOT
         s_arc, s_rel = head(h, mask)
         if predict:
             heads, rels = BiaffineParser.decode(s_arc, s_rel, mask)
@@ -551,31 +592,16 @@ class ParseTask(Task):
         return dict(zip(("uas", "las"), attachment_scores(*gold, *pred)))
 
 
-TASKS = {"xnli": (XNLITask, read_xnli), "ner": (NERTask, read_ner), "parse": (ParseTask, read_conllu)}
+TASKS = {task.name: task for task in (XNLITask, NERTask, ParseTask)}
 
 
 # -----------------------------------------------------------------------------
 # The zero-shot protocol (§3.2): a grid of hyper-parameter sets, each with its epoch chosen by English dev,
 # the mean of the best two sets; language-specific parts frozen
 
-# §3.2's grids (XNLI: an epoch is 20000 pairs, XLM's --epoch_size; NER and parsing: one pass over train)
-PAPER_PRESET = {
-    "xnli": dict(epochs=200, epoch_size=20000, batch_size=[4, 8], lr=[1.25e-6, 2.5e-6, 5e-6],
-                 head_lr=[5e-6, 2.5e-5, 1.25e-4]),
-    "ner": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[None]),
-    "parse": dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[None]),
-}
-# --toy: a tiny model learns in a few epochs at larger learning rates; two sets: the best two are both
-TOY_PRESET = {
-    "xnli": dict(epochs=10, epoch_size=0, batch_size=[16], lr=[2e-4, 5e-4], head_lr=[1e-3]),
-    "ner": dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[None]),
-    "parse": dict(epochs=4, epoch_size=0, batch_size=[16], lr=[3e-4, 1e-3], head_lr=[None]),
-}
-
-
 def grid(task_name, args):
     """The hyper-parameter sets in a fixed order: batch size x encoder lr (x classifier lr for XNLI)."""
-    head_lrs = args.head_lr if task_name == "xnli" else [None]
+    head_lrs = args.head_lr if TASKS[task_name].own_head_lr else [None]
     return [{"batch_size": b, "lr": lr, "head_lr": hl} for b in args.batch_size for lr in args.lr for hl in head_lrs]
 
 
@@ -592,14 +618,8 @@ def freeze_lang_specific(model):
     return [p for p in model.parameters() if id(p) not in frozen]
 
 
-def warmup_linear(step, total, warmup=0.1):
-    """LR factor: linear warm-up over the first 10 % of the updates, then linear decay to 0 (crosslingual-nlp)."""
-    n_warm = max(1, int(warmup * total))
-    return step / n_warm if step < n_warm else max(0.0, (total - step) / max(1, total - n_warm))
-
-
 @torch.no_grad()
-def evaluate(task, model, head, feats, examples, lang, max_len, batch_size=64, bf16=False):
+def evaluate(task, model, head, feats, examples, lang, batch_size=64, bf16=False):
     """Scores of one split: batches of 64 in length order (less padding), predictions back in file order; under
     the same autocast as training (bf16)."""
     model.eval()
@@ -609,7 +629,7 @@ def evaluate(task, model, head, feats, examples, lang, max_len, batch_size=64, b
     for k in range(0, len(order), batch_size):
         chunk = order[k:k + batch_size]
         with autocast(device, "bfloat16" if bf16 else "float32"):
-            preds.update(zip(chunk, task.run(model, head, [feats[i] for i in chunk], lang, max_len, predict=True)))
+            preds.update(zip(chunk, task.run(model, head, [feats[i] for i in chunk], lang, predict=True)))
     return task.score(examples, [preds[i] for i in range(len(feats))])
 
 
@@ -625,12 +645,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     train, lang, (dev_ex, dev_feats) = data["train"][1], data["lang_id"], data["dev"]
     n_per_epoch = args.epoch_size or len(train)
     steps_per_epoch = math.ceil(n_per_epoch / hp["batch_size"])
-    if task.name == "xnli":  # XLM: two Adam optimisers with fixed learning rates, no schedule
-        opts = [torch.optim.Adam(params, lr=hp["lr"]), torch.optim.Adam(head.parameters(), lr=hp["head_lr"])]
-        scheds = []
-    else:  # one Adam, 10 % linear warm-up then linear decay (crosslingual-nlp)
-        opts = [torch.optim.Adam(params + list(head.parameters()), lr=hp["lr"])]
-        scheds = [torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: warmup_linear(s, steps_per_epoch * args.epochs))]
+    opts, scheds = task.optimizers(params, head, hp, steps_per_epoch * args.epochs)
     cpu_copy = lambda m: {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}  # noqa: E731
     stream = np.array([], dtype=np.int64)  # as XLM: an endless shuffled stream, cut into epochs
 
@@ -652,7 +667,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         for k in range(0, n_per_epoch, hp["batch_size"]):
             batch = [train[i] for i in take(min(hp["batch_size"], n_per_epoch - k))]
             with autocast(device, "bfloat16" if args.bf16 else "float32"):
-                loss = task.run(model, head, batch, lang, args.max_len)
+                loss = task.run(model, head, batch, lang)
             if not torch.isfinite(loss):  # diverged: the set stops, run_task leaves it out of the selection
                 bar.close()
                 raise FloatingPointError(f"non-finite training loss ({loss.item()}) at epoch {epoch}, update "
@@ -666,7 +681,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
                 o.step()
             total_loss += loss.item() * len(batch)
             bar.update()
-        dev = evaluate(task, model, head, dev_feats, dev_ex, lang, args.max_len, bf16=args.bf16)
+        dev = evaluate(task, model, head, dev_feats, dev_ex, lang, bf16=args.bf16)
         dev_curve.append(dev[task.metric])
         with tqdm.external_write_mode():  # the line above the bar
             log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
@@ -676,7 +691,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     bar.close()
     model.load_state_dict(best["state"])
     head.load_state_dict(best["head"])
-    test = {code: evaluate(task, model, head, feats, ex, lid, args.max_len, bf16=args.bf16)
+    test = {code: evaluate(task, model, head, feats, ex, lid, bf16=args.bf16)
             for code, (ex, feats, lid) in data["test"].items()}
     return {**hp, "best_epoch": best["epoch"], "dev_curve": dev_curve, "dev": best["dev"], "test": test}
 
@@ -693,10 +708,10 @@ def mean_of_best_two(records, metric):
 
 def prepare_task(task_name, files, model, routes, args):
     """Read and featurise every file of one task before any training -> (task, data); routes: code -> (tok, lang)."""
-    Task = TASKS[task_name][0]
     try:
         train, dev = (read_split(task_name, files[s], args.train_lang) for s in ("train", "dev"))
-        task, tests = Task(train), {code: read_split(task_name, path, code) for code, path in files["test"].items()}
+        task = TASKS[task_name](train, args.max_len)
+        tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
         for path, ex in [(files["dev"], dev)] + [(files["test"][code], ex) for code, ex in tests.items()]:
             if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
                 print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
@@ -741,16 +756,16 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
         write_json(path, {"job": job, "record": rec})
         records.append(rec)
     model.load_state_dict(init_state)
-    ok = [i for i, r in enumerate(records) if "failed" not in r]
-    need(ok, f"{task.name}: every hyper-parameter set diverged (non-finite loss), no results; try a lower --lr")
-    top, dev, test = mean_of_best_two([records[i] for i in ok], task.metric)
-    path, best_two = os.path.join(out, "results.json"), [ok[i] for i in top]
+    finished = [i for i, r in enumerate(records) if "failed" not in r]
+    need(finished, f"{task.name}: every hyper-parameter set diverged (non-finite loss), no results; try a lower --lr")
+    top, dev, test = mean_of_best_two([records[i] for i in finished], task.metric)
+    path, best_two = os.path.join(out, "results.json"), [finished[i] for i in top]
     write_json(path, {"task": task.name, "metric": task.metric, "files": files, "labels": task.labels,
                       "best_two": best_two, "dev": dev, "test": test, "configs": records, "job": job,
                       "args": vars(args), "pretrain": pretrain})
     picked = "; ".join(f"{hp_text(records[i])} (epoch {records[i]['best_epoch']})" for i in best_two)
-    print(f"\n{task.name}: mean of the best two of {len(ok)} hyper-parameter sets by en dev: {picked}"
-          + (f" ({len(records) - len(ok)} diverged set(s) left out)" if len(ok) < len(records) else ""))
+    print(f"\n{task.name}: mean of the best two of {len(finished)} hyper-parameter sets by en dev: {picked}"
+          + (f" ({len(records) - len(finished)} diverged set(s) left out)" if len(finished) < len(records) else ""))
     cols, rows = sorted(dev, key=lambda k: k != task.metric), [(args.train_lang, "dev", dev)]
     rows += [(code, "test", test[code]) for code in test]  # the selection metric first, then the others
     print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
@@ -782,19 +797,20 @@ def setup_aligned(model, tok, langs, args):
 
 
 # -----------------------------------------------------------------------------
-# CLI: data files; OUT/results.json and OUT/sets/ (resume); the results table; flags; main(argv)
+# Data files: where --data holds each split of each task, and the reader of each file
 
 # --data: where each split of each task is looked for, in this order; the first layout with the file wins, and the
 # console names the file every split came from. A layout is (pattern under --data, reader, the splits it gives);
-# readers that take a language read a file holding several languages, or check the file's own. {panx_split}: the
-# test split of our evaluation directory is `heldout-from-dev` (XTREME's PAN-X test files carry no labels).
-Layout = collections.namedtuple("Layout", "pattern reader splits")
+# readers that take a language read a file holding several languages, or check the file's own; `langs`: the only
+# languages a layout holds (default: any). {panx_split}: the test split of our evaluation directory is
+# `heldout-from-dev` (XTREME's PAN-X test files carry no labels).
+Layout = collections.namedtuple("Layout", "pattern reader splits langs", defaults=(None,))
 LAYOUTS = {
     "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli, "train dev test"),  # toydata.py
              Layout("xnli/{split}-{lang}.tsv", read_xnli, "train dev test"),  # our evaluation directory (XTREME names)
              Layout("XNLI-1.0/xnli.{split}.tsv", read_xnli_1_0, "dev test"),  # XNLI 1.0
              Layout("XNLI-MT-1.0/multinli/multinli.train.{lang}.tsv", read_xnli_mt, "train"),  # XNLI-MT 1.0
-             Layout("multinli_1.0/multinli_1.0_train.jsonl", read_multinli, "train")],  # MultiNLI 1.0 (English)
+             Layout("multinli_1.0/multinli_1.0_train.jsonl", read_multinli, "train", "en")],  # MultiNLI 1.0
     "ner": [Layout("ner/{lang}.{split}.tsv", read_ner, "train dev test"),
             Layout("wikiann_panx/{panx_split}-{lang}.tsv", read_ner, "train dev test"),
             Layout("panx_dataset/{lang}/{split}", read_panx, "train dev test"),  # Rahimi et al. 2019, unpacked
@@ -834,8 +850,8 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
                 continue
             tried.append(layout.pattern.format(**names))
             hits = sorted(glob.glob(tried[-1], root_dir=data_dir))
-            if layout.reader is read_multinli and lang != "en":
-                hits = []  # MultiNLI is English
+            if layout.langs and lang not in layout.langs.split():
+                hits = []
             if "UD_*" in layout.pattern and hits:
                 hits = pick_treebank(hits, lang, treebanks or {}, data_dir)
             if hits:
@@ -844,8 +860,9 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
                                 f"in a UD release tree ({hits[0]})")
                 return os.path.join(data_dir, hits[0])
         # only a directory with the task's other files lacks just the train file (e.g. no English NLI train set)
-        other = split == "train" and any(glob.glob(layout.pattern.format(lang=train_lang, split="dev", panx_split="dev"),
-                                                   root_dir=data_dir) for layout in LAYOUTS[task])
+        dev_names = dict(lang=train_lang, split="dev", panx_split="dev")
+        other = split == "train" and any(glob.glob(layout.pattern.format(**dev_names), root_dir=data_dir)
+                                         for layout in LAYOUTS[task])
         hint = "; pass --train-file" if other else f"; is {data_dir} a toydata.py world or a real-data directory?"
         need(False, f"{task}: no {lang} {split} file under {flag} {data_dir} (looked for "
                     f"{', '.join(os.path.join(data_dir, t) for t in tried)}){hint}")
@@ -865,179 +882,13 @@ def read_split(task, path, lang):
         if len(parts) >= len(pattern) and all(map(fnmatch.fnmatchcase, parts[-len(pattern):], pattern)):
             reader = layout.reader
             break
-    else:  # a --train-file: XNLI-MT and MultiNLI by their file names, anything else in the simple format
-        name = os.path.basename(path)
-        reader = (read_xnli_mt if task == "xnli" and fnmatch.fnmatchcase(name, "multinli.train.*.tsv") else
-                  read_multinli if task == "xnli" and name.endswith(".jsonl") else TASKS[task][1])
+    else:  # a --train-file of no known layout
+        reader = TASKS[task].file_reader(os.path.basename(path))
     return reader(path, lang) if reader in (read_xnli_1_0, read_panx) else reader(path)
 
 
-def write_json(path, obj):
-    """JSON through bpe.atomic_write: never half a file at `path`; a full disk is one line."""
-    def dump(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, ensure_ascii=False)
-    bpe.atomic_write(path, dump)
-
-
-def read_json(path, flag):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
-        raise SystemExit(f"error: {flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-
-
-# what a set's result depends on besides the checkpoints and data (not --device, --threads)
-JOB_FLAGS = ("train_lang", "batch_size", "lr", "head_lr", "epochs", "epoch_size", "max_len", "head_dropout", "clip",
-             "seed", "bf16", "align_layer")
-
-
-@functools.cache
-def digest(path):
-    """A file's contents as 'sha256:' + 16 hex digits, read once per run (--toy's three tasks share the checkpoints)."""
-    with open(path, "rb") as f:
-        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
-
-
-def earlier_sets(task_name, files, args, out):
-    """The run's identity (task, JOB_FLAGS, checkpoint and data contents) and {set file: record} of the sets it
-    finished in `out` earlier (the same command resumes); another run's results or sets: refused, naming why."""
-    paths = {"ckpt": args.ckpt, "target_ckpt": args.target_ckpt, "align_maps": args.align_maps, "xlm_codes": args.xlm_codes,
-             "train file": files["train"], "dev file": files["dev"],
-             **{f"{lang} test file": p for lang, p in files["test"].items()}}
-    job = {"task": task_name, **{k: digest(p) for k, p in paths.items() if p}, **{k: vars(args)[k] for k in JOB_FLAGS}}
-    done = {}
-    found = glob.glob(os.path.join(out, "results.json")) + sorted(glob.glob(os.path.join(out, "sets", "*.json")))
-    for path in [] if args.overwrite else found:  # --overwrite: run_task removes them
-        saved = read_json(path, "--out")
-        old = saved["job"] if isinstance(saved, dict) and isinstance(saved.get("job"), dict) else {}
-        if old != job:
-            diff = ", ".join(k for k in sorted(set(old) | set(job)) if old.get(k) != job.get(k))
-            raise SystemExit(f"error: {path} already exists, from another run (other {diff}); rerun with the same "
-                             "flags, pass --overwrite to replace it, or use another --out")
-        rec = saved.get("record")
-        if path.endswith(os.path.join("sets", os.path.basename(path))) and not good_record(rec, task_name, args):
-            raise SystemExit(f"error: {path}: not a finished set as finetune.py writes it (edited or damaged); remove "
-                             "it to train that set again, or pass --overwrite")
-        done[path] = rec
-    return job, done
-
-
-def good_record(rec, task_name, args):
-    """A sets/*.json record: the set's hyper-parameters, and a failure or the scores that run_task averages."""
-    metric, hps = TASKS[task_name][0].metric, grid(task_name, args)
-    if not isinstance(rec, dict) or {k: rec.get(k) for k in ("batch_size", "lr", "head_lr")} not in hps:
-        return False
-    if "failed" in rec:
-        return True
-    test, epoch = rec.get("test"), rec.get("best_epoch")
-    if not (isinstance(test, dict) and sorted(test) == sorted(args.eval_langs)) or type(epoch) is not int:
-        return False
-    scores = [rec.get("dev")] + list(test.values())
-    return all(isinstance(s, dict) and metric in s and all(is_score(v) for v in s.values()) for s in scores)
-
-
-def format_rows(header, rows):
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in [header] + rows)
-
-
-def mean_std(v):
-    return "-" if not v else f"{np.mean(v):.1f}" + (f" ±{np.std(v):.1f}" if len(v) > 1 else "")
-
-
-SHORT = {"ppl": "dev ppl", "xnli": "XNLI", "ner": "NER", "parse": "Parse"}  # --table's columns, in this order
-
-
-def is_score(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def table_cells(r, path):
-    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl}; one that was edited into another
-    shape (a score that is not a finite number, the wrong metric) is refused, naming the file."""
-    metric, pretrain = TASKS[r["task"]][0].metric, r.get("pretrain") or {}
-    ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
-    ok = (r.get("metric") == metric and all(isinstance(s, dict) and is_score(s.get(metric)) for s in r["test"].values())
-          and isinstance(ppl, dict) and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
-    need(ok, f"--table: {path}: not a results.json as finetune.py writes it (a {r['task']} test {metric} or a dev "
-             "perplexity is missing or not a number); run the fine-tuning again")
-    return {**{(r["task"], lang): 100 * s[metric] for lang, s in r["test"].items()},
-            **{("ppl", lang): v for lang, v in ppl.items()}}
-
-
-def read_table(run_dirs):
-    """The runs of --table grouped by (NAME, N) for --out dirs named NAME[-sSEED][-stepN] (N: pretrain.py
-    --snapshots): returns the columns (("ppl" or task, lang), in SHORT's order) and an ordered {(NAME, N):
-    [cells of one seed]} with cells = {column: dev ppl, or test score in % (XNLI acc, NER F1, LAS)}."""
-    groups = {}
-    for d in run_dirs:
-        name, step = re.fullmatch(r"(.+?)(?:-s\d+)?(?:-step(\d+))?", os.path.basename(os.path.normpath(d))).groups()
-        cells = {}
-        for path in sorted(glob.glob("results.json", root_dir=d) + glob.glob("*/results.json", root_dir=d)):
-            r = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's three
-            if isinstance(r, dict) and r.get("task") in TASKS and isinstance(r.get("test"), dict):
-                cells.update(table_cells(r, os.path.join(d, path)))
-        need(cells, f"--table: no results.json under {d}")
-        groups.setdefault((name, step), []).append(cells)
-    cols = sorted({c for runs in groups.values() for cells in runs for c in cells},
-                  key=lambda c: (list(SHORT).index(c[0]), c[1]))
-    names = list(dict.fromkeys(name for name, _ in groups))
-    return cols, {k: groups[k] for k in sorted(groups, key=lambda k: (names.index(k[0]), int(k[1] or 0)))}
-
-
-def results_table(run_dirs):
-    """Table 1's layout: a row per NAME (and N, in update order), the checkpoint's dev perplexity if known, the
-    test score per task x language in %, their average and Δ = the average minus the first row's (the paper's
-    Default); mean ± std over seeds."""
-    cols, groups = read_table(run_dirs)
-    scores = [c for c in cols if c[0] != "ppl"]
-    steps = any(step for _, step in groups)
-    lines, first = [], None
-    for (name, step), runs in groups.items():
-        avgs = [np.mean([cells[c] for c in scores]) for cells in runs if all(c in cells for c in scores)]
-        first = avgs if first is None else first
-        values = [[cells[c] for cells in runs if c in cells] for c in cols] + [avgs]
-        delta = f"{np.mean(avgs) - np.mean(first):+.1f}" if avgs and first else "-"
-        lines.append([name] + [step or "-"] * steps + [str(len(runs))] + [mean_std(v) for v in values] + [delta])
-    header = ["model"] + ["updates"] * steps + ["seeds"] + [f"{SHORT[t]} {lang}" for t, lang in cols]
-    return format_rows(header + ["avg", "Δ"], lines)
-
-
-def plot_curves(path, run_dirs):
-    """--table ... --plot FILE.png: learning curves, a panel per column of the table (dev ppl, then the test
-    scores), a line per NAME over N updates (log scale), mean ± std over seeds as error bars. Atomic."""
-    from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-    cols, groups = read_table(run_dirs)
-    need(any(step for _, step in groups), "--plot: the --table dirs have no -stepN suffix, so there is no curve")
-    fig = Figure(figsize=(3.2 * len(cols), 3.4))
-    for ax, col in zip(fig.subplots(1, len(cols), squeeze=False)[0], cols):
-        for name in dict.fromkeys(n for n, _ in groups):
-            pts = [(int(step), [cells[col] for cells in runs if col in cells])
-                   for (n, step), runs in groups.items() if n == name and step]
-            pts = [(x, v) for x, v in pts if v]
-            if pts:
-                xs, vs = zip(*pts)
-                ax.errorbar(xs, [np.mean(v) for v in vs], yerr=[np.std(v) for v in vs], marker="o", ms=3,
-                            capsize=2, label=name)
-        ax.set(xscale="log", xlabel="updates", title=f"{SHORT[col[0]]} {col[1]}" + (" (test, %)" * (col[0] != "ppl")))
-        steps = sorted({int(step) for _, step in groups if step})
-        ax.set_xticks(steps, [str(x) for x in steps], rotation=45, fontsize=8)
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        if col[0] == "ppl":
-            ax.set_yscale("log")
-            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-                axis(ScalarFormatter())
-        ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    with bpe.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    print(f"wrote {path}")
-
+# -----------------------------------------------------------------------------
+# CLI: the flags, the checkpoints, main(argv): every flag and file checked, then each task's grid
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Unset grid flags take the paper's "
@@ -1097,24 +948,18 @@ def build_parser():
     return p
 
 
-def deprecated(old, new):
-    """The spellings of the previous release still work, with this one line on stderr."""
-    print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
-
-
 def old_spellings(args):
     """--toy DIR -> --toy --data DIR; --batch-size / --lr / --head-lr with a comma list -> the grid flags."""
-    args.data_flag = "--data"  # the flag that gave the data directory, named in messages
-    if isinstance(args.toy, str):
-        deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
-        need(args.data is None, f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
-        args.data, args.toy, args.data_flag = args.toy, True, "--toy"
+    try:
+        args.data_flag = bpe.toy_data(args)  # the flag that gave the data directory, named in messages
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     for k, flag in (("batch_size", "--batch-size"), ("lr", "--lr"), ("head_lr", "--head-lr")):
         one = vars(args).pop("one_" + k)
         if one is not None:
             need(getattr(args, k) is None, f"{flag} and {flag}s: give one of them")
             if len(one) > 1:
-                deprecated(f"{flag} with a comma list", f"{flag}s {','.join(map(str, one))}")
+                bpe.deprecated(f"{flag} with a comma list", f"{flag}s {','.join(map(str, one))}")
             setattr(args, k, one)
 
 
@@ -1189,13 +1034,13 @@ def _main(args):
     bpe.make_dir("--out", args.out)
     plans = []
     for name in tasks:  # every file of every task is read before the first set trains
-        preset = (TOY_PRESET if args.toy else PAPER_PRESET)[name]
-        targs = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if getattr(args, k) is None}})
+        preset = TASKS[name].toy if args.toy else TASKS[name].paper  # the values of the grid flags left unset
+        task_args = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if vars(args)[k] is None}})
         files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file,
                               treebanks if name == "parse" else None, args.data_flag)
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
-        job, done = earlier_sets(name, files, targs, out)
-        plans.append((*prepare_task(name, files, model, routes, targs), files, targs, out, job, done))
+        job, done = earlier_sets(name, files, task_args, out)
+        plans.append((*prepare_task(name, files, model, routes, task_args), files, task_args, out, job, done))
     for plan in plans:
         run_task(*plan, model, {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")})  # for --table
 
@@ -1204,8 +1049,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return _main(args)
-    except (MemoryError, RuntimeError) as e:  # a GPU's OutOfMemoryError, or the CPU allocator's RuntimeError
-        if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and "allocate memory" not in str(e):
+    except (MemoryError, RuntimeError) as e:
+        if not bpe.out_of_memory(e):
             raise
         raise SystemExit("error: out of memory; try a smaller --batch-size or --max-len (finished sets are kept, "
                          "the same command goes on from them)") from None
@@ -1216,6 +1061,181 @@ def main(argv=None):
               "goes on from them" if kept else "finetune.py: interrupted before any set finished; nothing was kept",
               file=sys.stderr)
         raise SystemExit(130) from None
+
+
+# =====================================================================================================
+# After the paper path: the bookkeeping of a run and the printer of its results, not part of §3.2.
+# - the grid's resume bookkeeping: each finished set is OUT/sets/*.json, tagged with the run's identity (flags,
+#   checkpoint and data contents), so that the same command goes on from them and another run is refused;
+# - the --table printer (Table 1's layout over --out dirs) and its --plot (the learning curves over -stepN dirs).
+
+def write_json(path, obj):
+    """JSON through bpe.atomic_write: never half a file at `path`; a full disk is one line."""
+    def dump(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, ensure_ascii=False)
+    bpe.atomic_write(path, dump)
+
+
+def read_json(path, flag):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
+        raise SystemExit(f"error: {flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+# what a set's result depends on besides the checkpoints and data (not --device, --threads)
+JOB_FLAGS = ("train_lang", "batch_size", "lr", "head_lr", "epochs", "epoch_size", "max_len", "head_dropout", "clip",
+             "seed", "bf16", "align_layer")
+
+
+@functools.cache
+def digest(path):
+    """A file's contents as 'sha256:' + 16 hex digits, read once per run (--toy's three tasks share the checkpoints)."""
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
+
+
+def earlier_sets(task_name, files, args, out):
+    """The run's identity (task, JOB_FLAGS, checkpoint and data contents) and {set file: record} of the sets it
+    finished in `out` earlier (the same command resumes); another run's results or sets: refused, naming why."""
+    paths = {**{k: vars(args)[k] for k in ("ckpt", "target_ckpt", "align_maps", "xlm_codes")},
+             "train file": files["train"], "dev file": files["dev"],
+             **{f"{lang} test file": p for lang, p in files["test"].items()}}
+    job = {"task": task_name, **{k: digest(p) for k, p in paths.items() if p}, **{k: vars(args)[k] for k in JOB_FLAGS}}
+    done = {}
+    found = glob.glob(os.path.join(out, "results.json")) + sorted(glob.glob(os.path.join(out, "sets", "*.json")))
+    for path in [] if args.overwrite else found:  # --overwrite: run_task removes them
+        saved = read_json(path, "--out")
+        old = saved["job"] if isinstance(saved, dict) and isinstance(saved.get("job"), dict) else {}
+        if old != job:
+            diff = ", ".join(k for k in sorted(set(old) | set(job)) if old.get(k) != job.get(k))
+            raise SystemExit(f"error: {path} already exists, from another run (other {diff}); rerun with the same "
+                             "flags, pass --overwrite to replace it, or use another --out")
+        rec = saved.get("record")
+        if path.endswith(os.path.join("sets", os.path.basename(path))) and not good_record(rec, task_name, args):
+            raise SystemExit(f"error: {path}: not a finished set as finetune.py writes it (edited or damaged); remove "
+                             "it to train that set again, or pass --overwrite")
+        done[path] = rec
+    return job, done
+
+
+def good_record(rec, task_name, args):
+    """A sets/*.json record: the set's hyper-parameters, and a failure or the scores that run_task averages."""
+    metric, hps = TASKS[task_name].metric, grid(task_name, args)
+    if not isinstance(rec, dict) or {k: rec.get(k) for k in ("batch_size", "lr", "head_lr")} not in hps:
+        return False
+    if "failed" in rec:
+        return True
+    test, epoch = rec.get("test"), rec.get("best_epoch")
+    if not (isinstance(test, dict) and sorted(test) == sorted(args.eval_langs)) or type(epoch) is not int:
+        return False
+    scores = [rec.get("dev")] + list(test.values())
+    return all(isinstance(s, dict) and metric in s and all(is_score(v) for v in s.values()) for s in scores)
+
+
+def format_rows(header, rows):
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in [header] + rows)
+
+
+def mean_std(v):
+    return "-" if not v else f"{np.mean(v):.1f}" + (f" ±{np.std(v):.1f}" if len(v) > 1 else "")
+
+
+COLUMN_NAMES = {"ppl": "dev ppl", "xnli": "XNLI", "ner": "NER", "parse": "Parse"}  # --table's columns, in order
+
+
+def is_score(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def table_cells(results, path):
+    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl}; one that was edited into another
+    shape (a score that is not a finite number, the wrong metric) is refused, naming the file."""
+    task, metric, pretrain = results["task"], TASKS[results["task"]].metric, results.get("pretrain") or {}
+    ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
+    valid = (results.get("metric") == metric
+             and all(isinstance(s, dict) and is_score(s.get(metric)) for s in results["test"].values())
+             and isinstance(ppl, dict) and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
+    need(valid, f"--table: {path}: not a results.json as finetune.py writes it (a {task} test {metric} or a dev "
+                "perplexity is missing or not a number); run the fine-tuning again")
+    return {**{(task, lang): 100 * s[metric] for lang, s in results["test"].items()},
+            **{("ppl", lang): v for lang, v in ppl.items()}}
+
+
+def read_table(run_dirs):
+    """The runs of --table grouped by (NAME, N) for --out dirs named NAME[-sSEED][-stepN] (N: pretrain.py
+    --snapshots): returns the columns (("ppl" or task, lang), in COLUMN_NAMES's order) and an ordered {(NAME, N):
+    [cells of one seed]} with cells = {column: dev ppl, or test score in % (XNLI acc, NER F1, LAS)}."""
+    groups = {}
+    for d in run_dirs:
+        name, step = re.fullmatch(r"(.+?)(?:-s\d+)?(?:-step(\d+))?", os.path.basename(os.path.normpath(d))).groups()
+        cells = {}
+        for path in sorted(glob.glob("results.json", root_dir=d) + glob.glob("*/results.json", root_dir=d)):
+            results = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's three
+            if isinstance(results, dict) and results.get("task") in TASKS and isinstance(results.get("test"), dict):
+                cells.update(table_cells(results, os.path.join(d, path)))
+        need(cells, f"--table: no results.json under {d}")
+        groups.setdefault((name, step), []).append(cells)
+    cols = sorted({c for runs in groups.values() for cells in runs for c in cells},
+                  key=lambda c: (list(COLUMN_NAMES).index(c[0]), c[1]))
+    names = list(dict.fromkeys(name for name, _ in groups))
+    return cols, {k: groups[k] for k in sorted(groups, key=lambda k: (names.index(k[0]), int(k[1] or 0)))}
+
+
+def results_table(run_dirs):
+    """Table 1's layout: a row per NAME (and N, in update order), the checkpoint's dev perplexity if known, the
+    test score per task x language in %, their average and Δ = the average minus the first row's (the paper's
+    Default); mean ± std over seeds."""
+    cols, groups = read_table(run_dirs)
+    scores = [c for c in cols if c[0] != "ppl"]
+    steps = any(step for _, step in groups)
+    lines, first = [], None
+    for (name, step), runs in groups.items():
+        avgs = [np.mean([cells[c] for c in scores]) for cells in runs if all(c in cells for c in scores)]
+        first = avgs if first is None else first
+        values = [[cells[c] for cells in runs if c in cells] for c in cols] + [avgs]
+        delta = f"{np.mean(avgs) - np.mean(first):+.1f}" if avgs and first else "-"
+        lines.append([name] + [step or "-"] * steps + [str(len(runs))] + [mean_std(v) for v in values] + [delta])
+    header = ["model"] + ["updates"] * steps + ["seeds"] + [f"{COLUMN_NAMES[t]} {lang}" for t, lang in cols]
+    return format_rows(header + ["avg", "Δ"], lines)
+
+
+def plot_curves(path, run_dirs):
+    """--table ... --plot FILE.png: learning curves, a panel per column of the table (dev ppl, then the test
+    scores), a line per NAME over N updates (log scale), mean ± std over seeds as error bars. Atomic."""
+    from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    cols, groups = read_table(run_dirs)
+    need(any(step for _, step in groups), "--plot: the --table dirs have no -stepN suffix, so there is no curve")
+    fig = Figure(figsize=(3.2 * len(cols), 3.4))
+    for ax, col in zip(fig.subplots(1, len(cols), squeeze=False)[0], cols):
+        for name in dict.fromkeys(n for n, _ in groups):
+            pts = [(int(step), [cells[col] for cells in runs if col in cells])
+                   for (n, step), runs in groups.items() if n == name and step]
+            pts = [(x, v) for x, v in pts if v]
+            if pts:
+                xs, vs = zip(*pts)
+                ax.errorbar(xs, [np.mean(v) for v in vs], yerr=[np.std(v) for v in vs], marker="o", ms=3,
+                            capsize=2, label=name)
+        ax.set(xscale="log", xlabel="updates",
+               title=f"{COLUMN_NAMES[col[0]]} {col[1]}" + (" (test, %)" * (col[0] != "ppl")))
+        steps = sorted({int(step) for _, step in groups if step})
+        ax.set_xticks(steps, [str(x) for x in steps], rotation=45, fontsize=8)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        if col[0] == "ppl":
+            ax.set_yscale("log")
+            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                axis(ScalarFormatter())
+        ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    with bpe.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

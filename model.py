@@ -26,7 +26,7 @@ model; the one command here is `python model.py export CKPT OUT_DIR` (export_hf)
 import json
 import os
 import re
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -343,18 +343,26 @@ class AlignedEncoder(nn.Module):
 # -----------------------------------------------------------------------------
 # checkpoints as plain types (load under torch.load(weights_only=True), never a pickled object)
 
-def save_model(path, model, **extra):
-    """Atomically write {"model": state_dict, "config": asdict(config), **extra} (a failed write, e.g. a
-    full disk, leaves no file). Pass the raw model, not a DDP or torch.compile wrapper: no key prefixes."""
-    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(model.config).items()}
-    tmp = str(path) + ".tmp"  # bpe.atomic_path's write-then-rename, kept here: model.py must copy alone
+@contextmanager
+def _atomic_path(path):
+    """Yields path + ".tmp" to write, renamed to `path` at the end; any failure (a full disk, Ctrl-C) removes it
+    and leaves nothing. bpe.atomic_path's write-then-rename, kept here: model.py must copy alone."""
+    tmp = str(path) + ".tmp"
     try:
-        torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def save_model(path, model, **extra):
+    """Atomically write {"model": state_dict, "config": asdict(config), **extra} (a failed write, e.g. a
+    full disk, leaves no file). Pass the raw model, not a DDP or torch.compile wrapper: no key prefixes."""
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(model.config).items()}
+    with _atomic_path(path) as tmp:
+        torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
 
 
 CKPT_HINT = "expected a checkpoint written by pretrain.py (best.pt or checkpoint.pt), model.save_model or XLM's train.py"
@@ -574,7 +582,9 @@ def check_plot(path):
     except ImportError:
         raise ValueError("--plot needs matplotlib, which is not a requirement: pip install matplotlib") from None
     d = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(d) or not os.access(d, os.W_OK):
+    if not os.path.isdir(d):
+        raise ValueError(f"--plot {path}: no such directory {d}")
+    if os.path.isdir(path) or not os.access(d, os.W_OK):
         raise ValueError(f"--plot {path}: cannot write a file there")
 
 
@@ -602,9 +612,8 @@ def plot_layers(path, title, header, rows, ylabel):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the plot, never over a line
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    with _atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     print(f"wrote {path}")
 
 
@@ -728,18 +737,13 @@ def export_hf(ckpt_path, out_dir, lang=None):
              "special_tokens_map.json": specials}
     written = []
     for name, content in [weights] + list(files.items()):
-        path, tmp = os.path.join(out_dir, name), os.path.join(out_dir, name + ".tmp")
-        try:
+        path = os.path.join(out_dir, name)
+        with _atomic_path(path) as tmp:
             if callable(content):
                 content(tmp)
             else:
                 with open(tmp, "w", encoding="utf-8") as f:
                     json.dump(content, f, ensure_ascii=False, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
         written.append(path)
     return written
 

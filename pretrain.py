@@ -37,8 +37,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, Tokenizer, atomic_write, load_bin, make_dir, parse_lang_files,
-                 prepare, write_errors, write_text)
+from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, Tokenizer, atomic_write, load_bin, make_dir, number,
+                 parse_lang_files, prepare, write_errors, write_text)
 from model import MLM, ModelConfig, autocast, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
@@ -190,14 +190,6 @@ RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", 
                      "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "overwrite",
                      "lr", "warmup", "max_bad_steps", "save_every"}
 MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: a larger one is a typo, not a model
-# every number flag's check, in one table: (what it must be, the test, the flags)
-RANGES = [("> 0", lambda v: v > 0, "n_layers dim n_heads ffn_dim batch_size bptt accumulate epoch_size epochs "
-                                   "max_steps lr merges log_every max_bad_steps workers threads"),
-          (">= 0", lambda v: v >= 0, "warmup eval_every save_every clip seed toy_seed pos_offsets"),
-          ("< 2^32", lambda v: v < 2**32, "seed"),  # seeds the masking generator as seed * 1000 + rank + 1 < 2^64
-          (f"<= {MAX_POSITIONS}", lambda v: v <= MAX_POSITIONS, "bptt pos_offsets"),
-          ("in [0, 1)", lambda v: 0 <= v < 1, "dropout attention_dropout"),
-          ("in [0, 1]", lambda v: 0 <= v <= 1, "toy_overlap toy_domain_shift")]
 # torchrun: the other ranks wait in a collective while the master evaluates and writes checkpoint.pt (~1.4 GB at the
 # paper's size); NCCL's default of 10 minutes would end a run whose dev sets are large
 DDP_TIMEOUT = timedelta(minutes=60)
@@ -206,6 +198,10 @@ DDP_TIMEOUT = timedelta(minutes=60)
 def build_parser():
     """The flags as parsed, nothing checked yet (get_args fills in the presets and checks every value); --help shows
     each flag's default (bpe.HelpFormatter), a preset's as "paper X; --toy Y"."""
+    # every number flag is checked as argparse reads it (bpe.number: one line naming the flag and the value)
+    count, natural, positions = number(1), number(0), number(1, MAX_POSITIONS, upto=True)
+    fraction, rate = number(0, 1, float, upto=True), number(0, 1, float)
+    seed = number(0, 2 ** 32)  # the masking generator is seeded with seed * 1000 + rank + 1 < 2^64
     p = argparse.ArgumentParser(prog="pretrain.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     a = p.add_argument
@@ -228,62 +224,63 @@ def build_parser():
     a("--resume", action="store_true",
       help="continue from OUT/checkpoint.pt (--lr, --warmup, --max-steps, --epochs may change)")
     a("--overwrite", action="store_true", help="start a new run in an --out holding an earlier run's files")
-    a("--seed", type=int, default=0, help="seed for init, data order, masking, dropout")
+    a("--seed", type=seed, default=0, help="seed for init, data order, masking, dropout")
     # data preparation (bpe.prepare)
     a("--bpe", choices=MODES, default="joint", help="joint: Default; separate: Default anchors; prefixed: No anchors")
-    a("--merges", type=int, help="BPE merge operations (default: paper 80000 joint, 40000 per "
+    a("--merges", type=count, help="BPE merge operations (default: paper 80000 joint, 40000 per "
       "language; --toy 2000 / 1000)")
     a("--code-switch", metavar="DICT", help="MUSE dictionary to code-switch the text with (Extra anchors, "
       "the training text code-switched once, when it is prepared), or toy (default: none)")
     a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off: the text as given)")
     a("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
-    a("--workers", type=int, default=1, help="processes for binarising text")
+    a("--workers", type=count, default=1, help="processes for binarising text")
     # toy world (toydata.py)
     a("--toy-size", choices=list(TOY_SIZES), default="full", help="toy world size (tiny is for tests)")
-    a("--toy-overlap", type=float, default=0.0, help="toy: fraction of shared word forms (anchors)")
+    a("--toy-overlap", type=fraction, default=0.0, help="toy: fraction of shared word forms (anchors)")
     a("--toy-order", default="svo", help="toy: word order of the second language, e.g. sov-na-post (toydata.py)")
-    a("--toy-domain-shift", type=float, default=0.0, help="toy: topic shift between the languages (Wiki-CC: 1.0)")
+    a("--toy-domain-shift", type=fraction, default=0.0, help="toy: topic shift between the languages (Wiki-CC: 1.0)")
     a("--toy-cyrillic", action="store_true", help="toy: write the second language in Cyrillic letters")
-    a("--toy-seed", type=int, default=0, help="toy: world seed")
+    a("--toy-seed", type=natural, default=0, help="toy: world seed")
     # model (model.ModelConfig)
     a("--sep", default="", help="language-specific parts (Table 1): emb, 1-3, 1-6, emb,1-3, emb,1-6; "
       "also tok, pos (default: none, all shared)")
     a("--lang-emb", action="store_true", help="add language embeddings (off: the paper is silent; as the "
       "mBERT and XLM-17/100 checkpoints)")
-    preset("--n-layers", int, "layers")
-    preset("--dim", int, "hidden size")
-    preset("--n-heads", int, "attention heads")
-    preset("--ffn-dim", int, "feed-forward size")
-    preset("--dropout", float, "dropout")
-    preset("--attention-dropout", float, "attention dropout (as XLM's recipes; its flag's default is 0)")
+    preset("--n-layers", count, "layers")
+    preset("--dim", count, "hidden size")
+    preset("--n-heads", count, "attention heads")
+    preset("--ffn-dim", count, "feed-forward size")
+    preset("--dropout", rate, "dropout")
+    preset("--attention-dropout", rate, "attention dropout (as XLM's recipes; its flag's default is 0)")
     # optimisation
-    preset("--batch-size", int, "examples (streams of --bptt tokens) per step, per GPU and micro-batch (x 8 GPUs "
+    preset("--batch-size", count, "examples (streams of --bptt tokens) per step, per GPU and micro-batch (x 8 GPUs "
            "in the paper)")
-    preset("--bptt", int, "tokens per stream")
-    preset("--pos-offsets", int, "N: each stream starts at a random position in [0, N - bptt] (off: N <= bptt)")
-    a("--accumulate", type=int, help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
-    preset("--lr", float, "peak learning rate")
-    preset("--warmup", int, "linear warm-up updates from 1e-7")
+    preset("--bptt", positions, "tokens per stream")
+    preset("--pos-offsets", number(0, MAX_POSITIONS, upto=True), "N: each stream starts at a random position in "
+           "[0, N - bptt] (off: N <= bptt)")
+    a("--accumulate", type=count, help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
+    preset("--lr", number(0, cast=float, above=True), "peak learning rate")
+    preset("--warmup", natural, "linear warm-up updates from 1e-7")
     preset("--schedule", None, "after warm-up: inverse_sqrt (XLM) or linear to 0", choices=["inverse_sqrt", "linear"])
-    a("--clip", type=float, default=5.0, help="gradient clipping norm, 0 = off (XLM's clip_grad_norm; the "
-      "paper names none)")
-    preset("--epoch-size", int, "examples (streams) per GPU per epoch, XLM's meaning of an epoch")
-    preset("--epochs", int, "epochs")
-    a("--max-steps", type=int, help="stop after this many updates (default: paper none; --toy 8000)")
-    a("--eval-every", type=int, help="also evaluate and save every N updates (default 0: once per epoch)")
+    a("--clip", type=number(0, cast=float), default=5.0, help="gradient clipping norm, 0 = off (XLM's "
+      "clip_grad_norm; the paper names none)")
+    preset("--epoch-size", count, "examples (streams) per GPU per epoch, XLM's meaning of an epoch")
+    preset("--epochs", count, "epochs")
+    a("--max-steps", type=count, help="stop after this many updates (default: paper none; --toy 8000)")
+    a("--eval-every", type=natural, help="also evaluate and save every N updates (default 0: once per epoch)")
     a("--snapshots", default="", metavar="STEP,...", help="also keep the model at these updates as OUT/step{N}.pt "
       "(default: none)")
-    a("--save-every", type=int, default=0, metavar="N", help="write checkpoint.pt at an evaluation only N or more "
-      "updates after the last one (default 0: at every evaluation; the run's end and a stop always save). Larger: "
+    a("--save-every", type=natural, default=0, metavar="N", help="write checkpoint.pt at an evaluation only N or "
+      "more updates after the last one (default 0: at every evaluation; the run's end and a stop always save). Larger: "
       "less time writing while the other GPUs wait, but a crash redoes up to N updates")
-    preset("--log-every", int, "progress line every N updates")
-    a("--max-bad-steps", type=int, default=5, help="stop after this many NaN/inf losses in a row")
+    preset("--log-every", count, "progress line every N updates")
+    a("--max-bad-steps", type=count, default=5, help="stop after this many NaN/inf losses in a row")
     # system
     a("--device", default="auto", help="auto, cpu, cuda (cuda:LOCAL_RANK under torchrun), cuda:N, mps")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
       help="autocast: auto = bf16 on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU and MPS")
     a("--compile", action="store_true", help="torch.compile the model")
-    a("--threads", type=int, help="CPU threads for torch (default torch's; --toy 1)")
+    a("--threads", type=count, help="CPU threads for torch (default torch's; --toy 1)")
     return p
 
 
@@ -311,10 +308,6 @@ def get_args(argv=None):
     check(not (args.overwrite and args.resume), "--overwrite starts a new run; it cannot be combined with --resume")
     check(all(map(str.isalpha, langs)) and len(set(langs)) == len(langs),
           f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr")
-    for what, valid, names in RANGES:
-        for k in names.split():
-            v = getattr(args, k)  # None: not given (--threads)
-            check(v is None or valid(v) and math.isfinite(v), f"--{k.replace('_', '-')} must be {what}, got {v}")
     check(args.dim % args.n_heads == 0, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
     snapshots = args.snapshots.replace(",", " ").split()
     check(all(x.isdigit() and int(x) > 0 for x in snapshots), f"--snapshots {args.snapshots}: expected e.g. 500,1000")

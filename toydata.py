@@ -643,6 +643,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
 # -----------------------------------------------------------------------------
 # CLI
 
+# bpe.py's HelpFormatter, copied in short (and numbers checked here, not by bpe.number): toydata.py imports no
+# project file, so it can be copied alone
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help: each flag's default, unless the help says it or the flag is a switch."""
     def _get_help_string(self, action):

@@ -133,7 +133,7 @@ BPE_CASES = [
     (["--data", "{p}", "--separate-vocab"], "(--merges 200 there, 80000 here; --separate-vocab off there, on here)"),
     (["--data", "{p}", "--merges", "200", "--lowercase"], "(--lowercase off there, on here)"),
     # more inputs of our own: flags out of range, a file for a folder and the other way round, one text twice
-    (["--data", "{w}", "--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--data", "{w}", "--seed", "-1"], "argument --seed: expected one integer in [0, inf), got '-1'"),
     (["--data", "{w}/world.json"], "--data {w}/world.json: not a directory"),
     (["--data", "{w}", "--code-switch", "{w}/dict"], "--code-switch {w}/dict: not a file"),
     (["--train-files", "en={w}/mono/en.train.txt,fr={w}/mono/en.train.txt", "--dev-files",

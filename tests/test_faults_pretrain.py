@@ -372,30 +372,36 @@ def math_finite(record):
 # 5. every flag and input file is checked before any work
 
 
+def bad_number(flag, value, span, kind="integer"):
+    """A bad number flag and its one line (bpe.number, every numeric flag's type): the flag, the range, the value."""
+    return [flag, value], f"argument {flag}: expected one {kind} in {span}, got {str(value)!r}"
+
+
 BAD_FLAGS = [
-    (["--lr", -1], "--lr must be > 0"),
-    (["--lr", 0], "--lr must be > 0"),
-    (["--lr", "nan"], "--lr must be > 0"),
-    (["--warmup", -5], "--warmup must be >= 0"),
-    (["--dropout", 1.5], "--dropout must be in [0, 1)"),
-    (["--attention-dropout", -0.1], "--attention-dropout must be in [0, 1)"),
-    (["--clip", -1], "--clip must be >= 0"),
-    (["--threads", -1], "--threads must be > 0"),
-    (["--log-every", 0], "--log-every must be > 0"),
-    (["--eval-every", -1], "--eval-every must be >= 0"),
-    (["--max-bad-steps", 0], "--max-bad-steps must be > 0"),
-    (["--workers", 0], "--workers must be > 0"),
-    (["--seed", -1], "--seed must be >= 0"),
-    (["--merges", 0], "--merges must be > 0"),
+    bad_number("--lr", -1, "(0, inf)", "number"),
+    bad_number("--lr", 0, "(0, inf)", "number"),
+    bad_number("--lr", "nan", "(0, inf)", "number"),
+    bad_number("--warmup", -5, "[0, inf)"),
+    bad_number("--dropout", 1.5, "[0, 1)", "number"),
+    bad_number("--attention-dropout", -0.1, "[0, 1)", "number"),
+    bad_number("--clip", -1, "[0, inf)", "number"),
+    bad_number("--threads", -1, "[1, inf)"),
+    bad_number("--log-every", 0, "[1, inf)"),
+    bad_number("--eval-every", -1, "[0, inf)"),
+    bad_number("--max-bad-steps", 0, "[1, inf)"),
+    bad_number("--workers", 0, "[1, inf)"),
+    bad_number("--seed", -1, "[0, 4294967296)"),
+    bad_number("--merges", 0, "[1, inf)"),
     (["--langs", "en,en"], "--langs en,en: expected distinct languages"),
     (["--langs", "en,"], "--langs en,: expected distinct languages"),
     (["--toy-order", "xyz"], "--toy-order"),
-    (["--toy-overlap", 2], "--toy-overlap must be in [0, 1]"),
-    (["--ffn-dim", 0], "--ffn-dim must be > 0"),                     # issue 22 item 9: tracebacks before
-    (["--ffn-dim", -4], "--ffn-dim must be > 0"),
-    (["--seed", 10**17], "--seed must be < 2^32"),
-    (["--pos-offsets", 10**9], "--pos-offsets must be <= 16384"),
-    (["--bptt", 10**9], "--bptt must be <= 16384"),
+    bad_number("--toy-overlap", 2, "[0, 1]", "number"),
+    bad_number("--ffn-dim", 0, "[1, inf)"),                     # issue 22 item 9: tracebacks before
+    bad_number("--ffn-dim", -4, "[1, inf)"),
+    bad_number("--seed", 10**17, "[0, 4294967296)"),
+    bad_number("--pos-offsets", 10**9, "[0, 16384]"),
+    bad_number("--bptt", 10**9, "[1, 16384]"),
+    bad_number("--epochs", 2.5, "[1, inf)"),
 ]
 
 
@@ -546,9 +552,12 @@ BPE_MISTAKES = [
      "--train-files: language 'en' given twice"),
     (["prepare", "--train-files", "en=nope.txt,fr=fr.txt", "--dev-files", "en=en.txt,fr=fr.txt", "--out", "p"],
      "--train-files en=nope.txt: no such file"),
-    (["prepare", "--data", ".", "--merges", "-5", "--out", "p"], "--merges must be >= 1, got -5"),
-    (["prepare", "--data", ".", "--workers", "0", "--out", "p"], "--workers must be >= 1"),
-    (["prepare", "--data", ".", "--max-lines", "-1", "--out", "p"], "--max-lines must be >= 1"),
+    (["prepare", "--data", ".", "--merges", "-5", "--out", "p"],
+     "argument --merges: expected one integer in [1, inf), got '-5'"),
+    (["prepare", "--data", ".", "--workers", "0", "--out", "p"],
+     "argument --workers: expected one integer in [1, inf), got '0'"),
+    (["prepare", "--data", ".", "--max-lines", "-1", "--out", "p"],
+     "argument --max-lines: expected one integer in [1, inf)"),
     (["prepare", "--out", "p"], "give --data, or --train-files with --dev-files"),
     (["prepare", "--data", ".", "--code-switch", "en.txt", "--separate-vocab", "--out", "p"],
      "--code-switch needs two --langs and one shared vocabulary"),

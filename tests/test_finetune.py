@@ -387,7 +387,7 @@ def test_grid_orders_and_sizes():
     a = argparse.Namespace(batch_size=[4, 8], lr=[1.0, 2.0, 3.0], head_lr=[5.0, 6.0, 7.0])
     assert len(ft.grid("xnli", a)) == 18 and len(ft.grid("ner", a)) == 6
     assert ft.grid("ner", a)[1] == {"batch_size": 4, "lr": 2.0, "head_lr": None}
-    assert ft.PAPER_PRESET["ner"]["lr"] == [2e-5, 3e-5, 5e-5] and ft.PAPER_PRESET["xnli"]["batch_size"] == [4, 8]
+    assert ft.NERTask.paper["lr"] == [2e-5, 3e-5, 5e-5] and ft.XNLITask.paper["batch_size"] == [4, 8]
 
 
 def test_warmup_linear():
@@ -467,7 +467,7 @@ def test_ner_long_sentences_and_frozen_lang_specific(toy_world, toy_ckpt):
     long_words = [w for ws, _ in train[:12] for w in ws]
     long_tags = [t for _, ts in train[:12] for t in ts]
     dev = train[:8] + [(long_words, long_tags)]
-    task = ft.NERTask(train)
+    task = ft.NERTask(train, max_len=22)
     data = {"lang_id": 0, "train": (train, task.featurize(train, tok, "en", 24)),
             "dev": (dev, task.featurize(dev, tok, "en", 24)), "test": {}}
     assert len(data["dev"][1][-1][0]) > 3 * 24  # subwords of the long sentence
@@ -480,7 +480,7 @@ def test_ner_long_sentences_and_frozen_lang_specific(toy_world, toy_ckpt):
     assert specific and all(torch.equal(after[k], init[k]) for k in specific)
     assert not torch.equal(after["blocks.1.0.ffn.lin1.weight"], init["blocks.1.0.ffn.lin1.weight"])
     head = task.head(m.config.dim, 0.1)
-    preds = task.run(m.eval(), head.eval(), data["dev"][1][-1:], 0, 22, predict=True)
+    preds = task.run(m.eval(), head.eval(), data["dev"][1][-1:], 0, predict=True)
     assert len(preds[0]) == len(long_words)
 
 
@@ -495,7 +495,7 @@ def test_progress_bar_only_on_a_terminal(toy_world, toy_ckpt, monkeypatch, tty):
     import argparse
     m, tok = _load(toy_ckpt)
     train = ft.read_ner(str(toy_world / "ner/en.train.tsv"))[:32]
-    task = ft.NERTask(train)
+    task = ft.NERTask(train, max_len=22)
     feats = task.featurize(train, tok, "en", 24)
     data = {"lang_id": 0, "train": (train, feats), "dev": (train[:8], feats[:8]), "test": {}}
     args = argparse.Namespace(seed=0, head_dropout=0.1, epoch_size=0, epochs=2, max_len=22, clip=5.0, bf16=False)

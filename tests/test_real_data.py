@@ -250,7 +250,7 @@ def test_our_evaluation_directory_reads_as_before(task):
         lang: want[2].format(*((names[lang], lang) if task == "parse" else (lang,))) for lang in langs}
     got = {"train": files["train"], "dev": files["dev"]} | files["test"]
     assert got == {k: os.path.join(DATA, v) for k, v in expect.items()}
-    simple = ft.TASKS[task][1]
+    simple = ft.TASKS[task].read
     for k, path in got.items():
         assert ft.read_split(task, path, k if k in langs else "en") == simple(path)
 
