@@ -180,7 +180,7 @@ def drop_unused_lang_grads(model, used):
 PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1, batch_size=96,
              bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200, max_steps=10**12, eval_every=0,
              log_every=100, accumulate=1, schedule="inverse_sqrt", pos_offsets=0)
-# chosen on the Default model only (README "Calibrating the --toy preset") and frozen; streams at random offsets in
+# chosen on the Default model only (RESULTS.md, "Calibrating the --toy preset") and frozen; streams at random offsets in
 # positions 0..47 train every position a toy fine-tuning input uses
 TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, pos_offsets=48, lr=2e-3,
            warmup=500, schedule="linear", epoch_size=32000, max_steps=8000, eval_every=0, log_every=500, threads=1)

@@ -530,7 +530,7 @@ def _sample_trees(world, rng, n, mixture=None, need_entity=False):
 
 
 # Sentences per file (--size here, --toy-size in pretrain.py): tiny is for tests, full the default; paper is full
-# with 1,000 task examples to fine-tune on and 300 per test set, the README's "The paper on a laptop" world.
+# with 1,000 task examples to fine-tune on and 300 per test set, RESULTS.md's "The paper on a laptop" world.
 SIZES = {
     "tiny": dict(n_train=400, n_dev=60, n_test=60, n_parallel=60, n_task_train=60, n_task_eval=30, n_tatoeba=60),
     "small": dict(n_train=5000, n_dev=300, n_test=300, n_parallel=500, n_task_train=500, n_task_eval=200,
