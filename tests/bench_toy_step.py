@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import MLM, ModelConfig  # noqa: E402
-from pretrain import ADAM, TOY, mask_tokens  # noqa: E402
+from pretrain import TOY, build_adam, mask_tokens  # noqa: E402
 
 
 def matmul_rate(n=256, seconds=0.5):
@@ -54,7 +54,7 @@ def main():
                          ffn_dim=TOY["ffn_dim"], max_positions=512)
     model = MLM(config).train()
     params = list(model.parameters())
-    opt = torch.optim.Adam(params, lr=1e-3, **ADAM)
+    opt = build_adam(params, 1e-3, "cpu")  # pretrain.py's optimizer
     gen = torch.Generator().manual_seed(1)
     data = torch.randint(14, args.vocab, (1000, B, T), generator=gen)
     n_targets = []
