@@ -249,7 +249,7 @@ class BPE:
             new, n = w[:i], len(w)
             while i < n:
                 if i < n - 1 and rs[i] == r:  # non-overlapping: a a a with (a, a) -> aa a
-                    new.append(w[i] + w[i + 1])
+                    new.append(merged[r])
                     i += 2
                 else:
                     new.append(w[i])
