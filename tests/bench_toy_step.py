@@ -8,10 +8,11 @@ pytest):
     python tests/bench_toy_step.py --profile 20     # + a torch.profiler table of 20 steps
 
 One step is what pretrain.py does per update on the CPU: mask_tokens, forward with targets, backward, gradient
-clipping, Adam, zero_grad. Model FLOPs per step: 6 x the non-embedding parameters per token (forward + backward)
-plus 6 x d x V per target position for the tied softmax. Each round times `--steps` steps and then 256^3 matmuls
-for about as long; the fraction is (step FLOP/s) / (matmul FLOP/s) of the same round, and the median over rounds
-is printed (process CPU time, so waiting for a core on a shared machine does not count; wall time beside it).
+clipping, Adam (pretrain.build_adam: fused), zero_grad. Model FLOPs per step: 6 x the non-embedding parameters per
+token (forward + backward) plus 6 x d x V per target position for the tied softmax. Each round times `--steps`
+steps and then 256^3 matmuls for about as long; the fraction is (step FLOP/s) / (matmul FLOP/s) of the same round,
+and the median over rounds is printed (process CPU time, so waiting for a core on a shared machine does not
+count; wall time beside it).
 """
 import argparse
 import os
