@@ -185,6 +185,19 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
 # -----------------------------------------------------------------------------
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
 
+class _Joined(dict):
+    """BPE.apply's cache, word -> its pieces joined by '@@ ' ('lo@@ west'): a missing word is merged when it is
+    first looked up, so a line of known and new words is one pass (no exception, no second join)."""
+
+    def __init__(self, merge):
+        super().__init__()
+        self.merge = merge
+
+    def __missing__(self, word):  # the pieces joined by '@@ ', then the last one's '</w>' dropped
+        joined = self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
+        return joined
+
+
 class BPE:
     """Merges -> segmentation. `BPE(merges)` with merges = [(left, right), ...] in learning order."""
 
@@ -195,9 +208,15 @@ class BPE:
             if len(pair) != 2 or not pair[0] or not pair[1]:
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
             self.ranks.setdefault(pair, i)
+        # one string object per symbol, shared by the keys of ranks and merged[rank] (the symbol a merge makes), so
+        # that _merge makes no new string per merge: its hash is known and a rank lookup matches it by identity
+        canon = {}
+        self.ranks = {(canon.setdefault(a, a), canon.setdefault(b, b)): r for (a, b), r in self.ranks.items()}
+        self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
         # per-word caches, filled as words are met: word -> pieces with '@@' on non-final ones (apply_words),
-        # and word -> those pieces joined by ' ' (apply: a line is then one dict lookup per word and a join)
-        self.cache, self.joined = {}, {}
+        # and word -> those pieces joined by ' ' (apply: a line is then one dict lookup per word and a join,
+        # a word met for the first time merged inside that lookup)
+        self.cache, self.joined = {}, _Joined(self._merge)
         self.none = len(self.merges)  # a rank above every merge's: the pair is no merge
 
     def _merge(self, word):
@@ -208,7 +227,7 @@ class BPE:
             return [word + EOW]
         w = list(word)
         w[-1] += EOW
-        get, none = self.ranks.get, self.none
+        get, none, merged = self.ranks.get, self.none, self.merged
         rs = list(map(get, zip(w, w[1:]), itertools.repeat(none)))
         while rs:
             r = min(rs)
@@ -216,7 +235,7 @@ class BPE:
                 break
             i = rs.index(r)
             if rs.count(r) == 1:  # the usual case: one occurrence, and only its neighbours' pairs change
-                ab = w[i] + w[i + 1]
+                ab = merged[r]  # w[i] + w[i + 1]
                 del w[i + 1]
                 w[i] = ab
                 if i + 1 < len(w):
@@ -230,7 +249,7 @@ class BPE:
             new, n = w[:i], len(w)
             while i < n:
                 if i < n - 1 and rs[i] == r:  # non-overlapping: a a a with (a, a) -> aa a
-                    new.append(w[i] + w[i + 1])
+                    new.append(merged[r])
                     i += 2
                 else:
                     new.append(w[i])
@@ -260,13 +279,7 @@ class BPE:
         """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words are split on ' ' only."""
         line = line.strip("\r\n ")
         words = line.split(" ") if "  " not in line else [w for w in line.split(" ") if w]  # '' for runs of ' '
-        try:  # the words met before: one lookup each
-            return " ".join(map(self.joined.__getitem__, words)) if line else ""
-        except KeyError:
-            for w in words:
-                if w not in self.joined:  # no ' ' inside: the pieces joined by '@@ ', then '</w>' dropped
-                    self.joined[w] = (CONTINUE + " ").join(self._merge(w))[: -len(EOW)]
-            return " ".join(map(self.joined.__getitem__, words))
+        return " ".join(map(self.joined.__getitem__, words)) if line else ""  # a new word: _Joined.__missing__
 
     def save(self, path):
         write_text(path, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))

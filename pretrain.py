@@ -558,6 +558,12 @@ def load_data(args, langs, master):
                            probs=sampling_probs([m["n_sentences"] for m in meta]))
 
 
+def build_adam(params, lr, device_type):
+    """Adam with ADAM's values, fused (one kernel for every parameter) on a GPU and on the CPU, where the
+    per-parameter loop of the default Adam was 7 % of a --toy update (tests/bench_toy_step.py)."""
+    return torch.optim.Adam(params, lr=lr, fused=True if device_type in ("cuda", "cpu") else None, **ADAM)
+
+
 def build(run, args, dtype):
     """Model (seeded alike on every rank), Adam (ADAM: XLM's values), AMP (autocast; a GradScaler for float16), then
     per-rank randomness: data order (numpy), masking (a torch CPU generator), dropout (torch's global generator)."""
@@ -571,8 +577,7 @@ def build(run, args, dtype):
                              vocab_sizes=tuple(run.vocab_sizes) if args.sep_tok else ())
     run.raw_model = run.model = MLM(run.config).to(run.device)
     run.params = list(run.raw_model.parameters())
-    fused = True if run.device_type == "cuda" else None  # one kernel for all parameters on a GPU
-    run.optimizer = torch.optim.Adam(run.params, lr=args.lr, fused=fused, **ADAM)
+    run.optimizer = build_adam(run.params, args.lr, run.device_type)
     run.ctx = autocast(run.device, dtype)
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=(dtype == "float16"))
     run.sampler = StreamSampler([n_stream_batches(n, args.batch_size, args.bptt) for n in run.n_tokens], run.probs,

@@ -8,10 +8,11 @@ pytest):
     python tests/bench_toy_step.py --profile 20     # + a torch.profiler table of 20 steps
 
 One step is what pretrain.py does per update on the CPU: mask_tokens, forward with targets, backward, gradient
-clipping, Adam, zero_grad. Model FLOPs per step: 6 x the non-embedding parameters per token (forward + backward)
-plus 6 x d x V per target position for the tied softmax. Each round times `--steps` steps and then 256^3 matmuls
-for about as long; the fraction is (step FLOP/s) / (matmul FLOP/s) of the same round, and the median over rounds
-is printed (process CPU time, so waiting for a core on a shared machine does not count; wall time beside it).
+clipping, Adam (pretrain.build_adam: fused), zero_grad. Model FLOPs per step: 6 x the non-embedding parameters per
+token (forward + backward) plus 6 x d x V per target position for the tied softmax. Each round times `--steps`
+steps and then 256^3 matmuls for about as long; the fraction is (step FLOP/s) / (matmul FLOP/s) of the same round,
+and the median over rounds is printed (process CPU time, so waiting for a core on a shared machine does not
+count; wall time beside it).
 """
 import argparse
 import os
@@ -23,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import MLM, ModelConfig  # noqa: E402
-from pretrain import ADAM, TOY, mask_tokens  # noqa: E402
+from pretrain import TOY, build_adam, mask_tokens  # noqa: E402
 
 
 def matmul_rate(n=256, seconds=0.5):
@@ -54,7 +55,7 @@ def main():
                          ffn_dim=TOY["ffn_dim"], max_positions=512)
     model = MLM(config).train()
     params = list(model.parameters())
-    opt = torch.optim.Adam(params, lr=1e-3, **ADAM)
+    opt = build_adam(params, 1e-3, "cpu")  # pretrain.py's optimizer
     gen = torch.Generator().manual_seed(1)
     data = torch.randint(14, args.vocab, (1000, B, T), generator=gen)
     n_targets = []

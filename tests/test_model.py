@@ -274,6 +274,39 @@ def test_dropout_only_in_training():
     assert not torch.allclose(a, m(x, 0)[0])
 
 
+def test_cpu_dropout_is_bernoulli_with_inverted_scaling():
+    """model.dropout (the CPU masks from 31-bit integers): kept elements scaled by 1/(1-p), the kept fraction 1-p,
+    the gradient the same mask; the identity in eval mode or with p = 0; torch's global generator decides."""
+    from model import dropout
+    x = torch.ones(400_000, requires_grad=True)
+    torch.manual_seed(3)
+    y = dropout(x, 0.1)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.9) < 0.003
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / 0.9))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, 0.1).detach(), y.detach())
+    assert dropout(x, 0.1, training=False) is x and torch.equal(dropout(x, 0.0), x)
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))  # F.dropout's answer for p = 1
+    assert abs((dropout(torch.ones(400_000), 0.5) == 0).float().mean().item() - 0.5) < 0.003
+
+
+def test_training_attention_written_out_equals_sdpa_without_its_dropout(monkeypatch):
+    """Training on the CPU without a key mask, SelfAttention computes softmax(q k^T / sqrt(hs)) v itself (to draw
+    its dropout mask with model.dropout): with that dropout made the identity it equals the eval path (SDPA)."""
+    import model
+    m = tiny(dropout=0.0, attention_dropout=0.3)
+    attn = m.blocks[0][0].attn
+    x = torch.randn(3, 7, 16)
+    expected = attn.eval()(x)
+    calls = []
+    monkeypatch.setattr(model, "dropout", lambda t, p, training=True: calls.append((tuple(t.shape), p)) or t)
+    torch.testing.assert_close(attn.train()(x), expected, atol=1e-6, rtol=1e-5)
+    assert calls == [((3 * 2, 7, 7), 0.3)]
+
+
 def test_masked_logits_equal_full_logits_at_targets():
     m = tiny().eval()
     x = batch()
