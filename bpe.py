@@ -524,12 +524,6 @@ def checkpoint_lang(langs, lang, head, tail=""):
     return list(langs).index(lang)
 
 
-def encode_bar(lang):
-    """The "encode {lang}" progress bar of align.py and cka.py, as model.pool_sentences takes it: a wrapper
-    (iterable, total) -> iterable, drawn on stderr only when it is a terminal."""
-    return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
-                                  disable=not sys.stderr.isatty())
-
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is prepared
 
@@ -1024,7 +1018,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     return out
 
 # -----------------------------------------------------------------------------
-# Command line: prepare (the data step of pretrain.py, run once ahead)
+# Command line: the helpers every script's command line shares (help text, numeric flags, old spellings,
+# checks, progress bar), then prepare (the data step of pretrain.py, run once ahead)
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help of every script: each flag's default after its help, unless the help text says it already or the
@@ -1089,6 +1084,13 @@ def out_of_memory(e):
     """Whether an exception is running out of memory: MemoryError, a GPU's OutOfMemoryError, or the CPU
     allocator's RuntimeError (the scripts then stop with one line advising a smaller --batch-size)."""
     return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
+
+
+def encode_bar(lang):
+    """The "encode {lang}" progress bar of align.py and cka.py, as model.pool_sentences takes it: a wrapper
+    (iterable, total) -> iterable, drawn on stderr only when it is a terminal."""
+    return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
+                                  disable=not sys.stderr.isatty())
 
 
 def build_parser():
