@@ -106,12 +106,15 @@ def parse_sep(spec, n_layers=8):
 
 def dropout(x, p, training=True):
     """F.dropout(x, p, training): each element kept with probability 1 - p and scaled by 1 / (1 - p). On the CPU the
-    keep mask is drawn as 31-bit uniform integers from torch's global generator (F.dropout's) compared with
-    round(p * 2^31), about 3x faster there than F.dropout's bernoulli_; elsewhere F.dropout itself."""
-    if not training or p == 0.0 or p >= 1.0 or x.device.type != "cpu":
+    keep mask is drawn as 16-bit uniform integers, four from each full-range 64-bit draw of torch's global generator
+    (F.dropout's), compared with p rounded to a multiple of 2^-16 (0.1 -> 0.1000061): about 5x faster there than
+    F.dropout's bernoulli_. Elsewhere, or for p below 2^-12 (where that rounding would show), F.dropout itself."""
+    if not training or p < 2 ** -12 or p >= 1.0 or x.device.type != "cpu":
         return F.dropout(x, p, training)
-    keep = torch.empty(x.shape, dtype=torch.int32).random_() >= round(p * 2 ** 31)
-    return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
+    n = x.numel()
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-2 ** 63, None)   # every 64-bit value equally likely
+    keep = bits.view(torch.int16)[:n].view(x.shape) >= round(p * 2 ** 16) - 2 ** 15
+    return x * torch.where(keep, x.new_full((), 1.0 / (1.0 - p)), x.new_zeros(()))   # one pass, in x's dtype
 
 
 class Dropout(nn.Module):

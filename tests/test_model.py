@@ -275,14 +275,16 @@ def test_dropout_only_in_training():
 
 
 def test_cpu_dropout_is_bernoulli_with_inverted_scaling():
-    """model.dropout (the CPU masks from 31-bit integers): kept elements scaled by 1/(1-p), the kept fraction 1-p,
-    the gradient the same mask; the identity in eval mode or with p = 0; torch's global generator decides."""
+    """model.dropout (the CPU masks from 16-bit integers): kept elements scaled by 1/(1-p), the kept fraction 1-p
+    in each of the four 16-bit lanes of a 64-bit draw, the gradient the same mask, x's dtype and shape kept (odd
+    sizes too); the identity in eval mode or with p = 0; torch's global generator decides."""
     from model import dropout
     x = torch.ones(400_000, requires_grad=True)
     torch.manual_seed(3)
     y = dropout(x, 0.1)
     kept = y != 0
-    assert abs(kept.float().mean().item() - 0.9) < 0.003
+    for lane in range(4):  # a draw with a constant top bit would keep every element of one lane
+        assert abs(kept[lane::4].float().mean().item() - 0.9) < 0.004, lane
     torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / 0.9))
     y.sum().backward()
     assert torch.equal(x.grad, y.detach())
@@ -291,6 +293,12 @@ def test_cpu_dropout_is_bernoulli_with_inverted_scaling():
     assert dropout(x, 0.1, training=False) is x and torch.equal(dropout(x, 0.0), x)
     assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))  # F.dropout's answer for p = 1
     assert abs((dropout(torch.ones(400_000), 0.5) == 0).float().mean().item() - 0.5) < 0.003
+    odd = dropout(torch.ones(3, 5, 7, dtype=torch.bfloat16), 0.5)
+    assert odd.shape == (3, 5, 7) and odd.dtype == torch.bfloat16 and set(odd.unique().tolist()) <= {0.0, 2.0}
+    torch.manual_seed(4)  # a p too small for 16 bits: F.dropout itself
+    small = dropout(torch.ones(1000), 1e-4)
+    torch.manual_seed(4)
+    assert torch.equal(small, torch.nn.functional.dropout(torch.ones(1000), 1e-4))
 
 
 def test_training_attention_written_out_equals_sdpa_without_its_dropout(monkeypatch):
