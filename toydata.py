@@ -93,10 +93,17 @@ def _zipf(n, rng):
 
 class World:
     """The concept inventory. Concepts are ints, each with a kind, a name, a weight and a topic; entities are
-    tuples of name-part concepts (e.g. given name + surname) with a type PER/LOC/ORG."""
+    tuples of name-part concepts (e.g. given name + surname) with a type PER/LOC/ORG. `scale` multiplies every
+    open class (nouns per group, verbs per class, adjectives, adverbs, given names, surnames, place and
+    organisation names, entities); the closed classes (prepositions, determiners, place prefixes, organisation
+    suffixes) and the grammar stay as they are."""
 
     def __init__(self, seed=0, nouns_per_group=36, verbs_per_class=12, n_adj=120, n_adv=24,
-                 n_per=120, n_loc=80, n_org=60):
+                 n_per=120, n_loc=80, n_org=60, scale=1):
+        if not (isinstance(scale, int) and scale >= 1):
+            raise ValueError(f"scale must be an integer >= 1, got {scale}")
+        nouns_per_group, verbs_per_class, n_adj, n_adv, n_per, n_loc, n_org = (
+            scale * n for n in (nouns_per_group, verbs_per_class, n_adj, n_adv, n_per, n_loc, n_org))
         rng = np.random.default_rng([seed, 1])
         self.kind, self.name, self.weight, self.topic = [], [], [], []
 
@@ -158,9 +165,9 @@ class World:
         # named entities: tuples of name parts; multi-word ones give B- and I- tags
         def parts(prefix, n):
             return [add("name", f"{prefix}.{i:02d}", 1.0) for i in range(n)]
-        given, surname = parts("PER.given", 50), parts("PER.surname", 50)
-        place, place_pre = parts("LOC.name", 60), parts("LOC.prefix", 4)
-        org, org_suf = parts("ORG.name", 40), parts("ORG.suffix", 6)
+        given, surname = parts("PER.given", 50 * scale), parts("PER.surname", 50 * scale)
+        place, place_pre = parts("LOC.name", 60 * scale), parts("LOC.prefix", 4)
+        org, org_suf = parts("ORG.name", 40 * scale), parts("ORG.suffix", 6)
         ents = set()
         while len(ents) < n_per:
             ents.add(("PER", pick(given) + pick(surname, 0.6)))
@@ -543,7 +550,7 @@ SIZES["paper"] = dict(SIZES["full"], n_task_train=1000, n_task_eval=300)
 
 def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_shift=0.0,
                 n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000,
-                n_task_eval=500, seed=0, cyrillic=False, n_tatoeba=1000, force=False, name_overlap=None):
+                n_task_eval=500, seed=0, cyrillic=False, n_tatoeba=1000, force=False, name_overlap=None, scale=1):
     """Generate the world and write every file under out_dir; returns a summary dict.
 
     langs = (l0, l1). l0 is the source ("English") side: SVO, adjective before noun, prepositions; l1 has the
@@ -565,6 +572,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     for name, v in [("overlap", overlap), ("domain_shift", domain_shift), ("name_overlap", name_overlap)]:
         if v is not None and not 0.0 <= v <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {v}")
+    if not (isinstance(scale, int) and scale >= 1):
+        raise ValueError(f"scale must be an integer >= 1, got {scale}")
     parse_order(order)   # a ValueError before anything is written
     l0, l1 = langs
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -577,7 +586,7 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
             shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)   # ignore_errors: it may not exist
     os.makedirs(out_dir, exist_ok=True)
 
-    world = World(seed)
+    world = World(seed, scale=scale)
     forms = make_lexicon(world, overlap, cyrillic, seed, name_overlap)
     orders = ("svo", order)
     sizes = {"train": n_train, "dev": n_dev, "test": n_test}
@@ -636,6 +645,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     }
     if name_overlap is not None:   # recorded only when set, so that older worlds keep their bytes
         summary["name_overlap"] = name_overlap
+    if scale != 1:
+        summary["scale"] = scale
     _write(out_dir, "world.json", json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     return {**summary, "out_dir": str(out_dir), "seconds": round(time.time() - t0, 2)}
 
@@ -665,6 +676,9 @@ def build_parser():
     add("--order", default="svo", help="word order of the second language, " + ORDER_HELP)
     add("--domain-shift", type=float, default=0.0, help="0 = one topic mix, 1 = disjoint topics (paper §4.1)")
     add("--cyrillic", action="store_true", help="write the second language in Cyrillic letters")
+    add("--scale", type=int, default=1, help="multiply the open word classes (nouns, verbs, adjectives, adverbs, "
+        "names, entities) by this integer: 1 gives 944 concepts, 4 about 3,700; the sentence counts stay as --size "
+        "gives")
     what = dict(n_train="mono train", n_dev="dev", n_test="test", n_parallel="parallel", n_task_train="task train",
                 n_task_eval="task dev/test", n_tatoeba="Tatoeba")
     add("--size", choices=list(SIZES), default="full", help="sentences (or pairs) per language and file (paper: "
@@ -681,6 +695,8 @@ def main(argv=None):
     sizes = SIZES[args.pop("size")]
     if args["seed"] < 0:   # the flag's name, not write_world's argument
         ap.error(f"--seed must be >= 0, got {args['seed']}")
+    if args["scale"] < 1:
+        ap.error(f"--scale must be an integer >= 1, got {args['scale']}")
     if len(args["langs"]) != 2 or len(set(args["langs"])) != 2 or not all(map(str.isalpha, args["langs"])):
         ap.error(f"--langs {','.join(args['langs'])}: expected two distinct codes of letters, e.g. en,fr")
     if os.path.exists(args["out_dir"]) and not os.path.isdir(args["out_dir"]):

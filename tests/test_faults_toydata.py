@@ -42,6 +42,7 @@ TOYDATA_CASES = [
     (["--langs", "en"], None, "--langs en: expected two distinct codes of letters"),
     (["--langs", "en,fr,de"], None, "--langs en,fr,de: expected two distinct codes of letters"),
     (["--overlap", "nan"], None, "overlap must be in [0, 1], got nan"),
+    (["--scale", "0"], None, "--scale must be an integer >= 1, got 0"),
     ([], "full disk", "toydata.py: error: cannot write {t}/w/mono/en.train.txt: No space left on device"),
     ([], "read-only", "toydata.py: error: cannot write {t}/w/mono/en.train.txt: Permission denied"),
     ([], "Ctrl-C", "toydata.py: interrupted; {t}/w is incomplete (write it again with --force)"),

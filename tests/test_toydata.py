@@ -389,3 +389,22 @@ def test_name_overlap_redraws_anchors_among_entity_names_only():
         assert same(forms, others) == same(base, others)     # the other anchors are untouched
     with pytest.raises(ValueError, match="name_overlap"):
         toydata.write_world("/nonexistent-never-written", name_overlap=1.5)
+
+
+def test_scale_multiplies_the_open_classes_only(tmp_path):
+    """--scale k: k times the nouns, verbs, adjectives, adverbs, name parts and entities of each class; the
+    prepositions, determiners, place prefixes and organisation suffixes stay; 1 is the world as it was."""
+    def counts(world):
+        return collections.Counter(world.kind), collections.Counter(t for t, _ in world.entities)
+    (k1, e1), (k3, e3) = counts(toydata.World(0)), counts(toydata.World(0, scale=3))
+    assert k1 == counts(toydata.World(0, scale=1))[0] and sum(k1.values()) == 944
+    for kind in ("noun", "verb", "adv"):
+        assert k3[kind] == 3 * k1[kind], kind
+    assert k3["adj"] >= 3 * 120 and k3["adp"] == k1["adp"] and k3["det"] == k1["det"] and k3["punct"] == 1
+    assert k3["name"] == 3 * (k1["name"] - 10) + 10          # 4 place prefixes and 6 organisation suffixes
+    assert e3 == {t: 3 * n for t, n in e1.items()}
+    s = toydata.write_world(tmp_path / "w", scale=2, **toydata.SIZES["tiny"])
+    assert s["scale"] == 2 and s["n_concepts"] > 1.9 * 944
+    assert "scale" not in toydata.write_world(tmp_path / "v", **toydata.SIZES["tiny"])   # older worlds' bytes
+    with pytest.raises(ValueError, match="scale"):
+        toydata.write_world(tmp_path / "x", scale=0)
