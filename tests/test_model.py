@@ -551,3 +551,17 @@ def test_save_model_leaves_no_temp_file_on_failure(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         save_model(tmp_path / "best.pt", tiny())
     assert os.listdir(tmp_path) == []
+
+
+def test_training_step_compiles_as_one_graph():
+    """Under torch.compile the training forward (CPU dropout masks, written-out attention, targets given by
+    position as pretrain.py gives them) is one graph: an in-place random_ in model.dropout broke it at every
+    mask, which made --compile slower than eager on the CPU."""
+    torch._dynamo.reset()
+    m = tiny().train()
+    idx = batch(2, 6)
+    targets = torch.full((2, 6), -1)
+    targets[:, 2] = idx[:, 2]
+    where = (targets.view(-1) != -1).nonzero().squeeze(1)
+    report = torch._dynamo.explain(m)(idx, 0, targets, target_index=where)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
