@@ -6,9 +6,11 @@ pytest):
 
     python tests/bench_toy_step.py                  # 5 rounds of 50 steps, one thread
     python tests/bench_toy_step.py --profile 20     # + a torch.profiler table of 20 steps
+    python tests/bench_toy_step.py --compile        # the model under torch.compile (pretrain.py --compile)
+    python tests/bench_toy_step.py --dropout 0      # without dropout (the preset's is 0.1), eager or compiled
 
-One step is what pretrain.py does per update on the CPU: mask_tokens, forward with targets, backward, gradient
-clipping, Adam (pretrain.build_adam: fused), zero_grad. Model FLOPs per step: 6 x the non-embedding parameters per
+One step is what pretrain.py does per update on the CPU: mask_tokens and the targets' positions, forward with
+targets, backward, gradient clipping, Adam (pretrain.build_adam: fused), zero_grad. Model FLOPs per step: 6 x the non-embedding parameters per
 token (forward + backward) plus 6 x d x V per target position for the tied softmax. Each round times `--steps`
 steps and then 256^3 matmuls for about as long; the fraction is (step FLOP/s) / (matmul FLOP/s) of the same round,
 and the median over rounds is printed (process CPU time, so waiting for a core on a shared machine does not
@@ -47,13 +49,17 @@ def main():
     p.add_argument("--rounds", type=int, default=5, help="rounds (step timing + matmul timing each)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", type=int, default=0, metavar="N", help="then profile N steps (torch.profiler)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (its compile time is not timed)")
+    p.add_argument("--dropout", type=float, default=0.1, help="dropout and attention dropout (the preset's: 0.1)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     B, T, offsets = TOY["batch_size"], TOY["bptt"], TOY["pos_offsets"]
     config = ModelConfig(vocab_size=args.vocab, n_layers=TOY["n_layers"], dim=TOY["dim"], n_heads=TOY["n_heads"],
-                         ffn_dim=TOY["ffn_dim"], max_positions=512)
+                         ffn_dim=TOY["ffn_dim"], max_positions=512, dropout=args.dropout,
+                         attention_dropout=args.dropout)
     model = MLM(config).train()
+    forward = torch.compile(model) if args.compile else model
     params = list(model.parameters())
     opt = build_adam(params, 1e-3, "cpu")  # pretrain.py's optimizer
     gen = torch.Generator().manual_seed(1)
@@ -62,8 +68,9 @@ def main():
 
     def step(i):
         inputs, targets = mask_tokens(data[i % len(data)], args.vocab, gen)
+        where = (targets.view(-1) != -1).nonzero().squeeze(1)
         offset = torch.randint(offsets - T + 1, (B,), generator=gen)
-        _, loss = model(inputs, 0, targets, pos_offset=offset)
+        _, loss = forward(inputs, 0, targets, pos_offset=offset, target_index=where)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 5.0)
         opt.step()
@@ -71,7 +78,7 @@ def main():
         n_targets.append(int((targets != -1).sum()))
         return float(loss.detach())
 
-    for i in range(10):  # warm-up: Adam state, allocator
+    for i in range(10):  # warm-up: Adam state, allocator, and with --compile the compiles (two: shapes then dynamic)
         step(i)
     d, V = config.dim, config.vocab_size
     non_emb = sum(p.numel() for n, p in model.named_parameters() if "emb" not in n and "pred_bias" not in n)
@@ -90,7 +97,8 @@ def main():
         print(f"round {r}: {1e3 * cpu / args.steps:.1f} ms/step CPU ({B * T * args.steps / cpu:,.0f} tok/s), "
               f"{flops / cpu / 1e9:.1f} GFLOP/s; 256^3 matmul {mm_cpu / 1e9:.1f} GFLOP/s -> fraction "
               f"{fractions[-1]:.3f}; wall {walls[-1]:,.0f} tok/s", flush=True)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), load average {os.getloadavg()[0]:.2f}; "
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {'compiled' if args.compile else 'eager'}, dropout "
+          f"{args.dropout}, load average {os.getloadavg()[0]:.2f}; "
           f"{non_emb:,} non-embedding parameters, {6 * non_emb / 1e6:.2f} MFLOP/token + softmax; "
           f"median over {args.rounds} rounds: fraction of the 256^3 matmul rate {statistics.median(fractions):.3f} "
           f"(matmul {statistics.median(rates) / 1e9:.1f} GFLOP/s per CPU second)")
