@@ -108,9 +108,9 @@ def dropout(x, p, training=True):
     """F.dropout(x, p, training): each element kept with probability 1 - p and scaled by 1 / (1 - p). On the CPU the
     keep mask is drawn as 16-bit uniform integers, four from each full-range 64-bit draw of torch's global generator
     (F.dropout's), compared with p rounded to a multiple of 2^-16 (0.1 -> 0.1000061): about 5x faster there than
-    F.dropout's bernoulli_. Elsewhere, under torch.compile, or for p below 2^-12 (where that rounding would show),
-    F.dropout itself."""
-    if not training or p < 2 ** -12 or p >= 1.0 or x.device.type != "cpu" or torch.compiler.is_compiling():
+    F.dropout's bernoulli_. Elsewhere, under torch.compile, or for p below 0.01 (where that rounding could exceed
+    0.1 % of p), F.dropout itself."""
+    if not training or p < 0.01 or p >= 1.0 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(x, p, training)   # compiled: the in-place random_ below would break the graph
     n = x.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-2 ** 63, None)   # every 64-bit value equally likely
