@@ -15,8 +15,8 @@ One step is what pretrain.py does per update on the CPU: mask_tokens and the tar
 targets, backward, gradient clipping, Adam (pretrain.build_adam: fused), zero_grad. Model FLOPs per step: 6 x the
 non-embedding parameters per token (forward + backward) plus 6 x d x V per target position for the tied softmax.
 Each round times `--steps` steps and then 256^3 matmuls for about as long; the fraction is (step FLOP/s) / (matmul
-FLOP/s) of the same round, and the median over rounds is printed (process CPU time, so waiting for a core on a shared machine does not
-count; wall time beside it). --against FILE then alternates blocks of 5 steps of this model.py's model and
+FLOP/s) of the same round, and the median over rounds is printed (process CPU time, so waiting for a core on a
+shared machine does not count; wall time beside it). --against FILE then alternates blocks of 5 steps of this model.py's model and
 FILE's (another version of model.py, the same seeds) in one process and prints the median ratio of their CPU times:
 the two see the same load, so a change of a few per cent can be measured on a busy machine.
 """
@@ -107,7 +107,8 @@ def main():
             ratios.append(times["that"] / times["this"])
         q = statistics.quantiles(ratios, n=4)
         print(f"speed-up over {args.against}: median {statistics.median(ratios):.3f}x "
-              f"(quartiles {q[0]:.3f}-{q[2]:.3f}) over {args.pairs} paired blocks of 5 steps, load average {os.getloadavg()[0]:.2f}")
+              f"(quartiles {q[0]:.3f}-{q[2]:.3f}) over {args.pairs} paired blocks of 5 steps, "
+              f"load average {os.getloadavg()[0]:.2f}")
         return
     for i in range(10):  # warm-up: Adam state, allocator, and with --compile the compiles (two: shapes then dynamic)
         this(i)
