@@ -16,9 +16,11 @@ targets, backward, gradient clipping, Adam (pretrain.build_adam: fused), zero_gr
 non-embedding parameters per token (forward + backward) plus 6 x d x V per target position for the tied softmax.
 Each round times `--steps` steps and then 256^3 matmuls for about as long; the fraction is (step FLOP/s) / (matmul
 FLOP/s) of the same round, and the median over rounds is printed (process CPU time, so waiting for a core on a
-shared machine does not count; wall time beside it). --against FILE then alternates blocks of 5 steps of this model.py's model and
-FILE's (another version of model.py, the same seeds) in one process and prints the median ratio of their CPU times:
-the two see the same load, so a change of a few per cent can be measured on a busy machine.
+shared machine does not count; wall time beside it).
+
+--against FILE alternates blocks of 5 steps of this model.py's model and FILE's (another version of model.py, the
+same seeds) in one process and prints the median ratio of their CPU times: the two see the same load, so a change
+of a few per cent can be measured on a busy machine.
 """
 import argparse
 import importlib.util
