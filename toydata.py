@@ -572,9 +572,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     for name, v in [("overlap", overlap), ("domain_shift", domain_shift), ("name_overlap", name_overlap)]:
         if v is not None and not 0.0 <= v <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {v}")
-    if not (isinstance(scale, int) and scale >= 1):
-        raise ValueError(f"scale must be an integer >= 1, got {scale}")
     parse_order(order)   # a ValueError before anything is written
+    world = World(seed, scale=scale)   # so is a bad scale (World checks it)
     l0, l1 = langs
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"out_dir {out_dir}: exists and is not a directory")
@@ -586,7 +585,6 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
             shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)   # ignore_errors: it may not exist
     os.makedirs(out_dir, exist_ok=True)
 
-    world = World(seed, scale=scale)
     forms = make_lexicon(world, overlap, cyrillic, seed, name_overlap)
     orders = ("svo", order)
     sizes = {"train": n_train, "dev": n_dev, "test": n_test}
