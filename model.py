@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 LAYER_NORM_EPS = 1e-12  # XLM model/transformer.py (BERT's value)
+VOCAB_ALIGN = 64  # on CUDA the output projection pads the vocabulary to a multiple of this (project, below)
 # bpe.py defines these for the scripts; model.py imports only torch (it must copy alone), so it keeps its own copy
 EOS_ID, PAD_ID = 1, 2  # XLM's fixed special ids (<s> 0, </s> 1, <pad> 2, <unk> 3), as bpe.py writes them
 
@@ -190,6 +191,20 @@ class Block(nn.Module):
         return x if attn_mask is None else x * attn_mask.unsqueeze(-1).to(x.dtype)
 
 
+def project(x, W, b, align=None):
+    """The output layer's logits x W^T + b over the vocabulary of W's V rows (tied to the embeddings, as XLM).
+    A vocabulary as BPE leaves it (80,014 tokens, say) is not a multiple of 8, and for such a size cuBLAS leaves
+    the tensor cores' fastest kernels: on an H200 the paper's training step took 42.5 ms at V = 59,579 and 36.6 ms
+    padded to 59,584 (RESULTS.md, "On a GPU"). So on CUDA W and b get zero rows up to a multiple of `align` (default
+    VOCAB_ALIGN) and the extra logits are sliced off: the same V logits, the padding never predicted or trained.
+    On the CPU nothing is padded (align=1), so CPU runs compute exactly what they did before."""
+    V = W.size(0)
+    pad = -V % ((VOCAB_ALIGN if x.is_cuda else 1) if align is None else align)
+    if not pad:
+        return F.linear(x, W, b)
+    return F.linear(x, F.pad(W, (0, 0, 0, pad)), F.pad(b, (0, pad)))[..., :V]
+
+
 class MLM(nn.Module):
     """Sharing layout. Every part that can be language-specific lives in a ModuleList / ParameterList
     indexed by language, with one entry when it is shared and n_langs entries when it is not:
@@ -277,10 +292,10 @@ class MLM(nn.Module):
         x = self.hidden_states(idx, lang, attn_mask, pos_offset)[-1]
         W, b = self._pick(self.tok_emb, lang).weight, self._pick(self.pred_bias, lang)
         if targets is None:
-            return F.linear(x, W, b), None
+            return project(x, W, b).contiguous(), None  # padded on CUDA: a view, made whole for .view() callers
         if target_index is None:
             target_index = (targets.view(-1) != -1).nonzero().squeeze(1)
-        logits = F.linear(x.reshape(-1, x.size(-1)).index_select(0, target_index), W, b)  # (N, V)
+        logits = project(x.reshape(-1, x.size(-1)).index_select(0, target_index), W, b)  # (N, V)
         if logits.size(0) == 0:  # no target: zero loss, graph kept (the bias too: DDP sees every parameter used)
             return logits, (x.sum() + b.sum()) * 0.0
         return logits, F.cross_entropy(logits.float(), targets.view(-1).index_select(0, target_index))

@@ -6,6 +6,7 @@ Run by hand on a CUDA machine (the suite runs it on the CPU at a tiny size, test
     python tests/bench_gpu.py                          # paper config: 8 x 768, 96 streams x 256, vocab 80k
     python tests/bench_gpu.py --modes eager --steps 20
     python tests/bench_gpu.py --tiny --device cpu      # what the test runs
+    python tests/bench_gpu.py --modes eager --vocab 80014,80000 --vocab-align 1,64   # odd vocabulary, padded or not
 
 The step is pretrain.py's: MLM on streams with 15 % of positions predicted (pretrain.mask_tokens, target
 positions computed on the host as pretrain.forward_backward does), Adam (fused on CUDA), clipping at 5.
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_model import matmul_flops_per_s, rss_mib, step_flops  # noqa: E402
+import model as model_module  # noqa: E402 (its VOCAB_ALIGN, which --vocab-align sets)
 from model import MLM, ModelConfig, autocast  # noqa: E402
 from pretrain import ADAM, mask_tokens  # noqa: E402
 
@@ -60,17 +62,17 @@ def batches(n, B, T, V, device, seed=0):
     return out
 
 
-def bench(mode, args, device, dtype):
-    """One mode ("eager" or "compile"): -> dict of the measured numbers."""
+def bench(mode, args, device, dtype, V):
+    """One mode ("eager" or "compile") at vocabulary V: -> dict of the measured numbers."""
     cuda = device.startswith("cuda")
     torch.manual_seed(0)
     size = dict(n_layers=2, dim=32, n_heads=2, ffn_dim=64) if args.tiny else {}
-    model = MLM(ModelConfig(vocab_size=args.vocab, **size)).to(device).train()
+    model = MLM(ModelConfig(vocab_size=V, **size)).to(device).train()
     params = list(model.parameters())
     opt = torch.optim.Adam(params, lr=1e-4, fused=True if cuda else None, **ADAM)
     fwd = torch.compile(model) if mode == "compile" else model
     ctx = autocast(device, dtype)
-    data = batches(4, args.batch_size, args.bptt, args.vocab, device)
+    data = batches(4, args.batch_size, args.bptt, V, device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def phases(k):  # forward, backward, optimizer of step k; returns the loss tensor
@@ -111,7 +113,7 @@ def bench(mode, args, device, dtype):
             split[name].append(time.perf_counter() - t)
             t = time.perf_counter()
     n_projected = statistics.mean(len(d[2]) for d in data)
-    flops = step_flops(args.vocab, model.config.dim, model.config.ffn_dim, model.config.n_layers, args.batch_size,
+    flops = step_flops(V, model.config.dim, model.config.ffn_dim, model.config.n_layers, args.batch_size,
                        args.bptt, n_projected)
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else rss_mib("VmHWM") / 1024
     return {"mode": mode, "step_s": step_s, "tok_s": args.batch_size * args.bptt / step_s, "flop_s": flops / step_s,
@@ -119,19 +121,26 @@ def bench(mode, args, device, dtype):
             "split": {k: statistics.median(v) for k, v in split.items()}}
 
 
-def main(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cuda, cuda:N, cpu")
     p.add_argument("--modes", default=None, help="eager,compile (default on CUDA; on the CPU: eager)")
     p.add_argument("--tiny", action="store_true", help="a 2-layer d=32 model (the suite's CPU run)")
     p.add_argument("--batch-size", type=int, default=96, help="streams per step (paper: 96 per GPU)")
     p.add_argument("--bptt", type=int, default=256)
-    p.add_argument("--vocab", type=int, default=80000, help="vocabulary (paper: 80k joint BPE merges)")
+    p.add_argument("--vocab", default="80000", help="vocabulary, or several comma-separated (paper: 80k joint BPE "
+                   "merges, which leave a vocabulary of about 80,014)")
+    p.add_argument("--vocab-align", default=None, help="pad the vocabulary to a multiple of N on CUDA "
+                   "(model.VOCAB_ALIGN, default its value; 1 = off), or several comma-separated")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--threads", type=int, help="CPU threads for torch (default torch's)")
     p.add_argument("--peak-tflops", type=float, help="the card's dense bf16 peak, if not in the table")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     device = "cuda:0" if device == "cuda" else device
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
@@ -139,12 +148,19 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     peak, what = peak_flops(device, args.peak_tflops, args.tiny)
-    print(f"device {device}, dtype {dtype}, {args.batch_size} x {args.bptt} tokens per step, vocab {args.vocab}"
+    print(f"device {device}, dtype {dtype}, {args.batch_size} x {args.bptt} tokens per step"
           f"{', tiny model' if args.tiny else ', paper model 8 x 768'}; MFU against {what}")
-    for mode in modes:
-        r = bench(mode, args, device, dtype)
+    aligns = [int(a) for a in (args.vocab_align or str(model_module.VOCAB_ALIGN)).split(",")]
+    aligns = aligns if device.startswith("cuda") else [1]  # model.project pads on CUDA only
+    default_align = model_module.VOCAB_ALIGN
+    for mode, V, align in [(m, int(v), a) for m in modes for v in args.vocab.split(",") for a in aligns]:
+        model_module.VOCAB_ALIGN = align
+        try:
+            r = bench(mode, args, device, dtype, V)
+        finally:
+            model_module.VOCAB_ALIGN = default_align
         s = r["split"]
-        print(f"{mode:8s} {r['tok_s']:,.0f} tok/s{' per GPU' if device.startswith('cuda') else ''} | step {r['step_s'] * 1e3:.1f} ms | MFU "
+        print(f"{mode:8s} V {V} align {align if device.startswith('cuda') else 'off (CPU)'} {r['tok_s']:,.0f} tok/s{' per GPU' if device.startswith('cuda') else ''} | step {r['step_s'] * 1e3:.1f} ms | MFU "
               f"{100 * r['flop_s'] / peak:.1f} % | peak memory {r['memory_gib']:.2f} GiB | split forward "
               f"{s['forward'] * 1e3:.1f} / backward {s['backward'] * 1e3:.1f} / optimizer {s['optimizer'] * 1e3:.1f} "
               f"ms | warm-up {r['warmup_s']:.1f} s | loss {r['loss']:.3f}")

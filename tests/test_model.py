@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import MLM, ModelConfig, load_model, parse_sep, save_model
+from model import MLM, ModelConfig, load_model, parse_sep, project, save_model
 
 torch.set_num_threads(1)
 
@@ -174,6 +174,29 @@ def test_target_index_gives_the_boolean_selections_result_bit_for_bit():
         _, loss = m(x, 0, y, target_index=index)
         loss.backward()
         assert torch.equal(loss, ref) and all(torch.equal(p.grad, g) for p, g in zip(m.parameters(), want))
+
+
+def test_padded_output_projection_gives_the_same_logits_and_gradients():
+    """model.project pads the vocabulary to a multiple of `align` (on CUDA, VOCAB_ALIGN) and slices the extra
+    logits off: the V logits and every gradient equal the unpadded F.linear's, the pad rows get no gradient. On the
+    CPU (align None) it pads nothing: the result is F.linear's bit for bit."""
+    torch.manual_seed(0)
+    V, d = 203, 16                                   # 203 = 3 x 64 + 11: 53 pad rows at align 64
+    x = torch.randn(7, d, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(V, d, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(V, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(V, (7,))
+    results = []
+    for align in (1, 64, None):
+        logits = project(x, W, b, align)
+        F.cross_entropy(logits, y).backward()
+        results.append((logits.detach(), x.grad, W.grad, b.grad))
+        x.grad = W.grad = b.grad = None
+    (l1, *g1), (l64, *g64), (lcpu, *gcpu) = results
+    assert l64.shape == (7, V) and torch.allclose(l64, l1, rtol=0, atol=1e-12)
+    assert all(torch.allclose(a, c, rtol=0, atol=1e-12) for a, c in zip(g64, g1))
+    assert torch.equal(lcpu, F.linear(x, W, b).detach()) and all(torch.equal(a, c) for a, c in zip(gcpu, g1))
+    assert not torch.equal(project(x, W, b, 64).detach(), project(x, W, b + 1, 64).detach())  # the bias is used
 
 
 def test_output_weight_is_the_token_embedding():

@@ -15,12 +15,15 @@ import model
 import pretrain
 import toydata
 
+import bench_gpu  # tests/ is on the path: pytest puts a test file's own folder there
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 RESULTS = os.path.join(ROOT, "RESULTS.md")
 
 PARSERS = {"model.py": model.build_parser, "finetune.py": finetune.build_parser, "align.py": align.build_parser, "cka.py": cka.build_parser,
-           "bpe.py": bpe.build_parser, "toydata.py": toydata.build_parser, "pretrain.py": pretrain.build_parser}
+           "bpe.py": bpe.build_parser, "toydata.py": toydata.build_parser, "pretrain.py": pretrain.build_parser,
+           "bench_gpu.py": bench_gpu.build_parser}
 
 
 SHELL = {"HOME", "PWD", "USER"}  # set by the shell itself
