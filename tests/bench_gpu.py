@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_model import matmul_flops_per_s, rss_mib, step_flops  # noqa: E402
+from bpe import number  # noqa: E402
 import model as model_module  # noqa: E402 (its VOCAB_ALIGN, which --vocab-align sets)
 from model import MLM, ModelConfig, autocast  # noqa: E402
 from pretrain import ADAM, mask_tokens  # noqa: E402
@@ -121,17 +122,6 @@ def bench(mode, args, device, dtype, V):
             "split": {k: statistics.median(v) for k, v in split.items()}}
 
 
-def int_list(text):
-    """'80014,80000' -> [80014, 80000]: positive integers, comma-separated (--vocab, --vocab-align)."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, comma-separated, got {text!r}")
-    return values
-
-
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cuda, cuda:N, cpu")
@@ -139,9 +129,9 @@ def build_parser():
     p.add_argument("--tiny", action="store_true", help="a 2-layer d=32 model (the suite's CPU run)")
     p.add_argument("--batch-size", type=int, default=96, help="streams per step (paper: 96 per GPU)")
     p.add_argument("--bptt", type=int, default=256)
-    p.add_argument("--vocab", type=int_list, default=[80000], help="vocabulary, or several comma-separated (paper: 80k joint BPE "
+    p.add_argument("--vocab", type=number(1, many=True), default=[80000], help="vocabulary, or several comma-separated (paper: 80k joint BPE "
                    "merges, which leave a vocabulary of about 80,014)")
-    p.add_argument("--vocab-align", type=int_list, default=None, help="pad the vocabulary to a multiple of N on CUDA "
+    p.add_argument("--vocab-align", type=number(1, many=True), default=None, help="pad the vocabulary to a multiple of N on CUDA "
                    "(model.VOCAB_ALIGN, default its value; 1 = off), or several comma-separated")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup-steps", type=int, default=3)
@@ -161,8 +151,8 @@ def main(argv=None):
     peak, what = peak_flops(device, args.peak_tflops, args.tiny)
     print(f"device {device}, dtype {dtype}, {args.batch_size} x {args.bptt} tokens per step"
           f"{', tiny model' if args.tiny else ', paper model 8 x 768'}; MFU against {what}")
-    default_align = model_module.VOCAB_ALIGN
-    aligns = (args.vocab_align or [default_align]) if device.startswith("cuda") else [1]  # project pads on CUDA only
+    cuda, default_align = device.startswith("cuda"), model_module.VOCAB_ALIGN
+    aligns = (args.vocab_align or [default_align]) if cuda else [1]  # model.project pads on CUDA only
     for mode, V, align in [(m, v, a) for m in modes for v in args.vocab for a in aligns]:
         model_module.VOCAB_ALIGN = align
         try:
@@ -170,7 +160,6 @@ def main(argv=None):
         finally:
             model_module.VOCAB_ALIGN = default_align
         s = r["split"]
-        cuda = device.startswith("cuda")
         print(f"{mode:8s} V {V} align {align if cuda else 'off (CPU)'} {r['tok_s']:,.0f} tok/s{' per GPU' if cuda else ''}"
               f" | step {r['step_s'] * 1e3:.1f} ms | MFU "
               f"{100 * r['flop_s'] / peak:.1f} % | peak memory {r['memory_gib']:.2f} GiB | split forward "
