@@ -133,8 +133,9 @@ class StreamSampler:
         return lang, i
 
     def state_dict(self):
+        # no copy of the permutations: next() replaces an order, it never changes one in place
         return {"rng": self.rng.bit_generator.state, "pos": list(self.pos),
-                "order": [torch.from_numpy(o.astype(np.int64)) for o in self.order]}
+                "order": [torch.from_numpy(np.asarray(o, dtype=np.int64)) for o in self.order]}
 
     def load_state_dict(self, d):
         self.rng.bit_generator.state = d["rng"]
@@ -449,7 +450,10 @@ def read_checkpoint(path, args, argv):
 
 
 def rng_states(run):
-    return {"sampler": run.sampler.state_dict(), "mask": run.mask_gen.get_state(), "torch": torch.get_rng_state(),
+    """This rank's RNG states for checkpoint.pt; the sampler's and the masking's from before the micro-batch drawn
+    ahead (next_micro_batch), so that --resume draws it again."""
+    sampler, mask = run.rng_before_next
+    return {"sampler": sampler, "mask": mask, "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state() if run.device_type == "cuda" else None}
 
 
@@ -590,20 +594,30 @@ def build(run, args, dtype):
 # one update: micro-batches, the ranks' agreement, the optimizer step with its skip rule; evaluation
 
 
+def next_micro_batch(run):
+    """The host side of the next micro-batch: its language and stream batch (the sampler), the masking, the
+    --pos-offsets start, then on the device (pinned on a GPU, so the copy does not wait). forward_backward draws it
+    while the GPU still runs the backward before it. -> (lang, (inputs, targets, target positions, offset or None))."""
+    args = run.args
+    run.rng_before_next = (run.sampler.state_dict(), run.mask_gen.get_state())  # for checkpoint.pt (rng_states)
+    lang, i = run.sampler.next()
+    x = torch.from_numpy(get_batch(run.train[lang], i, args.batch_size, args.bptt))
+    inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_gen)
+    where = (targets.view(-1) != -1).nonzero().squeeze(1)  # on the host: MLM.forward need not ask the GPU
+    offset = None
+    if args.pos_offsets > args.bptt:  # --pos-offsets: each stream starts at a random position
+        offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
+    pin = run.device_type == "cuda"
+    return lang, tuple(t if t is None else (t.pin_memory() if pin else t).to(run.device, non_blocking=True)
+                       for t in (inputs, targets, where, offset))
+
+
 def forward_backward(run):
     """One update's `accumulate` micro-batches, each of one language (XLM mlm_step). -> (mean loss, languages)."""
     args, loss_sum, seen = run.args, torch.zeros((), device=run.device), []
     for micro in range(args.accumulate):
-        lang, i = run.sampler.next()
+        lang, (inputs, targets, where, offset) = run.next_batch
         seen.append(lang)
-        x = torch.from_numpy(get_batch(run.train[lang], i, args.batch_size, args.bptt))
-        inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_gen)
-        where = (targets.view(-1) != -1).nonzero().squeeze(1)  # on the host: MLM.forward need not ask the GPU
-        inputs, targets, where = (t.to(run.device, non_blocking=True) for t in (inputs, targets, where))
-        offset = None
-        if args.pos_offsets > args.bptt:  # --pos-offsets: each stream starts at a random position
-            offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
-            offset = offset.to(run.device, non_blocking=True)
         if run.ddp:  # sync gradients only on the last micro-batch
             run.ddp_model.require_backward_grad_sync = micro == args.accumulate - 1
         with run.ctx:
@@ -613,36 +627,46 @@ def forward_backward(run):
                           for p in run.raw_model.lang_specific_parameters(j)]
                 loss = loss + sum(p.view(-1)[0] for p in others) * 0.0  # sees them used (no find_unused_parameters)
         run.scaler.scale(loss / args.accumulate).backward()
+        run.next_batch = next_micro_batch(run)  # host work while the GPU runs this backward; one ahead, at the end too
         loss_sum += loss.detach().float()
         run.n_streams += args.batch_size
     return loss_sum / args.accumulate, seen
 
 
-def agree(run, loss, seen):
-    """The update's one host-device sync and, under torchrun, its one all_reduce: the mean loss over ranks, which
-    languages any rank's micro-batches were in (--sep), a stop signal on any rank. -> (loss, used, signum or 0)."""
+def clip_gradients(run):
+    """clip_grad_norm_ at --clip (0: none) -> the norm before clipping, a tensor on the device (not read here)."""
+    return torch.nn.utils.clip_grad_norm_(run.params, run.args.clip if run.args.clip > 0 else math.inf)
+
+
+def agree(run, loss, seen, grad_norm):
+    """The update's one host-device sync (the scaler's float16 adds its own) and, under torchrun, its one all_reduce:
+    the mean loss over ranks, which languages any rank's micro-batches were in (--sep), a stop signal on any rank;
+    the gradient norm (the same on every rank: DDP has averaged the gradients) comes back in the same read.
+    -> (loss, used, signum or 0, grad norm: NaN when None was passed)."""
     n, signum = len(run.langs), run.stop.signum
     flags = torch.zeros(n + 2)
     flags[seen] = 1.0
     if signum:
         flags[n + (signum == signal.SIGTERM)] = 1.0
-    packed = torch.cat([loss.view(1).float(), flags.to(run.device, non_blocking=True)])
+    norm = torch.full((1,), math.nan, device=run.device) if grad_norm is None else grad_norm.view(1).float()
+    packed = torch.cat([loss.view(1).float(), flags.to(run.device, non_blocking=True), norm])
     if run.ddp:
-        dist.all_reduce(packed)  # a sum: the loss is divided by the number of ranks below
+        dist.all_reduce(packed[:n + 3])  # a sum: the loss is divided by the number of ranks below
     values = packed.tolist()
     stop = signal.SIGTERM if values[n + 2] else signal.SIGINT if values[n + 1] else 0
-    return values[0] / run.world_size, values[1:n + 1], stop
+    return values[0] / run.world_size, values[1:n + 1], stop, values[n + 3]
 
 
-def optimizer_step(run, loss, used):
-    """Clip and step, unless the loss or the gradient norm is not finite: then the update is skipped (with float16
-    the GradScaler skips an overflow itself and lowers its scale). -> (grad norm, stepped, skipped)."""
+def optimizer_step(run, loss, used, grad_norm):
+    """Step, unless the loss or the gradient norm is not finite: then the update is skipped. Without a GradScaler
+    the gradients were clipped before agree(); float16 unscales and clips here, once the loss is known finite (the
+    GradScaler skips an overflow itself and lowers its scale). -> (grad norm, stepped, skipped)."""
     if run.raw_model.has_lang_specific():
         drop_unused_lang_grads(run.raw_model, used)
-    grad_norm, stepped, skipped = float("nan"), False, True
-    if math.isfinite(loss):
+    stepped, skipped = False, True
+    if math.isfinite(loss) and run.scaler.is_enabled():
         run.scaler.unscale_(run.optimizer)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, run.args.clip if run.args.clip > 0 else math.inf))
+        grad_norm = float(clip_gradients(run))
     if math.isfinite(loss) and (math.isfinite(grad_norm) or run.scaler.is_enabled()):
         scale = run.scaler.get_scale()
         run.scaler.step(run.optimizer)
@@ -743,13 +767,15 @@ def main(argv=None):
     bar = tqdm(total=updates, initial=run.step, unit="update", desc="pretrain", mininterval=1,
                disable=not run.master or not sys.stderr.isatty())  # stderr, on a terminal only
     run.stop.training = True
+    run.next_batch = next_micro_batch(run)
     while run.step < args.max_steps and run.epoch < args.epochs and not stopped_by:
         lr = get_lr(run.step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
         loss, seen = forward_backward(run)
-        loss, used, stopped_by = agree(run, loss, seen)
-        grad_norm, stepped, skipped = optimizer_step(run, loss, used)
+        grad_norm = None if run.scaler.is_enabled() else clip_gradients(run)  # read by agree, in its one sync
+        loss, used, stopped_by, grad_norm = agree(run, loss, seen, grad_norm)
+        grad_norm, stepped, skipped = optimizer_step(run, loss, used, grad_norm)
         run.step, bad_steps = run.step + int(stepped), bad_steps + 1 if skipped else 0
         bar.update(int(stepped))
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)

@@ -9,7 +9,7 @@ Run by hand on a CUDA machine (the suite runs it on the CPU at a tiny size, test
     python tests/bench_gpu.py --modes eager --vocab 80014,80000 --vocab-align 1,64   # odd vocabulary, padded or not
 
 The step is pretrain.py's: MLM on streams with 15 % of positions predicted (pretrain.mask_tokens, target
-positions computed on the host as pretrain.forward_backward does), Adam (fused on CUDA), clipping at 5.
+positions computed on the host as pretrain.next_micro_batch does), Adam (fused on CUDA), clipping at 5.
 Tokens/s is timed over --steps steps with no sync inside them; the split is timed apart, with a sync after
 each phase (so its sum is a little above the step time). FLOPs: matmuls only, 3 x forward, counted by
 tests/bench_model.py's step_flops (a local count, not a project-wide FLOPs function). MFU is achieved FLOP/s over

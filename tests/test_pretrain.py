@@ -471,6 +471,37 @@ def test_private_parameters_of_an_unseen_language_do_not_move():
     assert not all(torch.equal(b, p) for b, p in zip(before, m.lang_specific_parameters(1)))
 
 
+def test_one_read_gives_loss_languages_and_gradient_norm_and_the_gradients_are_clipped():
+    """pretrain.py clips before agree() and reads the gradient norm there, in the one host-device sync of an update
+    (bf16 / float32); float16 passes None (it unscales first) and gets NaN, read later. --clip 0 clips nothing."""
+    from types import SimpleNamespace
+    from model import MLM, ModelConfig
+    from pretrain import agree, clip_gradients
+
+    def grads():
+        torch.manual_seed(0)
+        m = MLM(ModelConfig(vocab_size=40, n_layers=2, n_heads=2, dim=16, ffn_dim=32, max_positions=16))
+        x = torch.randint(14, 40, (2, 8))
+        y = torch.full_like(x, -1)
+        y[:, 3] = x[:, 3]
+        _, loss = m(x, 0, y)
+        loss.backward()
+        params = list(m.parameters())
+        norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+        return params, loss.detach(), norm
+
+    for clip in (0.01, 0.0):
+        params, loss, want = grads()
+        run = SimpleNamespace(params=params, args=SimpleNamespace(clip=clip), langs=["en", "fr"], device="cpu",
+                              stop=SimpleNamespace(signum=0), ddp=False, world_size=1)
+        got_loss, used, stop, got_norm = agree(run, loss, [1, 1], clip_gradients(run))
+        after = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+        assert got_loss == pytest.approx(float(loss), rel=1e-6) and used == [0.0, 1.0] and stop == 0
+        assert got_norm == pytest.approx(want, rel=1e-5) and want > 0.05
+        assert after == pytest.approx(clip if clip else want, rel=1e-4)
+    assert math.isnan(agree(run, loss, [0], None)[3])
+
+
 def test_gpu_benchmark_runs_tiny_on_the_cpu(capsys):
     """tests/bench_gpu.py (the paper config on a GPU) at a tiny size on the CPU: every number it reports is printed."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
