@@ -806,7 +806,8 @@ def main(argv=None):
     bar.close()
     run.stop.restore()
     if run.ddp:
-        dist.barrier()  # no rank leaves before the master has written checkpoint.pt (torchrun kills the rest)
+        # no rank leaves before the master has written checkpoint.pt (torchrun kills the rest); NCCL: on this GPU
+        dist.barrier(device_ids=[torch.device(run.device).index] if run.device_type == "cuda" else None)
         # free the DDP wrapper (its reducer holds gloo work) first: with torch 2.13 + gloo, destroying the group while
         # it lived aborted 3 of 25 two-process runs ("terminate called without an active exception"), 0 of 30 after
         del run.model, run.ddp_model
