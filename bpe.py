@@ -1021,6 +1021,28 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
 # Command line: the helpers every script's command line shares (help text, numeric flags, old spellings,
 # checks, progress bar), then prepare (the data step of pretrain.py, run once ahead)
 
+class InputError(ValueError):
+    """A bad input, with the whole message: a flag's value (code 2: argparse's usage error) or a file and its line
+    (code 1). Helpers raise it; each script's main turns it into one `error: ...` line in one place (reported)."""
+    def __init__(self, msg, code=1):
+        super().__init__(msg)
+        self.code = code
+
+
+@contextlib.contextmanager
+def reported(parser):
+    """Each main's one place for a bad input: an InputError (or the copy of it in model.py, cka.py and toydata.py,
+    which import no project file) becomes one `error: ...` line and its exit code (2 with the usage line, else 1)."""
+    try:
+        yield
+    except ValueError as e:
+        if type(e).__name__ != "InputError":
+            raise
+        if getattr(e, "code", 1) == 2:
+            parser.error(str(e))
+        raise SystemExit(f"error: {e}") from None
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help of every script: each flag's default after its help, unless the help text says it already or the
     flag is unset (None) or a switch (off), whose help says what that means."""

@@ -627,15 +627,15 @@ def autocast(device, dtype):
 
 def check_plot(path):
     """--plot FILE.png, checked before any work: matplotlib importable, the directory writable."""
-    try:
-        __import__("matplotlib")  # only to know it is there
-    except ImportError:
-        raise ValueError("--plot needs matplotlib, which is not a requirement: pip install matplotlib") from None
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         raise ValueError(f"--plot {path}: no such directory {d}")
     if os.path.isdir(path) or not os.access(d, os.W_OK):
         raise ValueError(f"--plot {path}: cannot write a file there")
+    try:
+        __import__("matplotlib")  # only to know it is there
+    except ImportError:
+        raise ValueError("--plot needs matplotlib, which is not a requirement: pip install matplotlib") from None
 
 
 def markdown_table(header, rows, fmt="{:.3f}"):

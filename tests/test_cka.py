@@ -161,8 +161,14 @@ def test_plot_layers_draws_the_float_columns(tmp_path):
         plt.Axes.plot = real
     assert drawn == {"a": [0.5, 0.25], "b": [0.75]}
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and not list(tmp_path.glob("*.tmp*"))
-    # the --plot check before any work: a writable directory passes and draws nothing, a missing one is refused
+    # the --plot check before any work: a writable directory passes and draws nothing
     assert M.check_plot(str(tmp_path / "q.png")) is None and not (tmp_path / "q.png").exists()
+
+
+def test_plot_path_is_checked_with_or_without_matplotlib(tmp_path, monkeypatch):
+    """A --plot path that cannot be written is refused as such, before matplotlib is looked for."""
+    import model as M
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on a fresh machine: not installed
     with pytest.raises(ValueError, match="no such directory"):
         M.check_plot(str(tmp_path / "no" / "q.png"))
     with pytest.raises(ValueError, match="cannot write a file there"):  # a directory where the file would go
