@@ -4,10 +4,11 @@ Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language 
 §3 (the XLM set-up: BPE over the union of the languages) and §4.2 (anchor points: a joint vocabulary,
 language-specific vocabularies with and without shared strings, and code-switching as extra anchors).
 
-Run:
-  python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --out runs/prep
-In Python, learn_bpe and BPE.apply give subword-nmt's learn-bpe and apply-bpe results; BPE.save / BPE.load
-write and read its codes files (BPE.load also fastBPE's, which XLM's released models come with).
+Above the `# ====` line, the paper's part: pre-tokenisation, BPE as Sennrich et al. state it and as subword-nmt
+applies it, §4.2's vocabulary regimes, code-switching, binarisation. Below it: the fast learner learn_bpe (its
+merges are subword-nmt's learn-bpe's), file formats (BPE.save / BPE.load: subword-nmt's codes files, and
+fastBPE's, which XLM's released models come with), data preparation, the command-line helpers every script shares.
+Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --prep-dir runs/prep
 """
 
 import argparse
@@ -434,9 +435,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     write_text(out_prefix + ".json", json.dumps(meta) + "\n")
     return meta
 
-
-# ======================================================================================================================
-# Plumbing: the fast learner, file formats, data preparation, the command-line helpers every script shares
+# ==== Plumbing below: the fast learner, file formats, the command-line helpers every script shares, data preparation
 
 # -----------------------------------------------------------------------------
 # Speed: learn_bpe (learn_bpe_simple's merges, fast) and BPE.apply's per-word cache
@@ -542,9 +541,9 @@ def atomic_path(path):
 
 
 def write_text(path, text):
-    """A UTF-8 text file, written through atomic_path."""
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+    """A UTF-8 text file (a string, or strings one after another), written through atomic_path."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines([text] if isinstance(text, str) else text)
 
 
 def read_lines(path, max_lines=None):
@@ -571,6 +570,7 @@ def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
     if not src:
         raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
     return src[:max_lines or None], tgt[:max_lines or None]
+
 
 def read_codes(path):
     """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count'
@@ -620,6 +620,7 @@ def load_bin(out_prefix):
         raise ValueError(f"{out_prefix}.bin has {len(data)} ids, its .json says {meta['n_tokens']}")
     return data, meta
 
+
 def read_dictionary(path):
     """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
     pairs = []
@@ -656,8 +657,7 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
 
 
 # -----------------------------------------------------------------------------
-# Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from here):
-# bad-input reports, help text, numeric flags, old spellings, checks, progress bar, output paths
+# Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from here)
 
 class InputError(ValueError):
     """A bad input, with the whole message: a flag's value (code 2: argparse's usage error) or a file and its line
@@ -669,9 +669,8 @@ class InputError(ValueError):
 
 @contextlib.contextmanager
 def reported(parser):
-    """Each main's one place for a bad input: an InputError (or the copy of it in model.py, cka.py and toydata.py,
-    which import no project file) becomes one `error: ...` line and its exit code (2 with the usage line, else 1;
-    without a parser, 1). Also a decorator: @reported(None)."""
+    """Each main's one place for a bad input (also a decorator): an InputError (or its copy in model.py, cka.py,
+    toydata.py, which import no project file) becomes one `error: ...` line, code 1, or the parser's usage error (2)."""
     try:
         yield
     except ValueError as e:
@@ -759,7 +758,8 @@ def parse_langs(langs):
     would not be one); else InputError (code 2: a mistake in --langs)."""
     langs = langs.split(",") if isinstance(langs, str) else list(langs)
     if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
-        raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of letters, e.g. en,fr", 2)
+        raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of letters, "
+                         "e.g. en,fr", 2)
     return langs
 
 
@@ -824,9 +824,9 @@ def make_dir(flag, path):
     if not os.access(path, os.W_OK | os.X_OK):
         raise SystemExit(f"error: {flag} {path}: the directory is not writable")
 
+
 # -----------------------------------------------------------------------------
 # Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
-
 
 # Wikipedia through WikiExtractor (XLM `get-data-wiki.sh`): a directory AA/wiki_00, AA/wiki_01, ... of
 # `<doc id=... url=... title=...>` blocks. Its text lines are shuffled with a fixed seed (as XLM's `shuf`), then
@@ -880,19 +880,15 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
     rng = np.random.default_rng(seed)
     n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
-    buckets = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)]
-    n = 0
+    buckets, n = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)], 0
     try:
-        outs = [open(b, "w", encoding="utf-8", newline="\n") for b in buckets]
-        try:
+        with contextlib.ExitStack() as files:
+            outs = [files.enter_context(open(b, "w", encoding="utf-8", newline="\n")) for b in buckets]
             lines = (line for line in lines if line.strip())
             for chunk in iter(lambda: list(itertools.islice(lines, 1 << 16)), []):
                 for line, k in zip(chunk, rng.integers(n_buckets, size=len(chunk)).tolist()):
                     outs[k].write(line + "\n")
                 n += len(chunk)
-        finally:
-            for f in outs:
-                f.close()
         n_dev = min(DEV_LINES, n // 10) if dev_path else 0
         if dev_path and n_dev == 0:
             raise ValueError(f"{source}: {n} lines, too few to hold out dev lines from (give a dev file)")
@@ -905,9 +901,8 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
                 yield from (part[i] for i in rng.permutation(len(part)).tolist())
         order = shuffled()
         if n_dev:
-            write_text(dev_path, "".join(line + "\n" for line in itertools.islice(order, n_dev)))
-        with atomic_path(train_path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.writelines(line + "\n" for line in order)
+            write_text(dev_path, (line + "\n" for line in itertools.islice(order, n_dev)))
+        write_text(train_path, (line + "\n" for line in order))
     finally:
         for b in buckets:
             if os.path.exists(b):
@@ -915,6 +910,8 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
         if os.path.isdir(work_dir) and not os.listdir(work_dir):
             os.rmdir(work_dir)
     return n - n_dev, n_dev
+
+
 MIN_DEV_WORDS = 20  # a dev split with fewer words cannot measure a perplexity (best.pt is chosen on it)
 CS_SAMPLE_LINES = 20000  # lines per language read to check a --code-switch dictionary against the text
 # what a prepared folder records and a run must match: recipe key -> (pretrain.py's flag, bpe.py prepare's flag)
@@ -929,7 +926,7 @@ def file_sha1(path):
 
 
 def prepared_files(langs):
-    """The files prepare writes in its folder (and `done`, last)."""
+    """The files prepare writes in its folder (then `done`, last: the folder is complete)."""
     return ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev")
                                                 for x in ("bin", "json")]
 
@@ -974,16 +971,12 @@ def _words_of(path, lang, lowercase, max_lines=None):
 def _check_dictionary(switch, files, langs, lowercase, code_switch):
     """A --code-switch dictionary must switch words of the text (the first CS_SAMPLE_LINES lines of each train file):
     one that matches nothing, or the text better with its columns swapped (fr-en for en,fr), is refused."""
-    hits = {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
-    total = {}
+    hits, total = {}, {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
     for l in langs:
-        other = langs[1] if l == langs[0] else langs[0]
-        n, own, swapped = 0, 0, 0
-        for w in _words_of(files[l]["train"], l, lowercase, CS_SAMPLE_LINES):
-            n += 1
-            own += w in switch[l] or w.lower() in switch[l]
-            swapped += w in switch[other] or w.lower() in switch[other]
-        hits[l, 0], hits[l, 1], total[l] = own, swapped, n
+        words = list(_words_of(files[l]["train"], l, lowercase, CS_SAMPLE_LINES))
+        for k, column in enumerate((switch[l], switch[langs[1] if l == langs[0] else langs[0]])):
+            hits[l, k] = sum(w in column or w.lower() in column for w in words)
+        total[l] = len(words)
     cover = ", ".join(f"{l} {100 * hits[l, 0] / max(total[l], 1):.1f} %" for l in langs)
     if sum(hits[l, 1] for l in langs) > sum(hits[l, 0] for l in langs):
         swapped = ", ".join(f"{l} {100 * hits[l, 1] / max(total[l], 1):.1f} %" for l in langs)
@@ -1039,9 +1032,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             for path in (p for v in files.values() for p in v.values() if p):
                 for name in wikiextractor_files(path) if os.path.isdir(path) else [path]:
                     open(name, "rb").close()
-            for l in langs:  # words, not lines: a dev file of blank lines is no dev set (held-out dev: shuffle_split)
-                if files[l]["dev"] is None or os.path.isdir(files[l]["dev"]):
-                    continue
+            # words, not lines: a dev file of blank lines is no dev set (a held-out dev split: shuffle_split)
+            for l in (l for l in langs if files[l]["dev"] is not None and not os.path.isdir(files[l]["dev"])):
                 n = sum(1 for _ in itertools.islice(_words_of(files[l]["dev"], l, lowercase), MIN_DEV_WORDS))
                 if n < MIN_DEV_WORDS:
                     raise ValueError(f"{files[l]['dev']}: a {l} dev split of {n} words; at least {MIN_DEV_WORDS} "
@@ -1094,7 +1086,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             dest = {s: os.path.join(out, f"{l}.{s}.txt") for s in ("train", "dev")}
             wiki = {s: v.get(s) is not None and os.path.isdir(v[s]) for s in ("train", "dev")}
             if wiki["dev"]:  # a WikiExtractor dev directory: its lines in order
-                write_text(dest["dev"], "".join(line + "\n" for line in read_wikiextractor(v["dev"])))
+                write_text(dest["dev"], (line + "\n" for line in read_wikiextractor(v["dev"])))
                 files[l]["dev"] = dest["dev"]
             if wiki["train"] or v.get("dev") is None:
                 held_out = dest["dev"] if v.get("dev") is None else None
