@@ -435,7 +435,8 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     write_text(out_prefix + ".json", json.dumps(meta) + "\n")
     return meta
 
-# ==== Plumbing below: the fast learner, file formats, the command-line helpers every script shares, data preparation
+# ======================================================================================================================
+# Plumbing: the fast learner, file formats, the command-line helpers every script shares, data preparation, bpe.py's CLI
 
 # -----------------------------------------------------------------------------
 # Speed: learn_bpe (learn_bpe_simple's merges, fast) and BPE.apply's per-word cache
@@ -754,8 +755,7 @@ def encode_bar(lang):
 
 
 def parse_langs(langs):
-    """'en,fr' (or ['en', 'fr']) -> ['en', 'fr']: distinct codes of letters (a code names files: 'en/x' or ' fr'
-    would not be one); else InputError (code 2: a mistake in --langs)."""
+    """'en,fr' or ['en', 'fr'] -> ['en', 'fr']: distinct codes of letters (not 'en/x' or ' fr'), else InputError."""
     langs = langs.split(",") if isinstance(langs, str) else list(langs)
     if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
         raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of letters, "
@@ -785,9 +785,8 @@ def parse_lang_files(flag, items, langs=None):
 
 
 def checkpoint_lang(langs, lang, head, tail=""):
-    """The index of language code `lang` among a checkpoint's codes `langs` (align.py, cka.py, finetune.py), or
-    the one-line InputError "{head} not one of the checkpoint's languages [...]{tail}", head and tail naming the
-    checkpoint or flag as each script's messages do."""
+    """The index of `lang` among a checkpoint's language codes `langs` (align.py, cka.py, finetune.py), or the one-line
+    InputError "{head} not one of the checkpoint's languages [...]{tail}" (head, tail: as each script's messages)."""
     if lang not in langs:
         raise InputError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
     return list(langs).index(lang)
@@ -1072,12 +1071,11 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
     done = os.path.join(out, "done")
-    if not master:
-        while not os.path.exists(done):
-            time.sleep(2)
-        return out
-    if os.path.exists(done):
-        print(f"using prepared data in {out}")
+    while not master and not os.path.exists(done):  # the other DDP ranks wait for the master's data
+        time.sleep(2)
+    if os.path.exists(done):  # prepared earlier (or, for the other ranks, by the master now)
+        if master:
+            print(f"using prepared data in {out}")
         return out
     make_dir(flag, out)
     try:
