@@ -7,7 +7,7 @@ language-specific vocabularies with and without shared strings, and code-switchi
 Above the `# ====` line, the paper's part: pre-tokenisation, BPE as Sennrich et al. state it and as subword-nmt
 applies it, §4.2's vocabulary regimes, code-switching, binarisation. Below it: the fast learner learn_bpe (its
 merges are subword-nmt's learn-bpe's), file formats (BPE.save / BPE.load: subword-nmt's codes files, and
-fastBPE's, which XLM's released models come with), data preparation, the command-line helpers every script shares.
+fastBPE's, which XLM's released models come with), the command-line helpers every script shares, data preparation.
 Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --prep-dir runs/prep
 """
 
