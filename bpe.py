@@ -4,10 +4,11 @@ Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language 
 §3 (the XLM set-up: BPE over the union of the languages) and §4.2 (anchor points: a joint vocabulary,
 language-specific vocabularies with and without shared strings, and code-switching as extra anchors).
 
-Run:
-  python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --out runs/prep
-In Python, learn_bpe and BPE.apply give subword-nmt's learn-bpe and apply-bpe results; BPE.save / BPE.load
-write and read its codes files (BPE.load also fastBPE's, which XLM's released models come with).
+Above the `# ====` line, the paper's part: pre-tokenisation, BPE as Sennrich et al. state it and as subword-nmt
+applies it, §4.2's vocabulary regimes, code-switching, binarisation. Below it: the fast learner learn_bpe (its
+merges are subword-nmt's learn-bpe's), file formats (BPE.save / BPE.load: subword-nmt's codes files, and
+fastBPE's, which XLM's released models come with), the command-line helpers every script shares, data preparation.
+Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --prep-dir runs/prep
 """
 
 import argparse
@@ -112,91 +113,8 @@ def merge_pair(symbols, a, b):
             i += 1
     return out
 
-
-def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
-    """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the pair
-    (`where`), and a heap of (-count, key(left), key(right), pair) finds the best one. An out-of-date entry
-    is re-pushed with its current count; counts only grow through a push, so a current top is the best."""
-    if num_merges < 1 or min_freq < 1:
-        raise ValueError(f"learn_bpe: num_merges and min_freq must be >= 1, got {num_merges} and {min_freq}")
-    for w in word_counts:
-        if not w or SPACE_RE.search(w):
-            raise ValueError(f"learn_bpe: word {w!r} is empty or contains whitespace; split lines with pretokenize")
-    words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
-    freqs = [int(f) for f in word_counts.values() if f > 0]
-    if not words:
-        raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
-
-    stats, where = defaultdict(int), defaultdict(set)
-    for j, (w, f) in enumerate(zip(words, freqs)):
-        for pair in zip(w, w[1:]):
-            stats[pair] += f
-            where[pair].add(j)
-    # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix last
-    # (negated code points, then 1): key('b') = (-98, 1) < key('ab') = (-97, -98, 1) < key('a') = (-97, 1)
-    key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
-    heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
-    heapq.heapify(heap)
-
-    merges = []
-    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not sys.stderr.isatty(), mininterval=1)
-    while len(merges) < num_merges:
-        while heap:  # pop stale entries until the top one is current (lazy deletion)
-            negc, ka, kb, pair = heap[0]
-            c = stats.get(pair, 0)
-            if c == -negc:
-                break
-            heapq.heapreplace(heap, (-c, ka, kb, pair)) if c > 0 else heapq.heappop(heap)
-        if not heap or -heap[0][0] < min_freq:  # else `pair` is the current top: the best pair
-            break
-        merges.append(pair)
-        bar.update(1)
-        (a, b), ab = pair, pair[0] + pair[1]
-        grown = defaultdict(set)  # pair whose count went up -> the words that now have it
-        for j in where.pop(pair):
-            # merge_pair, moving the neighbour pairs' counts: x a b y -> x ab y turns (x, a) into (x, ab) and
-            # (b, y) into (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
-            w, f = words[j], freqs[j]
-            new, i, n = [], 0, len(w)
-            while i < n:
-                if w[i] == a and i + 1 < n and w[i + 1] == b:
-                    if new:
-                        stats[w[i - 1], a] -= f
-                        stats[new[-1], ab] += f
-                        grown[new[-1], ab].add(j)
-                    if i + 2 < n and not (w[i + 2] == a and i + 3 < n and w[i + 3] == b):
-                        stats[b, w[i + 2]] -= f
-                        stats[ab, w[i + 2]] += f
-                        grown[ab, w[i + 2]].add(j)
-                    new.append(ab)
-                    i += 2
-                else:
-                    new.append(w[i])
-                    i += 1
-            if len(new) < n:  # else a stale index entry: the word no longer contains the pair
-                words[j] = new
-        del stats[pair]
-        for p, js in grown.items():  # pushed once, after all words are updated
-            where[p] |= js
-            heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
-    bar.close()
-    return merges
-
 # -----------------------------------------------------------------------------
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
-
-class _Joined(dict):
-    """BPE.apply's cache, word -> its pieces joined by '@@ ' ('lo@@ west'): a missing word is merged when it is
-    first looked up, so a line of known and new words is one pass (no exception, no second join)."""
-
-    def __init__(self, merge):
-        super().__init__()
-        self.merge = merge
-
-    def __missing__(self, word):  # the pieces joined by '@@ ', then the last one's '</w>' dropped
-        joined = self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
-        return joined
-
 
 class BPE:
     """Merges -> segmentation. `BPE(merges)` with merges = [(left, right), ...] in learning order."""
@@ -281,77 +199,12 @@ class BPE:
         words = line.split(" ") if "  " not in line else [w for w in line.split(" ") if w]  # '' for runs of ' '
         return " ".join(map(self.joined.__getitem__, words)) if line else ""  # a new word: _Joined.__missing__
 
-    def save(self, path):
+    def save(self, path):  # a codes file of subword-nmt
         write_text(path, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
 
     @classmethod
-    def load(cls, path):
-        """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count'
-        per line, no header: what XLM's released models come with, e.g. codes_enfr). Both mark the end of a
-        word with '</w>' on its last symbol and apply merges by rank, so one BPE serves both."""
-        try:  # as subword-nmt reads them: trailing newlines dropped, then one line per merge
-            with open(path, encoding="utf-8") as f:
-                lines = f.read().rstrip("\n").split("\n")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
-        nmt = lines[0].split() in (["#version:", "0.2"], ["#version:", "0.2.0"])  # else fastBPE's, or an error
-        merges = []
-        for n, line in enumerate(lines[nmt:], 1 + nmt):
-            parts = line.strip("\r\n ").split(" ")
-            if nmt and (len(parts) != 2 or not all(parts)):
-                raise ValueError(f"{path}:{n}: expected 'left right', got {line[:60]!r}")
-            if not nmt and (len(parts) != 3 or not all(parts) or not parts[2].isdigit()):
-                raise ValueError(f"{path}:{n}: expected 'left right count' (fastBPE) or a first line "
-                                 f"'#version: 0.2' (subword-nmt), got {line[:60]!r}")
-            merges.append((parts[0], parts[1]))
-        return cls(merges)
-
-
-@contextlib.contextmanager
-def atomic_path(path):
-    """Yields path.tmp to write, renamed to `path` at the end: never half a file. Any failure (disk full, a bad
-    input line, Ctrl-C) removes it. The one write-then-rename of the scripts (model.py and toydata.py keep their
-    own small copy: each must copy alone)."""
-    tmp = str(path) + ".tmp"
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def write_text(path, text):
-    """A UTF-8 text file, written through atomic_path."""
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def read_lines(path, max_lines=None):
-    """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside
-    lines), a byte order mark at the start of the file dropped (editors on Windows write one); a bad byte raises
-    ValueError naming file:line."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(itertools.islice(f, max_lines), 1):
-            try:
-                yield raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-
-
-def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
-    """Two UTF-8 files (read_lines), line k of one translating line k of the other -> (src_lines, tgt_lines), the
-    first max_lines of each; files of unequal length or empty ones raise ValueError naming both (align.py, cka.py).
-    One file on both sides is refused unless same_ok (two models of one language, the paper's en-en')."""
-    if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
-        raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
-    src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
-    if len(src) != len(tgt):
-        raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
-    if not src:
-        raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
-    return src[:max_lines or None], tgt[:max_lines or None]
+    def load(cls, path):  # subword-nmt's codes or fastBPE's (XLM's released models): read_codes, below the ruler
+        return cls(read_codes(path))
 
 # -----------------------------------------------------------------------------
 # 4. Vocabularies (XLM data/dictionary.py, fastBPE getvocab) and the three regimes of paper §4.2
@@ -482,65 +335,15 @@ class Tokenizer:
                    {l: vocabs[d["vocab_of"][l]] for l in d["langs"]}, d.get("lowercase", False),
                    d.get("separate_vocab", False))
 
-    def save(self, path):
+    def save(self, path):  # tokenizer.json: to_dict's record
         write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
-    def load(cls, path):
-        """Read a tokenizer.json written by save(); anything else raises ValueError naming the file."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                return cls.from_dict(json.load(f))
-        except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
-            reason = f"not JSON: {e}" if isinstance(e, json.JSONDecodeError) else f"{type(e).__name__}: {e}"
-            raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})") from None
-
-def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, language codes) of a checkpoint read by model.load_model (`extra`: its entries besides the
-    model). pretrain.py's best.pt carries its tokenizer record. A released XLM checkpoint carries its dictionary
-    (XLM's ids; pieces end in '@@' when a word goes on, as ours) and needs its fastBPE codes file `xlm_codes`
-    (e.g. codes_enfr): one joint BPE for its languages, lowercasing and accent stripping when the dictionary has
-    no upper-case letter (XLM-15 style). Mistakes are a one-line ValueError naming the file."""
-    if "xlm_vocab" in extra:
-        if not xlm_codes:
-            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (e.g. codes_enfr)")
-        words, langs = list(extra["xlm_vocab"]), list(extra["langs"])
-        codes, vocab = BPE.load(xlm_codes), Vocab(words[N_SPECIAL:])
-        lowercase = all(w == w.lower() for w in words[N_SPECIAL:])
-        return Tokenizer(langs, "joint", dict.fromkeys(langs, codes), dict.fromkeys(langs, vocab), lowercase), langs
-    if xlm_codes:
-        raise ValueError(f"--xlm-codes {xlm_codes}: {path} is not an XLM checkpoint (its own tokenizer is inside)")
-    if "tokenizer" not in extra or "langs" not in extra:
-        raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
-    return Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
-
-
-def checkpoint_lang(langs, lang, head, tail=""):
-    """The index of language code `lang` among a checkpoint's codes `langs` (align.py, cka.py, finetune.py), or
-    the one-line ValueError "{head} not one of the checkpoint's languages [...]{tail}", head and tail naming the
-    checkpoint or flag as each script's messages do."""
-    if lang not in langs:
-        raise ValueError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
-    return list(langs).index(lang)
-
+    def load(cls, path):  # read_tokenizer, below the ruler, names the file of a bad one
+        return read_tokenizer(cls, path)
 
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is prepared
-
-def read_dictionary(path):
-    """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
-    pairs = []
-    for n, line in enumerate(read_lines(path), 1):
-        parts = line.split()
-        if not parts:
-            continue
-        if len(parts) != 2:
-            raise ValueError(f"{path}:{n}: expected 'source target', got {line!r}")
-        pairs.append((parts[0], parts[1]))
-    if not pairs:
-        raise ValueError(f"{path}: the dictionary is empty")
-    return pairs
-
 
 def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
     """Extra anchors (paper §4.2): a word found in `dictionary` {word: [translations]} (else lowercased, as
@@ -632,6 +435,175 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     write_text(out_prefix + ".json", json.dumps(meta) + "\n")
     return meta
 
+# ======================================================================================================================
+# Plumbing: the fast learner, file formats, the command-line helpers every script shares, data preparation, bpe.py's CLI
+
+# -----------------------------------------------------------------------------
+# Speed: learn_bpe (learn_bpe_simple's merges, fast) and BPE.apply's per-word cache
+
+def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
+    """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the pair
+    (`where`), and a heap of (-count, key(left), key(right), pair) finds the best one. An out-of-date entry
+    is re-pushed with its current count; counts only grow through a push, so a current top is the best."""
+    if num_merges < 1 or min_freq < 1:
+        raise ValueError(f"learn_bpe: num_merges and min_freq must be >= 1, got {num_merges} and {min_freq}")
+    for w in word_counts:
+        if not w or SPACE_RE.search(w):
+            raise ValueError(f"learn_bpe: word {w!r} is empty or contains whitespace; split lines with pretokenize")
+    words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
+    freqs = [int(f) for f in word_counts.values() if f > 0]
+    if not words:
+        raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
+
+    stats, where = defaultdict(int), defaultdict(set)
+    for j, (w, f) in enumerate(zip(words, freqs)):
+        for pair in zip(w, w[1:]):
+            stats[pair] += f
+            where[pair].add(j)
+    # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix last
+    # (negated code points, then 1): key('b') = (-98, 1) < key('ab') = (-97, -98, 1) < key('a') = (-97, 1)
+    key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
+    heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
+    heapq.heapify(heap)
+
+    merges = []
+    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not sys.stderr.isatty(), mininterval=1)
+    while len(merges) < num_merges:
+        while heap:  # pop stale entries until the top one is current (lazy deletion)
+            negc, ka, kb, pair = heap[0]
+            c = stats.get(pair, 0)
+            if c == -negc:
+                break
+            heapq.heapreplace(heap, (-c, ka, kb, pair)) if c > 0 else heapq.heappop(heap)
+        if not heap or -heap[0][0] < min_freq:  # else `pair` is the current top: the best pair
+            break
+        merges.append(pair)
+        bar.update(1)
+        (a, b), ab = pair, pair[0] + pair[1]
+        grown = defaultdict(set)  # pair whose count went up -> the words that now have it
+        for j in where.pop(pair):
+            # merge_pair, moving the neighbour pairs' counts: x a b y -> x ab y turns (x, a) into (x, ab) and
+            # (b, y) into (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
+            w, f = words[j], freqs[j]
+            new, i, n = [], 0, len(w)
+            while i < n:
+                if w[i] == a and i + 1 < n and w[i + 1] == b:
+                    if new:
+                        stats[w[i - 1], a] -= f
+                        stats[new[-1], ab] += f
+                        grown[new[-1], ab].add(j)
+                    if i + 2 < n and not (w[i + 2] == a and i + 3 < n and w[i + 3] == b):
+                        stats[b, w[i + 2]] -= f
+                        stats[ab, w[i + 2]] += f
+                        grown[ab, w[i + 2]].add(j)
+                    new.append(ab)
+                    i += 2
+                else:
+                    new.append(w[i])
+                    i += 1
+            if len(new) < n:  # else a stale index entry: the word no longer contains the pair
+                words[j] = new
+        del stats[pair]
+        for p, js in grown.items():  # pushed once, after all words are updated
+            where[p] |= js
+            heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
+    bar.close()
+    return merges
+
+
+class _Joined(dict):
+    """BPE.apply's cache, word -> its pieces joined by '@@ ' ('lo@@ west'): a missing word is merged when it is
+    first looked up, so a line of known and new words is one pass (no exception, no second join)."""
+
+    def __init__(self, merge):
+        super().__init__()
+        self.merge = merge
+
+    def __missing__(self, word):  # the pieces joined by '@@ ', then the last one's '</w>' dropped
+        joined = self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
+        return joined
+
+# -----------------------------------------------------------------------------
+# Files: atomic writes, UTF-8 lines, parallel text, codes files, tokenizer.json, .bin headers, MUSE, checkpoints
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yields path.tmp to write, renamed to `path` at the end: never half a file. Any failure (disk full, a bad
+    input line, Ctrl-C) removes it. The one write-then-rename of the scripts (model.py and toydata.py keep their
+    own small copy: each must copy alone)."""
+    tmp = str(path) + ".tmp"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_text(path, text):
+    """A UTF-8 text file (a string, or strings one after another), written through atomic_path."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines([text] if isinstance(text, str) else text)
+
+
+def read_lines(path, max_lines=None):
+    """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside
+    lines), a byte order mark at the start of the file dropped (editors on Windows write one); a bad byte raises
+    ValueError naming file:line."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(itertools.islice(f, max_lines), 1):
+            try:
+                yield raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
+    """Two UTF-8 files (read_lines), line k of one translating line k of the other -> (src_lines, tgt_lines), the
+    first max_lines of each; files of unequal length or empty ones raise ValueError naming both (align.py, cka.py).
+    One file on both sides is refused unless same_ok (two models of one language, the paper's en-en')."""
+    if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
+        raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
+    src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
+    if len(src) != len(tgt):
+        raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
+    if not src:
+        raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
+    return src[:max_lines or None], tgt[:max_lines or None]
+
+
+def read_codes(path):
+    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count'
+    per line, no header: what XLM's released models come with, e.g. codes_enfr). Both mark the end of a
+    word with '</w>' on its last symbol and apply merges by rank, so one BPE serves both. -> [(left, right), ...]"""
+    try:  # as subword-nmt reads them: trailing newlines dropped, then one line per merge
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().rstrip("\n").split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
+    nmt = lines[0].split() in (["#version:", "0.2"], ["#version:", "0.2.0"])  # else fastBPE's, or an error
+    merges = []
+    for n, line in enumerate(lines[nmt:], 1 + nmt):
+        parts = line.strip("\r\n ").split(" ")
+        if nmt and (len(parts) != 2 or not all(parts)):
+            raise ValueError(f"{path}:{n}: expected 'left right', got {line[:60]!r}")
+        if not nmt and (len(parts) != 3 or not all(parts) or not parts[2].isdigit()):
+            raise ValueError(f"{path}:{n}: expected 'left right count' (fastBPE) or a first line "
+                             f"'#version: 0.2' (subword-nmt), got {line[:60]!r}")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def read_tokenizer(cls, path):
+    """Tokenizer.load: a tokenizer.json written by Tokenizer.save; anything else raises ValueError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+    except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
+        reason = f"not JSON: {e}" if isinstance(e, json.JSONDecodeError) else f"{type(e).__name__}: {e}"
+        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})") from None
+
 
 def load_bin(out_prefix):
     """-> (read-only np.memmap of the ids, meta dict) for files written by binarize()."""
@@ -649,8 +621,176 @@ def load_bin(out_prefix):
         raise ValueError(f"{out_prefix}.bin has {len(data)} ids, its .json says {meta['n_tokens']}")
     return data, meta
 
+
+def read_dictionary(path):
+    """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
+    pairs = []
+    for n, line in enumerate(read_lines(path), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2:
+            raise ValueError(f"{path}:{n}: expected 'source target', got {line!r}")
+        pairs.append((parts[0], parts[1]))
+    if not pairs:
+        raise ValueError(f"{path}: the dictionary is empty")
+    return pairs
+
+
+def checkpoint_tokenizer(extra, path, xlm_codes=None):
+    """(Tokenizer, language codes) of a checkpoint read by model.load_model (`extra`: its entries besides the
+    model). pretrain.py's best.pt carries its tokenizer record. A released XLM checkpoint carries its dictionary
+    (XLM's ids; pieces end in '@@' when a word goes on, as ours) and needs its fastBPE codes file `xlm_codes`
+    (e.g. codes_enfr): one joint BPE for its languages, lowercasing and accent stripping when the dictionary has
+    no upper-case letter (XLM-15 style). Mistakes are a one-line ValueError naming the file."""
+    if "xlm_vocab" in extra:
+        if not xlm_codes:
+            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (e.g. codes_enfr)")
+        words, langs = list(extra["xlm_vocab"]), list(extra["langs"])
+        codes, vocab = BPE.load(xlm_codes), Vocab(words[N_SPECIAL:])
+        lowercase = all(w == w.lower() for w in words[N_SPECIAL:])
+        return Tokenizer(langs, "joint", dict.fromkeys(langs, codes), dict.fromkeys(langs, vocab), lowercase), langs
+    if xlm_codes:
+        raise ValueError(f"--xlm-codes {xlm_codes}: {path} is not an XLM checkpoint (its own tokenizer is inside)")
+    if "tokenizer" not in extra or "langs" not in extra:
+        raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
+    return Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
+
+
 # -----------------------------------------------------------------------------
-# 7. Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
+# Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from here)
+
+class InputError(ValueError):
+    """A bad input, with the whole message: a flag's value (code 2: argparse's usage error) or a file and its line
+    (code 1). Helpers raise it; each script's main turns it into one `error: ...` line in one place (reported)."""
+    def __init__(self, msg, code=1):
+        super().__init__(msg)
+        self.code = code
+
+
+@contextlib.contextmanager
+def reported(parser):
+    """Each main's one place for a bad input (also a decorator): an InputError (or its copy in model.py, cka.py,
+    toydata.py, which import no project file) becomes one `error: ...` line, code 1, or the parser's usage error (2)."""
+    try:
+        yield
+    except ValueError as e:
+        if type(e).__name__ != "InputError":
+            raise
+        if getattr(e, "code", 1) == 2 and parser:
+            parser.error(str(e))
+        raise SystemExit(f"error: {e}") from None
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help of every script: each flag's default after its help, unless the help text says it already or the
+    flag is unset (None) or a switch (off), whose help says what that means."""
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
+    """The argparse type of every script's numeric flags: a number in [lo, hi) ((lo, ... with above=True, ..., hi]
+    with upto=True), or with many=True a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32];
+    `16,16` would train one set twice and count it twice in the mean of the best two). NaN and inf are refused;
+    argparse names the flag: `argument --lr: expected one number in (0, inf), got '-1'`."""
+    def parse(s):
+        try:
+            v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
+        except ValueError:
+            v = []
+        if not v or not all((lo < x if above else lo <= x) and (x <= hi if upto else x < hi) and math.isfinite(x)
+                            for x in v):
+            kind = "integer" if cast is int else "number"
+            what = f"a comma list of {kind}s" if many else f"one {kind}"
+            span = f"{'(' if above else '['}{lo}, {hi}{']' if upto else ')'}"
+            raise argparse.ArgumentTypeError(f"expected {what} in {span}, got {s!r}")
+        if len(set(v)) < len(v):
+            raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
+        return v if many else v[0]
+    return parse
+
+
+def deprecated(old, new):
+    """The spellings of the previous release still work, with this one line on stderr."""
+    print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
+
+
+def toy_data(args):
+    """finetune.py, align.py, cka.py: the previous release's `--toy DIR` becomes `--toy --data DIR`, with a note
+    -> the flag that gave the data directory, named in messages. Both spellings at once: InputError."""
+    if not isinstance(args.toy, str):
+        return "--data"
+    deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
+    if args.data is not None:
+        raise InputError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
+    args.data, args.toy = args.toy, True
+    return "--toy"
+
+
+def check_src_tgt(args):
+    """align.py and cka.py: --src and --tgt are codes of letters (they name a toy world's files) and two languages,
+    unless --ckpt2 encodes --tgt (en-en', two models of one language): one text on both sides measures nothing."""
+    for flag, code in (("--src", args.src), ("--tgt", args.tgt)):
+        if not code.isalpha():
+            raise InputError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
+    if args.src == args.tgt and not args.ckpt2:
+        raise InputError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
+                         "model with --ckpt2 (en-en', two models of one language)")
+
+
+def out_of_memory(e):
+    """Whether an exception is running out of memory: MemoryError, a GPU's OutOfMemoryError, or the CPU
+    allocator's RuntimeError (the scripts then stop with one line advising a smaller --batch-size)."""
+    return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
+
+
+def encode_bar(lang):
+    """The "encode {lang}" progress bar of align.py and cka.py, as model.pool_sentences takes it: a wrapper
+    (iterable, total) -> iterable, drawn on stderr only when it is a terminal."""
+    return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
+                                  disable=not sys.stderr.isatty())
+
+
+def parse_langs(langs):
+    """'en,fr' or ['en', 'fr'] -> ['en', 'fr']: distinct codes of letters (not 'en/x' or ' fr'), else InputError."""
+    langs = langs.split(",") if isinstance(langs, str) else list(langs)
+    if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
+        raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of letters, "
+                         "e.g. en,fr", 2)
+    return langs
+
+
+def parse_lang_files(flag, items, langs=None):
+    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (--train-files, --dev-files; a PATH may be a WikiExtractor
+    output directory); errors name `flag` (InputError, code 2)."""
+    files = {}
+    for item in items.split(","):
+        lang, eq, path = item.partition("=")
+        lang = lang.strip()
+        if not eq or not lang or not path:
+            raise InputError(f"{flag}: expected LANG=PATH, got {item!r}", 2)
+        if lang in files:
+            raise InputError(f"{flag}: language '{lang}' given twice", 2)
+        if not os.path.isfile(path) and not os.path.isdir(path):  # a directory: WikiExtractor output
+            raise InputError(f"{flag} {item}: no such file", 2)
+        if same := [l for l, p in files.items() if os.path.samefile(p, path)]:
+            raise InputError(f"{flag}: {same[0]} and {lang} are the same file {path}", 2)
+        files[lang] = path
+    if langs is not None and sorted(files) != sorted(langs):
+        raise InputError(f"{flag}: languages {','.join(sorted(files))} do not match --langs {','.join(langs)}", 2)
+    return files
+
+
+def checkpoint_lang(langs, lang, head, tail=""):
+    """The index of `lang` among a checkpoint's language codes `langs` (align.py, cka.py, finetune.py), or the one-line
+    InputError "{head} not one of the checkpoint's languages [...]{tail}" (head, tail: as each script's messages)."""
+    if lang not in langs:
+        raise InputError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
+    return list(langs).index(lang)
+
 
 @contextlib.contextmanager
 def write_errors(path):
@@ -684,26 +824,8 @@ def make_dir(flag, path):
         raise SystemExit(f"error: {flag} {path}: the directory is not writable")
 
 
-def parse_lang_files(flag, items, langs=None):
-    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (--train-files, --dev-files; a PATH may be a WikiExtractor
-    output directory); errors name `flag`."""
-    files = {}
-    for item in items.split(","):
-        lang, eq, path = item.partition("=")
-        lang = lang.strip()
-        if not eq or not lang or not path:
-            raise ValueError(f"{flag}: expected LANG=PATH, got {item!r}")
-        if lang in files:
-            raise ValueError(f"{flag}: language '{lang}' given twice")
-        if not os.path.isfile(path) and not os.path.isdir(path):  # a directory: WikiExtractor output
-            raise ValueError(f"{flag} {item}: no such file")
-        if same := [l for l, p in files.items() if os.path.samefile(p, path)]:
-            raise ValueError(f"{flag}: {same[0]} and {lang} are the same file {path}")
-        files[lang] = path
-    if langs is not None and sorted(files) != sorted(langs):
-        raise ValueError(f"{flag}: languages {','.join(sorted(files))} do not match --langs {','.join(langs)}")
-    return files
-
+# -----------------------------------------------------------------------------
+# Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
 
 # Wikipedia through WikiExtractor (XLM `get-data-wiki.sh`): a directory AA/wiki_00, AA/wiki_01, ... of
 # `<doc id=... url=... title=...>` blocks. Its text lines are shuffled with a fixed seed (as XLM's `shuf`), then
@@ -757,19 +879,15 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
     rng = np.random.default_rng(seed)
     n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
-    buckets = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)]
-    n = 0
+    buckets, n = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)], 0
     try:
-        outs = [open(b, "w", encoding="utf-8", newline="\n") for b in buckets]
-        try:
+        with contextlib.ExitStack() as files:
+            outs = [files.enter_context(open(b, "w", encoding="utf-8", newline="\n")) for b in buckets]
             lines = (line for line in lines if line.strip())
             for chunk in iter(lambda: list(itertools.islice(lines, 1 << 16)), []):
                 for line, k in zip(chunk, rng.integers(n_buckets, size=len(chunk)).tolist()):
                     outs[k].write(line + "\n")
                 n += len(chunk)
-        finally:
-            for f in outs:
-                f.close()
         n_dev = min(DEV_LINES, n // 10) if dev_path else 0
         if dev_path and n_dev == 0:
             raise ValueError(f"{source}: {n} lines, too few to hold out dev lines from (give a dev file)")
@@ -782,9 +900,8 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
                 yield from (part[i] for i in rng.permutation(len(part)).tolist())
         order = shuffled()
         if n_dev:
-            write_text(dev_path, "".join(line + "\n" for line in itertools.islice(order, n_dev)))
-        with atomic_path(train_path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.writelines(line + "\n" for line in order)
+            write_text(dev_path, (line + "\n" for line in itertools.islice(order, n_dev)))
+        write_text(train_path, (line + "\n" for line in order))
     finally:
         for b in buckets:
             if os.path.exists(b):
@@ -792,12 +909,6 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
         if os.path.isdir(work_dir) and not os.listdir(work_dir):
             os.rmdir(work_dir)
     return n - n_dev, n_dev
-def parse_langs(text):
-    """'en,fr' -> ['en', 'fr']: distinct codes of letters (a code names files: 'en/x' or ' fr' would not be one)."""
-    langs = text.split(",")
-    if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
-        raise ValueError(f"--langs {text}: expected distinct languages, each a code of letters, e.g. en,fr")
-    return langs
 
 
 MIN_DEV_WORDS = 20  # a dev split with fewer words cannot measure a perplexity (best.pt is chosen on it)
@@ -813,13 +924,17 @@ def file_sha1(path):
         return hashlib.file_digest(f, "sha1").hexdigest()
 
 
+def prepared_files(langs):
+    """The files prepare writes in its folder (then `done`, last: the folder is complete)."""
+    return ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev")
+                                                for x in ("bin", "json")]
+
+
 def _check_prepared(data, recipe, program):
     """A --data directory written by prepare: every file there, a recipe equal to this run's choices; else one line."""
-    names = ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in recipe["langs"] for s in ("train", "dev")
-                                                 for x in ("bin", "json")]
-    missing = [n for n in names if not os.path.isfile(os.path.join(data, n))]
+    missing = [n for n in prepared_files(recipe["langs"]) if not os.path.isfile(os.path.join(data, n))]
     if missing:
-        raise SystemExit(f"error: --data {data}: a prepared folder without {', '.join(missing)}; "
+        raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; "
                          "prepare it again (bpe.py prepare, or give pretrain.py the text)")
     path = os.path.join(data, "recipe.json")
     try:
@@ -828,7 +943,7 @@ def _check_prepared(data, recipe, program):
         if not isinstance(made, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as e:
-        raise SystemExit(f"error: --data {data}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+        raise InputError(f"--data {data}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     if "code_switch_sha1" not in made:  # written before the digest was recorded: the file it named, if unchanged
         cs = made.get("code_switch")
         made["code_switch_sha1"] = (None if not cs else file_sha1(cs[0]) if os.path.isfile(cs[0])
@@ -841,7 +956,7 @@ def _check_prepared(data, recipe, program):
     diff = [f"{RECIPE_FLAGS[key][k]} {show(key, made.get(key))} there, {show(key, recipe[key])} here"
             for key in RECIPE_FLAGS if made.get(key) != recipe[key]]
     if diff:
-        raise SystemExit(f"error: --data {data} was prepared with other choices ({'; '.join(diff)}): give the flags it "
+        raise InputError(f"--data {data} was prepared with other choices ({'; '.join(diff)}): give the flags it "
                          "was made with, or prepare the data for these flags (bpe.py prepare, or the text as --data)")
 
 
@@ -855,30 +970,27 @@ def _words_of(path, lang, lowercase, max_lines=None):
 def _check_dictionary(switch, files, langs, lowercase, code_switch):
     """A --code-switch dictionary must switch words of the text (the first CS_SAMPLE_LINES lines of each train file):
     one that matches nothing, or the text better with its columns swapped (fr-en for en,fr), is refused."""
-    hits = {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
-    total = {}
+    hits, total = {}, {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
     for l in langs:
-        other = langs[1] if l == langs[0] else langs[0]
-        n, own, swapped = 0, 0, 0
-        for w in _words_of(files[l]["train"], l, lowercase, CS_SAMPLE_LINES):
-            n += 1
-            own += w in switch[l] or w.lower() in switch[l]
-            swapped += w in switch[other] or w.lower() in switch[other]
-        hits[l, 0], hits[l, 1], total[l] = own, swapped, n
+        words = list(_words_of(files[l]["train"], l, lowercase, CS_SAMPLE_LINES))
+        for k, column in enumerate((switch[l], switch[langs[1] if l == langs[0] else langs[0]])):
+            hits[l, k] = sum(w in column or w.lower() in column for w in words)
+        total[l] = len(words)
     cover = ", ".join(f"{l} {100 * hits[l, 0] / max(total[l], 1):.1f} %" for l in langs)
     if sum(hits[l, 1] for l in langs) > sum(hits[l, 0] for l in langs):
         swapped = ", ".join(f"{l} {100 * hits[l, 1] / max(total[l], 1):.1f} %" for l in langs)
-        raise SystemExit(f"error: --code-switch {code_switch}: its columns look the wrong way round for --langs "
+        raise InputError(f"--code-switch {code_switch}: its columns look the wrong way round for --langs "
                          f"{','.join(langs)} (words found as given: {cover}; swapped: {swapped}); it must be "
                          f"'{langs[0]}-word {langs[1]}-word' per line")
     for l in langs:
         if hits[l, 0] < max(1, 0.001 * total[l]):
-            raise SystemExit(f"error: --code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} "
+            raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} "
                              f"({hits[l, 0]} of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a "
                              f"{langs[0]}-{langs[1]} dictionary?")
     print(f"code-switching dictionary {code_switch}: words of the text found in it: {cover}")
 
 
+@reported(None)  # pretrain.py's main calls it too: there, as in bpe.py's, a bad input is one `error: ...` line
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
             program="pretrain.py"):
@@ -887,27 +999,23 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     ranks wait for its `done`). A `data` directory prepared earlier is used as it is if its recipe.json matches
     these choices (langs, mode, merges, separate_vocab, lowercase, code_switch's contents), else refused. Every
     input is checked before any work (BPE learning takes hours at paper scale): a dev split needs MIN_DEV_WORDS
-    words, a code-switch dictionary (a MUSE file, §4.2, applied here to the text) must match it. Errors: one line (`flag`: the
-    option that gave prep_dir; `program`: the script whose flag names a refusal shows). A path may be a
+    words, a code-switch dictionary (a MUSE file, §4.2, applied here to the text) must match it. Errors: one line
+    (`flag`: the option that gave prep_dir; `program`: the script whose flag names a refusal shows). A path may be a
     WikiExtractor directory, and "dev" may be None: the text is then written to the prepared directory first,
     shuffled, the dev lines held out (shuffle_split)."""
-    langs = list(langs)
-    if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
-        raise SystemExit(f"error: --langs {','.join(langs)}: expected distinct languages, each a code of letters")
-    cs_sha1 = None
+    langs, cs_sha1 = parse_langs(langs), None
     if code_switch:
         try:
             cs_sha1 = file_sha1(code_switch)
         except OSError as e:
-            raise SystemExit(f"error: --code-switch {code_switch}: cannot read it: {e.strerror}") from None
+            raise InputError(f"--code-switch {code_switch}: cannot read it: {e.strerror}") from None
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
               "lowercase": lowercase, "code_switch_sha1": cs_sha1}
     if not files:
         if not os.path.isdir(data):
             why = "not a directory" if os.path.exists(data) else "no such directory"
-            raise SystemExit(f"error: --data {data}: {why}")
-        made = ["tokenizer.json", "recipe.json", "done"] + [f"{l}.{s}.bin" for l in langs for s in ("train", "dev")]
-        if any(os.path.isfile(os.path.join(data, name)) for name in made):  # a prepared folder
+            raise InputError(f"--data {data}: {why}")
+        if any(os.path.isfile(os.path.join(data, n)) for n in prepared_files(langs) + ["done"]):  # a prepared folder
             _check_prepared(data, recipe, program)
             return data
         files = {l: {} for l in langs}  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
@@ -915,21 +1023,16 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             name = f"{l}.{s}.txt"
             found = [p for p in (os.path.join(data, name), os.path.join(data, "mono", name)) if os.path.isfile(p)]
             if not found:
-                raise SystemExit(f"error: --data {data}: no {name} (nor mono/{name}) for language '{l}'")
+                raise InputError(f"--data {data}: no {name} (nor mono/{name}) for language '{l}'")
             files[l][s] = found[0]
     switch = {}  # lang -> {word: [translations]}: langs[0]'s text by the dictionary, langs[1]'s by its inverse
     if master:
         try:
             for path in (p for v in files.values() for p in v.values() if p):
-                try:
-                    names = wikiextractor_files(path) if os.path.isdir(path) else [path]
-                except ValueError as e:
-                    raise SystemExit(f"error: {e}") from None
-                for name in names:
+                for name in wikiextractor_files(path) if os.path.isdir(path) else [path]:
                     open(name, "rb").close()
-            for l in langs:  # words, not lines: a dev file of blank lines is no dev set (held-out dev: shuffle_split)
-                if files[l]["dev"] is None or os.path.isdir(files[l]["dev"]):
-                    continue
+            # words, not lines: a dev file of blank lines is no dev set (a held-out dev split: shuffle_split)
+            for l in (l for l in langs if files[l]["dev"] is not None and not os.path.isdir(files[l]["dev"])):
                 n = sum(1 for _ in itertools.islice(_words_of(files[l]["dev"], l, lowercase), MIN_DEV_WORDS))
                 if n < MIN_DEV_WORDS:
                     raise ValueError(f"{files[l]['dev']}: a {l} dev split of {n} words; at least {MIN_DEV_WORDS} "
@@ -942,9 +1045,9 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
                     for t in tgts:
                         switch[langs[1]].setdefault(t, []).append(src)
         except OSError as e:
-            raise SystemExit(f"error: cannot read {e.filename}: {e.strerror}")
-        except ValueError as e:  # read_dictionary and read_lines name the file and line at fault
-            raise SystemExit(f"error: {'--code-switch ' * str(e).startswith(str(code_switch))}{e}")
+            raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
+        except ValueError as e:  # read_dictionary, read_lines and wikiextractor_files name the file (and line) at fault
+            raise InputError(f"{'--code-switch ' * str(e).startswith(str(code_switch))}{e}") from None
         if code_switch:
             _check_dictionary(switch, files, langs, lowercase, code_switch)
 
@@ -968,12 +1071,11 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
     done = os.path.join(out, "done")
-    if not master:
-        while not os.path.exists(done):
-            time.sleep(2)
-        return out
-    if os.path.exists(done):
-        print(f"using prepared data in {out}")
+    while not master and not os.path.exists(done):  # the other DDP ranks wait for the master's data
+        time.sleep(2)
+    if os.path.exists(done):  # prepared earlier (or, for the other ranks, by the master now)
+        if master:
+            print(f"using prepared data in {out}")
         return out
     make_dir(flag, out)
     try:
@@ -982,7 +1084,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             dest = {s: os.path.join(out, f"{l}.{s}.txt") for s in ("train", "dev")}
             wiki = {s: v.get(s) is not None and os.path.isdir(v[s]) for s in ("train", "dev")}
             if wiki["dev"]:  # a WikiExtractor dev directory: its lines in order
-                write_text(dest["dev"], "".join(line + "\n" for line in read_wikiextractor(v["dev"])))
+                write_text(dest["dev"], (line + "\n" for line in read_wikiextractor(v["dev"])))
                 files[l]["dev"] = dest["dev"]
             if wiki["train"] or v.get("dev") is None:
                 held_out = dest["dev"] if v.get("dev") is None else None
@@ -1009,7 +1111,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         write_text(os.path.join(out, "recipe.json"), json.dumps(recipe, indent=1))
         write_text(done, "")  # last: the cache is complete
     except ValueError as e:  # the readers name the file (and line) at fault
-        raise SystemExit(f"error: data preparation failed: {e}")
+        raise InputError(f"data preparation failed: {e}") from None
     except OSError as e:  # a full disk: no file name in the error; atomic_path has removed the temporary file
         where = str(e.filename).removesuffix(".tmp") if e.filename else out
         if e.errno == errno.ENOSPC:
@@ -1018,102 +1120,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     return out
 
 # -----------------------------------------------------------------------------
-# Command line: the helpers every script's command line shares (help text, numeric flags, old spellings,
-# checks, progress bar), then prepare (the data step of pretrain.py, run once ahead)
-
-class InputError(ValueError):
-    """A bad input, with the whole message: a flag's value (code 2: argparse's usage error) or a file and its line
-    (code 1). Helpers raise it; each script's main turns it into one `error: ...` line in one place (reported)."""
-    def __init__(self, msg, code=1):
-        super().__init__(msg)
-        self.code = code
-
-
-@contextlib.contextmanager
-def reported(parser):
-    """Each main's one place for a bad input: an InputError (or the copy of it in model.py, cka.py and toydata.py,
-    which import no project file) becomes one `error: ...` line and its exit code (2 with the usage line, else 1)."""
-    try:
-        yield
-    except ValueError as e:
-        if type(e).__name__ != "InputError":
-            raise
-        if getattr(e, "code", 1) == 2:
-            parser.error(str(e))
-        raise SystemExit(f"error: {e}") from None
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help of every script: each flag's default after its help, unless the help text says it already or the
-    flag is unset (None) or a switch (off), whose help says what that means."""
-    def _get_help_string(self, action):
-        if action.default is None or action.default is False or "(default" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
-
-
-def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
-    """The argparse type of every script's numeric flags: a number in [lo, hi) ((lo, ... with above=True, ..., hi]
-    with upto=True), or with many=True a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32];
-    `16,16` would train one set twice and count it twice in the mean of the best two). NaN and inf are refused;
-    argparse names the flag: `argument --lr: expected one number in (0, inf), got '-1'`."""
-    def parse(s):
-        try:
-            v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
-        except ValueError:
-            v = []
-        if not v or not all((lo < x if above else lo <= x) and (x <= hi if upto else x < hi) and math.isfinite(x)
-                            for x in v):
-            kind = "integer" if cast is int else "number"
-            what = f"a comma list of {kind}s" if many else f"one {kind}"
-            span = f"{'(' if above else '['}{lo}, {hi}{']' if upto else ')'}"
-            raise argparse.ArgumentTypeError(f"expected {what} in {span}, got {s!r}")
-        if len(set(v)) < len(v):
-            raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
-        return v if many else v[0]
-    return parse
-
-
-def deprecated(old, new):
-    """The spellings of the previous release still work, with this one line on stderr."""
-    print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
-
-
-def toy_data(args):
-    """finetune.py, align.py, cka.py: the previous release's `--toy DIR` becomes `--toy --data DIR`, with a note
-    -> the flag that gave the data directory, named in messages. Both spellings at once: ValueError."""
-    if not isinstance(args.toy, str):
-        return "--data"
-    deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
-    if args.data is not None:
-        raise ValueError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
-    args.data, args.toy = args.toy, True
-    return "--toy"
-
-
-def check_src_tgt(args):
-    """align.py and cka.py: --src and --tgt are codes of letters (they name a toy world's files) and two languages,
-    unless --ckpt2 encodes --tgt (en-en', two models of one language): one text on both sides measures nothing."""
-    for flag, code in (("--src", args.src), ("--tgt", args.tgt)):
-        if not code.isalpha():
-            raise ValueError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
-    if args.src == args.tgt and not args.ckpt2:
-        raise ValueError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
-                         "model with --ckpt2 (en-en', two models of one language)")
-
-
-def out_of_memory(e):
-    """Whether an exception is running out of memory: MemoryError, a GPU's OutOfMemoryError, or the CPU
-    allocator's RuntimeError (the scripts then stop with one line advising a smaller --batch-size)."""
-    return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
-
-
-def encode_bar(lang):
-    """The "encode {lang}" progress bar of align.py and cka.py, as model.pool_sentences takes it: a wrapper
-    (iterable, total) -> iterable, drawn on stderr only when it is a terminal."""
-    return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
-                                  disable=not sys.stderr.isatty())
-
+# bpe.py's command line: `prepare`
 
 def build_parser():
     """bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)."""
@@ -1150,42 +1157,35 @@ def build_parser():
 
 def main(argv=None):
     parser = build_parser()
-    prep, args = parser.prepare, parser.parse_args(argv)
-    flag = "--prep-dir"
-    if args.old_out is not None:  # the previous release's spelling
-        deprecated("--out", f"--prep-dir {args.old_out}")
-        if args.prep_dir is not None:
-            prep.error("--out and --prep-dir: give one (--prep-dir)")
-        args.prep_dir, flag = args.old_out, "--out"
-    if args.prep_dir is None:
-        prep.error("the following arguments are required: --prep-dir")
-    files = None
-    try:
+    args, flag, files = parser.parse_args(argv), "--prep-dir", None
+    with reported(parser.prepare):  # a mistake in a flag: one line after prepare's usage (code 2)
+        if args.old_out is not None:  # the previous release's spelling
+            deprecated("--out", f"--prep-dir {args.old_out}")
+            if args.prep_dir is not None:
+                raise InputError("--out and --prep-dir: give one (--prep-dir)", 2)
+            args.prep_dir, flag = args.old_out, "--out"
+        if args.prep_dir is None:
+            raise InputError("the following arguments are required: --prep-dir", 2)
         langs = parse_langs(args.langs)
-    except ValueError as e:
-        prep.error(str(e))
-    # mistakes in flags: one line naming the flag, before any work (numbers: number, as argparse reads them)
-    if args.dev_files and not args.train_files or bool(args.data) == bool(args.train_files):
-        prep.error("give --data, or --train-files with --dev-files (or without: dev lines are held out)")
-    if args.code_switch and (args.separate_vocab or len(langs) != 2):
-        prep.error("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)")
-    if args.code_switch and not os.path.isfile(args.code_switch):
-        prep.error(f"--code-switch {args.code_switch}: "
-                   + ("not a file" if os.path.exists(args.code_switch) else "no such file"))
-    if args.train_files:
-        try:
+        # mistakes in flags: one line naming the flag, before any work (numbers: number, as argparse reads them)
+        if args.dev_files and not args.train_files or bool(args.data) == bool(args.train_files):
+            raise InputError("give --data, or --train-files with --dev-files (or without: dev lines are held out)", 2)
+        if args.code_switch and (args.separate_vocab or len(langs) != 2):
+            raise InputError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)", 2)
+        if args.code_switch and not os.path.isfile(args.code_switch):
+            raise InputError(f"--code-switch {args.code_switch}: "
+                             + ("not a file" if os.path.exists(args.code_switch) else "no such file"), 2)
+        if args.train_files:
             train = parse_lang_files("--train-files", args.train_files, langs)
             dev = parse_lang_files("--dev-files", args.dev_files, langs) if args.dev_files else {}
-        except ValueError as e:
-            prep.error(str(e))
-        files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
-    merges = args.merges or (80000 if args.mode == "joint" else 40000)
-    try:
-        print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges, args.separate_vocab, args.lowercase,
-                      args.max_lines, args.seed, args.code_switch, args.workers, flag=flag,
-                      program="bpe.py"))
-    except KeyboardInterrupt:
-        raise SystemExit("bpe.py prepare: interrupted (no half-written file is left)")
+            files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
+        merges = args.merges or (80000 if args.mode == "joint" else 40000)
+        try:
+            print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges, args.separate_vocab,
+                          args.lowercase, args.max_lines, args.seed, args.code_switch, args.workers, flag=flag,
+                          program="bpe.py"))
+        except KeyboardInterrupt:
+            raise SystemExit("bpe.py prepare: interrupted (no half-written file is left)")
 
 
 if __name__ == "__main__":
