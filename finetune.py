@@ -506,10 +506,7 @@ def setup_aligned(model, tok, langs, args):
         raise InputError(f"--align-layer {layer} outside 0..{n}")
     if tmodel.config.dim != dim:
         raise InputError(f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {dim}")
-    try:
-        W = torch.tensor(align.load_map(path, code, en, layer), device=args.device)  # x_target @ W ~ x_english
-    except ValueError as e:
-        raise InputError(f"--align-maps: {e}") from None
+    W = torch.tensor(checked(align.load_map, path, code, en, layer, prefix="--align-maps: "), device=args.device)
     if W.shape != (dim, dim):
         raise InputError(f"--align-maps: {path}: maps of size {tuple(W.shape)}, not {dim}x{dim} (--ckpt's dim)")
     torch.manual_seed(args.seed)  # the new layers' init, so that --seed decides a run
@@ -520,8 +517,7 @@ def setup_aligned(model, tok, langs, args):
 
 
 # =============================================================================
-# Below: the plumbing, not part of the paper (official file formats, the data directory, the command line,
-# the resume bookkeeping, the --table / --plot printer).
+# The plumbing, not part of the paper: official file formats, the data directory, CLI, resume, --table / --plot
 
 # -----------------------------------------------------------------------------
 # Official formats: every reader is reader(path, lang) -> the task's examples; only the readers of a file of
@@ -596,10 +592,7 @@ def read_xnli_mt(path, lang=None):
         if len(fields) != 3 or not all(fields):
             raise InputError(f"{path}:{n}: expected premise<TAB>hypo<TAB>label, got {line[:80]!r}")
         label = "contradiction" if fields[2] == "contradictory" else fields[2]
-        if label not in XNLI_LABELS:
-            raise InputError(f"{path}:{n}: unknown XNLI-MT label {fields[2]!r} (expected entailment, neutral, "
-                             "contradictory)")
-        examples.append((fields[0], fields[1], label))
+        examples.append(nli_example(f"{path}:{n}", fields[0], fields[1], label, "XNLI-MT label"))
     if not examples:
         raise InputError(f"{path}: no examples (empty split)")
     return examples
@@ -770,9 +763,8 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
             if split not in layout.splits.split():
                 continue
             tried.append(layout.pattern.format(**names))
-            hits = sorted(glob.glob(tried[-1], root_dir=data_dir))
-            if layout.langs and lang not in layout.langs.split():
-                hits = []
+            held = not layout.langs or lang in layout.langs.split()  # MultiNLI: English only
+            hits = sorted(glob.glob(tried[-1], root_dir=data_dir)) if held else []
             if "UD_*" in layout.pattern and hits:
                 hits = pick_treebank(hits, lang, treebanks or {}, data_dir)
             if hits:
@@ -941,12 +933,18 @@ def build_parser():
     return p
 
 
+def checked(call, *args, prefix=""):
+    """call(*args); its ValueError (a check in bpe.py, model.py or align.py: the message names the flag or the file)
+    raised as an InputError."""
+    try:
+        return call(*args)
+    except ValueError as e:
+        raise InputError(prefix + str(e)) from None
+
+
 def old_spellings(args):
     """--toy DIR -> --toy --data DIR; --batch-size / --lr / --head-lr with a comma list -> the grid flags."""
-    try:
-        args.data_flag = bpe.toy_data(args)  # the flag that gave the data directory, named in messages
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    args.data_flag = checked(bpe.toy_data, args)  # the flag that gave the data directory, named in messages
     for k, flag in (("batch_size", "--batch-size"), ("lr", "--lr"), ("head_lr", "--head-lr")):
         one = vars(args).pop("one_" + k)
         if one is not None:
@@ -968,21 +966,15 @@ def load_ckpt(path, flag, device, xlm_codes=None):
 
 
 def lang_index(langs, code, ckpt, flag):
-    """bpe.checkpoint_lang, its mistake an InputError."""
-    try:
-        return bpe.checkpoint_lang(langs, code, f"{flag} {code}:", f" ({ckpt})")
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    """`code`'s index among the checkpoint's languages (bpe.checkpoint_lang); one it lacks names `flag`."""
+    return checked(bpe.checkpoint_lang, langs, code, f"{flag} {code}:", f" ({ckpt})")
 
 
 def _main(args):
     old_spellings(args)
     if args.plot and not args.table:
         raise InputError("--plot goes with --table (the learning curves of -stepN dirs)")
-    try:
-        check_plot(args.plot) if args.plot else None
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    checked(check_plot, args.plot) if args.plot else None
     if args.table:
         print(results_table(args.table))
         return plot_curves(args.plot, args.table) if args.plot else None
@@ -994,10 +986,7 @@ def _main(args):
         raise InputError(f"--xlm-codes {args.xlm_codes}: no such file")
     if args.dtype == "float16":
         raise InputError("--dtype float16: fine-tuning has no GradScaler; use --dtype bfloat16 or float32")
-    try:
-        args.device, dtype, _ = pick_device(args.device, args.dtype)
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    args.device, dtype, _ = checked(pick_device, args.device, args.dtype)
     args.bf16 = dtype == "bfloat16"  # (auto on a GPU without bfloat16: float32)
     if not (args.align_layer is not None) == bool(args.target_ckpt) == bool(args.align_maps):
         raise InputError("--align-layer, --target-ckpt and --align-maps go together (aligned transfer, §5.1.2)")
