@@ -806,75 +806,6 @@ def read_split(task, path, lang):
 # -----------------------------------------------------------------------------
 # CLI: the flags, the checkpoints, main(argv): every flag and file checked, then each task's grid
 
-def prepare_task(task_name, files, model, routes, args):
-    """Read and featurise every file of one task before any training -> (task, data); routes: code -> (tok, lang)."""
-    try:
-        train, dev = (read_split(task_name, files[s], args.train_lang) for s in ("train", "dev"))
-        task = TASKS[task_name](train, args.max_len)
-        tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
-        for path, ex in [(files["dev"], dev)] + [(files["test"][code], ex) for code, ex in tests.items()]:
-            if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
-                print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
-    except (ValueError, OSError) as e:  # a reader's InputError, a file that is not UTF-8 or cannot be read
-        raise InputError(str(e)) from None
-    n_per_epoch = args.epoch_size or len(train)
-    if max(args.batch_size) > n_per_epoch:
-        raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} {task_name} training "
-                         f"examples of an epoch ({files['train']}): every update would be the whole epoch")
-    featurize = lambda ex, code: task.featurize(ex, routes[code][0], code, model.config.max_positions)  # noqa: E731
-    data = {"lang_id": routes[args.train_lang][1], "train": (train, featurize(train, args.train_lang)),
-            "dev": (dev, featurize(dev, args.train_lang)),
-            "test": {code: (ex, featurize(ex, code), routes[code][1]) for code, ex in tests.items()}}
-    for what, ex, path in [(f"{args.train_lang} train", train, files["train"]),
-                           (f"{args.train_lang} dev", dev, files["dev"])] + \
-            [(f"{c} test", ex, files["test"][c]) for c, ex in tests.items()]:
-        print(f"{task_name}: {what} {len(ex)} from {path}")
-    return task, data
-
-
-def run_task(task, data, files, args, out, job, done, model, pretrain):
-    """§3.2 on one task: every set of the grid (each written to OUT/sets/ when it ends, or taken from `done`), then
-    the mean of the best two by English dev, written to OUT/results.json and printed."""
-    if args.overwrite:  # the sets and results of the earlier run go first
-        for f in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(os.path.join(out, "results.json")):
-            os.remove(f)
-    os.makedirs(os.path.join(out, "sets"), exist_ok=True)
-    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    hps, records = grid(task.name, args), []
-    for i, hp in enumerate(hps, 1):
-        path = os.path.join(out, "sets", hp_text(hp).replace(" ", "-") + ".json")  # bs-16-lr-0.001.json
-        what = f"{task.name}: hyper-parameter set {i}/{len(hps)}"
-        if path in done:
-            print(f"{what}: {hp_text(hp)}: finished in an earlier run ({path})")
-            records.append(done[path])
-            continue
-        print(f"{what}: {hp_text(hp)}")
-        try:
-            rec = finetune_one(task, model, init_state, data, hp, args)
-        except FloatingPointError as e:  # a NaN/inf loss
-            print(f"{what} stopped: {e}; it is left out of the selection")
-            rec = {**hp, "failed": str(e)}
-        write_json(path, {"job": job, "record": rec})
-        records.append(rec)
-    model.load_state_dict(init_state)
-    finished = [i for i, r in enumerate(records) if "failed" not in r]
-    if not finished:
-        raise InputError(f"{task.name}: every hyper-parameter set diverged (non-finite loss), no results; try a lower "
-                         "--lr")
-    top, dev, test = mean_of_best_two([records[i] for i in finished], task.metric)
-    path, best_two = os.path.join(out, "results.json"), [finished[i] for i in top]
-    write_json(path, {"task": task.name, "metric": task.metric, "files": files, "labels": task.labels,
-                      "best_two": best_two, "dev": dev, "test": test, "configs": records, "job": job,
-                      "args": vars(args), "pretrain": pretrain})
-    picked = "; ".join(f"{hp_text(records[i])} (epoch {records[i]['best_epoch']})" for i in best_two)
-    print(f"\n{task.name}: mean of the best two of {len(finished)} hyper-parameter sets by en dev: {picked}"
-          + (f" ({len(records) - len(finished)} diverged set(s) left out)" if len(finished) < len(records) else ""))
-    cols, rows = sorted(dev, key=lambda k: k != task.metric), [(args.train_lang, "dev", dev)]
-    rows += [(code, "test", test[code]) for code in test]  # the selection metric first, then the others
-    print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
-                                                 for c, split, s in rows]) + f"\nwrote {path}")
-
-
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Unset grid flags take the paper's "
                                 "values (the toy presets with --toy).", formatter_class=bpe.HelpFormatter)
@@ -968,6 +899,75 @@ def load_ckpt(path, flag, device, xlm_codes=None):
 def lang_index(langs, code, ckpt, flag):
     """`code`'s index among the checkpoint's languages (bpe.checkpoint_lang); one it lacks names `flag`."""
     return checked(bpe.checkpoint_lang, langs, code, f"{flag} {code}:", f" ({ckpt})")
+
+
+def prepare_task(task_name, files, model, routes, args):
+    """Read and featurise every file of one task before any training -> (task, data); routes: code -> (tok, lang)."""
+    try:
+        train, dev = (read_split(task_name, files[s], args.train_lang) for s in ("train", "dev"))
+        task = TASKS[task_name](train, args.max_len)
+        tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
+        for path, ex in [(files["dev"], dev)] + [(files["test"][code], ex) for code, ex in tests.items()]:
+            if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
+                print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
+    except (ValueError, OSError) as e:  # a reader's InputError, a file that is not UTF-8 or cannot be read
+        raise InputError(str(e)) from None
+    n_per_epoch = args.epoch_size or len(train)
+    if max(args.batch_size) > n_per_epoch:
+        raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} {task_name} training "
+                         f"examples of an epoch ({files['train']}): every update would be the whole epoch")
+    featurize = lambda ex, code: task.featurize(ex, routes[code][0], code, model.config.max_positions)  # noqa: E731
+    data = {"lang_id": routes[args.train_lang][1], "train": (train, featurize(train, args.train_lang)),
+            "dev": (dev, featurize(dev, args.train_lang)),
+            "test": {code: (ex, featurize(ex, code), routes[code][1]) for code, ex in tests.items()}}
+    for what, ex, path in [(f"{args.train_lang} train", train, files["train"]),
+                           (f"{args.train_lang} dev", dev, files["dev"])] + \
+            [(f"{c} test", ex, files["test"][c]) for c, ex in tests.items()]:
+        print(f"{task_name}: {what} {len(ex)} from {path}")
+    return task, data
+
+
+def run_task(task, data, files, args, out, job, done, model, pretrain):
+    """§3.2 on one task: every set of the grid (each written to OUT/sets/ when it ends, or taken from `done`), then
+    the mean of the best two by English dev, written to OUT/results.json and printed."""
+    if args.overwrite:  # the sets and results of the earlier run go first
+        for f in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(os.path.join(out, "results.json")):
+            os.remove(f)
+    os.makedirs(os.path.join(out, "sets"), exist_ok=True)
+    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    hps, records = grid(task.name, args), []
+    for i, hp in enumerate(hps, 1):
+        path = os.path.join(out, "sets", hp_text(hp).replace(" ", "-") + ".json")  # bs-16-lr-0.001.json
+        what = f"{task.name}: hyper-parameter set {i}/{len(hps)}"
+        if path in done:
+            print(f"{what}: {hp_text(hp)}: finished in an earlier run ({path})")
+            records.append(done[path])
+            continue
+        print(f"{what}: {hp_text(hp)}")
+        try:
+            rec = finetune_one(task, model, init_state, data, hp, args)
+        except FloatingPointError as e:  # a NaN/inf loss
+            print(f"{what} stopped: {e}; it is left out of the selection")
+            rec = {**hp, "failed": str(e)}
+        write_json(path, {"job": job, "record": rec})
+        records.append(rec)
+    model.load_state_dict(init_state)
+    finished = [i for i, r in enumerate(records) if "failed" not in r]
+    if not finished:
+        raise InputError(f"{task.name}: every hyper-parameter set diverged (non-finite loss), no results; try a lower "
+                         "--lr")
+    top, dev, test = mean_of_best_two([records[i] for i in finished], task.metric)
+    path, best_two = os.path.join(out, "results.json"), [finished[i] for i in top]
+    write_json(path, {"task": task.name, "metric": task.metric, "files": files, "labels": task.labels,
+                      "best_two": best_two, "dev": dev, "test": test, "configs": records, "job": job,
+                      "args": vars(args), "pretrain": pretrain})
+    picked = "; ".join(f"{hp_text(records[i])} (epoch {records[i]['best_epoch']})" for i in best_two)
+    print(f"\n{task.name}: mean of the best two of {len(finished)} hyper-parameter sets by en dev: {picked}"
+          + (f" ({len(records) - len(finished)} diverged set(s) left out)" if len(finished) < len(records) else ""))
+    cols, rows = sorted(dev, key=lambda k: k != task.metric), [(args.train_lang, "dev", dev)]
+    rows += [(code, "test", test[code]) for code in test]  # the selection metric first, then the others
+    print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
+                                                 for c, split, s in rows]) + f"\nwrote {path}")
 
 
 def _main(args):
