@@ -432,16 +432,8 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     steps_per_epoch = math.ceil(n_per_epoch / hp["batch_size"])
     opts, scheds = task.optimizers(params, head, hp, steps_per_epoch * args.epochs)
     cpu_copy = lambda m: {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}  # noqa: E731
-    stream = np.array([], dtype=np.int64)  # as XLM: an endless shuffled stream, cut into epochs
-
-    def take(n):  # the stream's next n indices, its permutations drawn as they are reached (any --epoch-size fits)
-        nonlocal stream
-        parts = []
-        while n > 0:
-            stream = stream if len(stream) else rng.permutation(len(train))
-            parts.append(stream[:n])
-            stream, n = stream[n:], n - len(parts[-1])
-        return np.concatenate(parts)
+    # as XLM: an endless shuffled stream cut into epochs, each permutation drawn when reached (any --epoch-size fits)
+    stream = (i for _ in itertools.count() for i in rng.permutation(len(train)))
     best, dev_curve = None, []
     bar = tqdm(total=args.epochs * steps_per_epoch, unit="step", desc=f"{task.name} {hp_text(hp)}", leave=False,
                disable=not sys.stderr.isatty(), mininterval=1)  # stderr, on a terminal only
@@ -450,7 +442,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         head.train()
         total_loss = 0.0
         for k in range(0, n_per_epoch, hp["batch_size"]):
-            batch = [train[i] for i in take(min(hp["batch_size"], n_per_epoch - k))]
+            batch = [train[i] for i in itertools.islice(stream, min(hp["batch_size"], n_per_epoch - k))]
             with autocast(device, "bfloat16" if args.bf16 else "float32"):
                 loss = task.run(model, head, batch, lang)
             if not torch.isfinite(loss):  # diverged: the set stops, run_task leaves it out of the selection
