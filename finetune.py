@@ -35,15 +35,8 @@ from tqdm import tqdm
 
 import align
 import bpe
-from bpe import EOS_ID, UNK_ID, number, read_lines
+from bpe import EOS_ID, UNK_ID, InputError, number, read_lines
 from model import DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states, load_model, pick_device
-
-
-def need(condition, msg):
-    """Stop with one line, `error: msg`, unless the condition holds (bad flags and input files are caught before
-    any work)."""
-    if not condition:
-        raise SystemExit(f"error: {msg}")
 
 
 # -----------------------------------------------------------------------------
@@ -78,10 +71,9 @@ def warmup_linear(step, total, warmup=0.1):
 
 class Task:
     """What the §3.2 protocol asks of a task: `labels` (id = index) from English train, `metric` for English dev,
-    featurize(examples), run(batch) -> the loss (the predictions with predict=True), score(examples, preds).
-    Each task also gives its reader `read` (the simple format), its grid presets `paper` and `toy` (the values of
-    the grid flags left unset) and its optimisers. NER and parsing encode a long sentence in windows of `max_len`
-    subwords (XNLI's featurize cuts a pair to fit instead)."""
+    featurize(examples), run(batch) -> the loss (the predictions with predict=True), score(examples, preds),
+    its grid presets `paper` and `toy` (the values of the grid flags left unset) and its optimisers. NER and
+    parsing encode a long sentence in windows of `max_len` subwords (XNLI's featurize cuts a pair to fit instead)."""
     own_head_lr = False  # a classifier learning rate of its own, a third axis of the grid (XNLI)
 
     def __init__(self, train_examples, max_len=128):
@@ -97,123 +89,18 @@ class Task:
         opt = torch.optim.Adam(params + list(head.parameters()), lr=hp["lr"])
         return [opt], [torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_linear(s, total_steps))]
 
-    @classmethod
-    def file_reader(cls, name):
-        """The reader of a --train-file whose path matches no layout (read_split): the task's simple format."""
-        return cls.read
-
 
 # -----------------------------------------------------------------------------
-# XNLI (§3.2): `premise<TAB>hypothesis<TAB>label` (or XNLI 1.0, XNLI-MT, MultiNLI as distributed),
-# `</s> premise </s> hypothesis </s>`, a linear head at position 0
+# XNLI (§3.2): `</s> premise </s> hypothesis </s>`, a linear head at position 0, accuracy
 
 # toydata.LABELS lists the same three in its generator's order; labels are matched by name, so the orders may differ
 XNLI_LABELS = ("contradiction", "neutral", "entailment")  # ids 0, 1, 2 as XLM `src/evaluation/xnli.py`
 
 
-def nli_example(where, premise, hypothesis, label, column="XNLI label"):
-    """One (premise, hypothesis, label) of an NLI file, checked: a known label (`column`: what the file calls it)
-    and two non-empty sentences; `where`: path:line."""
-    if label not in XNLI_LABELS:
-        raise ValueError(f"{where}: unknown {column} {label!r} (expected entailment, neutral, contradiction)")
-    if not premise or not hypothesis:
-        raise ValueError(f"{where}: empty sentence1 or sentence2")
-    return premise, hypothesis, label
-
-
-def tab_fields(lines):
-    """(line number, line, its tab-separated fields stripped) of each non-blank (number, line) of `lines`."""
-    return ((n, line, [x.strip() for x in line.split("\t")]) for n, line in lines if line.strip())
-
-
-def read_xnli(path):
-    """`premise<TAB>hypothesis<TAB>label` lines (XTREME: XNLI, and MultiNLI as train-en.tsv) -> [(premise,
-    hypothesis, label)]."""
-    examples = []
-    for n, line, fields in tab_fields(enumerate(read_lines(path), 1)):
-        if len(fields) != 3 or not fields[0] or not fields[1]:
-            raise ValueError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {line!r}")
-        examples.append(nli_example(f"{path}:{n}", *fields))
-    if not examples:
-        raise ValueError(f"{path}: no examples (empty split)")
-    return examples
-
-
-def read_xnli_1_0(path, lang):
-    """XNLI 1.0 as distributed (Conneau et al. 2018, `XNLI-1.0.zip`: `xnli.dev.tsv`, `xnli.test.tsv`): one file for
-    all 15 languages, a header line, columns read by name (`language`, `gold_label`, `sentence1`, `sentence2`) ->
-    [(premise, hypothesis, label)] of the rows of `lang`, in file order."""
-    lines = enumerate(read_lines(path), 1)
-    _, header = next(lines, (1, ""))
-    names = [x.strip() for x in header.split("\t")]
-    cols = {"language", "gold_label", "sentence1", "sentence2"}
-    if not cols <= set(names):
-        raise ValueError(f"{path}:1: expected the XNLI 1.0 header (columns {', '.join(sorted(cols))}), got "
-                         f"{header[:80]!r}")
-    at = {c: names.index(c) for c in cols}
-    examples = []
-    for n, _, fields in tab_fields(lines):
-        if len(fields) != len(names):
-            raise ValueError(f"{path}:{n}: expected {len(names)} tab-separated columns (the header's), "
-                             f"got {len(fields)}")
-        if fields[at["language"]] != lang:
-            continue
-        premise, hypothesis, label = (fields[at[c]] for c in ("sentence1", "sentence2", "gold_label"))
-        if not label:
-            raise ValueError(f"{path}:{n}: no label (column gold_label is empty)")
-        examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label))
-    if not examples:
-        raise ValueError(f"{path}: no rows of language {lang!r} (column language)")
-    return examples
-
-
-def read_xnli_mt(path):
-    """XNLI-MT 1.0 (`XNLI-MT-1.0.zip`, `multinli/multinli.train.{lang}.tsv`: MultiNLI train, the English original
-    and its machine translations): a header `premise<TAB>hypo<TAB>label`, then rows whose label `contradictory`
-    means contradiction -> [(premise, hypothesis, label)]."""
-    lines = enumerate(read_lines(path), 1)
-    _, header = next(lines, (1, ""))
-    if [x.strip() for x in header.split("\t")] != ["premise", "hypo", "label"]:
-        raise ValueError(f"{path}:1: expected the XNLI-MT header premise<TAB>hypo<TAB>label, got {header[:80]!r}")
-    examples = []
-    for n, line, fields in tab_fields(lines):
-        if len(fields) != 3 or not all(fields):
-            raise ValueError(f"{path}:{n}: expected premise<TAB>hypo<TAB>label, got {line[:80]!r}")
-        label = "contradiction" if fields[2] == "contradictory" else fields[2]
-        if label not in XNLI_LABELS:
-            raise ValueError(f"{path}:{n}: unknown XNLI-MT label {fields[2]!r} (expected entailment, neutral, "
-                             "contradictory)")
-        examples.append((fields[0], fields[1], label))
-    if not examples:
-        raise ValueError(f"{path}: no examples (empty split)")
-    return examples
-
-
-def read_multinli(path):
-    """MultiNLI 1.0 (Williams et al. 2018, `multinli_1.0.zip`: `multinli_1.0_train.jsonl`): one JSON object a line,
-    `sentence1`, `sentence2`, `gold_label`; pairs without a gold label (`-`, no annotator majority) are skipped
-    -> [(premise, hypothesis, label)]."""
-    examples = []
-    for n, line in enumerate(read_lines(path), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            premise, hypothesis, label = (row[k].strip() for k in ("sentence1", "sentence2", "gold_label"))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise ValueError(f"{path}:{n}: expected a JSON object with string fields sentence1, sentence2, "
-                             f"gold_label (MultiNLI .jsonl), got {line[:80]!r}") from None
-        if label != "-":
-            examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label, "MultiNLI gold_label"))
-    if not examples:
-        raise ValueError(f"{path}: no examples with a gold label (empty split)")
-    return examples
-
-
 class XNLITask(Task):
     """Pair classification: dropout + Linear(d, 3) on the last layer at position 0 (the first </s>); XLM's two
     Adam optimisers, the classifier's learning rate a grid axis of its own."""
-    name, metric, read, own_head_lr = "xnli", "acc", staticmethod(read_xnli), True
+    name, metric, own_head_lr = "xnli", "acc", True
     # §3.2's grid; an epoch is 20000 pairs, XLM's --epoch_size
     paper = dict(epochs=200, epoch_size=20000, batch_size=[4, 8], lr=[1.25e-6, 2.5e-6, 5e-6],
                  head_lr=[5e-6, 2.5e-5, 1.25e-4])
@@ -222,12 +109,6 @@ class XNLITask(Task):
     def optimizers(self, params, head, hp, total_steps):
         """XLM: two Adam optimisers, the encoder's and the classifier's, at fixed learning rates (no schedule)."""
         return [torch.optim.Adam(params, lr=hp["lr"]), torch.optim.Adam(head.parameters(), lr=hp["head_lr"])], []
-
-    @classmethod
-    def file_reader(cls, name):
-        """A --train-file: XNLI-MT and MultiNLI known by their file names, anything else in the simple format."""
-        return (read_xnli_mt if fnmatch.fnmatchcase(name, "multinli.train.*.tsv") else
-                read_multinli if name.endswith(".jsonl") else read_xnli)
 
     def label_set(self, train_examples):
         return list(XNLI_LABELS)  # XLM's fixed ids
@@ -254,62 +135,7 @@ class XNLITask(Task):
 
 
 # -----------------------------------------------------------------------------
-# NER (§3.2): PAN-X `token<TAB>tag`, the paper's BIO repair, micro span F1, a linear tagger on first subwords
-
-def read_ner(path):
-    """PAN-X `token<TAB>tag` (XTREME's `panx/{split}-{lang}.tsv`), a blank line between sentences -> [(words, tags)].
-    A file whose every token starts with the same `xx:` is raw PAN-X (read_panx) and refused: kept, the prefix would
-    make every English word differ from every French one."""
-    sentences = read_tagged(path)
-    words = [w for ws, _ in sentences for w in ws]
-    prefix = re.match(r"[a-z]{2,3}:", words[0])
-    if prefix and all(w.startswith(prefix[0]) for w in words):
-        raise ValueError(f"{path}:{first_line(path)}: every token starts with {prefix[0]!r}: raw PAN-X, read from "
-                         f"panx_dataset/{prefix[0][:-1]}/{{train,dev,test}} (the prefix is stripped there)")
-    return sentences
-
-
-def read_panx(path, lang):
-    """WikiAnn / PAN-X as distributed with Rahimi et al. 2019's splits (`panx_dataset/{lang}.tar.gz` unpacked to
-    `panx_dataset/{lang}/{train,dev,test}`): `lang:token<TAB>tag`, the prefix stripped at the first colon; it
-    must be the file's own language -> [(words, tags)]."""
-    return read_tagged(path, lang)
-
-
-def first_line(path):
-    """The number of the first non-blank line of a file (where a whole-file format error is reported)."""
-    return next((n for n, line in enumerate(read_lines(path), 1) if line.strip()), 1)
-
-
-def read_tagged(path, lang=None):
-    """read_ner and read_panx: `token<TAB>tag` lines, or with `lang` `lang:token<TAB>tag`; blank lines end
-    sentences -> [(words, tags)]."""
-    sentences, words, tags = [], [], []
-    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
-    for n, line in lines:
-        if not line.strip():
-            sentences += [(words, tags)] if words else []
-            words, tags = [], []
-            continue
-        fields = line.split("\t")
-        if len(fields) != 2 or not fields[0] or not fields[1].strip():
-            want = "lang:token<TAB>tag (raw PAN-X)" if lang else "token<TAB>tag"
-            raise ValueError(f"{path}:{n}: expected {want}, got {line!r}")
-        word = fields[0]
-        if lang is not None:
-            prefix, colon, word = word.partition(":")
-            if not colon or not word:
-                raise ValueError(f"{path}:{n}: expected lang:token<TAB>tag (raw PAN-X), got {line!r}")
-            if prefix != lang:
-                raise ValueError(f"{path}:{n}: PAN-X prefix {prefix + ':'!r} is not this file's language {lang!r}")
-        words.append(word)
-        tags.append(fields[1].strip())
-        if tags[-1] != "O" and not re.fullmatch(r"[BI]-\S+", tags[-1]):
-            raise ValueError(f"{path}:{n}: tag {tags[-1]!r} is not O, B-X or I-X (IOB2)")
-    if not sentences:
-        raise ValueError(f"{path}: no sentences (empty split)")
-    return sentences
-
+# NER (§3.2): the paper's BIO repair, micro span F1, a linear tagger on first subwords
 
 def repair_bio(tags):
     """The paper's repair heuristic (§3.2, from Wu & Dredze 2019), left to right: a standalone `I-X` (at the
@@ -363,7 +189,7 @@ def span_f1(gold, pred):
 
 class NERTask(Task):
     """BIO tagging: dropout + Linear(d, n_tags) on the first subword of every word; span F1 after repair."""
-    name, metric, read = "ner", "f1", staticmethod(read_ner)
+    name, metric = "ner", "f1"
     # §3.2's grid; an epoch is one pass over train
     paper = dict(epochs=10, epoch_size=0, batch_size=[16, 32], lr=[2e-5, 3e-5, 5e-5], head_lr=[None])
     # --toy: a tiny model learns in a few epochs at larger learning rates; two sets: the best two are both
@@ -390,48 +216,7 @@ class NERTask(Task):
 
 
 # -----------------------------------------------------------------------------
-# UD parsing (§3.2): CoNLL-U with its tree check, biaffine scorer (Dozat & Manning), MST decoding, UAS/LAS (CoNLL 2018)
-
-def read_conllu(path):
-    """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}, without comments, multiword ranges and empty
-    nodes; every sentence must be a tree (one word on ROOT, no cycle), as `conll18_ud_eval.py` requires."""
-    sentences, rows, start = [], [], None
-    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
-    for n, line in lines:
-        if line.strip():
-            start = start or n
-            cols = line.split("\t")
-            if line.startswith("#") or len(cols) == 10 and ("-" in cols[0] or "." in cols[0]):
-                continue
-            if len(cols) != 10:
-                raise ValueError(f"{path}:{n}: expected 10 tab-separated CoNLL-U columns, got {len(cols)}")
-            try:
-                wid, head = int(cols[0]), int(cols[6])
-            except ValueError:
-                raise ValueError(f"{path}:{n}: ID {cols[0]!r} / HEAD {cols[6]!r} is not an integer") from None
-            if cols[7] in ("", "_"):
-                raise ValueError(f"{path}:{n}: missing DEPREL")
-            rows.append((n, wid, cols[1], head, cols[7]))
-            continue
-        for k, (m, wid, _, head, _) in enumerate(rows, 1):
-            if wid != k:
-                raise ValueError(f"{path}:{m}: word id {wid} out of sequence (expected {k})")
-            if not 0 <= head <= len(rows):
-                raise ValueError(f"{path}:{m}: head {head} outside 0..{len(rows)}")
-        heads = [r[3] for r in rows]
-        if rows and heads.count(0) != 1:
-            raise ValueError(f"{path}:{start}: sentence is not a tree: {heads.count(0)} words on ROOT, expected one")
-        if cycle := find_cycle([-1] + heads):
-            raise ValueError(f"{path}:{start}: sentence is not a tree: words "
-                             f"{' -> '.join(map(str, cycle + cycle[:1]))} form a cycle (HEAD)")
-        if rows:
-            _, _, words, _, rels = map(list, zip(*rows))
-            sentences.append({"words": words, "heads": heads, "rels": rels})
-        rows, start = [], None
-    if not sentences:
-        raise ValueError(f"{path}: no sentences (empty split)")
-    return sentences
-
+# UD parsing (§3.2): biaffine scorer (Dozat & Manning), one-root MST decoding, UAS/LAS (CoNLL 2018)
 
 def find_cycle(heads):
     """The first cycle (list of nodes) of a head array with heads[0] = -1, or None."""
@@ -561,7 +346,7 @@ class BiaffineParser(nn.Module):
 
 class ParseTask(Task):
     """Biaffine parsing on first subwords, ROOT = the leading </s>; MST decoding; UAS/LAS (CoNLL 2018)."""
-    name, metric, read = "parse", "las", staticmethod(read_conllu)
+    name, metric = "parse", "las"
     paper, toy = NERTask.paper, NERTask.toy  # §3.2 gives parsing NER's grid
 
     def label_set(self, train_examples):
@@ -647,16 +432,8 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     steps_per_epoch = math.ceil(n_per_epoch / hp["batch_size"])
     opts, scheds = task.optimizers(params, head, hp, steps_per_epoch * args.epochs)
     cpu_copy = lambda m: {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}  # noqa: E731
-    stream = np.array([], dtype=np.int64)  # as XLM: an endless shuffled stream, cut into epochs
-
-    def take(n):  # the stream's next n indices, its permutations drawn as they are reached (any --epoch-size fits)
-        nonlocal stream
-        parts = []
-        while n > 0:
-            stream = stream if len(stream) else rng.permutation(len(train))
-            parts.append(stream[:n])
-            stream, n = stream[n:], n - len(parts[-1])
-        return np.concatenate(parts)
+    # as XLM: an endless shuffled stream cut into epochs, each permutation drawn when reached (any --epoch-size fits)
+    stream = (i for _ in itertools.count() for i in rng.permutation(len(train)))
     best, dev_curve = None, []
     bar = tqdm(total=args.epochs * steps_per_epoch, unit="step", desc=f"{task.name} {hp_text(hp)}", leave=False,
                disable=not sys.stderr.isatty(), mininterval=1)  # stderr, on a terminal only
@@ -665,7 +442,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         head.train()
         total_loss = 0.0
         for k in range(0, n_per_epoch, hp["batch_size"]):
-            batch = [train[i] for i in take(min(hp["batch_size"], n_per_epoch - k))]
+            batch = [train[i] for i in itertools.islice(stream, min(hp["batch_size"], n_per_epoch - k))]
             with autocast(device, "bfloat16" if args.bf16 else "float32"):
                 loss = task.run(model, head, batch, lang)
             if not torch.isfinite(loss):  # diverged: the set stops, run_task leaves it out of the selection
@@ -706,94 +483,220 @@ def mean_of_best_two(records, metric):
     return top, mean([records[i]["dev"] for i in top]), test
 
 
-def prepare_task(task_name, files, model, routes, args):
-    """Read and featurise every file of one task before any training -> (task, data); routes: code -> (tok, lang)."""
-    try:
-        train, dev = (read_split(task_name, files[s], args.train_lang) for s in ("train", "dev"))
-        task = TASKS[task_name](train, args.max_len)
-        tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
-        for path, ex in [(files["dev"], dev)] + [(files["test"][code], ex) for code, ex in tests.items()]:
-            if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
-                print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
-    except (ValueError, OSError) as e:
-        raise SystemExit(f"error: {e}") from None
-    n_per_epoch = args.epoch_size or len(train)
-    need(max(args.batch_size) <= n_per_epoch, f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} "
-         f"{task_name} training examples of an epoch ({files['train']}): every update would be the whole epoch")
-    featurize = lambda ex, code: task.featurize(ex, routes[code][0], code, model.config.max_positions)  # noqa: E731
-    data = {"lang_id": routes[args.train_lang][1], "train": (train, featurize(train, args.train_lang)),
-            "dev": (dev, featurize(dev, args.train_lang)),
-            "test": {code: (ex, featurize(ex, code), routes[code][1]) for code, ex in tests.items()}}
-    for what, ex, path in [(f"{args.train_lang} train", train, files["train"]),
-                           (f"{args.train_lang} dev", dev, files["dev"])] + \
-            [(f"{c} test", ex, files["test"][c]) for c, ex in tests.items()]:
-        print(f"{task_name}: {what} {len(ex)} from {path}")
-    return task, data
-
-
-def run_task(task, data, files, args, out, job, done, model, pretrain):
-    """§3.2 on one task: every set of the grid (each written to OUT/sets/ when it ends, or taken from `done`), then
-    the mean of the best two by English dev, written to OUT/results.json and printed."""
-    if args.overwrite:  # the sets and results of the earlier run go first
-        for f in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(os.path.join(out, "results.json")):
-            os.remove(f)
-    os.makedirs(os.path.join(out, "sets"), exist_ok=True)
-    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    hps, records = grid(task.name, args), []
-    for i, hp in enumerate(hps, 1):
-        path = os.path.join(out, "sets", hp_text(hp).replace(" ", "-") + ".json")  # bs-16-lr-0.001.json
-        what = f"{task.name}: hyper-parameter set {i}/{len(hps)}"
-        if path in done:
-            print(f"{what}: {hp_text(hp)}: finished in an earlier run ({path})")
-            records.append(done[path])
-            continue
-        print(f"{what}: {hp_text(hp)}")
-        try:
-            rec = finetune_one(task, model, init_state, data, hp, args)
-        except FloatingPointError as e:  # a NaN/inf loss
-            print(f"{what} stopped: {e}; it is left out of the selection")
-            rec = {**hp, "failed": str(e)}
-        write_json(path, {"job": job, "record": rec})
-        records.append(rec)
-    model.load_state_dict(init_state)
-    finished = [i for i, r in enumerate(records) if "failed" not in r]
-    need(finished, f"{task.name}: every hyper-parameter set diverged (non-finite loss), no results; try a lower --lr")
-    top, dev, test = mean_of_best_two([records[i] for i in finished], task.metric)
-    path, best_two = os.path.join(out, "results.json"), [finished[i] for i in top]
-    write_json(path, {"task": task.name, "metric": task.metric, "files": files, "labels": task.labels,
-                      "best_two": best_two, "dev": dev, "test": test, "configs": records, "job": job,
-                      "args": vars(args), "pretrain": pretrain})
-    picked = "; ".join(f"{hp_text(records[i])} (epoch {records[i]['best_epoch']})" for i in best_two)
-    print(f"\n{task.name}: mean of the best two of {len(finished)} hyper-parameter sets by en dev: {picked}"
-          + (f" ({len(records) - len(finished)} diverged set(s) left out)" if len(finished) < len(records) else ""))
-    cols, rows = sorted(dev, key=lambda k: k != task.metric), [(args.train_lang, "dev", dev)]
-    rows += [(code, "test", test[code]) for code in test]  # the selection metric first, then the others
-    print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
-                                                 for c, split, s in rows]) + f"\nwrote {path}")
-
-
 # -----------------------------------------------------------------------------
 # Aligned transfer (§5.1.2, Figure 5): English layers 0..i frozen, 4 new layers on top; targets mapped into English
 
 def setup_aligned(model, tok, langs, args):
     """--align-layer: the English model and the target's own joined by W with x_target @ W ~ x_english at layer I,
     from align.py contextual --save-maps -> (AlignedEncoder, routes)."""
-    need(len(args.eval_langs) == 1, "--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
+    if len(args.eval_langs) != 1:
+        raise InputError("--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
     code, en, path, layer = args.eval_langs[0], args.train_lang, args.align_maps, args.align_layer
     tmodel, ttok, tlangs, _ = load_ckpt(args.target_ckpt, "--target-ckpt", args.device, args.xlm_codes)
     n, dim = min(model.config.n_layers, tmodel.config.n_layers), model.config.dim
-    need(0 <= layer <= n, f"--align-layer {layer} outside 0..{n}")
-    need(tmodel.config.dim == dim, f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {dim}")
-    try:
-        W = torch.tensor(align.load_map(path, code, en, layer), device=args.device)  # x_target @ W ~ x_english
-    except ValueError as e:
-        raise SystemExit(f"error: --align-maps: {e}") from None
-    need(W.shape == (dim, dim), f"--align-maps: {path}: maps of size {tuple(W.shape)}, not {dim}x{dim} (--ckpt's dim)")
+    if not 0 <= layer <= n:
+        raise InputError(f"--align-layer {layer} outside 0..{n}")
+    if tmodel.config.dim != dim:
+        raise InputError(f"--target-ckpt dim {tmodel.config.dim} differs from --ckpt dim {dim}")
+    W = torch.tensor(checked(align.load_map, path, code, en, layer, prefix="--align-maps: "), device=args.device)
+    if W.shape != (dim, dim):
+        raise InputError(f"--align-maps: {path}: maps of size {tuple(W.shape)}, not {dim}x{dim} (--ckpt's dim)")
     torch.manual_seed(args.seed)  # the new layers' init, so that --seed decides a run
     enc = AlignedEncoder({en: (model, lang_index(langs, en, args.ckpt, "--train-lang"), None),
                           code: (tmodel, lang_index(tlangs, code, args.target_ckpt, "--eval-langs"), W)},
                          layer).to(args.device)
     return enc, {en: (tok, en), code: (ttok, code)}
+
+
+# =============================================================================
+# The plumbing, not part of the paper: official file formats, the data directory, CLI, resume, --table / --plot
+
+# -----------------------------------------------------------------------------
+# Official formats: every reader is reader(path, lang) -> the task's examples; only the readers of a file of
+# several languages (XNLI 1.0) or of one language's prefixed tokens (raw PAN-X) use `lang`
+
+def nli_example(where, premise, hypothesis, label, column="XNLI label"):
+    """One (premise, hypothesis, label) of an NLI file, checked: a known label (`column`: what the file calls it)
+    and two non-empty sentences; `where`: path:line."""
+    if label not in XNLI_LABELS:
+        raise InputError(f"{where}: unknown {column} {label!r} (expected entailment, neutral, contradiction)")
+    if not premise or not hypothesis:
+        raise InputError(f"{where}: empty sentence1 or sentence2")
+    return premise, hypothesis, label
+
+
+def tab_fields(lines):
+    """(line number, line, its tab-separated fields stripped) of each non-blank (number, line) of `lines`."""
+    return ((n, line, [x.strip() for x in line.split("\t")]) for n, line in lines if line.strip())
+
+
+def read_xnli(path, lang=None):
+    """`premise<TAB>hypothesis<TAB>label` lines (XTREME: XNLI, and MultiNLI as train-en.tsv) -> [(premise,
+    hypothesis, label)]."""
+    examples = []
+    for n, line, fields in tab_fields(enumerate(read_lines(path), 1)):
+        if len(fields) != 3 or not fields[0] or not fields[1]:
+            raise InputError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {line!r}")
+        examples.append(nli_example(f"{path}:{n}", *fields))
+    if not examples:
+        raise InputError(f"{path}: no examples (empty split)")
+    return examples
+
+
+def read_xnli_1_0(path, lang):
+    """XNLI 1.0 as distributed (Conneau et al. 2018, `XNLI-1.0.zip`: `xnli.dev.tsv`, `xnli.test.tsv`): one file for
+    all 15 languages, a header line, columns read by name (`language`, `gold_label`, `sentence1`, `sentence2`) ->
+    [(premise, hypothesis, label)] of the rows of `lang`, in file order."""
+    lines = enumerate(read_lines(path), 1)
+    _, header = next(lines, (1, ""))
+    names = [x.strip() for x in header.split("\t")]
+    cols = {"language", "gold_label", "sentence1", "sentence2"}
+    if not cols <= set(names):
+        raise InputError(f"{path}:1: expected the XNLI 1.0 header (columns {', '.join(sorted(cols))}), got "
+                         f"{header[:80]!r}")
+    at = {c: names.index(c) for c in cols}
+    examples = []
+    for n, _, fields in tab_fields(lines):
+        if len(fields) != len(names):
+            raise InputError(f"{path}:{n}: expected {len(names)} tab-separated columns (the header's), "
+                             f"got {len(fields)}")
+        if fields[at["language"]] != lang:
+            continue
+        premise, hypothesis, label = (fields[at[c]] for c in ("sentence1", "sentence2", "gold_label"))
+        if not label:
+            raise InputError(f"{path}:{n}: no label (column gold_label is empty)")
+        examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label))
+    if not examples:
+        raise InputError(f"{path}: no rows of language {lang!r} (column language)")
+    return examples
+
+
+def read_xnli_mt(path, lang=None):
+    """XNLI-MT 1.0 (`XNLI-MT-1.0.zip`, `multinli/multinli.train.{lang}.tsv`: MultiNLI train, the English original
+    and its machine translations): a header `premise<TAB>hypo<TAB>label`, then rows whose label `contradictory`
+    means contradiction -> [(premise, hypothesis, label)]."""
+    lines = enumerate(read_lines(path), 1)
+    _, header = next(lines, (1, ""))
+    if [x.strip() for x in header.split("\t")] != ["premise", "hypo", "label"]:
+        raise InputError(f"{path}:1: expected the XNLI-MT header premise<TAB>hypo<TAB>label, got {header[:80]!r}")
+    examples = []
+    for n, line, fields in tab_fields(lines):
+        if len(fields) != 3 or not all(fields):
+            raise InputError(f"{path}:{n}: expected premise<TAB>hypo<TAB>label, got {line[:80]!r}")
+        label = "contradiction" if fields[2] == "contradictory" else fields[2]
+        examples.append(nli_example(f"{path}:{n}", fields[0], fields[1], label, "XNLI-MT label"))
+    if not examples:
+        raise InputError(f"{path}: no examples (empty split)")
+    return examples
+
+
+def read_multinli(path, lang=None):
+    """MultiNLI 1.0 (Williams et al. 2018, `multinli_1.0.zip`: `multinli_1.0_train.jsonl`): one JSON object a line,
+    `sentence1`, `sentence2`, `gold_label`; pairs without a gold label (`-`, no annotator majority) are skipped
+    -> [(premise, hypothesis, label)]."""
+    examples = []
+    for n, line in enumerate(read_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            premise, hypothesis, label = (row[k].strip() for k in ("sentence1", "sentence2", "gold_label"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise InputError(f"{path}:{n}: expected a JSON object with string fields sentence1, sentence2, "
+                             f"gold_label (MultiNLI .jsonl), got {line[:80]!r}") from None
+        if label != "-":
+            examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label, "MultiNLI gold_label"))
+    if not examples:
+        raise InputError(f"{path}: no examples with a gold label (empty split)")
+    return examples
+
+
+def read_ner(path, lang=None):
+    """PAN-X `token<TAB>tag` (XTREME's `panx/{split}-{lang}.tsv`), a blank line between sentences -> [(words, tags)].
+    A file whose every token starts with the same `xx:` is raw PAN-X (read_panx) and refused: kept, the prefix would
+    make every English word differ from every French one."""
+    sentences = read_tagged(path)
+    words = [w for ws, _ in sentences for w in ws]
+    prefix = re.match(r"[a-z]{2,3}:", words[0])
+    if prefix and all(w.startswith(prefix[0]) for w in words):
+        n = next(n for n, line in enumerate(read_lines(path), 1) if line.strip())  # the first token's line
+        raise InputError(f"{path}:{n}: every token starts with {prefix[0]!r}: raw PAN-X, read from "
+                         f"panx_dataset/{prefix[0][:-1]}/{{train,dev,test}} (the prefix is stripped there)")
+    return sentences
+
+
+def read_panx(path, lang):
+    """WikiAnn / PAN-X as distributed with Rahimi et al. 2019's splits (`panx_dataset/{lang}.tar.gz` unpacked to
+    `panx_dataset/{lang}/{train,dev,test}`): `lang:token<TAB>tag`, the prefix stripped at the first colon; it
+    must be the file's own language -> [(words, tags)]."""
+    return read_tagged(path, lang)
+
+
+def read_tagged(path, lang=None):
+    """read_ner and read_panx: `token<TAB>tag` lines, or with `lang` `lang:token<TAB>tag`; blank lines end
+    sentences -> [(words, tags)]."""
+    sentences, words, tags = [], [], []
+    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
+    for n, line in lines:
+        if not line.strip():
+            sentences += [(words, tags)] if words else []
+            words, tags = [], []
+            continue
+        fields = line.split("\t")
+        prefix, colon, word = fields[0].partition(":") if lang else (lang, ":", fields[0])
+        if len(fields) != 2 or not colon or not word or not fields[1].strip():
+            want = "lang:token<TAB>tag (raw PAN-X)" if lang else "token<TAB>tag"
+            raise InputError(f"{path}:{n}: expected {want}, got {line!r}")
+        if prefix != lang:
+            raise InputError(f"{path}:{n}: PAN-X prefix {prefix + ':'!r} is not this file's language {lang!r}")
+        words.append(word)
+        tags.append(fields[1].strip())
+        if tags[-1] != "O" and not re.fullmatch(r"[BI]-\S+", tags[-1]):
+            raise InputError(f"{path}:{n}: tag {tags[-1]!r} is not O, B-X or I-X (IOB2)")
+    if not sentences:
+        raise InputError(f"{path}: no sentences (empty split)")
+    return sentences
+
+
+def read_conllu(path, lang=None):
+    """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}, without comments, multiword ranges and empty
+    nodes; every sentence must be a tree (one word on ROOT, no cycle), as `conll18_ud_eval.py` requires."""
+    sentences, rows, start = [], [], None
+    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
+    for n, line in lines:
+        if line.strip():
+            start = start or n
+            cols = line.split("\t")
+            if line.startswith("#") or len(cols) == 10 and ("-" in cols[0] or "." in cols[0]):
+                continue
+            if len(cols) != 10:
+                raise InputError(f"{path}:{n}: expected 10 tab-separated CoNLL-U columns, got {len(cols)}")
+            try:
+                wid, head = int(cols[0]), int(cols[6])
+            except ValueError:
+                raise InputError(f"{path}:{n}: ID {cols[0]!r} / HEAD {cols[6]!r} is not an integer") from None
+            if cols[7] in ("", "_"):
+                raise InputError(f"{path}:{n}: missing DEPREL")
+            rows.append((n, wid, cols[1], head, cols[7]))
+            continue
+        for k, (m, wid, _, head, _) in enumerate(rows, 1):
+            if wid != k:
+                raise InputError(f"{path}:{m}: word id {wid} out of sequence (expected {k})")
+            if not 0 <= head <= len(rows):
+                raise InputError(f"{path}:{m}: head {head} outside 0..{len(rows)}")
+        heads = [r[3] for r in rows]
+        if rows and heads.count(0) != 1:
+            raise InputError(f"{path}:{start}: sentence is not a tree: {heads.count(0)} words on ROOT, expected one")
+        if cycle := find_cycle([-1] + heads):
+            raise InputError(f"{path}:{start}: sentence is not a tree: words "
+                             f"{' -> '.join(map(str, cycle + cycle[:1]))} form a cycle (HEAD)")
+        if rows:
+            _, _, words, _, rels = map(list, zip(*rows))
+            sentences.append({"words": words, "heads": heads, "rels": rels})
+        rows, start = [], None
+    if not sentences:
+        raise InputError(f"{path}: no sentences (empty split)")
+    return sentences
 
 
 # -----------------------------------------------------------------------------
@@ -829,12 +732,15 @@ def pick_treebank(hits, lang, treebanks, data_dir):
     found = sorted({os.path.basename(os.path.dirname(p)).rpartition("-")[2] for p in hits})
     want = treebanks.get(lang) or PAPER_TREEBANKS.get(lang)
     if want is None:
-        need(len(found) == 1, f"parse: several UD treebanks for {lang} under --data {data_dir}: {', '.join(found)}; "
-                              f"pick one with --treebank {lang}=NAME")
+        if len(found) > 1:
+            raise InputError(f"parse: several UD treebanks for {lang} under --data {data_dir}: {', '.join(found)}; "
+                             f"pick one with --treebank {lang}=NAME")
         return hits
     flag = f"--treebank {lang}={want}" if lang in treebanks else f"the paper's treebank for {lang}, {want}"
-    need(want in found, f"parse: {flag}: no such treebank for {lang} under --data {data_dir} (found "
-                        f"{', '.join(found)}){'' if lang in treebanks else f'; pick one with --treebank {lang}=NAME'}")
+    if want not in found:
+        hint = "" if lang in treebanks else f"; pick one with --treebank {lang}=NAME"
+        raise InputError(f"parse: {flag}: no such treebank for {lang} under --data {data_dir} (found "
+                         f"{', '.join(found)}){hint}")
     return [p for p in hits if os.path.basename(os.path.dirname(p)).rpartition("-")[2] == want]
 
 
@@ -849,33 +755,33 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
             if split not in layout.splits.split():
                 continue
             tried.append(layout.pattern.format(**names))
-            hits = sorted(glob.glob(tried[-1], root_dir=data_dir))
-            if layout.langs and lang not in layout.langs.split():
-                hits = []
+            held = not layout.langs or lang in layout.langs.split()  # MultiNLI: English only
+            hits = sorted(glob.glob(tried[-1], root_dir=data_dir)) if held else []
             if "UD_*" in layout.pattern and hits:
                 hits = pick_treebank(hits, lang, treebanks or {}, data_dir)
             if hits:
                 if lang in (treebanks or {}) and "UD_*" not in layout.pattern:  # --treebank would be ignored
-                    need(False, f"--treebank {lang}={treebanks[lang]}: the {lang} {split} file under --data is not "
-                                f"in a UD release tree ({hits[0]})")
+                    raise InputError(f"--treebank {lang}={treebanks[lang]}: the {lang} {split} file under --data "
+                                     f"is not in a UD release tree ({hits[0]})")
                 return os.path.join(data_dir, hits[0])
         # only a directory with the task's other files lacks just the train file (e.g. no English NLI train set)
         dev_names = dict(lang=train_lang, split="dev", panx_split="dev")
         other = split == "train" and any(glob.glob(layout.pattern.format(**dev_names), root_dir=data_dir)
                                          for layout in LAYOUTS[task])
         hint = "; pass --train-file" if other else f"; is {data_dir} a toydata.py world or a real-data directory?"
-        need(False, f"{task}: no {lang} {split} file under {flag} {data_dir} (looked for "
-                    f"{', '.join(os.path.join(data_dir, t) for t in tried)}){hint}")
-    need(train_file is None or os.path.isfile(train_file), f"--train-file {train_file}: not a file")
-    unused = sorted(set(treebanks or {}) - {train_lang, *eval_langs})
-    need(not unused, f"--treebank: {', '.join(unused)} is not the train language or one of --eval-langs")
+        raise InputError(f"{task}: no {lang} {split} file under {flag} {data_dir} (looked for "
+                         f"{', '.join(os.path.join(data_dir, t) for t in tried)}){hint}")
+    if train_file is not None and not os.path.isfile(train_file):
+        raise InputError(f"--train-file {train_file}: not a file")
+    if unused := sorted(set(treebanks or {}) - {train_lang, *eval_langs}):
+        raise InputError(f"--treebank: {', '.join(unused)} is not the train language or one of --eval-langs")
     return {"train": train_file or find(train_lang, "train"), "dev": find(train_lang, "dev"),
             "test": {lang: find(lang, "test") for lang in eval_langs}}
 
 
 def read_split(task, path, lang):
-    """The examples of one file, by the reader of the layout its name matches (the task's simple-format reader for a
-    --train-file of no known name); `lang`: the language of the split."""
+    """The examples of one file, by the reader of the layout its name matches (a --train-file of no known name: XNLI-MT
+    and MultiNLI by their file names, else the task's simple format, its first layout's); `lang`: the split's."""
     parts = os.path.normpath(path).split(os.sep)
     for layout in LAYOUTS[task]:
         pattern = layout.pattern.format(lang="*", split="*", panx_split="*").split("/")
@@ -883,8 +789,10 @@ def read_split(task, path, lang):
             reader = layout.reader
             break
     else:  # a --train-file of no known layout
-        reader = TASKS[task].file_reader(os.path.basename(path))
-    return reader(path, lang) if reader in (read_xnli_1_0, read_panx) else reader(path)
+        name, xnli = os.path.basename(path), task == "xnli"
+        reader = (read_xnli_mt if xnli and fnmatch.fnmatchcase(name, "multinli.train.*.tsv") else
+                  read_multinli if xnli and name.endswith(".jsonl") else LAYOUTS[task][0].reader)
+    return reader(path, lang)
 
 
 # -----------------------------------------------------------------------------
@@ -948,16 +856,23 @@ def build_parser():
     return p
 
 
+def checked(call, *args, prefix=""):
+    """call(*args); its ValueError (a check in bpe.py, model.py or align.py: the message names the flag or the file)
+    raised as an InputError."""
+    try:
+        return call(*args)
+    except ValueError as e:
+        raise InputError(prefix + str(e)) from None
+
+
 def old_spellings(args):
     """--toy DIR -> --toy --data DIR; --batch-size / --lr / --head-lr with a comma list -> the grid flags."""
-    try:
-        args.data_flag = bpe.toy_data(args)  # the flag that gave the data directory, named in messages
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+    args.data_flag = checked(bpe.toy_data, args)  # the flag that gave the data directory, named in messages
     for k, flag in (("batch_size", "--batch-size"), ("lr", "--lr"), ("head_lr", "--head-lr")):
         one = vars(args).pop("one_" + k)
         if one is not None:
-            need(getattr(args, k) is None, f"{flag} and {flag}s: give one of them")
+            if getattr(args, k) is not None:
+                raise InputError(f"{flag} and {flag}s: give one of them")
             if len(one) > 1:
                 bpe.deprecated(f"{flag} with a comma list", f"{flag}s {','.join(map(str, one))}")
             setattr(args, k, one)
@@ -970,61 +885,131 @@ def load_ckpt(path, flag, device, xlm_codes=None):
         model, extra = load_model(path, device)
         return (model, *bpe.checkpoint_tokenizer(extra, path, xlm_codes), extra)
     except (KeyError, TypeError, ValueError, OSError) as e:
-        raise SystemExit(f"error: {flag}: {e}") from None
+        raise InputError(f"{flag}: {e}") from None
 
 
 def lang_index(langs, code, ckpt, flag):
-    """bpe.checkpoint_lang, its mistake one line `error: ...` (SystemExit)."""
+    """`code`'s index among the checkpoint's languages (bpe.checkpoint_lang); one it lacks names `flag`."""
+    return checked(bpe.checkpoint_lang, langs, code, f"{flag} {code}:", f" ({ckpt})")
+
+
+def prepare_task(task_name, files, model, routes, args):
+    """Read and featurise every file of one task before any training -> (task, data); routes: code -> (tok, lang)."""
     try:
-        return bpe.checkpoint_lang(langs, code, f"{flag} {code}:", f" ({ckpt})")
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+        train, dev = (read_split(task_name, files[s], args.train_lang) for s in ("train", "dev"))
+        task = TASKS[task_name](train, args.max_len)
+        tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
+        for path, ex in [(files["dev"], dev)] + [(files["test"][code], ex) for code, ex in tests.items()]:
+            if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
+                print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
+    except (ValueError, OSError) as e:  # a reader's InputError, a file that is not UTF-8 or cannot be read
+        raise InputError(str(e)) from None
+    n_per_epoch = args.epoch_size or len(train)
+    if max(args.batch_size) > n_per_epoch:
+        raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} {task_name} training "
+                         f"examples of an epoch ({files['train']}): every update would be the whole epoch")
+    featurize = lambda ex, code: task.featurize(ex, routes[code][0], code, model.config.max_positions)  # noqa: E731
+    data = {"lang_id": routes[args.train_lang][1], "train": (train, featurize(train, args.train_lang)),
+            "dev": (dev, featurize(dev, args.train_lang)),
+            "test": {code: (ex, featurize(ex, code), routes[code][1]) for code, ex in tests.items()}}
+    for what, ex, path in [(f"{args.train_lang} train", train, files["train"]),
+                           (f"{args.train_lang} dev", dev, files["dev"])] + \
+            [(f"{c} test", ex, files["test"][c]) for c, ex in tests.items()]:
+        print(f"{task_name}: {what} {len(ex)} from {path}")
+    return task, data
+
+
+def run_task(task, data, files, args, out, job, done, model, pretrain):
+    """§3.2 on one task: every set of the grid (each written to OUT/sets/ when it ends, or taken from `done`), then
+    the mean of the best two by English dev, written to OUT/results.json and printed."""
+    if args.overwrite:  # the sets and results of the earlier run go first
+        for f in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(os.path.join(out, "results.json")):
+            os.remove(f)
+    os.makedirs(os.path.join(out, "sets"), exist_ok=True)
+    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    hps, records = grid(task.name, args), []
+    for i, hp in enumerate(hps, 1):
+        path = os.path.join(out, "sets", hp_text(hp).replace(" ", "-") + ".json")  # bs-16-lr-0.001.json
+        what = f"{task.name}: hyper-parameter set {i}/{len(hps)}"
+        if path in done:
+            print(f"{what}: {hp_text(hp)}: finished in an earlier run ({path})")
+            records.append(done[path])
+            continue
+        print(f"{what}: {hp_text(hp)}")
+        try:
+            rec = finetune_one(task, model, init_state, data, hp, args)
+        except FloatingPointError as e:  # a NaN/inf loss
+            print(f"{what} stopped: {e}; it is left out of the selection")
+            rec = {**hp, "failed": str(e)}
+        write_json(path, {"job": job, "record": rec})
+        records.append(rec)
+    model.load_state_dict(init_state)
+    finished = [i for i, r in enumerate(records) if "failed" not in r]
+    if not finished:
+        raise InputError(f"{task.name}: every hyper-parameter set diverged (non-finite loss), no results; try a lower "
+                         "--lr")
+    top, dev, test = mean_of_best_two([records[i] for i in finished], task.metric)
+    path, best_two = os.path.join(out, "results.json"), [finished[i] for i in top]
+    write_json(path, {"task": task.name, "metric": task.metric, "files": files, "labels": task.labels,
+                      "best_two": best_two, "dev": dev, "test": test, "configs": records, "job": job,
+                      "args": vars(args), "pretrain": pretrain})
+    picked = "; ".join(f"{hp_text(records[i])} (epoch {records[i]['best_epoch']})" for i in best_two)
+    print(f"\n{task.name}: mean of the best two of {len(finished)} hyper-parameter sets by en dev: {picked}"
+          + (f" ({len(records) - len(finished)} diverged set(s) left out)" if len(finished) < len(records) else ""))
+    cols, rows = sorted(dev, key=lambda k: k != task.metric), [(args.train_lang, "dev", dev)]
+    rows += [(code, "test", test[code]) for code in test]  # the selection metric first, then the others
+    print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
+                                                 for c, split, s in rows]) + f"\nwrote {path}")
 
 
 def _main(args):
     old_spellings(args)
-    if args.plot:
-        need(args.table, "--plot goes with --table (the learning curves of -stepN dirs)")
-        try:
-            check_plot(args.plot)
-        except ValueError as e:
-            raise SystemExit(f"error: {e}")
+    if args.plot and not args.table:
+        raise InputError("--plot goes with --table (the learning curves of -stepN dirs)")
+    checked(check_plot, args.plot) if args.plot else None
     if args.table:
         print(results_table(args.table))
         return plot_curves(args.plot, args.table) if args.plot else None
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
-    need(args.ckpt and args.out, "--ckpt and --out are required (or --table)")
-    need(not args.xlm_codes or os.path.isfile(args.xlm_codes), f"--xlm-codes {args.xlm_codes}: no such file")
-    need(args.dtype != "float16", "--dtype float16: fine-tuning has no GradScaler; use --dtype bfloat16 or float32")
-    try:
-        args.device, dtype, _ = pick_device(args.device, args.dtype)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+    if not (args.ckpt and args.out):
+        raise InputError("--ckpt and --out are required (or --table)")
+    if args.xlm_codes and not os.path.isfile(args.xlm_codes):
+        raise InputError(f"--xlm-codes {args.xlm_codes}: no such file")
+    if args.dtype == "float16":
+        raise InputError("--dtype float16: fine-tuning has no GradScaler; use --dtype bfloat16 or float32")
+    args.device, dtype, _ = checked(pick_device, args.device, args.dtype)
     args.bf16 = dtype == "bfloat16"  # (auto on a GPU without bfloat16: float32)
-    need((args.align_layer is not None) == bool(args.target_ckpt) == bool(args.align_maps),
-         "--align-layer, --target-ckpt and --align-maps go together (aligned transfer, §5.1.2)")
-    need(args.data, "--data DIR is required" + " (the toy world, e.g. runs/toy/toy)" * bool(args.toy))
-    need(os.path.isdir(args.data), f"{args.data_flag} {args.data}: no such directory")
+    if not (args.align_layer is not None) == bool(args.target_ckpt) == bool(args.align_maps):
+        raise InputError("--align-layer, --target-ckpt and --align-maps go together (aligned transfer, §5.1.2)")
+    if not args.data:
+        raise InputError("--data DIR is required" + " (the toy world, e.g. runs/toy/toy)" * bool(args.toy))
+    if not os.path.isdir(args.data):
+        raise InputError(f"{args.data_flag} {args.data}: no such directory")
     tasks = [args.task] if args.task else list(TASKS) if args.toy else []
-    need(tasks, "--task is required (only --toy runs all three)")
+    if not tasks:
+        raise InputError("--task is required (only --toy runs all three)")
     treebanks = {}  # --treebank fr=FTB -> {"fr": "FTB"}
     for item in args.treebank.split(",") if args.treebank is not None else []:
         lang, _, name = item.strip().partition("=")
-        need(lang and name and lang not in treebanks,
-             f"--treebank {args.treebank}: expected LANG=NAME,... (each language once), e.g. fr=FTB")
+        if not name or not lang or lang in treebanks:
+            raise InputError(f"--treebank {args.treebank}: expected LANG=NAME,... (each language once), e.g. fr=FTB")
         treebanks[lang] = name.strip()
-    need(not treebanks or "parse" in tasks, "--treebank picks UD treebanks: it needs --task parse")
+    if treebanks and "parse" not in tasks:
+        raise InputError("--treebank picks UD treebanks: it needs --task parse")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device, args.xlm_codes)
     given = args.eval_langs or ",".join(lang for lang in langs if lang != args.train_lang)  # default: the others
     args.eval_langs = [x.strip() for x in given.split(",") if x.strip()]
-    need(args.eval_langs, f"--eval-langs {args.eval_langs or given!r}: no target language ({args.ckpt}: {langs})")
-    need(len(set(args.eval_langs)) == len(args.eval_langs), f"--eval-langs {given}: a language is given twice")
+    if not args.eval_langs:
+        raise InputError(f"--eval-langs {given!r}: no target language ({args.ckpt}: {langs})")
+    if len(set(args.eval_langs)) < len(args.eval_langs):
+        raise InputError(f"--eval-langs {given}: a language is given twice")
     most = max(2, model.config.max_positions - 2)  # <s> and </s> around each window
-    need(args.max_len is None or args.max_len <= most, f"--max-len {args.max_len}: the checkpoint has "
-         f"{model.config.max_positions} positions, a window at most {most} subwords")
+    if (args.max_len or 0) > most:
+        raise InputError(f"--max-len {args.max_len}: the checkpoint has {model.config.max_positions} positions, a "
+                         f"window at most {most} subwords")
     args.max_len = min(args.max_len or 128, most)
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
@@ -1046,9 +1031,11 @@ def _main(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        return _main(args)
+        with bpe.reported(parser):  # a bad flag or input file: one line `error: ...`, exit code 1
+            return _main(args)
     except (MemoryError, RuntimeError) as e:
         if not bpe.out_of_memory(e):
             raise
@@ -1063,11 +1050,9 @@ def main(argv=None):
         raise SystemExit(130) from None
 
 
-# =====================================================================================================
-# After the paper path: the bookkeeping of a run and the printer of its results, not part of §3.2.
-# - the grid's resume bookkeeping: each finished set is OUT/sets/*.json, tagged with the run's identity (flags,
-#   checkpoint and data contents), so that the same command goes on from them and another run is refused;
-# - the --table printer (Table 1's layout over --out dirs) and its --plot (the learning curves over -stepN dirs).
+# -----------------------------------------------------------------------------
+# Resume: each finished set is OUT/sets/*.json, tagged with the run's identity (flags, checkpoint and data
+# contents), so that the same command goes on from them and another run is refused
 
 def write_json(path, obj):
     """JSON through bpe.atomic_write: never half a file at `path`; a full disk is one line."""
@@ -1082,7 +1067,7 @@ def read_json(path, flag):
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
-        raise SystemExit(f"error: {flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+        raise InputError(f"{flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 # what a set's result depends on besides the checkpoints and data (not --device, --threads)
@@ -1111,11 +1096,11 @@ def earlier_sets(task_name, files, args, out):
         old = saved["job"] if isinstance(saved, dict) and isinstance(saved.get("job"), dict) else {}
         if old != job:
             diff = ", ".join(k for k in sorted(set(old) | set(job)) if old.get(k) != job.get(k))
-            raise SystemExit(f"error: {path} already exists, from another run (other {diff}); rerun with the same "
+            raise InputError(f"{path} already exists, from another run (other {diff}); rerun with the same "
                              "flags, pass --overwrite to replace it, or use another --out")
         rec = saved.get("record")
         if path.endswith(os.path.join("sets", os.path.basename(path))) and not good_record(rec, task_name, args):
-            raise SystemExit(f"error: {path}: not a finished set as finetune.py writes it (edited or damaged); remove "
+            raise InputError(f"{path}: not a finished set as finetune.py writes it (edited or damaged); remove "
                              "it to train that set again, or pass --overwrite")
         done[path] = rec
     return job, done
@@ -1134,6 +1119,9 @@ def good_record(rec, task_name, args):
     scores = [rec.get("dev")] + list(test.values())
     return all(isinstance(s, dict) and metric in s and all(is_score(v) for v in s.values()) for s in scores)
 
+
+# -----------------------------------------------------------------------------
+# --table: Table 1's layout over --out dirs, and --plot: the learning curves over -stepN dirs
 
 def format_rows(header, rows):
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
@@ -1160,8 +1148,9 @@ def table_cells(results, path):
     valid = (results.get("metric") == metric
              and all(isinstance(s, dict) and is_score(s.get(metric)) for s in results["test"].values())
              and isinstance(ppl, dict) and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
-    need(valid, f"--table: {path}: not a results.json as finetune.py writes it (a {task} test {metric} or a dev "
-                "perplexity is missing or not a number); run the fine-tuning again")
+    if not valid:
+        raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a {task} test {metric} or a "
+                         "dev perplexity is missing or not a number); run the fine-tuning again")
     return {**{(task, lang): 100 * s[metric] for lang, s in results["test"].items()},
             **{("ppl", lang): v for lang, v in ppl.items()}}
 
@@ -1178,7 +1167,8 @@ def read_table(run_dirs):
             results = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's three
             if isinstance(results, dict) and results.get("task") in TASKS and isinstance(results.get("test"), dict):
                 cells.update(table_cells(results, os.path.join(d, path)))
-        need(cells, f"--table: no results.json under {d}")
+        if not cells:
+            raise InputError(f"--table: no results.json under {d}")
         groups.setdefault((name, step), []).append(cells)
     cols = sorted({c for runs in groups.values() for cells in runs for c in cells},
                   key=lambda c: (list(COLUMN_NAMES).index(c[0]), c[1]))
@@ -1210,7 +1200,8 @@ def plot_curves(path, run_dirs):
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     from matplotlib.ticker import NullFormatter, ScalarFormatter
     cols, groups = read_table(run_dirs)
-    need(any(step for _, step in groups), "--plot: the --table dirs have no -stepN suffix, so there is no curve")
+    if not any(step for _, step in groups):
+        raise InputError("--plot: the --table dirs have no -stepN suffix, so there is no curve")
     fig = Figure(figsize=(3.2 * len(cols), 3.4))
     for ax, col in zip(fig.subplots(1, len(cols), squeeze=False)[0], cols):
         for name in dict.fromkeys(n for n, _ in groups):

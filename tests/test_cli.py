@@ -56,7 +56,7 @@ def test_finetune_old_spellings_work_with_a_note(capsys):
     assert capsys.readouterr().err == ""
     for argv, msg in [(["--batch-size", "8", "--batch-sizes", "16"], "--batch-size and --batch-sizes: give one"),
                       (["--toy", "W", "--data", "V"], "--toy W and --data V: give one data directory")]:
-        with pytest.raises(SystemExit, match=re.escape(msg)):
+        with pytest.raises(bpe.InputError, match=re.escape(msg)):
             ft.old_spellings(ft.build_parser().parse_args(argv))
 
 
@@ -92,12 +92,12 @@ def test_align_cka_toy_and_data(tmp_path, capsys, script):
 def test_finetune_messages_name_the_flag_and_the_paths(tmp_path):
     """The run folder given instead of the world: the message names the flag given and the paths searched, and
     does not suggest --train-file; a language the checkpoint lacks names --eval-langs."""
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(bpe.InputError) as e:
         ft.resolve_files("ner", str(tmp_path), "en", ["fr"], flag="--toy")
     msg = str(e.value)
-    assert msg.startswith(f"error: ner: no en train file under --toy {tmp_path} (looked for {tmp_path}/ner/en.train.tsv")
+    assert msg.startswith(f"ner: no en train file under --toy {tmp_path} (looked for {tmp_path}/ner/en.train.tsv")
     assert "--train-file" not in msg and "toydata.py world" in msg
-    with pytest.raises(SystemExit, match=re.escape("--eval-langs fe: not one of the checkpoint's languages")):
+    with pytest.raises(bpe.InputError, match=re.escape("--eval-langs fe: not one of the checkpoint's languages")):
         ft.lang_index(["en", "fr"], "fe", "x.pt", "--eval-langs")
 
 

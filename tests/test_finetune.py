@@ -404,9 +404,9 @@ def test_resolve_files_real_layout():
     assert f["train"].endswith("en_ewt-ud-train.first3000.conllu") and f["test"]["ru"].endswith("ru_gsd-ud-test.conllu")
     f = ft.resolve_files("xnli", DATA, "en", ["fr"], train_file=f["train"])
     assert f["dev"].endswith("dev-en.tsv") and f["test"]["fr"].endswith("test-fr.tsv")
-    with pytest.raises(SystemExit, match=r"xnli: no en train file under --data .*; pass --train-file"):
+    with pytest.raises(ft.InputError, match=r"xnli: no en train file under --data .*; pass --train-file"):
         ft.resolve_files("xnli", DATA, "en", ["fr"])
-    with pytest.raises(SystemExit, match="ner: no xx test file under --data"):
+    with pytest.raises(ft.InputError, match="ner: no xx test file under --data"):
         ft.resolve_files("ner", DATA, "en", ["xx"])
 
 

@@ -164,7 +164,7 @@ def test_treebank_flag_picks_another_treebank_of_the_language(trees):
     files, got = read_all("parse", official, treebanks={"fr": "FTB"})
     assert files["test"]["fr"].endswith("UD_French-FTB/fr_ftb-ud-test.conllu")
     assert got["test"] == ex["parse", "fr", "test"][:1]
-    with pytest.raises(SystemExit, match=r"--treebank fr=Sequoia: no such treebank for fr under --data .* "
+    with pytest.raises(bpe.InputError, match=r"--treebank fr=Sequoia: no such treebank for fr under --data .* "
                                          r"\(found FTB, GSD\)"):
         read_all("parse", official, treebanks={"fr": "Sequoia"})
 
@@ -173,7 +173,7 @@ def test_a_language_with_several_treebanks_and_no_default_is_refused(tmp_path):
     for tb in ("GSD", "HDT"):
         for split in ("train", "dev", "test"):
             write(tmp_path / f"ud-treebanks-v2.3/UD_German-{tb}/de_{tb.lower()}-ud-{split}.conllu", "")
-    with pytest.raises(SystemExit, match="several UD treebanks for de under --data .*: GSD, HDT; pick one with "
+    with pytest.raises(bpe.InputError, match="several UD treebanks for de under --data .*: GSD, HDT; pick one with "
                                          "--treebank de=NAME"):
         ft.resolve_files("parse", str(tmp_path), "de", [])
     files = ft.resolve_files("parse", str(tmp_path), "de", [], treebanks={"de": "HDT"})
@@ -226,11 +226,11 @@ def test_a_wrong_file_in_a_known_layout_is_named_with_its_line(tmp_path, name, t
 
 def test_a_missing_split_names_what_was_looked_for(trees, tmp_path):
     _, _, official = trees
-    with pytest.raises(SystemExit, match=r"error: ner: no de test file under --data (\S+) \(looked for \1/ner/de.test.tsv, "
+    with pytest.raises(bpe.InputError, match=r"ner: no de test file under --data (\S+) \(looked for \1/ner/de.test.tsv, "
                                          r"\1/wikiann_panx/heldout-from-dev-de.tsv, \1/panx_dataset/de/test, "
                                          r"\1/panx/test-de.tsv\)"):
         ft.resolve_files("ner", str(official), "en", ["de"])
-    with pytest.raises(SystemExit, match=r"xnli: no en train file under --data "):
+    with pytest.raises(bpe.InputError, match=r"xnli: no en train file under --data "):
         ft.resolve_files("xnli", str(tmp_path), "en", [])
 
 
@@ -250,7 +250,7 @@ def test_our_evaluation_directory_reads_as_before(task):
         lang: want[2].format(*((names[lang], lang) if task == "parse" else (lang,))) for lang in langs}
     got = {"train": files["train"], "dev": files["dev"]} | files["test"]
     assert got == {k: os.path.join(DATA, v) for k, v in expect.items()}
-    simple = ft.TASKS[task].read
+    simple = ft.LAYOUTS[task][0].reader  # the simple format
     for k, path in got.items():
         assert ft.read_split(task, path, k if k in langs else "en") == simple(path)
 
@@ -384,9 +384,9 @@ def test_treebank_flag_mistakes_are_one_line(trees, tmp_path):
                            (["--task", "parse", "--treebank", "fr=FTB,fr=GSD"], "(each language once)")]:
         with pytest.raises(SystemExit, match=re.escape(message)):
             ft.main(base + flags)
-    with pytest.raises(SystemExit, match="--treebank: ru is not the train language or one of --eval-langs"):
+    with pytest.raises(bpe.InputError, match="--treebank: ru is not the train language or one of --eval-langs"):
         ft.resolve_files("parse", str(official), "en", ["fr"], treebanks={"ru": "GSD"})
-    with pytest.raises(SystemExit, match=r"--treebank fr=GSD: the fr test file under --data is not in a UD release "
+    with pytest.raises(bpe.InputError, match=r"--treebank fr=GSD: the fr test file under --data is not in a UD release "
                                          r"tree \(ud/fr.test.conllu\)"):
         ft.resolve_files("parse", str(simple), "en", ["fr"], treebanks={"fr": "GSD"})
 
