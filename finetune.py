@@ -25,7 +25,9 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
+import time
 
 import numpy as np
 import torch
@@ -840,7 +842,8 @@ def build_parser():
     add("--seed", type=number(0, 2 ** 32), default=0, help="seed of every set: head init, data order")
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (no float16)")
-    add("--threads", type=number(0, 1025), default=0, help="torch CPU threads, 0 = as many as torch picks")
+    add("--threads", type=number(0, 1025), help="torch CPU threads, 0 = as many as torch picks (default: 1 with "
+        "--toy, as pretrain.py's; else 0)")
     add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on "
         "top (default: off)")
     add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps "
@@ -849,10 +852,14 @@ def build_parser():
     add("--out", metavar="DIR", help="results.json and sets/ (a folder per task when several run); rerun to resume; "
         "required")
     add("--overwrite", action="store_true", help="replace the results and sets of another run in --out")
+    add("--allow-overlap", action="store_true", help="accept a train file with the contents of the dev or a test "
+        "file (default: refused; the epoch and the sets would be chosen, or scored, on the training data)")
     add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1 for --out dirs named "
         "NAME[-sSEED][-stepN] (default: off, fine-tune)")
     add("--plot", metavar="FILE.png", help="with --table over -stepN dirs: also draw the learning curves (needs "
         "matplotlib; default: off)")
+    add("--with-stalled", action="store_true", help="with --table: count the seeds whose MLM stalled on the unigram "
+        "plateau in the means (default: they are left out, and counted in the table's 'stalled' column)")
     return p
 
 
@@ -927,7 +934,7 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
             os.remove(f)
     os.makedirs(os.path.join(out, "sets"), exist_ok=True)
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    hps, records = grid(task.name, args), []
+    hps, records, took = grid(task.name, args), [], []
     for i, hp in enumerate(hps, 1):
         path = os.path.join(out, "sets", hp_text(hp).replace(" ", "-") + ".json")  # bs-16-lr-0.001.json
         what = f"{task.name}: hyper-parameter set {i}/{len(hps)}"
@@ -936,6 +943,7 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
             records.append(done[path])
             continue
         print(f"{what}: {hp_text(hp)}")
+        t0 = time.time()
         try:
             rec = finetune_one(task, model, init_state, data, hp, args)
         except FloatingPointError as e:  # a NaN/inf loss
@@ -943,6 +951,10 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
             rec = {**hp, "failed": str(e)}
         write_json(path, {"job": job, "record": rec})
         records.append(rec)
+        took.append(time.time() - t0)
+        left = (len(hps) - i) * sum(took) / len(took)
+        print(f"{what} took {took[-1]:.0f} s" + (f"; about {left / 60:.0f} min left for {task.name}'s grid" if left
+                                                 else ""))
     model.load_state_dict(init_state)
     finished = [i for i, r in enumerate(records) if "failed" not in r]
     if not finished:
@@ -954,7 +966,9 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
                       "best_two": best_two, "dev": dev, "test": test, "configs": records, "job": job,
                       "args": vars(args), "pretrain": pretrain})
     picked = "; ".join(f"{hp_text(records[i])} (epoch {records[i]['best_epoch']})" for i in best_two)
-    print(f"\n{task.name}: mean of the best two of {len(finished)} hyper-parameter sets by en dev: {picked}"
+    chosen = "the one hyper-parameter set" if len(finished) == 1 else \
+        f"mean of the best two of {len(finished)} hyper-parameter sets by en dev"
+    print(f"\n{task.name}: {chosen}: {picked}"
           + (f" ({len(records) - len(finished)} diverged set(s) left out)" if len(finished) < len(records) else ""))
     cols, rows = sorted(dev, key=lambda k: k != task.metric), [(args.train_lang, "dev", dev)]
     rows += [(code, "test", test[code]) for code in test]  # the selection metric first, then the others
@@ -968,7 +982,7 @@ def _main(args):
         raise InputError("--plot goes with --table (the learning curves of -stepN dirs)")
     checked(check_plot, args.plot) if args.plot else None
     if args.table:
-        print(results_table(args.table))
+        print(results_table(args.table, args.with_stalled))
         return plot_curves(args.plot, args.table) if args.plot else None
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
@@ -997,6 +1011,9 @@ def _main(args):
         treebanks[lang] = name.strip()
     if treebanks and "parse" not in tasks:
         raise InputError("--treebank picks UD treebanks: it needs --task parse")
+    if args.head_lr is not None and not any(TASKS[t].own_head_lr for t in tasks):
+        raise InputError(f"--head-lr(s) is the XNLI classifier's learning rate: --task {tasks[0]} has no such grid")
+    args.threads = (1 if args.toy else 0) if args.threads is None else args.threads
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device, args.xlm_codes)
@@ -1023,11 +1040,16 @@ def _main(args):
         task_args = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if vars(args)[k] is None}})
         files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file,
                               treebanks if name == "parse" else None, args.data_flag)
+        same = [what for what, p in [("dev", files["dev"])] + [(f"{c} test", p) for c, p in files["test"].items()]
+                if digest(p) == digest(files["train"])]
+        if same and not args.allow_overlap:
+            raise InputError(f"{name}: the train file {files['train']} has the contents of the {same[0]} file; a score "
+                             "chosen or measured on the training data is not one (--allow-overlap if that is meant)")
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job, done = earlier_sets(name, files, task_args, out)
         plans.append((*prepare_task(name, files, model, routes, task_args), files, task_args, out, job, done))
-    for plan in plans:
-        run_task(*plan, model, {"step": extra.get("step"), "dev_ppl": extra.get("dev_ppl")})  # for --table
+    for plan in plans:  # what --table reads of the checkpoint: its dev perplexity, and the count models' (stalls)
+        run_task(*plan, model, {k: extra.get(k) for k in ("step", "dev_ppl", "count_ppl")})
 
 
 def main(argv=None):
@@ -1044,9 +1066,10 @@ def main(argv=None):
     except KeyboardInterrupt:  # Ctrl-C: the set in progress is lost, the finished ones are on disk (sets/)
         out = args.out or ""
         kept = glob.glob(os.path.join(out, "sets", "*.json")) + glob.glob(os.path.join(out, "*", "sets", "*.json"))
-        print(f"finetune.py: interrupted; {len(kept)} finished hyper-parameter set(s) kept in {out}, the same command "
-              "goes on from them" if kept else "finetune.py: interrupted before any set finished; nothing was kept",
-              file=sys.stderr)
+        again = shlex.join(["python", "finetune.py"] + (sys.argv[1:] if argv is None else [str(a) for a in argv]))
+        print(f"finetune.py: interrupted; {len(kept)} finished hyper-parameter set(s) kept in {out} (the set in "
+              f"progress starts again); to go on, run {again}" if kept else
+              "finetune.py: interrupted before any set finished; nothing was kept", file=sys.stderr)
         raise SystemExit(130) from None
 
 
@@ -1151,47 +1174,72 @@ def table_cells(results, path):
     if not valid:
         raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a {task} test {metric} or a "
                          "dev perplexity is missing or not a number); run the fine-tuning again")
+    count = (pretrain.get("count_ppl") or {}) if isinstance(pretrain, dict) else {}
+    first = next(iter(ppl), None)  # the checkpoint's first language (English): its dev ppl against the count model
+    stalled = first in count and isinstance(count[first], dict) and ppl[first] > count[first].get("left", math.inf)
     return {**{(task, lang): 100 * s[metric] for lang, s in results["test"].items()},
-            **{("ppl", lang): v for lang, v in ppl.items()}}
+            **{("ppl", lang): v for lang, v in ppl.items()}, **({"stalled": True} if stalled else {})}
 
 
 def read_table(run_dirs):
     """The runs of --table grouped by (NAME, N) for --out dirs named NAME[-sSEED][-stepN] (N: pretrain.py
     --snapshots): returns the columns (("ppl" or task, lang), in COLUMN_NAMES's order) and an ordered {(NAME, N):
     [cells of one seed]} with cells = {column: dev ppl, or test score in % (XNLI acc, NER F1, LAS)}."""
-    groups = {}
+    groups, seen, runs_of = {}, {}, {}
     for d in run_dirs:
+        if os.path.realpath(d) in seen:
+            raise InputError(f"--table: {d} is given twice (as {seen[os.path.realpath(d)]}); a run counts once")
+        seen[os.path.realpath(d)] = d
         name, step = re.fullmatch(r"(.+?)(?:-s\d+)?(?:-step(\d+))?", os.path.basename(os.path.normpath(d))).groups()
-        cells = {}
+        cells, who = {}, set()
         for path in sorted(glob.glob("results.json", root_dir=d) + glob.glob("*/results.json", root_dir=d)):
             results = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's three
             if isinstance(results, dict) and results.get("task") in TASKS and isinstance(results.get("test"), dict):
                 cells.update(table_cells(results, os.path.join(d, path)))
+                job = results.get("job") if isinstance(results.get("job"), dict) else {}
+                who.add((job.get("ckpt"), job.get("seed")))  # a seed is its checkpoint and fine-tuning seed
         if not cells:
             raise InputError(f"--table: no results.json under {d}")
+        for twin in (runs_of.get((name, step, w)) for w in who if w != (None, None)):
+            if twin:
+                raise InputError(f"--table: {twin} and {d} hold the same run (the same checkpoint and --seed); "
+                                 "it would be counted as two seeds")
+        runs_of.update({(name, step, w): d for w in who})
         groups.setdefault((name, step), []).append(cells)
-    cols = sorted({c for runs in groups.values() for cells in runs for c in cells},
+    cols = sorted({c for runs in groups.values() for cells in runs for c in cells if c != "stalled"},
                   key=lambda c: (list(COLUMN_NAMES).index(c[0]), c[1]))
     names = list(dict.fromkeys(name for name, _ in groups))
     return cols, {k: groups[k] for k in sorted(groups, key=lambda k: (names.index(k[0]), int(k[1] or 0)))}
 
 
-def results_table(run_dirs):
+def results_table(run_dirs, with_stalled=False):
     """Table 1's layout: a row per NAME (and N, in update order), the checkpoint's dev perplexity if known, the
     test score per task x language in %, their average and Δ = the average minus the first row's (the paper's
-    Default); mean ± std over seeds."""
+    Default); mean ± std over seeds. A seed whose MLM stalled (its English dev perplexity above the left-bigram
+    count model pretrain.py recorded) is left out of the means unless with_stalled, and counted in its own column;
+    a cell averaged over fewer seeds than its row's is marked *."""
     cols, groups = read_table(run_dirs)
     scores = [c for c in cols if c[0] != "ppl"]
     steps = any(step for _, step in groups)
-    lines, first = [], None
+    lines, first, notes = [], None, []
     for (name, step), runs in groups.items():
+        stalled = [cells for cells in runs if cells.get("stalled")]
+        runs = runs if with_stalled else [cells for cells in runs if not cells.get("stalled")]
         avgs = [np.mean([cells[c] for c in scores]) for cells in runs if all(c in cells for c in scores)]
         first = avgs if first is None else first
         values = [[cells[c] for cells in runs if c in cells] for c in cols] + [avgs]
         delta = f"{np.mean(avgs) - np.mean(first):+.1f}" if avgs and first else "-"
-        lines.append([name] + [step or "-"] * steps + [str(len(runs))] + [mean_std(v) for v in values] + [delta])
-    header = ["model"] + ["updates"] * steps + ["seeds"] + [f"{COLUMN_NAMES[t]} {lang}" for t, lang in cols]
-    return format_rows(header + ["avg", "Δ"], lines)
+        lines.append([name] + [step or "-"] * steps + [str(len(runs)), str(len(stalled))]
+                     + [mean_std(v) + "*" * (0 < len(v) < len(runs)) for v in values] + [delta])
+    header = ["model"] + ["updates"] * steps + ["seeds", "stalled"] + [f"{COLUMN_NAMES[t]} {lang}" for t, lang in cols]
+    n_stalled = sum(int(line[len(header) - len(cols) - 1]) for line in lines)
+    if n_stalled:
+        notes.append(f"{n_stalled} seed(s) whose MLM stalled on the unigram plateau "
+                     + ("are in the means (--with-stalled)" if with_stalled else "are left out of the means "
+                        "(--with-stalled counts them)"))
+    if any("*" in c for line in lines for c in line):
+        notes.append("* averaged over fewer seeds than the row's")
+    return format_rows(header + ["avg", "Δ"], lines) + "".join("\n" + n for n in notes)
 
 
 def plot_curves(path, run_dirs):

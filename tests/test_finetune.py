@@ -444,11 +444,17 @@ def test_toy_end_to_end_parse_beats_chance(toy_world, toy_ckpt, tmp_path, capsys
     assert set(res["test"]) == {"fr"} and 0 <= res["test"]["fr"]["las"] <= res["test"]["fr"]["uas"] <= 1
     text = capsys.readouterr().out
     assert re.search(r"lang +split +las +uas\n", text) and "wrote" in text
-    ft.main(["--table", str(out), str(out)])  # one row, two "seeds" of the same run
+    ft.main(["--table", str(out)])
     lines = capsys.readouterr().out.splitlines()
     las = f"{100 * res['test']['fr']['las']:.1f}"
-    assert lines[0].split() == ["model", "seeds", "Parse", "fr", "avg", "Δ"]
-    assert lines[1].split() == ["parse", "2", las, "±0.0", las, "±0.0", "+0.0"]
+    assert lines[0].split() == ["model", "seeds", "stalled", "Parse", "fr", "avg", "Δ"]
+    assert lines[1].split() == ["parse", "1", "0", las, las, "+0.0"]
+    with pytest.raises(SystemExit, match="is given twice"):  # one run is one seed, never two
+        ft.main(["--table", str(out), str(out)])
+    twin = out.parent / "parse-s1"
+    shutil.copytree(out, twin)  # the same run under another seed's name: still one seed
+    with pytest.raises(SystemExit, match="hold the same run"):
+        ft.main(["--table", str(out), str(twin)])
 
 
 def _load(ckpt):
@@ -575,7 +581,7 @@ def test_toy_runs_all_three_tasks(toy_world, toy_ckpt, tmp_path, capsys):
         res = json.loads((tmp_path / task / "results.json").read_text())
         assert res["task"] == task and res["metric"] == metric and len(res["configs"]) == 1
         assert 0 <= res["dev"][metric] <= 1 and 0 <= res["test"]["fr"][metric] <= 1
-    assert capsys.readouterr().out.count("mean of the best two") == 3
+    assert capsys.readouterr().out.count("the one hyper-parameter set") == 3  # a one-set grid is said as such
 
 
 def test_table1_layout_means_seeds_and_delta(tmp_path, capsys):
@@ -590,11 +596,11 @@ def test_table1_layout_means_seeds_and_delta(tmp_path, capsys):
         write(run, "ner", "f1", f1)
     ft.main(["--table"] + [str(tmp_path / r) for r in ("default-s0", "default-s1", "sep-s0")])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].split() == ["model", "seeds", "XNLI", "fr", "NER", "fr", "avg", "Δ"]
+    assert lines[0].split() == ["model", "seeds", "stalled", "XNLI", "fr", "NER", "fr", "avg", "Δ"]
     # default: XNLI (60, 70) -> 65 ± 5; NER (40, 50) -> 45 ± 5; avg per seed 50, 60 -> 55 ± 5
-    assert lines[1].split() == ["default", "2", "65.0", "±5.0", "45.0", "±5.0", "55.0", "±5.0", "+0.0"]
+    assert lines[1].split() == ["default", "2", "0", "65.0", "±5.0", "45.0", "±5.0", "55.0", "±5.0", "+0.0"]
     # sep: 40, 10 -> avg 25, Δ = 25 - 55 = -30
-    assert lines[2].split() == ["sep", "1", "40.0", "10.0", "25.0", "-30.0"]
+    assert lines[2].split() == ["sep", "1", "0", "40.0", "10.0", "25.0", "-30.0"]
     with pytest.raises(SystemExit, match="no results.json"):
         ft.main(["--table", str(tmp_path / "missing")])
 
@@ -614,13 +620,38 @@ def test_table_rows_per_model_and_update(tmp_path, capsys):
     dirs = [str(tmp_path / r) for r in ("default-s0-step1000", "default-s1-step1000", "default-s0-step500",
                                         "sep-s0-step500")]
     lines = ft.results_table(dirs).splitlines()
-    assert lines[0].split() == ["model", "updates", "seeds", "dev", "ppl", "en", "dev", "ppl", "fr", "NER", "fr",
-                                "Parse", "fr", "avg", "Δ"]
-    assert lines[1].split() == ["default", "500", "1", "90.0", "90.0", "10.0", "20.0", "15.0", "+0.0"]
+    assert lines[0].split() == ["model", "updates", "seeds", "stalled", "dev", "ppl", "en", "dev", "ppl", "fr", "NER",
+                                "fr", "Parse", "fr", "avg", "Δ"]
+    assert lines[1].split() == ["default", "500", "1", "0", "90.0", "90.0", "10.0", "20.0", "15.0", "+0.0"]
     # seeds: NER 50, 60; LAS 70, 80; avg per seed 60, 70 -> 65 ± 5, Δ = 65 - 15 = +50
-    assert lines[2].split() == ["default", "1000", "2", "25.0", "±5.0", "25.0", "±5.0", "55.0", "±5.0", "75.0",
+    assert lines[2].split() == ["default", "1000", "2", "0", "25.0", "±5.0", "25.0", "±5.0", "55.0", "±5.0", "75.0",
                                 "±5.0", "65.0", "±5.0", "+50.0"]
-    assert lines[3].split() == ["sep", "500", "1", "95.0", "95.0", "1.0", "2.0", "1.5", "-13.5"]
+    assert lines[3].split() == ["sep", "500", "1", "0", "95.0", "95.0", "1.0", "2.0", "1.5", "-13.5"]
+
+
+def test_table_leaves_a_stalled_seed_out_and_marks_thin_cells(tmp_path, capsys):
+    """A seed whose checkpoint's English dev perplexity is above the left-bigram count model pretrain.py recorded
+    (a stall on the unigram plateau) is left out of the means and counted apart, unless --with-stalled; a cell
+    over fewer seeds than its row's is marked *."""
+    def write(run, task, score, ppl):
+        d = tmp_path / run / task
+        d.mkdir(parents=True)
+        count = {"en": {"unigram": 150.0, "left": 24.0, "both": 13.0}}
+        (d / "results.json").write_text(json.dumps({"task": task, "metric": "f1", "test": {"fr": {"f1": score}},
+                                                    "pretrain": {"dev_ppl": {"en": ppl}, "count_ppl": count}}))
+    write("m-s0", "ner", 0.80, 10.0)
+    write("m-s1", "ner", 0.60, 12.0)
+    write("m-s2", "ner", 0.10, 94.5)  # stalled
+    dirs = [str(tmp_path / f"m-s{i}") for i in range(3)]
+    lines = ft.results_table(dirs).splitlines()
+    assert lines[1].split()[:4] == ["m", "2", "1", "11.0"] and lines[1].split()[5] == "70.0"
+    assert "1 seed(s) whose MLM stalled" in lines[-1]
+    assert ft.results_table(dirs, with_stalled=True).splitlines()[1].split()[:3] == ["m", "3", "1"]
+    (tmp_path / "m-s1" / "xnli").mkdir()
+    (tmp_path / "m-s1" / "xnli" / "results.json").write_text(json.dumps(
+        {"task": "xnli", "metric": "acc", "test": {"fr": {"acc": 0.5}}}))
+    table = ft.results_table(dirs)
+    assert "50.0*" in table and "* averaged over fewer seeds" in table
 
 
 def test_table_plot_draws_learning_curves(tmp_path):
