@@ -603,9 +603,12 @@ def autocast(device, dtype):
 # align.py's and cka.py's shared command line: the input files, per-layer tables and figures (--plot, Figs. 4-7)
 
 def check_inputs(args, data_flag, toy_paths, optional=()):
-    """Every input of align.py and cka.py before any work -> the autocast context. --toy --data DIR (data_flag: the
-    flag that named DIR) fills in each unset path flag of toy_paths ({flag: its file in a toydata.py world}, l0 = --src,
-    l1 = --tgt); then --ckpt and those flags but `optional` name files, then --device, --dtype and --plot are checked."""
+    """Every input of align.py and cka.py before any work -> the autocast context: --device, --dtype, --plot; then
+    --toy --data DIR (data_flag: the flag that named DIR) fills in each unset path flag of toy_paths ({flag: its file
+    in a toydata.py world}, l0 = --src, l1 = --tgt), and --ckpt and those flags but `optional` must name files."""
+    args.device, args.dtype, _ = pick_device(args.device, args.dtype)
+    if args.plot:
+        check_plot(args.plot)
     if bool(args.toy) != (args.data is not None):
         raise InputError("--toy and --data DIR go together (a toydata.py world; real data: give each file's flag)")
     if args.toy and not os.path.isdir(args.data):
@@ -621,9 +624,6 @@ def check_inputs(args, data_flag, toy_paths, optional=()):
             raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")
         if path is not None and not os.path.isfile(path):
             raise InputError(f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
-    args.device, args.dtype, _ = pick_device(args.device, args.dtype)
-    if args.plot:
-        check_plot(args.plot)
     return autocast(args.device, args.dtype)
 
 
