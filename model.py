@@ -344,11 +344,10 @@ VOCAB_ALIGN = 64  # on CUDA the output projection pads the vocabulary to a multi
 
 
 def dropout(x, p, training=True):
-    """F.dropout(x, p, training): each element kept with probability 1 - p and scaled by 1 / (1 - p). On the CPU the
-    keep mask is drawn as 16-bit uniform integers, four from each full-range 64-bit draw of torch's global generator
-    (F.dropout's), compared with p rounded to a multiple of 2^-16 (0.1 -> 0.1000061): about 5x faster there than
-    F.dropout's bernoulli_. Elsewhere, under torch.compile, or for p below 0.01 (where that rounding could exceed
-    0.1 % of p), F.dropout itself."""
+    """F.dropout(x, p, training), each element kept with probability 1 - p and scaled by 1 / (1 - p). On the CPU the
+    keep mask is drawn as 16-bit uniform integers, four from each full-range 64-bit draw of torch's global generator,
+    compared with p rounded to a multiple of 2^-16 (0.1 -> 0.1000061): about 5x faster there than F.dropout's
+    bernoulli_. Elsewhere, under torch.compile, or for p < 0.01 (the rounding could exceed 0.1 % of p), F.dropout."""
     if not training or p < 0.01 or p >= 1.0 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(x, p, training)   # compiled: the in-place random_ below would break the graph
     n = x.numel()
@@ -384,10 +383,9 @@ def flops_per_token(config, seq_len, target_frac=0.15, lang=0):
 # id lists of any length and in any number, through encode_batch: finetune.py's words, align.py's and cka.py's sentences
 
 def windows(n, size):
-    """Cover n subwords with windows of at most `size` -> [(start, end, keep_from)]
-    (shijie-wu/crosslingual-nlp `dataset/tagging.py`). Each next window starts size // 2 before the
-    previous one ended; positions [keep_from, end) take their states from it, so each subword once.
-    windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]"""
+    """Cover n subwords with windows of at most `size` -> [(start, end, keep_from)] (shijie-wu/crosslingual-nlp
+    `dataset/tagging.py`). Each next window starts size // 2 before the previous one ended; [keep_from, end) take
+    their states from it, so each subword once. windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]"""
     out = [(0, min(n, size), 0)]
     while out[-1][1] < n:
         start = out[-1][1] - size // 2
@@ -460,17 +458,16 @@ def save_model(path, model, **extra):
 CKPT_HINT = "expected a checkpoint written by pretrain.py (best.pt or checkpoint.pt), model.save_model or XLM's train.py"
 
 
-def _first_line(e, n=100):  # `Type: first sentence` of an exception (torch's load errors run to paragraphs)
+def _first_line(e, n=100):  # `Type: first sentence` of an exception (torch's load errors run long)
     msg = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""
     return type(e).__name__ + (f": {msg[:n]}" if msg else "")
 
 
 def load_model(path, map_location="cpu"):
-    """-> (model in eval mode on the device `map_location`, the extra entries of save_model: pretrain.py's best.pt
-    has "tokenizer" (bpe.Tokenizer.to_dict's record) and "langs"; bpe.checkpoint_tokenizer builds the tokenizer).
-    A released XLM checkpoint (`model`, `dico_word2id`, `params`) is read too (_from_xlm_checkpoint).
-    Every way a file can be wrong (missing, empty, truncated, not a torch file, another kind of checkpoint,
-    weights that do not fit the config, NaN/inf weights of a diverged run) is a one-line InputError naming it."""
+    """-> (model in eval mode on the device `map_location`, the extra entries of save_model: pretrain.py's best.pt has
+    "tokenizer" (bpe.Tokenizer.to_dict's record) and "langs"). A released XLM checkpoint (`model`, `dico_word2id`,
+    `params`) is read too. Every way a file can be wrong (missing, empty, truncated, not a torch file, another kind of
+    checkpoint, weights that do not fit the config, NaN/inf weights of a diverged run) is one InputError naming it."""
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         why = ("no such file" if not os.path.exists(path) else "is a directory" if os.path.isdir(path)
                else "empty file (0 bytes), not a checkpoint")
@@ -514,9 +511,8 @@ XLM_SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in ran
 
 def _from_xlm_checkpoint(path, ckpt):
     """A facebookresearch/XLM train.py checkpoint {"model": state dict, "dico_word2id": {word: id}, "params": {...}}
-    -> (model, {"langs": params' id2lang in id order, "xlm_vocab": the dictionary's words in id order}). The config
-    comes from params as XLM's TransformerModel reads them (emb_dim, n_layers, n_heads, n_langs; FFN 4 x emb_dim;
-    language embeddings when n_langs > 1 and use_lang_emb, XLM's default True) and the state dict's position table."""
+    -> (model, {"langs": id2lang in id order, "xlm_vocab": the words in id order}), configured as XLM's
+    TransformerModel reads params (FFN 4 x emb_dim; language embeddings when n_langs > 1 and use_lang_emb)."""
     params, word2id, state = ckpt["params"], ckpt["dico_word2id"], ckpt["model"]
     if not all(isinstance(x, dict) for x in (params, word2id, state)):
         raise InputError(f"{path}: an XLM checkpoint's model, dico_word2id and params must be dicts")
@@ -554,12 +550,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def pick_device(device="auto", dtype="auto", local_rank=None):
-    """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo").
-    device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N" or "mps"; a CUDA answer always
-    has an index, which torch.cuda.set_device needs. Under torchrun (local_rank = LOCAL_RANK) each process
-    takes GPU `local_rank`, so cuda:N is refused. dtype: "auto" (bfloat16 on a GPU of compute capability
-    >= 8.0, else float16; float32 on CPU and MPS) or one of DTYPES. What this machine cannot serve is a
-    one-line InputError."""
+    """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo"). device: "auto"
+    (CUDA if available, else CPU), "cpu", "cuda", "cuda:N" or "mps"; a CUDA answer always has an index, which
+    torch.cuda.set_device needs. Under torchrun (local_rank = LOCAL_RANK) each process takes GPU `local_rank`, so
+    cuda:N is refused. dtype: "auto" (bfloat16 on a GPU of compute capability >= 8.0, else float16; float32 on CPU
+    and MPS) or one of DTYPES. What this machine cannot serve is a one-line InputError."""
     cuda = torch.cuda.is_available()
     device = ("cuda" if cuda else "cpu") if device == "auto" else device
     kind, colon, index = device.partition(":")
@@ -595,8 +590,7 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
 
 
 def autocast(device, dtype):
-    """The context of every forward pass under --dtype: nothing for float32 (bit-identical to no
-    autocast), else torch.autocast. float16 training also needs a GradScaler (pretrain.py)."""
+    """The context of every forward pass under --dtype: nothing for float32 (bit-identical), else torch.autocast."""
     return nullcontext() if dtype == "float32" else torch.autocast(torch.device(device).type, getattr(torch, dtype))
 
 # -----------------------------------------------------------------------------
@@ -682,11 +676,11 @@ HF_UNUSED_BIAS = -1e4  # output bias of the BPE symbols our vocabulary lacks (be
 
 def hf_tokenizer_json(record, lang, vocab_size):
     """A `tokenizers` tokenizer.json (as a dict) giving the ids of bpe.Tokenizer.encode(line, lang) between two </s>
-    (XLM's `</s> ids </s>`; a pair: `</s> a </s> b </s>`), from the record of bpe.Tokenizer.to_dict.
-    -> (tokenizer dict, number of extra ids). Pre-tokenisation is a regex split equal to bpe.pretokenize for `lang`,
-    BPE keeps our merges with the '</w>' end-of-word suffix; our pieces 'ab@@' (word goes on) and 'ab' (word ends)
-    are `tokenizers`' 'ab' and 'ab</w>', at our ids. `tokenizers` also needs every symbol of a merge in its
-    vocabulary; the ones ours lacks get ids vocab_size, vocab_size + 1, ... (export_hf gives them <unk>'s row)."""
+    (XLM's `</s> ids </s>`; a pair: `</s> a </s> b </s>`), from the record of bpe.Tokenizer.to_dict -> (tokenizer
+    dict, number of extra ids). Pre-tokenisation is a regex split equal to bpe.pretokenize for `lang`, BPE keeps our
+    merges with the '</w>' end-of-word suffix; our pieces 'ab@@' (word goes on) and 'ab' (word ends) are `tokenizers`'
+    'ab' and 'ab</w>', at our ids. `tokenizers` also needs every symbol of a merge in its vocabulary; the ones ours
+    lacks get ids vocab_size, vocab_size + 1, ... (export_hf gives them <unk>'s row)."""
     prefix = f"{lang}:" if record["mode"] == "prefixed" else ""  # a prefixed vocabulary: this language's tokens
     tokens = record["vocabs"][record["vocab_of"][lang]]["tokens"]
     vocab = {t: i for i, t in enumerate(XLM_SPECIALS)}
@@ -704,9 +698,8 @@ def hf_tokenizer_json(record, lang, vocab_size):
                 "special": True} for i, t in enumerate(XLM_SPECIALS)]
     eos, seq = {"SpecialToken": {"id": "</s>", "type_id": 0}}, lambda s: {"Sequence": {"id": s, "type_id": 0}}
     # bpe.lowercase_and_strip_accents: lower, NFD, drop the non-spacing marks (Mn), lower again
-    lower = {"type": "Sequence", "normalizers": [
-        {"type": "Lowercase"}, {"type": "NFD"},
-        {"type": "Replace", "pattern": {"Regex": r"\p{Mn}"}, "content": ""}, {"type": "Lowercase"}]}
+    lower = {"type": "Sequence", "normalizers": [{"type": "Lowercase"}, {"type": "NFD"}, {"type": "Replace", "pattern":
+                                                 {"Regex": r"\p{Mn}"}, "content": ""}, {"type": "Lowercase"}]}
     tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
            "normalizer": lower if record.get("lowercase") else None,
            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": HF_PRETOKENIZE["zh" if lang == "zh" else ""]},
@@ -751,12 +744,11 @@ def hf_state_dict(model, n_extra=0):
 
 
 def export_hf(ckpt_path, out_dir, lang=None):
-    """Write pretrain.py's best.pt as a directory that transformers loads with no code of ours:
+    """Write pretrain.py's best.pt as a directory that transformers loads with no code of ours (-> the files written):
     XLMWithLMHeadModel.from_pretrained(out_dir) and PreTrainedTokenizerFast.from_pretrained(out_dir) (config.json,
     model.safetensors or, without the safetensors package, pytorch_model.bin, tokenizer.json, tokenizer_config.json,
-    special_tokens_map.json). The tokenizer is the one of `lang` (default: the checkpoint's first language;
-    pre-tokenisation differs for zh only). Models with language-specific parts (--sep) have no transformers
-    equivalent and are refused. -> the list of files written."""
+    special_tokens_map.json). The tokenizer is the one of `lang` (default: the checkpoint's first language). Models
+    with language-specific parts (--sep) have no transformers equivalent and are refused."""
     model, extra = load_model(ckpt_path)
     c, record, langs = model.config, extra.get("tokenizer"), extra.get("langs")
     if not record or not langs:
@@ -819,13 +811,10 @@ def build_parser():
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         files = export_hf(args.ckpt, args.out, args.lang)
-    except (InputError, OSError) as e:  # bpe.reported's copy (one `error: ...` line), and a failed write
-        if getattr(e, "code", 1) == 2:
-            parser.error(str(e))
+    except (InputError, OSError) as e:  # as bpe.reported: one `error: ...` line (a failed write too)
         raise SystemExit(f"error: {e}") from None
     print("wrote " + ", ".join(files))
 
