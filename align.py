@@ -511,7 +511,9 @@ def cmd_sentences(args):
     """Fig. 6: Tatoeba-style retrieval P@1 per layer of sentence vectors (the mean of their subword states,
     model.pool_sentences), without and with a Procrustes map."""
     import model as M
-    from bpe import encode_bar, read_parallel
+    from bpe import InputError, encode_bar, read_parallel
+    if (args.train_src is None) != (args.train_tgt is None):
+        raise InputError("--train-src and --train-tgt go together: give both or neither")
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents, same_ok=bool(args.ckpt2))
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size,
@@ -586,32 +588,15 @@ def build_parser():
     return ap
 
 
-def setup(args):
-    """Check every flag, file and the device before any work (model.check_inputs), one line naming the flag -> the
-    autocast context of --dtype. All paths are required but --ckpt2 and the pair --train-src, --train-tgt."""
-    import model as M
-    from bpe import InputError, check_src_tgt, toy_data
-    check_src_tgt(args)  # P@1 100 of one text on both sides measures nothing
-    context = M.check_inputs(args, toy_data(args), args.toy_paths, optional=("train_src", "train_tgt"))
-    if (getattr(args, "train_src", None) is None) != (getattr(args, "train_tgt", None) is None):
-        raise InputError("--train-src and --train-tgt go together: give both or neither")
-    return context
-
-
 def main(argv=None):
-    from bpe import InputError, out_of_memory, reported
+    """Every flag, file and the device checked before any work (model.analysis_run), each bad input one line naming
+    the flag or file. All paths are required but --ckpt2 and the pair --train-src, --train-tgt."""
+    import model as M
+    from bpe import check_src_tgt, reported, toy_data
     parser = build_parser()
     args = parser.parse_args(argv)
-    with reported(parser):
-        try:
-            with setup(args):
-                return args.func(args)
-        except (OSError, ValueError) as e:  # the file readers (bpe.read_parallel, ...) raise these, naming the file
-            raise InputError(str(e), getattr(e, "code", 1)) from None
-        except (MemoryError, RuntimeError) as e:
-            if not out_of_memory(e):
-                raise
-            raise InputError("out of memory; try a smaller --batch-size (or --max-sents)") from None
+    with reported(parser), M.analysis_run(args, args.toy_paths, check_src_tgt, toy_data, ("train_src", "train_tgt")):
+        return args.func(args)
 
 
 if __name__ == "__main__":

@@ -86,43 +86,42 @@ def cka_table(args):
     import torch
 
     import model as M
-    from bpe import InputError, check_src_tgt, checkpoint_lang, checkpoint_tokenizer, encode_bar, read_parallel, toy_data
+    from bpe import (InputError, check_src_tgt, checkpoint_lang, checkpoint_tokenizer, encode_bar, read_parallel,
+                     toy_data)
 
-    check_src_tgt(args)  # CKA 1.000 of one text on both sides measures nothing
     world = {"src_file": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "tgt_file": "tatoeba/tatoeba.{l1}-{l0}.{l1}"}  # l0 = --src
-    M.check_inputs(args, toy_data(args), world)  # every flag and input file, before any work
-    src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents, same_ok=bool(args.ckpt2))
-    if len(src_lines) < 2:
-        raise InputError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
+    with M.analysis_run(args, world, check_src_tgt, toy_data):  # every flag and input file checked before any work
+        src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents, same_ok=bool(args.ckpt2))
+        if len(src_lines) < 2:
+            raise InputError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
 
-    def load(path):  # (model in eval mode, tokenizer, language codes, path)
-        return (*M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)[:3], path)
+        def load(path):  # (model in eval mode, tokenizer, language codes, path)
+            return (*M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)[:3], path)
 
-    def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
-        m, t, langs, path = side
-        index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
-        with M.autocast(args.device, args.dtype):
+        def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
+            m, t, langs, path = side
+            index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
             return M.pool_sentences(m, [t.encode(s, lang) for s in lines], index, args.batch_size, encode_bar(lang))
-    src_side = tgt_side = load(args.ckpt)
-    E_src = enc(src_side, args.src, src_lines)
-    columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
-    if args.ckpt2:
-        tgt_side = load(args.ckpt2)
-        columns["monolingual"] = enc(tgt_side, args.tgt, tgt_lines)
-    if not columns:
-        raise InputError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src_side[2]}); give --ckpt2")
-    torch.manual_seed(args.seed)
-    rand = M.MLM(tgt_side[0].config).to(args.device).eval()      # untrained, same config and tokenizer
-    columns["random"] = enc((rand, *tgt_side[1:3], tgt_side[3] + " (random init)"), args.tgt, tgt_lines)
-    header = ["layer"] + list(columns)
-    rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
-    rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
-    print(f"\nLinear CKA of mean-pooled parallel sentences ({len(src_lines)} pairs, {args.src} via {args.ckpt}, "
-          f"{args.tgt} via each column's model)\n")
-    print(M.markdown_table(header, rows, "{:.3f}"))
-    if args.plot:
-        M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer", header, rows[:-1], "linear CKA")
-    return header, rows
+        src_side = tgt_side = load(args.ckpt)
+        E_src = enc(src_side, args.src, src_lines)
+        columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
+        if args.ckpt2:
+            tgt_side = load(args.ckpt2)
+            columns["monolingual"] = enc(tgt_side, args.tgt, tgt_lines)
+        if not columns:
+            raise InputError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src_side[2]}); give --ckpt2")
+        torch.manual_seed(args.seed)
+        rand = M.MLM(tgt_side[0].config).to(args.device).eval()      # untrained, same config and tokenizer
+        columns["random"] = enc((rand, *tgt_side[1:3], tgt_side[3] + " (random init)"), args.tgt, tgt_lines)
+        header = ["layer"] + list(columns)
+        rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
+        rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
+        print(f"\nLinear CKA of mean-pooled parallel sentences ({len(src_lines)} pairs, {args.src} via {args.ckpt}, "
+              f"{args.tgt} via each column's model)\n")
+        print(M.markdown_table(header, rows, "{:.3f}"))
+        if args.plot:
+            M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer", header, rows[:-1], "linear CKA")
+        return header, rows
 
 
 def build_parser():
@@ -157,18 +156,11 @@ def build_parser():
 
 
 def main(argv=None):
-    from bpe import InputError, out_of_memory, reported
+    from bpe import reported
     parser = build_parser()
     args = parser.parse_args(argv)
-    with reported(parser):
-        try:
-            return cka_table(args)
-        except (OSError, ValueError) as e:  # the file readers (bpe.read_parallel, ...) raise these, naming the file
-            raise InputError(str(e), getattr(e, "code", 1)) from None
-        except (MemoryError, RuntimeError) as e:
-            if not out_of_memory(e):
-                raise
-            raise InputError("out of memory; try a smaller --batch-size (or --max-sents)") from None
+    with reported(parser):  # bad inputs (flags, files, checkpoints, languages): one line
+        return cka_table(args)
 
 
 if __name__ == "__main__":

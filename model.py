@@ -18,9 +18,8 @@ Only torch is imported, so this file can be copied alone:
     layers = model.hidden_states(idx, lang=1)                # n_layers + 1 tensors (B, T, dim)
     hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # padded batch of id lists
 
-After the model: §5.1.2's AlignedEncoder and the padded-batch forward pass the other scripts share; below the
-`# ====` ruler the plumbing (speed details, checkpoints, --device, --dtype, --plot, export_hf for Hugging Face
-transformers). pretrain.py trains the model; the one command here is `python model.py export CKPT OUT_DIR`.
+Then §5.1.2's AlignedEncoder and the padded forward pass the scripts share; below the `# ====` line the plumbing
+(speed, checkpoints, --device, --dtype, --plot, export_hf). The one command: `python model.py export CKPT OUT_DIR`.
 """
 
 import json
@@ -357,11 +356,10 @@ def dropout(x, p, training=True):
 
 
 def project(x, W, b, align=None):
-    """The output layer's logits x W^T + b over the vocabulary of W's V rows (tied to the embeddings, as XLM). A
-    vocabulary as BPE leaves it (80,014 tokens, say) is not a multiple of 8, and for such a size cuBLAS leaves the
-    tensor cores' fastest kernels: on an H200 the paper's training step took 42.5 ms at V = 59,579 and 36.6 ms padded
-    to 59,584 (RESULTS.md, "On a GPU"). So on CUDA W and b get zero rows up to a multiple of `align` (VOCAB_ALIGN)
-    and the extra logits are sliced off: the same V logits. On the CPU nothing is padded (align=1)."""
+    """The output layer's logits x W^T + b over the vocabulary of W's V rows (tied to the embeddings, as XLM). For a V
+    that is no multiple of 8 cuBLAS leaves the tensor cores' fastest kernels (on an H200 the paper's step took 42.5 ms
+    at V = 59,579, 36.6 ms padded to 59,584: RESULTS.md, "On a GPU"), so on CUDA W and b get zero rows up to a multiple
+    of `align` (VOCAB_ALIGN), the extra logits sliced off: the same V logits. On the CPU nothing is padded (align=1)."""
     V = W.size(0)
     pad = -V % ((VOCAB_ALIGN if x.is_cuda else 1) if align is None else align)
     if not pad:
@@ -500,8 +498,7 @@ def load_model(path, map_location="cpu"):
 
 
 def load_encoder(path, device, checkpoint_tokenizer, xlm_codes=None):
-    """A checkpoint that align.py, cka.py and finetune.py encode text with -> (model, tokenizer, language codes, the
-    other entries): load_model, then bpe.checkpoint_tokenizer, passed in (model.py imports no bpe.py)."""
+    """load_model, then bpe.checkpoint_tokenizer (passed in) -> (model, tokenizer, codes, the other entries)."""
     model, extra = load_model(path, device)
     return (model, *checkpoint_tokenizer(extra, path, xlm_codes), extra)
 
@@ -551,10 +548,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def pick_device(device="auto", dtype="auto", local_rank=None):
     """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo"). device: "auto"
-    (CUDA if available, else CPU), "cpu", "cuda", "cuda:N" or "mps"; a CUDA answer always has an index, which
-    torch.cuda.set_device needs. Under torchrun (local_rank = LOCAL_RANK) each process takes GPU `local_rank`, so
-    cuda:N is refused. dtype: "auto" (bfloat16 on a GPU of compute capability >= 8.0, else float16; float32 on CPU
-    and MPS) or one of DTYPES. What this machine cannot serve is a one-line InputError."""
+    (CUDA if available, else CPU), "cpu", "cuda", "cuda:N" (refused under torchrun: each process takes GPU
+    `local_rank`) or "mps"; a CUDA answer always has an index (torch.cuda.set_device needs it). dtype: "auto" (bfloat16
+    on a GPU of compute capability >= 8.0, else float16; float32 on CPU and MPS) or one of DTYPES. -> InputError."""
     cuda = torch.cuda.is_available()
     device = ("cuda" if cuda else "cpu") if device == "auto" else device
     kind, colon, index = device.partition(":")
@@ -596,29 +592,41 @@ def autocast(device, dtype):
 # -----------------------------------------------------------------------------
 # align.py's and cka.py's shared command line: the input files, per-layer tables and figures (--plot, Figs. 4-7)
 
-def check_inputs(args, data_flag, toy_paths, optional=()):
-    """Every input of align.py and cka.py before any work -> the autocast context: --device, --dtype, --plot; then
-    --toy --data DIR (data_flag: the flag that named DIR) fills in each unset path flag of toy_paths ({flag: its file
-    in a toydata.py world}, l0 = --src, l1 = --tgt), and --ckpt and those flags but `optional` must name files."""
-    args.device, args.dtype, _ = pick_device(args.device, args.dtype)
-    if args.plot:
-        check_plot(args.plot)
-    if bool(args.toy) != (args.data is not None):
-        raise InputError("--toy and --data DIR go together (a toydata.py world; real data: give each file's flag)")
-    if args.toy and not os.path.isdir(args.data):
-        raise InputError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
-    from_world = [f for f in toy_paths if args.toy and getattr(args, f) is None]
-    for f in from_world:
-        setattr(args, f, os.path.join(args.data, toy_paths[f].format(l0=args.src, l1=args.tgt)))
-    for f in ["ckpt", "ckpt2", "xlm_codes", *toy_paths]:
-        path, flag = getattr(args, f), "--" + f.replace("_", "-")
-        if path is None and f not in ("ckpt2", "xlm_codes", *optional):
-            raise InputError(f"missing {flag} (or give --toy --data WORLD)")
-        if f in from_world and not os.path.isfile(path):  # named by --src and --tgt, not given as a file
-            raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")
-        if path is not None and not os.path.isfile(path):
-            raise InputError(f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
-    return autocast(args.device, args.dtype)
+@contextmanager
+def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
+    """align.py's and cka.py's run. Before any work: check_src_tgt, --device, --dtype, --plot, toy_data (bpe.py's, passed
+    in), then --toy --data DIR fills in each unset path flag of toy_paths ({flag: its file in a toydata.py world}, l0 =
+    --src, l1 = --tgt); --ckpt and those flags but `optional` must name files. The work runs under --dtype's autocast;
+    a file reader's ValueError or OSError (bpe.py's name the file) or running out of memory becomes one InputError."""
+    try:
+        check_src_tgt(args)  # one text on both sides measures nothing (P@1 100, CKA 1.000)
+        args.device, args.dtype, _ = pick_device(args.device, args.dtype)
+        if args.plot:
+            check_plot(args.plot)
+        data_flag = toy_data(args)  # --data, or the deprecated --toy DIR
+        if bool(args.toy) != (args.data is not None):
+            raise InputError("--toy and --data DIR go together (a toydata.py world; real data: give each file's flag)")
+        if args.toy and not os.path.isdir(args.data):
+            raise InputError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
+        from_world = [f for f in toy_paths if args.toy and getattr(args, f) is None]
+        for f in from_world:
+            setattr(args, f, os.path.join(args.data, toy_paths[f].format(l0=args.src, l1=args.tgt)))
+        for f in ["ckpt", "ckpt2", "xlm_codes", *toy_paths]:
+            path, flag = getattr(args, f), "--" + f.replace("_", "-")
+            if path is None and f not in ("ckpt2", "xlm_codes", *optional):
+                raise InputError(f"missing {flag} (or give --toy --data WORLD)")
+            if f in from_world and not os.path.isfile(path):  # named by --src and --tgt, not given as a file
+                raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")
+            if path is not None and not os.path.isfile(path):
+                raise InputError(f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
+        with autocast(args.device, args.dtype):
+            yield
+    except (OSError, ValueError, MemoryError, RuntimeError) as e:
+        oom = isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
+        if isinstance(e, RuntimeError) and not oom:
+            raise
+        raise InputError("out of memory; try a smaller --batch-size (or --max-sents)" if oom else str(e),
+                         getattr(e, "code", 1)) from None
 
 
 def check_plot(path):
@@ -642,8 +650,8 @@ def markdown_table(header, rows, fmt="{:.3f}"):
 
 
 def plot_layers(path, title, header, rows, ylabel):
-    """Draw a per-layer table as a PNG: x = the first column (layer names), one line per column whose
-    values are floats (ints such as pair counts and '-' cells are left out). Atomic; callers run check_plot first."""
+    """Draw a per-layer table as a PNG (atomically; after check_plot): x = the first column (layer names), one line
+    per column of floats (ints such as pair counts and '-' cells are left out)."""
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     fig = Figure(figsize=(7, 3.6))
     ax = fig.subplots()
@@ -667,9 +675,8 @@ def plot_layers(path, title, header, rows, ylabel):
 # bpe.pretokenize's regex (bpe.TOKEN_RE, TOKEN_RE_ZH) in Oniguruma's syntax, which `tokenizers` runs: whitespace
 # spelled out (what str.isspace() calls whitespace; \uHHHH, which both read), the zh set difference as an intersection
 _HF_SPACE = r"\t-\r\x1c-\x20\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-_HF_WORD = r"[\p{L}\p{M}\p{N}]"
 _HF_TOKEN = (r"\p{N}+(?:[.,]\p{N}+)+|WORD+(?:['’\-]WORD+)*|(?![" + _HF_SPACE + r"])\X")
-HF_PRETOKENIZE = {"": _HF_TOKEN.replace("WORD", _HF_WORD),
+HF_PRETOKENIZE = {"": _HF_TOKEN.replace("WORD", r"[\p{L}\p{M}\p{N}]"),
                   "zh": r"\p{Han}|" + _HF_TOKEN.replace("WORD", r"[\p{L}\p{M}\p{N}&&\P{Han}]")}
 HF_UNUSED_BIAS = -1e4  # output bias of the BPE symbols our vocabulary lacks (below): never predicted
 
@@ -715,25 +722,22 @@ def hf_tokenizer_json(record, lang, vocab_size):
 
 
 def xlm_names(config):
-    """Our state-dict keys -> the facebookresearch/XLM keys each is made of (our fused qkv = their q_lin, k_lin,
-    v_lin), without the `transformer.` prefix of HF's XLMWithLMHeadModel: MLM.from_xlm reads, hf_state_dict writes."""
+    """Our state-dict keys -> XLM's keys (no `transformer.` prefix), for MLM.from_xlm and hf_state_dict."""
     names = {"tok_emb.0.weight": ["embeddings.weight"], "pos_emb.0.weight": ["position_embeddings.weight"],
              "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
              "pred_bias.0": ["pred_layer.proj.bias"]}
     if config.lang_emb:
         names["lang_emb.weight"] = ["lang_embeddings.weight"]
-    layer = {"attn.out": "attentions.{i}.out_lin", "ln1": "layer_norm1.{i}", "ffn.lin1": "ffns.{i}.lin1",
-             "ffn.lin2": "ffns.{i}.lin2", "ln2": "layer_norm2.{i}"}
-    for i in range(config.n_layers):
-        for w in ("weight", "bias"):
-            names[f"blocks.{i}.0.attn.qkv.{w}"] = [f"attentions.{i}.{n}_lin.{w}" for n in "qkv"]
-            names.update({f"blocks.{i}.0.{k}.{w}": [f"{v.format(i=i)}.{w}"] for k, v in layer.items()})
-    return names
+    layer = {"attn.qkv": ["attentions.{i}.q_lin", "attentions.{i}.k_lin", "attentions.{i}.v_lin"],  # our fused qkv
+             "attn.out": ["attentions.{i}.out_lin"], "ln1": ["layer_norm1.{i}"], "ffn.lin1": ["ffns.{i}.lin1"],
+             "ffn.lin2": ["ffns.{i}.lin2"], "ln2": ["layer_norm2.{i}"]}
+    return names | {f"blocks.{i}.0.{k}.{w}": [f"{x.format(i=i)}.{w}" for x in v]
+                    for i in range(config.n_layers) for w in ("weight", "bias") for k, v in layer.items()}
 
 
 def hf_state_dict(model, n_extra=0):
-    """MLM's weights under XLMWithLMHeadModel's names (xlm_names; MLM.from_xlm reads them back), the fused qkv
-    split into q_lin, k_lin, v_lin. n_extra more token rows copy <unk>'s (3), their output bias HF_UNUSED_BIAS."""
+    """MLM's weights under XLMWithLMHeadModel's names (xlm_names); n_extra more token rows copy <unk>'s (3), their
+    output bias HF_UNUSED_BIAS."""
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     emb, bias = sd["tok_emb.0.weight"], sd["pred_bias.0"]
     sd["tok_emb.0.weight"] = torch.cat([emb, emb[3:4].expand(n_extra, -1)])
@@ -745,10 +749,9 @@ def hf_state_dict(model, n_extra=0):
 
 def export_hf(ckpt_path, out_dir, lang=None):
     """Write pretrain.py's best.pt as a directory that transformers loads with no code of ours (-> the files written):
-    XLMWithLMHeadModel.from_pretrained(out_dir) and PreTrainedTokenizerFast.from_pretrained(out_dir) (config.json,
-    model.safetensors or, without the safetensors package, pytorch_model.bin, tokenizer.json, tokenizer_config.json,
-    special_tokens_map.json). The tokenizer is the one of `lang` (default: the checkpoint's first language). Models
-    with language-specific parts (--sep) have no transformers equivalent and are refused."""
+    XLMWithLMHeadModel and PreTrainedTokenizerFast.from_pretrained(out_dir) read config.json, model.safetensors (or
+    pytorch_model.bin), tokenizer.json, tokenizer_config.json, special_tokens_map.json. The tokenizer is `lang`'s
+    (default: the first language). Models with language-specific parts (--sep) have no transformers equivalent."""
     model, extra = load_model(ckpt_path)
     c, record, langs = model.config, extra.get("tokenizer"), extra.get("langs")
     if not record or not langs:
@@ -785,17 +788,14 @@ def export_hf(ckpt_path, out_dir, lang=None):
         weights = ("pytorch_model.bin", lambda tmp: torch.save(sd, tmp))
     files = {"config.json": config, "tokenizer.json": tok, "tokenizer_config.json": tok_config,
              "special_tokens_map.json": specials}
-    written = []
     for name, content in [weights] + list(files.items()):
-        path = os.path.join(out_dir, name)
-        with _atomic_path(path) as tmp:
+        with _atomic_path(os.path.join(out_dir, name)) as tmp:
             if callable(content):
                 content(tmp)
             else:
                 with open(tmp, "w", encoding="utf-8") as f:
                     json.dump(content, f, ensure_ascii=False, indent=1)
-        written.append(path)
-    return written
+    return [os.path.join(out_dir, name) for name in [weights[0], *files]]
 
 
 def build_parser():
