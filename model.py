@@ -329,7 +329,7 @@ def encode_batch(model, rows, lang, pad_id=PAD_ID):
     return model.hidden_states(idx, lang, attn_mask=mask), mask
 
 # =============================================================================
-# Below, the plumbing: bad inputs, speed, id lists in batches, checkpoints, --device and --dtype, figures, HF export.
+# Below, the plumbing: bad inputs, speed, id lists, checkpoints, --device/--dtype, align.py's and cka.py's runs, HF.
 
 class InputError(ValueError):  # bpe.InputError's twin (msg, code=1; 2 = a flag's usage error): model.py copies alone
     def __init__(self, msg, code=1):

@@ -681,8 +681,7 @@ def build_parser():
     add("--domain-shift", type=float, default=0.0, help="0 = one topic mix, 1 = disjoint topics (paper §4.1)")
     add("--cyrillic", action="store_true", help="write the second language in Cyrillic letters")
     add("--scale", type=int, default=1, help="multiply the open word classes (nouns, verbs, adjectives, adverbs, "
-        "names, entities) by this integer: 1 gives 944 concepts, 4 about 3,700; the sentence counts stay as --size "
-        "gives")
+        "names, entities) by this integer: 1 gives 944 concepts, 4 about 3,700 (the sentence counts are --size's)")
     what = dict(n_train="mono train", n_dev="dev", n_test="test", n_parallel="parallel", n_task_train="task train",
                 n_task_eval="task dev/test", n_tatoeba="Tatoeba")
     add("--size", choices=list(SIZES), default="full", help="sentences (or pairs) per language and file (paper: "
