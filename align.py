@@ -20,9 +20,7 @@ Above the CLI ruler only numpy (and bpe.py's readers); the CLI imports torch, mo
     python align.py sentences  --ckpt RUN/best.pt --test-src tatoeba.fra-eng.eng --test-tgt tatoeba.fra-eng.fra
 """
 import argparse
-import errno
 import os
-import sys
 from collections import Counter
 
 import numpy as np
@@ -365,11 +363,11 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200
     """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed lowercase as MUSE:
     (a) embedding-table rows of the words that are ONE subword (Fig. 4a); (b) per layer, the mean
     contextual vector of a word over its occurrences (Fig. 4b). -> (keys_a, X_a), (keys_b, [X_b per layer])."""
-    from bpe import UNK_ID, read_lines
+    from bpe import UNK_ID, InputError, read_lines
     sents = [tok.words(line.strip(), lang) for line in read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
     if not words:
-        raise ValueError(f"{path}: no words")
+        raise InputError(f"{path}: no words")
     keys = [w for w, _ in Counter(w.lower() for w in words).most_common(max_vocab)]
     form = {w.lower(): w for w in reversed(words)}                  # the first surface form is encoded
     table = model.tok_emb[lang_idx if len(model.tok_emb) > 1 else 0].weight.detach().float().cpu().numpy()
@@ -403,38 +401,37 @@ def _encoders(args):
     out, loaded = [], {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
         if path not in loaded:
-            mdl, extra = M.load_model(path, args.device)
-            loaded[path] = (mdl, *checkpoint_tokenizer(extra, path, args.xlm_codes))
-        mdl, tok, langs = loaded[path]
+            loaded[path] = M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)
+        mdl, tok, langs, _ = loaded[path]
         out.append((mdl, tok, checkpoint_lang(langs, lang, f"{path}: language {lang!r} is"), lang))
     return out
 
 
 def save_maps(path, maps, src, tgt):
-    """Atomically write the per-layer maps (.npz); the temp file is removed on failure (full disk...)."""
-    from bpe import atomic_path
+    """Write the per-layer maps (.npz) through bpe.atomic_write: a failed write (a full disk...) leaves no file."""
+    from bpe import atomic_write
     stacked = np.stack(maps)
-    try:
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
             np.savez(f, src_to_tgt=stacked, tgt_to_src=stacked.transpose(0, 2, 1), src=src, tgt=tgt)
-    except OSError as e:
-        raise ValueError(f"no space left writing {path}" if e.errno == errno.ENOSPC else
-                         f"cannot write {path}: {e.strerror or e}") from None
+    atomic_write(path, write)
 
 
 def load_map(path, src, tgt, layer):
     """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) -> float32 (dim, dim);
-    a missing or damaged file, another pair, a missing layer or a non-finite map: ValueError naming the file."""
+    a missing or damaged file, another pair, a missing layer or a non-finite map: InputError naming the file."""
+    from bpe import InputError
     try:
         with np.load(path) as z:
             pair = str(z["src"]), str(z["tgt"])
             maps = z["src_to_tgt" if pair == (src, tgt) else "tgt_to_src"]
     except Exception as e:  # missing, truncated, not an .npz, no such entry: OSError, BadZipFile, KeyError, ...
-        raise ValueError(f"cannot read {path}: {type(e).__name__}: {e}") from None
+        raise InputError(f"cannot read {path}: {type(e).__name__}: {e}") from None
     if set(pair) != {src, tgt}:
-        raise ValueError(f"{path}: maps are for {pair[0]}->{pair[1]}, not {src}->{tgt}")
+        raise InputError(f"{path}: maps are for {pair[0]}->{pair[1]}, not {src}->{tgt}")
     if maps.ndim != 3 or not 0 <= layer < len(maps) or not np.isfinite(maps[layer]).all():
-        raise ValueError(f"{path}: no finite layer-{layer} map (maps of shape {maps.shape})")
+        raise InputError(f"{path}: no finite layer-{layer} map (maps of shape {maps.shape})")
     return maps[layer].astype(np.float32)
 
 
@@ -458,7 +455,7 @@ def cmd_words(args):
         (p_raw, n), (p_map, _) = [word_translation_accuracy(Xs, Xt, *te, W=w) for w in (None, W)]
         rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
     if len(errors) == len(runs):
-        raise errors[0]
+        raise errors[0]  # main reports it as an InputError
     for e in errors:
         print(f"note: {e}")
     print_table(f"Word translation {args.src}->{args.tgt}: P@1 (CSLS) on {args.test_dict}",
@@ -468,13 +465,13 @@ def cmd_words(args):
 
 def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
-    from bpe import read_parallel
+    from bpe import InputError, read_parallel
     d = os.path.dirname(os.path.abspath(args.save_maps or "."))  # --save-maps is checked before any work
     if args.save_maps and (os.path.isdir(args.save_maps) or not (os.path.isdir(d) and os.access(d, os.W_OK))):
         why = "is a directory" if os.path.isdir(args.save_maps) else f"{d} is not a writable directory"
-        raise ValueError(f"--save-maps {args.save_maps}: cannot write there ({why})")
+        raise InputError(f"--save-maps {args.save_maps}: cannot write there ({why})")
     if args.save_maps and os.path.exists(args.save_maps) and not args.overwrite:
-        raise ValueError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, perhaps of another "
+        raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, perhaps of another "
                          "checkpoint); pass --overwrite to replace it, or another file")
     src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents, same_ok=bool(args.ckpt2))
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
@@ -484,7 +481,7 @@ def cmd_contextual(args):
     Ht, off_t = encode_word_tokens(mt, tt, T, lt, args.tgt, args.batch_size)
     n_fit = int(round(len(S) * 0.8))                     # the last 20 % of the sentences are held out
     if not 0 < n_fit < len(S):
-        raise ValueError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a held-out part")
+        raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a held-out part")
 
     def token_pairs(ks):  # (source row, target row) of the pairs of sentences ks whose two words have states
         rows = np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]], dtype=np.int64)
@@ -492,7 +489,7 @@ def cmd_contextual(args):
         return rows[~np.isnan(Hs[0][rows[:, 0], 0]) & ~np.isnan(Ht[0][rows[:, 1], 0])]
     fit, ev = token_pairs(range(n_fit)), token_pairs(range(n_fit, len(S)))
     if len(fit) < 2 or len(ev) < 1:
-        raise ValueError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval)")
+        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval)")
     cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))  # target tokens of the eval sentences
     gold = np.searchsorted(cand, ev[:, 1])               # each eval pair's target among the candidates
     rows, maps = [], []
@@ -514,7 +511,9 @@ def cmd_sentences(args):
     """Fig. 6: Tatoeba-style retrieval P@1 per layer of sentence vectors (the mean of their subword states,
     model.pool_sentences), without and with a Procrustes map."""
     import model as M
-    from bpe import encode_bar, read_parallel
+    from bpe import InputError, encode_bar, read_parallel
+    if (args.train_src is None) != (args.train_tgt is None):
+        raise InputError("--train-src and --train-tgt go together: give both or neither")
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents, same_ok=bool(args.ckpt2))
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size,
@@ -589,51 +588,15 @@ def build_parser():
     return ap
 
 
-def setup(args):
-    """Check every flag, file and the device before any work, one line naming the flag -> the autocast
-    context of --dtype. --toy --data DIR fills in each unset path of `args.toy_paths` (l0 = --src, l1 = --tgt);
-    all are required but --ckpt2 and the pair --train-src, --train-tgt, which go together."""
-    import model as M
-    from bpe import check_src_tgt, toy_data
-    flag = lambda f: "--" + f.replace("_", "-")  # noqa: E731
-    check_src_tgt(args)  # P@1 100 of one text on both sides measures nothing
-    args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
-    if args.plot:
-        M.check_plot(args.plot)
-    data_flag = toy_data(args)
-    if bool(args.toy) != (args.data is not None):
-        raise ValueError("--toy and --data DIR go together (the toy world's layout is the one align.py knows; "
-                         "real data: give each file's flag)")
-    if args.toy and not os.path.isdir(args.data):
-        raise ValueError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
-    from_world = [f for f in args.toy_paths if args.toy and getattr(args, f) is None]
-    for f in from_world:
-        setattr(args, f, os.path.join(args.data, args.toy_paths[f].format(l0=args.src, l1=args.tgt)))
-    if (getattr(args, "train_src", None) is None) != (getattr(args, "train_tgt", None) is None):
-        raise ValueError("--train-src and --train-tgt go together: give both or neither")
-    for f in ["ckpt", "ckpt2", "xlm_codes", *args.toy_paths]:
-        path = getattr(args, f)
-        if path is None and f not in ("ckpt2", "xlm_codes", "train_src", "train_tgt"):
-            raise ValueError(f"missing {flag(f)} (or give --toy --data WORLD)")
-        if f in from_world and not os.path.isfile(path):  # named by --src and --tgt, not given as a file
-            raise ValueError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")
-        if path is not None and not os.path.isfile(path):
-            raise ValueError(f"{flag(f)} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
-    return M.autocast(args.device, args.dtype)
-
-
 def main(argv=None):
-    from bpe import out_of_memory
-    args = build_parser().parse_args(argv)
-    try:
-        with setup(args):
-            return args.func(args)
-    except (ValueError, OSError) as e:
-        sys.exit(f"align.py {args.command}: error: {e}")
-    except (MemoryError, RuntimeError) as e:
-        if not out_of_memory(e):
-            raise
-        sys.exit(f"align.py {args.command}: error: out of memory; try a smaller --batch-size (or --max-sents)")
+    """Every flag, file and the device checked before any work (model.analysis_run), each bad input one line naming
+    the flag or file. All paths are required but --ckpt2 and the pair --train-src, --train-tgt."""
+    import model as M
+    from bpe import check_src_tgt, reported, toy_data
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    with reported(parser), M.analysis_run(args, args.toy_paths, check_src_tgt, toy_data, ("train_src", "train_tgt")):
+        return args.func(args)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ and prints the per-layer Figure 7 table (--device and --dtype as in pretrain.py)
         --src-file DATA/tatoeba/tatoeba.fra-eng.eng --tgt-file DATA/tatoeba/tatoeba.fra-eng.fra   # README: Real data
 """
 import argparse
-import os
-import sys
 
 import numpy as np
 
@@ -88,64 +86,42 @@ def cka_table(args):
     import torch
 
     import model as M
-    from bpe import check_src_tgt, checkpoint_lang, checkpoint_tokenizer, encode_bar, read_parallel, toy_data
+    from bpe import (InputError, check_src_tgt, checkpoint_lang, checkpoint_tokenizer, encode_bar, read_parallel,
+                     toy_data)
 
-    data_flag, from_world = toy_data(args), set()
-    if bool(args.toy) != (args.data is not None):
-        raise ValueError("--toy and --data DIR go together (a toydata.py world; real data: --src-file, --tgt-file)")
-    check_src_tgt(args)  # CKA 1.000 of one text on both sides measures nothing
-    if args.toy:
-        if not os.path.isdir(args.data):
-            raise ValueError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
-        for flag, lang in (("src_file", args.src), ("tgt_file", args.tgt)):
-            if getattr(args, flag) is None:
-                setattr(args, flag, os.path.join(args.data, f"tatoeba/tatoeba.{args.tgt}-{args.src}.{lang}"))
-                from_world.add(flag)
-    for flag in ("ckpt", "ckpt2", "xlm_codes", "src_file", "tgt_file"):  # every input exists before anything is loaded
-        path, name = getattr(args, flag), "--" + flag.replace("_", "-")
-        if path is None and flag not in ("ckpt2", "xlm_codes"):
-            raise ValueError(f"missing {name} (or give --toy --data WORLD for the sentence files)")
-        if flag in from_world and not os.path.isfile(path):  # named by --src and --tgt, not given as a file
-            raise ValueError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")
-        if path is not None and not os.path.isfile(path):
-            raise ValueError(f"{name} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
-    args.device, args.dtype, _ = M.pick_device(args.device, args.dtype)
-    if args.plot:
-        M.check_plot(args.plot)
-    src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents,
-                                         same_ok=bool(args.ckpt2))
-    if len(src_lines) < 2:
-        raise ValueError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
+    world = {"src_file": "tatoeba/tatoeba.{l1}-{l0}.{l0}", "tgt_file": "tatoeba/tatoeba.{l1}-{l0}.{l1}"}  # l0 = --src
+    with M.analysis_run(args, world, check_src_tgt, toy_data):  # every flag and input file checked before any work
+        src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents, same_ok=bool(args.ckpt2))
+        if len(src_lines) < 2:
+            raise InputError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
 
-    def load(path):  # (model in eval mode, tokenizer, language codes, path)
-        model, extra = M.load_model(path, args.device)
-        return (model, *checkpoint_tokenizer(extra, path, args.xlm_codes), path)
+        def load(path):  # (model in eval mode, tokenizer, language codes, path)
+            return (*M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)[:3], path)
 
-    def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
-        m, t, langs, path = side
-        index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
-        with M.autocast(args.device, args.dtype):
+        def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
+            m, t, langs, path = side
+            index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
             return M.pool_sentences(m, [t.encode(s, lang) for s in lines], index, args.batch_size, encode_bar(lang))
-    src_side = tgt_side = load(args.ckpt)
-    E_src = enc(src_side, args.src, src_lines)
-    columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
-    if args.ckpt2:
-        tgt_side = load(args.ckpt2)
-        columns["monolingual"] = enc(tgt_side, args.tgt, tgt_lines)
-    if not columns:
-        raise ValueError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src_side[2]}); give --ckpt2")
-    torch.manual_seed(args.seed)
-    rand = M.MLM(tgt_side[0].config).to(args.device).eval()      # untrained, same config and tokenizer
-    columns["random"] = enc((rand, *tgt_side[1:3], tgt_side[3] + " (random init)"), args.tgt, tgt_lines)
-    header = ["layer"] + list(columns)
-    rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
-    rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
-    print(f"\nLinear CKA of mean-pooled parallel sentences ({len(src_lines)} pairs, {args.src} via {args.ckpt}, "
-          f"{args.tgt} via each column's model)\n")
-    print(M.markdown_table(header, rows, "{:.3f}"))
-    if args.plot:
-        M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer", header, rows[:-1], "linear CKA")
-    return header, rows
+        src_side = tgt_side = load(args.ckpt)
+        E_src = enc(src_side, args.src, src_lines)
+        columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
+        if args.ckpt2:
+            tgt_side = load(args.ckpt2)
+            columns["monolingual"] = enc(tgt_side, args.tgt, tgt_lines)
+        if not columns:
+            raise InputError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src_side[2]}); give --ckpt2")
+        torch.manual_seed(args.seed)
+        rand = M.MLM(tgt_side[0].config).to(args.device).eval()      # untrained, same config and tokenizer
+        columns["random"] = enc((rand, *tgt_side[1:3], tgt_side[3] + " (random init)"), args.tgt, tgt_lines)
+        header = ["layer"] + list(columns)
+        rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
+        rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
+        print(f"\nLinear CKA of mean-pooled parallel sentences ({len(src_lines)} pairs, {args.src} via {args.ckpt}, "
+              f"{args.tgt} via each column's model)\n")
+        print(M.markdown_table(header, rows, "{:.3f}"))
+        if args.plot:
+            M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer", header, rows[:-1], "linear CKA")
+        return header, rows
 
 
 def build_parser():
@@ -180,16 +156,11 @@ def build_parser():
 
 
 def main(argv=None):
-    from bpe import out_of_memory
-    args = build_parser().parse_args(argv)
-    try:
+    from bpe import reported
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    with reported(parser):  # bad inputs (flags, files, checkpoints, languages): one line
         return cka_table(args)
-    except (ValueError, OSError) as e:  # bad inputs (files, checkpoints, languages): one line, no traceback
-        sys.exit(f"cka.py: error: {e}")
-    except (MemoryError, RuntimeError) as e:
-        if not out_of_memory(e):
-            raise
-        sys.exit("cka.py: error: out of memory; try a smaller --batch-size (or --max-sents)")
 
 
 if __name__ == "__main__":

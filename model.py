@@ -2,13 +2,13 @@
 (Conneau et al., ACL 2020): XLM's Transformer encoder (Lample & Conneau 2019) with the paper's
 parameter-sharing switches (§4.3, Figure 1, Table 1 "Parameter sharing").
 
-- post-LN blocks exactly as facebookresearch/XLM `model/transformer.py`: learned positions, embedding
-  LayerNorm, erf GELU, LayerNorm eps 1e-12, no final LayerNorm, output projection tied to the token
-  embedding with its own bias, no BERT transform head;
-- `sep_emb`: every language has its own token table, position table and (tied) softmax;
-  `sep_layers=(1, 2, 3)`: every language has its own copy of layers 1-3. Everything else is shared.
-  Beyond the paper, the two halves of `sep_emb` can be switched alone: `sep_tok` (token table and
-  tied softmax) and `sep_pos` (position table), as in Dufter & Schütze (2020).
+- post-LN blocks exactly as facebookresearch/XLM `model/transformer.py`: learned positions, embedding LayerNorm,
+  erf GELU, LayerNorm eps 1e-12, no final LayerNorm, output projection tied to the token embedding with its own
+  bias, no BERT transform head;
+- `sep_emb`: every language has its own token table, position table and (tied) softmax; `sep_layers=(1, 2, 3)`:
+  every language has its own copy of layers 1-3. Everything else is shared. Beyond the paper, the two halves of
+  `sep_emb` can be switched alone: `sep_tok` (token table and tied softmax) and `sep_pos` (position table), as in
+  Dufter & Schütze (2020).
 
 Only torch is imported, so this file can be copied alone:
 
@@ -18,9 +18,8 @@ Only torch is imported, so this file can be copied alone:
     layers = model.hidden_states(idx, lang=1)                # n_layers + 1 tensors (B, T, dim)
     hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # padded batch of id lists
 
-Below the model: §5.1.2's AlignedEncoder, checkpoints, the padded-batch forward pass that the other scripts
-share, their --device, --dtype and --plot, and export_hf (Hugging Face transformers). pretrain.py trains the
-model; the one command here is `python model.py export CKPT OUT_DIR` (export_hf); `pytest tests/test_model.py` checks it.
+Then §5.1.2's AlignedEncoder and the padded forward pass the scripts share; below the `# ====` line the plumbing
+(speed, checkpoints, --device, --dtype, --plot, export_hf). The one command: `python model.py export CKPT OUT_DIR`.
 """
 
 import json
@@ -34,9 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 LAYER_NORM_EPS = 1e-12  # XLM model/transformer.py (BERT's value)
-VOCAB_ALIGN = 64  # on CUDA the output projection pads the vocabulary to a multiple of this (project, below)
-# bpe.py defines these for the scripts; model.py imports only torch (it must copy alone), so it keeps its own copy
-EOS_ID, PAD_ID = 1, 2  # XLM's fixed special ids (<s> 0, </s> 1, <pad> 2, <unk> 3), as bpe.py writes them
+EOS_ID, PAD_ID = 1, 2  # XLM's fixed special ids (<s> 0, </s> 1, <pad> 2, <unk> 3): bpe.py's, copied (copy alone)
 
 
 @dataclass
@@ -78,7 +75,8 @@ class ModelConfig:
 
 
 def parse_sep(spec, n_layers=8):
-    """The --sep flag: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords.
+    """The --sep flag: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords (a bad
+    spec: InputError, a ValueError).
     "" -> all shared; "emb" -> token + position tables and softmax (sep_emb); "1-3" -> layers 1, 2, 3;
     "tok" / "pos" -> only the token table + softmax / only the position table (the halves of "emb").
     Example: "emb,1-3,5" -> {"sep_emb": True, "sep_tok": True, "sep_pos": True, "sep_layers": (1, 2, 3, 5)}.
@@ -93,45 +91,17 @@ def parse_sep(spec, n_layers=8):
             lo, _, hi = part.partition("-")
             lo, hi = int(lo), int(hi or lo)
             if lo > hi:
-                raise ValueError(f"bad --sep range {part!r}: start > end")
+                raise InputError(f"bad --sep range {part!r}: start > end")
             layers.update(range(lo, hi + 1))
         else:
-            raise ValueError(f"bad --sep part {part!r} in {spec!r}: expected 'emb', 'tok', 'pos', 'N' or 'N-M'")
+            raise InputError(f"bad --sep part {part!r} in {spec!r}: expected 'emb', 'tok', 'pos', 'N' or 'N-M'")
     bad = sorted(i for i in layers if not 1 <= i <= n_layers)
     if bad:
-        raise ValueError(f"bad --sep {spec!r}: layers {bad} outside 1..{n_layers} (paper numbering)")
+        raise InputError(f"bad --sep {spec!r}: layers {bad} outside 1..{n_layers} (paper numbering)")
     return {"sep_emb": tok and pos, "sep_tok": tok, "sep_pos": pos, "sep_layers": tuple(sorted(layers))}
 
 # -----------------------------------------------------------------------------
 # the encoder, bottom-up
-
-def dropout(x, p, training=True):
-    """F.dropout(x, p, training): each element kept with probability 1 - p and scaled by 1 / (1 - p). On the CPU the
-    keep mask is drawn as 16-bit uniform integers, four from each full-range 64-bit draw of torch's global generator
-    (F.dropout's), compared with p rounded to a multiple of 2^-16 (0.1 -> 0.1000061): about 5x faster there than
-    F.dropout's bernoulli_. Elsewhere, under torch.compile, or for p below 0.01 (where that rounding could exceed
-    0.1 % of p), F.dropout itself."""
-    if not training or p < 0.01 or p >= 1.0 or x.device.type != "cpu" or torch.compiler.is_compiling():
-        return F.dropout(x, p, training)   # compiled: the in-place random_ below would break the graph
-    n = x.numel()
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-2 ** 63, None)   # every 64-bit value equally likely
-    keep = bits.view(torch.int16)[:n].view(x.shape) >= round(p * 2 ** 16) - 2 ** 15
-    return x * torch.where(keep, x.new_full((), 1.0 / (1.0 - p)), x.new_zeros(()))   # one pass, in x's dtype
-
-
-class Dropout(nn.Module):
-    """nn.Dropout with the `dropout` above."""
-
-    def __init__(self, p):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x):
-        return dropout(x, self.p, self.training)
-
-    def extra_repr(self):
-        return f"p={self.p}"
-
 
 class SelfAttention(nn.Module):
 
@@ -182,27 +152,13 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(config.dim, eps=LAYER_NORM_EPS)
         self.ffn = FFN(config)
         self.ln2 = nn.LayerNorm(config.dim, eps=LAYER_NORM_EPS)
-        self.drop = Dropout(config.dropout)
+        self.p = config.dropout  # dropout (below: F.dropout, faster on the CPU) after attention and after the FFN
 
     def forward(self, x, attn_mask=None):
         mask = None if attn_mask is None else attn_mask[:, None, None, :]  # (B, 1, 1, T): over heads and queries
-        x = self.ln1(x + self.drop(self.attn(x, mask)))
-        x = self.ln2(x + self.drop(self.ffn(x)))
+        x = self.ln1(x + dropout(self.attn(x, mask), self.p, self.training))
+        x = self.ln2(x + dropout(self.ffn(x), self.p, self.training))
         return x if attn_mask is None else x * attn_mask.unsqueeze(-1).to(x.dtype)
-
-
-def project(x, W, b, align=None):
-    """The output layer's logits x W^T + b over the vocabulary of W's V rows (tied to the embeddings, as XLM).
-    A vocabulary as BPE leaves it (80,014 tokens, say) is not a multiple of 8, and for such a size cuBLAS leaves
-    the tensor cores' fastest kernels: on an H200 the paper's training step took 42.5 ms at V = 59,579 and 36.6 ms
-    padded to 59,584 (RESULTS.md, "On a GPU"). So on CUDA W and b get zero rows up to a multiple of `align` (default
-    VOCAB_ALIGN) and the extra logits are sliced off: the same V logits, the padding never predicted or trained.
-    On the CPU nothing is padded (align=1), so CPU runs compute exactly what they did before."""
-    V = W.size(0)
-    pad = -V % ((VOCAB_ALIGN if x.is_cuda else 1) if align is None else align)
-    if not pad:
-        return F.linear(x, W, b)
-    return F.linear(x, F.pad(W, (0, 0, 0, pad)), F.pad(b, (0, pad)))[..., :V]
 
 
 class MLM(nn.Module):
@@ -227,7 +183,6 @@ class MLM(nn.Module):
         self.pos_emb = nn.ModuleList(nn.Embedding(config.max_positions, d) for _ in range(n_pos))
         self.lang_emb = nn.Embedding(L, d) if config.lang_emb else None
         self.ln_emb = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
-        self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(
             nn.ModuleList(Block(config) for _ in range(L if i + 1 in config.sep_layers else 1))
             for i in range(config.n_layers))
@@ -274,7 +229,7 @@ class MLM(nn.Module):
         x = self._pick(self.tok_emb, lang)(idx) + self._pick(self.pos_emb, lang)(pos)  # (B, T, C)
         if self.lang_emb is not None:
             x = x + self.lang_emb.weight[lang]
-        x = self.drop(self.ln_emb(x))
+        x = dropout(self.ln_emb(x), c.dropout, self.training)
         if attn_mask is not None:
             x = x * attn_mask.unsqueeze(-1).to(x.dtype)        # padding zeroed, as after every block
         hs = [x]
@@ -304,25 +259,14 @@ class MLM(nn.Module):
     def from_xlm(cls, state_dict, config):
         """Build a model from a facebookresearch/XLM TransformerModel state dict (also under the `module.`
         or `transformer.` prefix of DDP or HF's XLMWithLMHeadModel). The config must describe the
-        checkpoint, fully shared (XLM has no separate parts); the key layout is in `names` below."""
+        checkpoint, fully shared (XLM has no separate parts); xlm_names (below) maps their keys to ours."""
         if config.sep_tok or config.sep_pos or config.sep_layers:
             raise ValueError("from_xlm: XLM checkpoints are fully shared; use sep_emb=False, sep_layers=()")
         sd = {re.sub(r"^(module\.)?(transformer\.)?", "", k): v for k, v in state_dict.items()}
         # pred_layer.proj.weight is the tied embedding (saved twice by XLM); position_ids is HF's buffer
         tied = sd.pop("pred_layer.proj.weight", None)
         sd.pop("position_ids", None)
-        names = {  # our key -> the XLM keys it is made of (q, k, v are concatenated into our fused qkv)
-            "tok_emb.0.weight": ["embeddings.weight"], "pos_emb.0.weight": ["position_embeddings.weight"],
-            "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
-            "pred_bias.0": ["pred_layer.proj.bias"]}
-        if config.lang_emb:
-            names["lang_emb.weight"] = ["lang_embeddings.weight"]
-        layer = {"attn.out": "attentions.{i}.out_lin", "ln1": "layer_norm1.{i}", "ffn.lin1": "ffns.{i}.lin1",
-                 "ffn.lin2": "ffns.{i}.lin2", "ln2": "layer_norm2.{i}"}
-        for i in range(config.n_layers):
-            for w in ("weight", "bias"):
-                names[f"blocks.{i}.0.attn.qkv.{w}"] = [f"attentions.{i}.{n}_lin.{w}" for n in "qkv"]
-                names.update({f"blocks.{i}.0.{k}.{w}": [f"{v.format(i=i)}.{w}"] for k, v in layer.items()})
+        names = xlm_names(config)  # our key -> the XLM keys it is made of (q, k, v concatenated into our qkv)
         wanted = [n for v in names.values() for n in v]
         missing, unexpected = [n for n in wanted if n not in sd], sorted(set(sd) - set(wanted))
         if missing or unexpected:
@@ -336,24 +280,6 @@ class MLM(nn.Module):
         except RuntimeError as e:  # torch lists every size mismatch
             raise ValueError(f"from_xlm: shapes do not match the config: {e}") from None
         return model
-
-# -----------------------------------------------------------------------------
-# Cost: the matmul FLOPs of one MLM training token (README "Real data": the cost of a Table 1 row)
-
-def flops_per_token(config, seq_len, target_frac=0.15, lang=0):
-    """Forward + backward matmul FLOPs per input token of MLM training as MLM.forward computes it, a multiply-add
-    counted as 2 and the backward as twice the forward (gradients of the inputs and of the weights):
-      per layer: Q, K, V and output projections 8 d^2, FFN 4 d f, attention scores and mixing 4 T d (every
-      token attends to all T positions of its stream: an encoder, no causal half);
-      softmax: 2 d V at the target positions only (MLM.forward projects only the ~15 % masked positions, as XLM),
-      so target_frac x 2 d V per input token, V the vocabulary of language `lang`.
-    Language-specific copies (sep_layers, sep_emb) change no count: a token runs through one copy. Embedding
-    look-ups, LayerNorm, GELU, softmax and dropout are not matmuls and are left out (under 1 % at the paper's size)."""
-    d, f, T = config.dim, config.ffn_dim, seq_len
-    V = config.vocab_sizes[lang] if config.vocab_sizes else config.vocab_size
-    forward = config.n_layers * (8 * d * d + 4 * d * f + 4 * T * d) + target_frac * 2 * d * V
-    return 3 * forward
-
 
 # -----------------------------------------------------------------------------
 # The encoder of §5.1.2 (Figure 5): two pretrained models cut at layer i, one mapped into the other, 4 new layers
@@ -389,119 +315,6 @@ class AlignedEncoder(nn.Module):
             hs.append(block(hs[-1], attn_mask))
         return hs
 
-
-# -----------------------------------------------------------------------------
-# checkpoints as plain types (load under torch.load(weights_only=True), never a pickled object)
-
-@contextmanager
-def _atomic_path(path):
-    """Yields path + ".tmp" to write, renamed to `path` at the end; any failure (a full disk, Ctrl-C) removes it
-    and leaves nothing. bpe.atomic_path's write-then-rename, kept here: model.py must copy alone."""
-    tmp = str(path) + ".tmp"
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def save_model(path, model, **extra):
-    """Atomically write {"model": state_dict, "config": asdict(config), **extra} (a failed write, e.g. a
-    full disk, leaves no file). Pass the raw model, not a DDP or torch.compile wrapper: no key prefixes."""
-    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(model.config).items()}
-    with _atomic_path(path) as tmp:
-        torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
-
-
-CKPT_HINT = "expected a checkpoint written by pretrain.py (best.pt or checkpoint.pt), model.save_model or XLM's train.py"
-
-
-def _first_line(e, n=100):
-    """`Type: first sentence` of an exception (torch's load errors run to several paragraphs)."""
-    msg = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""
-    return type(e).__name__ + (f": {msg[:n]}" if msg else "")
-
-
-def load_model(path, map_location="cpu"):
-    """-> (model in eval mode on the device `map_location`, the extra entries of save_model: pretrain.py's best.pt
-    has "tokenizer" (bpe.Tokenizer.to_dict's record) and "langs"; bpe.checkpoint_tokenizer builds the tokenizer).
-    A released XLM checkpoint (`model`, `dico_word2id`, `params`) is read too (_from_xlm_checkpoint).
-    Every way a file can be wrong (missing, empty, truncated, not a torch file, another kind of checkpoint,
-    weights that do not fit the config, NaN/inf weights of a diverged run) is a one-line ValueError naming it."""
-    if not os.path.isfile(path) or os.path.getsize(path) == 0:
-        why = ("no such file" if not os.path.exists(path) else "is a directory" if os.path.isdir(path)
-               else "empty file (0 bytes), not a checkpoint")
-        raise ValueError(f"{path}: {why} ({CKPT_HINT})")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # torch raises many types here (RuntimeError, UnpicklingError, KeyError, EOFError)
-        raise ValueError(f"cannot read {path}: {_first_line(e)} (a truncated or damaged file? {CKPT_HINT})") from None
-    if isinstance(ckpt, dict) and {"model", "dico_word2id", "params"} <= set(ckpt):  # a released XLM model
-        model, extra = _from_xlm_checkpoint(path, ckpt)
-        return model.to(map_location).eval(), extra
-    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict) and isinstance(ckpt.get("config"), dict)):
-        got = f"keys {sorted(map(str, ckpt))[:8]}" if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
-        raise ValueError(f"{path}: not a model checkpoint (got {got}; {CKPT_HINT})")
-    try:
-        model = MLM(ModelConfig(**ckpt.pop("config")))
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: bad model config: {e}") from None
-    state = ckpt.pop("model")
-    try:
-        missing, unexpected = map(sorted, model.load_state_dict(state, strict=False))
-    except RuntimeError as e:  # shapes that do not fit the config, a weight that is no tensor
-        raise ValueError(f"{path}: the weights do not match the checkpoint's config: {_first_line(e)}") from None
-    if missing or unexpected:
-        raise ValueError(f"{path}: the weights do not match the checkpoint's config ({len(missing)} missing, "
-                         f"{len(unexpected)} unexpected keys, e.g. {(missing + unexpected)[0]!r})")
-    for k, v in state.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise ValueError(f"{path}: weight {k!r} contains NaN or inf (a diverged run?); refusing to use it")
-    return model.to(map_location).eval(), ckpt
-
-
-XLM_SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]  # XLM data/dictionary.py
-
-
-def _from_xlm_checkpoint(path, ckpt):
-    """A facebookresearch/XLM train.py checkpoint {"model": state dict, "dico_word2id": {word: id}, "params": {...}}
-    -> (model, {"langs": params' id2lang in id order, "xlm_vocab": the dictionary's words in id order}). The config
-    comes from params as XLM's TransformerModel reads them (emb_dim, n_layers, n_heads, n_langs; FFN 4 x emb_dim;
-    language embeddings when n_langs > 1 and use_lang_emb, XLM's default True) and the state dict's position table."""
-    params, word2id, state = ckpt["params"], ckpt["dico_word2id"], ckpt["model"]
-    if not all(isinstance(x, dict) for x in (params, word2id, state)):
-        raise ValueError(f"{path}: an XLM checkpoint's model, dico_word2id and params must be dicts")
-    need = [k for k in ("emb_dim", "n_layers", "n_heads", "n_langs", "id2lang") if k not in params]
-    if need:
-        raise ValueError(f"{path}: the XLM params lack {need}")
-    if not params.get("gelu_activation", True) or params.get("asm", False):
-        raise ValueError(f"{path}: XLM params with ReLU (gelu_activation false) or an adaptive softmax (asm): "
-                         "not the architecture MLM reproduces")
-    words = sorted(word2id, key=word2id.get)
-    if [word2id[w] for w in words] != list(range(len(words))) or words[:len(XLM_SPECIALS)] != XLM_SPECIALS:
-        raise ValueError(f"{path}: dico_word2id is not an XLM dictionary (ids 0..n-1, {' '.join(XLM_SPECIALS[:5])} ... first)")
-    id2lang = {int(k): v for k, v in params["id2lang"].items()}
-    n_langs = int(params["n_langs"])
-    if sorted(id2lang) != list(range(n_langs)):
-        raise ValueError(f"{path}: the XLM params' id2lang {params['id2lang']} does not number its n_langs {n_langs} languages")
-    pos = next((v for k, v in state.items() if k.endswith("position_embeddings.weight")), None)
-    if pos is None:
-        raise ValueError(f"{path}: the XLM state dict has no position_embeddings.weight")
-    try:
-        config = ModelConfig(vocab_size=len(words), n_langs=n_langs, n_layers=int(params["n_layers"]),
-                             n_heads=int(params["n_heads"]), dim=int(params["emb_dim"]), ffn_dim=4 * int(params["emb_dim"]),
-                             dropout=float(params.get("dropout", 0.0)),
-                             attention_dropout=float(params.get("attention_dropout", 0.0)), max_positions=pos.size(0),
-                             lang_emb=n_langs > 1 and bool(params.get("use_lang_emb", True)))
-        model = MLM.from_xlm(state, config)
-    except (KeyError, ValueError) as e:
-        raise ValueError(f"{path}: {str(e).strip(chr(39) + chr(34))[:300]}") from None
-    if not all(torch.isfinite(p).all() for p in model.parameters()):
-        raise ValueError(f"{path}: a weight contains NaN or inf; refusing to use it")
-    return model, {"langs": [id2lang[i] for i in range(n_langs)], "xlm_vocab": words}
-
 # -----------------------------------------------------------------------------
 # padded batches: the one forward pass that align.py, cka.py and finetune.py share
 
@@ -515,12 +328,62 @@ def encode_batch(model, rows, lang, pad_id=PAD_ID):
     mask = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in rows], device=device)  # (B, T)
     return model.hidden_states(idx, lang, attn_mask=mask), mask
 
+# =============================================================================
+# Below, the plumbing: bad inputs, speed, id lists, checkpoints, --device/--dtype, align.py's and cka.py's runs, HF.
+
+class InputError(ValueError):  # bpe.InputError's twin (msg, code=1; 2 = a flag's usage error): model.py copies alone
+    def __init__(self, msg, code=1):
+        super().__init__(msg)
+        self.code = code
+
+# -----------------------------------------------------------------------------
+# speed details: the CPU dropout, the output layer's vocabulary padding on CUDA, the FLOPs of a token
+
+VOCAB_ALIGN = 64  # on CUDA the output projection pads the vocabulary to a multiple of this (project)
+
+
+def dropout(x, p, training=True):
+    """F.dropout(x, p, training), each element kept with probability 1 - p and scaled by 1 / (1 - p). On the CPU the
+    keep mask is drawn as 16-bit uniform integers, four from each full-range 64-bit draw of torch's global generator,
+    compared with p rounded to a multiple of 2^-16 (0.1 -> 0.1000061): about 5x faster there than F.dropout's
+    bernoulli_. Elsewhere, under torch.compile, or for p < 0.01 (the rounding could exceed 0.1 % of p), F.dropout."""
+    if not training or p < 0.01 or p >= 1.0 or x.device.type != "cpu" or torch.compiler.is_compiling():
+        return F.dropout(x, p, training)   # compiled: the in-place random_ below would break the graph
+    n = x.numel()
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-2 ** 63, None)   # every 64-bit value equally likely
+    keep = bits.view(torch.int16)[:n].view(x.shape) >= round(p * 2 ** 16) - 2 ** 15
+    return x * torch.where(keep, x.new_full((), 1.0 / (1.0 - p)), x.new_zeros(()))   # one pass, in x's dtype
+
+
+def project(x, W, b, align=None):
+    """The output layer's logits x W^T + b over the vocabulary of W's V rows (tied to the embeddings, as XLM). For a V
+    that is no multiple of 8 cuBLAS leaves the tensor cores' fastest kernels (on an H200 the paper's step took 42.5 ms
+    at V = 59,579, 36.6 ms padded to 59,584: RESULTS.md, "On a GPU"), so on CUDA W and b get zero rows up to a multiple
+    of `align` (VOCAB_ALIGN), the extra logits sliced off: the same V logits. On the CPU nothing is padded (align=1)."""
+    V = W.size(0)
+    pad = -V % ((VOCAB_ALIGN if x.is_cuda else 1) if align is None else align)
+    if not pad:
+        return F.linear(x, W, b)
+    return F.linear(x, F.pad(W, (0, 0, 0, pad)), F.pad(b, (0, pad)))[..., :V]
+
+
+def flops_per_token(config, seq_len, target_frac=0.15, lang=0):
+    """Forward + backward matmul FLOPs per input token of MLM training as MLM.forward computes it (README "Real data":
+    the cost of a Table 1 row), a multiply-add counted as 2 and the backward as twice the forward: per layer Q, K, V
+    and output projections 8 d^2, FFN 4 d f, attention scores and mixing 4 T d (an encoder: all T positions); the
+    softmax 2 d V at the ~15 % target positions only (target_frac), V the vocabulary of language `lang`. A token runs
+    through one language's copy; embeddings, LayerNorm, GELU, softmax and dropout are no matmuls (< 1 %)."""
+    d, f, T = config.dim, config.ffn_dim, seq_len
+    V = config.vocab_sizes[lang] if config.vocab_sizes else config.vocab_size
+    return 3 * (config.n_layers * (8 * d * d + 4 * d * f + 4 * T * d) + target_frac * 2 * d * V)
+
+# -----------------------------------------------------------------------------
+# id lists of any length and in any number, through encode_batch: finetune.py's words, align.py's and cka.py's sentences
 
 def windows(n, size):
-    """Cover n subwords with windows of at most `size` -> [(start, end, keep_from)]
-    (shijie-wu/crosslingual-nlp `dataset/tagging.py`). Each next window starts size // 2 before the
-    previous one ended; positions [keep_from, end) take their states from it, so each subword once.
-    windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]"""
+    """Cover n subwords with windows of at most `size` -> [(start, end, keep_from)] (shijie-wu/crosslingual-nlp
+    `dataset/tagging.py`). Each next window starts size // 2 before the previous one ended; [keep_from, end) take
+    their states from it, so each subword once. windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]"""
     out = [(0, min(n, size), 0)]
     while out[-1][1] < n:
         start = out[-1][1] - size // 2
@@ -567,6 +430,115 @@ def pool_sentences(model, id_lists, lang, batch_size=32, progress=None):
         out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
     return list(out)
 
+# -----------------------------------------------------------------------------
+# checkpoints as plain types (load under torch.load(weights_only=True), never a pickled object)
+
+@contextmanager
+def _atomic_path(path):  # bpe.atomic_path's copy (model.py copies alone): yields path.tmp, renamed at the end
+    tmp = str(path) + ".tmp"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def save_model(path, model, **extra):
+    """Atomically write {"model": state_dict, "config": asdict(config), **extra} (a failed write, e.g. a
+    full disk, leaves no file). Pass the raw model, not a DDP or torch.compile wrapper: no key prefixes."""
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(model.config).items()}
+    with _atomic_path(path) as tmp:
+        torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
+
+
+CKPT_HINT = "expected a checkpoint written by pretrain.py (best.pt or checkpoint.pt), model.save_model or XLM's train.py"
+
+
+def _first_line(e, n=100):  # `Type: first sentence` of an exception (torch's load errors run long)
+    msg = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""
+    return type(e).__name__ + (f": {msg[:n]}" if msg else "")
+
+
+def load_model(path, map_location="cpu"):
+    """-> (model in eval mode on the device `map_location`, the extra entries of save_model: pretrain.py's best.pt has
+    "tokenizer" (bpe.Tokenizer.to_dict's record) and "langs"). A released XLM checkpoint (`model`, `dico_word2id`,
+    `params`) is read too. Every way a file can be wrong (missing, empty, truncated, not a torch file, another kind of
+    checkpoint, weights that do not fit the config, NaN/inf weights of a diverged run) is one InputError naming it."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        why = ("no such file" if not os.path.exists(path) else "is a directory" if os.path.isdir(path)
+               else "empty file (0 bytes), not a checkpoint")
+        raise InputError(f"{path}: {why} ({CKPT_HINT})")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many types here (RuntimeError, UnpicklingError, KeyError, EOFError)
+        raise InputError(f"cannot read {path}: {_first_line(e)} (a truncated or damaged file? {CKPT_HINT})") from None
+    if isinstance(ckpt, dict) and {"model", "dico_word2id", "params"} <= set(ckpt):  # a released XLM model
+        model, ckpt = _from_xlm_checkpoint(path, ckpt)
+    elif not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict) and isinstance(ckpt.get("config"), dict)):
+        got = f"keys {sorted(map(str, ckpt))[:8]}" if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
+        raise InputError(f"{path}: not a model checkpoint (got {got}; {CKPT_HINT})")
+    else:
+        try:
+            model = MLM(ModelConfig(**ckpt.pop("config")))
+        except (TypeError, ValueError) as e:
+            raise InputError(f"{path}: bad model config: {e}") from None
+        try:
+            missing, unexpected = map(sorted, model.load_state_dict(ckpt.pop("model"), strict=False))
+        except RuntimeError as e:  # shapes that do not fit the config, a weight that is no tensor
+            raise InputError(f"{path}: the weights do not match the checkpoint's config: {_first_line(e)}") from None
+        if missing or unexpected:
+            raise InputError(f"{path}: the weights do not match the checkpoint's config ({len(missing)} missing, "
+                             f"{len(unexpected)} unexpected keys, e.g. {(missing + unexpected)[0]!r})")
+    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise InputError(f"{path}: weight {bad[0]!r} contains NaN or inf (a diverged run?); refusing to use it")
+    return model.to(map_location).eval(), ckpt
+
+
+def load_encoder(path, device, checkpoint_tokenizer, xlm_codes=None):
+    """load_model, then bpe.checkpoint_tokenizer (passed in) -> (model, tokenizer, codes, the other entries)."""
+    model, extra = load_model(path, device)
+    return (model, *checkpoint_tokenizer(extra, path, xlm_codes), extra)
+
+
+XLM_SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]  # XLM data/dictionary.py
+
+
+def _from_xlm_checkpoint(path, ckpt):
+    """A facebookresearch/XLM train.py checkpoint {"model": state dict, "dico_word2id": {word: id}, "params": {...}}
+    -> (model, {"langs": id2lang in id order, "xlm_vocab": the words in id order}), configured as XLM's
+    TransformerModel reads params (FFN 4 x emb_dim; language embeddings when n_langs > 1 and use_lang_emb)."""
+    params, word2id, state = ckpt["params"], ckpt["dico_word2id"], ckpt["model"]
+    if not all(isinstance(x, dict) for x in (params, word2id, state)):
+        raise InputError(f"{path}: an XLM checkpoint's model, dico_word2id and params must be dicts")
+    need = [k for k in ("emb_dim", "n_layers", "n_heads", "n_langs", "id2lang") if k not in params]
+    if need:
+        raise InputError(f"{path}: the XLM params lack {need}")
+    if not params.get("gelu_activation", True) or params.get("asm", False):
+        raise InputError(f"{path}: XLM params with ReLU (gelu_activation false) or an adaptive softmax (asm): "
+                         "not the architecture MLM reproduces")
+    words = sorted(word2id, key=word2id.get)
+    if [word2id[w] for w in words] != list(range(len(words))) or words[:len(XLM_SPECIALS)] != XLM_SPECIALS:
+        raise InputError(f"{path}: dico_word2id is not an XLM dictionary (ids 0..n-1, {' '.join(XLM_SPECIALS[:5])} ... first)")
+    id2lang = {int(k): v for k, v in params["id2lang"].items()}
+    n_langs = int(params["n_langs"])
+    if sorted(id2lang) != list(range(n_langs)):
+        raise InputError(f"{path}: the XLM params' id2lang {params['id2lang']} does not number its n_langs {n_langs} languages")
+    pos = next((v for k, v in state.items() if k.endswith("position_embeddings.weight")), None)
+    if pos is None:
+        raise InputError(f"{path}: the XLM state dict has no position_embeddings.weight")
+    try:
+        config = ModelConfig(vocab_size=len(words), n_langs=n_langs, n_layers=int(params["n_layers"]),
+                             n_heads=int(params["n_heads"]), dim=int(params["emb_dim"]), ffn_dim=4 * int(params["emb_dim"]),
+                             dropout=float(params.get("dropout", 0.0)),
+                             attention_dropout=float(params.get("attention_dropout", 0.0)), max_positions=pos.size(0),
+                             lang_emb=n_langs > 1 and bool(params.get("use_lang_emb", True)))
+        model = MLM.from_xlm(state, config)
+    except (KeyError, ValueError) as e:
+        raise InputError(f"{path}: {str(e).strip(chr(39) + chr(34))[:300]}") from None
+    return model, {"langs": [id2lang[i] for i in range(n_langs)], "xlm_vocab": words}
 
 # -----------------------------------------------------------------------------
 # device and precision: --device and --dtype mean the same in pretrain.py, finetune.py, align.py, cka.py
@@ -575,33 +547,30 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def pick_device(device="auto", dtype="auto", local_rank=None):
-    """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo").
-    device: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N" or "mps"; a CUDA answer always
-    has an index, which torch.cuda.set_device needs. Under torchrun (local_rank = LOCAL_RANK) each process
-    takes GPU `local_rank`, so cuda:N is refused. dtype: "auto" (bfloat16 on a GPU of compute capability
-    >= 8.0, else float16; float32 on CPU and MPS) or one of DTYPES. What this machine cannot serve is a
-    one-line ValueError."""
+    """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo"). device: "auto"
+    (CUDA if available, else CPU), "cpu", "cuda", "cuda:N" (refused under torchrun: each process takes GPU
+    `local_rank`) or "mps"; a CUDA answer always has an index (torch.cuda.set_device needs it). dtype: "auto" (bfloat16
+    on a GPU of compute capability >= 8.0, else float16; float32 on CPU and MPS) or one of DTYPES. -> InputError."""
     cuda = torch.cuda.is_available()
-    if device == "auto":
-        device = "cuda" if cuda else "cpu"
+    device = ("cuda" if cuda else "cpu") if device == "auto" else device
     kind, colon, index = device.partition(":")
     if device == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device mps: MPS is not available on this machine; use --device cpu or auto")
+        raise InputError("--device mps: MPS is not available on this machine; use --device cpu or auto")
     if kind == "cuda" and (not colon or index.isdigit()):
         if not cuda:
             build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
-            raise ValueError(f"--device {device}: CUDA is not available on this machine ({build}); "
+            raise InputError(f"--device {device}: CUDA is not available on this machine ({build}); "
                              "use --device cpu or auto")
         if colon and local_rank is not None:
-            raise ValueError(f"--device {device}: under torchrun each process takes the GPU of its "
+            raise InputError(f"--device {device}: under torchrun each process takes the GPU of its "
                              "LOCAL_RANK; use --device cuda (and CUDA_VISIBLE_DEVICES to choose GPUs)")
         n, i = torch.cuda.device_count(), int(index) if colon else (local_rank or 0)
         if i >= n:
-            raise ValueError(f"--device {device}: " + (f"GPU {i} does not exist ({n} visible)" if colon else
+            raise InputError(f"--device {device}: " + (f"GPU {i} does not exist ({n} visible)" if colon else
                              f"LOCAL_RANK {i} but only {n} GPU(s) visible; use --nproc_per_node {n} or less"))
         device = f"cuda:{i}"
     elif device not in ("cpu", "mps"):
-        raise ValueError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
+        raise InputError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
     gpu = device.startswith("cuda")
     # native bfloat16 from compute capability 8.0 (A100); asked of the chosen GPU, not of the current one, and not
     # torch.cuda.is_bf16_supported(), which also counts the emulated (slow) bf16 of a V100 or T4
@@ -609,46 +578,80 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
     if dtype == "auto":
         dtype = "float32" if not gpu else "bfloat16" if cc >= (8, 0) else "float16"
     elif dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
+        raise InputError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
     elif dtype == "bfloat16" and gpu and cc < (8, 0):
-        raise ValueError(f"--dtype bfloat16: GPU {device[5:]} has no native bfloat16 (compute capability "
+        raise InputError(f"--dtype bfloat16: GPU {device[5:]} has no native bfloat16 (compute capability "
                          f"{cc[0]}.{cc[1]}, 8.0 needed); use --dtype float16 or auto")
     return device, dtype, "nccl" if gpu else "gloo"
 
 
 def autocast(device, dtype):
-    """The context of every forward pass under --dtype: nothing for float32 (bit-identical to no
-    autocast), else torch.autocast. float16 training also needs a GradScaler (pretrain.py)."""
+    """The context of every forward pass under --dtype: nothing for float32 (bit-identical), else torch.autocast."""
     return nullcontext() if dtype == "float32" else torch.autocast(torch.device(device).type, getattr(torch, dtype))
 
-
 # -----------------------------------------------------------------------------
-# per-layer figures (--plot of align.py and cka.py, Figs. 4-7); matplotlib is not a requirement
+# align.py's and cka.py's shared command line: the input files, per-layer tables and figures (--plot, Figs. 4-7)
+
+@contextmanager
+def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
+    """align.py's and cka.py's run. Before any work: check_src_tgt, --device, --dtype, --plot, toy_data (bpe.py's, passed
+    in), then --toy --data DIR fills in each unset path flag of toy_paths ({flag: its file in a toydata.py world}, l0 =
+    --src, l1 = --tgt); --ckpt and those flags but `optional` must name files. The work runs under --dtype's autocast;
+    a file reader's ValueError or OSError (bpe.py's name the file) or running out of memory becomes one InputError."""
+    try:
+        check_src_tgt(args)  # one text on both sides measures nothing (P@1 100, CKA 1.000)
+        args.device, args.dtype, _ = pick_device(args.device, args.dtype)
+        if args.plot:
+            check_plot(args.plot)
+        data_flag = toy_data(args)  # --data, or the deprecated --toy DIR
+        if bool(args.toy) != (args.data is not None):
+            raise InputError("--toy and --data DIR go together (a toydata.py world; real data: give each file's flag)")
+        if args.toy and not os.path.isdir(args.data):
+            raise InputError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
+        from_world = [f for f in toy_paths if args.toy and getattr(args, f) is None]
+        for f in from_world:
+            setattr(args, f, os.path.join(args.data, toy_paths[f].format(l0=args.src, l1=args.tgt)))
+        for f in ["ckpt", "ckpt2", "xlm_codes", *toy_paths]:
+            path, flag = getattr(args, f), "--" + f.replace("_", "-")
+            if path is None and f not in ("ckpt2", "xlm_codes", *optional):
+                raise InputError(f"missing {flag} (or give --toy --data WORLD)")
+            if f in from_world and not os.path.isfile(path):  # named by --src and --tgt, not given as a file
+                raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")
+            if path is not None and not os.path.isfile(path):
+                raise InputError(f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
+        with autocast(args.device, args.dtype):
+            yield
+    except (OSError, ValueError, MemoryError, RuntimeError) as e:
+        oom = isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
+        if isinstance(e, RuntimeError) and not oom:
+            raise
+        raise InputError("out of memory; try a smaller --batch-size (or --max-sents)" if oom else str(e),
+                         getattr(e, "code", 1)) from None
+
 
 def check_plot(path):
     """--plot FILE.png, checked before any work: matplotlib importable, the directory writable."""
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
-        raise ValueError(f"--plot {path}: no such directory {d}")
+        raise InputError(f"--plot {path}: no such directory {d}")
     if os.path.isdir(path) or not os.access(d, os.W_OK):
-        raise ValueError(f"--plot {path}: cannot write a file there")
+        raise InputError(f"--plot {path}: cannot write a file there")
     try:
         __import__("matplotlib")  # only to know it is there
     except ImportError:
-        raise ValueError("--plot needs matplotlib, which is not a requirement: pip install matplotlib") from None
+        raise InputError("--plot needs matplotlib, which is not a requirement: pip install matplotlib") from None
 
 
 def markdown_table(header, rows, fmt="{:.3f}"):
-    """The per-layer tables of align.py and cka.py in markdown: a header row, the |---| row, one line per row,
-    floats written with `fmt`, anything else with str()."""
+    """A per-layer table of align.py and cka.py in markdown: floats written with `fmt`, anything else with str()."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(fmt.format(v) if isinstance(v, float) else str(v) for v in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def plot_layers(path, title, header, rows, ylabel):
-    """Draw a per-layer table as a PNG: x = the first column (layer names), one line per column whose
-    values are floats (ints such as pair counts and '-' cells are left out). Atomic; callers run check_plot first."""
+    """Draw a per-layer table as a PNG (atomically; after check_plot): x = the first column (layer names), one line
+    per column of floats (ints such as pair counts and '-' cells are left out)."""
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     fig = Figure(figsize=(7, 3.6))
     ax = fig.subplots()
@@ -666,27 +669,25 @@ def plot_layers(path, title, header, rows, ylabel):
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     print(f"wrote {path}")
 
-
 # -----------------------------------------------------------------------------
 # export to Hugging Face transformers: XLMWithLMHeadModel weights + a `tokenizers` tokenizer.json (torch only here)
 
 # bpe.pretokenize's regex (bpe.TOKEN_RE, TOKEN_RE_ZH) in Oniguruma's syntax, which `tokenizers` runs: whitespace
 # spelled out (what str.isspace() calls whitespace; \uHHHH, which both read), the zh set difference as an intersection
 _HF_SPACE = r"\t-\r\x1c-\x20\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-_HF_WORD = r"[\p{L}\p{M}\p{N}]"
 _HF_TOKEN = (r"\p{N}+(?:[.,]\p{N}+)+|WORD+(?:['’\-]WORD+)*|(?![" + _HF_SPACE + r"])\X")
-HF_PRETOKENIZE = {"": _HF_TOKEN.replace("WORD", _HF_WORD),
+HF_PRETOKENIZE = {"": _HF_TOKEN.replace("WORD", r"[\p{L}\p{M}\p{N}]"),
                   "zh": r"\p{Han}|" + _HF_TOKEN.replace("WORD", r"[\p{L}\p{M}\p{N}&&\P{Han}]")}
 HF_UNUSED_BIAS = -1e4  # output bias of the BPE symbols our vocabulary lacks (below): never predicted
 
 
 def hf_tokenizer_json(record, lang, vocab_size):
     """A `tokenizers` tokenizer.json (as a dict) giving the ids of bpe.Tokenizer.encode(line, lang) between two </s>
-    (XLM's `</s> ids </s>`; a pair: `</s> a </s> b </s>`), from the record of bpe.Tokenizer.to_dict.
-    -> (tokenizer dict, number of extra ids). Pre-tokenisation is a regex split equal to bpe.pretokenize for `lang`,
-    BPE keeps our merges with the '</w>' end-of-word suffix; our pieces 'ab@@' (word goes on) and 'ab' (word ends)
-    are `tokenizers`' 'ab' and 'ab</w>', at our ids. `tokenizers` also needs every symbol of a merge in its
-    vocabulary; the ones ours lacks get ids vocab_size, vocab_size + 1, ... (export_hf gives them <unk>'s row)."""
+    (XLM's `</s> ids </s>`; a pair: `</s> a </s> b </s>`), from the record of bpe.Tokenizer.to_dict -> (tokenizer
+    dict, number of extra ids). Pre-tokenisation is a regex split equal to bpe.pretokenize for `lang`, BPE keeps our
+    merges with the '</w>' end-of-word suffix; our pieces 'ab@@' (word goes on) and 'ab' (word ends) are `tokenizers`'
+    'ab' and 'ab</w>', at our ids. `tokenizers` also needs every symbol of a merge in its vocabulary; the ones ours
+    lacks get ids vocab_size, vocab_size + 1, ... (export_hf gives them <unk>'s row)."""
     prefix = f"{lang}:" if record["mode"] == "prefixed" else ""  # a prefixed vocabulary: this language's tokens
     tokens = record["vocabs"][record["vocab_of"][lang]]["tokens"]
     vocab = {t: i for i, t in enumerate(XLM_SPECIALS)}
@@ -704,9 +705,8 @@ def hf_tokenizer_json(record, lang, vocab_size):
                 "special": True} for i, t in enumerate(XLM_SPECIALS)]
     eos, seq = {"SpecialToken": {"id": "</s>", "type_id": 0}}, lambda s: {"Sequence": {"id": s, "type_id": 0}}
     # bpe.lowercase_and_strip_accents: lower, NFD, drop the non-spacing marks (Mn), lower again
-    lower = {"type": "Sequence", "normalizers": [
-        {"type": "Lowercase"}, {"type": "NFD"},
-        {"type": "Replace", "pattern": {"Regex": r"\p{Mn}"}, "content": ""}, {"type": "Lowercase"}]}
+    lower = {"type": "Sequence", "normalizers": [{"type": "Lowercase"}, {"type": "NFD"}, {"type": "Replace", "pattern":
+                                                 {"Regex": r"\p{Mn}"}, "content": ""}, {"type": "Lowercase"}]}
     tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
            "normalizer": lower if record.get("lowercase") else None,
            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": HF_PRETOKENIZE["zh" if lang == "zh" else ""]},
@@ -721,47 +721,50 @@ def hf_tokenizer_json(record, lang, vocab_size):
     return tok, n - vocab_size
 
 
+def xlm_names(config):
+    """Our state-dict keys -> XLM's keys (no `transformer.` prefix), for MLM.from_xlm and hf_state_dict."""
+    names = {"tok_emb.0.weight": ["embeddings.weight"], "pos_emb.0.weight": ["position_embeddings.weight"],
+             "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
+             "pred_bias.0": ["pred_layer.proj.bias"]}
+    if config.lang_emb:
+        names["lang_emb.weight"] = ["lang_embeddings.weight"]
+    layer = {"attn.qkv": ["attentions.{i}.q_lin", "attentions.{i}.k_lin", "attentions.{i}.v_lin"],  # our fused qkv
+             "attn.out": ["attentions.{i}.out_lin"], "ln1": ["layer_norm1.{i}"], "ffn.lin1": ["ffns.{i}.lin1"],
+             "ffn.lin2": ["ffns.{i}.lin2"], "ln2": ["layer_norm2.{i}"]}
+    return names | {f"blocks.{i}.0.{k}.{w}": [f"{x.format(i=i)}.{w}" for x in v]
+                    for i in range(config.n_layers) for w in ("weight", "bias") for k, v in layer.items()}
+
+
 def hf_state_dict(model, n_extra=0):
-    """MLM's weights under XLMWithLMHeadModel's names (MLM.from_xlm reads them back); the fused qkv split into
-    q_lin, k_lin, v_lin. n_extra more token rows copy <unk>'s (3), their output bias HF_UNUSED_BIAS."""
+    """MLM's weights under XLMWithLMHeadModel's names (xlm_names); n_extra more token rows copy <unk>'s (3), their
+    output bias HF_UNUSED_BIAS."""
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     emb, bias = sd["tok_emb.0.weight"], sd["pred_bias.0"]
-    out = {"transformer.embeddings.weight": torch.cat([emb, emb[3:4].expand(n_extra, -1)]),
-           "transformer.position_embeddings.weight": sd["pos_emb.0.weight"],
-           "transformer.layer_norm_emb.weight": sd["ln_emb.weight"], "transformer.layer_norm_emb.bias": sd["ln_emb.bias"],
-           "pred_layer.proj.bias": torch.cat([bias, bias.new_full((n_extra,), HF_UNUSED_BIAS)])}
-    if model.config.lang_emb:
-        out["transformer.lang_embeddings.weight"] = sd["lang_emb.weight"]
-    names = {"attn.out": "attentions.{i}.out_lin", "ln1": "layer_norm1.{i}", "ffn.lin1": "ffns.{i}.lin1",
-             "ffn.lin2": "ffns.{i}.lin2", "ln2": "layer_norm2.{i}"}
-    for i in range(model.config.n_layers):
-        for w in ("weight", "bias"):
-            for n, t in zip("qkv", sd[f"blocks.{i}.0.attn.qkv.{w}"].chunk(3)):
-                out[f"transformer.attentions.{i}.{n}_lin.{w}"] = t
-            out.update({f"transformer.{v.format(i=i)}.{w}": sd[f"blocks.{i}.0.{k}.{w}"] for k, v in names.items()})
+    sd["tok_emb.0.weight"] = torch.cat([emb, emb[3:4].expand(n_extra, -1)])
+    sd["pred_bias.0"] = torch.cat([bias, bias.new_full((n_extra,), HF_UNUSED_BIAS)])
+    out = {("" if n.startswith("pred_layer.") else "transformer.") + n: t
+           for ours, theirs in xlm_names(model.config).items() for n, t in zip(theirs, sd[ours].chunk(len(theirs)))}
     return {k: v.contiguous().clone() for k, v in out.items()}
 
 
 def export_hf(ckpt_path, out_dir, lang=None):
-    """Write pretrain.py's best.pt as a directory that transformers loads with no code of ours:
-    XLMWithLMHeadModel.from_pretrained(out_dir) and PreTrainedTokenizerFast.from_pretrained(out_dir) (config.json,
-    model.safetensors or, without the safetensors package, pytorch_model.bin, tokenizer.json, tokenizer_config.json,
-    special_tokens_map.json). The tokenizer is the one of `lang` (default: the checkpoint's first language;
-    pre-tokenisation differs for zh only). Models with language-specific parts (--sep) have no transformers
-    equivalent and are refused. -> the list of files written."""
+    """Write pretrain.py's best.pt as a directory that transformers loads with no code of ours (-> the files written):
+    XLMWithLMHeadModel and PreTrainedTokenizerFast.from_pretrained(out_dir) read config.json, model.safetensors (or
+    pytorch_model.bin), tokenizer.json, tokenizer_config.json, special_tokens_map.json. The tokenizer is `lang`'s
+    (default: the first language). Models with language-specific parts (--sep) have no transformers equivalent."""
     model, extra = load_model(ckpt_path)
     c, record, langs = model.config, extra.get("tokenizer"), extra.get("langs")
     if not record or not langs:
-        raise ValueError(f"{ckpt_path}: no tokenizer record in the checkpoint (pretrain.py's best.pt has one)")
+        raise InputError(f"{ckpt_path}: no tokenizer record in the checkpoint (pretrain.py's best.pt has one)")
     if model.has_lang_specific():
         sep = ",".join((["tok"] if c.sep_tok else []) + (["pos"] if c.sep_pos else []) + [str(i) for i in c.sep_layers])
-        raise ValueError(f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no transformers "
+        raise InputError(f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no transformers "
                          "equivalent (XLM shares everything); only fully shared models are exported")
     if c.ffn_dim != 4 * c.dim:
-        raise ValueError(f"{ckpt_path}: ffn_dim {c.ffn_dim} is not 4 x dim {c.dim}, which transformers' XLM fixes")
+        raise InputError(f"{ckpt_path}: ffn_dim {c.ffn_dim} is not 4 x dim {c.dim}, which transformers' XLM fixes")
     lang = lang or langs[0]
     if lang not in langs:
-        raise ValueError(f"--lang {lang}: not one of the checkpoint's languages {langs}")
+        raise InputError(f"--lang {lang}: not one of the checkpoint's languages {langs}")
     tok, n_extra = hf_tokenizer_json(record, lang, c.vocab_size)
     config = {"architectures": ["XLMWithLMHeadModel"], "model_type": "xlm", "vocab_size": c.vocab_size + n_extra,
               "emb_dim": c.dim, "n_layers": c.n_layers, "n_heads": c.n_heads, "dropout": c.dropout,
@@ -785,17 +788,14 @@ def export_hf(ckpt_path, out_dir, lang=None):
         weights = ("pytorch_model.bin", lambda tmp: torch.save(sd, tmp))
     files = {"config.json": config, "tokenizer.json": tok, "tokenizer_config.json": tok_config,
              "special_tokens_map.json": specials}
-    written = []
     for name, content in [weights] + list(files.items()):
-        path = os.path.join(out_dir, name)
-        with _atomic_path(path) as tmp:
+        with _atomic_path(os.path.join(out_dir, name)) as tmp:
             if callable(content):
                 content(tmp)
             else:
                 with open(tmp, "w", encoding="utf-8") as f:
                     json.dump(content, f, ensure_ascii=False, indent=1)
-        written.append(path)
-    return written
+    return [os.path.join(out_dir, name) for name in [weights[0], *files]]
 
 
 def build_parser():
@@ -814,8 +814,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         files = export_hf(args.ckpt, args.out, args.lang)
-    except (ValueError, OSError) as e:
-        raise SystemExit(f"model.py export: error: {e}") from None
+    except (InputError, OSError) as e:  # as bpe.reported: one `error: ...` line (a failed write too)
+        raise SystemExit(f"error: {e}") from None
     print("wrote " + ", ".join(files))
 
 

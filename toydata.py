@@ -101,7 +101,7 @@ class World:
     def __init__(self, seed=0, nouns_per_group=36, verbs_per_class=12, n_adj=120, n_adv=24,
                  n_per=120, n_loc=80, n_org=60, scale=1):
         if not (isinstance(scale, int) and scale >= 1):
-            raise ValueError(f"scale must be an integer >= 1, got {scale}")
+            raise InputError(f"--scale must be an integer >= 1, got {scale}", 2)
         nouns_per_group, verbs_per_class, n_adj, n_adv, n_per, n_loc, n_org = (
             scale * n for n in (nouns_per_group, verbs_per_class, n_adj, n_adv, n_per, n_loc, n_org))
         rng = np.random.default_rng([seed, 1])
@@ -289,10 +289,10 @@ ORDER_HELP = ("CLAUSE[-ADJ][-ADP]: CLAUSE svo/sov/vso/vos/osv/ovs, ADJ an (adjec
 
 
 def parse_order(order):
-    """'sov-na-post' -> {deprel: (side, priority)}; raises ValueError on an unknown order."""
+    """'sov-na-post' -> {deprel: (side, priority)}; an unknown order: InputError (a ValueError)."""
     m = ORDER_RE.match(order or "")
     if not m:
-        raise ValueError(f"unknown order {order!r}; expected {ORDER_HELP}")
+        raise InputError(f"unknown order {order!r}; expected {ORDER_HELP}", 2)
     clause, adj, pre = m.group(1), m.group(3) or "an", m.group(5) != "post"
     v = clause.index("v")
     side = {x: (-1 if clause.index(x) < v else 1) for x in "so"}
@@ -482,13 +482,28 @@ def _new_concepts(p, h):
 
 
 # -----------------------------------------------------------------------------
-# Rendering and the file formats (same as ../data: CoNLL-U, PAN-X tsv, XNLI tsv, MUSE, Tatoeba)
+# Sentences: trees sampled about a topic, rendered in one language
 
 def render(tree, forms, order):
     """(surface words, surface order) of a tree in one language."""
     ids = linearize(tuple((h, r) for _, h, r in tree), order)
     return [forms[tree[i][0]] for i in ids], ids
 
+
+def _sample_trees(world, rng, n, mixture=None, need_entity=False):
+    """n trees, each about a topic drawn from `mixture` (None: no topic); need_entity keeps those with a name."""
+    cdf = np.cumsum(mixture).tolist() if mixture is not None else None
+    trees = []
+    while len(trees) < n:
+        topic = -1 if cdf is None else min(bisect.bisect_right(cdf, rng.random() * cdf[-1]), N_TOPICS - 1)
+        t = sample_tree(world, rng, topic)
+        if not need_entity or any(world.kind[c] == "name" for c, _, _ in t):
+            trees.append(t)
+    return trees
+
+
+# =============================================================================
+# Below: write_world writes the world in the real data formats (as ../data: CoNLL-U, PAN-X, XNLI, MUSE, Tatoeba); CLI
 
 def conllu_block(world, tree, forms, order, sent_id):
     words, ids = render(tree, forms, order)
@@ -524,24 +539,11 @@ def _write(out_dir, name, text):
         raise
 
 
-def _sample_trees(world, rng, n, mixture=None, need_entity=False):
-    """n trees, each about a topic drawn from `mixture` (None: no topic); need_entity keeps those with a name."""
-    cdf = np.cumsum(mixture).tolist() if mixture is not None else None
-    trees = []
-    while len(trees) < n:
-        topic = -1 if cdf is None else min(bisect.bisect_right(cdf, rng.random() * cdf[-1]), N_TOPICS - 1)
-        t = sample_tree(world, rng, topic)
-        if not need_entity or any(world.kind[c] == "name" for c, _, _ in t):
-            trees.append(t)
-    return trees
-
-
 # Sentences per file (--size here, --toy-size in pretrain.py): tiny is for tests, full the default; paper is full
 # with 1,000 task examples to fine-tune on and 300 per test set, RESULTS.md's "The paper on a laptop" world.
 SIZES = {
     "tiny": dict(n_train=400, n_dev=60, n_test=60, n_parallel=60, n_task_train=60, n_task_eval=30, n_tatoeba=60),
-    "small": dict(n_train=5000, n_dev=300, n_test=300, n_parallel=500, n_task_train=500, n_task_eval=200,
-                  n_tatoeba=300),
+    "small": dict(n_train=5000, n_dev=300, n_test=300, n_parallel=500, n_task_train=500, n_task_eval=200, n_tatoeba=300),
     "full": dict(n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000, n_task_eval=500,
                  n_tatoeba=1000),
 }
@@ -564,19 +566,20 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         xnli/{lang}.{train,dev,test}.tsv         premise<TAB>hypothesis<TAB>label
         world.json                               knobs, seed, vocabulary sizes, shared count
     """
-    t0 = time.time()
+    t0 = time.time()   # every bad argument is an InputError naming the flag of `python toydata.py`, before any write
     if len(langs) != 2 or langs[0] == langs[1] or not all(map(str.isalpha, langs)):
-        raise ValueError(f"langs must be two distinct codes of letters (bilingual models), got {','.join(langs)}")
+        raise InputError(f"--langs {','.join(langs)}: expected two distinct codes of letters (bilingual models), "
+                         "e.g. en,fr", 2)
     if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+        raise InputError(f"--seed must be >= 0, got {seed}", 2)
     for name, v in [("overlap", overlap), ("domain_shift", domain_shift), ("name_overlap", name_overlap)]:
         if v is not None and not 0.0 <= v <= 1.0:
-            raise ValueError(f"{name} must be in [0, 1], got {v}")
-    parse_order(order)   # a ValueError before anything is written
-    world = World(seed, scale=scale)   # so is a bad scale (World checks it)
+            raise InputError(f"{name} must be in [0, 1], got {v}", 2)
+    parse_order(order)
+    world = World(seed, scale=scale)   # it checks the scale
     l0, l1 = langs
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"out_dir {out_dir}: exists and is not a directory")
+        raise InputError(f"--out {out_dir}: exists and is not a directory", 2)
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not force:
             raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it (write_world: force=True)")
@@ -650,12 +653,15 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
 
 
 # -----------------------------------------------------------------------------
-# CLI
+# CLI: bpe.py's InputError and HelpFormatter, copied in short (toydata.py imports no project file: it copies alone)
 
-# bpe.py's HelpFormatter, copied in short (and numbers checked here, not by bpe.number): toydata.py imports no
-# project file, so it can be copied alone
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help: each flag's default, unless the help says it or the flag is a switch."""
+class InputError(ValueError):  # bpe.InputError's twin (msg, code=1; 2 = a flag's usage error)
+    def __init__(self, msg, code=1):
+        super().__init__(msg)
+        self.code = code
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):  # --help: each default, unless said or a switch
     def _get_help_string(self, action):
         if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help
@@ -675,8 +681,7 @@ def build_parser():
     add("--domain-shift", type=float, default=0.0, help="0 = one topic mix, 1 = disjoint topics (paper §4.1)")
     add("--cyrillic", action="store_true", help="write the second language in Cyrillic letters")
     add("--scale", type=int, default=1, help="multiply the open word classes (nouns, verbs, adjectives, adverbs, "
-        "names, entities) by this integer: 1 gives 944 concepts, 4 about 3,700; the sentence counts stay as --size "
-        "gives")
+        "names, entities) by this integer: 1 gives 944 concepts, 4 about 3,700 (the sentence counts are --size's)")
     what = dict(n_train="mono train", n_dev="dev", n_test="test", n_parallel="parallel", n_task_train="task train",
                 n_task_eval="task dev/test", n_tatoeba="Tatoeba")
     add("--size", choices=list(SIZES), default="full", help="sentences (or pairs) per language and file (paper: "
@@ -691,18 +696,12 @@ def main(argv=None):
     ap = build_parser()
     args = vars(ap.parse_args(argv))
     sizes = SIZES[args.pop("size")]
-    if args["seed"] < 0:   # the flag's name, not write_world's argument
-        ap.error(f"--seed must be >= 0, got {args['seed']}")
-    if args["scale"] < 1:
-        ap.error(f"--scale must be an integer >= 1, got {args['scale']}")
-    if len(args["langs"]) != 2 or len(set(args["langs"])) != 2 or not all(map(str.isalpha, args["langs"])):
-        ap.error(f"--langs {','.join(args['langs'])}: expected two distinct codes of letters, e.g. en,fr")
-    if os.path.exists(args["out_dir"]) and not os.path.isdir(args["out_dir"]):
-        ap.error(f"--out {args['out_dir']}: exists and is not a directory")
     try:
         s = write_world(**args, **sizes)
-    except (FileExistsError, ValueError) as e:   # one line: toydata.py: error: overlap must be in [0, 1], got 1.5
-        raise SystemExit(f"toydata.py: error: {e}")
+    except (InputError, FileExistsError) as e:   # bpe.reported's copy: a flag's value (2) with the usage line
+        if getattr(e, "code", 1) == 2:
+            ap.error(str(e))
+        raise SystemExit(f"error: {e}") from None
     except OSError as e:   # a full disk, a read-only folder: _write leaves no temporary file
         where = str(e.filename or args["out_dir"]).removesuffix(".tmp")
         raise SystemExit(f"toydata.py: error: cannot write {where}: {e.strerror or e}")
