@@ -26,7 +26,7 @@ import shlex
 import signal
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
@@ -516,10 +516,8 @@ def removed_if_left_empty(*paths):
         yield
     except BaseException:
         for d in sorted(new, key=len, reverse=True):  # a child's path is longer than its parent's
-            try:
+            with suppress(OSError):  # not empty (or never made): kept
                 os.rmdir(d)
-            except OSError:  # not empty (or never made): kept
-                pass
         raise
 
 
@@ -699,8 +697,7 @@ def write_toy_world(args, langs, master):
 
 def load_data(run):
     """bpe.prepare (inputs checked first; the master prepares, the other ranks wait), then what it wrote: tokenizer,
-    memory-mapped ids and vocabulary size per language, and this rank's sampler of them (its own seed, p ∝ n^0.7).
-    A batch larger than a language's data is refused."""
+    memory-mapped ids and vocabulary size per language (a batch larger than one's data is refused); the sampler."""
     args, langs = run.args, run.langs
     files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
     run.data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,

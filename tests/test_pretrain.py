@@ -498,6 +498,30 @@ def test_one_read_gives_loss_languages_and_gradient_norm_and_the_gradients_are_c
         assert seen_by_step[0] == pytest.approx(clip if clip else want, rel=1e-4)
 
 
+def test_float16_unscales_and_clips_only_a_finite_loss():
+    """float16 (a GradScaler, here on the CPU): a NaN loss skips the update before unscale_ (an unscale_ must be
+    followed by the scaler's step, or the next update's unscale_ would fail); a finite one is unscaled, its gradient
+    norm reported unscaled and the gradients clipped at --clip before Adam's step."""
+    from pretrain import update
+    run = tiny_run(clip=0.01)
+    run.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    m, seen_by_step, step = run.raw_model, [], run.optimizer.step
+    run.optimizer.step = lambda *a, **k: (seen_by_step.append(
+        float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in run.params if p.grad is not None])))),
+        step(*a, **k))[1]
+    run.model = lambda *a, **k: (None, m(*a, **k)[1] * math.nan)
+    loss, norm, _, _, stepped, skipped = update(run)
+    assert math.isnan(loss) and skipped and not stepped and not seen_by_step
+    run.model = m
+    lang, (inputs, targets, _, _) = run.next_batch
+    twin = copy.deepcopy(m)
+    twin(inputs, lang, targets)[1].backward()
+    want = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in twin.parameters()])))
+    loss, norm, _, _, stepped, skipped = update(run)
+    assert stepped and not skipped and run.scaler.get_scale() == 2.0 ** 10
+    assert norm == pytest.approx(want, rel=1e-4) and seen_by_step == [pytest.approx(0.01, rel=1e-3)]
+
+
 def test_gpu_benchmark_runs_tiny_on_the_cpu(capsys):
     """tests/bench_gpu.py (the paper config on a GPU) at a tiny size on the CPU: every number it reports is printed."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
