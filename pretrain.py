@@ -234,9 +234,8 @@ def next_micro_batch(run):
     x = torch.from_numpy(get_batch(run.train_ids[lang], i, args.batch_size, args.bptt))
     inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_gen)
     where = (targets.view(-1) != -1).nonzero().squeeze(1)  # on the host: MLM.forward need not ask the GPU
-    offset = None
-    if args.pos_offsets > args.bptt:  # --pos-offsets: each stream starts at a random position
-        offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
+    offset = (torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
+              if args.pos_offsets > args.bptt else None)  # --pos-offsets: each stream starts at a random position
     pin = run.device_type == "cuda"
     return lang, tuple(t if t is None else (t.pin_memory() if pin else t).to(run.device, non_blocking=True)
                        for t in (inputs, targets, where, offset))
