@@ -26,10 +26,9 @@ import shlex
 import signal
 import sys
 import time
-from contextlib import contextmanager
-from dataclasses import asdict
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass
 from datetime import timedelta
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -37,9 +36,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, Tokenizer, atomic_write, load_bin, make_dir, number,
-                 parse_lang_files, prepare, write_errors, write_text)
-from model import MLM, ModelConfig, autocast, parse_sep, pick_device, save_model
+from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, atomic_write, load_bin, make_dir,
+                 number, parse_lang_files, prepare, reported, write_errors, write_text)
+from model import MLM, ModelConfig, autocast, load_model, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
 MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
@@ -143,7 +142,7 @@ class StreamSampler:
         self.order = [o.numpy().astype(np.int64) for o in d["order"]]
 
 # -----------------------------------------------------------------------------
-# evaluation (XLM evaluate_mlm: deterministic masking, all selected tokens -> MASK), and --sep's unused parameters
+# evaluation (XLM evaluate_mlm: deterministic masking, all selected tokens -> MASK)
 
 @torch.no_grad()
 def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_forward=32):
@@ -165,18 +164,8 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
     mean = total / count  # above ~709.8 nats math.exp overflows: a diverged model
     return float("inf") if mean > math.log(sys.float_info.max) else math.exp(mean)
 
-
-def drop_unused_lang_grads(model, used):
-    """None for the gradients of the language-specific parameters (--sep) of every language j that no micro-batch of
-    this update was in, on any rank (used[j] == 0). The DDP zero term gives them an exact zero gradient, and Adam would
-    still move them by momentum; with None Adam skips them: they change only on their own language's updates (XLM)."""
-    for j, u in enumerate(used):
-        if not u:
-            for p in model.lang_specific_parameters(j):
-                p.grad = None
-
 # -----------------------------------------------------------------------------
-# config and flags: the paper's values by default; --toy swaps in a CPU-sized preset; an explicit flag wins
+# the presets: the paper's values by default; --toy swaps in a CPU-sized one; an explicit flag wins
 
 PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1, batch_size=96,
              bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200, max_steps=10**12, eval_every=0,
@@ -186,6 +175,171 @@ PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attenti
 TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, pos_offsets=48, lr=2e-3,
            warmup=500, schedule="linear", epoch_size=32000, max_steps=8000, eval_every=0, log_every=500, threads=1)
 MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language for separate/prefixed)
+
+# -----------------------------------------------------------------------------
+# the run: its state, the next micro-batch, one update, the training loop
+
+@dataclass(slots=True)  # slots: an attribute not declared here cannot be set
+class Run:
+    """Everything a run holds, declared here only: the setup below the ruler fills it in, train() moves it on and
+    checkpoint.pt keeps what --resume needs."""
+    args: argparse.Namespace            # the flags, presets filled in (get_args)
+    langs: list                         # --langs; the first is "English": it selects best.pt (paper §3.1)
+    rank: int = 0                       # torchrun's RANK and WORLD_SIZE
+    world_size: int = 1
+    ddp: bool = False                   # under torchrun
+    device: str = "cpu"                 # cuda:LOCAL_RANK, cpu or mps
+    stop: "StopSignal" = None           # SIGTERM / Ctrl-C: finish the update, save, exit
+    data_dir: str = None                # bpe.prepare's folder: tokenizer.json, {lang}.{train,dev}.bin
+    tok: Tokenizer = None
+    train_ids: list = None              # per language: the memory-mapped token ids
+    dev_ids: list = None
+    vocab_sizes: list = None            # per language (its own with --sep emb, else all the same)
+    n_tokens: list = None               # training tokens per language
+    raw_model: MLM = None               # the model itself: checkpoints, evaluation, --sep's parameters
+    model: torch.nn.Module = None       # what trains: raw_model, in DDP and/or torch.compile
+    ddp_model: DDP = None               # under torchrun: its gradient sync is switched per micro-batch
+    params: list = None
+    optimizer: torch.optim.Optimizer = None
+    ctx: object = None                  # autocast (model.autocast)
+    scaler: torch.amp.GradScaler = None  # enabled for float16 only
+    sampler: StreamSampler = None       # this rank's language and batch order (p ∝ n^0.7)
+    mask_gen: torch.Generator = None    # this rank's masking and --pos-offsets
+    step: int = 0                       # updates done
+    epoch: int = 0
+    n_streams: int = 0                  # streams of this epoch, on this rank
+    best_ppl: float = math.inf          # the best English dev perplexity so far
+    saved_step: int = None              # the step checkpoint.pt holds (None: not written by this run)
+    next_batch: tuple = None            # the micro-batch drawn ahead (next_micro_batch)
+    rng_before_next: tuple = None       # the sampler's and masking's states from before it, for checkpoint.pt
+    warned_slow_save: bool = False
+    master = property(lambda self: self.rank == 0)
+    device_type = property(lambda self: torch.device(self.device).type)  # cuda, cpu or mps
+    ckpt_path = property(lambda self: os.path.join(self.args.out, "checkpoint.pt"))
+    log_path = property(lambda self: os.path.join(self.args.out, "log.jsonl"))
+
+    def log(self, *a, **k):  # the master's lines: the progress bar is cleared first and drawn again after
+        if self.master:
+            with tqdm.external_write_mode(file=k.get("file")):
+                print(*a, **k)
+
+
+def next_micro_batch(run):
+    """The host side of the next micro-batch: its language and stream batch (the sampler), the masking, the
+    --pos-offsets start, then on the device (pinned on a GPU: the copy does not wait), drawn during the backward
+    before it. -> (lang, (inputs, targets, target positions, offset or None))."""
+    args = run.args
+    run.rng_before_next = (run.sampler.state_dict(), run.mask_gen.get_state())  # for checkpoint.pt (save_checkpoint)
+    lang, i = run.sampler.next()
+    x = torch.from_numpy(get_batch(run.train_ids[lang], i, args.batch_size, args.bptt))
+    inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_gen)
+    where = (targets.view(-1) != -1).nonzero().squeeze(1)  # on the host: MLM.forward need not ask the GPU
+    offset = (torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
+              if args.pos_offsets > args.bptt else None)  # --pos-offsets: each stream starts at a random position
+    pin = run.device_type == "cuda"
+    return lang, tuple(t if t is None else (t.pin_memory() if pin else t).to(run.device, non_blocking=True)
+                       for t in (inputs, targets, where, offset))
+
+
+def update(run):
+    """One update (XLM mlm_step): `accumulate` micro-batches of one language each, forward and backward (DDP syncs
+    the gradients on the last); the update's one host-device sync, under torchrun its one all_reduce, of the loss,
+    the languages any rank's micro-batches were in, a stop signal on any rank and the gradient norm (DDP made it the
+    same on every rank); clipping at --clip and Adam, skipped when the loss or the norm is not finite.
+    -> (mean loss, grad norm, the micro-batches' languages, SIGTERM / SIGINT / 0, stepped, skipped)."""
+    args, n, fp16 = run.args, len(run.langs), run.scaler.is_enabled()
+    loss_sum, flags, seen = torch.zeros((), device=run.device), torch.zeros(n + 2), []
+    for micro in range(args.accumulate):
+        lang, (inputs, targets, where, offset) = run.next_batch
+        seen.append(lang)
+        if run.ddp:  # sync gradients only on the last micro-batch
+            run.ddp_model.require_backward_grad_sync = micro == args.accumulate - 1
+        with run.ctx:
+            _, loss = run.model(inputs, lang, targets, pos_offset=offset, target_index=where)
+            if run.ddp and run.raw_model.has_lang_specific():  # + 0 x the other languages' own parameters: DDP
+                others = [p for j in range(n) if j != lang for p in run.raw_model.lang_specific_parameters(j)]
+                loss = loss + sum(p.view(-1)[0] for p in others) * 0.0  # sees them used (no find_unused_parameters)
+        run.scaler.scale(loss / args.accumulate).backward()
+        run.next_batch = next_micro_batch(run)  # host work while the GPU runs this backward; one ahead, at the end too
+        loss_sum += loss.detach().float()
+        run.n_streams += args.batch_size
+    flags[seen] = 1.0
+    if run.stop.signum:
+        flags[n + (run.stop.signum == signal.SIGTERM)] = 1.0
+    norm = torch.nn.utils.get_total_norm([p.grad for p in run.params if p.grad is not None])
+    packed = torch.cat([(loss_sum / args.accumulate).view(1), flags.to(run.device, non_blocking=True),
+                        norm.view(1).float()])
+    if run.ddp:
+        dist.all_reduce(packed[:n + 3])  # a sum: the loss is divided by the number of ranks below
+    values = packed.tolist()  # the sync
+    loss, used, grad_norm = values[0] / run.world_size, values[1:n + 1], values[n + 3]
+    stop = signal.SIGTERM if values[n + 2] else signal.SIGINT if values[n + 1] else 0
+    for j in range(n) if run.raw_model.has_lang_specific() else ():  # --sep: the own parameters of a language that
+        for p in run.raw_model.lang_specific_parameters(j) if not used[j] else ():  # no rank's micro-batch was in get
+            p.grad = None  # no gradient, not DDP's zero one: Adam's momentum would move them (XLM: only their updates)
+    scale, step = run.scaler.get_scale(), math.isfinite(loss) and (math.isfinite(grad_norm) or fp16)
+    if step and fp16:  # float16: unscale_ only once the loss is known finite, as it must be followed by the scaler's
+        run.scaler.unscale_(run.optimizer)  # step (which skips an overflow itself and lowers the scale)
+        norm, grad_norm = norm / scale, grad_norm / scale  # the norm was taken of the scaled gradients
+    if step:
+        torch.nn.utils.clip_grads_with_norm_(run.params, args.clip if args.clip > 0 else math.inf, norm)
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss, grad_norm, seen, stop, step and run.scaler.get_scale() >= scale, not step
+
+
+def train(run):
+    """The training loop: get_lr, one update, the progress line; an evaluation (best.pt) at the end of an epoch and of
+    the run, every --eval-every and at --snapshots, checkpoint.pt then (--save-every permitting) and when a signal
+    stops the run. -> (the stopping signal or 0, why it diverged: --max-bad-steps non-finite losses, or dev ppl)."""
+    args, bad_steps, stopped_by, diverged, t0 = run.args, 0, 0, None, time.time()
+    tokens_per_update = args.batch_size * args.bptt * args.accumulate * run.world_size
+    updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
+    bar = tqdm(total=updates, initial=run.step, unit="update", desc="pretrain", mininterval=1,
+               disable=not run.master or not sys.stderr.isatty())  # stderr, on a terminal only
+    run.stop.training, run.next_batch = True, next_micro_batch(run)
+    while run.step < args.max_steps and run.epoch < args.epochs and not stopped_by:
+        lr = get_lr(run.step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
+        for group in run.optimizer.param_groups:
+            group["lr"] = lr
+        loss, grad_norm, seen, stopped_by, stepped, skipped = update(run)
+        run.step, bad_steps = run.step + int(stepped), bad_steps + 1 if skipped else 0
+        bar.update(int(stepped))
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        if skipped:
+            run.log(f"step {run.step}: non-finite loss {loss} / grad norm {grad_norm}, update skipped "
+                    f"({bad_steps} in a row)")
+            log_json(run, {"step": run.step, "skipped": True, "loss": loss, "grad_norm": grad_norm})
+            if bad_steps >= args.max_bad_steps:
+                diverged = f"{bad_steps} non-finite losses in a row at step {run.step}"
+                break
+        if stepped and run.step % args.log_every == 0:
+            tok_s, t0 = tokens_per_update * args.log_every / (time.time() - t0), time.time()
+            run.log(f"step {run.step} | epoch {run.epoch} | loss {loss:.4f} | lr {lr:.2e} | grad norm {grad_norm:.2f} "
+                    f"| {tok_s:,.0f} tok/s")
+            log_json(run, {"step": run.step, "epoch": run.epoch, "lang": ",".join(run.langs[j] for j in seen),
+                           "loss": loss, "lr": lr, "grad_norm": grad_norm, "tok_per_s": tok_s})
+        last = run.step >= args.max_steps or run.n_streams >= args.epoch_size and run.epoch + 1 >= args.epochs
+        due = (run.n_streams >= args.epoch_size or run.step >= args.max_steps
+               or stepped and (args.eval_every and run.step % args.eval_every == 0 or run.step in args.snapshots))
+        if run.n_streams >= args.epoch_size:  # the epoch counter moves on (XLM)
+            run.n_streams, run.epoch = 0, run.epoch + 1
+        if due and not evaluate(run):
+            run.log(f"warning: step {run.step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
+            diverged = f"the dev perplexity is not finite at step {run.step}"
+            break
+        if stopped_by or due and (last or run.step - (run.saved_step or 0) >= args.save_every):
+            save_checkpoint(run)
+    bar.close()
+    return stopped_by, diverged
+
+# =====================================================================================================================
+# The plumbing: flags, the run directory and signals, checkpoints and log, setup, main
+
+# -----------------------------------------------------------------------------
+# flags: the presets above by default, every value checked before any work
+
 # may differ on --resume (data are compared by vocabulary and token counts; --lr, --warmup: a diverged run goes on)
 RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile",
                      "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "overwrite",
@@ -285,57 +439,56 @@ def build_parser():
     return p
 
 
-def get_args(argv=None):
-    """The flags, presets filled in, every value checked before any work (one usage line each); resolves --sep."""
-    p = build_parser()
-    args = p.parse_args(argv)
+def get_args(argv=None, p=None):
+    """The flags, presets filled in, every value checked before any work (InputError code 2: one usage line each)."""
+    args = (p or build_parser()).parse_args(argv)
     for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.merges is None:
         args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
-
-    def check(condition, message):  # a usage line, exit 2
-        if not condition:
-            p.error(message)
-
-    def parsed(prefix, parse, *a):  # a parser's ValueError -> one usage line
-        try:
-            return parse(*a)
-        except ValueError as e:
-            p.error(prefix + str(e))
-
-    langs = args.langs.split(",")
-    check(not (args.overwrite and args.resume), "--overwrite starts a new run; it cannot be combined with --resume")
-    check(all(map(str.isalpha, langs)) and len(set(langs)) == len(langs),
-          f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr")
-    check(args.dim % args.n_heads == 0, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}")
-    snapshots = args.snapshots.replace(",", " ").split()
-    check(all(x.isdigit() and int(x) > 0 for x in snapshots), f"--snapshots {args.snapshots}: expected e.g. 500,1000")
-    args.snapshots = sorted({int(x) for x in snapshots})
-    vars(args).update(parsed("", parse_sep, args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers
-    if args.toy:  # toydata.py's own check, before anything is written
-        parsed("--toy-order: ", parse_order, args.toy_order)
+    langs, snapshots = args.langs.split(","), args.snapshots.replace(",", " ").split()
+    flag = ""
+    try:  # a parser's ValueError: one usage line
+        vars(args).update(parse_sep(args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers
+        if args.toy:  # toydata.py's own check, before anything is written
+            flag = "--toy-order: "
+            parse_order(args.toy_order)
+        flag = ""
+        if args.train_files and args.dev_files:  # both or neither (checked below)
+            args.train_files = parse_lang_files("--train-files", args.train_files, langs)
+            args.dev_files = parse_lang_files("--dev-files", args.dev_files, langs)
+    except ValueError as e:
+        raise InputError(flag + str(e), 2) from None
     # the data: --data, --train-files/--dev-files or the toy world in OUT/toy; prepared in --prep-dir
-    check((args.train_files is None) == (args.dev_files is None), "--train-files and --dev-files go together")
-    if args.train_files:
-        check(args.data is None, "give either --data or --train-files/--dev-files, not both")
-        args.train_files = parsed("", parse_lang_files, "--train-files", args.train_files, langs)
-        args.dev_files = parsed("", parse_lang_files, "--dev-files", args.dev_files, langs)
     args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
     args.toy_world = args.toy and args.data is None and not args.train_files
-    if args.toy_world:
-        check(len(langs) <= 2, f"--langs {args.langs}: the toy world is bilingual (toydata.py); give one or two")
-        args.data = os.path.join(args.out, "toy")
-    check(args.data is not None or args.train_files, "--data (or --train-files/--dev-files, or --toy) is required")
-    if args.code_switch:
-        check(not args.sep_tok,
-              "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok")
-        check(len(langs) == 2, "--code-switch needs exactly two --langs (the dictionary's source and target)")
-        toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[1]}.txt")  # written with the toy world
-        args.code_switch = toy_dict if args.code_switch == "toy" else args.code_switch
-        check(os.path.isfile(args.code_switch) or args.toy_world and args.code_switch == toy_dict,
-             f"--code-switch {args.code_switch}: no such file (for 'toy': --toy, or --data a toydata.py world)")
+    args.data = os.path.join(args.out, "toy") if args.toy_world else args.data
+    toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[-1]}.txt")  # written with the toy world
+    args.code_switch = toy_dict if args.code_switch == "toy" else args.code_switch
+    refused = [  # (when, the usage line)
+        (args.overwrite and args.resume, "--overwrite starts a new run; it cannot be combined with --resume"),
+        (not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs),
+         f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr"),
+        (args.dim % args.n_heads, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}"),
+        (not all(x.isdigit() and int(x) > 0 for x in snapshots),
+         f"--snapshots {args.snapshots}: expected e.g. 500,1000"),
+        ((args.train_files is None) != (args.dev_files is None), "--train-files and --dev-files go together"),
+        (args.train_files and args.data is not None, "give either --data or --train-files/--dev-files, not both"),
+        (args.toy_world and len(langs) > 2,
+         f"--langs {args.langs}: the toy world is bilingual (toydata.py); give one or two"),
+        (args.data is None and not args.train_files, "--data (or --train-files/--dev-files, or --toy) is required"),
+        (args.code_switch and args.sep_tok,
+         "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok"),
+        (args.code_switch and len(langs) != 2,
+         "--code-switch needs exactly two --langs (the dictionary's source and target)"),
+        (args.code_switch and not (os.path.isfile(args.code_switch) or args.toy_world
+                                   and args.code_switch == toy_dict),
+         f"--code-switch {args.code_switch}: no such file (for 'toy': --toy, or --data a toydata.py world)")]
+    for bad, message in refused:
+        if bad:
+            raise InputError(message, 2)
+    args.snapshots = sorted({int(x) for x in snapshots})
     return args
 
 # -----------------------------------------------------------------------------
@@ -362,10 +515,8 @@ def removed_if_left_empty(*paths):
         yield
     except BaseException:
         for d in sorted(new, key=len, reverse=True):  # a child's path is longer than its parent's
-            try:
+            with suppress(OSError):  # not empty (or never made): kept
                 os.rmdir(d)
-            except OSError:  # not empty (or never made): kept
-                pass
         raise
 
 
@@ -384,12 +535,6 @@ def command(argv, then, lr=None):
     return f"{launcher} {shlex.join(kept + [then] + (['--lr', f'{lr:g}'] if lr else []))}"
 
 
-def print_above_bars(*a, **k):
-    """print, the progress bars on the terminal cleared first and drawn again after (the master's log lines)."""
-    with tqdm.external_write_mode(file=k.get("file")):
-        print(*a, **k)
-
-
 def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
     if saved_step is None:
         return "nothing was saved; start again with " + command(argv, "--overwrite", lr)
@@ -398,10 +543,9 @@ def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
 
 class StopSignal:
     """SIGTERM (a preempted job) and Ctrl-C. Before training either stops the program at once (nothing to save).
-    During training the first one only sets `signum` (a handler may interrupt a print): the loop finishes the update,
-    saves checkpoint.pt and exits 128 + signal. A repeated SIGTERM is ignored, so it cannot abort that save: torchrun
-    forwards the SIGTERM it gets to its workers, and a scheduler may signal them directly too. A second Ctrl-C stops
-    at once without saving (checkpoint.pt is written atomically: the previous one stays)."""
+    During training the first one only sets `signum`: the loop finishes the update, saves checkpoint.pt and exits
+    128 + signal. A repeated SIGTERM (torchrun forwards its own; a scheduler may signal the workers too) cannot abort
+    that save; a second Ctrl-C stops at once without it (checkpoint.pt is written atomically: the last one stays)."""
 
     def __init__(self, advice):
         self.signum, self.training, self.advice = None, False, advice  # advice(): how to go on, for a 2nd Ctrl-C
@@ -421,49 +565,37 @@ class StopSignal:
             signal.signal(sig, handler)
 
 # -----------------------------------------------------------------------------
-# checkpoint.pt: read (--resume), restore and save. Everything needed to go on bit for bit, every rank's RNGs
-
+# checkpoint.pt (read on --resume, restored, saved: everything needed to go on bit for bit, every rank's RNGs);
+# log.jsonl, and the evaluation's best.pt and step{N}.pt
 
 def read_checkpoint(path, args, argv):
-    """--resume: OUT/checkpoint.pt, refused in one line when missing, damaged, not pretrain.py's, made with other flags
-    (RESUME_MAY_CHANGE aside) or holding NaN/inf weights. -> (checkpoint, the --lr/--warmup changes as text)."""
+    """--resume: OUT/checkpoint.pt, refused in one line when missing, when model.load_model refuses it (damaged, weights
+    that do not fit its config, NaN/inf weights), when not pretrain.py's or made with other flags (RESUME_MAY_CHANGE
+    aside). -> (the checkpoint, its weights under "model"; the --lr/--warmup changes as text)."""
     if not os.path.isfile(path):
-        raise SystemExit(f"error: --resume: no checkpoint.pt to go on from in {args.out}")
+        raise InputError(f"--resume: no checkpoint.pt to go on from in {args.out}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types here: RuntimeError, EOFError, OSError "[Errno 22]", ...
-        torch_says = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:100]
-        raise SystemExit(f"error: --resume: {path} is damaged or truncated ({os.path.getsize(path)} bytes; "
-                         f"torch: {torch_says}); it cannot be continued")
-    if not isinstance(ckpt, dict) or not {"args", "model", "optimizer", "rng"} <= set(ckpt):
-        raise SystemExit(f"error: --resume: {path} is not a checkpoint written by pretrain.py")
-    old, new = ckpt["args"], vars(args)
+        model, ckpt = load_model(path)
+    except ValueError as e:
+        raise InputError(f"--resume: {e}; it cannot be continued: start again with "
+                         f"{command(argv, '--overwrite')}") from None
+    if not {"args", "optimizer", "rng"} <= set(ckpt):
+        raise InputError(f"--resume: {path} is not a checkpoint written by pretrain.py")
+    old, new, ckpt["model"] = ckpt["args"], vars(args), model.state_dict()
     diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
                    for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
     if diff:
-        raise SystemExit(f"error: --resume: {path} was made with different flags:{diff}")
-    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
-        raise SystemExit(f"error: --resume: {path} holds NaN or inf weights ({bad[0]}, {len(bad)} tensors): the run "
-                         f"cannot go on from it; start again with {command(argv, '--overwrite', lr=args.lr / 2)}")
+        raise InputError(f"--resume: {path} was made with different flags:{diff}")
     return ckpt, ", ".join(f"--{k} {old.get(k)} -> {new[k]}" for k in ("lr", "warmup") if old.get(k) != new[k])
-
-
-def rng_states(run):
-    """This rank's RNG states for checkpoint.pt; the sampler's and the masking's from before the micro-batch drawn
-    ahead (next_micro_batch), so that --resume draws it again."""
-    sampler, mask = run.rng_before_next
-    return {"sampler": sampler, "mask": mask, "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if run.device_type == "cuda" else None}
 
 
 def restore_checkpoint(run, ckpt):
     """The model, optimizer, scaler, progress and this rank's RNG states from a read_checkpoint(); log.jsonl is cut
     back to what it held then (what was logged after the checkpoint is done again)."""
     if ckpt["tokenizer"] != run.tok.to_dict() or ckpt["data"]["n_tokens"] != run.n_tokens:
-        raise SystemExit(f"error: --resume: the data in {run.data_dir} are not the ones {run.ckpt_path} was trained on")
+        raise InputError(f"--resume: the data in {run.data_dir} are not the ones {run.ckpt_path} was trained on")
     if len(ckpt["rng"]) != run.world_size:  # every rank goes on from its own RNG states
-        raise SystemExit(f"error: --resume: {run.ckpt_path} goes on with {len(ckpt['rng'])} processes only")
+        raise InputError(f"--resume: {run.ckpt_path} goes on with {len(ckpt['rng'])} processes only")
     run.raw_model.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(ckpt["optimizer"])
     if ckpt["scaler"] and run.scaler.is_enabled():  # empty when the run was not fp16
@@ -481,17 +613,20 @@ def restore_checkpoint(run, ckpt):
 
 
 def save_checkpoint(run):
-    """checkpoint.pt, written by the master (atomically) with every rank's RNG states (a collective). Under torchrun
-    a stop must fit in the 30 s between its SIGTERM and its SIGKILL to the workers: a slower write is reported."""
-    t0, rngs = time.time(), [rng_states(run)]
+    """checkpoint.pt, written by the master (atomically) with every rank's RNG states (a collective): the sampler's
+    and the masking's from before the micro-batch drawn ahead (next_micro_batch), so that --resume draws it again.
+    Under torchrun a stop must fit in the 30 s between its SIGTERM and its SIGKILL: a slower write is reported."""
+    sampler, mask = run.rng_before_next
+    t0, rngs = time.time(), [{"sampler": sampler, "mask": mask, "torch": torch.get_rng_state(),
+                              "cuda": torch.cuda.get_rng_state() if run.device_type == "cuda" else None}]
     if run.ddp:
         rngs, mine = [None] * run.world_size, rngs[0]
         dist.all_gather_object(rngs, mine)
     if run.master:
         checkpoint = {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
-                      "scaler": run.scaler.state_dict(), "config": asdict(run.config), "args": vars(run.args),
-                      "tokenizer": run.tok.to_dict(), "langs": run.langs, "step": run.step, "epoch": run.epoch,
-                      "n_streams": run.n_streams, "best_ppl": run.best_ppl, "rng": rngs,
+                      "scaler": run.scaler.state_dict(), "config": asdict(run.raw_model.config),
+                      "args": vars(run.args), "tokenizer": run.tok.to_dict(), "langs": run.langs, "step": run.step,
+                      "epoch": run.epoch, "n_streams": run.n_streams, "best_ppl": run.best_ppl, "rng": rngs,
                       "data": {"dir": run.data_dir, "n_tokens": run.n_tokens},
                       "log_bytes": os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0}
         atomic_write(run.ckpt_path, lambda tmp: torch.save(checkpoint, tmp))
@@ -501,22 +636,42 @@ def save_checkpoint(run):
         run.log(f"warning: writing {run.ckpt_path} took {seconds:.0f} s: torchrun kills its workers 30 s after "
                 "forwarding a SIGTERM, so a stop may keep only the checkpoint before it (see --save-every)")
 
+
+def log_json(run, record):
+    """A line of log.jsonl, written by the master."""
+    try:
+        if run.master:
+            with open(run.log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+    except OSError as e:
+        raise SystemExit(f"error: cannot write {run.log_path}: {e.strerror}")
+
+
+def evaluate(run):
+    """The master's English and other dev perplexities (XLM evaluate_mlm); best.pt when English improves (paper
+    §3.1), step{N}.pt at --snapshots; a non-finite one overwrites nothing. -> every one finite (all ranks agree)."""
+    finite, args = True, run.args
+    if run.master:
+        ppl = {l: evaluate_ppl(run.raw_model, run.dev_ids[j], j, run.vocab_sizes[j], args.bptt, run.device, run.ctx)
+               for j, l in enumerate(run.langs)}
+        finite = all(math.isfinite(v) for v in ppl.values())
+        improved = finite and ppl[run.langs[0]] < run.best_ppl
+        run.log(f"eval step {run.step} epoch {run.epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
+                + (" (best)" if improved else ""))
+        log_json(run, {"step": run.step, "epoch": run.epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
+        run.best_ppl = ppl[run.langs[0]] if improved else run.best_ppl
+        for name in ["best.pt"] * improved + [f"step{run.step}.pt"] * (finite and run.step in args.snapshots):
+            with write_errors(os.path.join(args.out, name)):  # save_model writes its own temp file, then renames it
+                save_model(os.path.join(args.out, name), run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
+                           args=vars(args), step=run.step, dev_ppl=ppl)
+    if run.ddp:  # the master's verdict: every rank stops after the same update
+        flag = torch.tensor([float(not finite)], device=run.device)
+        dist.all_reduce(flag)
+        finite = not flag.item()
+    return finite
+
 # -----------------------------------------------------------------------------
-# setup: device, data (the toy world, bpe.prepare), model and optimizer
-
-
-def setup_device(args, ddp):
-    """model.pick_device (bf16 only on a GPU of compute capability >= 8.0), then set_device and --threads."""
-    try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
-        device, dtype, backend = pick_device(args.device, args.dtype, int(os.environ["LOCAL_RANK"]) if ddp else None)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return device, dtype, backend
-
+# setup: device, data (the toy world, bpe.prepare), model and optimizer, DDP; then main
 
 def write_toy_world(args, langs, master):
     """--toy without --data: the master writes toydata.write_world's world to OUT/toy once (OUT/toy.json records its
@@ -536,30 +691,31 @@ def write_toy_world(args, langs, master):
         time.sleep(2)
     with open(record) as f:
         if json.load(f) != knobs:
-            raise SystemExit(f"error: {args.data} was written with other --toy-* flags; use another --out")
+            raise InputError(f"{args.data} was written with other --toy-* flags; use another --out")
 
 
-def load_data(args, langs, master):
+def load_data(run):
     """bpe.prepare (inputs checked first; the master prepares, the other ranks wait), then what it wrote: tokenizer,
-    memory-mapped ids per language, vocabulary sizes. A batch larger than a language's data is refused."""
+    memory-mapped ids and vocabulary size per language (a batch larger than one's data is refused); the sampler."""
+    args, langs = run.args, run.langs
     files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
-    data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
-                       separate_vocab=args.sep_tok, lowercase=args.lowercase, seed=args.seed,
-                       code_switch=args.code_switch, workers=args.workers, master=master)
+    run.data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
+                           separate_vocab=args.sep_tok, lowercase=args.lowercase, seed=args.seed,
+                           code_switch=args.code_switch, workers=args.workers, master=run.master)
     try:
-        tok = Tokenizer.load(os.path.join(data_dir, "tokenizer.json"))
-        train, meta = zip(*(load_bin(os.path.join(data_dir, f"{l}.train")) for l in langs))  # ids, header per lang
-        dev = [load_bin(os.path.join(data_dir, f"{l}.dev"))[0] for l in langs]
-        vocab_sizes = [tok.vocab_size(l) for l in langs]
+        run.tok = Tokenizer.load(os.path.join(run.data_dir, "tokenizer.json"))
+        run.train_ids, meta = zip(*(load_bin(os.path.join(run.data_dir, f"{l}.train")) for l in langs))  # per lang
+        run.dev_ids = [load_bin(os.path.join(run.data_dir, f"{l}.dev"))[0] for l in langs]
+        run.vocab_sizes = [run.tok.vocab_size(l) for l in langs]
     except (OSError, ValueError, KeyError) as e:  # KeyError: a tokenizer without one of --langs
-        raise SystemExit(f"error: cannot read the prepared data in {data_dir}: {e}")
-    n_tokens = [len(ids) for ids in train]
-    smallest, lang = min(zip(n_tokens, langs))
+        raise InputError(f"cannot read the prepared data in {run.data_dir}: {e}") from None
+    run.n_tokens = [len(ids) for ids in run.train_ids]
+    smallest, lang = min(zip(run.n_tokens, langs))
     if args.batch_size * args.bptt > smallest:  # every batch would be mostly `</s>` padding (a 10^9 typo: no memory)
-        raise SystemExit(f"error: --batch-size {args.batch_size} x --bptt {args.bptt} is more than the {lang} training "
+        raise InputError(f"--batch-size {args.batch_size} x --bptt {args.bptt} is more than the {lang} training "
                          f"data ({smallest} tokens); lower --batch-size")
-    return SimpleNamespace(data_dir=data_dir, tok=tok, train=train, dev=dev, vocab_sizes=vocab_sizes, n_tokens=n_tokens,
-                           probs=sampling_probs([m["n_sentences"] for m in meta]))
+    run.sampler = StreamSampler([n_stream_batches(n, args.batch_size, args.bptt) for n in run.n_tokens],
+                                sampling_probs([m["n_sentences"] for m in meta]), seed=[args.seed, run.rank])
 
 
 def build_adam(params, lr, device_type):
@@ -568,182 +724,56 @@ def build_adam(params, lr, device_type):
     return torch.optim.Adam(params, lr=lr, fused=True if device_type in ("cuda", "cpu") else None, **ADAM)
 
 
-def build(run, args, dtype):
+def build(run, dtype):
     """Model (seeded alike on every rank), Adam (ADAM: XLM's values), AMP (autocast; a GradScaler for float16), then
-    per-rank randomness: data order (numpy), masking (a torch CPU generator), dropout (torch's global generator)."""
+    per-rank randomness: masking (a torch CPU generator), dropout (torch's global generator)."""
+    args = run.args
     torch.manual_seed(args.seed)
-    run.config = ModelConfig(vocab_size=max(run.vocab_sizes), n_langs=len(run.langs), n_layers=args.n_layers,
-                             n_heads=args.n_heads, dim=args.dim, ffn_dim=args.ffn_dim, dropout=args.dropout,
-                             attention_dropout=args.attention_dropout,
-                             max_positions=max(512, args.bptt, args.pos_offsets), lang_emb=args.lang_emb,
-                             sep_emb=args.sep_emb, sep_tok=args.sep_tok, sep_pos=args.sep_pos,
-                             sep_layers=tuple(args.sep_layers),
-                             vocab_sizes=tuple(run.vocab_sizes) if args.sep_tok else ())
-    run.raw_model = run.model = MLM(run.config).to(run.device)
+    shape = {k: getattr(args, k) for k in ("n_layers", "n_heads", "dim", "ffn_dim", "dropout", "attention_dropout",
+                                           "lang_emb", "sep_emb", "sep_tok", "sep_pos")}
+    config = ModelConfig(vocab_size=max(run.vocab_sizes), n_langs=len(run.langs), **shape,
+                         max_positions=max(512, args.bptt, args.pos_offsets), sep_layers=tuple(args.sep_layers),
+                         vocab_sizes=tuple(run.vocab_sizes) if args.sep_tok else ())
+    run.raw_model = run.model = MLM(config).to(run.device)
     run.params = list(run.raw_model.parameters())
     run.optimizer = build_adam(run.params, args.lr, run.device_type)
     run.ctx = autocast(run.device, dtype)
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=(dtype == "float16"))
-    run.sampler = StreamSampler([n_stream_batches(n, args.batch_size, args.bptt) for n in run.n_tokens], run.probs,
-                                seed=[args.seed, run.rank])
     run.mask_gen = torch.Generator().manual_seed(args.seed * 1000 + run.rank + 1)
     torch.manual_seed(args.seed * 1000 + run.rank + 2)
-    run.step, run.epoch, run.n_streams, run.best_ppl, run.saved_step = 0, 0, 0, float("inf"), None
-
-# -----------------------------------------------------------------------------
-# one update: micro-batches, the ranks' agreement, the optimizer step with its skip rule; evaluation
 
 
-def next_micro_batch(run):
-    """The host side of the next micro-batch: its language and stream batch (the sampler), the masking, the
-    --pos-offsets start, then on the device (pinned on a GPU, so the copy does not wait). forward_backward draws it
-    while the GPU still runs the backward before it. -> (lang, (inputs, targets, target positions, offset or None))."""
-    args = run.args
-    run.rng_before_next = (run.sampler.state_dict(), run.mask_gen.get_state())  # for checkpoint.pt (rng_states)
-    lang, i = run.sampler.next()
-    x = torch.from_numpy(get_batch(run.train[lang], i, args.batch_size, args.bptt))
-    inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_gen)
-    where = (targets.view(-1) != -1).nonzero().squeeze(1)  # on the host: MLM.forward need not ask the GPU
-    offset = None
-    if args.pos_offsets > args.bptt:  # --pos-offsets: each stream starts at a random position
-        offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
-    pin = run.device_type == "cuda"
-    return lang, tuple(t if t is None else (t.pin_memory() if pin else t).to(run.device, non_blocking=True)
-                       for t in (inputs, targets, where, offset))
-
-
-def forward_backward(run):
-    """One update's `accumulate` micro-batches, each of one language (XLM mlm_step). -> (mean loss, languages)."""
-    args, loss_sum, seen = run.args, torch.zeros((), device=run.device), []
-    for micro in range(args.accumulate):
-        lang, (inputs, targets, where, offset) = run.next_batch
-        seen.append(lang)
-        if run.ddp:  # sync gradients only on the last micro-batch
-            run.ddp_model.require_backward_grad_sync = micro == args.accumulate - 1
-        with run.ctx:
-            _, loss = run.model(inputs, lang, targets, pos_offset=offset, target_index=where)
-            if run.ddp and run.raw_model.has_lang_specific():  # + 0 x the other languages' own parameters: DDP
-                others = [p for j in range(len(run.langs)) if j != lang
-                          for p in run.raw_model.lang_specific_parameters(j)]
-                loss = loss + sum(p.view(-1)[0] for p in others) * 0.0  # sees them used (no find_unused_parameters)
-        run.scaler.scale(loss / args.accumulate).backward()
-        run.next_batch = next_micro_batch(run)  # host work while the GPU runs this backward; one ahead, at the end too
-        loss_sum += loss.detach().float()
-        run.n_streams += args.batch_size
-    return loss_sum / args.accumulate, seen
-
-
-def clip_gradients(run):
-    """clip_grad_norm_ at --clip (0: none) -> the norm before clipping, a tensor on the device (not read here)."""
-    return torch.nn.utils.clip_grad_norm_(run.params, run.args.clip if run.args.clip > 0 else math.inf)
-
-
-def agree(run, loss, seen, grad_norm):
-    """The update's one host-device sync (the scaler's float16 adds its own) and, under torchrun, its one all_reduce:
-    the mean loss over ranks, which languages any rank's micro-batches were in (--sep), a stop signal on any rank;
-    the gradient norm (the same on every rank: DDP has averaged the gradients) comes back in the same read.
-    -> (loss, used, signum or 0, grad norm: NaN when None was passed)."""
-    n, signum = len(run.langs), run.stop.signum
-    flags = torch.zeros(n + 2)
-    flags[seen] = 1.0
-    if signum:
-        flags[n + (signum == signal.SIGTERM)] = 1.0
-    norm = torch.full((1,), math.nan, device=run.device) if grad_norm is None else grad_norm.view(1).float()
-    packed = torch.cat([loss.view(1).float(), flags.to(run.device, non_blocking=True), norm])
-    if run.ddp:
-        dist.all_reduce(packed[:n + 3])  # a sum: the loss is divided by the number of ranks below
-    values = packed.tolist()
-    stop = signal.SIGTERM if values[n + 2] else signal.SIGINT if values[n + 1] else 0
-    return values[0] / run.world_size, values[1:n + 1], stop, values[n + 3]
-
-
-def optimizer_step(run, loss, used, grad_norm):
-    """Step, unless the loss or the gradient norm is not finite: then the update is skipped. Without a GradScaler
-    the gradients were clipped before agree(); float16 unscales and clips here, once the loss is known finite (the
-    GradScaler skips an overflow itself and lowers its scale). -> (grad norm, stepped, skipped)."""
-    if run.raw_model.has_lang_specific():
-        drop_unused_lang_grads(run.raw_model, used)
-    stepped, skipped = False, True
-    if math.isfinite(loss) and run.scaler.is_enabled():
-        run.scaler.unscale_(run.optimizer)
-        grad_norm = float(clip_gradients(run))
-    if math.isfinite(loss) and (math.isfinite(grad_norm) or run.scaler.is_enabled()):
-        scale = run.scaler.get_scale()
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
-        stepped, skipped = run.scaler.get_scale() >= scale, False
-    run.optimizer.zero_grad(set_to_none=True)
-    return grad_norm, stepped, skipped
-
-
-def log_json(run, record):
-    """A line of log.jsonl, written by the master."""
-    try:
-        if run.master:
-            with open(run.log_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-    except OSError as e:
-        raise SystemExit(f"error: cannot write {run.log_path}: {e.strerror}")
-
-
-def evaluate(run):
-    """The master's English and other dev perplexities (XLM evaluate_mlm); best.pt when English improves (paper
-    §3.1), step{N}.pt at --snapshots; a non-finite one overwrites nothing. -> every one finite (all ranks agree)."""
-    finite, args = True, run.args
-    if run.master:
-        ppl = {l: evaluate_ppl(run.raw_model, run.dev[j], j, run.vocab_sizes[j], args.bptt, run.device, run.ctx)
-               for j, l in enumerate(run.langs)}
-        finite = all(math.isfinite(v) for v in ppl.values())
-        improved = finite and ppl[run.langs[0]] < run.best_ppl
-        run.log(f"eval step {run.step} epoch {run.epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
-                + (" (best)" if improved else ""))
-        log_json(run, {"step": run.step, "epoch": run.epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
-        run.best_ppl = ppl[run.langs[0]] if improved else run.best_ppl
-        names = (["best.pt"] if improved else []) + ([f"step{run.step}.pt"] if finite and run.step in args.snapshots
-                                                     else [])
-        for name in names:
-            with write_errors(os.path.join(args.out, name)):  # save_model writes its own temp file, then renames it
-                save_model(os.path.join(args.out, name), run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
-                           args=vars(args), step=run.step, dev_ppl=ppl)
-    if run.ddp:  # the master's verdict: every rank stops after the same update
-        flag = torch.tensor([float(not finite)], device=run.device)
-        dist.all_reduce(flag)
-        finite = not flag.item()
-    return finite
-
-# -----------------------------------------------------------------------------
-# main: setup, then the training loop
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    args = get_args(argv)
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    run = SimpleNamespace(args=args, langs=args.langs.split(","), ddp="RANK" in os.environ, rank=rank,
-                          world_size=world_size, master=rank == 0, ckpt_path=os.path.join(args.out, "checkpoint.pt"),
-                          log_path=os.path.join(args.out, "log.jsonl"), warned_slow_save=False, saved_step=None)
-    run.device, dtype, backend = setup_device(args, run.ddp)
-    run.device_type = torch.device(run.device).type  # cuda, cpu or mps
-    run.log = log = print_above_bars if run.master else (lambda *a, **k: None)
+def setup(args, argv):
+    """The run of these flags: device (model.pick_device; bf16 only on a GPU of compute capability >= 8.0), signals,
+    the run directory (an earlier run's files are refused unless --resume or --overwrite), data, model, optimizer,
+    checkpoint.pt's state on --resume, DDP, torch.compile."""
+    run = Run(args=args, langs=args.langs.split(","), rank=int(os.environ.get("RANK", 0)),
+              world_size=int(os.environ.get("WORLD_SIZE", 1)), ddp="RANK" in os.environ)
+    try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
+        run.device, dtype, backend = pick_device(args.device, args.dtype,
+                                                 int(os.environ["LOCAL_RANK"]) if run.ddp else None)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    if run.device_type == "cuda":
+        torch.cuda.set_device(run.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     run.stop = StopSignal(lambda: how_to_go_on(run.ckpt_path, run.saved_step, argv))
-
-    # the run directory: a new run refuses an earlier run's files unless --overwrite; --resume reads checkpoint.pt
     found = run_files(args.out)
     if found and not (args.resume or args.overwrite):
-        raise SystemExit(f"error: --out {args.out} holds {', '.join(found)} of an earlier run; pass --resume to "
-                         "continue it (with its checkpoint.pt), --overwrite to start again, or another --out")
+        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass --resume to continue it "
+                         "(with its checkpoint.pt), --overwrite to start again, or another --out")
     ckpt, changed = read_checkpoint(run.ckpt_path, args, argv) if args.resume else (None, "")
     with removed_if_left_empty(args.out, args.prep_dir):  # a refused --data leaves no empty --out behind
         make_dir("--out", args.out)
         if args.toy_world:
             write_toy_world(args, run.langs, run.master)
-        vars(run).update(vars(load_data(args, run.langs, run.master)))
-    build(run, args, dtype)
+        load_data(run)
+    build(run, dtype)
     if ckpt:
         restore_checkpoint(run, ckpt)
-        log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.epoch}"
-            + (f" ({changed})" if changed else ""))
-        del ckpt
+        run.log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.epoch}"
+                + (f" ({changed})" if changed else ""))
     if run.master and args.overwrite:  # a new run: no file of the earlier one is mixed in
         for name in found:
             os.remove(os.path.join(args.out, name))
@@ -753,75 +783,39 @@ def main(argv=None):
                                         if run.device_type == "cuda" else None)
     if args.compile:  # after DDP: the graph is split at its gradient buckets, so their all-reduce overlaps backward
         run.model = torch.compile(run.model)
-    tokens_per_update = args.batch_size * args.bptt * args.accumulate * world_size
-    log(f"languages {run.langs} (sampling p = {np.round(run.probs, 3).tolist()}), vocab sizes {run.vocab_sizes}, "
-        f"train tokens {run.n_tokens}")
-    log(f"model: {sum(p.numel() for p in run.params):,} parameters, sep={args.sep or 'none'}, bpe={args.bpe}; "
-        f"{tokens_per_update:,} tokens per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} "
-        f"accumulation x {world_size} processes), dtype {dtype}, device {run.device}")
+    run.log(f"languages {run.langs} (sampling p = {np.round(run.sampler.probs, 3).tolist()}), vocab sizes "
+            f"{run.vocab_sizes}, train tokens {run.n_tokens}")
+    run.log(f"model: {sum(p.numel() for p in run.params):,} parameters, sep={args.sep or 'none'}, bpe={args.bpe}; "
+            f"{args.batch_size * args.bptt * args.accumulate * run.world_size:,} tokens per update ({args.batch_size} "
+            f"streams x {args.bptt} x {args.accumulate} accumulation x {run.world_size} processes), dtype {dtype}, "
+            f"device {run.device}")
+    return run
 
-    # training loop: one update = `accumulate` micro-batches; evaluation at the end of an epoch and of the run, every
-    # --eval-every and at --snapshots; checkpoint.pt then (--save-every permitting) and when a signal stops the run
-    bad_steps, stopped_by, diverged, t0 = 0, 0, None, time.time()
-    updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
-    bar = tqdm(total=updates, initial=run.step, unit="update", desc="pretrain", mininterval=1,
-               disable=not run.master or not sys.stderr.isatty())  # stderr, on a terminal only
-    run.stop.training = True
-    run.next_batch = next_micro_batch(run)
-    while run.step < args.max_steps and run.epoch < args.epochs and not stopped_by:
-        lr = get_lr(run.step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
-        for group in run.optimizer.param_groups:
-            group["lr"] = lr
-        loss, seen = forward_backward(run)
-        grad_norm = None if run.scaler.is_enabled() else clip_gradients(run)  # read by agree, in its one sync
-        loss, used, stopped_by, grad_norm = agree(run, loss, seen, grad_norm)
-        grad_norm, stepped, skipped = optimizer_step(run, loss, used, grad_norm)
-        run.step, bad_steps = run.step + int(stepped), bad_steps + 1 if skipped else 0
-        bar.update(int(stepped))
-        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-        if skipped:
-            log(f"step {run.step}: non-finite loss {loss} / grad norm {grad_norm}, update skipped "
-                f"({bad_steps} in a row)")
-            log_json(run, {"step": run.step, "skipped": True, "loss": loss, "grad_norm": grad_norm})
-            if bad_steps >= args.max_bad_steps:
-                diverged = f"{bad_steps} non-finite losses in a row at step {run.step}"
-                break
-        if stepped and run.step % args.log_every == 0:
-            tok_s, t0 = tokens_per_update * args.log_every / (time.time() - t0), time.time()
-            log(f"step {run.step} | epoch {run.epoch} | loss {loss:.4f} | lr {lr:.2e} | grad norm {grad_norm:.2f} | "
-                f"{tok_s:,.0f} tok/s")
-            log_json(run, {"step": run.step, "epoch": run.epoch, "lang": ",".join(run.langs[j] for j in seen),
-                           "loss": loss, "lr": lr, "grad_norm": grad_norm, "tok_per_s": tok_s})
-        last = run.step >= args.max_steps or run.n_streams >= args.epoch_size and run.epoch + 1 >= args.epochs
-        due = (run.n_streams >= args.epoch_size or run.step >= args.max_steps
-               or stepped and (args.eval_every and run.step % args.eval_every == 0 or run.step in args.snapshots))
-        if run.n_streams >= args.epoch_size:  # the epoch counter moves on (XLM)
-            run.n_streams, run.epoch = 0, run.epoch + 1
-        if due and not evaluate(run):
-            log(f"warning: step {run.step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
-            diverged = f"the dev perplexity is not finite at step {run.step}"
-            break
-        if stopped_by or due and (last or run.step - (run.saved_step or 0) >= args.save_every):
-            save_checkpoint(run)
-    bar.close()
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser = build_parser()
+    with reported(parser):  # a bad input: one `error: ...` line (a flag's: with the usage line, code 2)
+        run = setup(get_args(argv, parser), argv)
+        stopped_by, diverged = train(run)
     run.stop.restore()
     if run.ddp:
         # no rank leaves before the master has written checkpoint.pt (torchrun kills the rest); NCCL: on this GPU
         dist.barrier(device_ids=[torch.device(run.device).index] if run.device_type == "cuda" else None)
         # free the DDP wrapper (its reducer holds gloo work) first: with torch 2.13 + gloo, destroying the group while
         # it lived aborted 3 of 25 two-process runs ("terminate called without an active exception"), 0 of 30 after
-        del run.model, run.ddp_model
+        run.model = run.ddp_model = None
         gc.collect()
         dist.destroy_process_group()
     if stopped_by:
-        log(f"stopped by {signal.Signals(stopped_by).name} after step {run.step}: saved {run.ckpt_path}; to go on, "
-            f"run {command(argv, '--resume')}", file=sys.stderr)
+        run.log(f"stopped by {signal.Signals(stopped_by).name} after step {run.step}: saved {run.ckpt_path}; to go on, "
+                f"run {command(argv, '--resume')}", file=sys.stderr)
         sys.exit(128 + stopped_by)  # the shell's code for a process ended by that signal
     if diverged:
         raise SystemExit(1 if not run.master else f"error: {diverged}; "
-                         + how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=args.lr / 2))
-    log(f"done: step {run.step}, epoch {run.epoch}, best {run.langs[0]} dev ppl {run.best_ppl:.2f}; "
-        f"files in {args.out}")
+                         + how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=run.args.lr / 2))
+    run.log(f"done: step {run.step}, epoch {run.epoch}, best {run.langs[0]} dev ppl {run.best_ppl:.2f}; "
+            f"files in {run.args.out}")
 
 
 if __name__ == "__main__":

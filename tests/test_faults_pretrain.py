@@ -324,8 +324,8 @@ def truncate(out):
 
 # (setup of OUT at step 2, flags, the one line expected): refused before any update, OUT unchanged (issue 22)
 RUN_FAULTS = [
-    ("nan-weights", nan_weights, ["--resume"], r"checkpoint.pt holds NaN or inf weights .*cannot go on.*--overwrite"),
-    ("truncated", truncate, ["--resume"], r"checkpoint.pt is damaged or truncated \(\d+ bytes; torch: .*\); it cannot be continued$"),
+    ("nan-weights", nan_weights, ["--resume"], r"checkpoint.pt: weight .* contains NaN or inf.*cannot be continued.*--overwrite"),
+    ("truncated", truncate, ["--resume"], r"cannot read .*checkpoint.pt: .*truncated or damaged.*; it cannot be continued: start again with .*--overwrite$"),
     ("no-checkpoint", lambda out: (out / "checkpoint.pt").unlink(), ["--resume"], r"no checkpoint.pt to go on from"),
     ("huge-batch", None, ["--overwrite", "--batch-size", 10**9],
      r"--batch-size 1000000000 x --bptt 32 is more than the en training data \(\d+ tokens\)"),

@@ -1,5 +1,6 @@
 """pretrain.py: masking, schedule, sampling, streams (pure functions), then short CPU runs of the CLI:
 loss goes down, exact resume, a 2-process torchrun run, and every Table 1 row's flags."""
+import copy
 import io
 import json
 import math
@@ -437,69 +438,88 @@ def test_torchrun_two_processes_with_separate_parts(world, tmp_path):
     assert "2 processes" in r.stdout
 
 
-def test_private_parameters_of_an_unseen_language_do_not_move():
-    """--sep: after an fr update gives Adam momentum to fr's private tables, an en update with the DDP
-    zero term must leave them exactly where they are (drop_unused_lang_grads); shared ones move."""
-    import torch
+def tiny_run(clip=5.0, sep=False):
+    """A Run of a tiny model on a made-up stream of two languages, as setup() fills it in, for update()."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
     from model import MLM, ModelConfig
-    from pretrain import drop_unused_lang_grads
-
+    from pretrain import Run, next_micro_batch
     torch.manual_seed(0)
-    m = MLM(ModelConfig(vocab_size=40, n_layers=2, n_heads=2, dim=16, ffn_dim=32, max_positions=16,
-                        sep_emb=True, sep_layers=(1,)))
-    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    params = list(m.parameters())
+    m = MLM(ModelConfig(vocab_size=40, n_layers=2, n_heads=2, dim=16, ffn_dim=32, max_positions=16, sep_emb=sep,
+                        sep_layers=(1,) if sep else (), dropout=0.0, attention_dropout=0.0))
+    ids = np.arange(14, 40).repeat(3)
+    run = Run(args=SimpleNamespace(accumulate=1, batch_size=2, bptt=8, pos_offsets=0, clip=clip), langs=["en", "fr"],
+              stop=SimpleNamespace(signum=None), raw_model=m, model=m, params=list(m.parameters()),
+              optimizer=torch.optim.Adam(m.parameters(), lr=1e-2), ctx=nullcontext(),
+              scaler=torch.amp.GradScaler("cpu", enabled=False), train_ids=[ids, ids], vocab_sizes=[40, 40],
+              sampler=StreamSampler([n_stream_batches(len(ids), 2, 8)] * 2, [0.5, 0.5], seed=0),
+              mask_gen=torch.Generator().manual_seed(0))
+    run.next_batch = next_micro_batch(run)
+    return run
 
-    def update(lang, drop):
-        x = torch.randint(14, 40, (2, 8))
-        y = torch.full_like(x, -1)
-        y[:, 3] = x[:, 3]
-        _, loss = m(x, lang, y)
-        (loss + sum(p.view(-1)[0] for p in params) * 0.0).backward()
-        if drop:
-            drop_unused_lang_grads(m, [int(lang == j) for j in range(2)])
-        opt.step()
-        opt.zero_grad(set_to_none=True)
 
-    update(1, True)  # fr: its private parameters now carry Adam moments
-    before = [p.detach().clone() for p in m.lang_specific_parameters(1)]
-    shared_before = m.blocks[1][0].ln2.weight.detach().clone()  # layer 2 is shared
-    update(0, True)  # en
+def test_private_parameters_of_an_unseen_language_do_not_move():
+    """--sep: after an fr update gives Adam momentum to fr's private tables, an en update with the zero gradients of
+    DDP's zero term must leave them exactly where they are (update() sets them to None); shared ones move."""
+    from pretrain import next_micro_batch, update
+    run = tiny_run(sep=True)
+    m = run.raw_model
+    for lang in (1, 0):  # fr: its private parameters now carry Adam moments; then en
+        run.sampler.probs = np.eye(2)[lang]
+        run.next_batch = next_micro_batch(run)
+        before = [p.detach().clone() for p in m.lang_specific_parameters(1)]
+        shared_before = m.blocks[1][0].ln2.weight.detach().clone()  # layer 2 is shared
+        for q in m.lang_specific_parameters(1) if lang == 0 else ():  # what DDP's zero term leaves: zero gradients
+            q.grad = torch.zeros_like(q)
+        assert update(run)[4]
     assert all(torch.equal(b, p) for b, p in zip(before, m.lang_specific_parameters(1)))
     assert not torch.equal(shared_before, m.blocks[1][0].ln2.weight)
-    update(0, False)  # without the fix momentum moves them: the test can fail
-    assert not all(torch.equal(b, p) for b, p in zip(before, m.lang_specific_parameters(1)))
 
 
 def test_one_read_gives_loss_languages_and_gradient_norm_and_the_gradients_are_clipped():
-    """pretrain.py clips before agree() and reads the gradient norm there, in the one host-device sync of an update
-    (bf16 / float32); float16 passes None (it unscales first) and gets NaN, read later. --clip 0 clips nothing."""
-    from types import SimpleNamespace
-    from model import MLM, ModelConfig
-    from pretrain import agree, clip_gradients
+    """update() reads the loss, the languages and the gradient norm (before clipping) in one host-device sync, then
+    clips at --clip before Adam's step; --clip 0 clips nothing."""
+    from pretrain import update
 
-    def grads():
-        torch.manual_seed(0)
-        m = MLM(ModelConfig(vocab_size=40, n_layers=2, n_heads=2, dim=16, ffn_dim=32, max_positions=16))
-        x = torch.randint(14, 40, (2, 8))
-        y = torch.full_like(x, -1)
-        y[:, 3] = x[:, 3]
-        _, loss = m(x, 0, y)
-        loss.backward()
-        params = list(m.parameters())
-        norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
-        return params, loss.detach(), norm
+    def grad_norm(params):
+        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
 
     for clip in (0.01, 0.0):
-        params, loss, want = grads()
-        run = SimpleNamespace(params=params, args=SimpleNamespace(clip=clip), langs=["en", "fr"], device="cpu",
-                              stop=SimpleNamespace(signum=0), ddp=False, world_size=1)
-        got_loss, used, stop, got_norm = agree(run, loss, [1, 1], clip_gradients(run))
-        after = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
-        assert got_loss == pytest.approx(float(loss), rel=1e-6) and used == [0.0, 1.0] and stop == 0
-        assert got_norm == pytest.approx(want, rel=1e-5) and want > 0.05
-        assert after == pytest.approx(clip if clip else want, rel=1e-4)
-    assert math.isnan(agree(run, loss, [0], None)[3])
+        run = tiny_run(clip)
+        lang, (inputs, targets, where, offset) = run.next_batch
+        twin = copy.deepcopy(run.raw_model)  # the same micro-batch through a copy: the norm and loss to expect
+        _, want_loss = twin(inputs, lang, targets)
+        want_loss.backward()
+        want, seen_by_step, step = grad_norm(list(twin.parameters())), [], run.optimizer.step
+        run.optimizer.step = lambda *a, **k: (seen_by_step.append(grad_norm(run.params)), step(*a, **k))[1]
+        loss, norm, langs, stop, stepped, skipped = update(run)
+        assert loss == pytest.approx(float(want_loss.detach()), rel=1e-6) and langs == [lang] and stop == 0
+        assert norm == pytest.approx(want, rel=1e-5) and want > 0.05 and stepped and not skipped
+        assert seen_by_step[0] == pytest.approx(clip if clip else want, rel=1e-4)
+
+
+def test_float16_unscales_and_clips_only_a_finite_loss():
+    """float16 (a GradScaler, here on the CPU): a NaN loss skips the update before unscale_ (an unscale_ must be
+    followed by the scaler's step, or the next update's unscale_ would fail); a finite one is unscaled, its gradient
+    norm reported unscaled and the gradients clipped at --clip before Adam's step."""
+    from pretrain import update
+    run = tiny_run(clip=0.01)
+    run.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    m, seen_by_step, step = run.raw_model, [], run.optimizer.step
+    run.optimizer.step = lambda *a, **k: (seen_by_step.append(
+        float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in run.params if p.grad is not None])))),
+        step(*a, **k))[1]
+    run.model = lambda *a, **k: (None, m(*a, **k)[1] * math.nan)
+    loss, norm, _, _, stepped, skipped = update(run)
+    assert math.isnan(loss) and skipped and not stepped and not seen_by_step
+    run.model = m
+    lang, (inputs, targets, _, _) = run.next_batch
+    twin = copy.deepcopy(m)
+    twin(inputs, lang, targets)[1].backward()
+    want = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in twin.parameters()])))
+    loss, norm, _, _, stepped, skipped = update(run)
+    assert stepped and not skipped and run.scaler.get_scale() == 2.0 ** 10
+    assert norm == pytest.approx(want, rel=1e-4) and seen_by_step == [pytest.approx(0.01, rel=1e-3)]
 
 
 def test_gpu_benchmark_runs_tiny_on_the_cpu(capsys):
