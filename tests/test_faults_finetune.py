@@ -4,6 +4,7 @@ naming the flag, or the file and line; none leaves a half-written file or a resu
 Run: python -m pytest -q tests/test_faults_finetune.py
 """
 import re
+import shlex
 
 import pytest
 import torch
@@ -354,8 +355,8 @@ def test_interrupted_grid_resumes_and_other_flags_are_refused(toy_world, toy_ckp
     with pytest.raises(SystemExit) as e:  # Ctrl-C: one line saying what is kept (was a KeyboardInterrupt traceback)
         ft.main(argv)
     assert e.value.code == 130 and capsys.readouterr().err == (
-        f"finetune.py: interrupted; 1 finished hyper-parameter set(s) kept in {out}, the same command goes on from "
-        "them\n")
+        f"finetune.py: interrupted; 1 finished hyper-parameter set(s) kept in {out} (the set in progress starts "
+        f"again); to go on, run python finetune.py {shlex.join(str(a) for a in argv)}\n")
     sets = sorted(p.name for p in (out / "sets").iterdir())
     assert sets == ["bs-32-lr-0.001.json"] and not (out / "results.json").exists()  # the first set is kept
 
