@@ -397,47 +397,79 @@ def print_table(title, header, rows, plot=None):
 def _encoders(args):
     """(model, tok, lang index, lang code) per side: --ckpt encodes --src; --ckpt2 (if given) or --ckpt, --tgt."""
     import model as M
-    from bpe import checkpoint_lang, checkpoint_tokenizer
+    from bpe import InputError, checkpoint_lang, checkpoint_tokenizer
     out, loaded = [], {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
         if path not in loaded:
             loaded[path] = M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)
         mdl, tok, langs, _ = loaded[path]
         out.append((mdl, tok, checkpoint_lang(langs, lang, f"{path}: language {lang!r} is"), lang))
+    if args.ckpt2 and out[0][0].config.dim != out[1][0].config.dim:  # before any encoding
+        raise InputError(f"--ckpt {args.ckpt} has width {out[0][0].config.dim} but --ckpt2 {args.ckpt2} "
+                         f"{out[1][0].config.dim}: their vectors cannot be compared or mapped onto each other")
     return out
 
 
-def save_maps(path, maps, src, tgt):
-    """Write the per-layer maps (.npz) through bpe.atomic_write: a failed write (a full disk...) leaves no file."""
+def save_maps(path, maps, src, tgt, digests=("", "")):
+    """Write the per-layer maps (.npz) through bpe.atomic_write: a failed write (a full disk...) leaves no file.
+    digests: model.file_digest of the checkpoints that encoded src and tgt (load_map and finetune.py check them)."""
     from bpe import atomic_write
     stacked = np.stack(maps)
 
     def write(tmp):
         with open(tmp, "wb") as f:
-            np.savez(f, src_to_tgt=stacked, tgt_to_src=stacked.transpose(0, 2, 1), src=src, tgt=tgt)
+            np.savez(f, src_to_tgt=stacked, tgt_to_src=stacked.transpose(0, 2, 1), src=src, tgt=tgt,
+                     src_ckpt_digest=digests[0], tgt_ckpt_digest=digests[1])
     atomic_write(path, write)
 
 
-def load_map(path, src, tgt, layer):
+def load_map(path, src, tgt, layer, digests=None):
     """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) -> float32 (dim, dim);
-    a missing or damaged file, another pair, a missing layer or a non-finite map: InputError naming the file."""
+    a missing or damaged file, another pair, a missing layer or a non-finite map: InputError naming the file.
+    digests (optional): the file_digest of the model encoding src and of the one encoding tgt (one string: a
+    single model encodes both); maps fitted on other models, or recording none, are refused."""
     from bpe import InputError
     try:
         with np.load(path) as z:
             pair = str(z["src"]), str(z["tgt"])
             maps = z["src_to_tgt" if pair == (src, tgt) else "tgt_to_src"]
+            made = [str(z[f"{k}_ckpt_digest"]) if f"{k}_ckpt_digest" in z else None for k in ("src", "tgt")]
     except Exception as e:  # missing, truncated, not an .npz, no such entry: OSError, BadZipFile, KeyError, ...
         raise InputError(f"cannot read {path}: {type(e).__name__}: {e}") from None
     if set(pair) != {src, tgt}:
         raise InputError(f"{path}: maps are for {pair[0]}->{pair[1]}, not {src}->{tgt}")
     if maps.ndim != 3 or not 0 <= layer < len(maps) or not np.isfinite(maps[layer]).all():
         raise InputError(f"{path}: no finite layer-{layer} map (maps of shape {maps.shape})")
+    made = made if pair == (src, tgt) else made[::-1]
+    want = [digests] * 2 if isinstance(digests, str) else list(digests or [])
+    if want and made != want:
+        why = f"fitted on the checkpoints {made}, not {want}" if any(made) else "written without their checkpoints' digests"
+        raise InputError(f"{path}: maps {why} ({src}, {tgt}); fit them again with align.py contextual on this model")
     return maps[layer].astype(np.float32)
+
+
+def without_test_pairs(train, test, names, allow, what="that are test pairs", key=lambda pair: pair):
+    """A map fitted on test pairs scores its own training data. Train pairs whose key is a test pair's are left out of
+    the fit with a note (MUSE's full en-fr.txt holds its test pairs; a toy world's text can repeat a test pair), a
+    train set with nothing else (the test file, or its contents) is refused; unless `allow` (--allow-overlap)."""
+    from bpe import InputError
+    tested = {key(pair) for pair in test}
+    kept = [pair for pair in train if key(pair) not in tested]
+    if allow or len(kept) == len(train):
+        return train
+    if not kept:
+        raise InputError(f"{names[0]}: all its pairs are in {names[1]} (the same file or contents?): a map fitted on "
+                         "the test pairs scores its own training data; give a separate train set (or --allow-overlap)")
+    print(f"note: {len(train) - len(kept)} of the {len(train)} pairs of {names[0]} {what} of {names[1]}: left out of "
+          "the fit (--allow-overlap keeps them)")
+    return kept
 
 
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
+    train = without_test_pairs(train, test, (f"--train-dict {args.train_dict}", f"--test-dict {args.test_dict}"),
+                               args.allow_overlap, "have a source word tested", key=lambda pair: pair[0])
     (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [word_vectors(*side, path, args.max_sents, batch_size=args.batch_size)
                                             for side, path in zip(_encoders(args), (args.src_corpus, args.tgt_corpus))]
     runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
@@ -488,9 +520,10 @@ def cmd_contextual(args):
         rows = rows.reshape(-1, 2)
         return rows[~np.isnan(Hs[0][rows[:, 0], 0]) & ~np.isnan(Ht[0][rows[:, 1], 0])]
     fit, ev = token_pairs(range(n_fit)), token_pairs(range(n_fit, len(S)))
-    if len(fit) < 2 or len(ev) < 1:
-        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval)")
     cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))  # target tokens of the eval sentences
+    if len(fit) < 2 or len(ev) < 1 or len(cand) < 2:  # one candidate is always the nearest
+        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval, "
+                         f"{len(cand)} candidate tokens; at least 2, 1, 2)")
     gold = np.searchsorted(cand, ev[:, 1])               # each eval pair's target among the candidates
     rows, maps = [], []
     for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
@@ -501,7 +534,7 @@ def cmd_contextual(args):
                 f"(last 20% of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"], rows, args.plot)
     if args.save_maps:
-        save_maps(args.save_maps, maps, args.src, args.tgt)
+        save_maps(args.save_maps, maps, args.src, args.tgt, args.digests)
         print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ x_{args.tgt}, "
               f"x_{args.tgt} @ tgt_to_src[l] ~ x_{args.src} (l = 0 embeddings .. {len(maps) - 1})")
     return rows
@@ -515,13 +548,19 @@ def cmd_sentences(args):
     if (args.train_src is None) != (args.train_tgt is None):
         raise InputError("--train-src and --train-tgt go together: give both or neither")
     te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents, same_ok=bool(args.ckpt2))
+    if len(te_s) < 2:
+        raise InputError(f"--test-src {args.test_src}: {len(te_s)} test pair; retrieval needs at least 2 candidates "
+                         "(one is always the nearest)")
+    train = args.train_src and without_test_pairs(
+        list(zip(*read_parallel(args.train_src, args.train_tgt, args.max_sents))), list(zip(te_s, te_t)),
+        (f"--train-src/--train-tgt {args.train_src}", f"--test-src/--test-tgt {args.test_src}"), args.allow_overlap)
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size,
                                              encode_bar(args.src)),
                             M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size,
                                              encode_bar(args.tgt)))
     Es, Et = enc(te_s, te_t)
-    Fs, Ft = enc(*read_parallel(args.train_src, args.train_tgt, args.max_sents)) if args.train_src else (None, None)
+    Fs, Ft = enc(*zip(*train)) if train else (None, None)
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
     rows = []
     for l in range(len(Es)):
@@ -531,9 +570,13 @@ def cmd_sentences(args):
             rows[-1] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
     header += [f"{h} mapped" for h in header[1:]] if Fs is not None else []
-    print_table(f"Sentence retrieval P@1 (cosine NN) on {len(te_s)} pairs of {args.test_src}"
+    print_table(f"Sentence retrieval P@1 in % (cosine NN; chance 100/{len(te_s)} = {100 / len(te_s):.2g}%) on "
+                f"{len(te_s)} pairs of {args.test_src}"
                 + (f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}" if Fs is not None else ""),
                 header, rows, args.plot)
+    if args.ckpt2 and Fs is None:
+        print("\nnote: the columns are without a map: two separately trained models' spaces are not aligned, so they "
+              "stay near chance; a map needs --train-src/--train-tgt (a parallel corpus)")
     return rows
 
 
@@ -569,7 +612,7 @@ def build_parser():
         p.set_defaults(func=func, toy_paths={f: rel for f, (_, rel) in paths.items()})
         return p
 
-    command("words", cmd_words, "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
+    words = command("words", cmd_words, "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
         "train_dict": ("MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)", "dict/{l0}-{l1}.train.txt"),
         "test_dict": ("MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)", "dict/{l0}-{l1}.test.txt"),
         "src_corpus": ("source-language text: vocabulary and contextual averages", "mono/{l0}.train.txt"),
@@ -580,11 +623,14 @@ def build_parser():
     p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps; "
                    "default: not written)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
-    command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
+    sentences = command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
         "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
         "test_tgt": ("test pairs, target side (e.g. tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
         "train_src": ("Procrustes fit pairs, source side (optional)", "parallel/{l0}-{l1}.train.{l0}"),
         "train_tgt": ("Procrustes fit pairs, target side (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")})
+    for p, which in ((words, "the train pairs of a tested source word"), (sentences, "train pairs that are test pairs")):
+        p.add_argument("--allow-overlap", action="store_true", help=f"fit the map on test pairs too (default: {which} "
+                       "are left out of the fit, and a train set with nothing else is refused)")
     return ap
 
 

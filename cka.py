@@ -95,9 +95,7 @@ def cka_table(args):
         if len(src_lines) < 2:
             raise InputError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
 
-        def load(path):  # (model in eval mode, tokenizer, language codes, path)
-            return (*M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)[:3], path)
-
+        load = lambda path: (*M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)[:3], path)
         def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
             m, t, langs, path = side
             index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
@@ -117,7 +115,8 @@ def cka_table(args):
         rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
         rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
         print(f"\nLinear CKA of mean-pooled parallel sentences ({len(src_lines)} pairs, {args.src} via {args.ckpt}, "
-              f"{args.tgt} via each column's model)\n")
+              f"{args.tgt} via each column's model), from 0 to 1 (the same up to a rotation and scale); the random "
+              "column is the baseline to beat\n")
         print(M.markdown_table(header, rows, "{:.3f}"))
         if args.plot:
             M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer", header, rows[:-1], "linear CKA")

@@ -22,6 +22,7 @@ Then §5.1.2's AlignedEncoder and the padded forward pass the scripts share; bel
 (speed, checkpoints, --device, --dtype, --plot, export_hf). The one command: `python model.py export CKPT OUT_DIR`.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -461,6 +462,12 @@ def _first_line(e, n=100):  # `Type: first sentence` of an exception (torch's lo
     return type(e).__name__ + (f": {msg[:n]}" if msg else "")
 
 
+def file_digest(path):
+    """A file's contents as 'sha256:' + 16 hex digits: how align.py's maps and finetune.py name a checkpoint."""
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
+
+
 def load_model(path, map_location="cpu"):
     """-> (model in eval mode on the device `map_location`, the extra entries of save_model: pretrain.py's best.pt has
     "tokenizer" (bpe.Tokenizer.to_dict's record) and "langs"). A released XLM checkpoint (`model`, `dico_word2id`,
@@ -619,6 +626,11 @@ def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
                 raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: no such file {path}")
             if path is not None and not os.path.isfile(path):
                 raise InputError(f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}")
+            if f == "ckpt2":  # the same model is told by its contents, not by its path
+                args.digests = [file_digest(p) for p in (args.ckpt, path or args.ckpt)]
+                if path and args.digests[0] == args.digests[1]:
+                    raise InputError(f"--ckpt2 {path} holds the same model as --ckpt {args.ckpt} ({args.digests[0]}): "
+                                     "one model on both sides measures nothing; give a second one or leave --ckpt2 out")
         with autocast(args.device, args.dtype):
             yield
     except (OSError, ValueError, MemoryError, RuntimeError) as e:
@@ -779,7 +791,6 @@ def export_hf(ckpt_path, out_dir, lang=None):
     # no token_type_ids: XLM adds the token embedding of a type id to every position
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": c.max_positions,
                   "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": False, **specials}
-    os.makedirs(out_dir, exist_ok=True)
     sd = hf_state_dict(model, n_extra)
     try:
         from safetensors.torch import save_file  # optional, as transformers prefers
@@ -788,14 +799,31 @@ def export_hf(ckpt_path, out_dir, lang=None):
         weights = ("pytorch_model.bin", lambda tmp: torch.save(sd, tmp))
     files = {"config.json": config, "tokenizer.json": tok, "tokenizer_config.json": tok_config,
              "special_tokens_map.json": specials}
-    for name, content in [weights] + list(files.items()):
-        with _atomic_path(os.path.join(out_dir, name)) as tmp:
+    new_dir = not os.path.isdir(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    tmps = []  # every file is written to a temporary first, then all are renamed: a failure leaves no mix
+    try:
+        for name, content in [weights] + list(files.items()):
+            tmps.append(os.path.join(out_dir, f".{name}.{os.getpid()}.tmp"))
             if callable(content):
-                content(tmp)
+                content(tmps[-1])
             else:
-                with open(tmp, "w", encoding="utf-8") as f:
+                with open(tmps[-1], "w", encoding="utf-8") as f:
                     json.dump(content, f, ensure_ascii=False, indent=1)
-    return [os.path.join(out_dir, name) for name in [weights[0], *files]]
+    except Exception as e:  # a full disk: OSError, or safetensors' own error
+        for tmp in filter(os.path.exists, tmps):
+            os.remove(tmp)
+        if new_dir and not os.listdir(out_dir):
+            os.rmdir(out_dir)
+        raise InputError(f"cannot write the export to {out_dir}: {_first_line(e)} (any earlier export there is "
+                         "left as it was)") from None
+    names = [weights[0], *files]
+    for tmp, name in zip(tmps, names):
+        os.replace(tmp, os.path.join(out_dir, name))
+    other = os.path.join(out_dir, {"model.safetensors": "pytorch_model.bin"}.get(weights[0], "model.safetensors"))
+    if os.path.exists(other):  # an earlier export's weights in the other format: transformers could load those
+        os.remove(other)
+    return [os.path.join(out_dir, name) for name in names]
 
 
 def build_parser():

@@ -344,7 +344,7 @@ def test_cli_on_real_tatoeba_and_muse_formats(ckpts, tmp_path, capsys):
     assert len(rows) == 3 and "30 pairs" in out
     corpus = ["--src-corpus", TATOEBA + ".eng", "--tgt-corpus", TATOEBA + ".fra", "--max-sents", "1000"]
     rows, out = run_cli(["words", "--ckpt", ckpts["bi"], "--train-dict", MUSE + ".0-5000.reconstructed.txt",
-                         "--test-dict", MUSE + ".0-5000.reconstructed.txt"] + corpus, capsys)
+                         "--test-dict", MUSE + ".0-5000.reconstructed.txt", "--allow-overlap"] + corpus, capsys)
     assert rows[1][4] > 50                          # tatoeba's frequent words are in the dictionary
     rows, _ = run_cli(["contextual"] + base + ["--src-file", TATOEBA + ".eng", "--tgt-file", TATOEBA + ".fra"], capsys)
     assert len(rows) == 3
@@ -402,3 +402,56 @@ def test_sentence_encoding_progress_wraps_the_states_without_changing_them(ckpts
         align.main(["sentences", "--ckpt", ckpts["bi"], "--test-src", f"{pairs}.en", "--test-tgt", f"{pairs}.fr"])
         drawn = "encode en" in err.getvalue() and "encode fr" in err.getvalue()
         assert drawn if isinstance(err, Terminal) else err.getvalue() == ""
+
+
+def test_train_pairs_that_are_test_pairs_are_left_out_of_the_fit(ckpts, toy_world, tmp_path, capsys):
+    """Issue 37: MUSE's full dictionary holds its test pairs, a toy text can repeat a Tatoeba pair: such train pairs
+    are left out of the fit with a note (a train set with nothing else is refused); --allow-overlap keeps them."""
+    toy = ["--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"], "--max-sents", "200"]
+    full = align.read_muse_dictionary(str(toy_world / "dict/en-fr.txt"))
+    tested = {s for s, _ in align.read_muse_dictionary(str(toy_world / "dict/en-fr.test.txt"))}
+    rows, out = run_cli(["words"] + toy + ["--train-dict", str(toy_world / "dict/en-fr.txt")], capsys)
+    n_out = sum(s in tested for s, _ in full)
+    assert f"note: {n_out} of the {len(full)} pairs of --train-dict {toy_world}/dict/en-fr.txt have a source" in out
+    kept, _ = run_cli(["words"] + toy + ["--train-dict", str(toy_world / "dict/en-fr.txt"), "--allow-overlap"], capsys)
+    assert rows[1][3] < kept[1][3]
+    tat = {l: (toy_world / f"tatoeba/tatoeba.fr-en.{l}").read_text().splitlines()[:50] for l in ("en", "fr")}
+    par = {l: (toy_world / f"parallel/en-fr.train.{l}").read_text().splitlines()[:30] for l in ("en", "fr")}
+    for l in ("en", "fr"):
+        (tmp_path / f"train.{l}").write_text("\n".join(tat[l][:10] + par[l]) + "\n")
+    train = ["--train-src", str(tmp_path / "train.en"), "--train-tgt", str(tmp_path / "train.fr")]
+    rows, out = run_cli(["sentences"] + toy[:-2] + ["--max-sents", "50"] + train, capsys)
+    assert "note: 10 of the 40 pairs of --train-src/--train-tgt" in out and "maps fitted on 30 pairs" in out
+
+
+def test_sentences_say_percent_chance_and_what_unmapped_columns_mean(ckpts, toy_world, capsys):
+    """Issue 38: P@1 in % beside the chance level; two models without a parallel corpus get a note."""
+    files = ["--test-src", str(toy_world / "tatoeba/tatoeba.fr-en.en"), "--test-tgt",
+             str(toy_world / "tatoeba/tatoeba.fr-en.fr"), "--max-sents", "40"]
+    rows, out = run_cli(["sentences", "--ckpt", ckpts["bi"]] + files, capsys)
+    assert "P@1 in % (cosine NN; chance 100/40 = 2.5%) on 40 pairs" in out and "note:" not in out
+    rows, out = run_cli(["sentences", "--ckpt", ckpts["bi"], "--ckpt2", ckpts["fr"]] + files, capsys)
+    assert "note: the columns are without a map" in out and "--train-src/--train-tgt (a parallel corpus)" in out
+
+
+def test_maps_record_and_check_their_checkpoints(ckpts, toy_world, tmp_path, capsys):
+    """Issue 37: the .npz names the checkpoints (sha256 of the files) that encoded each side; load_map checks it."""
+    import model as M
+    maps = str(tmp_path / "maps.npz")
+    run_cli(["contextual", "--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"], "--max-sents", "60",
+             "--save-maps", maps], capsys)
+    bi = M.file_digest(ckpts["bi"])
+    assert bi.startswith("sha256:") and len(bi) == 23
+    with np.load(maps) as z:
+        assert str(z["src_ckpt_digest"]) == str(z["tgt_ckpt_digest"]) == bi
+    W = align.load_map(maps, "fr", "en", 1, digests=bi)
+    np.testing.assert_allclose(W, align.load_map(maps, "en", "fr", 1, digests=[bi, bi]).T)
+    fr = M.file_digest(ckpts["fr"])
+    with pytest.raises(bpe.InputError, match=f"maps fitted on the checkpoints \\['{bi}', '{bi}'\\], not \\['{fr}'"):
+        align.load_map(maps, "fr", "en", 1, digests=fr)
+    align.save_maps(tmp_path / "mixed.npz", [np.eye(2)], "en", "fr", [bi, fr])  # read the other way: swapped
+    assert align.load_map(str(tmp_path / "mixed.npz"), "fr", "en", 0, digests=[fr, bi]).shape == (2, 2)
+    np.savez(tmp_path / "old.npz", src_to_tgt=np.eye(2)[None], tgt_to_src=np.eye(2)[None], src="en", tgt="fr")
+    with pytest.raises(bpe.InputError, match="written without their checkpoints' digests"):
+        align.load_map(str(tmp_path / "old.npz"), "en", "fr", 0, digests=bi)
+    assert align.load_map(str(tmp_path / "old.npz"), "en", "fr", 0).shape == (2, 2)  # nothing asked, nothing checked

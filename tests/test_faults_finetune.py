@@ -522,11 +522,28 @@ ALIGN_BAD_INPUTS = [
      "are the same file: both sides would be one text"),
     (["contextual", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--save-maps", "{t}/old.npz"],
      "--save-maps {t}/old.npz: exists (maps of an earlier run, perhaps of another checkpoint); pass --overwrite"),
+    # issue 37: a score on the training data, over one candidate, of one model twice; widths refused before encoding
+    (["words", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--train-dict", "{w}/dict/en-fr.test.txt"],
+     "--train-dict {w}/dict/en-fr.test.txt: all its pairs are in --test-dict {w}/dict/en-fr.test.txt"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--train-src", "{t}/tat.en", "--train-tgt",
+      "{t}/tat.fr"], "--train-src/--train-tgt {t}/tat.en: all its pairs are in --test-src/--test-tgt"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--max-sents", "1"],
+     "1 test pair; retrieval needs at least 2 candidates"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--tgt", "en", "--ckpt2", "{t}/copy.pt"],
+     "--ckpt2 {t}/copy.pt holds the same model as --ckpt {c}/best.pt (sha256:"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--ckpt2", "{t}/wide.pt"],
+     "--ckpt {c}/best.pt has width 32 but --ckpt2 {t}/wide.pt 64"),
 ]
 
 
 @pytest.fixture
-def bad_files(tmp_path):
+def bad_files(tmp_path, toy_world, toy_ckpt):
+    from model import MLM, load_model, replace, save_model
+    (tmp_path / "copy.pt").write_bytes(toy_ckpt.read_bytes())
+    m, extra = load_model(toy_ckpt)
+    save_model(tmp_path / "wide.pt", MLM(replace(m.config, dim=64, ffn_dim=128)), **extra)
+    for lang in ("en", "fr"):  # a copy of the test pairs
+        (tmp_path / f"tat.{lang}").write_bytes((toy_world / f"tatoeba/tatoeba.fr-en.{lang}").read_bytes())
     (tmp_path / "empty.pt").write_bytes(b"")
     (tmp_path / "bad.fr").write_bytes(BAD_UTF8)
     (tmp_path / "ok.en").write_text("the cat\nthe summer\n")
@@ -571,6 +588,7 @@ CKA_BAD = [
     (["--toy", "--data", "{t}/noworld"], "--data {t}/noworld: no such directory"),
     (["--device", "cuda:x"], "--device cuda:x: expected auto, cpu, cuda, cuda:N or mps"),
     (["--tgt", "en"], "--src and --tgt are both 'en' in one model"),  # issue 22: was CKA 1.000
+    (["--tgt", "en", "--ckpt2", "{t}/copy.pt"], "holds the same model as --ckpt"),  # issue 37: was CKA 1.000
     (["--src", "e n"], "--src 'e n': expected a language code of letters"),
     (["--src-file", "{t}/ok.en", "--tgt-file", "{t}/ok.en"], "are the same file: both sides would be one text"),
     (["--seed", "-1"], "argument --seed: expected one integer in [0, 4294967296), got '-1'"),  # was accepted

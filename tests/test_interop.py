@@ -54,7 +54,8 @@ def test_model_py_imports_no_project_file():
         tree = ast.parse(f.read())
     names = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
              for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
-    assert names <= {"argparse", "contextlib", "dataclasses", "json", "os", "re", "torch", "safetensors", "matplotlib"}
+    assert names <= {"argparse", "contextlib", "dataclasses", "hashlib", "json", "os", "re", "torch", "safetensors",
+                     "matplotlib"}
 
 
 # a tiny tokenizer record by hand: its tokenizer.json vocabulary is known
@@ -127,6 +128,38 @@ def test_export_hf_files_known_answer(tmp_path):
     again = M.MLM.from_xlm(back, model.config).eval()
     x = torch.tensor([[1, 14, 16, 3, 20, 1]])
     assert torch.equal(again(x, 1)[0], model(x, 1)[0])
+
+
+def test_export_hf_full_disk_leaves_the_earlier_export_whole(tmp_path, monkeypatch):
+    """Issue 37: every file goes to a temporary first and all are renamed together: a full disk midway (here the
+    second json file) leaves an earlier export as it was (no new weights beside the old tokenizer.json), no
+    temporary, no new empty directory, and one line; weights of the other format from an earlier export go."""
+    import errno
+    M.save_model(tmp_path / "m.pt", tiny_model(21), tokenizer=TINY_RECORD, langs=["en", "fr"])
+    M.export_hf(str(tmp_path / "m.pt"), str(tmp_path / "hf"))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    M.save_model(tmp_path / "m2.pt", tiny_model(21, seed=1), tokenizer=TINY_RECORD, langs=["en", "fr"])
+    real, calls = json.dump, []
+
+    def dump(obj, f, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            f.write("{")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(obj, f, **kw)
+    monkeypatch.setattr(json, "dump", dump)
+    for out in ("hf", "new"):
+        calls.clear()
+        with pytest.raises(SystemExit, match=r"^error: cannot write the export to .*: OSError: \[Errno 28\] No sp") as e:
+            M.main(["export", str(tmp_path / "m2.pt"), str(tmp_path / out)])
+        assert "\n" not in str(e.value)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == before and not (tmp_path / "new").exists()
+    monkeypatch.undo()
+    other = "pytorch_model.bin" if "model.safetensors" in before else "model.safetensors"
+    (tmp_path / "hf" / other).write_bytes(b"weights of an earlier export")
+    M.export_hf(str(tmp_path / "m2.pt"), str(tmp_path / "hf"))
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == sorted(before)
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == before["tokenizer.json"]
 
 
 def test_export_hf_refuses_sep_and_bad_lang(tmp_path):
