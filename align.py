@@ -448,7 +448,16 @@ def load_map(path, src, tgt, layer, digests=None):
     return maps[layer].astype(np.float32)
 
 
-def without_test_pairs(train, test, names, allow, what="that are test pairs", key=lambda pair: pair):
+def read_sides(args, src, tgt):
+    """bpe.read_parallel under --max-sents; a copy of one text on both sides is refused too, unless --ckpt2."""
+    from bpe import InputError, read_parallel
+    a, b = read_parallel(src, tgt, args.max_sents, same_ok=bool(args.ckpt2))
+    if a == b and not args.ckpt2:
+        raise InputError(f"parallel files {src} and {tgt} hold the same lines: both sides would be one text")
+    return a, b
+
+
+def without_test_pairs(train, test, names, allow, what="are test pairs of", key=lambda pair: pair):
     """A map fitted on test pairs scores its own training data. Train pairs whose key is a test pair's are left out of
     the fit with a note (MUSE's full en-fr.txt holds its test pairs; a toy world's text can repeat a test pair), a
     train set with nothing else (the test file, or its contents) is refused; unless `allow` (--allow-overlap)."""
@@ -460,7 +469,7 @@ def without_test_pairs(train, test, names, allow, what="that are test pairs", ke
     if not kept:
         raise InputError(f"{names[0]}: all its pairs are in {names[1]} (the same file or contents?): a map fitted on "
                          "the test pairs scores its own training data; give a separate train set (or --allow-overlap)")
-    print(f"note: {len(train) - len(kept)} of the {len(train)} pairs of {names[0]} {what} of {names[1]}: left out of "
+    print(f"note: {len(train) - len(kept)} of the {len(train)} pairs of {names[0]} {what} {names[1]}: left out of "
           "the fit (--allow-overlap keeps them)")
     return kept
 
@@ -469,7 +478,7 @@ def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
     train = without_test_pairs(train, test, (f"--train-dict {args.train_dict}", f"--test-dict {args.test_dict}"),
-                               args.allow_overlap, "have a source word tested", key=lambda pair: pair[0])
+                               args.allow_overlap, "share a source word with the test pairs of", key=lambda pair: pair[0])
     (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [word_vectors(*side, path, args.max_sents, batch_size=args.batch_size)
                                             for side, path in zip(_encoders(args), (args.src_corpus, args.tgt_corpus))]
     runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
@@ -497,7 +506,7 @@ def cmd_words(args):
 
 def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
-    from bpe import InputError, read_parallel
+    from bpe import InputError
     d = os.path.dirname(os.path.abspath(args.save_maps or "."))  # --save-maps is checked before any work
     if args.save_maps and (os.path.isdir(args.save_maps) or not (os.path.isdir(d) and os.access(d, os.W_OK))):
         why = "is a directory" if os.path.isdir(args.save_maps) else f"{d} is not a writable directory"
@@ -505,7 +514,7 @@ def cmd_contextual(args):
     if args.save_maps and os.path.exists(args.save_maps) and not args.overwrite:
         raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, perhaps of another "
                          "checkpoint); pass --overwrite to replace it, or another file")
-    src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents, same_ok=bool(args.ckpt2))
+    src_lines, tgt_lines = read_sides(args, args.src_file, args.tgt_file)
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     S, T = [ts.words(l, args.src) for l in src_lines], [tt.words(l, args.tgt) for l in tgt_lines]
     pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(fast_align(S, T), S, T)]
@@ -547,7 +556,7 @@ def cmd_sentences(args):
     from bpe import InputError, encode_bar, read_parallel
     if (args.train_src is None) != (args.train_tgt is None):
         raise InputError("--train-src and --train-tgt go together: give both or neither")
-    te_s, te_t = read_parallel(args.test_src, args.test_tgt, args.max_sents, same_ok=bool(args.ckpt2))
+    te_s, te_t = read_sides(args, args.test_src, args.test_tgt)
     if len(te_s) < 2:
         raise InputError(f"--test-src {args.test_src}: {len(te_s)} test pair; retrieval needs at least 2 candidates "
                          "(one is always the nearest)")

@@ -94,6 +94,9 @@ def cka_table(args):
         src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents, same_ok=bool(args.ckpt2))
         if len(src_lines) < 2:
             raise InputError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
+        if src_lines == tgt_lines and not args.ckpt2:  # a copy of one file (one model: CKA 1.000)
+            raise InputError(f"parallel files {args.src_file} and {args.tgt_file} hold the same lines: both sides "
+                             "would be one text")
 
         load = lambda path: (*M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)[:3], path)
         def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded

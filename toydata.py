@@ -100,8 +100,6 @@ class World:
 
     def __init__(self, seed=0, nouns_per_group=36, verbs_per_class=12, n_adj=120, n_adv=24,
                  n_per=120, n_loc=80, n_org=60, scale=1):
-        if not (isinstance(scale, int) and scale >= 1):
-            raise InputError(f"--scale must be an integer >= 1, got {scale}", 2)
         nouns_per_group, verbs_per_class, n_adj, n_adv, n_per, n_loc, n_org = (
             scale * n for n in (nouns_per_group, verbs_per_class, n_adj, n_adv, n_per, n_loc, n_org))
         rng = np.random.default_rng([seed, 1])
@@ -575,16 +573,21 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     for name, v in [("overlap", overlap), ("domain_shift", domain_shift), ("name_overlap", name_overlap)]:
         if v is not None and not 0.0 <= v <= 1.0:
             raise InputError(f"{name} must be in [0, 1], got {v}", 2)
+    if not (isinstance(scale, int) and 1 <= scale <= 64):  # drawing unique word forms slows as they crowd
+        raise InputError(f"--scale must be an integer in 1..64 (64: 60,416 concepts in about 15 s), got {scale}", 2)
     parse_order(order)
-    world = World(seed, scale=scale)   # it checks the scale
-    l0, l1 = langs
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise InputError(f"--out {out_dir}: exists and is not a directory", 2)
+    world, (l0, l1) = World(seed, scale=scale), langs
+    if not out_dir or os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        why = "exists and is not a directory" if out_dir else "an empty path"
+        raise InputError(f"--out {out_dir or repr(out_dir)}: {why}", 2)
+    subdirs = ("mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli")
     if os.path.isdir(out_dir) and os.listdir(out_dir):
-        if not force:
-            raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it (write_world: force=True)")
-        # remove what an earlier run wrote (and nothing else), so that old files do not mix in
-        for d in ("mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli"):
+        other = sorted(set(os.listdir(out_dir)) - {*subdirs, "world.json"})
+        if not force or other:  # --force removes an earlier world's folders: never in a folder holding other files
+            why = (f"it holds {other[0]!r}, not a toy world's: give a new or empty --out" if other
+                   else "pass --force to overwrite it (write_world: force=True)")
+            raise FileExistsError(f"{out_dir} is not empty; {why}")
+        for d in subdirs:  # remove what an earlier run wrote (and nothing else), so that old files do not mix in
             shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)   # ignore_errors: it may not exist
     os.makedirs(out_dir, exist_ok=True)
 

@@ -412,7 +412,7 @@ def test_train_pairs_that_are_test_pairs_are_left_out_of_the_fit(ckpts, toy_worl
     tested = {s for s, _ in align.read_muse_dictionary(str(toy_world / "dict/en-fr.test.txt"))}
     rows, out = run_cli(["words"] + toy + ["--train-dict", str(toy_world / "dict/en-fr.txt")], capsys)
     n_out = sum(s in tested for s, _ in full)
-    assert f"note: {n_out} of the {len(full)} pairs of --train-dict {toy_world}/dict/en-fr.txt have a source" in out
+    assert f"note: {n_out} of the {len(full)} pairs of --train-dict {toy_world}/dict/en-fr.txt share a source" in out
     kept, _ = run_cli(["words"] + toy + ["--train-dict", str(toy_world / "dict/en-fr.txt"), "--allow-overlap"], capsys)
     assert rows[1][3] < kept[1][3]
     tat = {l: (toy_world / f"tatoeba/tatoeba.fr-en.{l}").read_text().splitlines()[:50] for l in ("en", "fr")}

@@ -533,6 +533,8 @@ ALIGN_BAD_INPUTS = [
      "--ckpt2 {t}/copy.pt holds the same model as --ckpt {c}/best.pt (sha256:"),
     (["sentences", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--ckpt2", "{t}/wide.pt"],
      "--ckpt {c}/best.pt has width 32 but --ckpt2 {t}/wide.pt 64"),
+    (["sentences", "--ckpt", "{c}/best.pt", "--test-src", "{t}/ok.en", "--test-tgt", "{t}/copy.fr"],
+     "parallel files {t}/ok.en and {t}/copy.fr hold the same lines: both sides would be one text"),
 ]
 
 
@@ -547,6 +549,7 @@ def bad_files(tmp_path, toy_world, toy_ckpt):
     (tmp_path / "empty.pt").write_bytes(b"")
     (tmp_path / "bad.fr").write_bytes(BAD_UTF8)
     (tmp_path / "ok.en").write_text("the cat\nthe summer\n")
+    (tmp_path / "copy.fr").write_text("the cat\nthe summer\n")
     (tmp_path / "old.npz").write_bytes(b"maps of an earlier run")
     return tmp_path
 
@@ -589,6 +592,7 @@ CKA_BAD = [
     (["--device", "cuda:x"], "--device cuda:x: expected auto, cpu, cuda, cuda:N or mps"),
     (["--tgt", "en"], "--src and --tgt are both 'en' in one model"),  # issue 22: was CKA 1.000
     (["--tgt", "en", "--ckpt2", "{t}/copy.pt"], "holds the same model as --ckpt"),  # issue 37: was CKA 1.000
+    (["--src-file", "{t}/ok.en", "--tgt-file", "{t}/copy.fr"], "hold the same lines: both sides would be one text"),
     (["--src", "e n"], "--src 'e n': expected a language code of letters"),
     (["--src-file", "{t}/ok.en", "--tgt-file", "{t}/ok.en"], "are the same file: both sides would be one text"),
     (["--seed", "-1"], "argument --seed: expected one integer in [0, 4294967296), got '-1'"),  # was accepted
