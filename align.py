@@ -514,8 +514,8 @@ def cmd_contextual(args):
     if args.save_maps and os.path.exists(args.save_maps) and not args.overwrite:
         raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, perhaps of another "
                          "checkpoint); pass --overwrite to replace it, or another file")
-    src_lines, tgt_lines = read_sides(args, args.src_file, args.tgt_file)
     (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
+    src_lines, tgt_lines = read_sides(args, args.src_file, args.tgt_file)
     S, T = [ts.words(l, args.src) for l in src_lines], [tt.words(l, args.tgt) for l in tgt_lines]
     pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(fast_align(S, T), S, T)]
     Hs, off_s = encode_word_tokens(ms, ts, S, ls, args.src, args.batch_size)
@@ -556,6 +556,7 @@ def cmd_sentences(args):
     from bpe import InputError, encode_bar, read_parallel
     if (args.train_src is None) != (args.train_tgt is None):
         raise InputError("--train-src and --train-tgt go together: give both or neither")
+    (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     te_s, te_t = read_sides(args, args.test_src, args.test_tgt)
     if len(te_s) < 2:
         raise InputError(f"--test-src {args.test_src}: {len(te_s)} test pair; retrieval needs at least 2 candidates "
@@ -563,7 +564,6 @@ def cmd_sentences(args):
     train = args.train_src and without_test_pairs(
         list(zip(*read_parallel(args.train_src, args.train_tgt, args.max_sents))), list(zip(te_s, te_t)),
         (f"--train-src/--train-tgt {args.train_src}", f"--test-src/--test-tgt {args.test_src}"), args.allow_overlap)
-    (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
     enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size,
                                              encode_bar(args.src)),
                             M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size,

@@ -94,9 +94,6 @@ def cka_table(args):
         src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents, same_ok=bool(args.ckpt2))
         if len(src_lines) < 2:
             raise InputError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {len(src_lines)}")
-        if src_lines == tgt_lines and not args.ckpt2:  # a copy of one file (one model: CKA 1.000)
-            raise InputError(f"parallel files {args.src_file} and {args.tgt_file} hold the same lines: both sides "
-                             "would be one text")
 
         load = lambda path: (*M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)[:3], path)
         def enc(side, lang, lines):  # sentence vectors per layer: the mean over subwords, </s> excluded
@@ -104,6 +101,9 @@ def cka_table(args):
             index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
             return M.pool_sentences(m, [t.encode(s, lang) for s in lines], index, args.batch_size, encode_bar(lang))
         src_side = tgt_side = load(args.ckpt)
+        if src_lines == tgt_lines and not args.ckpt2:  # a copy of one file (one model: CKA 1.000)
+            raise InputError(f"parallel files {args.src_file} and {args.tgt_file} hold the same lines: both sides "
+                             "would be one text")
         E_src = enc(src_side, args.src, src_lines)
         columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
         if args.ckpt2:

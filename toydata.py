@@ -582,11 +582,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         raise InputError(f"--out {out_dir or repr(out_dir)}: {why}", 2)
     subdirs = ("mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli")
     if os.path.isdir(out_dir) and os.listdir(out_dir):
-        other = sorted(set(os.listdir(out_dir)) - {*subdirs, "world.json"})
-        if not force or other:  # --force removes an earlier world's folders: never in a folder holding other files
-            why = (f"it holds {other[0]!r}, not a toy world's: give a new or empty --out" if other
-                   else "pass --force to overwrite it (write_world: force=True)")
-            raise FileExistsError(f"{out_dir} is not empty; {why}")
+        if not force:
+            raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it (write_world: force=True)")
         for d in subdirs:  # remove what an earlier run wrote (and nothing else), so that old files do not mix in
             shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)   # ignore_errors: it may not exist
     os.makedirs(out_dir, exist_ok=True)
