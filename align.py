@@ -341,9 +341,9 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # CLI part: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as XLM's `</s> w1 ... wn </s>`
 
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
-    """Contextual vector of every word token (the paper leaves it open: a word = the mean of its subword states).
-    sents_words: list of word lists. Returns (list of n_layers + 1 arrays (n_words_total, dim), offsets)
-    with sentence k's words at rows offsets[k]:offsets[k+1]. Words cut off by max_positions are NaN."""
+    """Contextual vector of every word token (left open by the paper: the mean of its subword states) of word lists
+    -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words at rows offsets[k]:offsets[k+1]; NaN rows
+    for words cut off by max_positions."""
     import model as M
     from bpe import encode_bar
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
@@ -425,25 +425,24 @@ def save_maps(path, maps, src, tgt, digests=("", "")):
 
 def load_map(path, src, tgt, layer, digests=None):
     """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) -> float32 (dim, dim);
-    a missing or damaged file, another pair, a missing layer or a non-finite map: InputError naming the file.
-    digests (optional): the file_digest of the model encoding src and of the one encoding tgt (one string: a
-    single model encodes both); maps fitted on other models, or recording none, are refused."""
+    a damaged file, another pair, no finite layer-`layer` map, or maps not fitted on the models of `digests` (the
+    file_digest of src's and of tgt's; one string: one model encodes both), if given: InputError naming the file."""
     from bpe import InputError
     try:
         with np.load(path) as z:
             pair = str(z["src"]), str(z["tgt"])
-            maps = z["src_to_tgt" if pair == (src, tgt) else "tgt_to_src"]
-            made = [str(z[f"{k}_ckpt_digest"]) if f"{k}_ckpt_digest" in z else None for k in ("src", "tgt")]
+            order = ("src", "tgt") if pair == (src, tgt) else ("tgt", "src")
+            maps = z[f"{order[0]}_to_{order[1]}"]
+            made = [str(z[f"{k}_ckpt_digest"]) if f"{k}_ckpt_digest" in z else None for k in order]
     except Exception as e:  # missing, truncated, not an .npz, no such entry: OSError, BadZipFile, KeyError, ...
         raise InputError(f"cannot read {path}: {type(e).__name__}: {e}") from None
     if set(pair) != {src, tgt}:
         raise InputError(f"{path}: maps are for {pair[0]}->{pair[1]}, not {src}->{tgt}")
     if maps.ndim != 3 or not 0 <= layer < len(maps) or not np.isfinite(maps[layer]).all():
         raise InputError(f"{path}: no finite layer-{layer} map (maps of shape {maps.shape})")
-    made = made if pair == (src, tgt) else made[::-1]
     want = [digests] * 2 if isinstance(digests, str) else list(digests or [])
     if want and made != want:
-        why = f"fitted on the checkpoints {made}, not {want}" if any(made) else "written without their checkpoints' digests"
+        why = f"fitted on the checkpoints {made}, not {want}" if any(made) else "written without checkpoint digests"
         raise InputError(f"{path}: maps {why} ({src}, {tgt}); fit them again with align.py contextual on this model")
     return maps[layer].astype(np.float32)
 
@@ -458,9 +457,8 @@ def read_sides(args, src, tgt):
 
 
 def without_test_pairs(train, test, names, allow, what="are test pairs of", key=lambda pair: pair):
-    """A map fitted on test pairs scores its own training data. Train pairs whose key is a test pair's are left out of
-    the fit with a note (MUSE's full en-fr.txt holds its test pairs; a toy world's text can repeat a test pair), a
-    train set with nothing else (the test file, or its contents) is refused; unless `allow` (--allow-overlap)."""
+    """Unless `allow` (--allow-overlap): train pairs whose key is a test pair's are left out of the fit with a note
+    (MUSE's en-fr.txt holds its test pairs), a train set of test pairs only (the test file, a copy) is refused."""
     from bpe import InputError
     tested = {key(pair) for pair in test}
     kept = [pair for pair in train if key(pair) not in tested]
@@ -478,7 +476,7 @@ def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
     train = without_test_pairs(train, test, (f"--train-dict {args.train_dict}", f"--test-dict {args.test_dict}"),
-                               args.allow_overlap, "share a source word with the test pairs of", key=lambda pair: pair[0])
+                               args.allow_overlap, "share a source word with the test pairs of", lambda pair: pair[0])
     (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [word_vectors(*side, path, args.max_sents, batch_size=args.batch_size)
                                             for side, path in zip(_encoders(args), (args.src_corpus, args.tgt_corpus))]
     runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
@@ -556,7 +554,7 @@ def cmd_sentences(args):
     from bpe import InputError, encode_bar, read_parallel
     if (args.train_src is None) != (args.train_tgt is None):
         raise InputError("--train-src and --train-tgt go together: give both or neither")
-    (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
+    sides = _encoders(args)
     te_s, te_t = read_sides(args, args.test_src, args.test_tgt)
     if len(te_s) < 2:
         raise InputError(f"--test-src {args.test_src}: {len(te_s)} test pair; retrieval needs at least 2 candidates "
@@ -564,10 +562,8 @@ def cmd_sentences(args):
     train = args.train_src and without_test_pairs(
         list(zip(*read_parallel(args.train_src, args.train_tgt, args.max_sents))), list(zip(te_s, te_t)),
         (f"--train-src/--train-tgt {args.train_src}", f"--test-src/--test-tgt {args.test_src}"), args.allow_overlap)
-    enc = lambda src, tgt: (M.pool_sentences(ms, [ts.encode(s, args.src) for s in src], ls, args.batch_size,
-                                             encode_bar(args.src)),
-                            M.pool_sentences(mt, [tt.encode(s, args.tgt) for s in tgt], lt, args.batch_size,
-                                             encode_bar(args.tgt)))
+    enc = lambda *texts: [M.pool_sentences(m, [t.encode(s, lang) for s in lines], i, args.batch_size, encode_bar(lang))
+                          for (m, t, i, lang), lines in zip(sides, texts)]
     Es, Et = enc(te_s, te_t)
     Fs, Ft = enc(*zip(*train)) if train else (None, None)
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
@@ -580,9 +576,8 @@ def cmd_sentences(args):
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
     header += [f"{h} mapped" for h in header[1:]] if Fs is not None else []
     print_table(f"Sentence retrieval P@1 in % (cosine NN; chance 100/{len(te_s)} = {100 / len(te_s):.2g}%) on "
-                f"{len(te_s)} pairs of {args.test_src}"
-                + (f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}" if Fs is not None else ""),
-                header, rows, args.plot)
+                f"{len(te_s)} pairs of {args.test_src}" + (f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}"
+                                                           if Fs is not None else ""), header, rows, args.plot)
     if args.ckpt2 and Fs is None:
         print("\nnote: the columns are without a map: two separately trained models' spaces are not aligned, so they "
               "stay near chance; a map needs --train-src/--train-tgt (a parallel corpus)")
@@ -629,23 +624,22 @@ def build_parser():
     p = command("contextual", cmd_contextual, "§5.1.2: contextual word alignment from fast_align pairs", {
         "src_file": ("parallel sentences, source side (one per line)", "parallel/{l0}-{l1}.train.{l0}"),
         "tgt_file": ("parallel sentences, target side (line k translates line k)", "parallel/{l0}-{l1}.train.{l1}")})
-    p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps; "
-                   "default: not written)")
+    p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
     sentences = command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
         "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
         "test_tgt": ("test pairs, target side (e.g. tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
         "train_src": ("Procrustes fit pairs, source side (optional)", "parallel/{l0}-{l1}.train.{l0}"),
         "train_tgt": ("Procrustes fit pairs, target side (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")})
-    for p, which in ((words, "the train pairs of a tested source word"), (sentences, "train pairs that are test pairs")):
+    for p, which in ((words, "train pairs of a tested source word"), (sentences, "train pairs that are test pairs")):
         p.add_argument("--allow-overlap", action="store_true", help=f"fit the map on test pairs too (default: {which} "
                        "are left out of the fit, and a train set with nothing else is refused)")
     return ap
 
 
 def main(argv=None):
-    """Every flag, file and the device checked before any work (model.analysis_run), each bad input one line naming
-    the flag or file. All paths are required but --ckpt2 and the pair --train-src, --train-tgt."""
+    """Flags, files and the device checked before any work (model.analysis_run); all paths but --ckpt2 and the pair
+    --train-src, --train-tgt are required."""
     import model as M
     from bpe import check_src_tgt, reported, toy_data
     parser = build_parser()

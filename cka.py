@@ -107,8 +107,7 @@ def cka_table(args):
         E_src = enc(src_side, args.src, src_lines)
         columns = {"bilingual": enc(src_side, args.tgt, tgt_lines)} if args.tgt in src_side[2] else {}
         if args.ckpt2:
-            tgt_side = load(args.ckpt2)
-            columns["monolingual"] = enc(tgt_side, args.tgt, tgt_lines)
+            columns["monolingual"] = enc(tgt_side := load(args.ckpt2), args.tgt, tgt_lines)
         if not columns:
             raise InputError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src_side[2]}); give --ckpt2")
         torch.manual_seed(args.seed)
@@ -160,9 +159,8 @@ def build_parser():
 def main(argv=None):
     from bpe import reported
     parser = build_parser()
-    args = parser.parse_args(argv)
     with reported(parser):  # bad inputs (flags, files, checkpoints, languages): one line
-        return cka_table(args)
+        return cka_table(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

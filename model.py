@@ -344,10 +344,8 @@ VOCAB_ALIGN = 64  # on CUDA the output projection pads the vocabulary to a multi
 
 
 def dropout(x, p, training=True):
-    """F.dropout(x, p, training), each element kept with probability 1 - p and scaled by 1 / (1 - p). On the CPU the
-    keep mask is drawn as 16-bit uniform integers, four from each full-range 64-bit draw of torch's global generator,
-    compared with p rounded to a multiple of 2^-16 (0.1 -> 0.1000061): about 5x faster there than F.dropout's
-    bernoulli_. Elsewhere, under torch.compile, or for p < 0.01 (the rounding could exceed 0.1 % of p), F.dropout."""
+    """F.dropout(x, p, training). On the CPU the keep mask is four 16-bit integers per 64-bit draw of torch's
+    generator against p rounded to 2^-16 (0.1 -> 0.1000061), 5x faster than bernoulli_; else (or p < 0.01) F.dropout."""
     if not training or p < 0.01 or p >= 1.0 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(x, p, training)   # compiled: the in-place random_ below would break the graph
     n = x.numel()
@@ -357,10 +355,9 @@ def dropout(x, p, training=True):
 
 
 def project(x, W, b, align=None):
-    """The output layer's logits x W^T + b over the vocabulary of W's V rows (tied to the embeddings, as XLM). For a V
-    that is no multiple of 8 cuBLAS leaves the tensor cores' fastest kernels (on an H200 the paper's step took 42.5 ms
-    at V = 59,579, 36.6 ms padded to 59,584: RESULTS.md, "On a GPU"), so on CUDA W and b get zero rows up to a multiple
-    of `align` (VOCAB_ALIGN), the extra logits sliced off: the same V logits. On the CPU nothing is padded (align=1)."""
+    """Logits x W^T + b over W's V rows. On CUDA W and b get zero rows up to a multiple of `align` (VOCAB_ALIGN), the
+    extra logits sliced off: a V that is no multiple of 8 leaves cuBLAS's fastest kernels (an H200 step: 42.5 ms at
+    V = 59,579, 36.6 ms at 59,584; RESULTS.md, "On a GPU"). On the CPU nothing is padded."""
     V = W.size(0)
     pad = -V % ((VOCAB_ALIGN if x.is_cuda else 1) if align is None else align)
     if not pad:
@@ -369,11 +366,9 @@ def project(x, W, b, align=None):
 
 
 def flops_per_token(config, seq_len, target_frac=0.15, lang=0):
-    """Forward + backward matmul FLOPs per input token of MLM training as MLM.forward computes it (README "Real data":
-    the cost of a Table 1 row), a multiply-add counted as 2 and the backward as twice the forward: per layer Q, K, V
-    and output projections 8 d^2, FFN 4 d f, attention scores and mixing 4 T d (an encoder: all T positions); the
-    softmax 2 d V at the ~15 % target positions only (target_frac), V the vocabulary of language `lang`. A token runs
-    through one language's copy; embeddings, LayerNorm, GELU, softmax and dropout are no matmuls (< 1 %)."""
+    """Forward + backward (2x forward) matmul FLOPs per input token of MLM training (README "Real data"), a multiply-add
+    as 2: per layer Q, K, V, output 8 d^2, FFN 4 d f, attention 4 T d; the softmax 2 d V at the target positions only
+    (target_frac), V language `lang`'s vocabulary. Embeddings, LayerNorm, GELU and dropout are no matmuls (< 1 %)."""
     d, f, T = config.dim, config.ffn_dim, seq_len
     V = config.vocab_sizes[lang] if config.vocab_sizes else config.vocab_size
     return 3 * (config.n_layers * (8 * d * d + 4 * d * f + 4 * T * d) + target_frac * 2 * d * V)
@@ -422,9 +417,8 @@ def iter_states(model, id_lists, lang, batch_size=32):
 
 
 def pool_sentences(model, id_lists, lang, batch_size=32, progress=None):
-    """Sentence vectors of align.py and cka.py (pooling left open by the paper): the mean state of each id list,
-    its two </s> excluded (an empty list: the mean of the two) -> n_layers + 1 float32 arrays (n, dim).
-    `progress(iterable, total)` may wrap the sentences as they are encoded (a progress bar, e.g. tqdm)."""
+    """Sentence vectors (pooling left open by the paper): the mean state of each id list without its two </s> (an
+    empty list: their mean) -> n_layers + 1 float32 arrays (n, dim). `progress(iterable, total)`: e.g. a tqdm bar."""
     out = torch.zeros(model.config.n_layers + 1, len(id_lists), model.config.dim).numpy()
     states = iter_states(model, id_lists, lang, batch_size)
     for k, H in progress(states, len(id_lists)) if progress else states:
@@ -435,13 +429,14 @@ def pool_sentences(model, id_lists, lang, batch_size=32, progress=None):
 # checkpoints as plain types (load under torch.load(weights_only=True), never a pickled object)
 
 @contextmanager
-def _atomic_path(path):  # bpe.atomic_path's copy (model.py copies alone): yields path.tmp, renamed at the end
-    tmp = str(path) + ".tmp"
+def _atomic_paths(*paths):  # bpe.atomic_path's copy (model.py copies alone): temporaries, renamed together at the end
+    tmps = [f"{p}.{os.getpid()}.tmp" for p in paths]  # the pid: two processes never share one
     try:
-        yield tmp
-        os.replace(tmp, path)
+        yield tmps
+        for tmp, path in zip(tmps, paths):
+            os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        for tmp in filter(os.path.exists, tmps):
             os.remove(tmp)
         raise
 
@@ -450,7 +445,7 @@ def save_model(path, model, **extra):
     """Atomically write {"model": state_dict, "config": asdict(config), **extra} (a failed write, e.g. a
     full disk, leaves no file). Pass the raw model, not a DDP or torch.compile wrapper: no key prefixes."""
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(model.config).items()}
-    with _atomic_path(path) as tmp:
+    with _atomic_paths(path) as (tmp,):
         torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
 
 
@@ -469,10 +464,8 @@ def file_digest(path):
 
 
 def load_model(path, map_location="cpu"):
-    """-> (model in eval mode on the device `map_location`, the extra entries of save_model: pretrain.py's best.pt has
-    "tokenizer" (bpe.Tokenizer.to_dict's record) and "langs"). A released XLM checkpoint (`model`, `dico_word2id`,
-    `params`) is read too. Every way a file can be wrong (missing, empty, truncated, not a torch file, another kind of
-    checkpoint, weights that do not fit the config, NaN/inf weights of a diverged run) is one InputError naming it."""
+    """-> (model in eval mode on `map_location`, save_model's extra entries: best.pt's "tokenizer" and "langs"); a
+    released XLM checkpoint is read too. Every way a file can be wrong is one InputError naming it."""
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         why = ("no such file" if not os.path.exists(path) else "is a directory" if os.path.isdir(path)
                else "empty file (0 bytes), not a checkpoint")
@@ -554,10 +547,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def pick_device(device="auto", dtype="auto", local_rank=None):
-    """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl") or ("cpu", "float32", "gloo"). device: "auto"
-    (CUDA if available, else CPU), "cpu", "cuda", "cuda:N" (refused under torchrun: each process takes GPU
-    `local_rank`) or "mps"; a CUDA answer always has an index (torch.cuda.set_device needs it). dtype: "auto" (bfloat16
-    on a GPU of compute capability >= 8.0, else float16; float32 on CPU and MPS) or one of DTYPES. -> InputError."""
+    """-> (device with an index if CUDA, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl"). "cuda:N" is refused under
+    torchrun (each process takes GPU `local_rank`); dtype "auto": bfloat16 from compute capability 8.0, else float16."""
     cuda = torch.cuda.is_available()
     device = ("cuda" if cuda else "cpu") if device == "auto" else device
     kind, colon, index = device.partition(":")
@@ -601,10 +592,9 @@ def autocast(device, dtype):
 
 @contextmanager
 def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
-    """align.py's and cka.py's run. Before any work: check_src_tgt, --device, --dtype, --plot, toy_data (bpe.py's, passed
-    in), then --toy --data DIR fills in each unset path flag of toy_paths ({flag: its file in a toydata.py world}, l0 =
-    --src, l1 = --tgt); --ckpt and those flags but `optional` must name files. The work runs under --dtype's autocast;
-    a file reader's ValueError or OSError (bpe.py's name the file) or running out of memory becomes one InputError."""
+    """align.py's and cka.py's run. Before any work: check_src_tgt, --device, --dtype, --plot, toy_data (bpe.py's), then
+    --toy --data DIR fills in each unset flag of toy_paths ({flag: its file in a world}); all but `optional` must name
+    files. The work runs under autocast; a reader's ValueError or OSError, or out of memory, becomes one InputError."""
     try:
         check_src_tgt(args)  # one text on both sides measures nothing (P@1 100, CKA 1.000)
         args.device, args.dtype, _ = pick_device(args.device, args.dtype)
@@ -677,7 +667,7 @@ def plot_layers(path, title, header, rows, ylabel):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the plot, never over a line
     fig.tight_layout()
-    with _atomic_path(path) as tmp:
+    with _atomic_paths(path) as (tmp,):
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     print(f"wrote {path}")
 
@@ -694,12 +684,9 @@ HF_UNUSED_BIAS = -1e4  # output bias of the BPE symbols our vocabulary lacks (be
 
 
 def hf_tokenizer_json(record, lang, vocab_size):
-    """A `tokenizers` tokenizer.json (as a dict) giving the ids of bpe.Tokenizer.encode(line, lang) between two </s>
-    (XLM's `</s> ids </s>`; a pair: `</s> a </s> b </s>`), from the record of bpe.Tokenizer.to_dict -> (tokenizer
-    dict, number of extra ids). Pre-tokenisation is a regex split equal to bpe.pretokenize for `lang`, BPE keeps our
-    merges with the '</w>' end-of-word suffix; our pieces 'ab@@' (word goes on) and 'ab' (word ends) are `tokenizers`'
-    'ab' and 'ab</w>', at our ids. `tokenizers` also needs every symbol of a merge in its vocabulary; the ones ours
-    lacks get ids vocab_size, vocab_size + 1, ... (export_hf gives them <unk>'s row)."""
+    """A `tokenizers` tokenizer.json (a dict) giving bpe.Tokenizer.encode(line, lang)'s ids between two </s>, from the
+    Tokenizer.to_dict record -> (dict, number of extra ids). Our pieces 'ab@@' and 'ab' are `tokenizers`' 'ab' and
+    'ab</w>' at our ids; merge symbols ours lacks get ids vocab_size, vocab_size + 1, ... (<unk>'s row in export_hf)."""
     prefix = f"{lang}:" if record["mode"] == "prefixed" else ""  # a prefixed vocabulary: this language's tokens
     tokens = record["vocabs"][record["vocab_of"][lang]]["tokens"]
     vocab = {t: i for i, t in enumerate(XLM_SPECIALS)}
@@ -760,10 +747,8 @@ def hf_state_dict(model, n_extra=0):
 
 
 def export_hf(ckpt_path, out_dir, lang=None):
-    """Write pretrain.py's best.pt as a directory that transformers loads with no code of ours (-> the files written):
-    XLMWithLMHeadModel and PreTrainedTokenizerFast.from_pretrained(out_dir) read config.json, model.safetensors (or
-    pytorch_model.bin), tokenizer.json, tokenizer_config.json, special_tokens_map.json. The tokenizer is `lang`'s
-    (default: the first language). Models with language-specific parts (--sep) have no transformers equivalent."""
+    """Write best.pt as a directory that XLMWithLMHeadModel and PreTrainedTokenizerFast.from_pretrained load with no
+    code of ours (-> the files written); the tokenizer is `lang`'s (default: the first). --sep models have none."""
     model, extra = load_model(ckpt_path)
     c, record, langs = model.config, extra.get("tokenizer"), extra.get("langs")
     if not record or not langs:
@@ -799,27 +784,19 @@ def export_hf(ckpt_path, out_dir, lang=None):
         weights = ("pytorch_model.bin", lambda tmp: torch.save(sd, tmp))
     files = {"config.json": config, "tokenizer.json": tok, "tokenizer_config.json": tok_config,
              "special_tokens_map.json": specials}
-    new_dir = not os.path.isdir(out_dir)
+    names, new_dir = [weights[0], *files], not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    tmps = []  # every file is written to a temporary first, then all are renamed: a failure leaves no mix
-    try:
-        for name, content in [weights] + list(files.items()):
-            tmps.append(os.path.join(out_dir, f".{name}.{os.getpid()}.tmp"))
-            if callable(content):
-                content(tmps[-1])
-            else:
-                with open(tmps[-1], "w", encoding="utf-8") as f:
+    try:  # every file goes to a temporary first, then all are renamed: a failure (a full disk) leaves no mix
+        with _atomic_paths(*(os.path.join(out_dir, name) for name in names)) as tmps:
+            weights[1](tmps[0])
+            for tmp, content in zip(tmps[1:], files.values()):
+                with open(tmp, "w", encoding="utf-8") as f:
                     json.dump(content, f, ensure_ascii=False, indent=1)
-    except Exception as e:  # a full disk: OSError, or safetensors' own error
-        for tmp in filter(os.path.exists, tmps):
-            os.remove(tmp)
+    except Exception as e:  # OSError, or safetensors' own error
         if new_dir and not os.listdir(out_dir):
             os.rmdir(out_dir)
         raise InputError(f"cannot write the export to {out_dir}: {_first_line(e)} (any earlier export there is "
                          "left as it was)") from None
-    names = [weights[0], *files]
-    for tmp, name in zip(tmps, names):
-        os.replace(tmp, os.path.join(out_dir, name))
     other = os.path.join(out_dir, {"model.safetensors": "pytorch_model.bin"}.get(weights[0], "model.safetensors"))
     if os.path.exists(other):  # an earlier export's weights in the other format: transformers could load those
         os.remove(other)

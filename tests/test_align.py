@@ -452,6 +452,6 @@ def test_maps_record_and_check_their_checkpoints(ckpts, toy_world, tmp_path, cap
     align.save_maps(tmp_path / "mixed.npz", [np.eye(2)], "en", "fr", [bi, fr])  # read the other way: swapped
     assert align.load_map(str(tmp_path / "mixed.npz"), "fr", "en", 0, digests=[fr, bi]).shape == (2, 2)
     np.savez(tmp_path / "old.npz", src_to_tgt=np.eye(2)[None], tgt_to_src=np.eye(2)[None], src="en", tgt="fr")
-    with pytest.raises(bpe.InputError, match="written without their checkpoints' digests"):
+    with pytest.raises(bpe.InputError, match="written without checkpoint digests"):
         align.load_map(str(tmp_path / "old.npz"), "en", "fr", 0, digests=bi)
     assert align.load_map(str(tmp_path / "old.npz"), "en", "fr", 0).shape == (2, 2)  # nothing asked, nothing checked
