@@ -361,8 +361,8 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
 
 def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200000, batch_size=32):
     """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed lowercase as MUSE:
-    (a) embedding-table rows of the words that are ONE subword (Fig. 4a); (b) per layer, the mean
-    contextual vector of a word over its occurrences (Fig. 4b). -> (keys_a, X_a), (keys_b, [X_b per layer])."""
+    (a) embedding rows of the words that are ONE subword (Fig. 4a); (b) per layer, the mean contextual vector of a
+    word over its occurrences (Fig. 4b). -> (keys_a, X_a), (keys_b, [X_b per layer])."""
     from bpe import UNK_ID, InputError, read_lines
     sents = [tok.words(line.strip(), lang) for line in read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
@@ -404,9 +404,10 @@ def _encoders(args):
             loaded[path] = M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)
         mdl, tok, langs, _ = loaded[path]
         out.append((mdl, tok, checkpoint_lang(langs, lang, f"{path}: language {lang!r} is"), lang))
-    if args.ckpt2 and out[0][0].config.dim != out[1][0].config.dim:  # before any encoding
-        raise InputError(f"--ckpt {args.ckpt} has width {out[0][0].config.dim} but --ckpt2 {args.ckpt2} "
-                         f"{out[1][0].config.dim}: their vectors cannot be compared or mapped onto each other")
+    dims = [side[0].config.dim for side in out]
+    if dims[0] != dims[1]:  # before any encoding
+        raise InputError(f"--ckpt {args.ckpt} has width {dims[0]} but --ckpt2 {args.ckpt2} {dims[1]}: their vectors "
+                         "cannot be compared or mapped onto each other")
     return out
 
 
@@ -523,8 +524,7 @@ def cmd_contextual(args):
         raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a held-out part")
 
     def token_pairs(ks):  # (source row, target row) of the pairs of sentences ks whose two words have states
-        rows = np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]], dtype=np.int64)
-        rows = rows.reshape(-1, 2)
+        rows = np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]], np.int64).reshape(-1, 2)
         return rows[~np.isnan(Hs[0][rows[:, 0], 0]) & ~np.isnan(Ht[0][rows[:, 1], 0])]
     fit, ev = token_pairs(range(n_fit)), token_pairs(range(n_fit, len(S)))
     cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))  # target tokens of the eval sentences
@@ -624,7 +624,8 @@ def build_parser():
     p = command("contextual", cmd_contextual, "§5.1.2: contextual word alignment from fast_align pairs", {
         "src_file": ("parallel sentences, source side (one per line)", "parallel/{l0}-{l1}.train.{l0}"),
         "tgt_file": ("parallel sentences, target side (line k translates line k)", "parallel/{l0}-{l1}.train.{l1}")})
-    p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps)")
+    p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps; "
+                   "default: not written)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
     sentences = command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
         "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),

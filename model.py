@@ -785,6 +785,8 @@ def export_hf(ckpt_path, out_dir, lang=None):
     files = {"config.json": config, "tokenizer.json": tok, "tokenizer_config.json": tok_config,
              "special_tokens_map.json": specials}
     names, new_dir = [weights[0], *files], not os.path.isdir(out_dir)
+    if new_dir and os.path.exists(out_dir):  # was "[Errno 17] File exists"
+        raise InputError(f"{out_dir}: exists and is not a directory (the export's output directory)")
     os.makedirs(out_dir, exist_ok=True)
     try:  # every file goes to a temporary first, then all are renamed: a failure (a full disk) leaves no mix
         with _atomic_paths(*(os.path.join(out_dir, name) for name in names)) as tmps:

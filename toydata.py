@@ -537,8 +537,8 @@ def _write(out_dir, name, text):
         raise
 
 
-# Sentences per file (--size here, --toy-size in pretrain.py): tiny is for tests, full the default; paper is full
-# with 1,000 task examples to fine-tune on and 300 per test set, RESULTS.md's "The paper on a laptop" world.
+# Sentences per file (--size; pretrain.py --toy-size): tiny for tests; paper: full with 1,000 task examples to fine-tune
+# on and 300 per test set (RESULTS.md's "The paper on a laptop").
 SIZES = {
     "tiny": dict(n_train=400, n_dev=60, n_test=60, n_parallel=60, n_task_train=60, n_task_eval=30, n_tatoeba=60),
     "small": dict(n_train=5000, n_dev=300, n_test=300, n_parallel=500, n_task_train=500, n_task_eval=200, n_tatoeba=300),
@@ -551,19 +551,13 @@ SIZES["paper"] = dict(SIZES["full"], n_task_train=1000, n_task_eval=300)
 def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_shift=0.0,
                 n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000,
                 n_task_eval=500, seed=0, cyrillic=False, n_tatoeba=1000, force=False, name_overlap=None, scale=1):
-    """Generate the world and write every file under out_dir; returns a summary dict.
-
-    langs = (l0, l1). l0 is the source ("English") side: SVO, adjective before noun, prepositions; l1 has the
-    word order `order` (and Cyrillic letters with `cyrillic`). Layout:
-        mono/{lang}.{train,dev,test}.txt         monolingual, independently sampled per language (not parallel)
+    """Generate the world and write every file under out_dir -> a summary dict. l0 of langs = (l0, l1) is the source
+    ("English": SVO, adjective before noun, prepositions), l1 has the word order `order` (Cyrillic with `cyrillic`):
+        mono/{lang}.{train,dev,test}.txt           monolingual, sampled per language (not parallel)
         dict/{l0}-{l1}.txt, .train.txt, .test.txt  MUSE `src tgt`; train/test have distinct source words
-        parallel/{l0}-{l1}.train.{l0|l1}         parallel sentences (line i = line i)
-        tatoeba/tatoeba.{l1}-{l0}.{l1|l0}        test parallel pairs
-        ner/{lang}.{train,dev,test}.tsv          token<TAB>IOB2 tag, blank line after each sentence
-        ud/{lang}.{train,dev,test}.conllu        CoNLL-U
-        xnli/{lang}.{train,dev,test}.tsv         premise<TAB>hypothesis<TAB>label
-        world.json                               knobs, seed, vocabulary sizes, shared count
-    """
+        parallel/{l0}-{l1}.train.{l0|l1}           parallel sentences (line i = line i); tatoeba/: the test pairs
+        {ner,ud,xnli}/{lang}.{train,dev,test}.*    tsv token<TAB>IOB2 tag; conllu; tsv premise<TAB>hypothesis<TAB>label
+        world.json                                 knobs, seed, vocabulary sizes, shared count"""
     t0 = time.time()   # every bad argument is an InputError naming the flag of `python toydata.py`, before any write
     if len(langs) != 2 or langs[0] == langs[1] or not all(map(str.isalpha, langs)):
         raise InputError(f"--langs {','.join(langs)}: expected two distinct codes of letters (bilingual models), "

@@ -170,6 +170,8 @@ def test_export_hf_refuses_sep_and_bad_lang(tmp_path):
     M.save_model(tmp_path / "m.pt", tiny_model(21), tokenizer=TINY_RECORD, langs=["en", "fr"])
     with pytest.raises(SystemExit, match="--lang de: not one of"):
         M.main(["export", str(tmp_path / "m.pt"), str(tmp_path / "out"), "--lang", "de"])
+    with pytest.raises(SystemExit, match=r"m\.pt: exists and is not a directory \(the export's output directory\)$"):
+        M.main(["export", str(tmp_path / "m.pt"), str(tmp_path / "m.pt")])  # was "[Errno 17] File exists"
 
 
 # -----------------------------------------------------------------------------
