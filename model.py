@@ -507,9 +507,8 @@ XLM_SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in ran
 
 
 def _from_xlm_checkpoint(path, ckpt):
-    """A facebookresearch/XLM train.py checkpoint {"model": state dict, "dico_word2id": {word: id}, "params": {...}}
-    -> (model, {"langs": id2lang in id order, "xlm_vocab": the words in id order}), configured as XLM's
-    TransformerModel reads params (FFN 4 x emb_dim; language embeddings when n_langs > 1 and use_lang_emb)."""
+    """An XLM train.py checkpoint {"model", "dico_word2id", "params"} -> (model, {"langs": id2lang, "xlm_vocab": the
+    words in id order}), configured as XLM's TransformerModel reads params (FFN 4 x emb_dim)."""
     params, word2id, state = ckpt["params"], ckpt["dico_word2id"], ckpt["model"]
     if not all(isinstance(x, dict) for x in (params, word2id, state)):
         raise InputError(f"{path}: an XLM checkpoint's model, dico_word2id and params must be dicts")
@@ -634,10 +633,9 @@ def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
 def check_plot(path):
     """--plot FILE.png, checked before any work: matplotlib importable, the directory writable."""
     d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d):
-        raise InputError(f"--plot {path}: no such directory {d}")
-    if os.path.isdir(path) or not os.access(d, os.W_OK):
-        raise InputError(f"--plot {path}: cannot write a file there")
+    if not os.path.isdir(d) or os.path.isdir(path) or not os.access(d, os.W_OK):
+        why = "cannot write a file there" if os.path.isdir(d) else f"no such directory {d}"
+        raise InputError(f"--plot {path}: {why}")
     try:
         __import__("matplotlib")  # only to know it is there
     except ImportError:
@@ -652,8 +650,7 @@ def markdown_table(header, rows, fmt="{:.3f}"):
 
 
 def plot_layers(path, title, header, rows, ylabel):
-    """Draw a per-layer table as a PNG (atomically; after check_plot): x = the first column (layer names), one line
-    per column of floats (ints such as pair counts and '-' cells are left out)."""
+    """Draw a per-layer table as a PNG (atomically; after check_plot): one line per column of floats, x the layers."""
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     fig = Figure(figsize=(7, 3.6))
     ax = fig.subplots()
@@ -735,8 +732,7 @@ def xlm_names(config):
 
 
 def hf_state_dict(model, n_extra=0):
-    """MLM's weights under XLMWithLMHeadModel's names (xlm_names); n_extra more token rows copy <unk>'s (3), their
-    output bias HF_UNUSED_BIAS."""
+    """MLM's weights under XLMWithLMHeadModel's names; n_extra token rows copy <unk>'s, output bias HF_UNUSED_BIAS."""
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     emb, bias = sd["tok_emb.0.weight"], sd["pred_bias.0"]
     sd["tok_emb.0.weight"] = torch.cat([emb, emb[3:4].expand(n_extra, -1)])
