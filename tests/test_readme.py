@@ -58,7 +58,8 @@ def set_names(lines):
     for line in lines:
         for m in re.finditer(r"(?:^|[;\s])([A-Za-z_]\w*)=(\"[^\"]*\"|'[^']*'|[^\s;]*)", line):
             value = m.group(2).strip("\"'")
-            names[m.group(1)] = "0" if re.fullmatch(r"\$\{?\d\}?|\$\{\w+[#%].*\}", value) else value
+            names[m.group(1)] = ("0" if re.fullmatch(r"\$\{?\d\}?|\$\{\w+[#%].*\}", value) or value.startswith("$(")
+                                 else value)  # a command's output ($(...)): a placeholder too
         for m in re.finditer(r"\bfor (\w+) in (\"[^\"]*\"|'[^']*'|\S+)", line):
             names[m.group(1)] = m.group(2).rstrip(";").strip("\"'")
         for m in re.finditer(r"\bset -- \$\{?(\w+)\}?", line):  # set -- $run: $1, $2 ... are its words
