@@ -666,7 +666,9 @@ def read_conllu(path, lang=None):
     sentences, rows, start = [], [], None
     lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
     for n, line in lines:
-        if line.strip():
+        if line and not line.strip():  # UD's validator: a pseudo-empty line (else read as a sentence's end)
+            raise InputError(f"{path}:{n}: a line of only spaces or tabs (CoNLL-U ends a sentence with an empty line)")
+        if line:
             start = start or n
             cols = line.split("\t")
             if line.startswith("#") or len(cols) == 10 and ("-" in cols[0] or "." in cols[0]):
@@ -849,8 +851,8 @@ def build_parser():
     add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps "
         "(with --align-layer)")
     add("--align-maps", help="§5.1.2: align.py contextual --save-maps .npz (with --align-layer)")
-    add("--out", metavar="DIR", help="results.json and sets/ (a folder per task when several run); rerun to resume; "
-        "required")
+    add("--out", metavar="DIR", help="results.json and sets/ (a folder per task when several run); required. The "
+        "same command again resumes: the finished sets are kept, the set in progress starts again from epoch 1")
     add("--overwrite", action="store_true", help="replace the results and sets of another run in --out")
     add("--allow-overlap", action="store_true", help="accept a train file with the contents of the dev or a test "
         "file (default: refused; the epoch and the sets would be chosen, or scored, on the training data)")
@@ -900,17 +902,40 @@ def lang_index(langs, code, ckpt, flag):
     return checked(bpe.checkpoint_lang, langs, code, f"{flag} {code}:", f" ({ckpt})")
 
 
+def maps_origin(args):
+    """--align-maps must be fitted on --ckpt (English) and --target-ckpt: align.py records each side's checkpoint
+    digest beside its language (src, tgt); a file without them (an older align.py) cannot be checked: a note."""
+    with np.load(args.align_maps) as z:  # setup_aligned read it already
+        sides = {str(z[s]): str(z[f"{s}_ckpt_digest"]) for s in ("src", "tgt") if f"{s}_ckpt_digest" in z.files}
+    if not sides:
+        print(f"note: --align-maps {args.align_maps} records no checkpoint digests (an older align.py): whether it "
+              "was fitted on --ckpt and --target-ckpt cannot be checked")
+    for lang, flag, path in ((args.train_lang, "--ckpt", args.ckpt), (args.eval_langs[0], "--target-ckpt",
+                                                                         args.target_ckpt)):
+        if lang in sides and sides[lang] != digest(path):
+            raise InputError(f"--align-maps {args.align_maps}: its {lang} side was fitted on the checkpoint "
+                             f"{sides[lang]}, not on {flag} {path} ({digest(path)}); fit the maps on these models "
+                             "(align.py contextual)")
+
+
 def prepare_task(task_name, files, model, routes, args):
     """Read and featurise every file of one task before any training -> (task, data); routes: code -> (tok, lang)."""
     try:
         train, dev = (read_split(task_name, files[s], args.train_lang) for s in ("train", "dev"))
         task = TASKS[task_name](train, args.max_len)
         tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
-        for path, ex in [(files["dev"], dev)] + [(files["test"][code], ex) for code, ex in tests.items()]:
-            if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
-                print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
     except (ValueError, OSError) as e:  # a reader's InputError, a file that is not UTF-8 or cannot be read
         raise InputError(str(e)) from None
+    seen = set(map(repr, train))
+    for what, path, ex in [("dev", files["dev"], dev)] + [(f"{c} test", files["test"][c], tests[c]) for c in tests]:
+        if 2 * (shared := sum(repr(e) in seen for e in ex)) > len(ex) and not args.allow_overlap:
+            raise InputError(f"{task_name}: the train file {files['train']} holds {shared} of the {len(ex)} examples "
+                             f"of the {what} file {path}; a score chosen or measured on the training data is not one "
+                             "(--allow-overlap if that is meant)")
+        if len(ex) < 2:
+            raise InputError(f"{task_name}: {path}: one example; a score on one example is not a result")
+        if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
+            print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
     n_per_epoch = args.epoch_size or len(train)
     if max(args.batch_size) > n_per_epoch:
         raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} {task_name} training "
@@ -973,7 +998,18 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
     cols, rows = sorted(dev, key=lambda k: k != task.metric), [(args.train_lang, "dev", dev)]
     rows += [(code, "test", test[code]) for code in test]  # the selection metric first, then the others
     print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
-                                                 for c, split, s in rows]) + f"\nwrote {path}")
+                                                 for c, split, s in rows]))
+    print(chance_level(task, data) + f"\nwrote {path}")
+
+
+def chance_level(task, data):
+    """The score of a guess, printed under the scores: XNLI, the majority label's share of each split (33.3 % when
+    the three labels are balanced); span F1 and LAS of a guess are about 0."""
+    if task.name != "xnli":
+        return f"chance: {task.metric} of a guess is about 0"
+    splits = [("dev", data["dev"][0])] + [(f"{code} test", ex) for code, (ex, _, _) in data["test"].items()]
+    return "chance (always the majority label): " + ", ".join(
+        f"{what} {100 * max(collections.Counter(lab for *_, lab in ex).values()) / len(ex):.1f}" for what, ex in splits)
 
 
 def _main(args):
@@ -1030,6 +1066,7 @@ def _main(args):
     args.max_len = min(args.max_len or 128, most)
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
+        maps_origin(args)
     else:
         routes = {c: (tok, lang_index(langs, c, args.ckpt, "--eval-langs" if i else "--train-lang"))
                   for i, c in enumerate([args.train_lang] + args.eval_langs)}
@@ -1040,11 +1077,6 @@ def _main(args):
         task_args = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if vars(args)[k] is None}})
         files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file,
                               treebanks if name == "parse" else None, args.data_flag)
-        same = [what for what, p in [("dev", files["dev"])] + [(f"{c} test", p) for c, p in files["test"].items()]
-                if digest(p) == digest(files["train"])]
-        if same and not args.allow_overlap:
-            raise InputError(f"{name}: the train file {files['train']} has the contents of the {same[0]} file; a score "
-                             "chosen or measured on the training data is not one (--allow-overlap if that is meant)")
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job, done = earlier_sets(name, files, task_args, out)
         plans.append((*prepare_task(name, files, model, routes, task_args), files, task_args, out, job, done))
@@ -1157,6 +1189,7 @@ def mean_std(v):
 
 
 COLUMN_NAMES = {"ppl": "dev ppl", "xnli": "XNLI", "ner": "NER", "parse": "Parse"}  # --table's columns, in order
+CHANCE = {"xnli": "XNLI 33.3 (three balanced labels)", "ner": "NER span F1 about 0", "parse": "LAS about 0"}
 
 
 def is_score(v):
@@ -1168,7 +1201,7 @@ def table_cells(results, path):
     shape (a score that is not a finite number, the wrong metric) is refused, naming the file."""
     task, metric, pretrain = results["task"], TASKS[results["task"]].metric, results.get("pretrain") or {}
     ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
-    valid = (results.get("metric") == metric
+    valid = (results.get("metric") == metric and results["test"]
              and all(isinstance(s, dict) and is_score(s.get(metric)) for s in results["test"].values())
              and isinstance(ppl, dict) and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
     if not valid:
@@ -1200,6 +1233,9 @@ def read_table(run_dirs):
                 who.add((job.get("ckpt"), job.get("seed")))  # a seed is its checkpoint and fine-tuning seed
         if not cells:
             raise InputError(f"--table: no results.json under {d}")
+        if len(ckpts := {c for c, _ in who if c}) > 1:
+            raise InputError(f"--table: {d} holds the results of {len(ckpts)} checkpoints ({', '.join(sorted(ckpts))});"
+                             " a row's seed is one model")
         for twin in (runs_of.get((name, step, w)) for w in who if w != (None, None)):
             if twin:
                 raise InputError(f"--table: {twin} and {d} hold the same run (the same checkpoint and --seed); "
@@ -1233,6 +1269,7 @@ def results_table(run_dirs, with_stalled=False):
                      + [mean_std(v) + "*" * (0 < len(v) < len(runs)) for v in values] + [delta])
     header = ["model"] + ["updates"] * steps + ["seeds", "stalled"] + [f"{COLUMN_NAMES[t]} {lang}" for t, lang in cols]
     n_stalled = sum(int(line[len(header) - len(cols) - 1]) for line in lines)
+    notes.append("chance: " + ", ".join(CHANCE[t] for t in dict.fromkeys(t for t, _ in scores)))
     if n_stalled:
         notes.append(f"{n_stalled} seed(s) whose MLM stalled on the unigram plateau "
                      + ("are in the means (--with-stalled)" if with_stalled else "are left out of the means "
