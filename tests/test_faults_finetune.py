@@ -180,10 +180,9 @@ FT_BAD_INPUTS = [
      "--target-ckpt {c}/best.pt"),
     # issue 37: the epoch and the sets chosen on the training data; a grid axis that does not apply to the task
     (["--train-file", "{w}/ner/en.dev.tsv"], "error: ner: the train file {w}/ner/en.dev.tsv holds 120 of the 120 "
-     "examples of the dev file {w}/ner/en.dev.tsv; a score chosen or measured on the training data is not one "
-     "(--allow-overlap if that is meant)"),
+     "examples of the en dev file {w}/ner/en.dev.tsv: scores on training data (--allow-overlap if meant)"),
     (["--train-file", "{t}/train+dev.tsv"], "error: ner: the train file {t}/train+dev.tsv holds 120 of the 120 "
-     "examples of the dev file {w}/ner/en.dev.tsv"),  # MUSE's case: a train file that holds the dev set
+     "examples of the en dev file {w}/ner/en.dev.tsv"),  # MUSE's case: a train file that holds the dev set
     (["--data", "{t}/w1"], "error: ner: {t}/w1/ner/en.dev.tsv: one example; a score on one example is not a result"),
     (["--head-lrs", "1e-3"], "error: --head-lr(s) is the XNLI classifier's learning rate: --task ner has no such"),
 ]

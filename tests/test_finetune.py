@@ -572,7 +572,7 @@ def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy
     ft.main(argv + ["--out", str(out)])
     res = json.loads((out / "results.json").read_text())
     assert res["test"]["fr"] == pytest.approx(res["dev"])  # same path, same weights, same sentences
-    assert "records no checkpoint digests (an older align.py)" in capsys.readouterr().out
+    assert "records no checkpoint digests (an older align.py): unchecked" in capsys.readouterr().out
     # maps that record the digests of the two checkpoints they were fitted on (align.py): checked, no note
     np.savez(maps, src_to_tgt=eye, tgt_to_src=eye, src="fr", tgt="en", src_ckpt_digest=ft.digest(str(target)),
              tgt_ckpt_digest=ft.digest(str(toy_ckpt)))
