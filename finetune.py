@@ -26,6 +26,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 
@@ -511,9 +512,9 @@ def nli_example(where, premise, hypothesis, label, column="XNLI label"):
     return premise, hypothesis, label
 
 
-def some(examples, path, what="examples", why=" (empty split)"):
+def some(examples, path, what=None):
     if not examples:
-        raise InputError(f"{path}: no {what}{why}")
+        raise InputError(f"{path}: no {what or 'examples (empty split)'}")
     return examples
 
 
@@ -541,8 +542,7 @@ def read_nli_tsv(path, lang, cols, header_name=None, column="XNLI label"):
                 raise InputError(f"{path}:{n}: no label (column {cols[2]} is empty)")
             label = "contradiction" if label == "contradictory" else label
             examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label, column))
-    where = (f"rows of language {lang!r} (column language)", "") if len(cols) > 3 else ()
-    return some(examples, path, *where)
+    return some(examples, path, len(cols) > 3 and f"rows of language {lang!r} (column language)")
 
 
 def read_xnli_1_0(path, lang):
@@ -572,7 +572,7 @@ def read_multinli(path, lang=None):
                              f"gold_label (MultiNLI .jsonl), got {line[:80]!r}") from None
         if label != "-":
             examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label, "MultiNLI gold_label"))
-    return some(examples, path, "examples with a gold label")
+    return some(examples, path, "examples with a gold label (empty split)")
 
 
 def read_ner(path, lang=None):
@@ -603,7 +603,7 @@ def read_panx(path, lang=None):
         tags.append(fields[1].strip())
         if tags[-1] != "O" and not re.fullmatch(r"[BI]-\S+", tags[-1]):
             raise InputError(f"{path}:{n}: tag {tags[-1]!r} is not O, B-X or I-X (IOB2)")
-    words = [w for ws, _ in some(sentences, path, "sentences") for w in ws]
+    words = [w for ws, _ in some(sentences, path, "sentences (empty split)") for w in ws]
     prefix = None if lang else re.match(r"[a-z]{2,3}:", words[0])
     if prefix and all(w.startswith(prefix[0]) for w in words):
         n = next(n for n, line in enumerate(read_lines(path), 1) if line.strip())  # the first token's line
@@ -649,7 +649,7 @@ def read_conllu(path, lang=None):
             _, _, words, _, rels = map(list, zip(*rows))
             sentences.append({"words": words, "heads": heads, "rels": rels})
         rows, start = [], None
-    return some(sentences, path, "sentences")
+    return some(sentences, path, "sentences (empty split)")
 
 
 # -----------------------------------------------------------------------------
@@ -858,8 +858,7 @@ def prepare_task(task_name, files, model, routes, args):
         if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
             print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
         print(f"{task_name}: {what} {len(ex)} from {path}")
-    n_per_epoch = args.epoch_size or len(train)
-    if max(args.batch_size) > n_per_epoch:
+    if max(args.batch_size) > (n_per_epoch := args.epoch_size or len(train)):
         raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} {task_name} training "
                          f"examples of an epoch ({files['train']}): every update would be the whole epoch")
     featurize = lambda ex, code: task.featurize(ex, routes[code][0], code, model.config.max_positions)  # noqa: E731
@@ -1000,15 +999,15 @@ def _main(args):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill (a job's time limit) as Ctrl-C, below
     try:
         with bpe.reported(parser):  # a bad flag or input file: one line `error: ...`, exit code 1
             return _main(args)
     except (MemoryError, RuntimeError) as e:
         if not bpe.out_of_memory(e):
             raise
-        raise SystemExit("error: out of memory; a smaller --batch-size or --max-len is another run (another --out, or "
-                         "--overwrite); the finished sets are kept for this one") from None
-    except KeyboardInterrupt:  # Ctrl-C: the set in progress is lost, the finished ones are on disk (sets/)
+        raise SystemExit("error: out of memory; a smaller --batch-size or --max-len goes in another --out") from None
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the set in progress is lost, the finished ones are on disk (sets/)
         kept = glob.glob(os.path.join(args.out or "", "**", "sets", "*.json"), recursive=True)
         again = shlex.join(["python", "finetune.py"] + [str(a) for a in (sys.argv[1:] if argv is None else argv)
                                                         if a != "--overwrite"])  # it would remove what was kept
@@ -1117,9 +1116,8 @@ def table_cells(results, path):
                          "dev perplexity is missing or not a number); run the fine-tuning again")
     first = next(iter(ppl), None)  # the checkpoint's first language (English): its dev ppl against the count model
     left = (count.get(first) if isinstance(count, dict) and isinstance(count.get(first), dict) else {}).get("left")
-    stalled = is_score(left) and ppl[first] > left
     return {**{(task, lang): 100 * s[metric] for lang, s in results["test"].items()},
-            **{("ppl", lang): v for lang, v in ppl.items()}, **({"stalled": True} if stalled else {})}
+            **{("ppl", lang): v for lang, v in ppl.items()}, "stalled": is_score(left) and ppl[first] > left}
 
 
 def read_table(run_dirs):
@@ -1135,6 +1133,8 @@ def read_table(run_dirs):
         for path in sorted(glob.glob("results.json", root_dir=d) + glob.glob("*/results.json", root_dir=d)):
             results = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's three
             if isinstance(results, dict) and results.get("task") in TASKS and isinstance(results.get("test"), dict):
+                if any(col[0] == results["task"] for col in cells):  # ./results.json and ./TASK/results.json
+                    raise InputError(f"--table: {d} holds two {results['task']} results.json; a seed has one")
                 cells.update(table_cells(results, os.path.join(d, path)))
                 job = results.get("job") if isinstance(results.get("job"), dict) else {}
                 who.add((job.get("ckpt"), job.get("seed")))  # a seed is its checkpoint and fine-tuning seed

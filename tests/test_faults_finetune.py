@@ -640,3 +640,61 @@ def test_dtype_flags_mean_the_same_in_every_script():
             parse(["--dtype", "fp8"])
     with pytest.raises(SystemExit):
         pretrain.get_args(["--dtype", "fp8"])
+
+
+def test_the_advice_after_an_interrupt_or_out_of_memory_works(toy_world, toy_ckpt, tmp_path, monkeypatch, capsys):
+    """Interrupted in a run given --overwrite: the command printed to go on has no --overwrite (it would remove the
+    finished sets), and running it trains only the rest; out of memory: a smaller --batch-size is said to be another
+    run (it is: the same --out refuses it)."""
+    out = tmp_path / "o"
+    (out / "sets").mkdir(parents=True)
+    (out / "results.json").write_text('{"job": {"task": "ner", "seed": 7}}')  # another run's, to be replaced
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--out", str(out), "--overwrite"]
+    real, calls = ft.finetune_one, []
+
+    def interrupted(*a, **k):
+        calls.append(a[4]["lr"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    monkeypatch.setattr(ft, "finetune_one", interrupted)
+    with pytest.raises(SystemExit):
+        ft.main(argv)
+    again = capsys.readouterr().err.split("to go on, run python finetune.py ")[1].strip()
+    assert "--overwrite" not in again and not (out / "results.json").exists()
+    calls.clear()
+    monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: calls.append(a[4]["lr"]) or real(*a, **k))
+    ft.main(shlex.split(again))  # goes on: the finished set is kept, only the second trains
+    assert calls == [3e-4] and (out / "results.json").exists()
+
+    def oom(*a, **k):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(ft, "finetune_one", oom)
+    with pytest.raises(SystemExit, match="^error: out of memory; a smaller --batch-size or --max-len goes in another --out$"):
+        ft.main(argv[:-1] + ["--out", str(tmp_path / "p")])
+    with pytest.raises(SystemExit, match="already exists, from another run .other batch_size"):
+        ft.main(argv[:-1] + ["--batch-size", "16"])
+
+
+def test_sigterm_is_an_interrupt_that_names_what_is_kept(toy_world, toy_ckpt, tmp_path, monkeypatch, capsys):
+    """A kill (a job's time limit) during the second set: the same line as Ctrl-C, the command that goes on (was a
+    silent exit 143)."""
+    import os
+    import signal
+    out = tmp_path / "o"
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--out", str(out)]
+    real, calls = ft.finetune_one, []
+
+    def killed(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+    monkeypatch.setattr(ft, "finetune_one", killed)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            ft.main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert e.value.code == 130 and "interrupted; 1 finished hyper-parameter set(s) kept" in capsys.readouterr().err

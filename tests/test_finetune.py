@@ -462,6 +462,9 @@ def test_toy_end_to_end_parse_beats_chance(toy_world, toy_ckpt, tmp_path, capsys
             "fr": {metric: 0.5}}, "job": {**res["job"], "ckpt": ckpt}}))
     with pytest.raises(SystemExit, match="mixed holds the results of 2 checkpoints"):
         ft.main(["--table", str(mixed)])
+    shutil.copy(out / "results.json", mixed / "results.json")  # parse twice in one run folder: a seed has one
+    with pytest.raises(SystemExit, match="mixed holds two parse results.json; a seed has one"):
+        ft.main(["--table", str(mixed)])
 
 
 def _load(ckpt):
@@ -671,6 +674,9 @@ def test_table_leaves_a_stalled_seed_out_and_marks_thin_cells(tmp_path, capsys):
         {"task": "xnli", "metric": "acc", "test": {"fr": {"acc": 0.5}}}))
     table = ft.results_table(dirs)
     assert "50.0*" in table and "* averaged over fewer seeds" in table
+    count = tmp_path / "m-s2" / "ner" / "results.json"  # a hand-edited count model: not a stall (was a TypeError)
+    count.write_text(count.read_text().replace("24.0", '"x"'))
+    assert ft.results_table(dirs).splitlines()[1].split()[:3] == ["m", "3", "0"]
 
 
 def test_table_plot_draws_learning_curves(tmp_path):
