@@ -553,8 +553,7 @@ def read_xnli_1_0(path, lang):
 
 
 def read_xnli_mt(path, lang=None):
-    """XNLI-MT 1.0 (`XNLI-MT-1.0.zip`, `multinli/multinli.train.{lang}.tsv`: MultiNLI train, the English original
-    and its machine translations): a header `premise<TAB>hypo<TAB>label`, `contradictory` for contradiction."""
+    """XNLI-MT 1.0 (`XNLI-MT-1.0.zip`: `multinli/multinli.train.{lang}.tsv`, MultiNLI train and its translations)."""
     return read_nli_tsv(path, lang, ("premise", "hypo", "label"), "XNLI-MT header premise<TAB>hypo<TAB>label",
                         "XNLI-MT label")
 
@@ -999,7 +998,7 @@ def _main(args):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill (a job's time limit) as Ctrl-C, below
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill (a job's time limit) as Ctrl-C
     try:
         with bpe.reported(parser):  # a bad flag or input file: one line `error: ...`, exit code 1
             return _main(args)
@@ -1015,6 +1014,8 @@ def main(argv=None):
               f"progress starts again); to go on, run {again}" if kept else
               "finetune.py: interrupted before any set finished; nothing was kept", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 # -----------------------------------------------------------------------------
@@ -1172,8 +1173,7 @@ def results_table(run_dirs, with_stalled=False):
         lines.append([name] + [step or "-"] * steps + [str(len(runs)), str(len(stalled))]
                      + [mean_std(v) + "*" * (0 < len(v) < len(runs)) for v in values] + [delta])
     header = ["model"] + ["updates"] * steps + ["seeds", "stalled"] + [f"{COLUMN_NAMES[t]} {lang}" for t, lang in cols]
-    n_stalled = sum(int(line[len(header) - len(cols) - 1]) for line in lines)
-    if n_stalled:
+    if n_stalled := sum(int(line[len(header) - len(cols) - 1]) for line in lines):
         notes.append(f"{n_stalled} seed(s) whose MLM stalled on the unigram plateau " + (
             "are in the means (--with-stalled)" if with_stalled else "are left out (--with-stalled counts them)"))
     if any("*" in c for line in lines for c in line):

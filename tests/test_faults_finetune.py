@@ -692,9 +692,7 @@ def test_sigterm_is_an_interrupt_that_names_what_is_kept(toy_world, toy_ckpt, tm
         return real(*a, **k)
     monkeypatch.setattr(ft, "finetune_one", killed)
     before = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(SystemExit) as e:
-            ft.main(argv)
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    with pytest.raises(SystemExit) as e:
+        ft.main(argv)
+    assert signal.getsignal(signal.SIGTERM) == before  # the caller's handler again after main
     assert e.value.code == 130 and "interrupted; 1 finished hyper-parameter set(s) kept" in capsys.readouterr().err
