@@ -26,6 +26,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 
@@ -54,8 +55,7 @@ def first_subwords(tok, words, lang):
 
 
 def word_states(model, seqs, firsts, lang, max_len, with_root):
-    """encode_states at each word's first subword (ROOT, the leading </s>, first when with_root) -> (B, W, d)
-    states and the (B, W) mask of real words."""
+    """States at each word's first subword (then ROOT, the leading </s>, first) -> (B, W, d) and the words' mask."""
     states = encode_states(model, seqs, lang, max_len)
     pos = [torch.tensor([0] * with_root + [1 + k for k in f], dtype=torch.long) for f in firsts]
     pos = nn.utils.rnn.pad_sequence(pos, batch_first=True, padding_value=-1).to(states.device)  # (B, W), -1: no word
@@ -72,10 +72,9 @@ def warmup_linear(step, total, warmup=0.1):
 
 
 class Task:
-    """What the §3.2 protocol asks of a task: `labels` (id = index) from English train, `metric` for English dev,
-    featurize(examples), run(batch) -> the loss (the predictions with predict=True), score(examples, preds),
-    its grid presets `paper` and `toy` (the values of the grid flags left unset) and its optimisers. NER and
-    parsing encode a long sentence in windows of `max_len` subwords (XNLI's featurize cuts a pair to fit instead)."""
+    """What the §3.2 protocol asks of a task: `labels` from English train, a `metric` for English dev, featurize,
+    run (the loss, or the predictions), score, its grid presets `paper` and `toy`, its optimisers. NER and parsing
+    encode a long sentence in windows of `max_len` subwords (XNLI's featurize cuts a pair to fit instead)."""
     own_head_lr = False  # a classifier learning rate of its own, a third axis of the grid (XNLI)
 
     def __init__(self, train_examples, max_len=128):
@@ -86,8 +85,7 @@ class Task:
         return nn.Sequential(nn.Dropout(dropout), nn.Linear(d, len(self.labels)))
 
     def optimizers(self, params, head, hp, total_steps):
-        """(optimisers, schedulers) of one set: one Adam over the encoder and the head, 10 % linear warm-up then
-        linear decay (crosslingual-nlp; NER and parsing)."""
+        """NER, parsing: one Adam over the encoder and the head, warmup_linear (crosslingual-nlp)."""
         opt = torch.optim.Adam(params + list(head.parameters()), lr=hp["lr"])
         return [opt], [torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_linear(s, total_steps))]
 
@@ -100,13 +98,12 @@ XNLI_LABELS = ("contradiction", "neutral", "entailment")  # ids 0, 1, 2 as XLM `
 
 
 class XNLITask(Task):
-    """Pair classification: dropout + Linear(d, 3) on the last layer at position 0 (the first </s>); XLM's two
-    Adam optimisers, the classifier's learning rate a grid axis of its own."""
+    """Dropout + Linear(d, 3) on the last layer at position 0 (the first </s>); the head's lr a grid axis (XLM)."""
     name, metric, own_head_lr = "xnli", "acc", True
     # §3.2's grid; an epoch is 20000 pairs, XLM's --epoch_size
     paper = dict(epochs=200, epoch_size=20000, batch_size=[4, 8], lr=[1.25e-6, 2.5e-6, 5e-6],
                  head_lr=[5e-6, 2.5e-5, 1.25e-4])
-    toy = dict(epochs=10, epoch_size=0, batch_size=[16], lr=[2e-4, 5e-4], head_lr=[1e-3])  # --toy: a tiny model, larger lrs
+    toy = dict(epochs=10, epoch_size=0, batch_size=[16], lr=[2e-4, 5e-4], head_lr=[1e-3])  # --toy: tiny, larger lrs
 
     def optimizers(self, params, head, hp, total_steps):
         """XLM: two Adam optimisers, the encoder's and the classifier's, at fixed learning rates (no schedule)."""
@@ -116,8 +113,7 @@ class XNLITask(Task):
         return list(XNLI_LABELS)  # XLM's fixed ids
 
     def featurize(self, examples, tok, lang, max_positions):
-        """XLM's `</s> premise </s> hypothesis </s>`; a pair too long for the positions loses subwords from the end
-        of its longer side (XLM cuts each side to 256)."""
+        """XLM's `</s> premise </s> hypothesis </s>`; too long, its longer side is cut (XLM cuts each to 256)."""
         feats = []
         for premise, hypothesis, label in examples:
             a, b = tok.encode(premise, lang), tok.encode(hypothesis, lang)
@@ -177,8 +173,7 @@ def bio_spans(tags):
 
 
 def span_f1(gold, pred):
-    """Micro precision, recall, F1 over typed spans of the repaired tag sequences (both sides repaired;
-    gold files are valid IOB2 already). A span counts when type, start and end match (seqeval's default)."""
+    """Micro P, R, F1 over the typed spans of both sides repaired; a span counts when type, start and end match."""
     tp = n_gold = n_pred = 0
     for k, (g, p) in enumerate(zip(gold, pred, strict=True)):  # strict: a missing sentence raises ValueError
         if len(g) != len(p):
@@ -242,8 +237,7 @@ def strip_subtype(rel):
 
 
 def attachment_scores(gold_heads, gold_rels, pred_heads, pred_rels):
-    """(UAS, LAS) over all words (punctuation counted, as CoNLL 2018), deprels without subtypes: with gold tokens,
-    `conll18_ud_eval.py`'s F1."""
+    """(UAS, LAS) over all words, punctuation too, deprels without subtypes: `conll18_ud_eval.py` on gold tokens."""
     n = uas = las = 0
     for gh, gr, ph, pr in zip(gold_heads, gold_rels, pred_heads, pred_rels, strict=True):  # unequal lengths raise
         for a, b, c, d in zip(gh, gr, ph, pr, strict=True):
@@ -277,10 +271,9 @@ def chu_liu_edmonds(S):
 
 
 def mst_decode(scores):
-    """The best tree with exactly ONE word on ROOT; scores[d, h] (n+1, n+1), node 0 = ROOT (row 0 and the
-    diagonal are ignored) -> heads of nodes 0..n, heads[0] = -1. One Chu-Liu-Edmonds run: every ROOT arc
-    loses a constant M larger than the whole score range, so one root arc beats two and the order among
-    one-root trees is unchanged."""
+    """The best tree with ONE word on ROOT; scores[d, h] (n+1, n+1), 0 = ROOT -> heads of 0..n, heads[0] = -1. One
+    Chu-Liu-Edmonds run: every ROOT arc loses a constant M larger than the whole score range, so one root arc beats
+    two and the order among one-root trees is unchanged."""
     S = np.array(scores, dtype=np.float64)
     finite = S[np.isfinite(S)]
     S[:, 0] -= (finite.max() - finite.min() + 1.0) * len(S) if finite.size else 1.0
@@ -307,8 +300,7 @@ class Biaffine(nn.Module):
 
 
 class BiaffineParser(nn.Module):
-    """Arc and label scorers on states h (B, T, d), position 0 = ROOT: s_arc[b, i, j] scores head j for
-    dependent i (bias on the dependent side only), s_rel[b, i, j, r] label r of the arc j -> i."""
+    """On states h (B, T, d), 0 = ROOT: s_arc[b, i, j] scores head j for word i, s_rel[b, i, j, r] its label r."""
 
     def __init__(self, d_model, n_rels, arc_mlp=ARC_MLP, rel_mlp=REL_MLP, dropout=MLP_DROPOUT):
         super().__init__()
@@ -325,16 +317,14 @@ class BiaffineParser(nn.Module):
 
     @staticmethod
     def loss(s_arc, s_rel, heads, rels):
-        """CE over heads + CE over the label at the GOLD head, each a mean over words (yzhangcs/parser).
-        heads, rels: (B, T) gold head position and label id per dependent, -1 where no word."""
+        """CE over heads + CE over the label at the GOLD head (yzhangcs/parser); heads, rels (B, T), -1: no word."""
         words = heads >= 0
         s_gold = s_rel[words].gather(1, heads[words][:, None, None].expand(-1, 1, s_rel.size(-1))).squeeze(1)
         return F.cross_entropy(s_arc[words], heads[words]) + F.cross_entropy(s_gold, rels[words])
 
     @staticmethod
     def decode(s_arc, s_rel, mask):
-        """MST per sentence on log-softmax arc scores, each label the argmax at the chosen head. mask (B, T): True at
-        the words (position 0, ROOT, is ignored). Returns per sentence the CoNLL heads (0 = ROOT) and label ids."""
+        """MST on log-softmax arc scores, labels argmax at the chosen head -> per sentence CoNLL heads, label ids."""
         logp = s_arc.detach().float().log_softmax(-1).cpu().numpy()
         best_rel, words = s_rel.detach().argmax(-1).cpu().numpy(), mask[:, 1:].cpu().numpy()  # one copy each
         out_heads, out_rels = [], []
@@ -397,8 +387,8 @@ def hp_text(hp):
 
 
 def freeze_lang_specific(model):
-    """Language-specific parameters (Sep Emb, Sep L1-k; §4.3) stay frozen: English tunes the shared parts through
-    its own, a target language is tested through ITS own parts and the same shared top. -> the trainable ones."""
+    """Language-specific parameters (Sep Emb, Sep L1-k; §4.3) stay frozen: a target language is tested through ITS
+    own parts and the shared top English tuned. -> the trainable parameters."""
     frozen = {id(p) for lang in range(model.config.n_langs) for p in model.lang_specific_parameters(lang)}
     for p in model.parameters():
         p.requires_grad_(id(p) not in frozen)
@@ -407,8 +397,7 @@ def freeze_lang_specific(model):
 
 @torch.no_grad()
 def evaluate(task, model, head, feats, examples, lang, batch_size=64, bf16=False):
-    """Scores of one split: batches of 64 in length order (less padding), predictions back in file order; under
-    the same autocast as training (bf16)."""
+    """Scores of one split, in batches of 64 in length order (less padding), under training's autocast."""
     model.eval()
     head.eval()
     order = sorted(range(len(feats)), key=lambda i: len(feats[i][0]))
@@ -476,9 +465,8 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
 
 
 def mean_of_best_two(records, metric):
-    """§3.2: "we report the result on average of best two set of hyperparameters". Rank the sets by their
-    (epoch-selected) English dev score, average every score (English dev, each target test) of the best
-    two; one set alone gives its own scores. Returns (indices, dev, test)."""
+    """§3.2: "we report the result on average of best two set of hyperparameters": by English dev (at each set's
+    chosen epoch), every score of the best two averaged (one set: its own) -> (indices, dev, test)."""
     top = sorted(range(len(records)), key=lambda i: -records[i]["dev"][metric])[:2]  # ties: grid order
     mean = lambda scores: {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}  # noqa: E731
     test = {lang: mean([records[i]["test"][lang] for i in top]) for lang in records[top[0]]["test"]}
@@ -489,8 +477,7 @@ def mean_of_best_two(records, metric):
 # Aligned transfer (§5.1.2, Figure 5): English layers 0..i frozen, 4 new layers on top; targets mapped into English
 
 def setup_aligned(model, tok, langs, args):
-    """--align-layer: the English model and the target's own joined by W with x_target @ W ~ x_english at layer I,
-    from align.py contextual --save-maps -> (AlignedEncoder, routes)."""
+    """The English model and the target's own joined by align.py's W (x_target @ W ~ x_english at layer I)."""
     if len(args.eval_langs) != 1:
         raise InputError("--align-layer: give exactly one --eval-langs (the --target-ckpt language)")
     code, en, path, layer = args.eval_langs[0], args.train_lang, args.align_maps, args.align_layer
@@ -514,12 +501,10 @@ def setup_aligned(model, tok, langs, args):
 # The plumbing, not part of the paper: official file formats, the data directory, CLI, resume, --table / --plot
 
 # -----------------------------------------------------------------------------
-# Official formats: every reader is reader(path, lang) -> the task's examples; only the readers of a file of
-# several languages (XNLI 1.0) or of one language's prefixed tokens (raw PAN-X) use `lang`
+# Official formats: reader(path, lang) -> examples; `lang` picks XNLI 1.0's rows, checks raw PAN-X's prefixes
 
 def nli_example(where, premise, hypothesis, label, column="XNLI label"):
-    """One (premise, hypothesis, label) of an NLI file, checked: a known label (`column`: what the file calls it)
-    and two non-empty sentences; `where`: path:line."""
+    """One (premise, hypothesis, label) at `where` (path:line), checked: a known label (`column`), two sentences."""
     if label not in XNLI_LABELS:
         raise InputError(f"{where}: unknown {column} {label!r} (expected entailment, neutral, contradiction)")
     if not premise or not hypothesis:
@@ -527,79 +512,57 @@ def nli_example(where, premise, hypothesis, label, column="XNLI label"):
     return premise, hypothesis, label
 
 
-def tab_fields(lines):
-    """(line number, line, its tab-separated fields stripped) of each non-blank (number, line) of `lines`."""
-    return ((n, line, [x.strip() for x in line.split("\t")]) for n, line in lines if line.strip())
+def some(examples, path, what=None):
+    if not examples:
+        raise InputError(f"{path}: no {what or 'examples (empty split)'}")
+    return examples
 
 
 def read_xnli(path, lang=None):
-    """`premise<TAB>hypothesis<TAB>label` lines (XTREME: XNLI, and MultiNLI as train-en.tsv) -> [(premise,
-    hypothesis, label)]."""
+    """`premise<TAB>hypothesis<TAB>label` lines (XTREME's XNLI, MultiNLI as train-en.tsv) -> [(p, h, label)]."""
+    return read_nli_tsv(path, lang, ("premise", "hypothesis", "label"))
+
+
+def read_nli_tsv(path, lang, cols, header_name=None, column="XNLI label"):
+    """NLI tab-separated columns `cols` = (premise, hypothesis, label[, language]), in order or named by a header line
+    (`header_name`) -> [(premise, hypothesis, label)] (`lang`'s rows); `contradictory` (XNLI-MT's) is contradiction."""
+    lines = enumerate(read_lines(path), 1)
+    header = next(lines, (1, ""))[1] if header_name else "\t".join(cols)
+    names = [x.strip() for x in header.split("\t")]
+    if not set(cols) <= set(names):
+        raise InputError(f"{path}:1: expected the {header_name}, got {header[:80]!r}")
     examples = []
-    for n, line, fields in tab_fields(enumerate(read_lines(path), 1)):
-        if len(fields) != 3 or not fields[0] or not fields[1]:
-            raise InputError(f"{path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {line!r}")
-        examples.append(nli_example(f"{path}:{n}", *fields))
-    if not examples:
-        raise InputError(f"{path}: no examples (empty split)")
-    return examples
+    for n, line, fields in ((n, line, [x.strip() for x in line.split("\t")]) for n, line in lines if line.strip()):
+        if len(fields) != len(names):
+            want = f"{len(names)} tab-separated columns (the header's)" if header_name else "<TAB>".join(cols)
+            raise InputError(f"{path}:{n}: expected {want}, got {line[:80]!r}")
+        premise, hypothesis, label, *language = (fields[names.index(c)] for c in cols)
+        if language == [lang] or not language:
+            if not label:
+                raise InputError(f"{path}:{n}: no label (column {cols[2]} is empty)")
+            label = "contradiction" if label == "contradictory" else label
+            examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label, column))
+    return some(examples, path, len(cols) > 3 and f"rows of language {lang!r} (column language)")
 
 
 def read_xnli_1_0(path, lang):
     """XNLI 1.0 as distributed (Conneau et al. 2018, `XNLI-1.0.zip`: `xnli.dev.tsv`, `xnli.test.tsv`): one file for
-    all 15 languages, a header line, columns read by name (`language`, `gold_label`, `sentence1`, `sentence2`) ->
-    [(premise, hypothesis, label)] of the rows of `lang`, in file order."""
-    lines = enumerate(read_lines(path), 1)
-    _, header = next(lines, (1, ""))
-    names = [x.strip() for x in header.split("\t")]
-    cols = {"language", "gold_label", "sentence1", "sentence2"}
-    if not cols <= set(names):
-        raise InputError(f"{path}:1: expected the XNLI 1.0 header (columns {', '.join(sorted(cols))}), got "
-                         f"{header[:80]!r}")
-    at = {c: names.index(c) for c in cols}
-    examples = []
-    for n, _, fields in tab_fields(lines):
-        if len(fields) != len(names):
-            raise InputError(f"{path}:{n}: expected {len(names)} tab-separated columns (the header's), "
-                             f"got {len(fields)}")
-        if fields[at["language"]] != lang:
-            continue
-        premise, hypothesis, label = (fields[at[c]] for c in ("sentence1", "sentence2", "gold_label"))
-        if not label:
-            raise InputError(f"{path}:{n}: no label (column gold_label is empty)")
-        examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label))
-    if not examples:
-        raise InputError(f"{path}: no rows of language {lang!r} (column language)")
-    return examples
+    all 15 languages, its columns read by name -> [(premise, hypothesis, label)] of the rows of `lang`."""
+    return read_nli_tsv(path, lang, ("sentence1", "sentence2", "gold_label", "language"), "XNLI 1.0 header (columns "
+                        "gold_label, language, sentence1, sentence2)")
 
 
 def read_xnli_mt(path, lang=None):
-    """XNLI-MT 1.0 (`XNLI-MT-1.0.zip`, `multinli/multinli.train.{lang}.tsv`: MultiNLI train, the English original
-    and its machine translations): a header `premise<TAB>hypo<TAB>label`, then rows whose label `contradictory`
-    means contradiction -> [(premise, hypothesis, label)]."""
-    lines = enumerate(read_lines(path), 1)
-    _, header = next(lines, (1, ""))
-    if [x.strip() for x in header.split("\t")] != ["premise", "hypo", "label"]:
-        raise InputError(f"{path}:1: expected the XNLI-MT header premise<TAB>hypo<TAB>label, got {header[:80]!r}")
-    examples = []
-    for n, line, fields in tab_fields(lines):
-        if len(fields) != 3 or not all(fields):
-            raise InputError(f"{path}:{n}: expected premise<TAB>hypo<TAB>label, got {line[:80]!r}")
-        label = "contradiction" if fields[2] == "contradictory" else fields[2]
-        examples.append(nli_example(f"{path}:{n}", fields[0], fields[1], label, "XNLI-MT label"))
-    if not examples:
-        raise InputError(f"{path}: no examples (empty split)")
-    return examples
+    """XNLI-MT 1.0 (`XNLI-MT-1.0.zip`: `multinli/multinli.train.{lang}.tsv`, MultiNLI train and its translations)."""
+    return read_nli_tsv(path, lang, ("premise", "hypo", "label"), "XNLI-MT header premise<TAB>hypo<TAB>label",
+                        "XNLI-MT label")
 
 
 def read_multinli(path, lang=None):
-    """MultiNLI 1.0 (Williams et al. 2018, `multinli_1.0.zip`: `multinli_1.0_train.jsonl`): one JSON object a line,
-    `sentence1`, `sentence2`, `gold_label`; pairs without a gold label (`-`, no annotator majority) are skipped
-    -> [(premise, hypothesis, label)]."""
+    """MultiNLI 1.0 (Williams et al. 2018, `multinli_1.0.zip`: `multinli_1.0_train.jsonl`): a JSON object a line,
+    `sentence1`, `sentence2`, `gold_label`; pairs without a gold label (`-`, no annotator majority) are skipped."""
     examples = []
-    for n, line in enumerate(read_lines(path), 1):
-        if not line.strip():
-            continue
+    for n, line in filter(lambda n_line: n_line[1].strip(), enumerate(read_lines(path), 1)):
         try:
             row = json.loads(line)
             premise, hypothesis, label = (row[k].strip() for k in ("sentence1", "sentence2", "gold_label"))
@@ -608,35 +571,19 @@ def read_multinli(path, lang=None):
                              f"gold_label (MultiNLI .jsonl), got {line[:80]!r}") from None
         if label != "-":
             examples.append(nli_example(f"{path}:{n}", premise, hypothesis, label, "MultiNLI gold_label"))
-    if not examples:
-        raise InputError(f"{path}: no examples with a gold label (empty split)")
-    return examples
+    return some(examples, path, "examples with a gold label (empty split)")
 
 
 def read_ner(path, lang=None):
-    """PAN-X `token<TAB>tag` (XTREME's `panx/{split}-{lang}.tsv`), a blank line between sentences -> [(words, tags)].
-    A file whose every token starts with the same `xx:` is raw PAN-X (read_panx) and refused: kept, the prefix would
-    make every English word differ from every French one."""
-    sentences = read_tagged(path)
-    words = [w for ws, _ in sentences for w in ws]
-    prefix = re.match(r"[a-z]{2,3}:", words[0])
-    if prefix and all(w.startswith(prefix[0]) for w in words):
-        n = next(n for n, line in enumerate(read_lines(path), 1) if line.strip())  # the first token's line
-        raise InputError(f"{path}:{n}: every token starts with {prefix[0]!r}: raw PAN-X, read from "
-                         f"panx_dataset/{prefix[0][:-1]}/{{train,dev,test}} (the prefix is stripped there)")
-    return sentences
+    """PAN-X `token<TAB>tag` (XTREME's `panx/{split}-{lang}.tsv`) -> [(words, tags)]: read_panx without `lang`."""
+    return read_panx(path)
 
 
-def read_panx(path, lang):
+def read_panx(path, lang=None):
     """WikiAnn / PAN-X as distributed with Rahimi et al. 2019's splits (`panx_dataset/{lang}.tar.gz` unpacked to
-    `panx_dataset/{lang}/{train,dev,test}`): `lang:token<TAB>tag`, the prefix stripped at the first colon; it
-    must be the file's own language -> [(words, tags)]."""
-    return read_tagged(path, lang)
-
-
-def read_tagged(path, lang=None):
-    """read_ner and read_panx: `token<TAB>tag` lines, or with `lang` `lang:token<TAB>tag`; blank lines end
-    sentences -> [(words, tags)]."""
+    `panx_dataset/{lang}/{train,dev,test}`): `lang:token<TAB>tag`, the prefix, stripped at the first colon, the file's
+    own language; blank lines end sentences -> [(words, tags)]. Without `lang`, `token<TAB>tag`, and raw PAN-X (every
+    token `xx:...`) is refused: kept, the prefix would make every English word differ from every French one."""
     sentences, words, tags = [], [], []
     lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
     for n, line in lines:
@@ -655,18 +602,23 @@ def read_tagged(path, lang=None):
         tags.append(fields[1].strip())
         if tags[-1] != "O" and not re.fullmatch(r"[BI]-\S+", tags[-1]):
             raise InputError(f"{path}:{n}: tag {tags[-1]!r} is not O, B-X or I-X (IOB2)")
-    if not sentences:
-        raise InputError(f"{path}: no sentences (empty split)")
+    words = [w for ws, _ in some(sentences, path, "sentences (empty split)") for w in ws]
+    prefix = None if lang else re.match(r"[a-z]{2,3}:", words[0])
+    if prefix and all(w.startswith(prefix[0]) for w in words):
+        n = next(n for n, line in enumerate(read_lines(path), 1) if line.strip())  # the first token's line
+        raise InputError(f"{path}:{n}: every token starts with {prefix[0]!r}: raw PAN-X, read from "
+                         f"panx_dataset/{prefix[0][:-1]}/{{train,dev,test}} (the prefix is stripped there)")
     return sentences
 
 
 def read_conllu(path, lang=None):
-    """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}, without comments, multiword ranges and empty
-    nodes; every sentence must be a tree (one word on ROOT, no cycle), as `conll18_ud_eval.py` requires."""
+    """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}; each must be a tree (`conll18_ud_eval.py`)."""
     sentences, rows, start = [], [], None
     lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
     for n, line in lines:
-        if line.strip():
+        if line and not line.strip():  # UD's validator: a pseudo-empty line (else read as a sentence's end)
+            raise InputError(f"{path}:{n}: a line of only spaces or tabs (CoNLL-U ends a sentence with an empty line)")
+        if line:
             start = start or n
             cols = line.split("\t")
             if line.startswith("#") or len(cols) == 10 and ("-" in cols[0] or "." in cols[0]):
@@ -696,19 +648,14 @@ def read_conllu(path, lang=None):
             _, _, words, _, rels = map(list, zip(*rows))
             sentences.append({"words": words, "heads": heads, "rels": rels})
         rows, start = [], None
-    if not sentences:
-        raise InputError(f"{path}: no sentences (empty split)")
-    return sentences
+    return some(sentences, path, "sentences (empty split)")
 
 
 # -----------------------------------------------------------------------------
 # Data files: where --data holds each split of each task, and the reader of each file
 
-# --data: where each split of each task is looked for, in this order; the first layout with the file wins, and the
-# console names the file every split came from. A layout is (pattern under --data, reader, the splits it gives);
-# readers that take a language read a file holding several languages, or check the file's own; `langs`: the only
-# languages a layout holds (default: any). {panx_split}: the test split of our evaluation directory is
-# `heldout-from-dev` (XTREME's PAN-X test files carry no labels).
+# --data: where each split is looked for, the first layout with the file wins: (pattern, reader, its splits, the only
+# languages it holds or None). {panx_split}: our test split is `heldout-from-dev` (XTREME's PAN-X test is unlabelled)
 Layout = collections.namedtuple("Layout", "pattern reader splits langs", defaults=(None,))
 LAYOUTS = {
     "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli, "train dev test"),  # toydata.py
@@ -729,27 +676,23 @@ PAPER_TREEBANKS = {"en": "EWT", "fr": "GSD", "ru": "GSD", "zh": "GSD"}
 
 
 def pick_treebank(hits, lang, treebanks, data_dir):
-    """The files of one UD treebank among `hits` (paths `.../UD_Language-NAME/...`): --treebank's NAME for `lang`,
-    else the paper's, else the only one; several and none chosen, or the chosen one absent: one line."""
-    found = sorted({os.path.basename(os.path.dirname(p)).rpartition("-")[2] for p in hits})
-    want = treebanks.get(lang) or PAPER_TREEBANKS.get(lang)
-    if want is None:
-        if len(found) > 1:
-            raise InputError(f"parse: several UD treebanks for {lang} under --data {data_dir}: {', '.join(found)}; "
-                             f"pick one with --treebank {lang}=NAME")
-        return hits
-    flag = f"--treebank {lang}={want}" if lang in treebanks else f"the paper's treebank for {lang}, {want}"
-    if want not in found:
-        hint = "" if lang in treebanks else f"; pick one with --treebank {lang}=NAME"
+    """`hits` of one treebank (`UD_Language-NAME`): --treebank's, else the paper's, else the only one."""
+    name = lambda p: os.path.basename(os.path.dirname(p)).rpartition("-")[2]  # noqa: E731
+    found, want = sorted(set(map(name, hits))), treebanks.get(lang) or PAPER_TREEBANKS.get(lang)
+    if want is None and len(found) > 1:
+        raise InputError(f"parse: several UD treebanks for {lang} under --data {data_dir}: {', '.join(found)}; "
+                         f"pick one with --treebank {lang}=NAME")
+    if want not in found and want is not None:
+        flag, hint = (f"--treebank {lang}={want}", "") if lang in treebanks else \
+            (f"the paper's treebank for {lang}, {want}", f"; pick one with --treebank {lang}=NAME")
         raise InputError(f"parse: {flag}: no such treebank for {lang} under --data {data_dir} (found "
                          f"{', '.join(found)}){hint}")
-    return [p for p in hits if os.path.basename(os.path.dirname(p)).rpartition("-")[2] == want]
+    return [p for p in hits if want in (None, name(p))]
 
 
 def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treebanks=None, flag="--data"):
     """{"train", "dev": path, "test": {lang: path}} from LAYOUTS under --data (train: --train-file if given);
-    `treebanks` {lang: NAME} picks a UD treebank (--treebank); a missing file names `flag` (the flag the user
-    gave) and the paths searched."""
+    `treebanks` {lang: NAME} (--treebank); a missing file names `flag` (the flag given) and the paths searched."""
     def find(lang, split):
         names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
         tried = []
@@ -782,8 +725,7 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
 
 
 def read_split(task, path, lang):
-    """The examples of one file, by the reader of the layout its name matches (a --train-file of no known name: XNLI-MT
-    and MultiNLI by their file names, else the task's simple format, its first layout's); `lang`: the split's."""
+    """A file's examples by its layout's reader (a --train-file of another name: XNLI-MT, MultiNLI, or the first)."""
     parts = os.path.normpath(path).split(os.sep)
     for layout in LAYOUTS[task]:
         pattern = layout.pattern.format(lang="*", split="*", panx_split="*").split("/")
@@ -805,67 +747,51 @@ def build_parser():
                                 "values (the toy presets with --toy).", formatter_class=bpe.HelpFormatter)
     add, floats = p.add_argument, number(0, cast=float, many=True, above=True)  # a learning rate of 0 trains nothing
     add("--task", choices=sorted(TASKS), help="the task (default: all three with --toy, else required)")
-    add("--ckpt", help="pretrain.py's best.pt (model, config, tokenizer), or a released XLM .pth with --xlm-codes; "
-        "required")
-    add("--xlm-codes", metavar="CODES", help="fastBPE codes of a released XLM checkpoint given as --ckpt/--target-ckpt "
-        "(default: none, pretrain.py checkpoints)")
-    add("--data", metavar="DIR", help="the data directory: a toydata.py world, or the official downloads unpacked "
-        "in one directory (README: Real data); required")
-    add("--toy", nargs="?", const=True, default=False, metavar="DIR",
-        help="the toy presets (--data: the toy world); all three tasks unless --task. "
-        "The old spelling --toy DIR (= --toy --data DIR) is deprecated")
+    add("--ckpt", help="pretrain.py's best.pt, or a released XLM .pth with --xlm-codes; required")
+    add("--xlm-codes", metavar="CODES", help="fastBPE codes of an XLM .pth as --ckpt/--target-ckpt (default: none)")
+    add("--data", metavar="DIR", help="the toy world, or the downloads unpacked side by side (README); required")
+    add("--toy", nargs="?", const=True, default=False, metavar="DIR", help="the toy presets (--data: the toy world); "
+        "all three tasks unless --task. The old spelling --toy DIR (= --toy --data DIR) is deprecated")
     add("--train-lang", default="en", help="the language fine-tuned on; its dev set selects")
     add("--eval-langs", help="comma list of target languages (default: the checkpoint's other languages)")
-    add("--train-file", help="the English train file, instead of --data's (default: --data's; XNLI-MT and MultiNLI "
-        "are found there by their names)")
+    add("--train-file", help="the English train file (default: --data's; XNLI-MT, MultiNLI by their names)")
     add("--treebank", metavar="LANG=NAME,...", help="UD: another treebank than the paper's (default: en=EWT, fr=GSD, "
         "ru=GSD, zh=GSD), e.g. fr=FTB for UD_French-FTB")
     add("--epochs", type=number(1), help="epochs per set (default: paper 10 NER/parsing, 200 XNLI; --toy 4, 10)")
-    add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass over train (default: 0; paper's "
-        "XNLI 20000 pairs, as XLM)")
+    add("--epoch-size", type=number(0), help="examples per epoch, 0 = one pass (default: 0; paper's XNLI 20000)")
     add("--batch-size", dest="one_batch_size", type=number(1, many=True), metavar="N",
         help="examples per step: one value (default: the grid of --batch-sizes)")
     add("--batch-sizes", dest="batch_size", type=number(1, many=True), metavar="N,...",
         help="grid of examples per step (default: paper 16,32, XNLI 4,8; --toy 16)")
-    add("--lr", dest="one_lr", type=floats, metavar="LR", help="encoder learning rate: one value (default: the "
-        "grid of --lrs)")
+    add("--lr", dest="one_lr", type=floats, metavar="LR", help="encoder learning rate: one value (default: --lrs)")
     add("--lrs", dest="lr", type=floats, metavar="LR,...", help="grid of encoder learning rates (default: paper "
         "2e-5,3e-5,5e-5, XNLI 1.25e-6,2.5e-6,5e-6; --toy 3e-4,1e-3, XNLI 2e-4,5e-4)")
-    add("--head-lr", dest="one_head_lr", type=floats, metavar="LR", help="XNLI classifier learning rate: one value "
-        "(default: the grid of --head-lrs)")
+    add("--head-lr", dest="one_head_lr", type=floats, metavar="LR", help="XNLI head lr: one (default: --head-lrs)")
     add("--head-lrs", dest="head_lr", type=floats, metavar="LR,...", help="grid of XNLI classifier learning rates "
         "(default: paper 5e-6,2.5e-5,1.25e-4; --toy 1e-3)")
-    add("--max-len", type=number(2), help="NER/parsing: subwords per window (default: 128; at most the model's "
-        "positions - 2)")
+    add("--max-len", type=number(2), help="NER/parsing: subwords per window (default: 128, at most positions - 2)")
     add("--head-dropout", type=number(0, 1, float), default=0.1, help="dropout before the XNLI/NER head")
     add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping, 0 = off")
     add("--seed", type=number(0, 2 ** 32), default=0, help="seed of every set: head init, data order")
     add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     add("--dtype", default="auto", choices=("auto",) + DTYPES, help="autocast as in pretrain.py (no float16)")
-    add("--threads", type=number(0, 1025), help="torch CPU threads, 0 = as many as torch picks (default: 1 with "
-        "--toy, as pretrain.py's; else 0)")
-    add("--align-layer", type=number(0), metavar="I", help="§5.1.2: --ckpt's layers 0..I frozen, 4 new layers on "
-        "top (default: off)")
-    add("--target-ckpt", help="§5.1.2: the target language's own model, its layer I mapped by --align-maps "
-        "(with --align-layer)")
+    add("--threads", type=number(0, 1025), help="CPU threads, 0 = torch's choice (default: 1 with --toy, else 0)")
+    add("--align-layer", type=number(0), metavar="I", help="§5.1.2: freeze --ckpt's layers 0..I, add 4 (default: off)")
+    add("--target-ckpt", help="§5.1.2: the target's own model, layer I mapped by --align-maps (with --align-layer)")
     add("--align-maps", help="§5.1.2: align.py contextual --save-maps .npz (with --align-layer)")
-    add("--out", metavar="DIR", help="results.json and sets/ (a folder per task when several run); rerun to resume; "
-        "required")
+    add("--out", metavar="DIR", help="results.json and sets/ (a folder per task when several run); required. The "
+        "same command again resumes: the finished sets are kept, the set in progress starts again from epoch 1")
     add("--overwrite", action="store_true", help="replace the results and sets of another run in --out")
-    add("--allow-overlap", action="store_true", help="accept a train file with the contents of the dev or a test "
-        "file (default: refused; the epoch and the sets would be chosen, or scored, on the training data)")
-    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1 for --out dirs named "
-        "NAME[-sSEED][-stepN] (default: off, fine-tune)")
-    add("--plot", metavar="FILE.png", help="with --table over -stepN dirs: also draw the learning curves (needs "
-        "matplotlib; default: off)")
-    add("--with-stalled", action="store_true", help="with --table: count the seeds whose MLM stalled on the unigram "
-        "plateau in the means (default: they are left out, and counted in the table's 'stalled' column)")
+    add("--allow-overlap", action="store_true", help="accept a train file holding most of the dev or a test set "
+        "(default: refused: the epoch and the sets would be chosen, or scored, on training data)")
+    add("--table", nargs="+", metavar="OUT_DIR", help="only print Table 1 of dirs NAME[-sSEED][-stepN] (default: off)")
+    add("--plot", metavar="FILE.png", help="with --table over -stepN dirs: the learning curves too (needs matplotlib)")
+    add("--with-stalled", action="store_true", help="with --table: the seeds whose MLM stalled count in the means too")
     return p
 
 
 def checked(call, *args, prefix=""):
-    """call(*args); its ValueError (a check in bpe.py, model.py or align.py: the message names the flag or the file)
-    raised as an InputError."""
+    """call(*args), a ValueError (from bpe.py, model.py, align.py: it names the flag or file) as an InputError."""
     try:
         return call(*args)
     except ValueError as e:
@@ -876,8 +802,7 @@ def old_spellings(args):
     """--toy DIR -> --toy --data DIR; --batch-size / --lr / --head-lr with a comma list -> the grid flags."""
     args.data_flag = checked(bpe.toy_data, args)  # the flag that gave the data directory, named in messages
     for k, flag in (("batch_size", "--batch-size"), ("lr", "--lr"), ("head_lr", "--head-lr")):
-        one = vars(args).pop("one_" + k)
-        if one is not None:
+        if (one := vars(args).pop("one_" + k)) is not None:
             if getattr(args, k) is not None:
                 raise InputError(f"{flag} and {flag}s: give one of them")
             if len(one) > 1:
@@ -886,8 +811,7 @@ def old_spellings(args):
 
 
 def load_ckpt(path, flag, device, xlm_codes=None):
-    """(model, tokenizer, language codes, the checkpoint's other entries) of pretrain.py's best.pt, or of a released
-    XLM checkpoint with its fastBPE codes (--xlm-codes); a mistake is one line naming the flag."""
+    """(model, tokenizer, languages, other entries) of pretrain.py's best.pt or XLM's .pth (--xlm-codes); `flag`."""
     try:
         model, extra = load_model(path, device)
         return (model, *bpe.checkpoint_tokenizer(extra, path, xlm_codes), extra)
@@ -900,38 +824,51 @@ def lang_index(langs, code, ckpt, flag):
     return checked(bpe.checkpoint_lang, langs, code, f"{flag} {code}:", f" ({ckpt})")
 
 
+def maps_origin(args):
+    """--align-maps must be fitted on --ckpt and --target-ckpt, by the digests align.py records (or a note if none)."""
+    with np.load(args.align_maps) as z:  # setup_aligned read it already
+        sides = {str(z[s]): str(z[f"{s}_ckpt_digest"]) for s in ("src", "tgt") if f"{s}_ckpt_digest" in z.files}
+    if not sides:
+        print(f"note: --align-maps {args.align_maps} records no checkpoint digests (an older align.py): unchecked")
+    for lang, flag, path in ((args.train_lang, "--ckpt", args.ckpt), (args.eval_langs[0], "--target-ckpt",
+                                                                         args.target_ckpt)):
+        if lang in sides and sides[lang] != digest(path):
+            raise InputError(f"--align-maps {args.align_maps}: its {lang} side was fitted on the checkpoint "
+                             f"{sides[lang]}, not on {flag} {path} ({digest(path)}); fit them on these models")
+
+
 def prepare_task(task_name, files, model, routes, args):
     """Read and featurise every file of one task before any training -> (task, data); routes: code -> (tok, lang)."""
     try:
         train, dev = (read_split(task_name, files[s], args.train_lang) for s in ("train", "dev"))
         task = TASKS[task_name](train, args.max_len)
         tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
-        for path, ex in [(files["dev"], dev)] + [(files["test"][code], ex) for code, ex in tests.items()]:
-            if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
-                print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
     except (ValueError, OSError) as e:  # a reader's InputError, a file that is not UTF-8 or cannot be read
         raise InputError(str(e)) from None
-    n_per_epoch = args.epoch_size or len(train)
-    if max(args.batch_size) > n_per_epoch:
+    seen = set(map(repr, train))
+    print(f"{task_name}: {args.train_lang} train {len(train)} from {files['train']}")
+    for what, path, ex in [(f"{args.train_lang} dev", files["dev"], dev)] + [(f"{c} test", files["test"][c], tests[c])
+                                                                            for c in tests]:
+        if 2 * (shared := sum(repr(e) in seen for e in ex)) > len(ex) and not args.allow_overlap:
+            raise InputError(f"{task_name}: the train file {files['train']} holds {shared} of the {len(ex)} examples "
+                             f"of the {what} file {path}: scores on training data (--allow-overlap if meant)")
+        if len(ex) < 2:
+            raise InputError(f"{task_name}: {path}: one example; a score on one example is not a result")
+        if unseen := sorted(set(task.label_set(ex)) - set(task.labels)):  # never predicted: scored as errors
+            print(f"{task_name}: {path}: labels never seen in the English train set: {', '.join(unseen)}")
+        print(f"{task_name}: {what} {len(ex)} from {path}")
+    if max(args.batch_size) > (n_per_epoch := args.epoch_size or len(train)):
         raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} {task_name} training "
                          f"examples of an epoch ({files['train']}): every update would be the whole epoch")
     featurize = lambda ex, code: task.featurize(ex, routes[code][0], code, model.config.max_positions)  # noqa: E731
     data = {"lang_id": routes[args.train_lang][1], "train": (train, featurize(train, args.train_lang)),
             "dev": (dev, featurize(dev, args.train_lang)),
             "test": {code: (ex, featurize(ex, code), routes[code][1]) for code, ex in tests.items()}}
-    for what, ex, path in [(f"{args.train_lang} train", train, files["train"]),
-                           (f"{args.train_lang} dev", dev, files["dev"])] + \
-            [(f"{c} test", ex, files["test"][c]) for c, ex in tests.items()]:
-        print(f"{task_name}: {what} {len(ex)} from {path}")
     return task, data
 
 
 def run_task(task, data, files, args, out, job, done, model, pretrain):
-    """§3.2 on one task: every set of the grid (each written to OUT/sets/ when it ends, or taken from `done`), then
-    the mean of the best two by English dev, written to OUT/results.json and printed."""
-    if args.overwrite:  # the sets and results of the earlier run go first
-        for f in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(os.path.join(out, "results.json")):
-            os.remove(f)
+    """§3.2: each set of the grid (to OUT/sets/, or from `done`), the mean of the best two (to OUT/results.json)."""
     os.makedirs(os.path.join(out, "sets"), exist_ok=True)
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     hps, records, took = grid(task.name, args), [], []
@@ -953,13 +890,11 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
         records.append(rec)
         took.append(time.time() - t0)
         left = (len(hps) - i) * sum(took) / len(took)
-        print(f"{what} took {took[-1]:.0f} s" + (f"; about {left / 60:.0f} min left for {task.name}'s grid" if left
-                                                 else ""))
+        print(f"{what} took {took[-1]:.0f} s" + f"; about {left / 60:.0f} min left for {task.name}'s grid" * (left > 0))
     model.load_state_dict(init_state)
     finished = [i for i, r in enumerate(records) if "failed" not in r]
     if not finished:
-        raise InputError(f"{task.name}: every hyper-parameter set diverged (non-finite loss), no results; try a lower "
-                         "--lr")
+        raise InputError(f"{task.name}: every hyper-parameter set diverged (non-finite loss); try a lower --lr")
     top, dev, test = mean_of_best_two([records[i] for i in finished], task.metric)
     path, best_two = os.path.join(out, "results.json"), [finished[i] for i in top]
     write_json(path, {"task": task.name, "metric": task.metric, "files": files, "labels": task.labels,
@@ -973,7 +908,17 @@ def run_task(task, data, files, args, out, job, done, model, pretrain):
     cols, rows = sorted(dev, key=lambda k: k != task.metric), [(args.train_lang, "dev", dev)]
     rows += [(code, "test", test[code]) for code in test]  # the selection metric first, then the others
     print(format_rows(["lang", "split"] + cols, [[c, split] + [f"{100 * s[k]:.2f}" for k in cols]
-                                                 for c, split, s in rows]) + f"\nwrote {path}")
+                                                 for c, split, s in rows]))
+    print(chance_level(task, data) + f"\nwrote {path}")
+
+
+def chance_level(task, data):
+    """A guess's score: XNLI, the majority label's share of each split (33.3 if balanced); span F1 and LAS, about 0."""
+    if task.name != "xnli":
+        return f"chance: {task.metric} of a guess is about 0"
+    splits = [("dev", data["dev"][0])] + [(f"{code} test", ex) for code, (ex, _, _) in data["test"].items()]
+    return "chance (always the majority label): " + ", ".join(
+        f"{what} {100 * max(collections.Counter(lab for *_, lab in ex).values()) / len(ex):.1f}" for what, ex in splits)
 
 
 def _main(args):
@@ -1014,8 +959,7 @@ def _main(args):
     if args.head_lr is not None and not any(TASKS[t].own_head_lr for t in tasks):
         raise InputError(f"--head-lr(s) is the XNLI classifier's learning rate: --task {tasks[0]} has no such grid")
     args.threads = (1 if args.toy else 0) if args.threads is None else args.threads
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads) if args.threads else None
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device, args.xlm_codes)
     given = args.eval_langs or ",".join(lang for lang in langs if lang != args.train_lang)  # default: the others
     args.eval_langs = [x.strip() for x in given.split(",") if x.strip()]
@@ -1030,6 +974,7 @@ def _main(args):
     args.max_len = min(args.max_len or 128, most)
     if args.align_layer is not None:
         model, routes = setup_aligned(model, tok, langs, args)
+        maps_origin(args)
     else:
         routes = {c: (tok, lang_index(langs, c, args.ckpt, "--eval-langs" if i else "--train-lang"))
                   for i, c in enumerate([args.train_lang] + args.eval_langs)}
@@ -1040,14 +985,12 @@ def _main(args):
         task_args = argparse.Namespace(**{**vars(args), **{k: v for k, v in preset.items() if vars(args)[k] is None}})
         files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file,
                               treebanks if name == "parse" else None, args.data_flag)
-        same = [what for what, p in [("dev", files["dev"])] + [(f"{c} test", p) for c, p in files["test"].items()]
-                if digest(p) == digest(files["train"])]
-        if same and not args.allow_overlap:
-            raise InputError(f"{name}: the train file {files['train']} has the contents of the {same[0]} file; a score "
-                             "chosen or measured on the training data is not one (--allow-overlap if that is meant)")
         out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
         job, done = earlier_sets(name, files, task_args, out)
         plans.append((*prepare_task(name, files, model, routes, task_args), files, task_args, out, job, done))
+    for *_, out, _, _ in plans if args.overwrite else []:  # every task's earlier files, once every check passed
+        for f in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(os.path.join(out, "results.json")):
+            os.remove(f)
     for plan in plans:  # what --table reads of the checkpoint: its dev perplexity, and the count models' (stalls)
         run_task(*plan, model, {k: extra.get(k) for k in ("step", "dev_ppl", "count_ppl")})
 
@@ -1055,27 +998,28 @@ def _main(args):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill (a job's time limit) as Ctrl-C
     try:
         with bpe.reported(parser):  # a bad flag or input file: one line `error: ...`, exit code 1
             return _main(args)
     except (MemoryError, RuntimeError) as e:
         if not bpe.out_of_memory(e):
             raise
-        raise SystemExit("error: out of memory; try a smaller --batch-size or --max-len (finished sets are kept, "
-                         "the same command goes on from them)") from None
-    except KeyboardInterrupt:  # Ctrl-C: the set in progress is lost, the finished ones are on disk (sets/)
-        out = args.out or ""
-        kept = glob.glob(os.path.join(out, "sets", "*.json")) + glob.glob(os.path.join(out, "*", "sets", "*.json"))
-        again = shlex.join(["python", "finetune.py"] + (sys.argv[1:] if argv is None else [str(a) for a in argv]))
-        print(f"finetune.py: interrupted; {len(kept)} finished hyper-parameter set(s) kept in {out} (the set in "
+        raise SystemExit("error: out of memory; a smaller --batch-size or --max-len goes in another --out") from None
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the set in progress is lost, the finished ones are on disk (sets/)
+        kept = glob.glob(os.path.join(args.out or "", "**", "sets", "*.json"), recursive=True)
+        again = shlex.join(["python", "finetune.py"] + [str(a) for a in (sys.argv[1:] if argv is None else argv)
+                                                        if a != "--overwrite"])  # it would remove what was kept
+        print(f"finetune.py: interrupted; {len(kept)} finished hyper-parameter set(s) kept in {args.out} (the set in "
               f"progress starts again); to go on, run {again}" if kept else
               "finetune.py: interrupted before any set finished; nothing was kept", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 # -----------------------------------------------------------------------------
-# Resume: each finished set is OUT/sets/*.json, tagged with the run's identity (flags, checkpoint and data
-# contents), so that the same command goes on from them and another run is refused
+# Resume: each finished set is OUT/sets/*.json, tagged with the run's identity: the same command goes on from them
 
 def write_json(path, obj):
     """JSON through bpe.atomic_write: never half a file at `path`; a full disk is one line."""
@@ -1114,7 +1058,7 @@ def earlier_sets(task_name, files, args, out):
     job = {"task": task_name, **{k: digest(p) for k, p in paths.items() if p}, **{k: vars(args)[k] for k in JOB_FLAGS}}
     done = {}
     found = glob.glob(os.path.join(out, "results.json")) + sorted(glob.glob(os.path.join(out, "sets", "*.json")))
-    for path in [] if args.overwrite else found:  # --overwrite: run_task removes them
+    for path in [] if args.overwrite else found:  # --overwrite: _main removes them
         saved = read_json(path, "--out")
         old = saved["job"] if isinstance(saved, dict) and isinstance(saved.get("job"), dict) else {}
         if old != job:
@@ -1134,13 +1078,10 @@ def good_record(rec, task_name, args):
     metric, hps = TASKS[task_name].metric, grid(task_name, args)
     if not isinstance(rec, dict) or {k: rec.get(k) for k in ("batch_size", "lr", "head_lr")} not in hps:
         return False
-    if "failed" in rec:
-        return True
-    test, epoch = rec.get("test"), rec.get("best_epoch")
-    if not (isinstance(test, dict) and sorted(test) == sorted(args.eval_langs)) or type(epoch) is not int:
-        return False
+    test = rec["test"] if isinstance(rec.get("test"), dict) else {}
     scores = [rec.get("dev")] + list(test.values())
-    return all(isinstance(s, dict) and metric in s and all(is_score(v) for v in s.values()) for s in scores)
+    return "failed" in rec or (sorted(test) == sorted(args.eval_langs) and type(rec.get("best_epoch")) is int and all(
+        isinstance(s, dict) and metric in s and all(is_score(v) for v in s.values()) for s in scores))
 
 
 # -----------------------------------------------------------------------------
@@ -1157,6 +1098,7 @@ def mean_std(v):
 
 
 COLUMN_NAMES = {"ppl": "dev ppl", "xnli": "XNLI", "ner": "NER", "parse": "Parse"}  # --table's columns, in order
+CHANCE = {"xnli": "XNLI 33.3 (three balanced labels)", "ner": "NER span F1 about 0", "parse": "LAS about 0"}
 
 
 def is_score(v):
@@ -1164,27 +1106,24 @@ def is_score(v):
 
 
 def table_cells(results, path):
-    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl}; one that was edited into another
-    shape (a score that is not a finite number, the wrong metric) is refused, naming the file."""
+    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl}; another shape is refused."""
     task, metric, pretrain = results["task"], TASKS[results["task"]].metric, results.get("pretrain") or {}
-    ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
-    valid = (results.get("metric") == metric
+    ppl, count = (pretrain.get("dev_ppl") or {}, pretrain.get("count_ppl")) if isinstance(pretrain, dict) else (None, 0)
+    valid = (results.get("metric") == metric and results["test"]
              and all(isinstance(s, dict) and is_score(s.get(metric)) for s in results["test"].values())
              and isinstance(ppl, dict) and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
     if not valid:
         raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a {task} test {metric} or a "
                          "dev perplexity is missing or not a number); run the fine-tuning again")
-    count = (pretrain.get("count_ppl") or {}) if isinstance(pretrain, dict) else {}
     first = next(iter(ppl), None)  # the checkpoint's first language (English): its dev ppl against the count model
-    stalled = first in count and isinstance(count[first], dict) and ppl[first] > count[first].get("left", math.inf)
+    left = (count.get(first) if isinstance(count, dict) and isinstance(count.get(first), dict) else {}).get("left")
     return {**{(task, lang): 100 * s[metric] for lang, s in results["test"].items()},
-            **{("ppl", lang): v for lang, v in ppl.items()}, **({"stalled": True} if stalled else {})}
+            **{("ppl", lang): v for lang, v in ppl.items()}, "stalled": is_score(left) and ppl[first] > left}
 
 
 def read_table(run_dirs):
-    """The runs of --table grouped by (NAME, N) for --out dirs named NAME[-sSEED][-stepN] (N: pretrain.py
-    --snapshots): returns the columns (("ppl" or task, lang), in COLUMN_NAMES's order) and an ordered {(NAME, N):
-    [cells of one seed]} with cells = {column: dev ppl, or test score in % (XNLI acc, NER F1, LAS)}."""
+    """--table's dirs NAME[-sSEED][-stepN] (N: pretrain.py --snapshots) -> the columns (("ppl" or task, lang)) and
+    {(NAME, N): [table_cells of each seed]}, in order."""
     groups, seen, runs_of = {}, {}, {}
     for d in run_dirs:
         if os.path.realpath(d) in seen:
@@ -1195,11 +1134,15 @@ def read_table(run_dirs):
         for path in sorted(glob.glob("results.json", root_dir=d) + glob.glob("*/results.json", root_dir=d)):
             results = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's three
             if isinstance(results, dict) and results.get("task") in TASKS and isinstance(results.get("test"), dict):
+                if any(col[0] == results["task"] for col in cells):  # ./results.json and ./TASK/results.json
+                    raise InputError(f"--table: {d} holds two {results['task']} results.json; a seed has one")
                 cells.update(table_cells(results, os.path.join(d, path)))
                 job = results.get("job") if isinstance(results.get("job"), dict) else {}
                 who.add((job.get("ckpt"), job.get("seed")))  # a seed is its checkpoint and fine-tuning seed
         if not cells:
             raise InputError(f"--table: no results.json under {d}")
+        if len(ckpts := {c for c, _ in who if c}) > 1:
+            raise InputError(f"--table: {d} holds the results of {len(ckpts)} checkpoints; a seed is one model")
         for twin in (runs_of.get((name, step, w)) for w in who if w != (None, None)):
             if twin:
                 raise InputError(f"--table: {twin} and {d} hold the same run (the same checkpoint and --seed); "
@@ -1213,15 +1156,13 @@ def read_table(run_dirs):
 
 
 def results_table(run_dirs, with_stalled=False):
-    """Table 1's layout: a row per NAME (and N, in update order), the checkpoint's dev perplexity if known, the
-    test score per task x language in %, their average and Δ = the average minus the first row's (the paper's
-    Default); mean ± std over seeds. A seed whose MLM stalled (its English dev perplexity above the left-bigram
-    count model pretrain.py recorded) is left out of the means unless with_stalled, and counted in its own column;
-    a cell averaged over fewer seeds than its row's is marked *."""
+    """Table 1: a row per NAME (and N), dev ppl if known, test scores in %, their avg and Δ against the first row (the
+    paper's Default), mean ± std over seeds. Seeds whose MLM stalled (English dev ppl above pretrain.py's left-bigram
+    count model) are left out of the means unless with_stalled; a cell over fewer seeds than its row's is marked *."""
     cols, groups = read_table(run_dirs)
     scores = [c for c in cols if c[0] != "ppl"]
     steps = any(step for _, step in groups)
-    lines, first, notes = [], None, []
+    lines, first, notes = [], None, ["chance: " + ", ".join(CHANCE[t] for t in dict.fromkeys(t for t, _ in scores))]
     for (name, step), runs in groups.items():
         stalled = [cells for cells in runs if cells.get("stalled")]
         runs = runs if with_stalled else [cells for cells in runs if not cells.get("stalled")]
@@ -1232,43 +1173,36 @@ def results_table(run_dirs, with_stalled=False):
         lines.append([name] + [step or "-"] * steps + [str(len(runs)), str(len(stalled))]
                      + [mean_std(v) + "*" * (0 < len(v) < len(runs)) for v in values] + [delta])
     header = ["model"] + ["updates"] * steps + ["seeds", "stalled"] + [f"{COLUMN_NAMES[t]} {lang}" for t, lang in cols]
-    n_stalled = sum(int(line[len(header) - len(cols) - 1]) for line in lines)
-    if n_stalled:
-        notes.append(f"{n_stalled} seed(s) whose MLM stalled on the unigram plateau "
-                     + ("are in the means (--with-stalled)" if with_stalled else "are left out of the means "
-                        "(--with-stalled counts them)"))
+    if n_stalled := sum(int(line[len(header) - len(cols) - 1]) for line in lines):
+        notes.append(f"{n_stalled} seed(s) whose MLM stalled on the unigram plateau " + (
+            "are in the means (--with-stalled)" if with_stalled else "are left out (--with-stalled counts them)"))
     if any("*" in c for line in lines for c in line):
         notes.append("* averaged over fewer seeds than the row's")
     return format_rows(header + ["avg", "Δ"], lines) + "".join("\n" + n for n in notes)
 
 
 def plot_curves(path, run_dirs):
-    """--table ... --plot FILE.png: learning curves, a panel per column of the table (dev ppl, then the test
-    scores), a line per NAME over N updates (log scale), mean ± std over seeds as error bars. Atomic."""
+    """--plot: a panel per column of the table, a line per NAME over N updates (log), mean ± std over seeds."""
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     from matplotlib.ticker import NullFormatter, ScalarFormatter
     cols, groups = read_table(run_dirs)
     if not any(step for _, step in groups):
         raise InputError("--plot: the --table dirs have no -stepN suffix, so there is no curve")
-    fig = Figure(figsize=(3.2 * len(cols), 3.4))
+    fig, steps = Figure(figsize=(3.2 * len(cols), 3.4)), sorted({int(step) for _, step in groups if step})
     for ax, col in zip(fig.subplots(1, len(cols), squeeze=False)[0], cols):
         for name in dict.fromkeys(n for n, _ in groups):
-            pts = [(int(step), [cells[col] for cells in runs if col in cells])
-                   for (n, step), runs in groups.items() if n == name and step]
-            pts = [(x, v) for x, v in pts if v]
+            pts = [(int(step), v) for (n, step), runs in groups.items()
+                   if n == name and step and (v := [cells[col] for cells in runs if col in cells])]
             if pts:
                 xs, vs = zip(*pts)
                 ax.errorbar(xs, [np.mean(v) for v in vs], yerr=[np.std(v) for v in vs], marker="o", ms=3,
                             capsize=2, label=name)
-        ax.set(xscale="log", xlabel="updates",
+        ax.set(xscale="log", yscale="log" if col[0] == "ppl" else "linear", xlabel="updates",
                title=f"{COLUMN_NAMES[col[0]]} {col[1]}" + (" (test, %)" * (col[0] != "ppl")))
-        steps = sorted({int(step) for _, step in groups if step})
         ax.set_xticks(steps, [str(x) for x in steps], rotation=45, fontsize=8)
         ax.xaxis.set_minor_formatter(NullFormatter())
-        if col[0] == "ppl":
-            ax.set_yscale("log")
-            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-                axis(ScalarFormatter())
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter) if col[0] == "ppl" else ():
+            axis(ScalarFormatter())
         ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()

@@ -46,12 +46,14 @@ READER_FAULTS = [
     (ft.read_conllu, _conllu_heads([2, 3, 2, 3]), "{p}:5: sentence is not a tree: 0 words on ROOT"),
     (ft.read_conllu, _conllu_heads([2, 0, 4, 3]), "{p}:5: sentence is not a tree: words 3 -> 4 -> 3 form a cycle"),
     (ft.read_conllu, _conllu_heads([2, 0, 2, 5]), "{p}:10: head 5 outside 0..4"),
+    # issue 37: a line of spaces inside a sentence was read as its end, the error then named line 2
+    (ft.read_conllu, GOOD_CONLLU.replace("\n2\tdog", "\n   \n2\tdog", 1), "{p}:3: a line of only spaces or tabs"),
 ]
 
 
 @pytest.mark.parametrize("reader, content, msg", READER_FAULTS, ids=[
     "xnli-label", "xnli-utf8", "ner-utf8", "conllu-utf8", "conllu-self-loop", "conllu-two-roots", "conllu-no-root",
-    "conllu-cycle", "conllu-head-range"])
+    "conllu-cycle", "conllu-head-range", "conllu-line-of-spaces"])
 def test_reader_faults_name_file_and_line(tmp_path, reader, content, msg):
     p = tmp_path / "data.txt"
     p.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -169,6 +171,20 @@ FT_BAD_INPUTS = [
      "error: --align-maps: cannot read {t}/bad.npz: KeyError"),
     (["--align-layer", "1", "--target-ckpt", "{c}/nan.pt", "--align-maps", "{t}/maps.npz"],
      "error: --target-ckpt: {c}/nan.pt: weight 'blocks.0.0.attn.qkv.weight' contains NaN or inf"),
+    # issue 37: maps fitted on other models were accepted (the .npz named only the language pair)
+    (["--align-layer", "1", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/other-en.npz"],
+     "error: --align-maps {t}/other-en.npz: its en side was fitted on the checkpoint sha256:0000000000000000, not on "
+     "--ckpt {c}/best.pt (sha256:"),
+    (["--align-layer", "1", "--target-ckpt", "{c}/best.pt", "--align-maps", "{t}/other-fr.npz"],
+     "error: --align-maps {t}/other-fr.npz: its fr side was fitted on the checkpoint sha256:0000000000000000, not on "
+     "--target-ckpt {c}/best.pt"),
+    # issue 37: the epoch and the sets chosen on the training data; a grid axis that does not apply to the task
+    (["--train-file", "{w}/ner/en.dev.tsv"], "error: ner: the train file {w}/ner/en.dev.tsv holds 120 of the 120 "
+     "examples of the en dev file {w}/ner/en.dev.tsv: scores on training data (--allow-overlap if meant)"),
+    (["--train-file", "{t}/train+dev.tsv"], "error: ner: the train file {t}/train+dev.tsv holds 120 of the 120 "
+     "examples of the en dev file {w}/ner/en.dev.tsv"),  # MUSE's case: a train file that holds the dev set
+    (["--data", "{t}/w1"], "error: ner: {t}/w1/ner/en.dev.tsv: one example; a score on one example is not a result"),
+    (["--head-lrs", "1e-3"], "error: --head-lr(s) is the XNLI classifier's learning rate: --task ner has no such"),
 ]
 
 
@@ -179,6 +195,16 @@ def test_finetune_bad_inputs_one_line_before_any_work(toy_world, toy_ckpt, nan_c
     np.savez(tmp_path / "maps.npz", src_to_tgt=eye, tgt_to_src=eye, src="en", tgt="fr")
     np.savez(tmp_path / "nan.npz", src_to_tgt=eye * np.nan, tgt_to_src=eye * np.nan, src="en", tgt="fr")
     np.savez(tmp_path / "bad.npz", maps=eye, src="en", tgt="fr")
+    (tmp_path / "train+dev.tsv").write_text((toy_world / "ner/en.train.tsv").read_text() + "\n"
+                                             + (toy_world / "ner/en.dev.tsv").read_text())
+    (tmp_path / "w1/ner").mkdir(parents=True)
+    for split in ("en.train", "fr.test"):
+        (tmp_path / f"w1/ner/{split}.tsv").write_text((toy_world / f"ner/{split}.tsv").read_text())
+    (tmp_path / "w1/ner/en.dev.tsv").write_text("Paris\tB-LOC\n")
+    ours, other = ft.digest(str(toy_ckpt)), "sha256:" + "0" * 16  # the digests align.py records
+    for src, tgt in (("en", "fr"), ("fr", "en")):
+        np.savez(tmp_path / f"other-{src}.npz", src_to_tgt=eye, tgt_to_src=eye, src=src, tgt=tgt,
+                 src_ckpt_digest=other, tgt_ckpt_digest=ours)
     fill = lambda x: x.format(w=toy_world, c=toy_ckpt.parent, t=tmp_path)  # noqa: E731
     if "--align-layer" in extra:
         extra = extra + ["--eval-langs", "fr"]
@@ -259,6 +285,7 @@ TABLE_EDITS = [
     ("other metric", lambda r: r.update(metric="acc")),
     ("ppl as text", lambda r: r["pretrain"].update(dev_ppl={"en": "ten"})),
     ("pretrain a list", lambda r: r.update(pretrain=[1])),
+    ("no test language", lambda r: r.update(test={})),  # was "no results.json under DIR"
 ]
 
 
@@ -635,3 +662,59 @@ def test_dtype_flags_mean_the_same_in_every_script():
             parse(["--dtype", "fp8"])
     with pytest.raises(SystemExit):
         pretrain.get_args(["--dtype", "fp8"])
+
+
+def test_the_advice_after_an_interrupt_or_out_of_memory_works(toy_world, toy_ckpt, tmp_path, monkeypatch, capsys):
+    """Interrupted in a run given --overwrite: the command printed to go on has no --overwrite (it would remove the
+    finished sets), and running it trains only the rest; out of memory: a smaller --batch-size is said to be another
+    run (it is: the same --out refuses it)."""
+    out = tmp_path / "o"
+    (out / "sets").mkdir(parents=True)
+    (out / "results.json").write_text('{"job": {"task": "ner", "seed": 7}}')  # another run's, to be replaced
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--out", str(out), "--overwrite"]
+    real, calls = ft.finetune_one, []
+
+    def interrupted(*a, **k):
+        calls.append(a[4]["lr"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    monkeypatch.setattr(ft, "finetune_one", interrupted)
+    with pytest.raises(SystemExit):
+        ft.main(argv)
+    again = capsys.readouterr().err.split("to go on, run python finetune.py ")[1].strip()
+    assert "--overwrite" not in again and not (out / "results.json").exists()
+    calls.clear()
+    monkeypatch.setattr(ft, "finetune_one", lambda *a, **k: calls.append(a[4]["lr"]) or real(*a, **k))
+    ft.main(shlex.split(again))  # goes on: the finished set is kept, only the second trains
+    assert calls == [3e-4] and (out / "results.json").exists()
+
+    def oom(*a, **k):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(ft, "finetune_one", oom)
+    with pytest.raises(SystemExit, match="^error: out of memory; a smaller --batch-size or --max-len goes in another --out$"):
+        ft.main(argv[:-1] + ["--out", str(tmp_path / "p")])
+    with pytest.raises(SystemExit, match="already exists, from another run .other batch_size"):
+        ft.main(argv[:-1] + ["--batch-size", "16"])
+
+
+def test_sigterm_is_an_interrupt_that_names_what_is_kept(toy_world, toy_ckpt, tmp_path, monkeypatch, capsys):
+    """A kill (a job's time limit) during the second set: the same line as Ctrl-C, the command that goes on (was a
+    silent exit 143)."""
+    import os
+    import signal
+    out = tmp_path / "o"
+    argv = NER_RUN + ["--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--out", str(out)]
+    real, calls = ft.finetune_one, []
+
+    def killed(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+    monkeypatch.setattr(ft, "finetune_one", killed)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        ft.main(argv)
+    assert signal.getsignal(signal.SIGTERM) == before  # the caller's handler again after main
+    assert e.value.code == 130 and "interrupted; 1 finished hyper-parameter set(s) kept" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 Run: python -m pytest -q tests/test_finetune.py
 """
+import argparse
 import glob
 import itertools
 import io
@@ -383,7 +384,6 @@ def test_mean_of_best_two():
 
 
 def test_grid_orders_and_sizes():
-    import argparse
     a = argparse.Namespace(batch_size=[4, 8], lr=[1.0, 2.0, 3.0], head_lr=[5.0, 6.0, 7.0])
     assert len(ft.grid("xnli", a)) == 18 and len(ft.grid("ner", a)) == 6
     assert ft.grid("ner", a)[1] == {"batch_size": 4, "lr": 2.0, "head_lr": None}
@@ -455,6 +455,16 @@ def test_toy_end_to_end_parse_beats_chance(toy_world, toy_ckpt, tmp_path, capsys
     shutil.copytree(out, twin)  # the same run under another seed's name: still one seed
     with pytest.raises(SystemExit, match="hold the same run"):
         ft.main(["--table", str(out), str(twin)])
+    mixed = out.parent / "mixed"  # one row's seed from two models (was one row, silently)
+    for task, metric, ckpt in (("parse", "las", res["job"]["ckpt"]), ("ner", "f1", "sha256:" + "1" * 16)):
+        (mixed / task).mkdir(parents=True)
+        (mixed / task / "results.json").write_text(json.dumps({**res, "task": task, "metric": metric, "test": {
+            "fr": {metric: 0.5}}, "job": {**res["job"], "ckpt": ckpt}}))
+    with pytest.raises(SystemExit, match="mixed holds the results of 2 checkpoints"):
+        ft.main(["--table", str(mixed)])
+    shutil.copy(out / "results.json", mixed / "results.json")  # parse twice in one run folder: a seed has one
+    with pytest.raises(SystemExit, match="mixed holds two parse results.json; a seed has one"):
+        ft.main(["--table", str(mixed)])
 
 
 def _load(ckpt):
@@ -467,7 +477,6 @@ def _load(ckpt):
 def test_ner_long_sentences_and_frozen_lang_specific(toy_world, toy_ckpt):
     """A sentence far longer than the model's 24 positions gets a tag for every word (windows); after
     fine-tuning, the language-specific layer-1 copies are unchanged and the shared parts moved."""
-    import argparse
     m, tok = _load(toy_ckpt)
     train = ft.read_ner(str(toy_world / "ner/en.train.tsv"))[:64]
     long_words = [w for ws, _ in train[:12] for w in ws]
@@ -498,7 +507,6 @@ class _Terminal(io.StringIO):
 @pytest.mark.parametrize("tty", [True, False])
 def test_progress_bar_only_on_a_terminal(toy_world, toy_ckpt, monkeypatch, tty):
     """A set's bar (steps, rate, ETA) goes to stderr when it is a terminal, and nothing when it is not (CI, logs)."""
-    import argparse
     m, tok = _load(toy_ckpt)
     train = ft.read_ner(str(toy_world / "ner/en.train.tsv"))[:32]
     task = ft.NERTask(train, max_len=22)
@@ -546,7 +554,7 @@ def test_labels_unseen_in_english_train_are_named_and_scored_as_errors(toy_world
     assert "B-MISC" not in res["labels"] and 0 <= res["test"]["fr"]["recall"] < 1
 
 
-def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy_ckpt, tmp_path):
+def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy_ckpt, tmp_path, capsys):
     """--align-layer 1 with a "target model" that is the same weights with language 0 renamed fr, an
     identity map, and the ENGLISH dev file copied as the fr test file: the fr input then takes exactly the
     English path (same layer-1 copy, same map-free states), so fr test must equal English dev."""
@@ -567,6 +575,13 @@ def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy
     ft.main(argv + ["--out", str(out)])
     res = json.loads((out / "results.json").read_text())
     assert res["test"]["fr"] == pytest.approx(res["dev"])  # same path, same weights, same sentences
+    assert "records no checkpoint digests (an older align.py): unchecked" in capsys.readouterr().out
+    # maps that record the digests of the two checkpoints they were fitted on (align.py): checked, no note
+    np.savez(maps, src_to_tgt=eye, tgt_to_src=eye, src="fr", tgt="en", src_ckpt_digest=ft.digest(str(target)),
+             tgt_ckpt_digest=ft.digest(str(toy_ckpt)))
+    ft.maps_origin(argparse.Namespace(align_maps=str(maps), train_lang="en", eval_langs=["fr"], ckpt=str(toy_ckpt),
+                                      target_ckpt=str(target)))
+    assert capsys.readouterr().out == ""
     np.savez(maps, src_to_tgt=eye, tgt_to_src=eye, src="en", tgt="ru")
     with pytest.raises(SystemExit, match="maps are for en->ru, not fr->en"):
         ft.main(argv + ["--out", str(tmp_path / "other")])
@@ -581,7 +596,13 @@ def test_toy_runs_all_three_tasks(toy_world, toy_ckpt, tmp_path, capsys):
         res = json.loads((tmp_path / task / "results.json").read_text())
         assert res["task"] == task and res["metric"] == metric and len(res["configs"]) == 1
         assert 0 <= res["dev"][metric] <= 1 and 0 <= res["test"]["fr"][metric] <= 1
-    assert capsys.readouterr().out.count("the one hyper-parameter set") == 3  # a one-set grid is said as such
+    text = capsys.readouterr().out
+    assert text.count("the one hyper-parameter set") == 3  # a one-set grid is said as such
+    # the score of a guess under each table (issue 38): XNLI's majority label per split, about 0 for F1 and LAS
+    labels = [lab for _, _, lab in ft.read_xnli(str(toy_world / "xnli/fr.test.tsv"))]
+    share = 100 * max(labels.count(x) for x in set(labels)) / len(labels)
+    assert re.search(r"chance \(always the majority label\): dev \d+\.\d, fr test " + f"{share:.1f}\n", text)
+    assert "chance: f1 of a guess is about 0" in text and "chance: las of a guess is about 0" in text
 
 
 def test_table1_layout_means_seeds_and_delta(tmp_path, capsys):
@@ -601,6 +622,7 @@ def test_table1_layout_means_seeds_and_delta(tmp_path, capsys):
     assert lines[1].split() == ["default", "2", "0", "65.0", "±5.0", "45.0", "±5.0", "55.0", "±5.0", "+0.0"]
     # sep: 40, 10 -> avg 25, Δ = 25 - 55 = -30
     assert lines[2].split() == ["sep", "1", "0", "40.0", "10.0", "25.0", "-30.0"]
+    assert lines[-1] == "chance: XNLI 33.3 (three balanced labels), NER span F1 about 0"
     with pytest.raises(SystemExit, match="no results.json"):
         ft.main(["--table", str(tmp_path / "missing")])
 
@@ -652,6 +674,9 @@ def test_table_leaves_a_stalled_seed_out_and_marks_thin_cells(tmp_path, capsys):
         {"task": "xnli", "metric": "acc", "test": {"fr": {"acc": 0.5}}}))
     table = ft.results_table(dirs)
     assert "50.0*" in table and "* averaged over fewer seeds" in table
+    count = tmp_path / "m-s2" / "ner" / "results.json"  # a hand-edited count model: not a stall (was a TypeError)
+    count.write_text(count.read_text().replace("24.0", '"x"'))
+    assert ft.results_table(dirs).splitlines()[1].split()[:3] == ["m", "3", "0"]
 
 
 def test_table_plot_draws_learning_curves(tmp_path):
