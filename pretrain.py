@@ -17,12 +17,15 @@ Run:
 """
 
 import argparse
+import fcntl
 import gc
+import hashlib
 import json
 import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -158,8 +161,7 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
         k = int((targets != -1).sum())
         with ctx:
             _, loss = model(inputs.to(device), lang, targets.to(device))
-        total += float(loss) * k
-        count += k
+        total, count = total + float(loss) * k, count + k
     model.train(was_training)
     mean = total / count  # above ~709.8 nats math.exp overflows: a diverged model
     return float("inf") if mean > math.log(sys.float_info.max) else math.exp(mean)
@@ -209,6 +211,7 @@ class Run:
     epoch: int = 0
     n_streams: int = 0                  # streams of this epoch, on this rank
     best_ppl: float = math.inf          # the best English dev perplexity so far
+    count_ppl: dict = None              # the master's count models of each dev set (count_baselines)
     saved_step: int = None              # the step checkpoint.pt holds (None: not written by this run)
     next_batch: tuple = None            # the micro-batch drawn ahead (next_micro_batch)
     rng_before_next: tuple = None       # the sampler's and masking's states from before it, for checkpoint.pt
@@ -293,7 +296,7 @@ def train(run):
     """The training loop: get_lr, one update, the progress line; an evaluation (best.pt) at the end of an epoch and of
     the run, every --eval-every and at --snapshots, checkpoint.pt then (--save-every permitting) and when a signal
     stops the run. -> (the stopping signal or 0, why it diverged: --max-bad-steps non-finite losses, or dev ppl)."""
-    args, bad_steps, stopped_by, diverged, t0 = run.args, 0, 0, None, time.time()
+    args, bad_steps, stopped_by, diverged, t0, step0 = run.args, 0, 0, None, time.time(), run.step
     tokens_per_update = args.batch_size * args.bptt * args.accumulate * run.world_size
     updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
     bar = tqdm(total=updates, initial=run.step, unit="update", desc="pretrain", mininterval=1,
@@ -315,7 +318,7 @@ def train(run):
                 diverged = f"{bad_steps} non-finite losses in a row at step {run.step}"
                 break
         if stepped and run.step % args.log_every == 0:
-            tok_s, t0 = tokens_per_update * args.log_every / (time.time() - t0), time.time()
+            tok_s, t0, step0 = tokens_per_update * (run.step - step0) / (time.time() - t0), time.time(), run.step
             run.log(f"step {run.step} | epoch {run.epoch} | loss {loss:.4f} | lr {lr:.2e} | grad norm {grad_norm:.2f} "
                     f"| {tok_s:,.0f} tok/s")
             log_json(run, {"step": run.step, "epoch": run.epoch, "lang": ",".join(run.langs[j] for j in seen),
@@ -335,105 +338,77 @@ def train(run):
     return stopped_by, diverged
 
 # =====================================================================================================================
-# The plumbing: flags, the run directory and signals, checkpoints and log, setup, main
+# The plumbing: flags, the run directory and signals, count models, checkpoints and log, setup, main
 
 # -----------------------------------------------------------------------------
-# flags: the presets above by default, every value checked before any work
+# flags (the presets above by default, every value checked before any work); the run directory and its lock;
+# signals, and the one form of advice printed when a run stops: a command this program accepts
 
-# may differ on --resume (data are compared by vocabulary and token counts; --lr, --warmup: a diverged run goes on)
 RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile",
-                     "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "overwrite",
-                     "lr", "warmup", "max_bad_steps", "save_every"}
+                     "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "overwrite", "lr",
+                     "warmup", "max_bad_steps", "save_every", "allow_overlap"}  # data: compared by their contents
 MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: a larger one is a typo, not a model
-# torchrun: the other ranks wait in a collective while the master evaluates and writes checkpoint.pt (~1.4 GB at the
-# paper's size); NCCL's default of 10 minutes would end a run whose dev sets are large
-DDP_TIMEOUT = timedelta(minutes=60)
+DDP_TIMEOUT = timedelta(minutes=60)  # the other ranks wait while the master evaluates and saves (NCCL's 10 min: short)
 
 
 def build_parser():
-    """The flags as parsed, nothing checked yet (get_args fills in the presets and checks every value); --help shows
-    each flag's default (bpe.HelpFormatter), a preset's as "paper X; --toy Y"."""
-    # every number flag is checked as argparse reads it (bpe.number: one line naming the flag and the value)
+    """The flags as parsed (get_args: the presets, the checks); numbers are checked as read (bpe.number, one line)."""
     count, natural, positions = number(1), number(0), number(1, MAX_POSITIONS, upto=True)
-    fraction, rate = number(0, 1, float, upto=True), number(0, 1, float)
-    seed = number(0, 2 ** 32)  # the masking generator is seeded with seed * 1000 + rank + 1 < 2^64
-    p = argparse.ArgumentParser(prog="pretrain.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+    fraction, rate, seed = number(0, 1, float, upto=True), number(0, 1, float), number(0, 2 ** 32)  # seed*1000+rank+1
+    p = argparse.ArgumentParser("pretrain.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     a = p.add_argument
 
     def preset(flag, typ, what, **kw):  # unset: PAPER's value, or TOY's with --toy
         k = flag[2:].replace("-", "_")
-        a(flag, type=typ, help=f"{what} (default: paper {PAPER[k]}" + (f"; --toy {TOY[k]})" if k in TOY else ")"),
-          **kw)
+        a(flag, type=typ, help=f"{what} (default: paper {PAPER[k]}{f'; --toy {TOY[k]}' if k in TOY else ''})", **kw)
 
-    a("--out", required=True, metavar="DIR", help="run directory: checkpoint.pt, best.pt, log.jsonl (and toy/, data/); "
-      "required")
-    a("--toy", action="store_true", help="a switch: the CPU-sized presets, on the toy world given by --data (unset: a "
-      "new one in OUT/toy)")
-    a("--data", metavar="DIR", help="directory of {lang}.{train,dev}.txt (or toydata's mono/), or one bpe.py prepared "
-      "(default with --toy: a new toy world in OUT/toy)")
-    a("--train-files", metavar="LANG=PATH,...", help="text per language instead of --data, e.g. en=a.txt,fr=b.txt "
-      "(with --dev-files)")
+    a("--out", required=True, metavar="DIR", help="run directory: checkpoint.pt, best.pt, log.jsonl...; required")
+    a("--toy", action="store_true", help="a switch: the CPU-sized presets, on --data's toy world (or a new OUT/toy)")
+    a("--data", metavar="DIR", help="{lang}.{train,dev}.txt (or mono/), or bpe.py's output (default: --toy's OUT/toy)")
+    a("--train-files", metavar="LANG=PATH,...", help="text per language instead of --data (with --dev-files)")
     a("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
+    a("--allow-overlap", action="store_true", help="accept a dev set that is the training text")
     a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
-    a("--resume", action="store_true",
-      help="continue from OUT/checkpoint.pt (--lr, --warmup, --max-steps, --epochs may change)")
+    a("--resume", action="store_true", help="continue from OUT/checkpoint.pt (--lr, --max-steps, ... may change)")
     a("--overwrite", action="store_true", help="start a new run in an --out holding an earlier run's files")
     a("--seed", type=seed, default=0, help="seed for init, data order, masking, dropout")
-    # data preparation (bpe.prepare)
     a("--bpe", choices=MODES, default="joint", help="joint: Default; separate: Default anchors; prefixed: No anchors")
-    a("--merges", type=count, help="BPE merge operations (default: paper 80000 joint, 40000 per "
-      "language; --toy 2000 / 1000)")
-    a("--code-switch", metavar="DICT", help="MUSE dictionary to code-switch the text with (Extra anchors, "
-      "the training text code-switched once, when it is prepared), or toy (default: none)")
+    a("--merges", type=count, help="BPE merges (default: paper 80000 joint, 40000 per language; --toy 2000 / 1000)")
+    a("--code-switch", metavar="DICT", help="MUSE dictionary (or toy) to code-switch the training text (default: none)")
     a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off: the text as given)")
     a("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
     a("--workers", type=count, default=1, help="processes for binarising text")
-    # toy world (toydata.py)
     a("--toy-size", choices=list(TOY_SIZES), default="full", help="toy world size (tiny is for tests)")
     a("--toy-overlap", type=fraction, default=0.0, help="toy: fraction of shared word forms (anchors)")
     a("--toy-order", default="svo", help="toy: word order of the second language, e.g. sov-na-post (toydata.py)")
     a("--toy-domain-shift", type=fraction, default=0.0, help="toy: topic shift between the languages (Wiki-CC: 1.0)")
     a("--toy-cyrillic", action="store_true", help="toy: write the second language in Cyrillic letters")
     a("--toy-seed", type=natural, default=0, help="toy: world seed")
-    # model (model.ModelConfig)
-    a("--sep", default="", help="language-specific parts (Table 1): emb, 1-3, 1-6, emb,1-3, emb,1-6; "
-      "also tok, pos (default: none, all shared)")
-    a("--lang-emb", action="store_true", help="add language embeddings (off: the paper is silent; as the "
-      "mBERT and XLM-17/100 checkpoints)")
-    preset("--n-layers", count, "layers")
-    preset("--dim", count, "hidden size")
-    preset("--n-heads", count, "attention heads")
-    preset("--ffn-dim", count, "feed-forward size")
-    preset("--dropout", rate, "dropout")
+    a("--sep", default="", help="language-specific parts (Table 1: emb, 1-3, 1-6, emb,1-3, emb,1-6; tok, pos) "
+      "(default: none)")
+    a("--lang-emb", action="store_true", help="add language embeddings (the paper is silent; mBERT, XLM-17/100 have)")
+    for flag, typ, what in (("--n-layers", count, "layers"), ("--dim", count, "hidden size"),
+                            ("--n-heads", count, "attention heads"), ("--ffn-dim", count, "feed-forward size"),
+                            ("--dropout", rate, "dropout"), ("--bptt", positions, "tokens per stream"),
+                            ("--epochs", count, "epochs"), ("--log-every", count, "progress line every N updates")):
+        preset(flag, typ, what)
     preset("--attention-dropout", rate, "attention dropout (as XLM's recipes; its flag's default is 0)")
-    # optimisation
-    preset("--batch-size", count, "examples (streams of --bptt tokens) per step, per GPU and micro-batch (x 8 GPUs "
-           "in the paper)")
-    preset("--bptt", positions, "tokens per stream")
-    preset("--pos-offsets", number(0, MAX_POSITIONS, upto=True), "N: each stream starts at a random position in "
-           "[0, N - bptt] (off: N <= bptt)")
+    preset("--batch-size", count, "streams of --bptt tokens per step, per GPU and micro-batch (x 8 GPUs: paper)")
+    preset("--pos-offsets", number(0, MAX_POSITIONS, upto=True), "N: streams start at random in [0, N - bptt]")
     a("--accumulate", type=count, help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
     preset("--lr", number(0, cast=float, above=True), "peak learning rate")
     preset("--warmup", natural, "linear warm-up updates from 1e-7")
     preset("--schedule", None, "after warm-up: inverse_sqrt (XLM) or linear to 0", choices=["inverse_sqrt", "linear"])
-    a("--clip", type=number(0, cast=float), default=5.0, help="gradient clipping norm, 0 = off (XLM's "
-      "clip_grad_norm; the paper names none)")
+    a("--clip", type=number(0, cast=float), default=5.0, help="gradient clipping norm, 0 = off (XLM's; paper: none)")
     preset("--epoch-size", count, "examples (streams) per GPU per epoch, XLM's meaning of an epoch")
-    preset("--epochs", count, "epochs")
     a("--max-steps", type=count, help="stop after this many updates (default: paper none; --toy 8000)")
     a("--eval-every", type=natural, help="also evaluate and save every N updates (default 0: once per epoch)")
-    a("--snapshots", default="", metavar="STEP,...", help="also keep the model at these updates as OUT/step{N}.pt "
-      "(default: none)")
-    a("--save-every", type=natural, default=0, metavar="N", help="write checkpoint.pt at an evaluation only N or "
-      "more updates after the last one (default 0: at every evaluation; the run's end and a stop always save). Larger: "
-      "less time writing while the other GPUs wait, but a crash redoes up to N updates")
-    preset("--log-every", count, "progress line every N updates")
+    a("--snapshots", default="", metavar="STEP,...", help="also keep OUT/step{N}.pt at these updates (default: none)")
+    a("--save-every", type=natural, default=0, metavar="N", help="checkpoint.pt at evaluations N+ updates apart")
     a("--max-bad-steps", type=count, default=5, help="stop after this many NaN/inf losses in a row")
-    # system
     a("--device", default="auto", help="auto, cpu, cuda (cuda:LOCAL_RANK under torchrun), cuda:N, mps")
-    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-      help="autocast: auto = bf16 on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU and MPS")
+    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="autocast (auto: bf16 on "
+      "GPUs that have it, else fp16 with a GradScaler; fp32 on CPU and MPS)")
     a("--compile", action="store_true", help="torch.compile the model")
     a("--threads", type=count, help="CPU threads for torch (default torch's; --toy 1)")
     return p
@@ -442,88 +417,89 @@ def build_parser():
 def get_args(argv=None, p=None):
     """The flags, presets filled in, every value checked before any work (InputError code 2: one usage line each)."""
     args = (p or build_parser()).parse_args(argv)
+    if {"RANK", "WORLD_SIZE"} & set(os.environ) and not {"LOCAL_RANK", "MASTER_ADDR"} <= set(os.environ):
+        raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun worker (no LOCAL_RANK "
+                         "and MASTER_ADDR): unset them, or launch with torchrun")
     for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    if args.merges is None:
-        args.merges = MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
+        setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
+    args.merges = args.merges or MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
     langs, snapshots = args.langs.split(","), args.snapshots.replace(",", " ").split()
-    flag = ""
-    try:  # a parser's ValueError: one usage line
-        vars(args).update(parse_sep(args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers
-        if args.toy:  # toydata.py's own check, before anything is written
-            flag = "--toy-order: "
+    updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
+    flag = "--toy-order: "
+    try:  # a parser's ValueError: one usage line (toydata.py's own check of --toy-order, before anything is written)
+        if args.toy:
             parse_order(args.toy_order)
         flag = ""
+        vars(args).update(parse_sep(args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers
         if args.train_files and args.dev_files:  # both or neither (checked below)
             args.train_files = parse_lang_files("--train-files", args.train_files, langs)
             args.dev_files = parse_lang_files("--dev-files", args.dev_files, langs)
     except ValueError as e:
         raise InputError(flag + str(e), 2) from None
-    # the data: --data, --train-files/--dev-files or the toy world in OUT/toy; prepared in --prep-dir
     args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
     args.toy_world = args.toy and args.data is None and not args.train_files
     args.data = os.path.join(args.out, "toy") if args.toy_world else args.data
     toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[-1]}.txt")  # written with the toy world
-    args.code_switch = toy_dict if args.code_switch == "toy" else args.code_switch
+    cs = args.code_switch = toy_dict if args.code_switch == "toy" else args.code_switch
     refused = [  # (when, the usage line)
         (args.overwrite and args.resume, "--overwrite starts a new run; it cannot be combined with --resume"),
         (not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs),
          f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr"),
         (args.dim % args.n_heads, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}"),
-        (not all(x.isdigit() and int(x) > 0 for x in snapshots),
-         f"--snapshots {args.snapshots}: expected e.g. 500,1000"),
+        (not all(x.isdigit() and int(x) > 0 for x in snapshots), f"--snapshots {args.snapshots}: expected 500,1000"),
+        (max((int(x) for x in snapshots if x.isdigit()), default=0) > updates, f"--snapshots {args.snapshots}: the "
+         f"run ends after {updates} updates (--max-steps, --epochs): a later snapshot would never be written"),
+        (args.bptt < 2, f"--bptt {args.bptt}: a stream's first token is never predicted; at least 2 are needed"),
         ((args.train_files is None) != (args.dev_files is None), "--train-files and --dev-files go together"),
         (args.train_files and args.data is not None, "give either --data or --train-files/--dev-files, not both"),
-        (args.toy_world and len(langs) > 2,
-         f"--langs {args.langs}: the toy world is bilingual (toydata.py); give one or two"),
+        (args.toy_world and len(langs) > 2, f"--langs {args.langs}: the toy world is bilingual; give one or two"),
         (args.data is None and not args.train_files, "--data (or --train-files/--dev-files, or --toy) is required"),
-        (args.code_switch and args.sep_tok,
-         "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok"),
-        (args.code_switch and len(langs) != 2,
-         "--code-switch needs exactly two --langs (the dictionary's source and target)"),
-        (args.code_switch and not (os.path.isfile(args.code_switch) or args.toy_world
-                                   and args.code_switch == toy_dict),
-         f"--code-switch {args.code_switch}: no such file (for 'toy': --toy, or --data a toydata.py world)")]
-    for bad, message in refused:
-        if bad:
-            raise InputError(message, 2)
+        (cs and args.sep_tok, "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok"),
+        (cs and len(langs) != 2, "--code-switch needs exactly two --langs (the dictionary's source and target)"),
+        (cs and not (os.path.isfile(cs) or args.toy_world and cs == toy_dict),
+         f"--code-switch {cs}: no such file (for 'toy': --toy, or --data a toydata.py world)")]
+    for message in (m for bad, m in refused if bad):
+        raise InputError(message, 2)
     args.snapshots = sorted({int(x) for x in snapshots})
     return args
 
-# -----------------------------------------------------------------------------
-# the run directory, and the one form of advice printed when a run stops: a command this program accepts
-
 def run_files(out):
-    """What an earlier run wrote in --out: checkpoint.pt, best.pt, log.jsonl and its step{N}.pt snapshots. The toy
-    world (toy/, toy.json) and the prepared data (data/) are inputs, reused by every run in --out."""
+    """An earlier run's files in --out (toy/, toy.json, data/, args.json are inputs, reused by every run in --out)."""
     names = set(os.listdir(out)) if os.path.isdir(out) else set()
     snapshots = sorted((f for f in names if re.fullmatch(r"step\d+\.pt", f)), key=lambda f: int(f[4:-3]))
     return [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if f in names] + snapshots
 
 
 @contextmanager
-def removed_if_left_empty(*paths):
-    """The directories among `paths` and their parents that do not exist yet are removed again, the deepest first, when
-    the body fails and they are still empty (--out, --prep-dir: the inputs are checked after make_dir)."""
+def locked(out, prep_dir, master):
+    """--out made, locked by the master for all ranks (OUT/.lock: its pid); a failed run's new empty dirs go again."""
     new = set()
-    for path in map(os.path.abspath, paths):
+    for path in map(os.path.abspath, (out, prep_dir)):
         while not os.path.exists(path):
             new.add(path)
             path = os.path.dirname(path)
-    try:
-        yield
-    except BaseException:
-        for d in sorted(new, key=len, reverse=True):  # a child's path is longer than its parent's
-            with suppress(OSError):  # not empty (or never made): kept
-                os.rmdir(d)
-        raise
+    make_dir("--out", out)
+    with open(os.path.join(out, ".lock") if master else os.devnull, "a+") as f:
+        try:
+            master and fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"--out {out} is in use by another pretrain.py (pid {open(f.name).read().strip()} in "
+                             f"{f.name}); wait for it to end, or use another --out") from None
+        if master:
+            f.truncate(0)
+            print(os.getpid(), file=f, flush=True)
+        try:
+            yield
+        finally:
+            if master:
+                os.remove(f.name)
+            for d in sorted(new, key=len, reverse=True) if sys.exc_info()[0] else ():  # a child's path is longer
+                with suppress(OSError):  # not empty: kept
+                    os.rmdir(d)
 
 
 def command(argv, then, lr=None):
-    """`python pretrain.py ARGV` made to go on (then="--resume") or to start again (then="--overwrite"), with
-    another --lr if given: every piece of advice the program prints is built here, so it is always accepted
-    (the same command plus --resume would be refused when it holds --overwrite)."""
+    """ARGV made to go on (then="--resume") or start again ("--overwrite"), maybe at another --lr: all advice."""
     drop, kept, skip_value = ("--resume", "--overwrite") + (("--lr",) if lr else ()), [], False
     for a in argv:
         name = a.split("=", 1)[0]
@@ -536,16 +512,12 @@ def command(argv, then, lr=None):
 
 
 def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
-    if saved_step is None:
-        return "nothing was saved; start again with " + command(argv, "--overwrite", lr)
-    return f"{ckpt_path} holds step {saved_step}; go on with " + command(argv, "--resume", lr)
+    return ("nothing was saved; start again with " + command(argv, "--overwrite", lr) if saved_step is None else
+            f"{ckpt_path} holds step {saved_step}; go on with " + command(argv, "--resume", lr))
 
 
 class StopSignal:
-    """SIGTERM (a preempted job) and Ctrl-C. Before training either stops the program at once (nothing to save).
-    During training the first one only sets `signum`: the loop finishes the update, saves checkpoint.pt and exits
-    128 + signal. A repeated SIGTERM (torchrun forwards its own; a scheduler may signal the workers too) cannot abort
-    that save; a second Ctrl-C stops at once without it (checkpoint.pt is written atomically: the last one stays)."""
+    """SIGTERM, Ctrl-C: at once before training; in it, the update is finished, checkpoint.pt saved, exit 128+sig."""
 
     def __init__(self, advice):
         self.signum, self.training, self.advice = None, False, advice  # advice(): how to go on, for a 2nd Ctrl-C
@@ -557,28 +529,50 @@ class StopSignal:
             raise SystemExit(f"error: stopped by {name} before training started; run the same command")
         if self.signum is None:
             self.signum = signum
-        elif signum == signal.SIGINT:
+        elif signum == signal.SIGINT:  # a repeated SIGTERM (torchrun forwards its own) cannot abort the save; a 2nd ^C
             raise SystemExit(f"error: stopped by a second SIGINT without saving; {self.advice()}")
 
-    def restore(self):
-        for sig, handler in self.old.items():
-            signal.signal(sig, handler)
+
+# a forked child (bpe.binarize's pool) gets the default handlers: pool.terminate()'s SIGTERM ends it, even asleep in C
+os.register_at_fork(after_in_child=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGINT)
+                                            if isinstance(getattr(signal.getsignal(s), "__self__", None), StopSignal)])
 
 # -----------------------------------------------------------------------------
-# checkpoint.pt (read on --resume, restored, saved: everything needed to go on bit for bit, every rank's RNGs);
-# log.jsonl, and the evaluation's best.pt and step{N}.pt
+# count models of the dev sets (an MLM above the left bigram's has not left the unigram plateau); checkpoint.pt (what
+# --resume needs to go on bit for bit, every rank's RNGs); log.jsonl, and the evaluation's best.pt and step{N}.pt
+
+def count_baselines(train, dev, max_tokens=20_000_000):  # fitted on at most max_tokens: a Wikipedia's would not fit
+    """Dev perplexities of unigram (add-one), left bigram and both-neighbour models (Witten-Bell, each on the last)."""
+    t, d = np.asarray(train[:max_tokens], dtype=np.int64), np.asarray(dev, dtype=np.int64)
+    V = int(max(t.max(), d.max())) + 1
+    uni = (np.bincount(t, minlength=V) + 1.0) / (len(t) + V)  # add-one
+
+    def witten_bell(hist, word, q_hist, q_word, lower):  # p(w | h) = (c(h, w) + T(h) lower) / (c(h) + T(h)), or lower
+        keys, counts = np.unique(hist * V + word, return_counts=True)
+        hs, first = np.unique(keys // V, return_index=True)
+        n_h = np.add.reduceat(counts, first).astype(np.float64)  # tokens after h
+        t_h = np.diff(np.append(first, len(keys))).astype(np.float64)  # distinct words after h
+        q = q_hist * V + q_word
+        i = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+        c = np.where(keys[i] == q, counts[i], 0)
+        j = np.minimum(np.searchsorted(hs, q_hist), len(hs) - 1)
+        seen = hs[j] == q_hist
+        return np.where(seen, (c + t_h[j] * lower) / np.where(seen, n_h[j] + t_h[j], 1.0), lower)
+
+    (a, w, b), (qa, qw, qb) = (t[:-2], t[1:-1], t[2:]), (d[:-2], d[1:-1], d[2:])  # left, word, right
+    p_left = witten_bell(a, w, qa, qw, uni[qw])
+    p_both = witten_bell(a * V + b, w, qa * V + qb, qw, p_left)
+    return tuple(float(np.exp(-np.log(p).mean())) for p in (uni[qw], p_left, p_both))
 
 def read_checkpoint(path, args, argv):
-    """--resume: OUT/checkpoint.pt, refused in one line when missing, when model.load_model refuses it (damaged, weights
-    that do not fit its config, NaN/inf weights), when not pretrain.py's or made with other flags (RESUME_MAY_CHANGE
-    aside). -> (the checkpoint, its weights under "model"; the --lr/--warmup changes as text)."""
+    """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags; -> (it, what changed)"""
     if not os.path.isfile(path):
         raise InputError(f"--resume: no checkpoint.pt to go on from in {args.out}")
     try:
         model, ckpt = load_model(path)
     except ValueError as e:
-        raise InputError(f"--resume: {e}; it cannot be continued: start again with "
-                         f"{command(argv, '--overwrite')}") from None
+        raise InputError(f"--resume: {e}; it cannot be continued: start again with {command(argv, '--overwrite')}") \
+            from None
     if not {"args", "optimizer", "rng"} <= set(ckpt):
         raise InputError(f"--resume: {path} is not a checkpoint written by pretrain.py")
     old, new, ckpt["model"] = ckpt["args"], vars(args), model.state_dict()
@@ -589,11 +583,14 @@ def read_checkpoint(path, args, argv):
     return ckpt, ", ".join(f"--{k} {old.get(k)} -> {new[k]}" for k in ("lr", "warmup") if old.get(k) != new[k])
 
 
+def data_of(run):  # what --resume compares: other dev sets would have best.pt chosen across two
+    return {"n_tokens": run.n_tokens, "dev_sha1": [hashlib.sha1(np.asarray(d)).hexdigest() for d in run.dev_ids]}
+
+
 def restore_checkpoint(run, ckpt):
-    """The model, optimizer, scaler, progress and this rank's RNG states from a read_checkpoint(); log.jsonl is cut
-    back to what it held then (what was logged after the checkpoint is done again)."""
-    if ckpt["tokenizer"] != run.tok.to_dict() or ckpt["data"]["n_tokens"] != run.n_tokens:
-        raise InputError(f"--resume: the data in {run.data_dir} are not the ones {run.ckpt_path} was trained on")
+    """Model, optimizer, progress, this rank's RNGs; log.jsonl cut back to the checkpoint's; a lost best.pt anew."""
+    if ckpt["tokenizer"] != run.tok.to_dict() or any(ckpt["data"].get(k, v) != v for k, v in data_of(run).items()):
+        raise InputError(f"--resume: the data in {run.data_dir} are not {run.ckpt_path}'s (training or dev sets)")
     if len(ckpt["rng"]) != run.world_size:  # every rank goes on from its own RNG states
         raise InputError(f"--resume: {run.ckpt_path} goes on with {len(ckpt['rng'])} processes only")
     run.raw_model.load_state_dict(ckpt["model"])
@@ -601,6 +598,9 @@ def restore_checkpoint(run, ckpt):
     if ckpt["scaler"] and run.scaler.is_enabled():  # empty when the run was not fp16
         run.scaler.load_state_dict(ckpt["scaler"])
     run.step, run.epoch, run.n_streams, run.best_ppl = ckpt["step"], ckpt["epoch"], ckpt["n_streams"], ckpt["best_ppl"]
+    if not os.path.exists(os.path.join(run.args.out, "best.pt")) and run.best_ppl < math.inf:
+        run.log(f"note: no best.pt in {run.args.out} (its dev ppl: {run.best_ppl:.2f}); a new one from step {run.step}")
+        run.best_ppl = math.inf
     rng, run.saved_step = ckpt["rng"][run.rank], run.step
     run.sampler.load_state_dict(rng["sampler"])
     run.mask_gen.set_state(rng["mask"])
@@ -613,12 +613,9 @@ def restore_checkpoint(run, ckpt):
 
 
 def save_checkpoint(run):
-    """checkpoint.pt, written by the master (atomically) with every rank's RNG states (a collective): the sampler's
-    and the masking's from before the micro-batch drawn ahead (next_micro_batch), so that --resume draws it again.
-    Under torchrun a stop must fit in the 30 s between its SIGTERM and its SIGKILL: a slower write is reported."""
-    sampler, mask = run.rng_before_next
-    t0, rngs = time.time(), [{"sampler": sampler, "mask": mask, "torch": torch.get_rng_state(),
-                              "cuda": torch.cuda.get_rng_state() if run.device_type == "cuda" else None}]
+    """checkpoint.pt by the master, with every rank's RNGs from before the micro-batch drawn ahead (drawn again)."""
+    t0, rngs = time.time(), [dict(zip(("sampler", "mask"), run.rng_before_next), torch=torch.get_rng_state(),
+                                  cuda=torch.cuda.get_rng_state() if run.device_type == "cuda" else None)]
     if run.ddp:
         rngs, mine = [None] * run.world_size, rngs[0]
         dist.all_gather_object(rngs, mine)
@@ -627,7 +624,7 @@ def save_checkpoint(run):
                       "scaler": run.scaler.state_dict(), "config": asdict(run.raw_model.config),
                       "args": vars(run.args), "tokenizer": run.tok.to_dict(), "langs": run.langs, "step": run.step,
                       "epoch": run.epoch, "n_streams": run.n_streams, "best_ppl": run.best_ppl, "rng": rngs,
-                      "data": {"dir": run.data_dir, "n_tokens": run.n_tokens},
+                      "count_ppl": run.count_ppl, "data": {"dir": run.data_dir, **data_of(run)},
                       "log_bytes": os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0}
         atomic_write(run.ckpt_path, lambda tmp: torch.save(checkpoint, tmp))
     run.saved_step, seconds = run.step, time.time() - t0
@@ -637,36 +634,31 @@ def save_checkpoint(run):
                 "forwarding a SIGTERM, so a stop may keep only the checkpoint before it (see --save-every)")
 
 
-def log_json(run, record):
-    """A line of log.jsonl, written by the master."""
-    try:
-        if run.master:
-            with open(run.log_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-    except OSError as e:
-        raise SystemExit(f"error: cannot write {run.log_path}: {e.strerror}")
+def log_json(run, record):  # a line of log.jsonl, by the master, with the time
+    if run.master:
+        with write_errors(run.log_path), open(run.log_path, "a") as f:
+            f.write(json.dumps({**record, "time": round(time.time(), 1)}) + "\n")
 
 
 def evaluate(run):
-    """The master's English and other dev perplexities (XLM evaluate_mlm); best.pt when English improves (paper
-    §3.1), step{N}.pt at --snapshots; a non-finite one overwrites nothing. -> every one finite (all ranks agree)."""
-    finite, args = True, run.args
+    """The dev perplexities; best.pt when English improves (§3.1), step{N}.pt; -> all finite (else nothing saved)."""
+    finite, args, en = True, run.args, run.langs[0]
     if run.master:
         ppl = {l: evaluate_ppl(run.raw_model, run.dev_ids[j], j, run.vocab_sizes[j], args.bptt, run.device, run.ctx)
                for j, l in enumerate(run.langs)}
         finite = all(math.isfinite(v) for v in ppl.values())
-        improved = finite and ppl[run.langs[0]] < run.best_ppl
+        improved = finite and ppl[en] < run.best_ppl
         run.log(f"eval step {run.step} epoch {run.epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
                 + (" (best)" if improved else ""))
-        log_json(run, {"step": run.step, "epoch": run.epoch, "dev_ppl": ppl, "best": improved})  # before checkpoint.pt
-        run.best_ppl = ppl[run.langs[0]] if improved else run.best_ppl
+        log_json(run, {"step": run.step, "epoch": run.epoch, "dev_ppl": ppl, "best": improved}  # before checkpoint.pt
+                 | ({"plateau": True} if ppl[en] > run.count_ppl[en]["left"] else {}))  # above the left bigram's
+        run.best_ppl = ppl[en] if improved else run.best_ppl
         for name in ["best.pt"] * improved + [f"step{run.step}.pt"] * (finite and run.step in args.snapshots):
             with write_errors(os.path.join(args.out, name)):  # save_model writes its own temp file, then renames it
                 save_model(os.path.join(args.out, name), run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
-                           args=vars(args), step=run.step, dev_ppl=ppl)
+                           args=vars(args), step=run.step, dev_ppl=ppl, count_ppl=run.count_ppl)
     if run.ddp:  # the master's verdict: every rank stops after the same update
-        flag = torch.tensor([float(not finite)], device=run.device)
-        dist.all_reduce(flag)
+        dist.all_reduce(flag := torch.tensor([float(not finite)], device=run.device))
         finite = not flag.item()
     return finite
 
@@ -674,29 +666,29 @@ def evaluate(run):
 # setup: device, data (the toy world, bpe.prepare), model and optimizer, DDP; then main
 
 def write_toy_world(args, langs, master):
-    """--toy without --data: the master writes toydata.write_world's world to OUT/toy once (OUT/toy.json records its
-    knobs; a later run with other --toy-* flags is refused); the other ranks wait for it."""
+    """The master writes OUT/toy once (OUT/toy.json: its knobs; other ones need --overwrite); the other ranks wait."""
     knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], "overlap": args.toy_overlap, "order": args.toy_order,
              "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic, "seed": args.toy_seed,
              **TOY_SIZES[args.toy_size]}
     record = os.path.join(args.out, "toy.json")
-    if master and not os.path.exists(record):
+    read = lambda: json.loads(open(record).read()) if os.path.exists(record) else None  # noqa: E731
+    if master and read() not in (None, knobs) and not args.overwrite:
+        raise InputError(f"{args.data} was written with other --toy-* flags; add --overwrite, or use another --out")
+    for d in (args.data, os.path.join(args.out, "data")) if master and read() not in (None, knobs) else ():
+        shutil.rmtree(d, ignore_errors=True)  # --overwrite: the old world and its prepared data
+    if master and read() != knobs:
         print(f"writing the toy world to {args.data}")
         try:
             write_world(args.data, force=True, **knobs)
         except OSError as e:  # a full disk, an unwritable directory
             raise SystemExit(f"error: cannot write the toy world: {e.filename or args.data}: {e.strerror or e}")
         write_text(record, json.dumps(knobs))
-    while not os.path.exists(record):
+    while read() != knobs:  # the other ranks: until the master has written it
         time.sleep(2)
-    with open(record) as f:
-        if json.load(f) != knobs:
-            raise InputError(f"{args.data} was written with other --toy-* flags; use another --out")
 
 
 def load_data(run):
-    """bpe.prepare (inputs checked first; the master prepares, the other ranks wait), then what it wrote: tokenizer,
-    memory-mapped ids and vocabulary size per language (a batch larger than one's data is refused); the sampler."""
+    """bpe.prepare (by the master), then its tokenizer, ids and vocabulary size per language, checked; the sampler."""
     args, langs = run.args, run.langs
     files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
     run.data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
@@ -710,7 +702,11 @@ def load_data(run):
     except (OSError, ValueError, KeyError) as e:  # KeyError: a tokenizer without one of --langs
         raise InputError(f"cannot read the prepared data in {run.data_dir}: {e}") from None
     run.n_tokens = [len(ids) for ids in run.train_ids]
-    smallest, lang = min(zip(run.n_tokens, langs))
+    (smallest, lang), same = min(zip(run.n_tokens, langs)), [l for l, t, d in zip(langs, run.train_ids, run.dev_ids)
+                                                             if np.array_equal(t, d)]
+    if same and not args.allow_overlap:  # --dev-files equal to --train-files, or a --data folder's copies
+        raise InputError(f"the {same[0]} dev set is its training text: the dev perplexity, and best.pt chosen on it, "
+                         "would measure what is trained on; give another dev set, or --allow-overlap if it is meant")
     if args.batch_size * args.bptt > smallest:  # every batch would be mostly `</s>` padding (a 10^9 typo: no memory)
         raise InputError(f"--batch-size {args.batch_size} x --bptt {args.bptt} is more than the {lang} training "
                          f"data ({smallest} tokens); lower --batch-size")
@@ -718,15 +714,12 @@ def load_data(run):
                                 sampling_probs([m["n_sentences"] for m in meta]), seed=[args.seed, run.rank])
 
 
-def build_adam(params, lr, device_type):
-    """Adam with ADAM's values, fused (one kernel for every parameter) on a GPU and on the CPU, where the
-    per-parameter loop of the default Adam was 7 % of a --toy update (tests/bench_toy_step.py)."""
+def build_adam(params, lr, device_type):  # fused on the CPU too: the default's loop was 7 % of a --toy update
     return torch.optim.Adam(params, lr=lr, fused=True if device_type in ("cuda", "cpu") else None, **ADAM)
 
 
 def build(run, dtype):
-    """Model (seeded alike on every rank), Adam (ADAM: XLM's values), AMP (autocast; a GradScaler for float16), then
-    per-rank randomness: masking (a torch CPU generator), dropout (torch's global generator)."""
+    """Model (alike on every rank), Adam, autocast (and a GradScaler for fp16); per-rank masking and dropout seeds."""
     args = run.args
     torch.manual_seed(args.seed)
     shape = {k: getattr(args, k) for k in ("n_layers", "n_heads", "dim", "ffn_dim", "dropout", "attention_dropout",
@@ -744,9 +737,7 @@ def build(run, dtype):
 
 
 def setup(args, argv):
-    """The run of these flags: device (model.pick_device; bf16 only on a GPU of compute capability >= 8.0), signals,
-    the run directory (an earlier run's files are refused unless --resume or --overwrite), data, model, optimizer,
-    checkpoint.pt's state on --resume, DDP, torch.compile."""
+    """The run: device, signals, --out (an earlier run's refused), data, model, --resume, count models, DDP, compile."""
     run = Run(args=args, langs=args.langs.split(","), rank=int(os.environ.get("RANK", 0)),
               world_size=int(os.environ.get("WORLD_SIZE", 1)), ddp="RANK" in os.environ)
     try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
@@ -761,22 +752,24 @@ def setup(args, argv):
     run.stop = StopSignal(lambda: how_to_go_on(run.ckpt_path, run.saved_step, argv))
     found = run_files(args.out)
     if found and not (args.resume or args.overwrite):
-        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass --resume to continue it "
-                         "(with its checkpoint.pt), --overwrite to start again, or another --out")
+        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass " + "--resume to continue "
+                         "it, " * ("checkpoint.pt" in found) + "--overwrite to start again, or another --out")
     ckpt, changed = read_checkpoint(run.ckpt_path, args, argv) if args.resume else (None, "")
-    with removed_if_left_empty(args.out, args.prep_dir):  # a refused --data leaves no empty --out behind
-        make_dir("--out", args.out)
-        if args.toy_world:
-            write_toy_world(args, run.langs, run.master)
-        load_data(run)
+    if args.toy_world:
+        write_toy_world(args, run.langs, run.master)
+    load_data(run)
     build(run, dtype)
     if ckpt:
         restore_checkpoint(run, ckpt)
-        run.log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.epoch}"
-                + (f" ({changed})" if changed else ""))
-    if run.master and args.overwrite:  # a new run: no file of the earlier one is mixed in
-        for name in found:
-            os.remove(os.path.join(args.out, name))
+        run.log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.epoch}" + f" ({changed})" * bool(changed))
+    for name in found if run.master and args.overwrite else ():  # a new run: no file of the earlier one is mixed in
+        os.remove(os.path.join(args.out, name))
+    if run.master:  # the flags of this run; the count models of its dev sets (the plateau's measure)
+        atomic_write(os.path.join(args.out, "args.json"), lambda tmp: write_text(tmp, json.dumps(vars(args), indent=1)))
+        run.count_ppl = {l: dict(zip(("unigram", "left", "both"), count_baselines(t, d)))
+                         for l, t, d in zip(run.langs, run.train_ids, run.dev_ids)}
+        run.log("\n".join(f"count models of the dev set ({l}): unigram {c['unigram']:.1f}, left bigram "
+                          f"{c['left']:.1f}, both neighbours {c['both']:.1f}" for l, c in run.count_ppl.items()))
     if run.ddp:  # the other ranks wait for the master's evaluation and checkpoint in their next collective
         dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
         run.model = run.ddp_model = DDP(run.raw_model, device_ids=[torch.device(run.device).index]
@@ -793,20 +786,24 @@ def setup(args, argv):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    parser = build_parser()
+    argv, t0, parser = sys.argv[1:] if argv is None else [str(a) for a in argv], time.time(), build_parser()
     with reported(parser):  # a bad input: one `error: ...` line (a flag's: with the usage line, code 2)
-        run = setup(get_args(argv, parser), argv)
-        stopped_by, diverged = train(run)
-    run.stop.restore()
-    if run.ddp:
-        # no rank leaves before the master has written checkpoint.pt (torchrun kills the rest); NCCL: on this GPU
-        dist.barrier(device_ids=[torch.device(run.device).index] if run.device_type == "cuda" else None)
-        # free the DDP wrapper (its reducer holds gloo work) first: with torch 2.13 + gloo, destroying the group while
-        # it lived aborted 3 of 25 two-process runs ("terminate called without an active exception"), 0 of 30 after
-        run.model = run.ddp_model = None
+        args = get_args(argv, parser)
+        with locked(args.out, args.prep_dir, int(os.environ.get("RANK", 0)) == 0):
+            run = setup(args, argv)
+            stopped_by, diverged = train(run)
+    for sig, handler in run.stop.old.items():  # the handlers from before the run
+        signal.signal(sig, handler)
+    if run.ddp:  # the ranks' weights compared (a collective: no rank leaves before the master wrote checkpoint.pt)
+        digests = [None] * run.world_size  # a checksum per tensor
+        dist.all_gather_object(digests, [float(t.double().sum()) for t in run.raw_model.state_dict().values()])
+        run.model = run.ddp_model = None  # its reducer holds gloo work: destroying the group first aborted 3 of 25 runs
         gc.collect()
         dist.destroy_process_group()
+        if any(d != digests[0] for d in digests):
+            raise SystemExit(1 if not run.master else "error: ranks "
+                             f"{[r for r, d in enumerate(digests) if d != digests[0]]} hold other weights than rank 0")
+        run.log(f"ranks agree: the {run.world_size} processes hold the same weights")
     if stopped_by:
         run.log(f"stopped by {signal.Signals(stopped_by).name} after step {run.step}: saved {run.ckpt_path}; to go on, "
                 f"run {command(argv, '--resume')}", file=sys.stderr)
@@ -814,8 +811,15 @@ def main(argv=None):
     if diverged:
         raise SystemExit(1 if not run.master else f"error: {diverged}; "
                          + how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=run.args.lr / 2))
-    run.log(f"done: step {run.step}, epoch {run.epoch}, best {run.langs[0]} dev ppl {run.best_ppl:.2f}; "
-            f"files in {run.args.out}")
+    en, best, c = run.langs[0], run.best_ppl, (run.count_ppl or {}).get(run.langs[0])
+    run.log(f"done: step {run.step}, epoch {run.epoch}, best {en} dev ppl {best:.2f}, in "
+            f"{timedelta(seconds=round(time.time() - t0))}; {', '.join(run_files(run.args.out))} in {run.args.out}")
+    if c and (best > c["left"] or best > c["both"]):  # the left bigram's: the stall rule (RESULTS.md); a note beyond
+        run.log(f"warning: the MLM has not left the unigram plateau: {en} dev ppl {best:.2f} is above the left-bigram "
+                f"count model's {c['left']:.1f} (unigram {c['unigram']:.1f}); its scores would measure an unconverged "
+                "model: train longer (--max-steps) or try another --seed" if best > c["left"] else
+                f"note: {en} dev ppl {best:.2f} is above the both-neighbour count model's {c['both']:.1f}: the MLM has "
+                "not yet used more than the two neighbours of a masked token")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """pretrain.py and bpe.py under user mistakes and accidents (GitHub issue 14): every one ends in one
 clear line, never a traceback, a half-written file or a result that looks valid but is not."""
 import errno
+import json
 import os
 import re
 import shlex
@@ -158,7 +159,7 @@ def test_signal_saves_checkpoint_and_resume_is_exact(world, tmp_path, sig):
     b = torch.load(out / "checkpoint.pt", weights_only=True)
     assert a["step"] == b["step"] == k + 3
     assert all(torch.equal(a["model"][n], b["model"][n]) for n in a["model"])
-    strip = lambda log: [{x: y for x, y in r.items() if x != "tok_per_s"} for r in log]  # noqa: E731
+    strip = lambda log: [{x: y for x, y in r.items() if x not in ("tok_per_s", "time")} for r in log]  # noqa: E731
     assert strip(read_log(out)) == strip(read_log(tmp_path / "straight"))
 
 
@@ -236,8 +237,9 @@ def is_rank(pid, parent, local_rank):
 def test_out_with_an_earlier_run_is_refused(at_step_2, capsys):
     out, flags, before = at_step_2
     (out / "checkpoint.pt").unlink()
-    with pytest.raises(SystemExit, match="holds best.pt, log.jsonl of an earlier run.*--overwrite"):
+    with pytest.raises(SystemExit, match="holds best.pt, log.jsonl of an earlier run.*--overwrite") as e:
         run(flags + ["--max-steps", 3])
+    assert "--resume" not in str(e.value.code), "no checkpoint.pt: --resume would be refused, so it is not offered"
     assert (out / "best.pt").read_bytes() == before["best.pt"]
     assert (out / "log.jsonl").read_bytes() == before["log.jsonl"]
     with pytest.raises(SystemExit) as e:
@@ -402,6 +404,10 @@ BAD_FLAGS = [
     bad_number("--pos-offsets", 10**9, "[0, 16384]"),
     bad_number("--bptt", 10**9, "[1, 16384]"),
     bad_number("--epochs", 2.5, "[1, inf)"),
+    (["--bptt", 1], "--bptt 1: a stream's first token is never predicted"),  # issue 37: ZeroDivisionError before
+    (["--snapshots", "50", "--max-steps", 20], "--snapshots 50: the run ends after 20 updates"),
+    (["--snapshots", "5", "--epochs", 1, "--epoch-size", 8], "--snapshots 5: the run ends after 2 updates"),
+    (["--snapshots", "x,5"], "--snapshots x,5: expected 500,1000"),
 ]
 
 
@@ -473,7 +479,7 @@ def test_resume_cuts_the_log_back_to_the_checkpoint(world, tmp_path):
     # a kill between the log records of steps 3-4 and the rename of checkpoint.pt leaves the step-2 checkpoint
     (out / "checkpoint.pt").write_bytes(at_2)
     run(flags + ["--out", out, "--max-steps", 4, "--resume"])
-    strip = lambda log: [{x: y for x, y in r.items() if x != "tok_per_s"} for r in log]  # noqa: E731
+    strip = lambda log: [{x: y for x, y in r.items() if x not in ("tok_per_s", "time")} for r in log]  # noqa: E731
     assert strip(read_log(out)) == strip(read_log(tmp_path / "straight"))
     assert [(r["step"], "dev_ppl" in r) for r in read_log(out)] == [
         (1, False), (2, False), (2, True), (3, False), (4, False), (4, True)]
@@ -574,3 +580,104 @@ def test_bpe_cli_mistake_is_one_line(bpe_dir, capsys, argv, message):
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()[-1]) < 300, "one readable line"
     assert sorted(os.listdir(bpe_dir)) == before and no_temp_files(bpe_dir), "nothing written, no temp file"
+
+# -----------------------------------------------------------------------------
+# 9. issue 37: two processes in one --out, what OUT claims, a dev set that is the training text, the environment
+
+
+def test_a_second_run_on_the_same_out_is_refused_and_a_dead_ones_lock_is_taken_over(world, tmp_path):
+    out = tmp_path / "run"
+    p = start([sys.executable, os.path.join(ROOT, "pretrain.py")] + flags_of(world) + ["--out", out, "--max-steps",
+                                                                                         100000], out)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run(flags_of(world) + ["--out", out, "--max-steps", 3, "--resume"])
+        message = str(e.value.code)
+        assert message.startswith(f"error: --out {out} is in use by another pretrain.py (pid {p.pid} ") and \
+            "\n" not in message
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=120)
+    assert not (out / ".lock").exists(), "removed at exit"
+    (out / ".lock").write_text("999999999\n")  # a killed run's lock: nobody holds it
+    run(flags_of(world) + ["--out", out, "--max-steps", step_of(out / "checkpoint.pt") + 1, "--resume"])
+    assert not (out / ".lock").exists()
+
+
+def test_workers_do_not_inherit_the_stop_handler(tmp_path):
+    """--workers 2: bpe.binarize's pool is terminated (SIGTERM) after each file; its workers used to run pretrain.py's
+    handler ("error: stopped by SIGTERM before training started") and one could outlive the run holding its stdout."""
+    cmd = [sys.executable, os.path.join(ROOT, "pretrain.py")] + TINY + ["--out", tmp_path / "w", "--max-steps", 1,
+                                                                        "--workers", 2]
+    r = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "stopped by" not in r.stdout + r.stderr, r.stderr[-2000:]
+    assert "preparing data" in r.stdout and step_of(tmp_path / "w" / "checkpoint.pt") == 1
+
+
+@pytest.mark.parametrize("env", [{"RANK": "0", "WORLD_SIZE": "2"}, {"WORLD_SIZE": "2"},  # the loss halved
+                                 {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"}])  # no LOCAL_RANK
+def test_rank_in_the_environment_without_torchrun_is_one_line(world, tmp_path, monkeypatch, env):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    if "MASTER_ADDR" not in env:
+        monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(SystemExit, match="^error: RANK / WORLD_SIZE are set in the environment.*unset them, or launch "
+                       "with torchrun$"):
+        run(flags_of(world) + ["--out", tmp_path / "run"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_dev_set_equal_to_the_training_text_is_refused_unless_allowed(world, tmp_path):
+    mono = world["raw"] / "mono"
+    (tmp_path / "fr.copy.txt").write_bytes((mono / "fr.train.txt").read_bytes())  # the same contents, another file
+    for fr_dev in (mono / "fr.train.txt", tmp_path / "fr.copy.txt"):
+        files = ["--train-files", f"en={mono / 'en.train.txt'},fr={mono / 'fr.train.txt'}",
+                 "--dev-files", f"en={mono / 'en.dev.txt'},fr={fr_dev}"]
+        with pytest.raises(SystemExit, match="^error: the fr dev set is its training text.*--allow-overlap"):
+            run(TINY + files + ["--out", tmp_path / "a", "--max-steps", 1])
+        assert not (tmp_path / "a" / "checkpoint.pt").exists()
+    run(TINY + files + ["--out", tmp_path / "a", "--max-steps", 1, "--allow-overlap"])
+    assert step_of(tmp_path / "a" / "checkpoint.pt") == 1
+    data = tmp_path / "data"  # a --data folder whose en.dev.txt is a copy of en.train.txt
+    shutil.copytree(mono, data)
+    shutil.copy(data / "en.train.txt", data / "en.dev.txt")
+    with pytest.raises(SystemExit, match="^error: the en dev set is its training text"):
+        run(TINY + ["--data", data, "--out", tmp_path / "b", "--max-steps", 1])
+
+
+def test_resume_with_other_dev_files_is_refused(world, tmp_path):
+    mono = world["raw"] / "mono"
+    (tmp_path / "fr.dev.txt").write_text("".join((mono / "fr.dev.txt").read_text().splitlines(True)[:-3]))
+    spec = lambda fr_dev: ["--train-files", f"en={mono / 'en.train.txt'},fr={mono / 'fr.train.txt'}",  # noqa: E731
+                           "--dev-files", f"en={mono / 'en.dev.txt'},fr={fr_dev}", "--out", tmp_path / "run"]
+    run(TINY + spec(mono / "fr.dev.txt") + ["--max-steps", 2])
+    with pytest.raises(SystemExit, match="^error: --resume: the data in .* are not .*\\(training or dev sets\\)$"):
+        run(TINY + spec(tmp_path / "fr.dev.txt") + ["--max-steps", 3, "--resume"])
+    assert step_of(tmp_path / "run" / "checkpoint.pt") == 2
+
+
+def test_resume_without_best_pt_makes_a_new_one_and_says_so(at_step_2, capsys):
+    out, flags, _ = at_step_2
+    moved = out.parent / "moved"
+    moved.mkdir()
+    os.replace(out / "checkpoint.pt", moved / "checkpoint.pt")  # checkpoint.pt moved alone to a new folder
+    capsys.readouterr()
+    run(flags[:-1] + [moved, "--max-steps", 3, "--resume"])
+    printed = capsys.readouterr().out
+    assert f"no best.pt in {moved}" in printed and "checkpoint.pt, best.pt, log.jsonl in" in printed
+    from model import load_model
+    assert load_model(moved / "best.pt")[1]["step"] == 3
+
+
+def test_overwrite_replaces_a_toy_world_of_other_flags(tmp_path, capsys):
+    out = tmp_path / "toy"
+    run(TINY + ["--out", out, "--max-steps", 1])
+    for name in ("checkpoint.pt", "best.pt", "log.jsonl"):  # the world is refused even with no run's file beside it
+        (out / name).unlink()
+    with pytest.raises(SystemExit, match="other --toy-\\* flags; add --overwrite"):
+        run(TINY + ["--out", out, "--max-steps", 1, "--toy-seed", 1])
+    old = (out / "toy" / "mono" / "en.train.txt").read_bytes()
+    run(TINY + ["--out", out, "--max-steps", 1, "--toy-seed", 1, "--overwrite"])
+    assert json.loads((out / "toy.json").read_text())["seed"] == 1
+    assert (out / "toy" / "mono" / "en.train.txt").read_bytes() != old and len(os.listdir(out / "data")) == 1

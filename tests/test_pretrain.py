@@ -5,9 +5,11 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -232,6 +234,82 @@ def test_resume_is_bit_exact_and_refuses_other_flags(world, tmp_path):
     assert (tmp_path / "split" / "checkpoint.pt").read_bytes() == before
 
 
+def test_tok_per_s_after_resume_counts_the_resumed_updates_only(world, tmp_path):
+    """Resumed at step 9 with --log-every 10: the first line covers 1 update, not 10 (it read 10 x too high)."""
+    flags = TINY + ["--data", world["joint"], "--out", tmp_path, "--log-every", 10]
+    run(flags + ["--max-steps", 9])
+    run(flags + ["--max-steps", 40, "--resume"])
+    speed = [r["tok_per_s"] for r in read_log(tmp_path) if "tok_per_s" in r]
+    assert len(speed) == 4 and speed[0] < 3 * np.median(speed[1:]), speed
+
+
+def python_count_baselines(train, dev, vocab_size):
+    """Known answer: tests/bench_baselines.py's first version, a plain python loop over every dev token."""
+    from collections import Counter, defaultdict
+
+    def witten_bell(counts, lower):
+        totals = {h: (sum(c.values()), len(c)) for h, c in counts.items()}
+
+        def p(h, w, *lower_args):
+            pl = lower(w, *lower_args)
+            if h not in totals:
+                return pl
+            n, t = totals[h]
+            return (counts[h].get(w, 0) + t * pl) / (n + t)
+        return p
+
+    train, dev = np.asarray(train, dtype=np.int64), np.asarray(dev, dtype=np.int64)
+    uni = np.bincount(train, minlength=vocab_size).astype(np.float64) + 1.0
+    uni /= uni.sum()
+    left, both = defaultdict(Counter), defaultdict(Counter)
+    for a, w, b in zip(train[:-2].tolist(), train[1:-1].tolist(), train[2:].tolist()):
+        left[a][w] += 1
+        both[(a, b)][w] += 1
+    p_left = witten_bell(left, lambda w: uni[w])
+    p_both = witten_bell(both, lambda w, a: p_left(a, w))
+    nll = np.zeros(3)
+    d = dev.tolist()
+    for t in range(1, len(d) - 1):
+        a, w, b = d[t - 1], d[t], d[t + 1]
+        nll += [-math.log(uni[w]), -math.log(p_left(a, w)), -math.log(p_both((a, b), w, a))]
+    return np.exp(nll / (len(d) - 2))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_count_baselines_equal_the_python_loop(seed):
+    from pretrain import count_baselines
+    rng = np.random.default_rng(seed)
+    train = rng.zipf(1.5, 5000) % 60  # a skewed stream of 60 ids, some of them never in dev or train
+    dev = np.concatenate([rng.zipf(1.5, 700) % 60, [61]])  # an id unseen in training
+    want = python_count_baselines(train, dev, 62)
+    assert count_baselines(train, dev) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_run_on_the_unigram_plateau_says_so(world, tmp_path, capsys):
+    """2 updates: the English dev ppl is far above the left-bigram count model: a warning at the end, "plateau" in the
+    eval records, the count models in best.pt (finetune.py --table reads them) and checkpoint.pt; args.json."""
+    from model import load_model
+    out = tmp_path / "run"
+    run(TINY + ["--data", world["joint"], "--out", out, "--max-steps", 2, "--eval-every", 1])
+    printed = capsys.readouterr().out
+    lines = printed.splitlines()
+    assert re.search(r"^count models of the dev set \(en\): unigram [\d.]+, left bigram [\d.]+, both neighbours",
+                     printed, re.M)
+    assert re.fullmatch(r"done: step 2, epoch 0, best en dev ppl [\d.]+, in 0:00:\d\d; checkpoint.pt, best.pt, "
+                        r"log.jsonl in .*", lines[-2])
+    assert lines[-1].startswith("warning: the MLM has not left the unigram plateau: en dev ppl ")
+    assert lines[-1].endswith("train longer (--max-steps) or try another --seed")
+    log = read_log(out)
+    assert [r.get("plateau") for r in log if "dev_ppl" in r] == [True, True]
+    assert all(isinstance(r["time"], float) and abs(r["time"] - time.time()) < 600 for r in log)
+    count = load_model(out / "best.pt")[1]["count_ppl"]
+    assert set(count) == {"en", "fr"} and set(count["en"]) == {"unigram", "left", "both"}
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["count_ppl"] == count
+    assert log[-1]["dev_ppl"]["en"] > count["en"]["left"]
+    with open(out / "args.json") as f:
+        assert json.load(f)["max_steps"] == 2
+
+
 # paper Table 1, one row = one set of flags (README lists the same)
 TABLE1 = {
     "default": [],
@@ -435,7 +513,7 @@ def test_torchrun_two_processes_with_separate_parts(world, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
     assert ck["step"] == 3 and len(ck["rng"]) == 2
-    assert "2 processes" in r.stdout
+    assert "2 processes" in r.stdout and "ranks agree: the 2 processes hold the same weights" in r.stdout
 
 
 def tiny_run(clip=5.0, sep=False):
