@@ -155,7 +155,6 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
 # last pass only decodes (argmax_i, NULL links dropped). As `fast_align -d -o -v`. Vectorised over the corpus: every
 # (target token, source position) is one "cell", a pair owns m * (n + 1) consecutive cells; per-token sums are
 # np.bincount, which adds in the order of fast_align's own loops.
-#
 # The aim is fast_align's links exactly, so these details of its src/fast_align.cc, src/da.h and src/ttables.h
 # are kept, although some depart from the formulas above:
 #   - the prior's expected h divides by Z_λ of the *transposed* pair (source and target lengths swapped);
@@ -187,10 +186,9 @@ def _h(i, j, m, n):
 
 
 def _diag_z(j, m, n, lam):
-    """Z_λ(j, m, n) = Σ_{i=1..n} exp(λ h(i, j, m, n)) in fast_align's closed form (j, m, n integer arrays): two
-    geometric series of ratio exp(-λ/n), from the source position below j·n/m down to 1 and from the one above up
-    to n. The upper one's length is an unsigned 32-bit difference as in C++: it wraps when j·n/m > n, which only
-    the transposed call in _model_h makes (the series then sums to its limit)."""
+    """Z_λ(j, m, n) = Σ_{i=1..n} exp(λ h(i, j, m, n)) in fast_align's closed form (j, m, n integer arrays): geometric
+    series of ratio exp(-λ/n) from below j·n/m down to 1 and from above it up to n. The upper one's length is an
+    unsigned 32-bit difference (C++): j·n/m > n, only in _model_h's transposed call, wraps it (sum: the limit)."""
     below = (j * n // m).astype(np.int64)
     n_above = ((n - below) % 2 ** 32).astype(np.float64)
     r = np.exp(-lam / n)
@@ -506,10 +504,9 @@ def cmd_contextual(args):
         raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval, "
                          f"{len(cand)} candidate tokens; at least 2, 1, 2)")
     gold = np.searchsorted(cand, ev[:, 1])               # each eval pair's target among the candidates
-    rows, maps = [], []
-    for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
-        maps.append(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]))  # x_src @ W ~ x_tgt
-        acc = [float(np.mean(csls_knn(Q, Xt[cand]) == gold)) for Q in (Xs[ev[:, 0]], Xs[ev[:, 0]] @ maps[-1])]
+    rows, maps = [], [procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]) for Xs, Xt in zip(Hs, Ht)]  # x_src @ W ~ x_tgt
+    for l, (Xs, Xt, W) in enumerate(zip(Hs, Ht, maps)):
+        acc = [float(np.mean(csls_knn(Q, Xt[cand]) == gold)) for Q in (Xs[ev[:, 0]], Xs[ev[:, 0]] @ W)]
         rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out fast_align pairs "
                 f"(last 20% of {len(S)} sentences)",
@@ -540,12 +537,10 @@ def cmd_sentences(args):
     Es, Et = enc(te_s, te_t)
     Fs, Ft = enc(*zip(*train)) if train else (None, None)
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
-    rows = []
-    for l in range(len(Es)):
-        rows.append([f"L{l}", acc(Es[l], Et[l]), acc(Et[l], Es[l])])
-        if Fs is not None:
-            W = procrustes(Fs[l], Ft[l])  # x_src @ W ~ x_tgt
-            rows[-1] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
+    rows = [[f"L{l}", acc(Es[l], Et[l]), acc(Et[l], Es[l])] for l in range(len(Es))]
+    for l in range(len(Es) if Fs is not None else 0):
+        W = procrustes(Fs[l], Ft[l])  # x_src @ W ~ x_tgt
+        rows[l] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
     header += [f"{h} mapped" for h in header[1:]] if Fs is not None else []
     print_table(f"Sentence retrieval P@1 in % (cosine NN; chance 100/{len(te_s)} = {100 / len(te_s):.2g}%) on "
