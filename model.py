@@ -19,8 +19,7 @@ Only torch is imported, so this file can be copied alone:
     hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # padded batch of id lists
 
 Then §5.1.2's AlignedEncoder and the padded forward pass the scripts share; below the `# ====` line the plumbing
-(speed, checkpoints, --device, --dtype, --plot, export_hf). The one command: `python model.py export CKPT OUT_DIR`.
-"""
+(speed, checkpoints, --device, --dtype, --plot, export_hf). The one command: `python model.py export CKPT OUT_DIR`."""
 
 import hashlib
 import json
@@ -106,8 +105,7 @@ class SelfAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.n_heads = config.n_heads
-        self.attention_dropout = config.attention_dropout
+        self.n_heads, self.attention_dropout = config.n_heads, config.attention_dropout
         # XLM has separate q_lin, k_lin, v_lin; one fused (dim, 3*dim) matmul computes the same thing
         self.qkv = nn.Linear(config.dim, 3 * config.dim)
         self.out = nn.Linear(config.dim, config.dim)
@@ -166,10 +164,9 @@ class MLM(nn.Module):
         tok_emb[l], pred_bias[l]              (1 or n_langs entries, by sep_tok; sep_emb sets it)
         pos_emb[l]                            (1 or n_langs entries, by sep_pos; sep_emb sets it)
         blocks[i][l]                          (layer i+1: 1 or n_langs copies, by sep_layers)
-    so state_dict keys look like `blocks.0.1.attn.qkv.weight` (layer 1, language 1's copy).
-
-    A batch of language A never uses language B's parameters (`lang_specific_parameters`), so which parameters
-    get a gradient depends on the batch's language (pretrain.py's DDP update deals with that)."""
+    so state_dict keys look like `blocks.0.1.attn.qkv.weight` (layer 1, language 1's copy). A batch of language A
+    never uses language B's parameters (`lang_specific_parameters`), so which parameters get a gradient depends on
+    the batch's language (pretrain.py's DDP update deals with that)."""
 
     def __init__(self, config):
         super().__init__()
@@ -200,7 +197,6 @@ class MLM(nn.Module):
         return copies[lang] if len(copies) > 1 else copies[0]
 
     def has_lang_specific(self):
-        """True when some parameters are language-specific."""
         return self.config.sep_tok or self.config.sep_pos or len(self.config.sep_layers) > 0
 
     def lang_specific_parameters(self, lang):
@@ -432,8 +428,7 @@ def _atomic_paths(*paths):  # bpe.atomic_path's copy (model.py copies alone): te
 
 
 def save_model(path, model, **extra):
-    """Atomically write {"model": state_dict, "config": asdict(config), **extra} (a failed write, e.g. a
-    full disk, leaves no file). Pass the raw model, not a DDP or torch.compile wrapper: no key prefixes."""
+    """Atomically write {"model": state_dict, "config": asdict(config), **extra} of a raw model (no DDP, compile)."""
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(model.config).items()}
     with _atomic_paths(path) as (tmp,):
         torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
@@ -511,8 +506,7 @@ def _from_xlm_checkpoint(path, ckpt):
     words = sorted(word2id, key=word2id.get)
     if [word2id[w] for w in words] != list(range(len(words))) or words[:len(XLM_SPECIALS)] != XLM_SPECIALS:
         raise InputError(f"{path}: dico_word2id is not an XLM dictionary (ids 0..n-1, {' '.join(XLM_SPECIALS[:5])} ... first)")
-    id2lang = {int(k): v for k, v in params["id2lang"].items()}
-    n_langs = int(params["n_langs"])
+    id2lang, n_langs = {int(k): v for k, v in params["id2lang"].items()}, int(params["n_langs"])
     if sorted(id2lang) != list(range(n_langs)):
         raise InputError(f"{path}: the XLM params' id2lang {params['id2lang']} does not number its n_langs {n_langs} languages")
     pos = next((v for k, v in state.items() if k.endswith("position_embeddings.weight")), None)
@@ -677,8 +671,7 @@ def hf_tokenizer_json(record, lang, vocab_size):
     vocab = {t: i for i, t in enumerate(XLM_SPECIALS)}
     for i, t in enumerate(tokens, len(XLM_SPECIALS)):
         if t.startswith(prefix):
-            t = t[len(prefix):]
-            vocab[t[:-2] if t.endswith("@@") else t + "</w>"] = i
+            vocab[t[len(prefix):-2] if t.endswith("@@") else t[len(prefix):] + "</w>"] = i
     merges = list(dict.fromkeys(tuple(m) for m in record["bpes"][record["bpe_of"][lang]]))  # the first rank counts
     extra = [s for s in dict.fromkeys(s for a, b in merges for s in (a, b, a + b)) if s not in vocab]
     vocab |= {s: i for i, s in enumerate(extra, vocab_size)}
@@ -703,7 +696,7 @@ def hf_tokenizer_json(record, lang, vocab_size):
 
 
 def xlm_names(config):
-    """Our state-dict keys -> XLM's keys (no `transformer.` prefix), for MLM.from_xlm and hf_state_dict."""
+    """Our state-dict keys -> XLM's keys (no `transformer.` prefix), for MLM.from_xlm and export_hf."""
     names = {"tok_emb.0.weight": ["embeddings.weight"], "pos_emb.0.weight": ["position_embeddings.weight"],
              "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
              "pred_bias.0": ["pred_layer.proj.bias"]}
@@ -714,17 +707,6 @@ def xlm_names(config):
              "ffn.lin2": ["ffns.{i}.lin2"], "ln2": ["layer_norm2.{i}"]}
     return names | {f"blocks.{i}.0.{k}.{w}": [f"{x.format(i=i)}.{w}" for x in v]
                     for i in range(config.n_layers) for w in ("weight", "bias") for k, v in layer.items()}
-
-
-def hf_state_dict(model, n_extra=0):
-    """MLM's weights under XLMWithLMHeadModel's names; n_extra token rows copy <unk>'s, output bias HF_UNUSED_BIAS."""
-    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    emb, bias = sd["tok_emb.0.weight"], sd["pred_bias.0"]
-    sd["tok_emb.0.weight"] = torch.cat([emb, emb[3:4].expand(n_extra, -1)])
-    sd["pred_bias.0"] = torch.cat([bias, bias.new_full((n_extra,), HF_UNUSED_BIAS)])
-    out = {("" if n.startswith("pred_layer.") else "transformer.") + n: t
-           for ours, theirs in xlm_names(model.config).items() for n, t in zip(theirs, sd[ours].chunk(len(theirs)))}
-    return {k: v.contiguous().clone() for k, v in out.items()}
 
 
 def export_hf(ckpt_path, out_dir, lang=None):
@@ -757,12 +739,18 @@ def export_hf(ckpt_path, out_dir, lang=None):
     # no token_type_ids: XLM adds the token embedding of a type id to every position
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": c.max_positions,
                   "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": False, **specials}
-    sd = hf_state_dict(model, n_extra)
+    # the weights under XLMWithLMHeadModel's names; the n_extra token rows copy <unk>'s, output bias HF_UNUSED_BIAS
+    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    emb, bias = sd["tok_emb.0.weight"], sd["pred_bias.0"]
+    sd["tok_emb.0.weight"] = torch.cat([emb, emb[3:4].expand(n_extra, -1)])
+    sd["pred_bias.0"] = torch.cat([bias, bias.new_full((n_extra,), HF_UNUSED_BIAS)])
+    sd = {("" if n.startswith("pred_layer.") else "transformer.") + n: t.contiguous().clone()
+          for ours, theirs in xlm_names(c).items() for n, t in zip(theirs, sd[ours].chunk(len(theirs)))}
     try:
         from safetensors.torch import save_file  # optional, as transformers prefers
-        weights = ("model.safetensors", lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}))
-    except ImportError:
-        weights = ("pytorch_model.bin", lambda tmp: torch.save(sd, tmp))
+        weights = ("model.safetensors", lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}), "pytorch_model.bin")
+    except ImportError:  # (name, writer, the other format's name: an earlier export's file of it is removed)
+        weights = ("pytorch_model.bin", lambda tmp: torch.save(sd, tmp), "model.safetensors")
     files = {"config.json": config, "tokenizer.json": tok, "tokenizer_config.json": tok_config,
              "special_tokens_map.json": specials}
     names, new_dir = [weights[0], *files], not os.path.isdir(out_dir)
@@ -780,8 +768,7 @@ def export_hf(ckpt_path, out_dir, lang=None):
             os.rmdir(out_dir)
         raise InputError(f"cannot write the export to {out_dir}: {_first_line(e)} (any earlier export there is "
                          "left as it was)") from None
-    other = os.path.join(out_dir, {"model.safetensors": "pytorch_model.bin"}.get(weights[0], "model.safetensors"))
-    if os.path.exists(other):  # an earlier export's weights in the other format: transformers could load those
+    if os.path.exists(other := os.path.join(out_dir, weights[2])):  # transformers could load these instead
         os.remove(other)
     return [os.path.join(out_dir, name) for name in names]
 
