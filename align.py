@@ -41,10 +41,8 @@ def _as_matrix(X, name):  # the input check of every function below: a clear err
 
 def procrustes(X, Y):
     """Orthogonal W minimising ||X W - Y||_F, rows of X and Y are paired examples (n, d).
-
     Closed form (Schönemann 1966): XᵀY = U Σ Vᵀ, W = U Vᵀ, as SciPy's `orthogonal_procrustes(X, Y)[0]`.
     The paper (and MUSE) put examples in columns, argmin ||W X - Y||, i.e. W_paper = Wᵀ.
-
     >>> R = np.array([[0., -1.], [1., 0.]]); X = np.random.randn(5, 2)
     >>> np.allclose(procrustes(X, X @ R), R)
     True
@@ -72,10 +70,9 @@ def iterative_normalize(X, n_iter=5):
 
 
 # -----------------------------------------------------------------------------------------------------
-# §5.1 retrieval: nearest neighbour by cosine and CSLS (Conneau et al. 2018), in chunks
-#
-# Queries X (n, d), candidates Y (m, d) -> index of the best row of Y for every row of X. Similarities
-# are computed block by block, memory O(chunk * m): 200k x 200k float32 similarities would be 160 GB.
+# §5.1 retrieval: nearest neighbour by cosine and CSLS (Conneau et al. 2018), in chunks. Queries X (n, d),
+# candidates Y (m, d) -> index of the best row of Y for every row of X. Similarities are computed block by block,
+# memory O(chunk * m): 200k x 200k float32 similarities would be 160 GB.
 
 CHUNK_BYTES = 128 * 2**20  # ~128 MB per similarity block (float32: 671 rows x 50k candidates)
 
@@ -100,13 +97,10 @@ def nn_knn(X, Y, chunk_bytes=CHUNK_BYTES):
 
 def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
     """Cross-domain similarity local scaling (Conneau et al. 2018, eq. 6): best row of Y per row of X.
-
         CSLS(x, y) = 2 cos(x, y) - r_T(x) - r_S(y)
         r_T(x) = mean cos of x to its k nearest rows of Y,  r_S(y) = mean cos of y to its k nearest rows of X
-
     r_T(x) is the same for every candidate of one query, so it cannot change the argmax and is not
-    computed. Penalising "hubs" (y close to everything, large r_S) is what makes CSLS beat plain NN.
-    """
+    computed. Penalising "hubs" (y close to everything, large r_S) is what makes CSLS beat plain NN."""
     X, Y = _unit(X, "X"), _unit(Y, "Y")
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"X and Y must have the same dimension, got {X.shape} and {Y.shape}")
@@ -128,21 +122,18 @@ def read_muse_dictionary(path):
 
 
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
-    """Keep the pairs whose two words both own a row (src_words / tgt_words) -> (src_idx, tgt_idx) arrays;
-    ValueError if none survives."""
+    """The pairs whose two words both own a row of src_words / tgt_words -> (src_idx, tgt_idx); none: ValueError."""
     s_id, t_id = {w: i for i, w in enumerate(src_words)}, {w: i for i, w in enumerate(tgt_words)}
     kept = [(s_id[s], t_id[t]) for s, t in pairs if s in s_id and t in t_id]
     if not kept:
         raise ValueError(f"{name}: none of its {len(pairs)} pairs has both words in the vocabularies "
                          f"({len(src_words)} source, {len(tgt_words)} target words)")
-    a = np.array(kept, dtype=np.int64)
-    return a[:, 0], a[:, 1]
+    return tuple(np.array(kept, dtype=np.int64).T)
 
 
 def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
-    """P@1 of CSLS retrieval among ALL rows of X_tgt for the unique source words of the pairs (src_idx,
-    tgt_idx), X_src mapped by W if given. A source word is right if ANY of its gold translations is
-    retrieved (MUSE) -> (p_at_1, n_source_words)."""
+    """P@1 of CSLS retrieval among ALL rows of X_tgt for the unique source words of the pairs (src_idx, tgt_idx),
+    X_src mapped by W if given; right if ANY gold translation is retrieved (MUSE) -> (p_at_1, n_source_words)."""
     X_src, X_tgt = _as_matrix(X_src, "X_src"), _as_matrix(X_tgt, "X_tgt")
     gold = {}  # source row -> its gold target rows
     for s, t in zip(src_idx.tolist(), tgt_idx.tolist()):
@@ -154,28 +145,26 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
 
 
 # -----------------------------------------------------------------------------------------------------
-# §5.1.2 word pairs from parallel sentences: fast_align (Dyer et al. 2013) re-implemented in numpy, not its binary
-#
+# §5.1.2 word pairs from parallel sentences: fast_align (Dyer et al. 2013) re-implemented in numpy, not its binary.
 # Reparameterised IBM Model 2. For target word j (1..m) of a pair with n source words plus NULL (i = 0):
 #     p(a_j = 0)          = p0                                           (p0 = 0.08)
 #     p(a_j = i | j,m,n)  = (1 - p0) exp(λ h(i,j,m,n)) / Z_λ(j,m,n),      h = -| i/n - j/m |,  i = 1..n
 #     p(f_j, a_j = i)     = p(a_j = i) θ(f_j | e_i)
-# EM with -v (variational Bayes, Dirichlet(α) prior): θ(f|e) = exp(ψ(c(e,f) + α) - ψ(Σ_f' c(e,f') + α));
-# -o moves λ (8 gradient steps per pass, from the second pass on) towards equal prior and posterior
-# expectations of h. The last pass only decodes (argmax_i, NULL links dropped). As `fast_align -d -o -v`.
-# Vectorised over the corpus: every (target token, source position) is one "cell", a pair owns m * (n + 1)
-# consecutive cells; per-token sums are np.bincount, which adds in the order of fast_align's own loops.
-#
-# The aim is fast_align's links exactly, so these details of its src/fast_align.cc, src/da.h and
-# src/ttables.h are kept, although some depart from the formulas above:
+# EM with -v (variational Bayes, Dirichlet(α) prior): θ(f|e) = exp(ψ(c(e,f) + α) - ψ(Σ_f' c(e,f') + α)); -o moves
+# λ (8 gradient steps per pass, from the second pass on) towards equal prior and posterior expectations of h. The
+# last pass only decodes (argmax_i, NULL links dropped). As `fast_align -d -o -v`. Vectorised over the corpus: every
+# (target token, source position) is one "cell", a pair owns m * (n + 1) consecutive cells; per-token sums are
+# np.bincount, which adds in the order of fast_align's own loops.
+# The aim is fast_align's links exactly, so these details of its src/fast_align.cc, src/da.h and src/ttables.h
+# are kept, although some depart from the formulas above:
 #   - the prior's expected h divides by Z_λ of the *transposed* pair (source and target lengths swapped);
 #   - the posterior's expected h takes the 0-based target position: h = -| i/n - (j-1)/m |;
 #   - Z_λ and the prior's Σ h exp(λ h) are closed-form (arithmetico-)geometric sums, not direct sums;
 #   - ψ is fast_align's own series, θ starts at 1e-9, and p(a_j = i) is exp(λ h) / (Z_λ / (1 - p0)).
 # The first two change λ and hence links whenever lengths differ (on the first 1,000 Tatoeba fra-eng pairs,
-# leaving out the first alone changes 91 pairs' links, the second alone 430); the rest only change rounding.
-# Words are split on ASCII spaces and tabs only, as fast_align reads a line (U+00A0 or U+202F, which
-# French text has before punctuation, stay inside a word).
+# leaving out the first alone changes 91 pairs' links, the second alone 430); the rest only change rounding. Words
+# are split on ASCII spaces and tabs only, as fast_align reads a line (U+00A0 or U+202F, which French text has
+# before punctuation, stay inside a word).
 
 def digamma(x):
     """ψ(x) for x > 0 as fast_align computes it: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the asymptotic
@@ -197,10 +186,9 @@ def _h(i, j, m, n):
 
 
 def _diag_z(j, m, n, lam):
-    """Z_λ(j, m, n) = Σ_{i=1..n} exp(λ h(i, j, m, n)) in fast_align's closed form: two geometric series of
-    ratio exp(-λ/n), from the source position below j·n/m down to 1 and from the one above up to n. j, m,
-    n: integer arrays. The upper series' length is an unsigned 32-bit difference as in C++: it wraps when
-    j·n/m > n, which only the transposed call in _model_h makes (the series then sums to its limit)."""
+    """Z_λ(j, m, n) = Σ_{i=1..n} exp(λ h(i, j, m, n)) in fast_align's closed form (j, m, n integer arrays): geometric
+    series of ratio exp(-λ/n) from below j·n/m down to 1 and from above it up to n. The upper one's length is an
+    unsigned 32-bit difference (C++): j·n/m > n, only in _model_h's transposed call, wraps it (sum: the limit)."""
     below = (j * n // m).astype(np.int64)
     n_above = ((n - below) % 2 ** 32).astype(np.float64)
     r = np.exp(-lam / n)
@@ -231,12 +219,9 @@ def _split_words(s):
 
 
 def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01):
-    """One direction of fast_align: every target word picks at most one source word.
-
-    src_sents, tgt_sents: equal-length lists of sentences (strings or word lists) -> one list of 0-based
-    (i, j) links per pair, as `fast_align -i src ||| tgt` prints them. A pair with an empty side gets
-    no links (fast_align stops with an error there instead).
-    """
+    """One direction of fast_align: every target word picks at most one source word. src_sents, tgt_sents:
+    equal-length lists of sentences (strings or word lists) -> one list of 0-based (i, j) links per pair, as
+    `fast_align -i src ||| tgt` prints them. A pair with an empty side gets no links (fast_align stops there)."""
     if len(src_sents) != len(tgt_sents):
         raise ValueError(f"{len(src_sents)} source but {len(tgt_sents)} target sentences")
     src, tgt = [[_split_words(s) for s in side] for side in (src_sents, tgt_sents)]
@@ -256,8 +241,7 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
                       _h(i[None, :], j[:, None], m, n).ravel(), _h(i[None, :], j[:, None] - 1, m, n).ravel()))
         tokens.append((j, np.full(m, m), np.full(m, n)))
         blocks.append((k, n_cell, m, n))
-        n_tok += m
-        n_cell += m * (n + 1)
+        n_tok, n_cell = n_tok + m, n_cell + m * (n + 1)
     links = [[] for _ in src]
     if not blocks:
         return links
@@ -272,7 +256,6 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     sizes, size_count = np.unique(np.array([(m, n) for _, _, m, n in blocks]), axis=0, return_counts=True)
     size_j = np.concatenate([np.arange(1, m + 1) for m, _ in sizes])
     size_m, size_n, size_w = (np.repeat(col, sizes[:, 0]) for col in (sizes[:, 0], sizes[:, 1], size_count))
-
     lam = tension
     for it in range(n_iter):
         az = _diag_z(tok_j, tok_m, tok_n, lam) / (1 - p0)                 # per token
@@ -297,17 +280,15 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
 
 
 def grow_diag_final_and(fwd, rev):
-    """Symmetrise two directional alignments of one sentence pair, as `atools -c grow-diag-final-and`:
-    from the intersection, repeatedly add union points (in (i, j) order) that touch an aligned point
-    (8-neighbourhood) and have an unaligned word on one side; then the points of fwd, then of rev,
-    whose two words are both still unaligned (the "and")."""
-    fwd, rev = set(fwd), set(rev)
-    res = fwd & rev
+    """Symmetrise two directional alignments of one sentence pair, as `atools -c grow-diag-final-and`: from the
+    intersection, repeatedly add union points (in (i, j) order) that touch an aligned point (8-neighbourhood) and
+    have an unaligned word on one side; then the points of fwd, then of rev, whose words are both still unaligned."""
+    res = set(fwd) & set(rev)
 
     def unaligned(i, j):  # is source word i, is target word j still without a link?
         return i not in {a for a, _ in res}, j not in {b for _, b in res}
     nbrs = ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, 1), (1, -1), (-1, -1))
-    todo = sorted((fwd | rev) - res)
+    todo = sorted((set(fwd) | set(rev)) - res)
     grown = True
     while grown:
         grown = False
@@ -316,10 +297,9 @@ def grow_diag_final_and(fwd, rev):
                 res.add((i, j))
                 todo.remove((i, j))
                 grown = True
-    for links in (fwd, rev):
-        for (i, j) in sorted(links):
-            if all(unaligned(i, j)):
-                res.add((i, j))
+    for (i, j) in sorted(fwd) + sorted(rev):
+        if all(unaligned(i, j)):
+            res.add((i, j))
     return sorted(res)
 
 
@@ -341,9 +321,8 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # CLI part: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as XLM's `</s> w1 ... wn </s>`
 
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
-    """Contextual vector of every word token (left open by the paper: the mean of its subword states) of word lists
-    -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words at rows offsets[k]:offsets[k+1]; NaN rows
-    for words cut off by max_positions."""
+    """Contextual vector of every word token (left open by the paper: the mean of its subword states) -> (n_layers + 1
+    arrays (n_words, dim), offsets): sentence k's words are rows offsets[k]:offsets[k+1], NaN if past max_positions."""
     import model as M
     from bpe import encode_bar
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
@@ -360,9 +339,8 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
 
 
 def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200000, batch_size=32):
-    """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed lowercase as MUSE:
-    (a) embedding rows of the words that are ONE subword (Fig. 4a); (b) per layer, the mean contextual vector of a
-    word over its occurrences (Fig. 4b). -> (keys_a, X_a), (keys_b, [X_b per layer])."""
+    """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed lowercase as MUSE ->
+    (a) (keys, embedding rows) of the words that are ONE subword (Fig. 4a), (b) (keys, per layer mean states) (4b)."""
     from bpe import UNK_ID, InputError, read_lines
     sents = [tok.words(line.strip(), lang) for line in read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
@@ -400,8 +378,7 @@ def _encoders(args):
     from bpe import InputError, checkpoint_lang, checkpoint_tokenizer
     out, loaded = [], {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
-        if path not in loaded:
-            loaded[path] = M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)
+        loaded[path] = loaded.get(path) or M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)
         mdl, tok, langs, _ = loaded[path]
         out.append((mdl, tok, checkpoint_lang(langs, lang, f"{path}: language {lang!r} is"), lang))
     dims = [side[0].config.dim for side in out]
@@ -412,22 +389,17 @@ def _encoders(args):
 
 
 def save_maps(path, maps, src, tgt, digests=("", "")):
-    """Write the per-layer maps (.npz) through bpe.atomic_write: a failed write (a full disk...) leaves no file.
-    digests: model.file_digest of the checkpoints that encoded src and tgt (load_map and finetune.py check them)."""
-    from bpe import atomic_write
-    stacked = np.stack(maps)
-
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            np.savez(f, src_to_tgt=stacked, tgt_to_src=stacked.transpose(0, 2, 1), src=src, tgt=tgt,
-                     src_ckpt_digest=digests[0], tgt_ckpt_digest=digests[1])
-    atomic_write(path, write)
+    """Write the per-layer maps (.npz) atomically, with digests: model.file_digest of the checkpoints of src, tgt."""
+    from bpe import atomic_path, write_errors
+    W = np.stack(maps)
+    with write_errors(path), atomic_path(path) as tmp, open(tmp, "wb") as f:  # closed before the rename
+        np.savez(f, src_to_tgt=W, tgt_to_src=W.transpose(0, 2, 1), src=src, tgt=tgt, src_ckpt_digest=digests[0],
+                 tgt_ckpt_digest=digests[1])
 
 
 def load_map(path, src, tgt, layer, digests=None):
-    """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) -> float32 (dim, dim);
-    a damaged file, another pair, no finite layer-`layer` map, or maps not fitted on the models of `digests` (the
-    file_digest of src's and of tgt's; one string: one model encodes both), if given: InputError naming the file."""
+    """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) -> float32 (dim, dim). If
+    given, `digests` (src's and tgt's file_digest; one string: one model for both) must be the file's; InputError."""
     from bpe import InputError
     try:
         with np.load(path) as z:
@@ -484,8 +456,8 @@ def cmd_words(args):
     rows, errors = [], []
     for name, ws, Xs, wt, Xt in runs:
         try:
-            tr = dictionary_indices(train, ws, wt, f"{args.train_dict} ({name})")
-            te = dictionary_indices(test, ws, wt, f"{args.test_dict} ({name})")
+            tr, te = [dictionary_indices(d, ws, wt, f"{path} ({name})")
+                      for d, path in ((train, args.train_dict), (test, args.test_dict))]
         except ValueError as e:  # e.g. few words are one subword (4a): report the row as empty
             errors.append(e)
             rows.append([name, "-", "-", 0, 0, f"{len(ws)}/{len(wt)}"])
@@ -532,10 +504,9 @@ def cmd_contextual(args):
         raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval, "
                          f"{len(cand)} candidate tokens; at least 2, 1, 2)")
     gold = np.searchsorted(cand, ev[:, 1])               # each eval pair's target among the candidates
-    rows, maps = [], []
-    for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
-        maps.append(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]))  # x_src @ W ~ x_tgt
-        acc = [float(np.mean(csls_knn(Q, Xt[cand]) == gold)) for Q in (Xs[ev[:, 0]], Xs[ev[:, 0]] @ maps[-1])]
+    rows, maps = [], [procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]) for Xs, Xt in zip(Hs, Ht)]  # x_src @ W ~ x_tgt
+    for l, (Xs, Xt, W) in enumerate(zip(Hs, Ht, maps)):
+        acc = [float(np.mean(csls_knn(Q, Xt[cand]) == gold)) for Q in (Xs[ev[:, 0]], Xs[ev[:, 0]] @ W)]
         rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out fast_align pairs "
                 f"(last 20% of {len(S)} sentences)",
@@ -548,8 +519,7 @@ def cmd_contextual(args):
 
 
 def cmd_sentences(args):
-    """Fig. 6: Tatoeba-style retrieval P@1 per layer of sentence vectors (the mean of their subword states,
-    model.pool_sentences), without and with a Procrustes map."""
+    """Fig. 6: Tatoeba-style retrieval P@1 per layer of mean-pooled sentence vectors, without and with a map."""
     import model as M
     from bpe import InputError, encode_bar, read_parallel
     if (args.train_src is None) != (args.train_tgt is None):
@@ -567,12 +537,10 @@ def cmd_sentences(args):
     Es, Et = enc(te_s, te_t)
     Fs, Ft = enc(*zip(*train)) if train else (None, None)
     acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
-    rows = []
-    for l in range(len(Es)):
-        rows.append([f"L{l}", acc(Es[l], Et[l]), acc(Et[l], Es[l])])
-        if Fs is not None:
-            W = procrustes(Fs[l], Ft[l])  # x_src @ W ~ x_tgt
-            rows[-1] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
+    rows = [[f"L{l}", acc(Es[l], Et[l]), acc(Et[l], Es[l])] for l in range(len(Es))]
+    for l in range(len(Es) if Fs is not None else 0):
+        W = procrustes(Fs[l], Ft[l])  # x_src @ W ~ x_tgt
+        rows[l] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
     header += [f"{h} mapped" for h in header[1:]] if Fs is not None else []
     print_table(f"Sentence retrieval P@1 in % (cosine NN; chance 100/{len(te_s)} = {100 / len(te_s):.2g}%) on "
@@ -587,8 +555,7 @@ def cmd_sentences(args):
 def build_parser():
     import model as M
     from bpe import HelpFormatter, number
-    ap = argparse.ArgumentParser(description="Post-hoc alignment of pretrained encoders (paper §5.1, Figs. 4-6).",
-                                 formatter_class=HelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
     a = common.add_argument
@@ -624,8 +591,7 @@ def build_parser():
     p = command("contextual", cmd_contextual, "§5.1.2: contextual word alignment from fast_align pairs", {
         "src_file": ("parallel sentences, source side (one per line)", "parallel/{l0}-{l1}.train.{l0}"),
         "tgt_file": ("parallel sentences, target side (line k translates line k)", "parallel/{l0}-{l1}.train.{l1}")})
-    p.add_argument("--save-maps", help="write the per-layer maps to this .npz (finetune.py --align-maps; "
-                   "default: not written)")
+    p.add_argument("--save-maps", help="write the per-layer maps here (.npz; finetune.py --align-maps; default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
     sentences = command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
         "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
@@ -639,8 +605,7 @@ def build_parser():
 
 
 def main(argv=None):
-    """Flags, files and the device checked before any work (model.analysis_run); all paths but --ckpt2 and the pair
-    --train-src, --train-tgt are required."""
+    """Flags, files and the device checked before any work (model.analysis_run), then the sub-command."""
     import model as M
     from bpe import check_src_tgt, reported, toy_data
     parser = build_parser()

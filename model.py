@@ -19,8 +19,7 @@ Only torch is imported, so this file can be copied alone:
     hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # padded batch of id lists
 
 Then §5.1.2's AlignedEncoder and the padded forward pass the scripts share; below the `# ====` line the plumbing
-(speed, checkpoints, --device, --dtype, --plot, export_hf). The one command: `python model.py export CKPT OUT_DIR`.
-"""
+(speed, checkpoints, --device, --dtype, --plot, export_hf). The one command: `python model.py export CKPT OUT_DIR`."""
 
 import hashlib
 import json
@@ -76,14 +75,12 @@ class ModelConfig:
 
 
 def parse_sep(spec, n_layers=8):
-    """The --sep flag: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords (a bad
-    spec: InputError, a ValueError).
+    """The --sep flag: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords (or InputError).
     "" -> all shared; "emb" -> token + position tables and softmax (sep_emb); "1-3" -> layers 1, 2, 3;
     "tok" / "pos" -> only the token table + softmax / only the position table (the halves of "emb").
     Example: "emb,1-3,5" -> {"sep_emb": True, "sep_tok": True, "sep_pos": True, "sep_layers": (1, 2, 3, 5)}.
     Layer numbers are 1-based as in the paper and must lie in 1..n_layers."""
-    tok = pos = False
-    layers = set()
+    tok, pos, layers = False, False, set()
     for part in (p.strip() for p in spec.split(",")):
         if part in ("", "emb", "tok", "pos"):
             tok = tok or part in ("emb", "tok")
@@ -108,8 +105,7 @@ class SelfAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.n_heads = config.n_heads
-        self.attention_dropout = config.attention_dropout
+        self.n_heads, self.attention_dropout = config.n_heads, config.attention_dropout
         # XLM has separate q_lin, k_lin, v_lin; one fused (dim, 3*dim) matmul computes the same thing
         self.qkv = nn.Linear(config.dim, 3 * config.dim)
         self.out = nn.Linear(config.dim, config.dim)
@@ -168,10 +164,9 @@ class MLM(nn.Module):
         tok_emb[l], pred_bias[l]              (1 or n_langs entries, by sep_tok; sep_emb sets it)
         pos_emb[l]                            (1 or n_langs entries, by sep_pos; sep_emb sets it)
         blocks[i][l]                          (layer i+1: 1 or n_langs copies, by sep_layers)
-    so state_dict keys look like `blocks.0.1.attn.qkv.weight` (layer 1, language 1's copy).
-
-    A batch of language A never uses language B's parameters (`lang_specific_parameters`), so which parameters
-    get a gradient depends on the batch's language (pretrain.py's DDP update deals with that)."""
+    so state_dict keys look like `blocks.0.1.attn.qkv.weight` (layer 1, language 1's copy). A batch of language A
+    never uses language B's parameters (`lang_specific_parameters`), so which parameters get a gradient depends on
+    the batch's language (pretrain.py's DDP update deals with that)."""
 
     def __init__(self, config):
         super().__init__()
@@ -202,7 +197,6 @@ class MLM(nn.Module):
         return copies[lang] if len(copies) > 1 else copies[0]
 
     def has_lang_specific(self):
-        """True when some parameters are language-specific."""
         return self.config.sep_tok or self.config.sep_pos or len(self.config.sep_layers) > 0
 
     def lang_specific_parameters(self, lang):
@@ -213,11 +207,10 @@ class MLM(nn.Module):
         return params + [p for copies in self.blocks if len(copies) > 1 for p in copies[lang].parameters()]
 
     def hidden_states(self, idx, lang, attn_mask=None, pos_offset=None):
-        """idx (B, T) token ids of language `lang` (an int); attn_mask optional bool (B, T), True at real
-        tokens. -> n_layers + 1 tensors (B, T, dim): L0 = embeddings after their LayerNorm (and dropout in
-        training), L1..Ln = block outputs, as the paper's Figures 5-7 number layers; padding zeroed (XLM).
-        pos_offset: optional (B,) int tensor, row b uses positions pos_offset[b] .. pos_offset[b] + T - 1
-        (pretrain.py --pos-offsets: short training streams that still train every position row)."""
+        """idx (B, T) token ids of language `lang` (an int); attn_mask optional bool (B, T), True at real tokens ->
+        n_layers + 1 tensors (B, T, dim): L0 = embeddings after their LayerNorm (and dropout in training), L1..Ln =
+        block outputs, as the paper's Figures 5-7 number layers; padding zeroed (XLM). pos_offset: optional (B,), row
+        b uses positions pos_offset[b] .. + T - 1 (pretrain.py --pos-offsets: short streams train every position)."""
         B, T = idx.size()
         c = self.config
         if not 0 <= lang < c.n_langs:
@@ -239,12 +232,10 @@ class MLM(nn.Module):
         return hs
 
     def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None, target_index=None):
-        """With targets (B, T) (-1 = not a prediction target): logits (N, V_lang) of the N target positions
-        only, in the order of targets[targets != -1] (row-major), and their mean cross-entropy. Projecting
-        only the ~15 % masked positions is what XLM does and saves most of the softmax cost. Without
-        targets: logits (B, T, V_lang) for every position and loss None. target_index: optional (N,) flat
-        positions of the targets (row-major), computed where the targets were made: the same result without
-        the two boolean selections, each of which waits for the GPU to count the targets."""
+        """With targets (B, T) (-1 = not a target): logits (N, V_lang) of the N target positions only, in the order of
+        targets[targets != -1], and their mean cross-entropy (projecting only the ~15 % masked positions, as XLM, saves
+        most of the softmax). Without: logits (B, T, V_lang) and loss None. target_index: optional (N,) flat positions
+        of the targets, made with them: no boolean selections, each of which waits for the GPU to count the targets."""
         x = self.hidden_states(idx, lang, attn_mask, pos_offset)[-1]
         W, b = self._pick(self.tok_emb, lang).weight, self._pick(self.pred_bias, lang)
         if targets is None:
@@ -258,9 +249,8 @@ class MLM(nn.Module):
 
     @classmethod
     def from_xlm(cls, state_dict, config):
-        """Build a model from a facebookresearch/XLM TransformerModel state dict (also under the `module.`
-        or `transformer.` prefix of DDP or HF's XLMWithLMHeadModel). The config must describe the
-        checkpoint, fully shared (XLM has no separate parts); xlm_names (below) maps their keys to ours."""
+        """A model from a facebookresearch/XLM TransformerModel state dict (also under DDP's `module.` or HF's
+        `transformer.` prefix) and a fully shared config that describes it; xlm_names (below) maps the keys."""
         if config.sep_tok or config.sep_pos or config.sep_layers:
             raise ValueError("from_xlm: XLM checkpoints are fully shared; use sep_emb=False, sep_layers=()")
         sd = {re.sub(r"^(module\.)?(transformer\.)?", "", k): v for k, v in state_dict.items()}
@@ -286,12 +276,11 @@ class MLM(nn.Module):
 # The encoder of §5.1.2 (Figure 5): two pretrained models cut at layer i, one mapped into the other, 4 new layers
 
 class AlignedEncoder(nn.Module):
-    """The encoder of §5.1.2, with MLM.hidden_states' interface. English runs through the pretrained English
-    model up to layer i (frozen), then through 4 NEW Transformer layers trained with the task head. A target
-    language runs through its own monolingual model up to layer i, is mapped into the English space by the
-    orthogonal W (x_tgt @ W ~ x_en; align.py's Procrustes), then through the same new layers.
-    routes[code] = (model, its language index, W or None); `lang` is a language code here. finetune.py's
-    --align-layer builds it (setup_aligned) and fine-tunes it as any encoder."""
+    """The encoder of §5.1.2, with MLM.hidden_states' interface. English runs through the pretrained English model
+    up to layer i (frozen), then through 4 NEW Transformer layers trained with the task head. A target language runs
+    through its own monolingual model up to layer i, is mapped into the English space by the orthogonal W (x_tgt @ W
+    ~ x_en; align.py's Procrustes), then through the same new layers. routes[code] = (model, its language index, W or
+    None); `lang` is a language code. finetune.py's --align-layer builds it (setup_aligned) and fine-tunes it."""
 
     def __init__(self, routes, layer, n_new=4):  # §5.1.2: 4 new layers
         super().__init__()
@@ -320,10 +309,9 @@ class AlignedEncoder(nn.Module):
 # padded batches: the one forward pass that align.py, cka.py and finetune.py share
 
 def encode_batch(model, rows, lang, pad_id=PAD_ID):
-    """Hidden states of B id lists in input form (XLM's `</s> ids </s>`, XNLI's `</s> a </s> b </s>`),
-    run as one right-padded batch -> (hs, mask): n_layers + 1 tensors (B, T, dim), T the longest row,
-    zeros at padding, and mask (B, T), True at real tokens. Padding is masked out of attention, so row
-    b's states are those of row b run alone. Works for any model with MLM.hidden_states' signature."""
+    """Hidden states of B id lists in input form (XLM's `</s> ids </s>`, XNLI's `</s> a </s> b </s>`), run as one
+    right-padded batch -> (hs, mask): n_layers + 1 tensors (B, T, dim), T the longest row, zeros at padding, and mask
+    (B, T), True at real tokens. Padding is masked out of attention: row b's states are those of row b run alone."""
     device, T = next(model.parameters()).device, max(len(r) for r in rows)
     idx = torch.tensor([list(r) + [pad_id] * (T - len(r)) for r in rows], dtype=torch.long, device=device)
     mask = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in rows], device=device)  # (B, T)
@@ -355,9 +343,8 @@ def dropout(x, p, training=True):
 
 
 def project(x, W, b, align=None):
-    """Logits x W^T + b over W's V rows. On CUDA W and b get zero rows up to a multiple of `align` (VOCAB_ALIGN), the
-    extra logits sliced off: a V that is no multiple of 8 leaves cuBLAS's fastest kernels (an H200 step: 42.5 ms at
-    V = 59,579, 36.6 ms at 59,584; RESULTS.md, "On a GPU"). On the CPU nothing is padded."""
+    """Logits x W^T + b over W's V rows; on CUDA W and b padded with zero rows to a multiple of `align` (VOCAB_ALIGN):
+    a V no multiple of 8 misses cuBLAS's best kernels (H200 step: 42.5 ms at V = 59,579, 36.6 at 59,584; RESULTS.md)."""
     V = W.size(0)
     pad = -V % ((VOCAB_ALIGN if x.is_cuda else 1) if align is None else align)
     if not pad:
@@ -388,9 +375,8 @@ def windows(n, size):
 
 
 def encode_states(model, seqs, lang, max_len, layer=-1):
-    """States (B, 1 + L, d) of `layer` for content-id sequences, L = the longest: position 0 = the leading
-    </s> (the parser's ROOT), 1 + k = subword k, zeros after the end. Every sequence runs as
-    `</s> ids[s:e] </s>` windows of at most max_len subwords: long ones are split, never dropped."""
+    """States (B, 1 + L, d) of `layer` for content-id sequences, L = the longest: position 0 = the leading </s> (the
+    parser's ROOT), 1 + k = subword k, zeros after; run as `</s> ids[s:e] </s>` windows of at most max_len subwords."""
     pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
     moves = []  # (window row, window col, sentence row, sentence col) of every state kept
     for r, (b, (s, e, keep)) in enumerate(pieces):
@@ -442,8 +428,7 @@ def _atomic_paths(*paths):  # bpe.atomic_path's copy (model.py copies alone): te
 
 
 def save_model(path, model, **extra):
-    """Atomically write {"model": state_dict, "config": asdict(config), **extra} (a failed write, e.g. a
-    full disk, leaves no file). Pass the raw model, not a DDP or torch.compile wrapper: no key prefixes."""
+    """Atomically write {"model": state_dict, "config": asdict(config), **extra} of a raw model (no DDP, compile)."""
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(model.config).items()}
     with _atomic_paths(path) as (tmp,):
         torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
@@ -521,18 +506,16 @@ def _from_xlm_checkpoint(path, ckpt):
     words = sorted(word2id, key=word2id.get)
     if [word2id[w] for w in words] != list(range(len(words))) or words[:len(XLM_SPECIALS)] != XLM_SPECIALS:
         raise InputError(f"{path}: dico_word2id is not an XLM dictionary (ids 0..n-1, {' '.join(XLM_SPECIALS[:5])} ... first)")
-    id2lang = {int(k): v for k, v in params["id2lang"].items()}
-    n_langs = int(params["n_langs"])
+    id2lang, n_langs = {int(k): v for k, v in params["id2lang"].items()}, int(params["n_langs"])
     if sorted(id2lang) != list(range(n_langs)):
         raise InputError(f"{path}: the XLM params' id2lang {params['id2lang']} does not number its n_langs {n_langs} languages")
     pos = next((v for k, v in state.items() if k.endswith("position_embeddings.weight")), None)
     if pos is None:
         raise InputError(f"{path}: the XLM state dict has no position_embeddings.weight")
     try:
-        config = ModelConfig(vocab_size=len(words), n_langs=n_langs, n_layers=int(params["n_layers"]),
-                             n_heads=int(params["n_heads"]), dim=int(params["emb_dim"]), ffn_dim=4 * int(params["emb_dim"]),
-                             dropout=float(params.get("dropout", 0.0)),
-                             attention_dropout=float(params.get("attention_dropout", 0.0)), max_positions=pos.size(0),
+        dim, drop = int(params["emb_dim"]), {k: float(params.get(k, 0.0)) for k in ("dropout", "attention_dropout")}
+        config = ModelConfig(vocab_size=len(words), n_langs=n_langs, n_layers=int(params["n_layers"]), **drop,
+                             n_heads=int(params["n_heads"]), dim=dim, ffn_dim=4 * dim, max_positions=pos.size(0),
                              lang_emb=n_langs > 1 and bool(params.get("use_lang_emb", True)))
         model = MLM.from_xlm(state, config)
     except (KeyError, ValueError) as e:
@@ -652,8 +635,7 @@ def markdown_table(header, rows, fmt="{:.3f}"):
 def plot_layers(path, title, header, rows, ylabel):
     """Draw a per-layer table as a PNG (atomically; after check_plot): one line per column of floats, x the layers."""
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
-    fig = Figure(figsize=(7, 3.6))
-    ax = fig.subplots()
+    ax = Figure(figsize=(7, 3.6)).subplots()
     for c in range(1, len(header)):
         points = [(str(r[0]), r[c]) for r in rows if isinstance(r[c], float)]
         if points:
@@ -663,9 +645,9 @@ def plot_layers(path, title, header, rows, ylabel):
     ax.set_title(re.sub(r"\S*/(\S+)", r"\1", title), fontsize=9)  # file names without their directories
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the plot, never over a line
-    fig.tight_layout()
+    ax.figure.tight_layout()
     with _atomic_paths(path) as (tmp,):
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        ax.figure.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     print(f"wrote {path}")
 
 # -----------------------------------------------------------------------------
@@ -689,14 +671,10 @@ def hf_tokenizer_json(record, lang, vocab_size):
     vocab = {t: i for i, t in enumerate(XLM_SPECIALS)}
     for i, t in enumerate(tokens, len(XLM_SPECIALS)):
         if t.startswith(prefix):
-            t = t[len(prefix):]
-            vocab[t[:-2] if t.endswith("@@") else t + "</w>"] = i
+            vocab[t[len(prefix):-2] if t.endswith("@@") else t[len(prefix):] + "</w>"] = i
     merges = list(dict.fromkeys(tuple(m) for m in record["bpes"][record["bpe_of"][lang]]))  # the first rank counts
-    n = vocab_size
-    for a, b in merges:
-        for symbol in (a, b, a + b):
-            if symbol not in vocab:
-                vocab[symbol], n = n, n + 1
+    extra = [s for s in dict.fromkeys(s for a, b in merges for s in (a, b, a + b)) if s not in vocab]
+    vocab |= {s: i for i, s in enumerate(extra, vocab_size)}
     special = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
                 "special": True} for i, t in enumerate(XLM_SPECIALS)]
     eos, seq = {"SpecialToken": {"id": "</s>", "type_id": 0}}, lambda s: {"Sequence": {"id": s, "type_id": 0}}
@@ -714,11 +692,11 @@ def hf_tokenizer_json(record, lang, vocab_size):
            "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
                      "end_of_word_suffix": "</w>", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                      "vocab": vocab, "merges": [list(m) for m in merges]}}
-    return tok, n - vocab_size
+    return tok, len(extra)
 
 
 def xlm_names(config):
-    """Our state-dict keys -> XLM's keys (no `transformer.` prefix), for MLM.from_xlm and hf_state_dict."""
+    """Our state-dict keys -> XLM's keys (no `transformer.` prefix), for MLM.from_xlm and export_hf."""
     names = {"tok_emb.0.weight": ["embeddings.weight"], "pos_emb.0.weight": ["position_embeddings.weight"],
              "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
              "pred_bias.0": ["pred_layer.proj.bias"]}
@@ -729,17 +707,6 @@ def xlm_names(config):
              "ffn.lin2": ["ffns.{i}.lin2"], "ln2": ["layer_norm2.{i}"]}
     return names | {f"blocks.{i}.0.{k}.{w}": [f"{x.format(i=i)}.{w}" for x in v]
                     for i in range(config.n_layers) for w in ("weight", "bias") for k, v in layer.items()}
-
-
-def hf_state_dict(model, n_extra=0):
-    """MLM's weights under XLMWithLMHeadModel's names; n_extra token rows copy <unk>'s, output bias HF_UNUSED_BIAS."""
-    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    emb, bias = sd["tok_emb.0.weight"], sd["pred_bias.0"]
-    sd["tok_emb.0.weight"] = torch.cat([emb, emb[3:4].expand(n_extra, -1)])
-    sd["pred_bias.0"] = torch.cat([bias, bias.new_full((n_extra,), HF_UNUSED_BIAS)])
-    out = {("" if n.startswith("pred_layer.") else "transformer.") + n: t
-           for ours, theirs in xlm_names(model.config).items() for n, t in zip(theirs, sd[ours].chunk(len(theirs)))}
-    return {k: v.contiguous().clone() for k, v in out.items()}
 
 
 def export_hf(ckpt_path, out_dir, lang=None):
@@ -772,12 +739,18 @@ def export_hf(ckpt_path, out_dir, lang=None):
     # no token_type_ids: XLM adds the token embedding of a type id to every position
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": c.max_positions,
                   "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": False, **specials}
-    sd = hf_state_dict(model, n_extra)
+    # the weights under XLMWithLMHeadModel's names; the n_extra token rows copy <unk>'s, output bias HF_UNUSED_BIAS
+    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    emb, bias = sd["tok_emb.0.weight"], sd["pred_bias.0"]
+    sd["tok_emb.0.weight"] = torch.cat([emb, emb[3:4].expand(n_extra, -1)])
+    sd["pred_bias.0"] = torch.cat([bias, bias.new_full((n_extra,), HF_UNUSED_BIAS)])
+    sd = {("" if n.startswith("pred_layer.") else "transformer.") + n: t.contiguous().clone()
+          for ours, theirs in xlm_names(c).items() for n, t in zip(theirs, sd[ours].chunk(len(theirs)))}
     try:
         from safetensors.torch import save_file  # optional, as transformers prefers
-        weights = ("model.safetensors", lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}))
-    except ImportError:
-        weights = ("pytorch_model.bin", lambda tmp: torch.save(sd, tmp))
+        weights = ("model.safetensors", lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}), "pytorch_model.bin")
+    except ImportError:  # (name, writer, the other format's name: an earlier export's file of it is removed)
+        weights = ("pytorch_model.bin", lambda tmp: torch.save(sd, tmp), "model.safetensors")
     files = {"config.json": config, "tokenizer.json": tok, "tokenizer_config.json": tok_config,
              "special_tokens_map.json": specials}
     names, new_dir = [weights[0], *files], not os.path.isdir(out_dir)
@@ -795,8 +768,7 @@ def export_hf(ckpt_path, out_dir, lang=None):
             os.rmdir(out_dir)
         raise InputError(f"cannot write the export to {out_dir}: {_first_line(e)} (any earlier export there is "
                          "left as it was)") from None
-    other = os.path.join(out_dir, {"model.safetensors": "pytorch_model.bin"}.get(weights[0], "model.safetensors"))
-    if os.path.exists(other):  # an earlier export's weights in the other format: transformers could load those
+    if os.path.exists(other := os.path.join(out_dir, weights[2])):  # transformers could load these instead
         os.remove(other)
     return [os.path.join(out_dir, name) for name in names]
 

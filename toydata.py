@@ -94,9 +94,8 @@ def _zipf(n, rng):
 class World:
     """The concept inventory. Concepts are ints, each with a kind, a name, a weight and a topic; entities are
     tuples of name-part concepts (e.g. given name + surname) with a type PER/LOC/ORG. `scale` multiplies every
-    open class (nouns per group, verbs per class, adjectives, adverbs, given names, surnames, place and
-    organisation names, entities); the closed classes (prepositions, determiners, place prefixes, organisation
-    suffixes) and the grammar stay as they are."""
+    open class (the counts below, name parts too); the closed classes (prepositions, determiners, place prefixes,
+    organisation suffixes) and the grammar stay as they are."""
 
     def __init__(self, seed=0, nouns_per_group=36, verbs_per_class=12, n_adj=120, n_adv=24,
                  n_per=120, n_loc=80, n_org=60, scale=1):
@@ -195,9 +194,8 @@ class World:
                            for v, (s, o, obl, _) in self.verb_frame.items()}
 
     def draw(self, rng, key, topic=-1):
-        """One item of slot `key` (e.g. 'np:person,animal'), by Zipf weight x topic boost (topic -1: no boost): a
-        bisect into a cumulative weight list cached per key and topic. Keys are strings (Python caches their
-        hash, which keeps this fast). Entities are encoded -(e + 1)."""
+        """One item of slot `key` (e.g. 'np:person,animal') by Zipf weight x topic boost (topic -1: none), entities
+        as -(e + 1): a bisect into cumulative weights cached per key and topic (string keys: Python caches the hash)."""
         try:
             items, cdf, last = self._cdfs[key][topic]
         except KeyError:
@@ -307,9 +305,8 @@ def parse_order(order):
 
 @functools.lru_cache(maxsize=None)
 def linearize(shape, order):
-    """Surface order (node indices) of a tree shape ((head, deprel) per node) in one word order: projective.
-    It depends only on the shape, not on the words, and a corpus has a few thousand shapes, so it is cached:
-    this is what makes 100k sentences cheap."""
+    """Projective surface order (node indices) of a tree shape ((head, deprel) per node) in one word order. Cached:
+    a corpus has a few thousand shapes, whatever its words, which makes 100k sentences cheap."""
     rules = parse_order(order)
     deps = [[] for _ in shape]
     for i, (h, _) in enumerate(shape[1:], 1):
@@ -338,11 +335,10 @@ FULL_STOPS = (".", "。")   # the full stop of the first and of the second langu
 
 
 def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
-    """forms[l][c] = the word form of concept c in language l (0 or 1), unique inside a language. A random
-    `overlap` fraction of the concepts keep language 0's form in language 1 (anchors); all other forms differ
-    between the languages. Frequent words are shorter (Zipf's law of abbreviation).
-    `name_overlap` (None: no special case) redraws the anchors among the entity name parts alone: that
-    fraction of the name parts is identical, while the other concepts keep the anchors `overlap` gave them."""
+    """forms[l][c] = the word form of concept c in language l (0 or 1), unique inside a language. A random `overlap`
+    fraction of the concepts keep language 0's form in language 1 (anchors); all other forms differ between the
+    languages. Frequent words are shorter (Zipf's law of abbreviation). `name_overlap` (None: no special case) redraws
+    the anchors among the entity name parts alone; the other concepts keep the anchors `overlap` gave them."""
     rng = np.random.default_rng([seed, 2])
     n = world.n_concepts
     shared = set(rng.choice(n, size=int(round(overlap * n)), replace=False).tolist())
@@ -364,12 +360,8 @@ def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
             elif k == "punct":
                 w = FULL_STOPS[li]
             else:
-                if k in ("det", "adp"):
-                    nsyl = 1
-                elif k == "name":
-                    nsyl = 2 + int(rng.random() < 0.5)
-                else:
-                    nsyl = 2 if c in frequent else 2 + int(rng.random() < 0.6)
+                nsyl = (1 if k in ("det", "adp") else 2 + int(rng.random() < 0.5) if k == "name"
+                        else 2 if c in frequent else 2 + int(rng.random() < 0.6))   # syllables
                 while True:
                     w = "".join(cons[rng.integers(len(cons))] + vows[rng.integers(len(vows))] for _ in range(nsyl))
                     if rng.random() < 0.3:
@@ -507,9 +499,8 @@ def conllu_block(world, tree, forms, order, sent_id):
     words, ids = render(tree, forms, order)
     pos = {-1: 0} | {i: k + 1 for k, i in enumerate(ids)}   # node -> 1-based position; the root's head is 0
     lines = [f"# sent_id = {sent_id}", f"# text = {' '.join(words)}"]
-    for k, i in enumerate(ids):
-        c, h, rel = tree[i]
-        lines.append(f"{k + 1}\t{words[k]}\t{words[k]}\t{KIND_UPOS[world.kind[c]]}\t_\t_\t{pos[h]}\t{rel}\t_\t_")
+    lines += [f"{k + 1}\t{words[k]}\t{words[k]}\t{KIND_UPOS[world.kind[c]]}\t_\t_\t{pos[h]}\t{rel}\t_\t_"
+              for k, (c, h, rel) in enumerate(tree[i] for i in ids)]
     return "\n".join(lines) + "\n\n"
 
 
@@ -537,14 +528,11 @@ def _write(out_dir, name, text):
         raise
 
 
-# Sentences per file (--size; pretrain.py --toy-size): tiny for tests; paper: full with 1,000 task examples to fine-tune
-# on and 300 per test set (RESULTS.md's "The paper on a laptop").
-SIZES = {
-    "tiny": dict(n_train=400, n_dev=60, n_test=60, n_parallel=60, n_task_train=60, n_task_eval=30, n_tatoeba=60),
-    "small": dict(n_train=5000, n_dev=300, n_test=300, n_parallel=500, n_task_train=500, n_task_eval=200, n_tatoeba=300),
-    "full": dict(n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000, n_task_eval=500,
-                 n_tatoeba=1000),
-}
+# Sentences per file (--size; pretrain.py --toy-size): tiny for tests; paper: full, 1,000 task train, 300 per test set
+SIZE_KEYS = ("n_train", "n_dev", "n_test", "n_parallel", "n_task_train", "n_task_eval", "n_tatoeba")
+SIZES = {"tiny": dict(zip(SIZE_KEYS, (400, 60, 60, 60, 60, 30, 60))),
+         "small": dict(zip(SIZE_KEYS, (5000, 300, 300, 500, 500, 200, 300))),
+         "full": dict(zip(SIZE_KEYS, (20000, 1000, 1000, 2000, 2000, 500, 1000)))}
 SIZES["paper"] = dict(SIZES["full"], n_task_train=1000, n_task_eval=300)
 
 
@@ -559,27 +547,26 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         {ner,ud,xnli}/{lang}.{train,dev,test}.*    tsv token<TAB>IOB2 tag; conllu; tsv premise<TAB>hypothesis<TAB>label
         world.json                                 knobs, seed, vocabulary sizes, shared count"""
     t0 = time.time()   # every bad argument is an InputError naming the flag of `python toydata.py`, before any write
-    if len(langs) != 2 or langs[0] == langs[1] or not all(map(str.isalpha, langs)):
-        raise InputError(f"--langs {','.join(langs)}: expected two distinct codes of letters (bilingual models), "
-                         "e.g. en,fr", 2)
-    if seed < 0:
-        raise InputError(f"--seed must be >= 0, got {seed}", 2)
-    for name, v in [("overlap", overlap), ("domain_shift", domain_shift), ("name_overlap", name_overlap)]:
-        if v is not None and not 0.0 <= v <= 1.0:
-            raise InputError(f"{name} must be in [0, 1], got {v}", 2)
-    if not (isinstance(scale, int) and 1 <= scale <= 64):  # drawing unique word forms slows as they crowd
-        raise InputError(f"--scale must be an integer in 1..64 (64: 60,416 concepts in about 15 s), got {scale}", 2)
+    checks = [(len(langs) == 2 and langs[0] != langs[1] and all(map(str.isalpha, langs)),
+               f"--langs {','.join(langs)}: expected two distinct codes of letters (bilingual models), e.g. en,fr"),
+              (seed >= 0, f"--seed must be >= 0, got {seed}")]
+    checks += [(v is None or 0.0 <= v <= 1.0, f"{name} must be in [0, 1], got {v}")
+               for name, v in [("overlap", overlap), ("domain_shift", domain_shift), ("name_overlap", name_overlap)]]
+    checks.append((isinstance(scale, int) and 1 <= scale <= 64,  # drawing unique word forms slows as they crowd
+                   f"--scale must be an integer in 1..64 (64: 60,416 concepts in about 15 s), got {scale}"))
+    for ok, msg in checks:
+        if not ok:
+            raise InputError(msg, 2)
     parse_order(order)
     world, (l0, l1) = World(seed, scale=scale), langs
     if not out_dir or os.path.exists(out_dir) and not os.path.isdir(out_dir):
         why = "exists and is not a directory" if out_dir else "an empty path"
         raise InputError(f"--out {out_dir or repr(out_dir)}: {why}", 2)
-    subdirs = ("mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli")
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not force:
             raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it (write_world: force=True)")
-        for d in subdirs:  # remove what an earlier run wrote (and nothing else), so that old files do not mix in
-            shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)   # ignore_errors: it may not exist
+        for d in ("mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli"):  # what an earlier run wrote, no more
+            shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)   # no old file mixes in; d may not exist
     os.makedirs(out_dir, exist_ok=True)
 
     forms = make_lexicon(world, overlap, cyrillic, seed, name_overlap)
@@ -587,9 +574,7 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     sizes = {"train": n_train, "dev": n_dev, "test": n_test}
     task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
 
-    def sentence(tree, li):   # one line of text in language li
-        return " ".join(render(tree, forms[li], orders[li])[0])
-
+    sentence = lambda tree, li: " ".join(render(tree, forms[li], orders[li])[0])   # one line in language li
     # monolingual corpora: each language samples its own meanings with its own topic mix (domain similarity,
     # paper §4.1): uniform at domain_shift 0, only the language's own topics at 1
     for li, lang in enumerate(langs):
@@ -606,9 +591,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     content = [c for c in by_freq if world.kind[c] in CONTENT_KINDS]
     test = set(rng.choice(content, size=len(content) // 5, replace=False).tolist())
     entry = {c: f"{forms[0][c]} {forms[1][c]}\n" for c in by_freq}
-    _write(out_dir, f"dict/{l0}-{l1}.txt", "".join(entry[c] for c in by_freq))
-    _write(out_dir, f"dict/{l0}-{l1}.train.txt", "".join(entry[c] for c in by_freq if c not in test))
-    _write(out_dir, f"dict/{l0}-{l1}.test.txt", "".join(entry[c] for c in by_freq if c in test))
+    for part, keep in (("", lambda c: True), (".train", lambda c: c not in test), (".test", lambda c: c in test)):
+        _write(out_dir, f"dict/{l0}-{l1}{part}.txt", "".join(entry[c] for c in by_freq if keep(c)))
     par = _sample_trees(world, random.Random(f"{seed}/parallel"), n_parallel)
     tat = _sample_trees(world, random.Random(f"{seed}/tatoeba"), n_tatoeba)
     for li, lang in enumerate(langs):
@@ -630,18 +614,14 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
             _write(out_dir, f"xnli/{lang}.{split}.tsv",
                    "".join(f"{sentence(p, li)}\t{sentence(h, li)}\t{lab}\n" for (p, h), lab in nli))
 
-    summary = {   # world.json: no path or time in it, so that the same seed gives the same bytes
-        "langs": [l0, l1], "seed": seed, "overlap": overlap, "order": order,
-        "domain_shift": domain_shift, "cyrillic": cyrillic,
-        "sizes": {"mono": sizes, "parallel": n_parallel, "tatoeba": n_tatoeba, "task": task_sizes},
-        "n_concepts": world.n_concepts, "n_entities": len(world.entities),
-        "vocab_sizes": {lang: len(set(forms[li])) for li, lang in enumerate(langs)},
-        "shared": len(set(forms[0]) & set(forms[1])), "dict_test_words": len(test),
-    }
-    if name_overlap is not None:   # recorded only when set, so that older worlds keep their bytes
-        summary["name_overlap"] = name_overlap
-    if scale != 1:
-        summary["scale"] = scale
+    summary = dict(   # world.json: no path or time in it, so that the same seed gives the same bytes
+        langs=[l0, l1], seed=seed, overlap=overlap, order=order, domain_shift=domain_shift, cyrillic=cyrillic,
+        sizes={"mono": sizes, "parallel": n_parallel, "tatoeba": n_tatoeba, "task": task_sizes},
+        n_concepts=world.n_concepts, n_entities=len(world.entities),
+        vocab_sizes={lang: len(set(forms[li])) for li, lang in enumerate(langs)},
+        shared=len(set(forms[0]) & set(forms[1])), dict_test_words=len(test),
+        # name_overlap and scale are recorded only when set, so that older worlds keep their bytes
+        **({} if name_overlap is None else {"name_overlap": name_overlap}), **({} if scale == 1 else {"scale": scale}))
     _write(out_dir, "world.json", json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     return {**summary, "out_dir": str(out_dir), "seconds": round(time.time() - t0, 2)}
 
