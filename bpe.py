@@ -14,6 +14,7 @@ Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 
 import argparse
 import contextlib
 import errno
+import fcntl
 import functools
 import hashlib
 import heapq
@@ -23,6 +24,8 @@ import math
 import multiprocessing
 import os
 import random
+import shutil
+import signal
 import sys
 import time
 import unicodedata
@@ -297,8 +300,9 @@ class Tokenizer:
         return len(self.vocabs[lang])
 
     def words(self, line, lang):
-        """Pretokenised (and, if the run lowercases, lowercased) words of a raw line."""
-        return pretokenize(lowercase_and_strip_accents(line) if self.lowercase else line, lang)
+        """Pretokenised (and, if the run lowercases, lowercased) words of a raw line; a word of more than MAX_WORD
+        characters is cut into words of MAX_WORD (cap_words, below the ruler: BPE would take hours over a 1 MB one)."""
+        return cap_words(pretokenize(lowercase_and_strip_accents(line) if self.lowercase else line, lang))
 
     def pieces(self, words, lang):
         """Words -> vocabulary tokens: BPE pieces with '@@'; prefixed regime: 'hel@@' in en -> 'en:hel@@'."""
@@ -412,7 +416,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose or not sys.stderr.isatty())
     _init_worker(dict(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed))
-    pool = multiprocessing.Pool(workers, _init_worker, (dict(_WORKER),)) if workers > 1 else None
+    pool = _pool(workers, dict(_WORKER)) if workers > 1 else None  # its workers leave signals to this process
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
         with atomic_path(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
@@ -511,6 +515,40 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     return merges
 
 
+MAX_WORD = 100  # characters; far above a real word's length (a long German compound has some 40)
+
+
+def cap_words(words):
+    """Words of more than MAX_WORD characters (a 1 MB run of letters, a blob of base64) cut into words of MAX_WORD: the
+    time BPE takes over a word, to learn or to apply merges, grows with its length times the merges it goes through
+    (a 1 MB word stalled learning for many minutes, no progress shown). subword-nmt and fastBPE cut nothing; a word cut
+    here is still encoded whole, but as several words (and model.py's exported tokenizer.json does not cut it)."""
+    if max(map(len, words), default=0) <= MAX_WORD:
+        return words
+    return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
+
+
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _pool(workers, opts):
+    """binarize's Pool, whose workers run none of the parent's signal handlers (pretrain.py's, bpe.py's): both signals
+    are blocked while they are forked, then Ctrl-C is ignored (the parent stops them) and SIGTERM ends a worker
+    silently (pool.terminate sends it)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        return multiprocessing.Pool(workers, _pool_worker, (opts,))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _pool_worker(opts):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+    _init_worker(opts)
+
+
 class _Joined(dict):
     """BPE.apply's cache, word -> its pieces joined by '@@ ' ('lo@@ west'): a missing word is merged when it is
     first looked up, so a line of known and new words is one pass (no exception, no second join)."""
@@ -528,10 +566,10 @@ class _Joined(dict):
 
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yields path.tmp to write, renamed to `path` at the end: never half a file. Any failure (disk full, a bad
-    input line, Ctrl-C) removes it. The one write-then-rename of the scripts (model.py and toydata.py keep their
-    own small copy: each must copy alone)."""
-    tmp = str(path) + ".tmp"
+    """Yields path.PID.tmp to write (two processes never share one), renamed to `path` at the end: never half a file.
+    Any failure (disk full, a bad input line, Ctrl-C) removes it. The one write-then-rename of the scripts (model.py
+    and toydata.py keep their own small copy: each must copy alone)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         yield tmp
         os.replace(tmp, path)
@@ -913,6 +951,8 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
 
 MIN_DEV_WORDS = 20  # a dev split with fewer words cannot measure a perplexity (best.pt is chosen on it)
 CS_SAMPLE_LINES = 20000  # lines per language read to check a --code-switch dictionary against the text
+CHECK_SCRIPT_LINES = 1000  # lines of each text whose letters are counted: Han-script text must be zh (_check_text)
+HAN_RE, LETTER_RE = regex.compile(r"\p{Han}"), regex.compile(r"\p{L}")
 # what a prepared folder records and a run must match: recipe key -> (pretrain.py's flag, bpe.py prepare's flag)
 RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"), "merges": ("--merges", "--merges"),
                 "separate_vocab": ("--sep emb/tok", "--separate-vocab"), "lowercase": ("--lowercase", "--lowercase"),
@@ -930,12 +970,77 @@ def prepared_files(langs):
                                                 for x in ("bin", "json")]
 
 
+def _missing(folder, langs):
+    """What a prepared folder lacks of what its `done` promises ([] if nothing): `done` itself, a file, or ids (.bin) of
+    another size than `done` records (the empty `done` of earlier versions: every file there)."""
+    try:
+        with open(os.path.join(folder, "done"), encoding="utf-8") as f:
+            sizes = json.loads(f.read() or "{}")
+    except OSError:
+        return ["done"]
+    except ValueError:
+        sizes = {}
+    sizes, missing = sizes if isinstance(sizes, dict) else {}, []
+    for n in prepared_files(langs):
+        p = os.path.join(folder, n)
+        if not os.path.isfile(p):
+            missing.append(n)
+        elif sizes.get(n, os.path.getsize(p)) != os.path.getsize(p):
+            missing.append(f"the {n} of {sizes[n]} bytes it was written with ({os.path.getsize(p)} now)")
+    return missing
+
+
+@contextlib.contextmanager
+def _preparing(out, flag):
+    """prepare's hold on its folder `out`: out/lock, flock'ed and naming this process, refuses a second one in one line
+    (the kernel frees the lock of a process that died; its temporaries are removed). A failure removes the folder (a
+    half-prepared one is never reused: at Wikipedia's size 10+ GB of text left behind) and becomes one line."""
+    make_dir(flag, out)
+    path = os.path.join(out, "lock")
+    while True:
+        f = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise InputError(f"{out} is being prepared by {holder} (it holds {path}); wait for it to end, then run the "
+                             "same command: it uses that data") from None
+        with contextlib.suppress(OSError):  # the holder may have removed the file just before: then lock the new one
+            if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
+                break
+        f.close()
+    for p in (os.path.join(out, n) for n in os.listdir(out)):  # what a process that was killed left
+        if os.path.isdir(p):  # shuffle.PID.tmp
+            shutil.rmtree(p)
+        elif p.endswith(".tmp"):
+            os.remove(p)
+    f.truncate(0)
+    f.write(f"process {os.getpid()} on {os.uname().nodename}\n")
+    f.flush()
+    try:
+        yield
+    except BaseException as e:
+        shutil.rmtree(out, ignore_errors=True)
+        if isinstance(e, ValueError) and not isinstance(e, InputError):  # the readers name the file (and line)
+            raise InputError(f"data preparation failed: {e}") from None
+        if isinstance(e, OSError):  # a full disk: no file name in the error; the temporary file is gone
+            where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
+            raise SystemExit("error: data preparation failed: " + (f"no space left writing in {where}" if e.errno
+                             == errno.ENOSPC else f"{where}: {e.strerror or e}")) from None
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        f.close()
+
+
 def _check_prepared(data, recipe, program):
     """A --data directory written by prepare: every file there, a recipe equal to this run's choices; else one line."""
-    missing = [n for n in prepared_files(recipe["langs"]) if not os.path.isfile(os.path.join(data, n))]
-    if missing:
-        raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; "
-                         "prepare it again (bpe.py prepare, or give pretrain.py the text)")
+    if missing := _missing(data, recipe["langs"]):
+        raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; prepare it again: bpe.py "
+                         "prepare on its text makes it anew (or give pretrain.py the text)")
     path = os.path.join(data, "recipe.json")
     try:
         with open(path, encoding="utf-8") as f:
@@ -958,6 +1063,25 @@ def _check_prepared(data, recipe, program):
     if diff:
         raise InputError(f"--data {data} was prepared with other choices ({'; '.join(diff)}): give the flags it "
                          "was made with, or prepare the data for these flags (bpe.py prepare, or the text as --data)")
+
+
+def _check_text(path, lang):
+    """A text input of prepare (a file or a WikiExtractor directory) read whole before anything is written: UTF-8 and
+    WikiExtractor's structure (the readers' errors), line breaks that are not CR alone (the file would be one line),
+    and no Han-script text under a code other than zh (pretokenize splits zh into characters, other codes at spaces:
+    a Chinese line would be one word). At Wikipedia's size this costs minutes; finding a bad byte late costs hours."""
+    n = cr = han = letters = 0
+    for n, line in enumerate(read_wikiextractor(path) if os.path.isdir(path) else read_lines(path), 1):
+        cr += line.count("\r")  # read_lines splits on \n only (a stray \r inside a line is kept)
+        if n <= CHECK_SCRIPT_LINES and lang != "zh":
+            han, letters = han + len(HAN_RE.findall(line)), letters + len(LETTER_RE.findall(line))
+    if cr > n:
+        raise ValueError(f"{path}: its lines end in CR alone ({cr} CRs in {n} line(s)), so it would be read as {n} "
+                         f"line(s); convert it first, e.g. tr '\\r' '\\n' < {path} > NEW")
+    if han > letters / 2:
+        raise ValueError(f"{path}: Han-script text ({100 * han // letters} % of its letters) under the language code "
+                         f"'{lang}': only zh text is split into characters, any other code at spaces (a Chinese line "
+                         "would be one word); give this language as zh in --langs")
 
 
 def _words_of(path, lang, lowercase, max_lines=None):
@@ -1028,9 +1152,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     switch = {}  # lang -> {word: [translations]}: langs[0]'s text by the dictionary, langs[1]'s by its inverse
     if master:
         try:
-            for path in (p for v in files.values() for p in v.values() if p):
-                for name in wikiextractor_files(path) if os.path.isdir(path) else [path]:
-                    open(name, "rb").close()
+            for l, path in ((l, p) for l, v in files.items() for p in v.values() if p):
+                _check_text(path, l)  # read whole: a bad byte is found before anything is written
             # words, not lines: a dev file of blank lines is no dev set (a held-out dev split: shuffle_split)
             for l in (l for l in langs if files[l]["dev"] is not None and not os.path.isdir(files[l]["dev"])):
                 n = sum(1 for _ in itertools.islice(_words_of(files[l]["dev"], l, lowercase), MIN_DEV_WORDS))
@@ -1070,38 +1193,31 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}  # the directory names of earlier versions
     digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
-    done = os.path.join(out, "done")
-    while not master and not os.path.exists(done):  # the other DDP ranks wait for the master's data
-        time.sleep(2)
-    if os.path.exists(done):  # prepared earlier (or, for the other ranks, by the master now)
-        if master:
-            print(f"using prepared data in {out}")
-        return out
-    make_dir(flag, out)
-    try:
-        files = {l: dict(v) for l, v in files.items()}
+
+    def build():  # the text split and shuffled where needed, BPE learned, every split binarised; `done` last
+        paths = {l: dict(v) for l, v in files.items()}
         for l, v in to_write.items():  # WikiExtractor output, or text without a dev file: out/{lang}.{train,dev}.txt
             dest = {s: os.path.join(out, f"{l}.{s}.txt") for s in ("train", "dev")}
             wiki = {s: v.get(s) is not None and os.path.isdir(v[s]) for s in ("train", "dev")}
             if wiki["dev"]:  # a WikiExtractor dev directory: its lines in order
                 write_text(dest["dev"], (line + "\n" for line in read_wikiextractor(v["dev"])))
-                files[l]["dev"] = dest["dev"]
+                paths[l]["dev"] = dest["dev"]
             if wiki["train"] or v.get("dev") is None:
                 held_out = dest["dev"] if v.get("dev") is None else None
                 size = sum(map(os.path.getsize, wikiextractor_files(v["train"]) if wiki["train"] else [v["train"]]))
                 lines = read_wikiextractor(v["train"]) if wiki["train"] else read_lines(v["train"])
-                n_train, n_dev = shuffle_split(lines, size, os.path.join(out, "shuffle.tmp"), dest["train"], held_out,
-                                               source=v["train"])
+                n_train, n_dev = shuffle_split(lines, size, os.path.join(out, f"shuffle.{os.getpid()}.tmp"),
+                                               dest["train"], held_out, source=v["train"])
                 print(f"{l}: {v['train']}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
                       + (f", {n_dev} dev lines held out" if held_out else "") + f", in {out}")
-                files[l] = {"train": dest["train"], "dev": held_out or files[l]["dev"]}
+                paths[l] = {"train": dest["train"], "dev": held_out or paths[l]["dev"]}
         print(f"learning BPE ({mode}, {merges} merges) for {out}")
-        tok = Tokenizer.build({l: files[l]["train"] for l in langs}, mode=mode, num_merges=merges,
+        tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode=mode, num_merges=merges,
                               separate_vocab=separate_vocab, lowercase=lowercase, max_lines=max_lines, seed=seed)
         print(f"preparing data in {out}")
         for s in ("dev", "train"):  # the small dev files first: a bad one is found in seconds
             for l in langs:
-                meta = binarize(files[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
+                meta = binarize(paths[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
                                 code_switch=switch.get(l) if s == "train" else None, seed=seed)
                 if "n_switched" in meta:
                     other = langs[1] if l == langs[0] else langs[0]
@@ -1109,14 +1225,20 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
                           f"({100 * meta['n_switched'] / max(meta['n_words'], 1):.1f} %) replaced by {other} words")
         tok.save(os.path.join(out, "tokenizer.json"))
         write_text(os.path.join(out, "recipe.json"), json.dumps(recipe, indent=1))
-        write_text(done, "")  # last: the cache is complete
-    except ValueError as e:  # the readers name the file (and line) at fault
-        raise InputError(f"data preparation failed: {e}") from None
-    except OSError as e:  # a full disk: no file name in the error; atomic_path has removed the temporary file
-        where = str(e.filename).removesuffix(".tmp") if e.filename else out
-        if e.errno == errno.ENOSPC:
-            raise SystemExit(f"error: data preparation failed: no space left writing in {where}")
-        raise SystemExit(f"error: data preparation failed: {where}: {e.strerror or e}")
+        sizes = {n: os.path.getsize(os.path.join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
+        write_text(os.path.join(out, "done"), json.dumps(sizes))  # last: the ids it holds (_missing checks them)
+
+    while not master and _missing(out, langs):  # the other DDP ranks wait for the master's data
+        time.sleep(2)
+    if master and _missing(out, langs):
+        with _preparing(out, flag):  # one process at a time; a failure leaves no folder behind; errors: one line
+            if missing := _missing(out, langs):  # else prepared meanwhile, by the process that held the lock
+                if "done" not in missing:  # a damaged folder (a file deleted, or cut short): made again
+                    print(f"note: {out}: a prepared folder without {', '.join(missing)}; preparing it again")
+                build()
+                return out
+    if master:
+        print(f"using prepared data in {out}")
     return out
 
 # -----------------------------------------------------------------------------
@@ -1180,12 +1302,22 @@ def main(argv=None):
             dev = parse_lang_files("--dev-files", args.dev_files, langs) if args.dev_files else {}
             files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
         merges = args.merges or (80000 if args.mode == "joint" else 40000)
+        handler = signal.signal(signal.SIGTERM, _stopped)  # as Ctrl-C: every temporary file is removed on the way out
         try:
             print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges, args.separate_vocab,
                           args.lowercase, args.max_lines, args.seed, args.code_switch, args.workers, flag=flag,
                           program="bpe.py"))
-        except KeyboardInterrupt:
-            raise SystemExit("bpe.py prepare: interrupted (no half-written file is left)")
+        except KeyboardInterrupt as e:
+            name = e.args[0] if e.args else "SIGINT"
+            print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same command to "
+                  "prepare the data", file=sys.stderr)
+            sys.exit(128 + signal.Signals[name])
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+
+
+def _stopped(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 if __name__ == "__main__":
