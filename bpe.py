@@ -1065,14 +1065,18 @@ def _check_prepared(data, recipe, program):
                          "was made with, or prepare the data for these flags (bpe.py prepare, or the text as --data)")
 
 
-def _check_text(path, lang):
+def _check_text(path, lang, need=0):
     """A text input of prepare (a file or a WikiExtractor directory) read whole before anything is written: UTF-8 and
-    WikiExtractor's structure (the readers' errors), line breaks that are not CR alone (the file would be one line),
-    and no Han-script text under a code other than zh (pretokenize splits zh into characters, other codes at spaces:
-    a Chinese line would be one word). At Wikipedia's size this costs minutes; finding a bad byte late costs hours."""
-    n = cr = han = letters = 0
+    WikiExtractor's structure (the readers' errors), no NUL (UTF-16 text), line breaks that are not CR alone (the file
+    would be one line), no Han-script text under a code other than zh (pretokenize splits zh into characters, other
+    codes at spaces: a Chinese line would be one word), `need` lines of text (a train text 1, or 10 to hold dev lines
+    out of). At Wikipedia's size this costs minutes; a bad byte found late costs hours."""
+    n = cr = han = letters = texts = 0
     for n, line in enumerate(read_wikiextractor(path) if os.path.isdir(path) else read_lines(path), 1):
-        cr += line.count("\r")  # read_lines splits on \n only (a stray \r inside a line is kept)
+        if "\0" in line:
+            raise ValueError(f"{path}{'' if os.path.isdir(path) else f':{n}'}: a NUL character, as in UTF-16 text "
+                             "(convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
+        cr, texts = cr + line.count("\r"), texts + bool(line.strip())  # read_lines splits on \n only
         if n <= CHECK_SCRIPT_LINES and lang != "zh":
             han, letters = han + len(HAN_RE.findall(line)), letters + len(LETTER_RE.findall(line))
     if cr > n:
@@ -1082,6 +1086,9 @@ def _check_text(path, lang):
         raise ValueError(f"{path}: Han-script text ({100 * han // letters} % of its letters) under the language code "
                          f"'{lang}': only zh text is split into characters, any other code at spaces (a Chinese line "
                          "would be one word); give this language as zh in --langs")
+    if texts < need:
+        raise ValueError(f"{path}: {texts} line(s) of text, too few " + ("to hold out dev lines from (give a dev "
+                         "file)" if need > 1 else "for a corpus"))
 
 
 def _words_of(path, lang, lowercase, max_lines=None):
@@ -1139,21 +1146,25 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         if not os.path.isdir(data):
             why = "not a directory" if os.path.exists(data) else "no such directory"
             raise InputError(f"--data {data}: {why}")
-        if any(os.path.isfile(os.path.join(data, n)) for n in prepared_files(langs) + ["done"]):  # a prepared folder
-            _check_prepared(data, recipe, program)
-            return data
-        files = {l: {} for l in langs}  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
+        files, absent = {l: {} for l in langs}, []  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
         for l, s in itertools.product(langs, ("train", "dev")):
             name = f"{l}.{s}.txt"
             found = [p for p in (os.path.join(data, name), os.path.join(data, "mono", name)) if os.path.isfile(p)]
-            if not found:
-                raise InputError(f"--data {data}: no {name} (nor mono/{name}) for language '{l}'")
-            files[l][s] = found[0]
+            files[l][s] = found[0] if found else None
+            absent += [] if found else [f"no {name} (nor mono/{name}) for language '{l}'"]
+        made = [n for n in prepared_files(langs) + ["done"] if os.path.isfile(os.path.join(data, n))]
+        if made and (absent or not _missing(data, langs)):  # a prepared folder (with the text and stray files: text)
+            _check_prepared(data, recipe, program)
+            return data
+        if absent:
+            raise InputError(f"--data {data}: {absent[0]}")
+        if made:
+            print(f"note: --data {data}: {', '.join(made)} there but no complete prepared folder: its text is prepared")
     switch = {}  # lang -> {word: [translations]}: langs[0]'s text by the dictionary, langs[1]'s by its inverse
     if master:
         try:
-            for l, path in ((l, p) for l, v in files.items() for p in v.values() if p):
-                _check_text(path, l)  # read whole: a bad byte is found before anything is written
+            for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p):
+                _check_text(path, l, (10 if files[l]["dev"] is None else 1) if s == "train" else 0)  # before any work
             # words, not lines: a dev file of blank lines is no dev set (a held-out dev split: shuffle_split)
             for l in (l for l in langs if files[l]["dev"] is not None and not os.path.isdir(files[l]["dev"])):
                 n = sum(1 for _ in itertools.islice(_words_of(files[l]["dev"], l, lowercase), MIN_DEV_WORDS))

@@ -46,6 +46,11 @@ def inputs(toy_world, tmp_path_factory):
         for s in ("train", "dev"):
             (d / name / f"en.{s}.txt").write_text((mono / f"en.{s}.txt").read_text())
             (d / name / f"fr.{s}.txt").write_text(make((mono / f"fr.{s}.txt").read_text()), newline="")
+    (d / "utf16").mkdir()
+    for name in ("en.train.txt", "en.dev.txt", "fr.train.txt", "fr.dev.txt"):
+        text = (mono / name).read_text()
+        (d / "utf16" / name).write_bytes(text.encode("utf-16-le") if name == "en.train.txt" else text.encode())
+    (d / "empty.txt").write_text("\n \n")
     return d
 
 
@@ -150,10 +155,15 @@ BPE_CASES = [
     # line was one word)
     (["--data", "{i}/cr"], "{i}/cr/fr.train.txt: its lines end in CR alone (1999 CRs in 1 line(s))"),
     (["--data", "{i}/han"], "{i}/han/fr.train.txt: Han-script text (100 % of its letters) under the language code 'fr'"),
+    # more of our own: ASCII text in UTF-16 (valid UTF-8, a NUL between letters); no text to hold dev lines out of
+    # (both found after the English text was shuffled, or never)
+    (["--data", "{i}/utf16"], "{i}/utf16/en.train.txt:1: a NUL character, as in UTF-16 text"),
+    (["--train-files", "en={w}/mono/en.train.txt,fr={i}/empty.txt"],
+     "error: {i}/empty.txt: 0 line(s) of text, too few to hold out dev lines from (give a dev file)"),
 ]
 
 
-@pytest.mark.parametrize("argv, message", BPE_CASES, ids=[" ".join(a[2:4]) for a, _ in BPE_CASES])
+@pytest.mark.parametrize("argv, message", BPE_CASES, ids=[" ".join(a[:4]) for a, _ in BPE_CASES])
 def test_bpe_prepare_mistake_is_one_line(toy_world, inputs, prep, tmp_path, capsys, argv, message):
     fill = lambda s: s.format(w=toy_world, i=inputs, p=prep)  # noqa: E731
     code, line, _ = call(bpe.main, ["prepare"] + [fill(a) for a in argv] + ["--merges", MERGES] * (
@@ -343,3 +353,14 @@ def test_binarize_workers_run_no_handler_of_the_parent(prep, tmp_path, monkeypat
     finally:
         signal.signal(signal.SIGTERM, old)
     assert meta["n_words"] > 0
+
+
+def test_text_with_stray_prepared_files_is_text(toy_world, tmp_path, capsys):
+    """A folder of text holding a stray tokenizer.json was taken for a prepared folder, and the advice printed gave the
+    same refusal: the text is prepared (with a note), as a folder of text."""
+    shutil.copytree(toy_world / "mono", tmp_path / "text")
+    (tmp_path / "text" / "tokenizer.json").write_text("{}")
+    code, _, out = call(bpe.main, ["prepare", "--data", tmp_path / "text", "--merges", "50", "--prep-dir",
+                                   tmp_path / "cache"], capsys)
+    assert code == 0 and f"note: --data {tmp_path / 'text'}: tokenizer.json there but no complete prepared " in out
+    assert bpe._missing(out.strip().splitlines()[-1], ["en", "fr"]) == []
