@@ -519,10 +519,9 @@ MAX_WORD = 100  # characters; far above a real word's length (a long German comp
 
 
 def cap_words(words):
-    """Words of more than MAX_WORD characters (a 1 MB run of letters, a blob of base64) cut into words of MAX_WORD: the
-    time BPE takes over a word, to learn or to apply merges, grows with its length times the merges it goes through
-    (a 1 MB word stalled learning for many minutes, no progress shown). subword-nmt and fastBPE cut nothing; a word cut
-    here is still encoded whole, but as several words (and model.py's exported tokenizer.json does not cut it)."""
+    """Words of more than MAX_WORD characters (a 1 MB run of letters) cut into words of MAX_WORD: BPE's time over a word
+    grows with its length times its merges (a 1 MB word stalled learning for minutes). subword-nmt and fastBPE cut
+    nothing; a cut word is encoded whole, as several words (model.py's exported tokenizer.json does not cut it)."""
     if max(map(len, words), default=0) <= MAX_WORD:
         return words
     return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
@@ -532,9 +531,8 @@ _STOPS = {signal.SIGINT, signal.SIGTERM}
 
 
 def _pool(workers, opts):
-    """binarize's Pool, whose workers run none of the parent's signal handlers (pretrain.py's, bpe.py's): both signals
-    are blocked while they are forked, then Ctrl-C is ignored (the parent stops them) and SIGTERM ends a worker
-    silently (pool.terminate sends it)."""
+    """binarize's Pool, whose workers run none of the parent's signal handlers (pretrain.py's, bpe.py's): Ctrl-C ignored
+    (the parent stops them), SIGTERM (pool.terminate's) fatal, both blocked until then."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
@@ -558,8 +556,8 @@ class _Joined(dict):
         self.merge = merge
 
     def __missing__(self, word):  # the pieces joined by '@@ ', then the last one's '</w>' dropped
-        joined = self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
-        return joined
+        self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
+        return self[word]
 
 # -----------------------------------------------------------------------------
 # Files: atomic writes, UTF-8 lines, parallel text, codes files, tokenizer.json, .bin headers, MUSE, checkpoints
@@ -909,11 +907,11 @@ def read_wikiextractor(path):
             raise ValueError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
 
 
-def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED, source="the text"):
+def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
     """Write `lines` (an iterable of about `size` bytes) in a seeded random order to train_path, the first
-    min(DEV_LINES, n // 10) of that order to dev_path instead when given -> (n_train, n_dev). Every line goes to a
-    bucket file drawn at random, then each bucket is permuted in memory: a uniform shuffle of a corpus larger than
-    memory. Empty lines are dropped; `source` names the text in errors."""
+    min(DEV_LINES, n // 10) of that order to dev_path instead when given (prepare checks there are 10) -> (n_train,
+    n_dev). Every line goes to a bucket file drawn at random, then each bucket is permuted in memory: a uniform shuffle
+    of a corpus larger than memory. Empty lines are dropped; work_dir is removed at the end."""
     rng = np.random.default_rng(seed)
     n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
@@ -927,8 +925,6 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
                     outs[k].write(line + "\n")
                 n += len(chunk)
         n_dev = min(DEV_LINES, n // 10) if dev_path else 0
-        if dev_path and n_dev == 0:
-            raise ValueError(f"{source}: {n} lines, too few to hold out dev lines from (give a dev file)")
 
         def shuffled():  # bucket by bucket, each in a random order
             for b in buckets:
@@ -941,11 +937,7 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
             write_text(dev_path, (line + "\n" for line in itertools.islice(order, n_dev)))
         write_text(train_path, (line + "\n" for line in order))
     finally:
-        for b in buckets:
-            if os.path.exists(b):
-                os.remove(b)
-        if os.path.isdir(work_dir) and not os.listdir(work_dir):
-            os.rmdir(work_dir)
+        shutil.rmtree(work_dir, ignore_errors=True)
     return n - n_dev, n_dev
 
 
@@ -972,7 +964,7 @@ def prepared_files(langs):
 
 def _missing(folder, langs):
     """What a prepared folder lacks of what its `done` promises ([] if nothing): `done` itself, a file, or ids (.bin) of
-    another size than `done` records (the empty `done` of earlier versions: every file there)."""
+    another size than `done` records (the empty `done` of earlier versions records none)."""
     try:
         with open(os.path.join(folder, "done"), encoding="utf-8") as f:
             sizes = json.loads(f.read() or "{}")
@@ -992,9 +984,9 @@ def _missing(folder, langs):
 
 @contextlib.contextmanager
 def _preparing(out, flag):
-    """prepare's hold on its folder `out`: out/lock, flock'ed and naming this process, refuses a second one in one line
-    (the kernel frees the lock of a process that died; its temporaries are removed). A failure removes the folder (a
-    half-prepared one is never reused: at Wikipedia's size 10+ GB of text left behind) and becomes one line."""
+    """prepare's hold on its folder: out/lock, flock'ed and naming this process, refuses a second one in one line (the
+    kernel frees the lock of a process that dies; its temporaries are removed). A failure removes the folder (never
+    reused: at Wikipedia's size 10+ GB of text left behind) and becomes one line."""
     make_dir(flag, out)
     path = os.path.join(out, "lock")
     while True:
@@ -1002,23 +994,18 @@ def _preparing(out, flag):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            f.close()
-            raise InputError(f"{out} is being prepared by {holder} (it holds {path}); wait for it to end, then run the "
-                             "same command: it uses that data") from None
+            with f:
+                f.seek(0)
+                raise InputError(f"{out} is being prepared by {f.read().strip() or 'another process'} (it holds "
+                                 f"{path}); wait for it to end, then run the same command: it uses that data") from None
         with contextlib.suppress(OSError):  # the holder may have removed the file just before: then lock the new one
             if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
                 break
         f.close()
-    for p in (os.path.join(out, n) for n in os.listdir(out)):  # what a process that was killed left
-        if os.path.isdir(p):  # shuffle.PID.tmp
-            shutil.rmtree(p)
-        elif p.endswith(".tmp"):
-            os.remove(p)
+    for p in (os.path.join(out, n) for n in os.listdir(out) if n.endswith(".tmp")):  # what a killed process left
+        (shutil.rmtree if os.path.isdir(p) else os.remove)(p)
     f.truncate(0)
-    f.write(f"process {os.getpid()} on {os.uname().nodename}\n")
-    f.flush()
+    print(f"process {os.getpid()} on {os.uname().nodename}", file=f, flush=True)
     try:
         yield
     except BaseException as e:
@@ -1065,18 +1052,19 @@ def _check_prepared(data, recipe, program):
                          "was made with, or prepare the data for these flags (bpe.py prepare, or the text as --data)")
 
 
-def _check_text(path, lang, need=0):
-    """A text input of prepare (a file or a WikiExtractor directory) read whole before anything is written: UTF-8 and
-    WikiExtractor's structure (the readers' errors), no NUL (UTF-16 text), line breaks that are not CR alone (the file
-    would be one line), no Han-script text under a code other than zh (pretokenize splits zh into characters, other
-    codes at spaces: a Chinese line would be one word), `need` lines of text (a train text 1, or 10 to hold dev lines
-    out of). At Wikipedia's size this costs minutes; a bad byte found late costs hours."""
-    n = cr = han = letters = texts = 0
+def _check_text(path, lang, split, held_out):
+    """A text input of prepare (a file or a WikiExtractor directory) read whole before anything is written (at
+    Wikipedia's size minutes; a bad byte found late costs hours): UTF-8 and WikiExtractor's structure (the readers'
+    errors), no NUL (UTF-16 text), line breaks that are not CR alone (the file would be one line), no Han-script text
+    under a code other than zh (pretokenize splits zh into characters, other codes at spaces: a Chinese line would be
+    one word), words in a dev split (MIN_DEV_WORDS: a dev file of blank lines is no dev set), lines in a train text."""
+    n = cr = han = letters = texts = words = 0
     for n, line in enumerate(read_wikiextractor(path) if os.path.isdir(path) else read_lines(path), 1):
         if "\0" in line:
             raise ValueError(f"{path}{'' if os.path.isdir(path) else f':{n}'}: a NUL character, as in UTF-16 text "
                              "(convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
         cr, texts = cr + line.count("\r"), texts + bool(line.strip())  # read_lines splits on \n only
+        words += len(pretokenize(line, lang)) if words < MIN_DEV_WORDS else 0
         if n <= CHECK_SCRIPT_LINES and lang != "zh":
             han, letters = han + len(HAN_RE.findall(line)), letters + len(LETTER_RE.findall(line))
     if cr > n:
@@ -1086,24 +1074,32 @@ def _check_text(path, lang, need=0):
         raise ValueError(f"{path}: Han-script text ({100 * han // letters} % of its letters) under the language code "
                          f"'{lang}': only zh text is split into characters, any other code at spaces (a Chinese line "
                          "would be one word); give this language as zh in --langs")
-    if texts < need:
+    if split == "dev" and words < MIN_DEV_WORDS:
+        raise ValueError(f"{path}: a {lang} dev split of {words} words; at least {MIN_DEV_WORDS} are needed to measure "
+                         "a perplexity")
+    if split == "train" and texts < (10 if held_out else 1):
         raise ValueError(f"{path}: {texts} line(s) of text, too few " + ("to hold out dev lines from (give a dev "
-                         "file)" if need > 1 else "for a corpus"))
+                         "file)" if held_out else "for a corpus"))
 
 
-def _words_of(path, lang, lowercase, max_lines=None):
-    """Pretokenised words of the first max_lines lines of a text file (the tokenizer is not learned yet)."""
-    lines = itertools.islice(read_wikiextractor(path), max_lines) if os.path.isdir(path) else read_lines(path, max_lines)
-    for line in lines:  # a WikiExtractor directory (--train-files en=DIR) is read as prepare reads it
-        yield from pretokenize(lowercase_and_strip_accents(line) if lowercase else line, lang)
-
-
-def _check_dictionary(switch, files, langs, lowercase, code_switch):
-    """A --code-switch dictionary must switch words of the text (the first CS_SAMPLE_LINES lines of each train file):
-    one that matches nothing, or the text better with its columns swapped (fr-en for en,fr), is refused."""
+def _code_switching(code_switch, files, langs, lowercase):
+    """--code-switch's MUSE dictionary -> {lang: {word: [translations]}} (langs[0]'s text by the dictionary, langs[1]'s
+    by its inverse), checked against the text (the first CS_SAMPLE_LINES lines of each train file): one that matches
+    nothing, or the text better with its columns swapped (fr-en for en,fr), is refused."""
+    switch = {langs[0]: {}, langs[1]: {}}
+    try:
+        for src, tgt in read_dictionary(code_switch):
+            switch[langs[0]].setdefault(src, []).append(tgt)
+        for src, tgts in switch[langs[0]].items():
+            for t in tgts:
+                switch[langs[1]].setdefault(t, []).append(src)
+    except ValueError as e:  # read_dictionary names the file and line
+        raise InputError(f"--code-switch {e}") from None
     hits, total = {}, {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
     for l in langs:
-        words = list(_words_of(files[l]["train"], l, lowercase, CS_SAMPLE_LINES))
+        lines = itertools.islice(read_wikiextractor(files[l]["train"]) if os.path.isdir(files[l]["train"]) else
+                                 read_lines(files[l]["train"]), CS_SAMPLE_LINES)
+        words = [w for line in lines for w in pretokenize(lowercase_and_strip_accents(line) if lowercase else line, l)]
         for k, column in enumerate((switch[l], switch[langs[1] if l == langs[0] else langs[0]])):
             hits[l, k] = sum(w in column or w.lower() in column for w in words)
         total[l] = len(words)
@@ -1119,21 +1115,20 @@ def _check_dictionary(switch, files, langs, lowercase, code_switch):
                              f"({hits[l, 0]} of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a "
                              f"{langs[0]}-{langs[1]} dictionary?")
     print(f"code-switching dictionary {code_switch}: words of the text found in it: {cover}")
+    return switch
 
 
 @reported(None)  # pretrain.py's main calls it too: there, as in bpe.py's, a bad input is one `error: ...` line
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
             program="pretrain.py"):
-    """Raw text (`files` {lang: {"train": path, "dev": path}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash
-    of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused by later calls (other DDP
-    ranks wait for its `done`). A `data` directory prepared earlier is used as it is if its recipe.json matches
-    these choices (langs, mode, merges, separate_vocab, lowercase, code_switch's contents), else refused. Every
-    input is checked before any work (BPE learning takes hours at paper scale): a dev split needs MIN_DEV_WORDS
-    words, a code-switch dictionary (a MUSE file, §4.2, applied here to the text) must match it. Errors: one line
-    (`flag`: the option that gave prep_dir; `program`: the script whose flag names a refusal shows). A path may be a
-    WikiExtractor directory, and "dev" may be None: the text is then written to the prepared directory first,
-    shuffled, the dev lines held out (shuffle_split)."""
+    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, or in `data`; a path may be a WikiExtractor
+    directory) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin,
+    reused by later calls (other DDP ranks wait for it). A `data` folder prepared earlier is used as it is if its
+    recipe.json matches these choices, else refused. Every input is checked before anything is written (BPE learning
+    takes hours at paper scale). WikiExtractor text, or text without a dev file, is first written to the folder,
+    shuffled, the dev lines held out (shuffle_split). Errors: one line (`flag`: the option that gave prep_dir;
+    `program`: the script whose flags a refusal names)."""
     langs, cs_sha1 = parse_langs(langs), None
     if code_switch:
         try:
@@ -1144,8 +1139,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
               "lowercase": lowercase, "code_switch_sha1": cs_sha1}
     if not files:
         if not os.path.isdir(data):
-            why = "not a directory" if os.path.exists(data) else "no such directory"
-            raise InputError(f"--data {data}: {why}")
+            raise InputError(f"--data {data}: {'not a directory' if os.path.exists(data) else 'no such directory'}")
         files, absent = {l: {} for l in langs}, []  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
         for l, s in itertools.product(langs, ("train", "dev")):
             name = f"{l}.{s}.txt"
@@ -1160,30 +1154,16 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             raise InputError(f"--data {data}: {absent[0]}")
         if made:
             print(f"note: --data {data}: {', '.join(made)} there but no complete prepared folder: its text is prepared")
-    switch = {}  # lang -> {word: [translations]}: langs[0]'s text by the dictionary, langs[1]'s by its inverse
+    switch = {}  # lang -> {word: [translations]}
     if master:
         try:
             for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p):
-                _check_text(path, l, (10 if files[l]["dev"] is None else 1) if s == "train" else 0)  # before any work
-            # words, not lines: a dev file of blank lines is no dev set (a held-out dev split: shuffle_split)
-            for l in (l for l in langs if files[l]["dev"] is not None and not os.path.isdir(files[l]["dev"])):
-                n = sum(1 for _ in itertools.islice(_words_of(files[l]["dev"], l, lowercase), MIN_DEV_WORDS))
-                if n < MIN_DEV_WORDS:
-                    raise ValueError(f"{files[l]['dev']}: a {l} dev split of {n} words; at least {MIN_DEV_WORDS} "
-                                     "are needed to measure a perplexity")
-            if code_switch:
-                switch = {langs[0]: {}, langs[1]: {}}
-                for src, tgt in read_dictionary(code_switch):
-                    switch[langs[0]].setdefault(src, []).append(tgt)
-                for src, tgts in switch[langs[0]].items():
-                    for t in tgts:
-                        switch[langs[1]].setdefault(t, []).append(src)
+                _check_text(path, l, s, files[l]["dev"] is None)
         except OSError as e:
             raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
-        except ValueError as e:  # read_dictionary, read_lines and wikiextractor_files name the file (and line) at fault
-            raise InputError(f"{'--code-switch ' * str(e).startswith(str(code_switch))}{e}") from None
-        if code_switch:
-            _check_dictionary(switch, files, langs, lowercase, code_switch)
+        except ValueError as e:  # read_lines and wikiextractor_files name the file (and line) at fault
+            raise InputError(str(e)) from None
+        switch = _code_switching(code_switch, files, langs, lowercase) if code_switch else {}
 
     def fingerprint(path):  # a WikiExtractor directory: the sha1 of its files' names, sizes and times
         if path is None:
@@ -1195,10 +1175,9 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         st = os.stat(path)
         return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
 
-    recipe.update({"bpe_lines": max_lines, "seed": seed,
-                   "code_switch": fingerprint(code_switch) if code_switch else None,
+    recipe.update({"bpe_lines": max_lines, "seed": seed, "code_switch": fingerprint(code_switch),
                    "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}})
-    to_write = {l: v for l, v in files.items() if v.get("dev") is None or any(map(os.path.isdir, v.values()))}
+    to_write = {l: v for l, v in files.items() if v["dev"] is None or any(map(os.path.isdir, v.values()))}
     if to_write:  # the split of the text written first (shuffle_split): part of the recipe
         recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
     hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}  # the directory names of earlier versions
@@ -1209,16 +1188,14 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         paths = {l: dict(v) for l, v in files.items()}
         for l, v in to_write.items():  # WikiExtractor output, or text without a dev file: out/{lang}.{train,dev}.txt
             dest = {s: os.path.join(out, f"{l}.{s}.txt") for s in ("train", "dev")}
-            wiki = {s: v.get(s) is not None and os.path.isdir(v[s]) for s in ("train", "dev")}
-            if wiki["dev"]:  # a WikiExtractor dev directory: its lines in order
+            if v["dev"] is not None and os.path.isdir(v["dev"]):  # a WikiExtractor dev directory: its lines in order
                 write_text(dest["dev"], (line + "\n" for line in read_wikiextractor(v["dev"])))
                 paths[l]["dev"] = dest["dev"]
-            if wiki["train"] or v.get("dev") is None:
-                held_out = dest["dev"] if v.get("dev") is None else None
-                size = sum(map(os.path.getsize, wikiextractor_files(v["train"]) if wiki["train"] else [v["train"]]))
-                lines = read_wikiextractor(v["train"]) if wiki["train"] else read_lines(v["train"])
-                n_train, n_dev = shuffle_split(lines, size, os.path.join(out, f"shuffle.{os.getpid()}.tmp"),
-                                               dest["train"], held_out, source=v["train"])
+            if os.path.isdir(v["train"]) or v["dev"] is None:
+                wiki, held_out = os.path.isdir(v["train"]), dest["dev"] if v["dev"] is None else None
+                size = sum(map(os.path.getsize, wikiextractor_files(v["train"]) if wiki else [v["train"]]))
+                n_train, n_dev = shuffle_split(read_wikiextractor(v["train"]) if wiki else read_lines(v["train"]), size,
+                                               os.path.join(out, f"shuffle.{os.getpid()}.tmp"), dest["train"], held_out)
                 print(f"{l}: {v['train']}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
                       + (f", {n_dev} dev lines held out" if held_out else "") + f", in {out}")
                 paths[l] = {"train": dest["train"], "dev": held_out or paths[l]["dev"]}
@@ -1226,14 +1203,13 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode=mode, num_merges=merges,
                               separate_vocab=separate_vocab, lowercase=lowercase, max_lines=max_lines, seed=seed)
         print(f"preparing data in {out}")
-        for s in ("dev", "train"):  # the small dev files first: a bad one is found in seconds
-            for l in langs:
-                meta = binarize(paths[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
-                                code_switch=switch.get(l) if s == "train" else None, seed=seed)
-                if "n_switched" in meta:
-                    other = langs[1] if l == langs[0] else langs[0]
-                    print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words "
-                          f"({100 * meta['n_switched'] / max(meta['n_words'], 1):.1f} %) replaced by {other} words")
+        for s, l in itertools.product(("dev", "train"), langs):  # the small dev files first: a bad one found in seconds
+            meta = binarize(paths[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
+                            code_switch=switch.get(l) if s == "train" else None, seed=seed)
+            if "n_switched" in meta:
+                share = 100 * meta["n_switched"] / max(meta["n_words"], 1)
+                print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words ({share:.1f} %) replaced by "
+                      f"{[o for o in langs if o != l][0]} words")
         tok.save(os.path.join(out, "tokenizer.json"))
         write_text(os.path.join(out, "recipe.json"), json.dumps(recipe, indent=1))
         sizes = {n: os.path.getsize(os.path.join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
@@ -1251,7 +1227,6 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     if master:
         print(f"using prepared data in {out}")
     return out
-
 # -----------------------------------------------------------------------------
 # bpe.py's command line: `prepare`
 
