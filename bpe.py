@@ -300,8 +300,7 @@ class Tokenizer:
         return len(self.vocabs[lang])
 
     def words(self, line, lang):
-        """Pretokenised (and, if the run lowercases, lowercased) words of a raw line; a word of more than MAX_WORD
-        characters is cut into words of MAX_WORD (cap_words, below the ruler: BPE would take hours over a 1 MB one)."""
+        """Pretokenised (lowercased if the run lowercases) words of a raw line, cut to MAX_WORD chars (cap_words)."""
         return cap_words(pretokenize(lowercase_and_strip_accents(line) if self.lowercase else line, lang))
 
     def pieces(self, words, lang):
@@ -527,13 +526,10 @@ def cap_words(words):
     return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
 
 
-_STOPS = {signal.SIGINT, signal.SIGTERM}
-
-
 def _pool(workers, opts):
     """binarize's Pool, whose workers run none of the parent's signal handlers (pretrain.py's, bpe.py's): Ctrl-C ignored
     (the parent stops them), SIGTERM (pool.terminate's) fatal, both blocked until then."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
     finally:
@@ -543,7 +539,7 @@ def _pool(workers, opts):
 def _pool_worker(opts):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     _init_worker(opts)
 
 
@@ -564,15 +560,14 @@ class _Joined(dict):
 
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yields path.PID.tmp to write (two processes never share one), renamed to `path` at the end: never half a file.
-    Any failure (disk full, a bad input line, Ctrl-C) removes it. The one write-then-rename of the scripts (model.py
-    and toydata.py keep their own small copy: each must copy alone)."""
+    """Yields path.PID.tmp to write (no two processes share one), renamed to `path` at the end: never half a file. Any
+    failure (disk full, a bad input line, Ctrl-C) removes it (model.py, toydata.py keep a copy: each copies alone)."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         yield tmp
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
 
@@ -584,9 +579,8 @@ def write_text(path, text):
 
 
 def read_lines(path, max_lines=None):
-    """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside
-    lines), a byte order mark at the start of the file dropped (editors on Windows write one); a bad byte raises
-    ValueError naming file:line."""
+    """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside lines), a
+    byte order mark at its start dropped (Windows editors write one); a bad byte raises ValueError naming file:line."""
     with open(path, "rb") as f:
         for n, raw in enumerate(itertools.islice(f, max_lines), 1):
             try:
@@ -596,9 +590,9 @@ def read_lines(path, max_lines=None):
 
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
-    """Two UTF-8 files (read_lines), line k of one translating line k of the other -> (src_lines, tgt_lines), the
-    first max_lines of each; files of unequal length or empty ones raise ValueError naming both (align.py, cka.py).
-    One file on both sides is refused unless same_ok (two models of one language, the paper's en-en')."""
+    """Two UTF-8 files, line k of one translating line k of the other -> (src_lines, tgt_lines), the first max_lines of
+    each; unequal lengths, no lines or one file on both sides (unless same_ok: en-en', two models of one language)
+    raise ValueError naming both (align.py, cka.py)."""
     if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
         raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
@@ -610,9 +604,9 @@ def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
 
 
 def read_codes(path):
-    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count'
-    per line, no header: what XLM's released models come with, e.g. codes_enfr). Both mark the end of a
-    word with '</w>' on its last symbol and apply merges by rank, so one BPE serves both. -> [(left, right), ...]"""
+    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count' per line,
+    no header: XLM's released models' codes_enfr). Both put '</w>' on a word's last symbol and apply merges by rank:
+    one BPE serves both. -> [(left, right), ...]"""
     try:  # as subword-nmt reads them: trailing newlines dropped, then one line per merge
         with open(path, encoding="utf-8") as f:
             lines = f.read().rstrip("\n").split("\n")
@@ -643,9 +637,8 @@ def read_tokenizer(cls, path):
 
 def load_bin(out_prefix):
     """-> (read-only np.memmap of the ids, meta dict) for files written by binarize()."""
-    path = out_prefix + ".json"
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path := out_prefix + ".json", encoding="utf-8") as f:
             meta = json.load(f)
         if not (isinstance(meta, dict) and meta.get("dtype") in ("uint16", "uint32") and
                 isinstance(meta.get("n_tokens"), int) and isinstance(meta.get("n_sentences"), int)):
@@ -660,28 +653,24 @@ def load_bin(out_prefix):
 
 def read_dictionary(path):
     """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
-    pairs = []
-    for n, line in enumerate(read_lines(path), 1):
-        parts = line.split()
-        if not parts:
-            continue
+    pairs = [(n, line.split()) for n, line in enumerate(read_lines(path), 1) if line.split()]
+    for n, parts in pairs:
         if len(parts) != 2:
-            raise ValueError(f"{path}:{n}: expected 'source target', got {line!r}")
-        pairs.append((parts[0], parts[1]))
+            raise ValueError(f"{path}:{n}: expected 'source target', got {' '.join(parts)!r}")
     if not pairs:
         raise ValueError(f"{path}: the dictionary is empty")
-    return pairs
+    return [tuple(parts) for _, parts in pairs]
 
 
 def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, language codes) of a checkpoint read by model.load_model (`extra`: its entries besides the
-    model). pretrain.py's best.pt carries its tokenizer record. A released XLM checkpoint carries its dictionary
-    (XLM's ids; pieces end in '@@' when a word goes on, as ours) and needs its fastBPE codes file `xlm_codes`
-    (e.g. codes_enfr): one joint BPE for its languages, lowercasing and accent stripping when the dictionary has
-    no upper-case letter (XLM-15 style). Mistakes are a one-line ValueError naming the file."""
+    """(Tokenizer, language codes) of a checkpoint read by model.load_model (`extra`: its entries besides the model):
+    pretrain.py's best.pt carries its tokenizer; a released XLM checkpoint its dictionary (XLM's ids; pieces end in '@@'
+    as ours) and needs its fastBPE codes `xlm_codes` (e.g. codes_enfr): one joint BPE, lowercasing and accent stripping
+    if the dictionary has no upper-case letter (XLM-15). Mistakes: a one-line ValueError naming the file."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
-            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (e.g. codes_enfr)")
+            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (e.g. "
+                             "codes_enfr)")
         words, langs = list(extra["xlm_vocab"]), list(extra["langs"])
         codes, vocab = BPE.load(xlm_codes), Vocab(words[N_SPECIAL:])
         lowercase = all(w == w.lower() for w in words[N_SPECIAL:])
@@ -697,8 +686,8 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
 # Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from here)
 
 class InputError(ValueError):
-    """A bad input, with the whole message: a flag's value (code 2: argparse's usage error) or a file and its line
-    (code 1). Helpers raise it; each script's main turns it into one `error: ...` line in one place (reported)."""
+    """A bad input, with the whole message: a flag's value (code 2: a usage error) or a file and its line (code 1).
+    Helpers raise it; each main turns it into one `error: ...` line in one place (reported)."""
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
@@ -719,8 +708,7 @@ def reported(parser):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help of every script: each flag's default after its help, unless the help text says it already or the
-    flag is unset (None) or a switch (off), whose help says what that means."""
+    """--help: each flag's default after its help, unless its help says it or it is None or a switch (off)."""
     def _get_help_string(self, action):
         if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help
@@ -728,10 +716,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
-    """The argparse type of every script's numeric flags: a number in [lo, hi) ((lo, ... with above=True, ..., hi]
-    with upto=True), or with many=True a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32];
-    `16,16` would train one set twice and count it twice in the mean of the best two). NaN and inf are refused;
-    argparse names the flag: `argument --lr: expected one number in (0, inf), got '-1'`."""
+    """The argparse type of every numeric flag: a number in [lo, hi) ((lo, ... if above, ..., hi] if upto), or if many a
+    comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32]; `16,16` would count one set twice). NaN and
+    inf refused; argparse names the flag: `argument --lr: expected one number in (0, inf), got '-1'`."""
     def parse(s):
         try:
             v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
@@ -755,8 +742,8 @@ def deprecated(old, new):
 
 
 def toy_data(args):
-    """finetune.py, align.py, cka.py: the previous release's `--toy DIR` becomes `--toy --data DIR`, with a note
-    -> the flag that gave the data directory, named in messages. Both spellings at once: InputError."""
+    """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note (finetune.py, align.py, cka.py) -> the
+    flag that gave the data directory, for messages. Both spellings at once: InputError."""
     if not isinstance(args.toy, str):
         return "--data"
     deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
@@ -778,14 +765,12 @@ def check_src_tgt(args):
 
 
 def out_of_memory(e):
-    """Whether an exception is running out of memory: MemoryError, a GPU's OutOfMemoryError, or the CPU
-    allocator's RuntimeError (the scripts then stop with one line advising a smaller --batch-size)."""
+    """Whether an exception is running out of memory (MemoryError, a GPU's OutOfMemoryError, the CPU allocator's)."""
     return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
 
 
 def encode_bar(lang):
-    """The "encode {lang}" progress bar of align.py and cka.py, as model.pool_sentences takes it: a wrapper
-    (iterable, total) -> iterable, drawn on stderr only when it is a terminal."""
+    """align.py's and cka.py's "encode {lang}" bar for model.pool_sentences: (iterable, total) -> iterable (a tty)."""
     return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
                                   disable=not sys.stderr.isatty())
 
@@ -800,8 +785,7 @@ def parse_langs(langs):
 
 
 def parse_lang_files(flag, items, langs=None):
-    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (--train-files, --dev-files; a PATH may be a WikiExtractor
-    output directory); errors name `flag` (InputError, code 2)."""
+    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (a PATH may be a WikiExtractor folder); errors: `flag`."""
     files = {}
     for item in items.split(","):
         lang, eq, path = item.partition("=")
@@ -821,8 +805,7 @@ def parse_lang_files(flag, items, langs=None):
 
 
 def checkpoint_lang(langs, lang, head, tail=""):
-    """The index of `lang` among a checkpoint's language codes `langs` (align.py, cka.py, finetune.py), or the one-line
-    InputError "{head} not one of the checkpoint's languages [...]{tail}" (head, tail: as each script's messages)."""
+    """The index of `lang` in a checkpoint's `langs`, or InputError "{head} not one of the checkpoint's languages"."""
     if lang not in langs:
         raise InputError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
     return list(langs).index(lang)
@@ -830,8 +813,7 @@ def checkpoint_lang(langs, lang, head, tail=""):
 
 @contextlib.contextmanager
 def write_errors(path):
-    """A failed write of `path` stops the program with one line. A full disk: OSError ENOSPC, or torch.save's short
-    write ('unexpected pos')."""
+    """A failed write of `path` stops the program in one line (full disk: ENOSPC, or torch.save's 'unexpected pos')."""
     try:
         yield
     except (OSError, RuntimeError) as e:
@@ -1208,8 +1190,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
                             code_switch=switch.get(l) if s == "train" else None, seed=seed)
             if "n_switched" in meta:
                 share = 100 * meta["n_switched"] / max(meta["n_words"], 1)
-                print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words ({share:.1f} %) replaced by "
-                      f"{[o for o in langs if o != l][0]} words")
+                print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words ({share:.1f} %) replaced "
+                      f"by {[o for o in langs if o != l][0]} words")
         tok.save(os.path.join(out, "tokenizer.json"))
         write_text(os.path.join(out, "recipe.json"), json.dumps(recipe, indent=1))
         sizes = {n: os.path.getsize(os.path.join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
