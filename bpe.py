@@ -938,6 +938,11 @@ def file_sha1(path):
         return hashlib.file_digest(f, "sha1").hexdigest()
 
 
+def read_text(path, max_lines=None):
+    """The lines of a text file (read_lines) or of a WikiExtractor directory (read_wikiextractor)."""
+    return itertools.islice(read_wikiextractor(path), max_lines) if os.path.isdir(path) else read_lines(path, max_lines)
+
+
 def prepared_files(langs):
     """The files prepare writes in its folder (then `done`, last: the folder is complete)."""
     return ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev")
@@ -945,23 +950,16 @@ def prepared_files(langs):
 
 
 def _missing(folder, langs):
-    """What a prepared folder lacks of what its `done` promises ([] if nothing): `done` itself, a file, or ids (.bin) of
+    """What a prepared folder lacks of what its `done` promises ([] if nothing): `done`, a file, or ids (.bin) of
     another size than `done` records (the empty `done` of earlier versions records none)."""
-    try:
-        with open(os.path.join(folder, "done"), encoding="utf-8") as f:
-            sizes = json.loads(f.read() or "{}")
-    except OSError:
+    if not os.path.isfile(done := os.path.join(folder, "done")):
         return ["done"]
-    except ValueError:
-        sizes = {}
-    sizes, missing = sizes if isinstance(sizes, dict) else {}, []
-    for n in prepared_files(langs):
-        p = os.path.join(folder, n)
-        if not os.path.isfile(p):
-            missing.append(n)
-        elif sizes.get(n, os.path.getsize(p)) != os.path.getsize(p):
-            missing.append(f"the {n} of {sizes[n]} bytes it was written with ({os.path.getsize(p)} now)")
-    return missing
+    with open(done, encoding="utf-8") as f:
+        sizes = json.loads(f.read() or "{}")  # written by prepare alone, through atomic_path
+    paths = {n: os.path.join(folder, n) for n in prepared_files(langs)}
+    return [n for n, p in paths.items() if not os.path.isfile(p)] + [
+        f"the {n} of {b} bytes it was written with ({os.path.getsize(paths[n])} now)" for n, b in sizes.items()
+        if os.path.isfile(paths.get(n, "")) and os.path.getsize(paths[n]) != b]
 
 
 @contextlib.contextmanager
@@ -971,7 +969,7 @@ def _preparing(out, flag):
     reused: at Wikipedia's size 10+ GB of text left behind) and becomes one line."""
     make_dir(flag, out)
     path = os.path.join(out, "lock")
-    while True:
+    while True:  # the holder removes the file before it lets go: then lock the new one
         f = open(path, "a+", encoding="utf-8")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -980,9 +978,8 @@ def _preparing(out, flag):
                 f.seek(0)
                 raise InputError(f"{out} is being prepared by {f.read().strip() or 'another process'} (it holds "
                                  f"{path}); wait for it to end, then run the same command: it uses that data") from None
-        with contextlib.suppress(OSError):  # the holder may have removed the file just before: then lock the new one
-            if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
-                break
+        if os.fstat(f.fileno()).st_nlink:
+            break
         f.close()
     for p in (os.path.join(out, n) for n in os.listdir(out) if n.endswith(".tmp")):  # what a killed process left
         (shutil.rmtree if os.path.isdir(p) else os.remove)(p)
@@ -1035,13 +1032,12 @@ def _check_prepared(data, recipe, program):
 
 
 def _check_text(path, lang, split, held_out):
-    """A text input of prepare (a file or a WikiExtractor directory) read whole before anything is written (at
-    Wikipedia's size minutes; a bad byte found late costs hours): UTF-8 and WikiExtractor's structure (the readers'
-    errors), no NUL (UTF-16 text), line breaks that are not CR alone (the file would be one line), no Han-script text
-    under a code other than zh (pretokenize splits zh into characters, other codes at spaces: a Chinese line would be
-    one word), words in a dev split (MIN_DEV_WORDS: a dev file of blank lines is no dev set), lines in a train text."""
+    """A text input of prepare read whole before anything is written (at Wikipedia's size minutes; a bad byte found
+    late costs hours): UTF-8 and WikiExtractor's structure (the readers' errors), no NUL (UTF-16 text), line breaks
+    that are not CR alone (the file would be one line), no Han-script text under a code other than zh (pretokenize
+    splits zh into characters, other codes at spaces), MIN_DEV_WORDS words in a dev split, lines in a train text."""
     n = cr = han = letters = texts = words = 0
-    for n, line in enumerate(read_wikiextractor(path) if os.path.isdir(path) else read_lines(path), 1):
+    for n, line in enumerate(read_text(path), 1):
         if "\0" in line:
             raise ValueError(f"{path}{'' if os.path.isdir(path) else f':{n}'}: a NUL character, as in UTF-16 text "
                              "(convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
@@ -1049,53 +1045,49 @@ def _check_text(path, lang, split, held_out):
         words += len(pretokenize(line, lang)) if words < MIN_DEV_WORDS else 0
         if n <= CHECK_SCRIPT_LINES and lang != "zh":
             han, letters = han + len(HAN_RE.findall(line)), letters + len(LETTER_RE.findall(line))
-    if cr > n:
-        raise ValueError(f"{path}: its lines end in CR alone ({cr} CRs in {n} line(s)), so it would be read as {n} "
-                         f"line(s); convert it first, e.g. tr '\\r' '\\n' < {path} > NEW")
-    if han > letters / 2:
-        raise ValueError(f"{path}: Han-script text ({100 * han // letters} % of its letters) under the language code "
-                         f"'{lang}': only zh text is split into characters, any other code at spaces (a Chinese line "
-                         "would be one word); give this language as zh in --langs")
-    if split == "dev" and words < MIN_DEV_WORDS:
-        raise ValueError(f"{path}: a {lang} dev split of {words} words; at least {MIN_DEV_WORDS} are needed to measure "
-                         "a perplexity")
-    if split == "train" and texts < (10 if held_out else 1):
-        raise ValueError(f"{path}: {texts} line(s) of text, too few " + ("to hold out dev lines from (give a dev "
-                         "file)" if held_out else "for a corpus"))
+    for bad, why in ((cr > n, f"its lines end in CR alone ({cr} CRs in {n} line(s)), so it would be read as {n} "
+                               f"line(s); convert it first, e.g. tr '\\r' '\\n' < {path} > NEW"),
+                     (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) under the "
+                                         f"language code '{lang}': only zh text is split into characters, any other "
+                                         "code at spaces (a Chinese line would be one word); give this language as zh "
+                                         "in --langs"),
+                     (split == "dev" and words < MIN_DEV_WORDS, f"a {lang} dev split of {words} words; at least "
+                                                                f"{MIN_DEV_WORDS} are needed to measure a perplexity"),
+                     (split == "train" and texts < 1 + 9 * held_out, f"{texts} line(s) of text, too few " + (
+                         "to hold out dev lines from (give a dev file)" if held_out else "for a corpus"))):
+        if bad:
+            raise ValueError(f"{path}: {why}")
 
 
 def _code_switching(code_switch, files, langs, lowercase):
     """--code-switch's MUSE dictionary -> {lang: {word: [translations]}} (langs[0]'s text by the dictionary, langs[1]'s
-    by its inverse), checked against the text (the first CS_SAMPLE_LINES lines of each train file): one that matches
-    nothing, or the text better with its columns swapped (fr-en for en,fr), is refused."""
+    by its inverse), checked against the first CS_SAMPLE_LINES lines of each train text: one that matches nothing, or
+    the text better with its columns swapped (fr-en for en,fr), is refused."""
     switch = {langs[0]: {}, langs[1]: {}}
     try:
         for src, tgt in read_dictionary(code_switch):
             switch[langs[0]].setdefault(src, []).append(tgt)
-        for src, tgts in switch[langs[0]].items():
-            for t in tgts:
-                switch[langs[1]].setdefault(t, []).append(src)
     except ValueError as e:  # read_dictionary names the file and line
         raise InputError(f"--code-switch {e}") from None
+    for src, tgts in switch[langs[0]].items():
+        for t in tgts:
+            switch[langs[1]].setdefault(t, []).append(src)
     hits, total = {}, {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
-    for l in langs:
-        lines = itertools.islice(read_wikiextractor(files[l]["train"]) if os.path.isdir(files[l]["train"]) else
-                                 read_lines(files[l]["train"]), CS_SAMPLE_LINES)
+    for l, other in zip(langs, langs[::-1]):
+        lines = read_text(files[l]["train"], CS_SAMPLE_LINES)
         words = [w for line in lines for w in pretokenize(lowercase_and_strip_accents(line) if lowercase else line, l)]
-        for k, column in enumerate((switch[l], switch[langs[1] if l == langs[0] else langs[0]])):
-            hits[l, k] = sum(w in column or w.lower() in column for w in words)
+        hits.update({(l, k): sum(w in d or w.lower() in d for w in words) for k, d in enumerate((switch[l],
+                                                                                                 switch[other]))})
         total[l] = len(words)
-    cover = ", ".join(f"{l} {100 * hits[l, 0] / max(total[l], 1):.1f} %" for l in langs)
+    cover, swapped = (", ".join(f"{l} {100 * hits[l, k] / max(total[l], 1):.1f} %" for l in langs) for k in (0, 1))
     if sum(hits[l, 1] for l in langs) > sum(hits[l, 0] for l in langs):
-        swapped = ", ".join(f"{l} {100 * hits[l, 1] / max(total[l], 1):.1f} %" for l in langs)
         raise InputError(f"--code-switch {code_switch}: its columns look the wrong way round for --langs "
                          f"{','.join(langs)} (words found as given: {cover}; swapped: {swapped}); it must be "
                          f"'{langs[0]}-word {langs[1]}-word' per line")
-    for l in langs:
-        if hits[l, 0] < max(1, 0.001 * total[l]):
-            raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} "
-                             f"({hits[l, 0]} of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a "
-                             f"{langs[0]}-{langs[1]} dictionary?")
+    for l in (l for l in langs if hits[l, 0] < max(1, 0.001 * total[l])):
+        raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} "
+                         f"({hits[l, 0]} of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a "
+                         f"{langs[0]}-{langs[1]} dictionary?")
     print(f"code-switching dictionary {code_switch}: words of the text found in it: {cover}")
     return switch
 
@@ -1136,7 +1128,6 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             raise InputError(f"--data {data}: {absent[0]}")
         if made:
             print(f"note: --data {data}: {', '.join(made)} there but no complete prepared folder: its text is prepared")
-    switch = {}  # lang -> {word: [translations]}
     if master:
         try:
             for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p):
@@ -1145,17 +1136,14 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
         except ValueError as e:  # read_lines and wikiextractor_files name the file (and line) at fault
             raise InputError(str(e)) from None
-        switch = _code_switching(code_switch, files, langs, lowercase) if code_switch else {}
+    switch = _code_switching(code_switch, files, langs, lowercase) if code_switch and master else {}
 
     def fingerprint(path):  # a WikiExtractor directory: the sha1 of its files' names, sizes and times
-        if path is None:
-            return None
-        if os.path.isdir(path):
-            stats = [[os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
-                     for f in wikiextractor_files(path)]
-            return [os.path.abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
-        st = os.stat(path)
-        return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+        if path is None or not os.path.isdir(path):
+            return path and [os.path.abspath(path), os.stat(path).st_size, os.stat(path).st_mtime_ns]
+        stats = [[os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
+                 for f in wikiextractor_files(path)]
+        return [os.path.abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
 
     recipe.update({"bpe_lines": max_lines, "seed": seed, "code_switch": fingerprint(code_switch),
                    "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}})
@@ -1174,10 +1162,10 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
                 write_text(dest["dev"], (line + "\n" for line in read_wikiextractor(v["dev"])))
                 paths[l]["dev"] = dest["dev"]
             if os.path.isdir(v["train"]) or v["dev"] is None:
-                wiki, held_out = os.path.isdir(v["train"]), dest["dev"] if v["dev"] is None else None
+                held_out, wiki = dest["dev"] if v["dev"] is None else None, os.path.isdir(v["train"])
                 size = sum(map(os.path.getsize, wikiextractor_files(v["train"]) if wiki else [v["train"]]))
-                n_train, n_dev = shuffle_split(read_wikiextractor(v["train"]) if wiki else read_lines(v["train"]), size,
-                                               os.path.join(out, f"shuffle.{os.getpid()}.tmp"), dest["train"], held_out)
+                n_train, n_dev = shuffle_split(read_text(v["train"]), size, os.path.join(out, f"shuffle.{os.getpid()}"
+                                               ".tmp"), dest["train"], held_out)
                 print(f"{l}: {v['train']}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
                       + (f", {n_dev} dev lines held out" if held_out else "") + f", in {out}")
                 paths[l] = {"train": dest["train"], "dev": held_out or paths[l]["dev"]}
