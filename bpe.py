@@ -616,11 +616,9 @@ def read_codes(path):
     merges = []
     for n, line in enumerate(lines[nmt:], 1 + nmt):
         parts = line.strip("\r\n ").split(" ")
-        if nmt and (len(parts) != 2 or not all(parts)):
-            raise ValueError(f"{path}:{n}: expected 'left right', got {line[:60]!r}")
-        if not nmt and (len(parts) != 3 or not all(parts) or not parts[2].isdigit()):
-            raise ValueError(f"{path}:{n}: expected 'left right count' (fastBPE) or a first line "
-                             f"'#version: 0.2' (subword-nmt), got {line[:60]!r}")
+        if len(parts) != 3 - nmt or not all(parts) or not (nmt or parts[2].isdigit()):
+            raise ValueError(f"{path}:{n}: expected " + ("'left right'" if nmt else "'left right count' (fastBPE) or a "
+                             "first line '#version: 0.2' (subword-nmt)") + f", got {line[:60]!r}")
         merges.append((parts[0], parts[1]))
     return merges
 
@@ -631,8 +629,8 @@ def read_tokenizer(cls, path):
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
     except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
-        reason = f"not JSON: {e}" if isinstance(e, json.JSONDecodeError) else f"{type(e).__name__}: {e}"
-        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})") from None
+        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ("
+                         f"{'not JSON' if isinstance(e, json.JSONDecodeError) else type(e).__name__}: {e})") from None
 
 
 def load_bin(out_prefix):
@@ -727,9 +725,8 @@ def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
         if not v or not all((lo < x if above else lo <= x) and (x <= hi if upto else x < hi) and math.isfinite(x)
                             for x in v):
             kind = "integer" if cast is int else "number"
-            what = f"a comma list of {kind}s" if many else f"one {kind}"
-            span = f"{'(' if above else '['}{lo}, {hi}{']' if upto else ')'}"
-            raise argparse.ArgumentTypeError(f"expected {what} in {span}, got {s!r}")
+            raise argparse.ArgumentTypeError(f"expected {f'a comma list of {kind}s' if many else f'one {kind}'} in "
+                                             f"{'(' if above else '['}{lo}, {hi}{']' if upto else ')'}, got {s!r}")
         if len(set(v)) < len(v):
             raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
         return v if many else v[0]
@@ -819,9 +816,8 @@ def write_errors(path):
     except (OSError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and "unexpected pos" not in str(e):
             raise
-        full = isinstance(e, RuntimeError) or e.errno == errno.ENOSPC
-        raise SystemExit(f"error: no space left writing {path}" if full else
-                         f"error: cannot write {path}: {e.strerror or e}") from None
+        raise SystemExit(f"error: no space left writing {path}" if isinstance(e, RuntimeError) or e.errno ==
+                         errno.ENOSPC else f"error: cannot write {path}: {e.strerror or e}") from None
 
 
 def atomic_write(path, write):
@@ -834,10 +830,9 @@ def make_dir(flag, path):
     """os.makedirs, or one line saying why the directory of `flag` (--out, --prep-dir) cannot be used."""
     try:
         os.makedirs(path, exist_ok=True)
-    except FileExistsError:  # a file, not a directory
-        raise SystemExit(f"error: {flag} {path}: exists and is not a directory")
-    except OSError as e:
-        raise SystemExit(f"error: {flag} {path}: cannot create the directory: {e.filename}: {e.strerror}")
+    except OSError as e:  # FileExistsError: a file, not a directory
+        raise SystemExit(f"error: {flag} {path}: " + ("exists and is not a directory" if isinstance(
+            e, FileExistsError) else f"cannot create the directory: {e.filename}: {e.strerror}")) from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise SystemExit(f"error: {flag} {path}: the directory is not writable")
 
@@ -845,10 +840,8 @@ def make_dir(flag, path):
 # -----------------------------------------------------------------------------
 # Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
 
-# Wikipedia through WikiExtractor (XLM `get-data-wiki.sh`): a directory AA/wiki_00, AA/wiki_01, ... of
-# `<doc id=... url=... title=...>` blocks. Its text lines are shuffled with a fixed seed (as XLM's `shuf`), then
-# the first DEV_LINES of that order become the dev split when no dev file is given, the rest the train split.
-
+# Wikipedia through WikiExtractor (XLM `get-data-wiki.sh`): a directory AA/wiki_00, ... of `<doc ...>` blocks. Its
+# lines are shuffled with a fixed seed (XLM's `shuf`); without a dev file the first DEV_LINES are the dev split.
 DEV_LINES = 5000  # XLM holds out 5000 valid (and 5000 test) lines per language; at most a tenth of a small corpus
 SHUFFLE_SEED = 42  # XLM's `get_seeded_random 42`; fixed, whatever --seed is, so that every run sees the same split
 SHUFFLE_BUCKET_BYTES = 1 << 28  # the shuffle holds one bucket of about this many bytes in memory at a time
