@@ -1195,34 +1195,33 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
 
 def build_parser():
     """bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)."""
-    fmt = HelpFormatter
-    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=fmt)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    prep = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=fmt)
-    prep.add_argument("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or "
-                      "toydata's mono/); required unless --train-files")
-    prep.add_argument("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data, "
-                      "e.g. en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed "
-                      "seed, <doc> lines dropped); required unless --data")
-    prep.add_argument("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); "
-                      f"without it, min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
-    prep.add_argument("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'")
-    prep.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
-    prep.add_argument("--merges", type=number(1), help="BPE merge operations (default: the paper's 80000 joint, "
-                      "else 40000 per language)")
-    prep.add_argument("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
-    prep.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    prep.add_argument("--max-lines", type=number(1), help="learn BPE and vocabularies from at most this many lines per "
-                      "file (default: all)")
-    prep.add_argument("--seed", type=number(0), default=0, help="seed of the joint-BPE line sampling and "
-                      "code-switching")
-    prep.add_argument("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2; "
-                      "default: none)")
-    prep.add_argument("--workers", type=number(1), default=1, help="encoding processes")
-    prep.add_argument("--prep-dir", metavar="DIR", help="cache of prepared data (as pretrain.py --prep-dir): the "
-                      "prepared directory inside it is printed; required")
-    prep.add_argument("--out", dest="old_out", metavar="DIR", help="deprecated spelling of --prep-dir")
-    parser.prepare = prep
+    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    parser.prepare = prep = parser.add_subparsers(dest="cmd", required=True).add_parser(
+        "prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=HelpFormatter)
+    a = prep.add_argument
+    a("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/); required "
+      "unless --train-files")
+    a("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data, e.g. "
+      "en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed seed, <doc> lines "
+      "dropped); required unless --data")
+    a("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); without it, "
+      f"min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
+    a("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'; zh text is split into "
+      "characters, Han-script text under another code is refused")
+    a("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
+    a("--merges", type=number(1), help="BPE merge operations (default: the paper's 80000 joint, else 40000 per "
+      f"language); a word of more than {MAX_WORD} characters is cut into words of {MAX_WORD} (BPE's time over a word "
+      "grows with its length)")
+    a("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
+    a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
+    a("--max-lines", type=number(1), help="learn BPE and vocabularies from at most this many lines per file "
+      "(default: all)")
+    a("--seed", type=number(0), default=0, help="seed of the joint-BPE line sampling and code-switching")
+    a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2; default: none)")
+    a("--workers", type=number(1), default=1, help="encoding processes")
+    a("--prep-dir", metavar="DIR", help="cache of prepared data (as pretrain.py --prep-dir): the prepared directory "
+      "inside it is printed; one process at a time prepares one (a second is refused); required")
+    a("--out", dest="old_out", metavar="DIR", help="deprecated spelling of --prep-dir")
     return parser
 
 
@@ -1265,7 +1264,7 @@ def main(argv=None):
             signal.signal(signal.SIGTERM, handler)
 
 
-def _stopped(signum, frame):
+def _stopped(signum, frame):  # bpe.py prepare's SIGTERM handler
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
