@@ -859,24 +859,21 @@ def wikiextractor_files(path):
 
 
 def read_wikiextractor(path):
-    """The text lines of a WikiExtractor output directory: `<doc ...>` and `</doc>` lines and empty lines dropped,
-    each article's title line (the first after `<doc>`) kept, as XLM's `get-data-wiki.sh` keeps it. Anything
-    outside a `<doc>` block raises ValueError naming file:line."""
+    """The text lines of a WikiExtractor output directory: `<doc ...>`, `</doc>` and empty lines dropped, each article's
+    title line (the first after `<doc>`) kept, as XLM's `get-data-wiki.sh` keeps it. Anything outside a `<doc>` block
+    raises ValueError naming file:line."""
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
-            if line.startswith("<doc ") and line.endswith(">"):
-                if start:
-                    raise ValueError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not WikiExtractor output)")
-                start = n
-            elif line == "</doc>":
-                if not start:
-                    raise ValueError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor output)")
-                start = None
-            elif line.strip():
-                if not start:
-                    raise ValueError(f"{name}:{n}: text outside <doc ...> ... </doc> (not WikiExtractor output): "
-                                     f"{line[:60]!r}")
+            doc, end, text = line.startswith("<doc ") and line.endswith(">"), line == "</doc>", line.strip()
+            for bad, why in ((doc and start, f"<doc> inside the <doc> of line {start}"),
+                             (end and not start, "</doc> without <doc ...>"),
+                             (text and not (doc or end or start), "text outside <doc ...> ... </doc>")):
+                if bad:
+                    raise ValueError(f"{name}:{n}: {why} (not WikiExtractor output)" + f": {line[:60]!r}" * (
+                        not (doc or end)))
+            start = n if doc else None if end else start
+            if text and not (doc or end):
                 yield line
         if start:
             raise ValueError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
@@ -1069,8 +1066,8 @@ def _code_switching(code_switch, files, langs, lowercase):
     for l, other in zip(langs, langs[::-1]):
         lines = read_text(files[l]["train"], CS_SAMPLE_LINES)
         words = [w for line in lines for w in pretokenize(lowercase_and_strip_accents(line) if lowercase else line, l)]
-        hits.update({(l, k): sum(w in d or w.lower() in d for w in words) for k, d in enumerate((switch[l],
-                                                                                                 switch[other]))})
+        for k, column in enumerate((switch[l], switch[other])):
+            hits[l, k] = sum(w in column or w.lower() in column for w in words)
         total[l] = len(words)
     cover, swapped = (", ".join(f"{l} {100 * hits[l, k] / max(total[l], 1):.1f} %" for l in langs) for k in (0, 1))
     if sum(hits[l, 1] for l in langs) > sum(hits[l, 0] for l in langs):
