@@ -944,8 +944,9 @@ def _missing(folder, langs):
     another size than `done` records (the empty `done` of earlier versions records none)."""
     if not os.path.isfile(done := os.path.join(folder, "done")):
         return ["done"]
-    with open(done, encoding="utf-8") as f:
-        sizes = json.loads(f.read() or "{}")  # written by prepare alone, through atomic_path
+    sizes = {}
+    with open(done, encoding="utf-8") as f, contextlib.suppress(ValueError, TypeError):  # one made by hand: no size
+        sizes = dict(json.loads(f.read().strip() or "{}"))
     paths = {n: os.path.join(folder, n) for n in prepared_files(langs)}
     return [n for n, p in paths.items() if not os.path.isfile(p)] + [
         f"the {n} of {b} bytes it was written with ({os.path.getsize(paths[n])} now)" for n, b in sizes.items()

@@ -307,6 +307,9 @@ def test_damaged_cache_is_prepared_again(prep, toy_world, cache, tmp_path, capsy
     assert code == 0 and f"note: {folder}: " + message.format(n=n, m=n // 2) in out, out
     assert bpe._missing(folder, ["en", "fr"]) == [] and (folder / name).stat().st_size == n
     assert bpe.prepare(["en", "fr"], None, data=str(folder), merges=int(MERGES)) == str(folder)  # --data takes it
+    for by_hand in ("\n", "[1]", "not JSON"):  # a `done` written by hand (or by an earlier version) records no size
+        (folder / "done").write_text(by_hand)
+        assert bpe._missing(folder, ["en", "fr"]) == []
 
 
 def test_bad_byte_in_the_second_language_is_found_before_anything_is_written(toy_world, tmp_path, capsys, monkeypatch):
