@@ -14,6 +14,7 @@ Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 
 import argparse
 import contextlib
 import errno
+import fcntl
 import functools
 import hashlib
 import heapq
@@ -23,6 +24,8 @@ import math
 import multiprocessing
 import os
 import random
+import shutil
+import signal
 import sys
 import time
 import unicodedata
@@ -297,8 +300,8 @@ class Tokenizer:
         return len(self.vocabs[lang])
 
     def words(self, line, lang):
-        """Pretokenised (and, if the run lowercases, lowercased) words of a raw line."""
-        return pretokenize(lowercase_and_strip_accents(line) if self.lowercase else line, lang)
+        """Pretokenised (lowercased if the run lowercases) words of a raw line, cut to MAX_WORD chars (cap_words)."""
+        return cap_words(pretokenize(lowercase_and_strip_accents(line) if self.lowercase else line, lang))
 
     def pieces(self, words, lang):
         """Words -> vocabulary tokens: BPE pieces with '@@'; prefixed regime: 'hel@@' in en -> 'en:hel@@'."""
@@ -412,7 +415,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose or not sys.stderr.isatty())
     _init_worker(dict(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed))
-    pool = multiprocessing.Pool(workers, _init_worker, (dict(_WORKER),)) if workers > 1 else None
+    pool = _pool(workers, dict(_WORKER)) if workers > 1 else None  # its workers leave signals to this process
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
         with atomic_path(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
@@ -511,6 +514,35 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     return merges
 
 
+MAX_WORD = 100  # characters; far above a real word's length (a long German compound has some 40)
+
+
+def cap_words(words):
+    """Words of more than MAX_WORD characters (a 1 MB run of letters) cut into words of MAX_WORD: BPE's time over a word
+    grows with its length times its merges (a 1 MB word stalled learning for minutes). subword-nmt and fastBPE cut
+    nothing; a cut word is encoded whole, as several words (model.py's exported tokenizer.json does not cut it)."""
+    if max(map(len, words), default=0) <= MAX_WORD:
+        return words
+    return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
+
+
+def _pool(workers, opts):
+    """binarize's Pool, whose workers run none of the parent's signal handlers (pretrain.py's, bpe.py's): Ctrl-C ignored
+    (the parent stops them), SIGTERM (pool.terminate's) fatal, both blocked until then."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        return multiprocessing.Pool(workers, _pool_worker, (opts,))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _pool_worker(opts):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    _init_worker(opts)
+
+
 class _Joined(dict):
     """BPE.apply's cache, word -> its pieces joined by '@@ ' ('lo@@ west'): a missing word is merged when it is
     first looked up, so a line of known and new words is one pass (no exception, no second join)."""
@@ -520,23 +552,22 @@ class _Joined(dict):
         self.merge = merge
 
     def __missing__(self, word):  # the pieces joined by '@@ ', then the last one's '</w>' dropped
-        joined = self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
-        return joined
+        self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
+        return self[word]
 
 # -----------------------------------------------------------------------------
 # Files: atomic writes, UTF-8 lines, parallel text, codes files, tokenizer.json, .bin headers, MUSE, checkpoints
 
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yields path.tmp to write, renamed to `path` at the end: never half a file. Any failure (disk full, a bad
-    input line, Ctrl-C) removes it. The one write-then-rename of the scripts (model.py and toydata.py keep their
-    own small copy: each must copy alone)."""
-    tmp = str(path) + ".tmp"
+    """Yields path.PID.tmp to write (no two processes share one), renamed to `path` at the end: never half a file. Any
+    failure (disk full, a bad input line, Ctrl-C) removes it (model.py, toydata.py keep a copy: each copies alone)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         yield tmp
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
 
@@ -548,9 +579,8 @@ def write_text(path, text):
 
 
 def read_lines(path, max_lines=None):
-    """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside
-    lines), a byte order mark at the start of the file dropped (editors on Windows write one); a bad byte raises
-    ValueError naming file:line."""
+    """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside lines), a
+    byte order mark at its start dropped (Windows editors write one); a bad byte raises ValueError naming file:line."""
     with open(path, "rb") as f:
         for n, raw in enumerate(itertools.islice(f, max_lines), 1):
             try:
@@ -560,9 +590,9 @@ def read_lines(path, max_lines=None):
 
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
-    """Two UTF-8 files (read_lines), line k of one translating line k of the other -> (src_lines, tgt_lines), the
-    first max_lines of each; files of unequal length or empty ones raise ValueError naming both (align.py, cka.py).
-    One file on both sides is refused unless same_ok (two models of one language, the paper's en-en')."""
+    """Two UTF-8 files, line k of one translating line k of the other -> (src_lines, tgt_lines), the first max_lines of
+    each; unequal lengths, no lines or one file on both sides (unless same_ok: en-en', two models of one language)
+    raise ValueError naming both (align.py, cka.py)."""
     if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
         raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
@@ -574,9 +604,9 @@ def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
 
 
 def read_codes(path):
-    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count'
-    per line, no header: what XLM's released models come with, e.g. codes_enfr). Both mark the end of a
-    word with '</w>' on its last symbol and apply merges by rank, so one BPE serves both. -> [(left, right), ...]"""
+    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count' per line,
+    no header: XLM's released models' codes_enfr). Both put '</w>' on a word's last symbol and apply merges by rank:
+    one BPE serves both. -> [(left, right), ...]"""
     try:  # as subword-nmt reads them: trailing newlines dropped, then one line per merge
         with open(path, encoding="utf-8") as f:
             lines = f.read().rstrip("\n").split("\n")
@@ -586,11 +616,9 @@ def read_codes(path):
     merges = []
     for n, line in enumerate(lines[nmt:], 1 + nmt):
         parts = line.strip("\r\n ").split(" ")
-        if nmt and (len(parts) != 2 or not all(parts)):
-            raise ValueError(f"{path}:{n}: expected 'left right', got {line[:60]!r}")
-        if not nmt and (len(parts) != 3 or not all(parts) or not parts[2].isdigit()):
-            raise ValueError(f"{path}:{n}: expected 'left right count' (fastBPE) or a first line "
-                             f"'#version: 0.2' (subword-nmt), got {line[:60]!r}")
+        if len(parts) != 3 - nmt or not all(parts) or not (nmt or parts[2].isdigit()):
+            raise ValueError(f"{path}:{n}: expected " + ("'left right'" if nmt else "'left right count' (fastBPE) or a "
+                             "first line '#version: 0.2' (subword-nmt)") + f", got {line[:60]!r}")
         merges.append((parts[0], parts[1]))
     return merges
 
@@ -601,15 +629,14 @@ def read_tokenizer(cls, path):
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
     except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
-        reason = f"not JSON: {e}" if isinstance(e, json.JSONDecodeError) else f"{type(e).__name__}: {e}"
-        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({reason})") from None
+        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ("
+                         f"{'not JSON' if isinstance(e, json.JSONDecodeError) else type(e).__name__}: {e})") from None
 
 
 def load_bin(out_prefix):
     """-> (read-only np.memmap of the ids, meta dict) for files written by binarize()."""
-    path = out_prefix + ".json"
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path := out_prefix + ".json", encoding="utf-8") as f:
             meta = json.load(f)
         if not (isinstance(meta, dict) and meta.get("dtype") in ("uint16", "uint32") and
                 isinstance(meta.get("n_tokens"), int) and isinstance(meta.get("n_sentences"), int)):
@@ -624,28 +651,24 @@ def load_bin(out_prefix):
 
 def read_dictionary(path):
     """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
-    pairs = []
-    for n, line in enumerate(read_lines(path), 1):
-        parts = line.split()
-        if not parts:
-            continue
+    pairs = [(n, line.split()) for n, line in enumerate(read_lines(path), 1) if line.split()]
+    for n, parts in pairs:
         if len(parts) != 2:
-            raise ValueError(f"{path}:{n}: expected 'source target', got {line!r}")
-        pairs.append((parts[0], parts[1]))
+            raise ValueError(f"{path}:{n}: expected 'source target', got {' '.join(parts)!r}")
     if not pairs:
         raise ValueError(f"{path}: the dictionary is empty")
-    return pairs
+    return [tuple(parts) for _, parts in pairs]
 
 
 def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, language codes) of a checkpoint read by model.load_model (`extra`: its entries besides the
-    model). pretrain.py's best.pt carries its tokenizer record. A released XLM checkpoint carries its dictionary
-    (XLM's ids; pieces end in '@@' when a word goes on, as ours) and needs its fastBPE codes file `xlm_codes`
-    (e.g. codes_enfr): one joint BPE for its languages, lowercasing and accent stripping when the dictionary has
-    no upper-case letter (XLM-15 style). Mistakes are a one-line ValueError naming the file."""
+    """(Tokenizer, language codes) of a checkpoint read by model.load_model (`extra`: its entries besides the model):
+    pretrain.py's best.pt carries its tokenizer; a released XLM checkpoint its dictionary (XLM's ids; pieces end in '@@'
+    as ours) and needs its fastBPE codes `xlm_codes` (e.g. codes_enfr): one joint BPE, lowercasing and accent stripping
+    if the dictionary has no upper-case letter (XLM-15). Mistakes: a one-line ValueError naming the file."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
-            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (e.g. codes_enfr)")
+            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (e.g. "
+                             "codes_enfr)")
         words, langs = list(extra["xlm_vocab"]), list(extra["langs"])
         codes, vocab = BPE.load(xlm_codes), Vocab(words[N_SPECIAL:])
         lowercase = all(w == w.lower() for w in words[N_SPECIAL:])
@@ -661,8 +684,8 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
 # Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from here)
 
 class InputError(ValueError):
-    """A bad input, with the whole message: a flag's value (code 2: argparse's usage error) or a file and its line
-    (code 1). Helpers raise it; each script's main turns it into one `error: ...` line in one place (reported)."""
+    """A bad input, with the whole message: a flag's value (code 2: a usage error) or a file and its line (code 1).
+    Helpers raise it; each main turns it into one `error: ...` line in one place (reported)."""
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
@@ -683,8 +706,7 @@ def reported(parser):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help of every script: each flag's default after its help, unless the help text says it already or the
-    flag is unset (None) or a switch (off), whose help says what that means."""
+    """--help: each flag's default after its help, unless its help says it or it is None or a switch (off)."""
     def _get_help_string(self, action):
         if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help
@@ -692,10 +714,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
-    """The argparse type of every script's numeric flags: a number in [lo, hi) ((lo, ... with above=True, ..., hi]
-    with upto=True), or with many=True a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32];
-    `16,16` would train one set twice and count it twice in the mean of the best two). NaN and inf are refused;
-    argparse names the flag: `argument --lr: expected one number in (0, inf), got '-1'`."""
+    """The argparse type of every numeric flag: a number in [lo, hi) ((lo, ... if above, ..., hi] if upto), or if many a
+    comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32]; `16,16` would count one set twice). NaN and
+    inf refused; argparse names the flag: `argument --lr: expected one number in (0, inf), got '-1'`."""
     def parse(s):
         try:
             v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
@@ -704,9 +725,8 @@ def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
         if not v or not all((lo < x if above else lo <= x) and (x <= hi if upto else x < hi) and math.isfinite(x)
                             for x in v):
             kind = "integer" if cast is int else "number"
-            what = f"a comma list of {kind}s" if many else f"one {kind}"
-            span = f"{'(' if above else '['}{lo}, {hi}{']' if upto else ')'}"
-            raise argparse.ArgumentTypeError(f"expected {what} in {span}, got {s!r}")
+            raise argparse.ArgumentTypeError(f"expected {f'a comma list of {kind}s' if many else f'one {kind}'} in "
+                                             f"{'(' if above else '['}{lo}, {hi}{']' if upto else ')'}, got {s!r}")
         if len(set(v)) < len(v):
             raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
         return v if many else v[0]
@@ -719,8 +739,8 @@ def deprecated(old, new):
 
 
 def toy_data(args):
-    """finetune.py, align.py, cka.py: the previous release's `--toy DIR` becomes `--toy --data DIR`, with a note
-    -> the flag that gave the data directory, named in messages. Both spellings at once: InputError."""
+    """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note (finetune.py, align.py, cka.py) -> the
+    flag that gave the data directory, for messages. Both spellings at once: InputError."""
     if not isinstance(args.toy, str):
         return "--data"
     deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
@@ -742,14 +762,12 @@ def check_src_tgt(args):
 
 
 def out_of_memory(e):
-    """Whether an exception is running out of memory: MemoryError, a GPU's OutOfMemoryError, or the CPU
-    allocator's RuntimeError (the scripts then stop with one line advising a smaller --batch-size)."""
+    """Whether an exception is running out of memory (MemoryError, a GPU's OutOfMemoryError, the CPU allocator's)."""
     return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
 
 
 def encode_bar(lang):
-    """The "encode {lang}" progress bar of align.py and cka.py, as model.pool_sentences takes it: a wrapper
-    (iterable, total) -> iterable, drawn on stderr only when it is a terminal."""
+    """align.py's and cka.py's "encode {lang}" bar for model.pool_sentences: (iterable, total) -> iterable (a tty)."""
     return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
                                   disable=not sys.stderr.isatty())
 
@@ -764,8 +782,7 @@ def parse_langs(langs):
 
 
 def parse_lang_files(flag, items, langs=None):
-    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (--train-files, --dev-files; a PATH may be a WikiExtractor
-    output directory); errors name `flag` (InputError, code 2)."""
+    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (a PATH may be a WikiExtractor folder); errors: `flag`."""
     files = {}
     for item in items.split(","):
         lang, eq, path = item.partition("=")
@@ -785,8 +802,7 @@ def parse_lang_files(flag, items, langs=None):
 
 
 def checkpoint_lang(langs, lang, head, tail=""):
-    """The index of `lang` among a checkpoint's language codes `langs` (align.py, cka.py, finetune.py), or the one-line
-    InputError "{head} not one of the checkpoint's languages [...]{tail}" (head, tail: as each script's messages)."""
+    """The index of `lang` in a checkpoint's `langs`, or InputError "{head} not one of the checkpoint's languages"."""
     if lang not in langs:
         raise InputError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
     return list(langs).index(lang)
@@ -794,16 +810,14 @@ def checkpoint_lang(langs, lang, head, tail=""):
 
 @contextlib.contextmanager
 def write_errors(path):
-    """A failed write of `path` stops the program with one line. A full disk: OSError ENOSPC, or torch.save's short
-    write ('unexpected pos')."""
+    """A failed write of `path` stops the program in one line (full disk: ENOSPC, or torch.save's 'unexpected pos')."""
     try:
         yield
     except (OSError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and "unexpected pos" not in str(e):
             raise
-        full = isinstance(e, RuntimeError) or e.errno == errno.ENOSPC
-        raise SystemExit(f"error: no space left writing {path}" if full else
-                         f"error: cannot write {path}: {e.strerror or e}") from None
+        raise SystemExit(f"error: no space left writing {path}" if isinstance(e, RuntimeError) or e.errno ==
+                         errno.ENOSPC else f"error: cannot write {path}: {e.strerror or e}") from None
 
 
 def atomic_write(path, write):
@@ -816,10 +830,9 @@ def make_dir(flag, path):
     """os.makedirs, or one line saying why the directory of `flag` (--out, --prep-dir) cannot be used."""
     try:
         os.makedirs(path, exist_ok=True)
-    except FileExistsError:  # a file, not a directory
-        raise SystemExit(f"error: {flag} {path}: exists and is not a directory")
-    except OSError as e:
-        raise SystemExit(f"error: {flag} {path}: cannot create the directory: {e.filename}: {e.strerror}")
+    except OSError as e:  # FileExistsError: a file, not a directory
+        raise SystemExit(f"error: {flag} {path}: " + ("exists and is not a directory" if isinstance(
+            e, FileExistsError) else f"cannot create the directory: {e.filename}: {e.strerror}")) from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise SystemExit(f"error: {flag} {path}: the directory is not writable")
 
@@ -827,10 +840,8 @@ def make_dir(flag, path):
 # -----------------------------------------------------------------------------
 # Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
 
-# Wikipedia through WikiExtractor (XLM `get-data-wiki.sh`): a directory AA/wiki_00, AA/wiki_01, ... of
-# `<doc id=... url=... title=...>` blocks. Its text lines are shuffled with a fixed seed (as XLM's `shuf`), then
-# the first DEV_LINES of that order become the dev split when no dev file is given, the rest the train split.
-
+# Wikipedia through WikiExtractor (XLM `get-data-wiki.sh`): a directory AA/wiki_00, ... of `<doc ...>` blocks. Its
+# lines are shuffled with a fixed seed (XLM's `shuf`); without a dev file the first DEV_LINES are the dev split.
 DEV_LINES = 5000  # XLM holds out 5000 valid (and 5000 test) lines per language; at most a tenth of a small corpus
 SHUFFLE_SEED = 42  # XLM's `get_seeded_random 42`; fixed, whatever --seed is, so that every run sees the same split
 SHUFFLE_BUCKET_BYTES = 1 << 28  # the shuffle holds one bucket of about this many bytes in memory at a time
@@ -848,34 +859,31 @@ def wikiextractor_files(path):
 
 
 def read_wikiextractor(path):
-    """The text lines of a WikiExtractor output directory: `<doc ...>` and `</doc>` lines and empty lines dropped,
-    each article's title line (the first after `<doc>`) kept, as XLM's `get-data-wiki.sh` keeps it. Anything
-    outside a `<doc>` block raises ValueError naming file:line."""
+    """The text lines of a WikiExtractor output directory: `<doc ...>`, `</doc>` and empty lines dropped, each article's
+    title line (the first after `<doc>`) kept, as XLM's `get-data-wiki.sh` keeps it. Anything outside a `<doc>` block
+    raises ValueError naming file:line."""
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
-            if line.startswith("<doc ") and line.endswith(">"):
-                if start:
-                    raise ValueError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not WikiExtractor output)")
-                start = n
-            elif line == "</doc>":
-                if not start:
-                    raise ValueError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor output)")
-                start = None
-            elif line.strip():
-                if not start:
-                    raise ValueError(f"{name}:{n}: text outside <doc ...> ... </doc> (not WikiExtractor output): "
-                                     f"{line[:60]!r}")
+            doc, end, text = line.startswith("<doc ") and line.endswith(">"), line == "</doc>", line.strip()
+            for bad, why in ((doc and start, f"<doc> inside the <doc> of line {start}"),
+                             (end and not start, "</doc> without <doc ...>"),
+                             (text and not (doc or end or start), "text outside <doc ...> ... </doc>")):
+                if bad:
+                    raise ValueError(f"{name}:{n}: {why} (not WikiExtractor output)" + f": {line[:60]!r}" * (
+                        not (doc or end)))
+            start = n if doc else None if end else start
+            if text and not (doc or end):
                 yield line
         if start:
             raise ValueError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
 
 
-def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED, source="the text"):
+def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
     """Write `lines` (an iterable of about `size` bytes) in a seeded random order to train_path, the first
-    min(DEV_LINES, n // 10) of that order to dev_path instead when given -> (n_train, n_dev). Every line goes to a
-    bucket file drawn at random, then each bucket is permuted in memory: a uniform shuffle of a corpus larger than
-    memory. Empty lines are dropped; `source` names the text in errors."""
+    min(DEV_LINES, n // 10) of that order to dev_path instead when given (prepare checks there are 10) -> (n_train,
+    n_dev). Every line goes to a bucket file drawn at random, then each bucket is permuted in memory: a uniform shuffle
+    of a corpus larger than memory. Empty lines are dropped; work_dir is removed at the end."""
     rng = np.random.default_rng(seed)
     n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
@@ -889,8 +897,6 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
                     outs[k].write(line + "\n")
                 n += len(chunk)
         n_dev = min(DEV_LINES, n // 10) if dev_path else 0
-        if dev_path and n_dev == 0:
-            raise ValueError(f"{source}: {n} lines, too few to hold out dev lines from (give a dev file)")
 
         def shuffled():  # bucket by bucket, each in a random order
             for b in buckets:
@@ -903,16 +909,14 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
             write_text(dev_path, (line + "\n" for line in itertools.islice(order, n_dev)))
         write_text(train_path, (line + "\n" for line in order))
     finally:
-        for b in buckets:
-            if os.path.exists(b):
-                os.remove(b)
-        if os.path.isdir(work_dir) and not os.listdir(work_dir):
-            os.rmdir(work_dir)
+        shutil.rmtree(work_dir, ignore_errors=True)
     return n - n_dev, n_dev
 
 
 MIN_DEV_WORDS = 20  # a dev split with fewer words cannot measure a perplexity (best.pt is chosen on it)
 CS_SAMPLE_LINES = 20000  # lines per language read to check a --code-switch dictionary against the text
+CHECK_SCRIPT_LINES = 1000  # lines of each text whose letters are counted: Han-script text must be zh (_check_text)
+HAN_RE, LETTER_RE = regex.compile(r"\p{Han}"), regex.compile(r"\p{L}")
 # what a prepared folder records and a run must match: recipe key -> (pretrain.py's flag, bpe.py prepare's flag)
 RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"), "merges": ("--merges", "--merges"),
                 "separate_vocab": ("--sep emb/tok", "--separate-vocab"), "lowercase": ("--lowercase", "--lowercase"),
@@ -924,18 +928,76 @@ def file_sha1(path):
         return hashlib.file_digest(f, "sha1").hexdigest()
 
 
+def read_text(path, max_lines=None):
+    """The lines of a text file (read_lines) or of a WikiExtractor directory (read_wikiextractor)."""
+    return itertools.islice(read_wikiextractor(path), max_lines) if os.path.isdir(path) else read_lines(path, max_lines)
+
+
 def prepared_files(langs):
     """The files prepare writes in its folder (then `done`, last: the folder is complete)."""
     return ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev")
                                                 for x in ("bin", "json")]
 
 
+def _missing(folder, langs):
+    """What a prepared folder lacks of what its `done` promises ([] if nothing): `done`, a file, or ids (.bin) of
+    another size than `done` records (the empty `done` of earlier versions records none)."""
+    if not os.path.isfile(done := os.path.join(folder, "done")):
+        return ["done"]
+    sizes = {}
+    with open(done, encoding="utf-8") as f, contextlib.suppress(ValueError, TypeError):  # one made by hand: no size
+        sizes = dict(json.loads(f.read().strip() or "{}"))
+    paths = {n: os.path.join(folder, n) for n in prepared_files(langs)}
+    return [n for n, p in paths.items() if not os.path.isfile(p)] + [
+        f"the {n} of {b} bytes it was written with ({os.path.getsize(paths[n])} now)" for n, b in sizes.items()
+        if os.path.isfile(paths.get(n, "")) and os.path.getsize(paths[n]) != b]
+
+
+@contextlib.contextmanager
+def _preparing(out, flag):
+    """prepare's hold on its folder: out/lock, flock'ed and naming this process, refuses a second one in one line (the
+    kernel frees the lock of a process that dies; its temporaries are removed). A failure removes the folder (never
+    reused: at Wikipedia's size 10+ GB of text left behind) and becomes one line."""
+    make_dir(flag, out)
+    path = os.path.join(out, "lock")
+    while True:  # the holder removes the file before it lets go: then lock the new one
+        f = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with f:
+                f.seek(0)
+                raise InputError(f"{out} is being prepared by {f.read().strip() or 'another process'} (it holds "
+                                 f"{path}); wait for it to end, then run the same command: it uses that data") from None
+        if os.fstat(f.fileno()).st_nlink:
+            break
+        f.close()
+    for p in (os.path.join(out, n) for n in os.listdir(out) if n.endswith(".tmp")):  # what a killed process left
+        (shutil.rmtree if os.path.isdir(p) else os.remove)(p)
+    f.truncate(0)
+    print(f"process {os.getpid()} on {os.uname().nodename}", file=f, flush=True)
+    try:
+        yield
+    except BaseException as e:
+        shutil.rmtree(out, ignore_errors=True)
+        if isinstance(e, ValueError) and not isinstance(e, InputError):  # the readers name the file (and line)
+            raise InputError(f"data preparation failed: {e}") from None
+        if isinstance(e, OSError):  # a full disk: no file name in the error; the temporary file is gone
+            where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
+            raise SystemExit("error: data preparation failed: " + (f"no space left writing in {where}" if e.errno
+                             == errno.ENOSPC else f"{where}: {e.strerror or e}")) from None
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        f.close()
+
+
 def _check_prepared(data, recipe, program):
     """A --data directory written by prepare: every file there, a recipe equal to this run's choices; else one line."""
-    missing = [n for n in prepared_files(recipe["langs"]) if not os.path.isfile(os.path.join(data, n))]
-    if missing:
-        raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; "
-                         "prepare it again (bpe.py prepare, or give pretrain.py the text)")
+    if missing := _missing(data, recipe["langs"]):
+        raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; prepare it again: bpe.py "
+                         "prepare on its text makes it anew (or give pretrain.py the text)")
     path = os.path.join(data, "recipe.json")
     try:
         with open(path, encoding="utf-8") as f:
@@ -960,49 +1022,78 @@ def _check_prepared(data, recipe, program):
                          "was made with, or prepare the data for these flags (bpe.py prepare, or the text as --data)")
 
 
-def _words_of(path, lang, lowercase, max_lines=None):
-    """Pretokenised words of the first max_lines lines of a text file (the tokenizer is not learned yet)."""
-    lines = itertools.islice(read_wikiextractor(path), max_lines) if os.path.isdir(path) else read_lines(path, max_lines)
-    for line in lines:  # a WikiExtractor directory (--train-files en=DIR) is read as prepare reads it
-        yield from pretokenize(lowercase_and_strip_accents(line) if lowercase else line, lang)
+def _check_text(path, lang, split, held_out):
+    """A text input of prepare read whole before anything is written (at Wikipedia's size minutes; a bad byte found
+    late costs hours): UTF-8 and WikiExtractor's structure (the readers' errors), no NUL (UTF-16 text), line breaks
+    that are not CR alone (the file would be one line), no Han-script text under a code other than zh (pretokenize
+    splits zh into characters, other codes at spaces), MIN_DEV_WORDS words in a dev split, lines in a train text."""
+    n = cr = han = letters = texts = words = 0
+    for n, line in enumerate(read_text(path), 1):
+        if "\0" in line:
+            raise ValueError(f"{path}{'' if os.path.isdir(path) else f':{n}'}: a NUL character, as in UTF-16 text "
+                             "(convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
+        cr, texts = cr + line.count("\r"), texts + bool(line.strip())  # read_lines splits on \n only
+        words += len(pretokenize(line, lang)) if words < MIN_DEV_WORDS else 0
+        if n <= CHECK_SCRIPT_LINES and lang != "zh":
+            han, letters = han + len(HAN_RE.findall(line)), letters + len(LETTER_RE.findall(line))
+    for bad, why in ((cr > n, f"its lines end in CR alone ({cr} CRs in {n} line(s)), so it would be read as {n} "
+                               f"line(s); convert it first, e.g. tr '\\r' '\\n' < {path} > NEW"),
+                     (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) under the "
+                                         f"language code '{lang}': only zh text is split into characters, any other "
+                                         "code at spaces (a Chinese line would be one word); give this language as zh "
+                                         "in --langs"),
+                     (split == "dev" and words < MIN_DEV_WORDS, f"a {lang} dev split of {words} words; at least "
+                                                                f"{MIN_DEV_WORDS} are needed to measure a perplexity"),
+                     (split == "train" and texts < 1 + 9 * held_out, f"{texts} line(s) of text, too few " + (
+                         "to hold out dev lines from (give a dev file)" if held_out else "for a corpus"))):
+        if bad:
+            raise ValueError(f"{path}: {why}")
 
 
-def _check_dictionary(switch, files, langs, lowercase, code_switch):
-    """A --code-switch dictionary must switch words of the text (the first CS_SAMPLE_LINES lines of each train file):
-    one that matches nothing, or the text better with its columns swapped (fr-en for en,fr), is refused."""
+def _code_switching(code_switch, files, langs, lowercase):
+    """--code-switch's MUSE dictionary -> {lang: {word: [translations]}} (langs[0]'s text by the dictionary, langs[1]'s
+    by its inverse), checked against the first CS_SAMPLE_LINES lines of each train text: one that matches nothing, or
+    the text better with its columns swapped (fr-en for en,fr), is refused."""
+    switch = {langs[0]: {}, langs[1]: {}}
+    try:
+        for src, tgt in read_dictionary(code_switch):
+            switch[langs[0]].setdefault(src, []).append(tgt)
+    except ValueError as e:  # read_dictionary names the file and line
+        raise InputError(f"--code-switch {e}") from None
+    for src, tgts in switch[langs[0]].items():
+        for t in tgts:
+            switch[langs[1]].setdefault(t, []).append(src)
     hits, total = {}, {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
-    for l in langs:
-        words = list(_words_of(files[l]["train"], l, lowercase, CS_SAMPLE_LINES))
-        for k, column in enumerate((switch[l], switch[langs[1] if l == langs[0] else langs[0]])):
+    for l, other in zip(langs, langs[::-1]):
+        lines = read_text(files[l]["train"], CS_SAMPLE_LINES)
+        words = [w for line in lines for w in pretokenize(lowercase_and_strip_accents(line) if lowercase else line, l)]
+        for k, column in enumerate((switch[l], switch[other])):
             hits[l, k] = sum(w in column or w.lower() in column for w in words)
         total[l] = len(words)
-    cover = ", ".join(f"{l} {100 * hits[l, 0] / max(total[l], 1):.1f} %" for l in langs)
+    cover, swapped = (", ".join(f"{l} {100 * hits[l, k] / max(total[l], 1):.1f} %" for l in langs) for k in (0, 1))
     if sum(hits[l, 1] for l in langs) > sum(hits[l, 0] for l in langs):
-        swapped = ", ".join(f"{l} {100 * hits[l, 1] / max(total[l], 1):.1f} %" for l in langs)
         raise InputError(f"--code-switch {code_switch}: its columns look the wrong way round for --langs "
                          f"{','.join(langs)} (words found as given: {cover}; swapped: {swapped}); it must be "
                          f"'{langs[0]}-word {langs[1]}-word' per line")
-    for l in langs:
-        if hits[l, 0] < max(1, 0.001 * total[l]):
-            raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} "
-                             f"({hits[l, 0]} of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a "
-                             f"{langs[0]}-{langs[1]} dictionary?")
+    for l in (l for l in langs if hits[l, 0] < max(1, 0.001 * total[l])):
+        raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} "
+                         f"({hits[l, 0]} of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a "
+                         f"{langs[0]}-{langs[1]} dictionary?")
     print(f"code-switching dictionary {code_switch}: words of the text found in it: {cover}")
+    return switch
 
 
 @reported(None)  # pretrain.py's main calls it too: there, as in bpe.py's, a bad input is one `error: ...` line
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
             program="pretrain.py"):
-    """Raw text (`files` {lang: {"train": path, "dev": path}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash
-    of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused by later calls (other DDP
-    ranks wait for its `done`). A `data` directory prepared earlier is used as it is if its recipe.json matches
-    these choices (langs, mode, merges, separate_vocab, lowercase, code_switch's contents), else refused. Every
-    input is checked before any work (BPE learning takes hours at paper scale): a dev split needs MIN_DEV_WORDS
-    words, a code-switch dictionary (a MUSE file, §4.2, applied here to the text) must match it. Errors: one line
-    (`flag`: the option that gave prep_dir; `program`: the script whose flag names a refusal shows). A path may be a
-    WikiExtractor directory, and "dev" may be None: the text is then written to the prepared directory first,
-    shuffled, the dev lines held out (shuffle_split)."""
+    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, or in `data`; a path may be a WikiExtractor
+    directory) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin,
+    reused by later calls (other DDP ranks wait for it). A `data` folder prepared earlier is used as it is if its
+    recipe.json matches these choices, else refused. Every input is checked before anything is written (BPE learning
+    takes hours at paper scale). WikiExtractor text, or text without a dev file, is first written to the folder,
+    shuffled, the dev lines held out (shuffle_split). Errors: one line (`flag`: the option that gave prep_dir;
+    `program`: the script whose flags a refusal names)."""
     langs, cs_sha1 = parse_langs(langs), None
     if code_switch:
         try:
@@ -1013,145 +1104,122 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
               "lowercase": lowercase, "code_switch_sha1": cs_sha1}
     if not files:
         if not os.path.isdir(data):
-            why = "not a directory" if os.path.exists(data) else "no such directory"
-            raise InputError(f"--data {data}: {why}")
-        if any(os.path.isfile(os.path.join(data, n)) for n in prepared_files(langs) + ["done"]):  # a prepared folder
-            _check_prepared(data, recipe, program)
-            return data
-        files = {l: {} for l in langs}  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
+            raise InputError(f"--data {data}: {'not a directory' if os.path.exists(data) else 'no such directory'}")
+        files, absent = {l: {} for l in langs}, []  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
         for l, s in itertools.product(langs, ("train", "dev")):
             name = f"{l}.{s}.txt"
             found = [p for p in (os.path.join(data, name), os.path.join(data, "mono", name)) if os.path.isfile(p)]
-            if not found:
-                raise InputError(f"--data {data}: no {name} (nor mono/{name}) for language '{l}'")
-            files[l][s] = found[0]
-    switch = {}  # lang -> {word: [translations]}: langs[0]'s text by the dictionary, langs[1]'s by its inverse
+            files[l][s] = found[0] if found else None
+            absent += [] if found else [f"no {name} (nor mono/{name}) for language '{l}'"]
+        made = [n for n in prepared_files(langs) + ["done"] if os.path.isfile(os.path.join(data, n))]
+        if made and (absent or not _missing(data, langs)):  # a prepared folder (with the text and stray files: text)
+            _check_prepared(data, recipe, program)
+            return data
+        if absent:
+            raise InputError(f"--data {data}: {absent[0]}")
+        if made:
+            print(f"note: --data {data}: {', '.join(made)} there but no complete prepared folder: its text is prepared")
     if master:
         try:
-            for path in (p for v in files.values() for p in v.values() if p):
-                for name in wikiextractor_files(path) if os.path.isdir(path) else [path]:
-                    open(name, "rb").close()
-            # words, not lines: a dev file of blank lines is no dev set (a held-out dev split: shuffle_split)
-            for l in (l for l in langs if files[l]["dev"] is not None and not os.path.isdir(files[l]["dev"])):
-                n = sum(1 for _ in itertools.islice(_words_of(files[l]["dev"], l, lowercase), MIN_DEV_WORDS))
-                if n < MIN_DEV_WORDS:
-                    raise ValueError(f"{files[l]['dev']}: a {l} dev split of {n} words; at least {MIN_DEV_WORDS} "
-                                     "are needed to measure a perplexity")
-            if code_switch:
-                switch = {langs[0]: {}, langs[1]: {}}
-                for src, tgt in read_dictionary(code_switch):
-                    switch[langs[0]].setdefault(src, []).append(tgt)
-                for src, tgts in switch[langs[0]].items():
-                    for t in tgts:
-                        switch[langs[1]].setdefault(t, []).append(src)
+            for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p):
+                _check_text(path, l, s, files[l]["dev"] is None)
         except OSError as e:
             raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
-        except ValueError as e:  # read_dictionary, read_lines and wikiextractor_files name the file (and line) at fault
-            raise InputError(f"{'--code-switch ' * str(e).startswith(str(code_switch))}{e}") from None
-        if code_switch:
-            _check_dictionary(switch, files, langs, lowercase, code_switch)
+        except ValueError as e:  # read_lines and wikiextractor_files name the file (and line) at fault
+            raise InputError(str(e)) from None
+    switch = _code_switching(code_switch, files, langs, lowercase) if code_switch and master else {}
 
     def fingerprint(path):  # a WikiExtractor directory: the sha1 of its files' names, sizes and times
-        if path is None:
-            return None
-        if os.path.isdir(path):
-            stats = [[os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
-                     for f in wikiextractor_files(path)]
-            return [os.path.abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
-        st = os.stat(path)
-        return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+        if path is None or not os.path.isdir(path):
+            return path and [os.path.abspath(path), os.stat(path).st_size, os.stat(path).st_mtime_ns]
+        stats = [[os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
+                 for f in wikiextractor_files(path)]
+        return [os.path.abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
 
-    recipe.update({"bpe_lines": max_lines, "seed": seed,
-                   "code_switch": fingerprint(code_switch) if code_switch else None,
+    recipe.update({"bpe_lines": max_lines, "seed": seed, "code_switch": fingerprint(code_switch),
                    "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}})
-    to_write = {l: v for l, v in files.items() if v.get("dev") is None or any(map(os.path.isdir, v.values()))}
+    to_write = {l: v for l, v in files.items() if v["dev"] is None or any(map(os.path.isdir, v.values()))}
     if to_write:  # the split of the text written first (shuffle_split): part of the recipe
         recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
     hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}  # the directory names of earlier versions
     digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
-    done = os.path.join(out, "done")
-    while not master and not os.path.exists(done):  # the other DDP ranks wait for the master's data
-        time.sleep(2)
-    if os.path.exists(done):  # prepared earlier (or, for the other ranks, by the master now)
-        if master:
-            print(f"using prepared data in {out}")
-        return out
-    make_dir(flag, out)
-    try:
-        files = {l: dict(v) for l, v in files.items()}
+
+    def build():  # the text split and shuffled where needed, BPE learned, every split binarised; `done` last
+        paths = {l: dict(v) for l, v in files.items()}
         for l, v in to_write.items():  # WikiExtractor output, or text without a dev file: out/{lang}.{train,dev}.txt
             dest = {s: os.path.join(out, f"{l}.{s}.txt") for s in ("train", "dev")}
-            wiki = {s: v.get(s) is not None and os.path.isdir(v[s]) for s in ("train", "dev")}
-            if wiki["dev"]:  # a WikiExtractor dev directory: its lines in order
+            if v["dev"] is not None and os.path.isdir(v["dev"]):  # a WikiExtractor dev directory: its lines in order
                 write_text(dest["dev"], (line + "\n" for line in read_wikiextractor(v["dev"])))
-                files[l]["dev"] = dest["dev"]
-            if wiki["train"] or v.get("dev") is None:
-                held_out = dest["dev"] if v.get("dev") is None else None
-                size = sum(map(os.path.getsize, wikiextractor_files(v["train"]) if wiki["train"] else [v["train"]]))
-                lines = read_wikiextractor(v["train"]) if wiki["train"] else read_lines(v["train"])
-                n_train, n_dev = shuffle_split(lines, size, os.path.join(out, "shuffle.tmp"), dest["train"], held_out,
-                                               source=v["train"])
+                paths[l]["dev"] = dest["dev"]
+            if os.path.isdir(v["train"]) or v["dev"] is None:
+                held_out, wiki = dest["dev"] if v["dev"] is None else None, os.path.isdir(v["train"])
+                size = sum(map(os.path.getsize, wikiextractor_files(v["train"]) if wiki else [v["train"]]))
+                n_train, n_dev = shuffle_split(read_text(v["train"]), size, os.path.join(out, f"shuffle.{os.getpid()}"
+                                               ".tmp"), dest["train"], held_out)
                 print(f"{l}: {v['train']}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
                       + (f", {n_dev} dev lines held out" if held_out else "") + f", in {out}")
-                files[l] = {"train": dest["train"], "dev": held_out or files[l]["dev"]}
+                paths[l] = {"train": dest["train"], "dev": held_out or paths[l]["dev"]}
         print(f"learning BPE ({mode}, {merges} merges) for {out}")
-        tok = Tokenizer.build({l: files[l]["train"] for l in langs}, mode=mode, num_merges=merges,
+        tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode=mode, num_merges=merges,
                               separate_vocab=separate_vocab, lowercase=lowercase, max_lines=max_lines, seed=seed)
         print(f"preparing data in {out}")
-        for s in ("dev", "train"):  # the small dev files first: a bad one is found in seconds
-            for l in langs:
-                meta = binarize(files[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
-                                code_switch=switch.get(l) if s == "train" else None, seed=seed)
-                if "n_switched" in meta:
-                    other = langs[1] if l == langs[0] else langs[0]
-                    print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words "
-                          f"({100 * meta['n_switched'] / max(meta['n_words'], 1):.1f} %) replaced by {other} words")
+        for s, l in itertools.product(("dev", "train"), langs):  # the small dev files first: a bad one found in seconds
+            meta = binarize(paths[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
+                            code_switch=switch.get(l) if s == "train" else None, seed=seed)
+            if "n_switched" in meta:
+                share = 100 * meta["n_switched"] / max(meta["n_words"], 1)
+                print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words ({share:.1f} %) replaced "
+                      f"by {[o for o in langs if o != l][0]} words")
         tok.save(os.path.join(out, "tokenizer.json"))
         write_text(os.path.join(out, "recipe.json"), json.dumps(recipe, indent=1))
-        write_text(done, "")  # last: the cache is complete
-    except ValueError as e:  # the readers name the file (and line) at fault
-        raise InputError(f"data preparation failed: {e}") from None
-    except OSError as e:  # a full disk: no file name in the error; atomic_path has removed the temporary file
-        where = str(e.filename).removesuffix(".tmp") if e.filename else out
-        if e.errno == errno.ENOSPC:
-            raise SystemExit(f"error: data preparation failed: no space left writing in {where}")
-        raise SystemExit(f"error: data preparation failed: {where}: {e.strerror or e}")
-    return out
+        sizes = {n: os.path.getsize(os.path.join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
+        write_text(os.path.join(out, "done"), json.dumps(sizes))  # last: the ids it holds (_missing checks them)
 
+    while not master and _missing(out, langs):  # the other DDP ranks wait for the master's data
+        time.sleep(2)
+    if master and _missing(out, langs):
+        with _preparing(out, flag):  # one process at a time; a failure leaves no folder behind; errors: one line
+            if missing := _missing(out, langs):  # else prepared meanwhile, by the process that held the lock
+                if "done" not in missing:  # a damaged folder (a file deleted, or cut short): made again
+                    print(f"note: {out}: a prepared folder without {', '.join(missing)}; preparing it again")
+                build()
+                return out
+    if master:
+        print(f"using prepared data in {out}")
+    return out
 # -----------------------------------------------------------------------------
 # bpe.py's command line: `prepare`
 
 def build_parser():
     """bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)."""
-    fmt = HelpFormatter
-    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=fmt)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    prep = sub.add_parser("prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=fmt)
-    prep.add_argument("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or "
-                      "toydata's mono/); required unless --train-files")
-    prep.add_argument("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data, "
-                      "e.g. en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed "
-                      "seed, <doc> lines dropped); required unless --data")
-    prep.add_argument("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); "
-                      f"without it, min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
-    prep.add_argument("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'")
-    prep.add_argument("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
-    prep.add_argument("--merges", type=number(1), help="BPE merge operations (default: the paper's 80000 joint, "
-                      "else 40000 per language)")
-    prep.add_argument("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
-    prep.add_argument("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    prep.add_argument("--max-lines", type=number(1), help="learn BPE and vocabularies from at most this many lines per "
-                      "file (default: all)")
-    prep.add_argument("--seed", type=number(0), default=0, help="seed of the joint-BPE line sampling and "
-                      "code-switching")
-    prep.add_argument("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2; "
-                      "default: none)")
-    prep.add_argument("--workers", type=number(1), default=1, help="encoding processes")
-    prep.add_argument("--prep-dir", metavar="DIR", help="cache of prepared data (as pretrain.py --prep-dir): the "
-                      "prepared directory inside it is printed; required")
-    prep.add_argument("--out", dest="old_out", metavar="DIR", help="deprecated spelling of --prep-dir")
-    parser.prepare = prep
+    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    parser.prepare = prep = parser.add_subparsers(dest="cmd", required=True).add_parser(
+        "prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=HelpFormatter)
+    a = prep.add_argument
+    a("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/); required "
+      "unless --train-files")
+    a("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data, e.g. "
+      "en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed seed, <doc> lines "
+      "dropped); required unless --data")
+    a("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); without it, "
+      f"min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
+    a("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'; zh text is split into "
+      "characters, Han-script text under another code is refused")
+    a("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
+    a("--merges", type=number(1), help="BPE merge operations (default: the paper's 80000 joint, else 40000 per "
+      f"language); a word of more than {MAX_WORD} characters is cut into words of {MAX_WORD} (BPE's time over a word "
+      "grows with its length)")
+    a("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
+    a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
+    a("--max-lines", type=number(1), help="learn BPE and vocabularies from at most this many lines per file "
+      "(default: all)")
+    a("--seed", type=number(0), default=0, help="seed of the joint-BPE line sampling and code-switching")
+    a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2; default: none)")
+    a("--workers", type=number(1), default=1, help="encoding processes")
+    a("--prep-dir", metavar="DIR", help="cache of prepared data (as pretrain.py --prep-dir): the prepared directory "
+      "inside it is printed; one process at a time prepares one (a second is refused); required")
+    a("--out", dest="old_out", metavar="DIR", help="deprecated spelling of --prep-dir")
     return parser
 
 
@@ -1180,12 +1248,22 @@ def main(argv=None):
             dev = parse_lang_files("--dev-files", args.dev_files, langs) if args.dev_files else {}
             files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
         merges = args.merges or (80000 if args.mode == "joint" else 40000)
+        handler = signal.signal(signal.SIGTERM, _stopped)  # as Ctrl-C: every temporary file is removed on the way out
         try:
             print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges, args.separate_vocab,
                           args.lowercase, args.max_lines, args.seed, args.code_switch, args.workers, flag=flag,
                           program="bpe.py"))
-        except KeyboardInterrupt:
-            raise SystemExit("bpe.py prepare: interrupted (no half-written file is left)")
+        except KeyboardInterrupt as e:
+            name = e.args[0] if e.args else "SIGINT"
+            print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same command to "
+                  "prepare the data", file=sys.stderr)
+            sys.exit(128 + signal.Signals[name])
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+
+
+def _stopped(signum, frame):  # bpe.py prepare's SIGTERM handler
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 if __name__ == "__main__":

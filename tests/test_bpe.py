@@ -218,7 +218,7 @@ def test_codes_save_load(tmp_path):
         assert f.readline() == "#version: 0.2\n"
         assert f.readline() == "s t</w>\n"
     assert BPE.load(path).merges == SENNRICH_MERGES
-    assert not os.path.exists(path + ".tmp")
+    assert os.listdir(tmp_path) == ["codes"]  # no temporary file left
 
 
 def test_fastbpe_codes_load(tmp_path):
@@ -400,6 +400,24 @@ def test_encode_words_and_special_literals(files):
     # literal special tokens in text are plain characters, never special ids
     ids = tok.encode("<s> the </s> <pad> <special1>", "en")
     assert all(i >= N_SPECIAL or i == UNK_ID for i in ids)
+
+
+def test_a_word_longer_than_max_word_is_cut(tmp_path, monkeypatch):
+    """Issue 37: a 1 MB token stalled BPE learning for minutes (every merge it holds rebuilt the whole word). Words of
+    more than MAX_WORD characters are cut into words of MAX_WORD, for learning and for encoding alike."""
+    n = bpe.MAX_WORD
+    assert bpe.cap_words(["ab", "x" * (2 * n + 1)]) == ["ab", "x" * n, "x" * n, "x"]
+    rng = random.Random(0)
+    blob = "".join(rng.choice("abcdefghij") for _ in range(100_000))
+    (tmp_path / "en.txt").write_text("the cat sleeps\n" * 50 + f"a {blob} b\n")
+    longest = []
+    learn = bpe.learn_bpe
+    monkeypatch.setattr(bpe, "learn_bpe", lambda counts, *a, **k: longest.append(max(map(len, counts))) or learn(
+        counts, *a, **k))
+    tok = Tokenizer.build({"en": str(tmp_path / "en.txt")}, num_merges=50, verbose=False)
+    assert longest == [n]
+    ids = tok.encode(f"a {blob} b", "en")
+    assert decode(tok, ids, "en").replace(" ", "") == f"a{blob}b" and UNK_ID not in ids
 
 
 def test_build_empty_corpus(tmp_path):

@@ -39,6 +39,18 @@ def inputs(toy_world, tmp_path_factory):
     pairs = (toy_world / "dict" / "en-fr.txt").read_text().split("\n")
     (d / "fr-en.txt").write_text("\n".join(" ".join(p.split()[::-1]) for p in pairs))  # columns swapped
     (d / "de-it.txt").write_text("Hund cane\nKatze gatto\n")  # another language pair: matches nothing
+    mono = toy_world / "mono"
+    for name, make in (("cr", lambda t: t.replace("\n", "\r")), ("han", lambda t: "".join(  # CR-only; Han script
+            chr(0x4E00 + ord(c) % 500) if c.isalpha() else c for c in t))):
+        (d / name).mkdir()
+        for s in ("train", "dev"):
+            (d / name / f"en.{s}.txt").write_text((mono / f"en.{s}.txt").read_text())
+            (d / name / f"fr.{s}.txt").write_text(make((mono / f"fr.{s}.txt").read_text()), newline="")
+    (d / "utf16").mkdir()
+    for name in ("en.train.txt", "en.dev.txt", "fr.train.txt", "fr.dev.txt"):
+        text = (mono / name).read_text()
+        (d / "utf16" / name).write_bytes(text.encode("utf-16-le") if name == "en.train.txt" else text.encode())
+    (d / "empty.txt").write_text("\n \n")
     return d
 
 
@@ -139,10 +151,19 @@ BPE_CASES = [
     (["--train-files", "en={w}/mono/en.train.txt,fr={w}/mono/en.train.txt", "--dev-files",
       "en={w}/mono/en.dev.txt,fr={w}/mono/fr.dev.txt"], "--train-files: en and fr are the same file"),
     (["--data", "{p}", "--merges", "200", "--langs", "en"], "(--langs en,fr there, en here)"),
+    # issue 37: CR-only line breaks (the file was one line); Han-script text under a code other than zh (a Chinese
+    # line was one word)
+    (["--data", "{i}/cr"], "{i}/cr/fr.train.txt: its lines end in CR alone (1999 CRs in 1 line(s))"),
+    (["--data", "{i}/han"], "{i}/han/fr.train.txt: Han-script text (100 % of its letters) under the language code 'fr'"),
+    # more of our own: ASCII text in UTF-16 (valid UTF-8, a NUL between letters); no text to hold dev lines out of
+    # (both found after the English text was shuffled, or never)
+    (["--data", "{i}/utf16"], "{i}/utf16/en.train.txt:1: a NUL character, as in UTF-16 text"),
+    (["--train-files", "en={w}/mono/en.train.txt,fr={i}/empty.txt"],
+     "error: {i}/empty.txt: 0 line(s) of text, too few to hold out dev lines from (give a dev file)"),
 ]
 
 
-@pytest.mark.parametrize("argv, message", BPE_CASES, ids=[" ".join(a[2:4]) for a, _ in BPE_CASES])
+@pytest.mark.parametrize("argv, message", BPE_CASES, ids=[" ".join(a[:4]) for a, _ in BPE_CASES])
 def test_bpe_prepare_mistake_is_one_line(toy_world, inputs, prep, tmp_path, capsys, argv, message):
     fill = lambda s: s.format(w=toy_world, i=inputs, p=prep)  # noqa: E731
     code, line, _ = call(bpe.main, ["prepare"] + [fill(a) for a in argv] + ["--merges", MERGES] * (
@@ -180,3 +201,169 @@ def test_binarize_refuses_text_without_words(tmp_path):
     with pytest.raises(ValueError, match=r"blank.txt: empty corpus \(no words in 3 lines\)"):
         bpe.binarize(str(tmp_path / "blank.txt"), tok, "en", str(tmp_path / "x"), verbose=False)
     assert not list(tmp_path.glob("x.*"))
+
+
+# -----------------------------------------------------------------------------
+# issue 37: two processes in one folder, a folder whose `done` promises more than it holds, every input read before
+# anything is written, signals during `prepare --workers 2`
+
+SLOW_PREPARE = """
+import sys, time
+import bpe
+encode = bpe._encode_chunk
+def slow(chunk):  # a chunk of 10 lines in 0.05 s: binarising the toy world takes seconds, not milliseconds
+    time.sleep(0.05)
+    return encode(chunk)
+bpe._encode_chunk, bpe.CHUNK_LINES = slow, 10
+bpe.main(sys.argv[1:])
+"""
+
+
+def test_second_prepare_is_refused_and_sigterm_leaves_nothing(toy_world, tmp_path, capsys):
+    """Two `bpe.py prepare` into one folder: the second is refused in one line naming the first (was: both failed,
+    one truncating the other's shuffle bucket). SIGTERM to `prepare --workers 2`: one line, code 143, no temporary
+    file and no half-prepared folder (was: killed silently, BrokenPipe tracebacks from the workers, en.train.bin.tmp)."""
+    import subprocess
+    import sys
+    import time
+    argv = ["prepare", "--data", toy_world, "--merges", MERGES, "--prep-dir", tmp_path]
+    first = subprocess.Popen([sys.executable, "-c", SLOW_PREPARE] + [str(a) for a in argv + ["--workers", "2"]],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(bpe.__file__))
+    for line in first.stdout:  # the lock is taken before the text is read, the ids are written last
+        if line.startswith("preparing data in"):
+            break
+    code, line, _ = call(bpe.main, argv, capsys)
+    assert code == 1 and re.fullmatch(rf"error: {re.escape(str(tmp_path))}/joint-{MERGES}-\w+ is being prepared by "
+                                      rf"process {first.pid} on \S+ \(it holds \S+/lock\); wait for it to end, then "
+                                      "run the same command: it uses that data", line), line
+    time.sleep(0.3)
+    first.send_signal(signal.SIGTERM)
+    out, err = first.communicate(timeout=60)  # returns once the workers too have closed stderr
+    assert first.returncode == 128 + signal.SIGTERM and err.strip().splitlines() == [
+        "bpe.py prepare: stopped by SIGTERM (no half-written file is left); run the same command to prepare the data"]
+    assert not list(tmp_path.iterdir())  # the half-prepared folder is gone with its temporaries
+    code, _, out = call(bpe.main, argv, capsys)  # the advice works
+    assert code == 0 and bpe._missing(out.strip().splitlines()[-1], ["en", "fr"]) == []
+
+
+@pytest.fixture
+def cache(prep, tmp_path):
+    """A copy of the --prep-dir that holds PREP (the same command prepares into it the folder of the same name)."""
+    shutil.copytree(os.path.dirname(prep), tmp_path / "cache")
+    return tmp_path / "cache"
+
+
+def test_folder_of_a_killed_process_is_taken_over(prep, toy_world, cache, tmp_path, capsys):
+    """A folder left by a process that was killed (a lock naming it, its temporaries, no `done`) is prepared again and
+    its temporaries removed (before: left for good); a temporary name holds the pid of its process."""
+    folder = cache / os.path.basename(prep)
+    (folder / "done").unlink()
+    (folder / "lock").write_text("process 999999999 on nowhere\n")
+    (folder / "en.train.bin.999999999.tmp").write_bytes(b"\0" * 10)
+    (folder / "shuffle.999999999.tmp").mkdir()
+    (folder / "shuffle.999999999.tmp" / "bucket0.txt").write_text("half\n")
+    code, _, out = call(bpe.main, ["prepare", "--data", toy_world, "--merges", MERGES, "--prep-dir", cache], capsys)
+    assert code == 0 and out.strip().splitlines()[-1] == str(folder) and "using prepared data" not in out
+    assert sorted(os.listdir(folder)) == sorted(bpe.prepared_files(["en", "fr"]) + ["done"])
+    with bpe.atomic_path(tmp_path / "x") as tmp:
+        assert tmp == f"{tmp_path / 'x'}.{os.getpid()}.tmp"
+        open(tmp, "w").close()
+
+
+def test_a_live_lock_is_refused(prep, toy_world, cache, capsys):
+    """The lock is the kernel's (flock), not the file: held by a live process, it refuses; the file stays theirs."""
+    import fcntl
+    folder = cache / os.path.basename(prep)
+    (folder / "done").unlink()
+    with open(folder / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("process 12345 on elsewhere\n")
+        held.flush()
+        code, line, _ = call(bpe.main, ["prepare", "--data", toy_world, "--merges", MERGES, "--prep-dir", cache],
+                             capsys)
+    assert code == 1 and f"{folder} is being prepared by process 12345 on elsewhere (it holds {folder}/lock)" in line
+    assert (folder / "lock").exists() and (folder / "en.train.bin").exists()
+
+
+DAMAGED_CACHE = [
+    # (what is done to the folder in the cache, what the rerun prints); before: "using prepared data in DIR", exit 0
+    ("rm en.train.bin", "a prepared folder without en.train.bin; preparing it again"),
+    ("cut fr.dev.bin", "a prepared folder without the fr.dev.bin of {n} bytes it was written with ({m} now)"),
+]
+
+
+@pytest.mark.parametrize("damage, message", DAMAGED_CACHE, ids=[d for d, _ in DAMAGED_CACHE])
+def test_damaged_cache_is_prepared_again(prep, toy_world, cache, tmp_path, capsys, damage, message):
+    """A cached folder whose `done` promises files it does not hold: `pretrain.py --data` refuses it with advice, and
+    the advice (bpe.py prepare on its text) works: the same command makes it anew."""
+    import pretrain
+    folder = cache / os.path.basename(prep)
+    verb, name = damage.split()
+    n = (folder / name).stat().st_size
+    (folder / name).unlink() if verb == "rm" else os.truncate(folder / name, n // 2)
+    code, line, _ = call(pretrain.main, SMALL + ["--data", folder, "--out", tmp_path / "o"], capsys)
+    assert code == 1 and "prepare it again: bpe.py prepare on its text makes it anew" in line, line
+    code, _, out = call(bpe.main, ["prepare", "--data", toy_world, "--merges", MERGES, "--prep-dir", cache], capsys)
+    assert code == 0 and f"note: {folder}: " + message.format(n=n, m=n // 2) in out, out
+    assert bpe._missing(folder, ["en", "fr"]) == [] and (folder / name).stat().st_size == n
+    assert bpe.prepare(["en", "fr"], None, data=str(folder), merges=int(MERGES)) == str(folder)  # --data takes it
+    for by_hand in ("\n", "[1]", "not JSON"):  # a `done` written by hand (or by an earlier version) records no size
+        (folder / "done").write_text(by_hand)
+        assert bpe._missing(folder, ["en", "fr"]) == []
+
+
+def test_bad_byte_in_the_second_language_is_found_before_anything_is_written(toy_world, tmp_path, capsys, monkeypatch):
+    """A bad byte at the end of the French WikiExtractor folder: refused before the English text is shuffled (was:
+    found after, and the shuffled English left behind). A failure after writing leaves no folder behind."""
+    wiki = tmp_path / "frwiki" / "AA"
+    wiki.mkdir(parents=True)
+    lines = (toy_world / "mono" / "fr.train.txt").read_text().splitlines()
+    (wiki / "wiki_00").write_text("".join(f'<doc id="{k}">\n{l}\n</doc>\n' for k, l in enumerate(lines)))
+    (wiki / "wiki_01").write_bytes(b'<doc id="x">\nun \xff mot\n</doc>\n')
+    argv = ["prepare", "--train-files", f"en={toy_world}/mono/en.train.txt,fr={tmp_path}/frwiki", "--merges", MERGES,
+            "--prep-dir", tmp_path / "cache"]
+    code, line, _ = call(bpe.main, argv, capsys)
+    assert code == 1 and line == f"error: {wiki}/wiki_01:2: not valid UTF-8 (invalid start byte at byte 3)", line
+    assert not (tmp_path / "cache").exists()
+    (wiki / "wiki_01").write_text('<doc id="x">\nun mot\n</doc>\n')
+
+    def fails(*a, **k):
+        raise ValueError("BPE failed")
+    monkeypatch.setattr(bpe.Tokenizer, "build", fails)
+    code, line, out = call(bpe.main, argv, capsys)
+    assert code == 1 and line == "error: data preparation failed: BPE failed" and "en.train.txt" not in str(
+        list((tmp_path / "cache").rglob("*"))) and "shuffled" in out
+
+
+ENCODE_CHUNK = bpe._encode_chunk
+
+
+def encode_in_a_quiet_worker(chunk):
+    """binarize's _encode_chunk in a Pool worker that checks it runs none of the parent's signal handlers."""
+    if (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) != (signal.SIG_DFL, signal.SIG_IGN):
+        raise RuntimeError("a binarize worker runs its parent's signal handlers")
+    return ENCODE_CHUNK(chunk)
+
+
+def test_binarize_workers_run_no_handler_of_the_parent(prep, tmp_path, monkeypatch):
+    """pretrain.py's stop handler, inherited by binarize's workers, fired in them at pool.terminate(): a successful
+    run printed "error: stopped by SIGTERM before training started". Workers now ignore Ctrl-C and die of SIGTERM."""
+    tok = bpe.Tokenizer.load(os.path.join(prep, "tokenizer.json"))
+    monkeypatch.setattr(bpe, "_encode_chunk", encode_in_a_quiet_worker)
+    old = signal.signal(signal.SIGTERM, lambda *a: print("the parent's handler"))
+    try:
+        meta = bpe.binarize(__file__, tok, "en", str(tmp_path / "x"), workers=2, verbose=False)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert meta["n_words"] > 0
+
+
+def test_text_with_stray_prepared_files_is_text(toy_world, tmp_path, capsys):
+    """A folder of text holding a stray tokenizer.json was taken for a prepared folder, and the advice printed gave the
+    same refusal: the text is prepared (with a note), as a folder of text."""
+    shutil.copytree(toy_world / "mono", tmp_path / "text")
+    (tmp_path / "text" / "tokenizer.json").write_text("{}")
+    code, _, out = call(bpe.main, ["prepare", "--data", tmp_path / "text", "--merges", "50", "--prep-dir",
+                                   tmp_path / "cache"], capsys)
+    assert code == 0 and f"note: --data {tmp_path / 'text'}: tokenizer.json there but no complete prepared " in out
+    assert bpe._missing(out.strip().splitlines()[-1], ["en", "fr"]) == []
