@@ -774,6 +774,15 @@ def setup(args, argv):
         dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
         run.model = run.ddp_model = DDP(run.raw_model, device_ids=[torch.device(run.device).index]
                                         if run.device_type == "cuda" else None)
+        # DDP lays out its gradient buckets in the order gradients arrive in its first backward, which with --sep
+        # depends on the language drawn; one backward of language 0 on <s> <s> (no dropout: no RNG drawn; gradients
+        # dropped) fixes the layout, so a resumed run sums the ranks' gradients in the order of the run it continues
+        x, others = torch.zeros((1, 2), dtype=torch.long, device=run.device), run.raw_model.lang_specific_parameters
+        run.raw_model.eval()
+        (run.ddp_model(x, 0, x)[1] + sum(p.view(-1)[0] for j in range(1, len(run.langs)) for p in others(j)) * 0.0
+         ).backward()
+        run.raw_model.train()
+        run.optimizer.zero_grad(set_to_none=True)
     if args.compile:  # after DDP: the graph is split at its gradient buckets, so their all-reduce overlaps backward
         run.model = torch.compile(run.model)
     run.log(f"languages {run.langs} (sampling p = {np.round(run.sampler.probs, 3).tolist()}), vocab sizes "
