@@ -527,9 +527,8 @@ class StopSignal:
         name = signal.Signals(signum).name
         if not self.training:  # only inputs were written so far (toy/, data/), which the same command reuses
             raise SystemExit(f"error: stopped by {name} before training started; run the same command")
-        if self.signum is None:
-            self.signum = signum
-        elif signum == signal.SIGINT:  # a repeated SIGTERM (torchrun forwards its own) cannot abort the save; a 2nd ^C
+        self.signum, second = self.signum or signum, self.signum is not None
+        if second and signum == signal.SIGINT:  # a repeated SIGTERM (torchrun forwards its own) cannot abort the save; a 2nd ^C
             raise SystemExit(f"error: stopped by a second SIGINT without saving; {self.advice()}")
 
 
@@ -774,9 +773,8 @@ def setup(args, argv):
         dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
         run.model = run.ddp_model = DDP(run.raw_model, device_ids=[torch.device(run.device).index]
                                         if run.device_type == "cuda" else None)
-        # DDP lays out its gradient buckets in the order gradients arrive in its first backward, which with --sep
-        # depends on the language drawn; one backward of language 0 on <s> <s> (no dropout: no RNG drawn; gradients
-        # dropped) fixes the layout, so a resumed run sums the ranks' gradients in the order of the run it continues
+        # DDP's gradient buckets follow the order of its first backward (--sep: the language drawn); one of language 0
+        # on <s> <s> (eval: no RNG; gradients dropped) fixes it, so a resumed run sums the ranks' gradients alike
         x, others = torch.zeros((1, 2), dtype=torch.long, device=run.device), run.raw_model.lang_specific_parameters
         run.raw_model.eval()
         (run.ddp_model(x, 0, x)[1] + sum(p.view(-1)[0] for j in range(1, len(run.langs)) for p in others(j)) * 0.0
