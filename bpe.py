@@ -518,17 +518,16 @@ MAX_WORD = 100  # characters; far above a real word's length (a long German comp
 
 
 def cap_words(words):
-    """Words of more than MAX_WORD characters (a 1 MB run of letters) cut into words of MAX_WORD: BPE's time over a word
-    grows with its length times its merges (a 1 MB word stalled learning for minutes). subword-nmt and fastBPE cut
-    nothing; a cut word is encoded whole, as several words (model.py's exported tokenizer.json does not cut it)."""
+    """Words over MAX_WORD characters cut into words of MAX_WORD: BPE's time over a word grows with its length times
+    its merges (a 1 MB word stalled learning for minutes). subword-nmt, fastBPE and model.py's export cut nothing."""
     if max(map(len, words), default=0) <= MAX_WORD:
         return words
     return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
 
 
 def _pool(workers, opts):
-    """binarize's Pool, whose workers run none of the parent's signal handlers (pretrain.py's, bpe.py's): Ctrl-C ignored
-    (the parent stops them), SIGTERM (pool.terminate's) fatal, both blocked until then."""
+    """binarize's Pool, whose workers run none of the parent's signal handlers: Ctrl-C ignored (the parent stops them),
+    SIGTERM (pool.terminate's) fatal, both blocked until then."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
@@ -544,9 +543,7 @@ def _pool_worker(opts):
 
 
 class _Joined(dict):
-    """BPE.apply's cache, word -> its pieces joined by '@@ ' ('lo@@ west'): a missing word is merged when it is
-    first looked up, so a line of known and new words is one pass (no exception, no second join)."""
-
+    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup (a line is one pass)."""
     def __init__(self, merge):
         super().__init__()
         self.merge = merge
@@ -590,9 +587,8 @@ def read_lines(path, max_lines=None):
 
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
-    """Two UTF-8 files, line k of one translating line k of the other -> (src_lines, tgt_lines), the first max_lines of
-    each; unequal lengths, no lines or one file on both sides (unless same_ok: en-en', two models of one language)
-    raise ValueError naming both (align.py, cka.py)."""
+    """Two UTF-8 files, line k of one translating line k of the other -> their first max_lines lines; unequal lengths,
+    no lines or one file on both sides (unless same_ok: en-en', two models of one language) raise ValueError."""
     if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
         raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
@@ -661,10 +657,9 @@ def read_dictionary(path):
 
 
 def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, language codes) of a checkpoint read by model.load_model (`extra`: its entries besides the model):
-    pretrain.py's best.pt carries its tokenizer; a released XLM checkpoint its dictionary (XLM's ids; pieces end in '@@'
-    as ours) and needs its fastBPE codes `xlm_codes` (e.g. codes_enfr): one joint BPE, lowercasing and accent stripping
-    if the dictionary has no upper-case letter (XLM-15). Mistakes: a one-line ValueError naming the file."""
+    """(Tokenizer, language codes) of a checkpoint's `extra` entries (model.load_model): pretrain.py's best.pt carries
+    its tokenizer; a released XLM checkpoint its dictionary (XLM's ids, pieces ending in '@@') and needs its fastBPE
+    codes `xlm_codes` (codes_enfr): one joint BPE, lowercasing if the dictionary has no upper case (XLM-15)."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
             raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (e.g. "
@@ -684,8 +679,7 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
 # Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from here)
 
 class InputError(ValueError):
-    """A bad input, with the whole message: a flag's value (code 2: a usage error) or a file and its line (code 1).
-    Helpers raise it; each main turns it into one `error: ...` line in one place (reported)."""
+    """A bad input, the whole message: a flag's value (code 2: usage error) or a file and line (1); see reported."""
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
@@ -739,8 +733,7 @@ def deprecated(old, new):
 
 
 def toy_data(args):
-    """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note (finetune.py, align.py, cka.py) -> the
-    flag that gave the data directory, for messages. Both spellings at once: InputError."""
+    """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note -> the flag that gave the data."""
     if not isinstance(args.toy, str):
         return "--data"
     deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
@@ -850,8 +843,7 @@ SHUFFLE_BUCKET_BYTES = 1 << 28  # the shuffle holds one bucket of about this man
 def wikiextractor_files(path):
     """The text files of a WikiExtractor output directory in sorted order (AA/wiki_00, AA/wiki_01, ..., AB/...)."""
     found = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names if f.startswith("wiki_"))
-    packed = [f for f in found if f.endswith(".bz2")]
-    if packed:
+    if packed := [f for f in found if f.endswith(".bz2")]:
         raise ValueError(f"{packed[0]}: compressed WikiExtractor output (--compress); unpack it with bunzip2 first")
     if not found:
         raise ValueError(f"{path}: a directory without WikiExtractor files (AA/wiki_00, ...)")
@@ -859,9 +851,8 @@ def wikiextractor_files(path):
 
 
 def read_wikiextractor(path):
-    """The text lines of a WikiExtractor output directory: `<doc ...>`, `</doc>` and empty lines dropped, each article's
-    title line (the first after `<doc>`) kept, as XLM's `get-data-wiki.sh` keeps it. Anything outside a `<doc>` block
-    raises ValueError naming file:line."""
+    """The text lines of a WikiExtractor output directory: `<doc ...>`, `</doc>` and empty lines dropped, each title
+    line kept (as XLM's `get-data-wiki.sh`); anything outside a `<doc>` block raises ValueError naming file:line."""
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
@@ -880,12 +871,10 @@ def read_wikiextractor(path):
 
 
 def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
-    """Write `lines` (an iterable of about `size` bytes) in a seeded random order to train_path, the first
-    min(DEV_LINES, n // 10) of that order to dev_path instead when given (prepare checks there are 10) -> (n_train,
-    n_dev). Every line goes to a bucket file drawn at random, then each bucket is permuted in memory: a uniform shuffle
-    of a corpus larger than memory. Empty lines are dropped; work_dir is removed at the end."""
-    rng = np.random.default_rng(seed)
-    n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
+    """Write `lines` (about `size` bytes) in a seeded random order to train_path, the first min(DEV_LINES, n // 10) to
+    dev_path instead when given -> (n_train, n_dev). Each line goes to a random bucket file, then each bucket is
+    permuted in memory: a uniform shuffle of a corpus larger than memory. Empty lines dropped; work_dir removed."""
+    rng, n_buckets = np.random.default_rng(seed), 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
     buckets, n = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)], 0
     try:
@@ -903,11 +892,11 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
                 with open(b, "rb") as f:
                     part = f.read().decode("utf-8").split("\n")[:-1]
                 os.remove(b)
-                yield from (part[i] for i in rng.permutation(len(part)).tolist())
+                yield from (part[i] + "\n" for i in rng.permutation(len(part)).tolist())
         order = shuffled()
         if n_dev:
-            write_text(dev_path, (line + "\n" for line in itertools.islice(order, n_dev)))
-        write_text(train_path, (line + "\n" for line in order))
+            write_text(dev_path, itertools.islice(order, n_dev))
+        write_text(train_path, order)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     return n - n_dev, n_dev
@@ -928,20 +917,17 @@ def file_sha1(path):
         return hashlib.file_digest(f, "sha1").hexdigest()
 
 
-def read_text(path, max_lines=None):
-    """The lines of a text file (read_lines) or of a WikiExtractor directory (read_wikiextractor)."""
+def read_text(path, max_lines=None):  # the lines of a text file or of a WikiExtractor directory
     return itertools.islice(read_wikiextractor(path), max_lines) if os.path.isdir(path) else read_lines(path, max_lines)
 
 
-def prepared_files(langs):
-    """The files prepare writes in its folder (then `done`, last: the folder is complete)."""
+def prepared_files(langs):  # the files prepare writes in its folder (then `done`, last: the folder is complete)
     return ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev")
                                                 for x in ("bin", "json")]
 
 
 def _missing(folder, langs):
-    """What a prepared folder lacks of what its `done` promises ([] if nothing): `done`, a file, or ids (.bin) of
-    another size than `done` records (the empty `done` of earlier versions records none)."""
+    """What a prepared folder lacks ([] if nothing): `done`, a file, or a .bin of another size than `done` records."""
     if not os.path.isfile(done := os.path.join(folder, "done")):
         return ["done"]
     sizes = {}
@@ -955,9 +941,8 @@ def _missing(folder, langs):
 
 @contextlib.contextmanager
 def _preparing(out, flag):
-    """prepare's hold on its folder: out/lock, flock'ed and naming this process, refuses a second one in one line (the
-    kernel frees the lock of a process that dies; its temporaries are removed). A failure removes the folder (never
-    reused: at Wikipedia's size 10+ GB of text left behind) and becomes one line."""
+    """prepare's hold on its folder: out/lock, flock'ed (freed by the kernel if we die) and naming this process; a second
+    is refused in one line. A failure removes the folder (10+ GB of text at Wikipedia's size) and is one line."""
     make_dir(flag, out)
     path = os.path.join(out, "lock")
     while True:  # the holder removes the file before it lets go: then lock the new one
@@ -977,7 +962,7 @@ def _preparing(out, flag):
     f.truncate(0)
     print(f"process {os.getpid()} on {os.uname().nodename}", file=f, flush=True)
     try:
-        yield
+        yield True
     except BaseException as e:
         shutil.rmtree(out, ignore_errors=True)
         if isinstance(e, ValueError) and not isinstance(e, InputError):  # the readers name the file (and line)
@@ -1087,13 +1072,11 @@ def _code_switching(code_switch, files, langs, lowercase):
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
             program="pretrain.py"):
-    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, or in `data`; a path may be a WikiExtractor
-    directory) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin,
-    reused by later calls (other DDP ranks wait for it). A `data` folder prepared earlier is used as it is if its
-    recipe.json matches these choices, else refused. Every input is checked before anything is written (BPE learning
-    takes hours at paper scale). WikiExtractor text, or text without a dev file, is first written to the folder,
-    shuffled, the dev lines held out (shuffle_split). Errors: one line (`flag`: the option that gave prep_dir;
-    `program`: the script whose flags a refusal names)."""
+    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, a path maybe a WikiExtractor directory, or in
+    `data`) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused
+    later (other DDP ranks wait for it); a `data` folder prepared earlier is used if its recipe.json matches. Every input
+    is checked before anything is written (BPE learning takes hours at paper scale). Errors: one line (`flag`: the
+    option that gave prep_dir; `program`: the script whose flags a refusal names)."""
     langs, cs_sha1 = parse_langs(langs), None
     if code_switch:
         try:
@@ -1145,7 +1128,15 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
 
-    def build():  # the text split and shuffled where needed, BPE learned, every split binarised; `done` last
+    while not master and _missing(out, langs):  # the other DDP ranks wait for the master's data
+        time.sleep(2)
+    with _preparing(out, flag) if master and _missing(out, langs) else contextlib.nullcontext() as held:
+        if not held or not (missing := _missing(out, langs)):  # ready (or prepared meanwhile, by the lock's holder)
+            if master:
+                print(f"using prepared data in {out}")
+            return out
+        if "done" not in missing:  # a damaged folder (a file deleted, or cut short): made again
+            print(f"note: {out}: a prepared folder without {', '.join(missing)}; preparing it again")
         paths = {l: dict(v) for l, v in files.items()}
         for l, v in to_write.items():  # WikiExtractor output, or text without a dev file: out/{lang}.{train,dev}.txt
             dest = {s: os.path.join(out, f"{l}.{s}.txt") for s in ("train", "dev")}
@@ -1175,19 +1166,9 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         write_text(os.path.join(out, "recipe.json"), json.dumps(recipe, indent=1))
         sizes = {n: os.path.getsize(os.path.join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
         write_text(os.path.join(out, "done"), json.dumps(sizes))  # last: the ids it holds (_missing checks them)
-
-    while not master and _missing(out, langs):  # the other DDP ranks wait for the master's data
-        time.sleep(2)
-    if master and _missing(out, langs):
-        with _preparing(out, flag):  # one process at a time; a failure leaves no folder behind; errors: one line
-            if missing := _missing(out, langs):  # else prepared meanwhile, by the process that held the lock
-                if "done" not in missing:  # a damaged folder (a file deleted, or cut short): made again
-                    print(f"note: {out}: a prepared folder without {', '.join(missing)}; preparing it again")
-                build()
-                return out
-    if master:
-        print(f"using prepared data in {out}")
     return out
+
+
 # -----------------------------------------------------------------------------
 # bpe.py's command line: `prepare`
 
