@@ -134,9 +134,7 @@ class BPE:
         canon = {}
         self.ranks = {(canon.setdefault(a, a), canon.setdefault(b, b)): r for (a, b), r in self.ranks.items()}
         self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
-        # per-word caches, filled as words are met: word -> pieces with '@@' on non-final ones (apply_words),
-        # and word -> those pieces joined by ' ' (apply: a line is then one dict lookup per word and a join,
-        # a word met for the first time merged inside that lookup)
+        # per-word caches, filled as words are met: word -> pieces with '@@' (apply_words), -> them joined (apply)
         self.cache, self.joined = {}, _Joined(self._merge)
         self.none = len(self.merges)  # a rank above every merge's: the pair is no merge
 
@@ -372,11 +370,7 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
 # 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
 
 CHUNK_LINES = 2000
-_WORKER = {}  # binarize's arguments, in this process and in each worker of its Pool (set by _init_worker)
-
-
-def _init_worker(opts):
-    _WORKER.update(opts)
+_WORKER = {}  # binarize's arguments, in this process and in each worker of its Pool (_pool)
 
 
 def _encode_chunk(chunk):
@@ -414,7 +408,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     n_tokens = n_sentences = n_words = n_switched = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose or not sys.stderr.isatty())
-    _init_worker(dict(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed))
+    _WORKER.update(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed)
     pool = _pool(workers, dict(_WORKER)) if workers > 1 else None  # its workers leave signals to this process
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
@@ -450,9 +444,8 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     is re-pushed with its current count; counts only grow through a push, so a current top is the best."""
     if num_merges < 1 or min_freq < 1:
         raise ValueError(f"learn_bpe: num_merges and min_freq must be >= 1, got {num_merges} and {min_freq}")
-    for w in word_counts:
-        if not w or SPACE_RE.search(w):
-            raise ValueError(f"learn_bpe: word {w!r} is empty or contains whitespace; split lines with pretokenize")
+    if (w := next((w for w in word_counts if not w or SPACE_RE.search(w)), None)) is not None:
+        raise ValueError(f"learn_bpe: word {w!r} is empty or contains whitespace; split lines with pretokenize")
     words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
@@ -539,7 +532,7 @@ def _pool_worker(opts):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    _init_worker(opts)
+    _WORKER.update(opts)
 
 
 class _Joined(dict):
@@ -941,8 +934,8 @@ def _missing(folder, langs):
 
 @contextlib.contextmanager
 def _preparing(out, flag):
-    """prepare's hold on its folder: out/lock, flock'ed (freed by the kernel if we die) and naming this process; a second
-    is refused in one line. A failure removes the folder (10+ GB of text at Wikipedia's size) and is one line."""
+    """prepare's hold on its folder: out/lock, flock'ed (freed by the kernel if we die) and naming this process; a
+    second is refused in one line. A failure removes the folder (10+ GB of text at Wikipedia's size) and is one line."""
     make_dir(flag, out)
     path = os.path.join(out, "lock")
     while True:  # the holder removes the file before it lets go: then lock the new one
@@ -995,14 +988,12 @@ def _check_prepared(data, recipe, program):
         cs = made.get("code_switch")
         made["code_switch_sha1"] = (None if not cs else file_sha1(cs[0]) if os.path.isfile(cs[0])
                                     and [os.stat(cs[0]).st_size, os.stat(cs[0]).st_mtime_ns] == cs[1:] else "unknown")
-    k = 1 if program == "bpe.py" else 0  # the flags of the program that called: bpe.py prepare or pretrain.py
 
     def show(key, v):
         return (",".join(v) if key == "langs" else "a dictionary with sha1 " + v[:10] if key == "code_switch_sha1"
                 and v else "none" if v is None else "on" if v is True else "off" if v is False else str(v))
-    diff = [f"{RECIPE_FLAGS[key][k]} {show(key, made.get(key))} there, {show(key, recipe[key])} here"
-            for key in RECIPE_FLAGS if made.get(key) != recipe[key]]
-    if diff:
+    if diff := [f"{RECIPE_FLAGS[key][program == 'bpe.py']} {show(key, made.get(key))} there, {show(key, recipe[key])} "
+                "here" for key in RECIPE_FLAGS if made.get(key) != recipe[key]]:  # the flags of the program that called
         raise InputError(f"--data {data} was prepared with other choices ({'; '.join(diff)}): give the flags it "
                          "was made with, or prepare the data for these flags (bpe.py prepare, or the text as --data)")
 
@@ -1045,9 +1036,8 @@ def _code_switching(code_switch, files, langs, lowercase):
             switch[langs[0]].setdefault(src, []).append(tgt)
     except ValueError as e:  # read_dictionary names the file and line
         raise InputError(f"--code-switch {e}") from None
-    for src, tgts in switch[langs[0]].items():
-        for t in tgts:
-            switch[langs[1]].setdefault(t, []).append(src)
+    for src, t in ((src, t) for src, tgts in switch[langs[0]].items() for t in tgts):  # the inverse, in that order
+        switch[langs[1]].setdefault(t, []).append(src)
     hits, total = {}, {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
     for l, other in zip(langs, langs[::-1]):
         lines = read_text(files[l]["train"], CS_SAMPLE_LINES)
@@ -1073,10 +1063,10 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
             program="pretrain.py"):
     """Raw text (`files` {lang: {"train": path, "dev": path or None}}, a path maybe a WikiExtractor directory, or in
-    `data`) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin, reused
-    later (other DDP ranks wait for it); a `data` folder prepared earlier is used if its recipe.json matches. Every input
-    is checked before anything is written (BPE learning takes hours at paper scale). Errors: one line (`flag`: the
-    option that gave prep_dir; `program`: the script whose flags a refusal names)."""
+    `data`) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin,
+    reused later (other DDP ranks wait for it); a `data` folder prepared earlier is used if its recipe.json matches.
+    Every input is checked before anything is written (BPE learning takes hours at paper scale). Errors: one line
+    (`flag`: the option that gave prep_dir; `program`: the script whose flags a refusal names)."""
     langs, cs_sha1 = parse_langs(langs), None
     if code_switch:
         try:
