@@ -124,15 +124,13 @@ class BPE:
 
     def __init__(self, merges):
         self.merges = [tuple(m) for m in merges]
-        self.ranks = {}  # a pair learned twice keeps its first (lowest) rank, as in subword-nmt
+        # one string object per symbol (`canon`), shared by the keys of ranks and merged[rank] (the symbol a merge
+        # makes), so that _merge makes no new string per merge: its hash is known, a rank lookup matches by identity
+        self.ranks, canon = {}, {}  # a pair learned twice keeps its first (lowest) rank, as in subword-nmt
         for i, pair in enumerate(self.merges):
             if len(pair) != 2 or not pair[0] or not pair[1]:
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
-            self.ranks.setdefault(pair, i)
-        # one string object per symbol, shared by the keys of ranks and merged[rank] (the symbol a merge makes), so
-        # that _merge makes no new string per merge: its hash is known and a rank lookup matches it by identity
-        canon = {}
-        self.ranks = {(canon.setdefault(a, a), canon.setdefault(b, b)): r for (a, b), r in self.ranks.items()}
+            self.ranks.setdefault(tuple(canon.setdefault(s, s) for s in pair), i)
         self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
         # per-word caches, filled as words are met: word -> pieces with '@@' (apply_words), -> them joined (apply)
         self.cache, self.joined = {}, _Joined(self._merge)
@@ -513,14 +511,12 @@ MAX_WORD = 100  # characters; far above a real word's length (a long German comp
 def cap_words(words):
     """Words over MAX_WORD characters cut into words of MAX_WORD: BPE's time over a word grows with its length times
     its merges (a 1 MB word stalled learning for minutes). subword-nmt, fastBPE and model.py's export cut nothing."""
-    if max(map(len, words), default=0) <= MAX_WORD:
-        return words
-    return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
+    return words if max(map(len, words), default=0) <= MAX_WORD else [
+        w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
 
 
 def _pool(workers, opts):
-    """binarize's Pool, whose workers run none of the parent's signal handlers: Ctrl-C ignored (the parent stops them),
-    SIGTERM (pool.terminate's) fatal, both blocked until then."""
+    """binarize's Pool; its workers ignore Ctrl-C (the parent stops them) and die of SIGTERM (pool.terminate's)."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
@@ -593,9 +589,8 @@ def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
 
 
 def read_codes(path):
-    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count' per line,
-    no header: XLM's released models' codes_enfr). Both put '</w>' on a word's last symbol and apply merges by rank:
-    one BPE serves both. -> [(left, right), ...]"""
+    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count', no header:
+    XLM's codes_enfr) -> [(left, right), ...]: both put '</w>' on a word's last symbol, so one BPE serves both."""
     try:  # as subword-nmt reads them: trailing newlines dropped, then one line per merge
         with open(path, encoding="utf-8") as f:
             lines = f.read().rstrip("\n").split("\n")
@@ -641,9 +636,8 @@ def load_bin(out_prefix):
 def read_dictionary(path):
     """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
     pairs = [(n, line.split()) for n, line in enumerate(read_lines(path), 1) if line.split()]
-    for n, parts in pairs:
-        if len(parts) != 2:
-            raise ValueError(f"{path}:{n}: expected 'source target', got {' '.join(parts)!r}")
+    if bad := next(((n, parts) for n, parts in pairs if len(parts) != 2), None):
+        raise ValueError(f"{path}:{bad[0]}: expected 'source target', got {' '.join(bad[1])!r}")
     if not pairs:
         raise ValueError(f"{path}: the dictionary is empty")
     return [tuple(parts) for _, parts in pairs]
@@ -655,8 +649,7 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
     codes `xlm_codes` (codes_enfr): one joint BPE, lowercasing if the dictionary has no upper case (XLM-15)."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
-            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (e.g. "
-                             "codes_enfr)")
+            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (codes_enfr)")
         words, langs = list(extra["xlm_vocab"]), list(extra["langs"])
         codes, vocab = BPE.load(xlm_codes), Vocab(words[N_SPECIAL:])
         lowercase = all(w == w.lower() for w in words[N_SPECIAL:])
@@ -680,8 +673,8 @@ class InputError(ValueError):
 
 @contextlib.contextmanager
 def reported(parser):
-    """Each main's one place for a bad input (also a decorator): an InputError (or its copy in model.py, cka.py,
-    toydata.py, which import no project file) becomes one `error: ...` line, code 1, or the parser's usage error (2)."""
+    """Each main's one place for a bad input: an InputError (or the twin of model.py, cka.py, toydata.py) becomes one
+    `error: ...` line, code 1, or the parser's usage error (2). Also a decorator."""
     try:
         yield
     except ValueError as e:
@@ -701,9 +694,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
-    """The argparse type of every numeric flag: a number in [lo, hi) ((lo, ... if above, ..., hi] if upto), or if many a
-    comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32]; `16,16` would count one set twice). NaN and
-    inf refused; argparse names the flag: `argument --lr: expected one number in (0, inf), got '-1'`."""
+    """The argparse type of every numeric flag: a number in [lo, hi) ((lo, ... if above, ..., hi] if upto), not NaN or
+    inf, or if many a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32])."""
     def parse(s):
         try:
             v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
@@ -720,8 +712,7 @@ def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
     return parse
 
 
-def deprecated(old, new):
-    """The spellings of the previous release still work, with this one line on stderr."""
+def deprecated(old, new):  # the spellings of the previous release still work, with this one line on stderr
     print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
 
 
@@ -999,10 +990,9 @@ def _check_prepared(data, recipe, program):
 
 
 def _check_text(path, lang, split, held_out):
-    """A text input of prepare read whole before anything is written (at Wikipedia's size minutes; a bad byte found
-    late costs hours): UTF-8 and WikiExtractor's structure (the readers' errors), no NUL (UTF-16 text), line breaks
-    that are not CR alone (the file would be one line), no Han-script text under a code other than zh (pretokenize
-    splits zh into characters, other codes at spaces), MIN_DEV_WORDS words in a dev split, lines in a train text."""
+    """A text input of prepare read whole before anything is written (a bad byte found late costs hours): UTF-8 and
+    WikiExtractor's structure (the readers' errors), no NUL (UTF-16), no CR-alone line breaks, no Han-script text under
+    a code other than zh (only zh is split into characters), MIN_DEV_WORDS in a dev split, lines in a train text."""
     n = cr = han = letters = texts = words = 0
     for n, line in enumerate(read_text(path), 1):
         if "\0" in line:
@@ -1027,9 +1017,8 @@ def _check_text(path, lang, split, held_out):
 
 
 def _code_switching(code_switch, files, langs, lowercase):
-    """--code-switch's MUSE dictionary -> {lang: {word: [translations]}} (langs[0]'s text by the dictionary, langs[1]'s
-    by its inverse), checked against the first CS_SAMPLE_LINES lines of each train text: one that matches nothing, or
-    the text better with its columns swapped (fr-en for en,fr), is refused."""
+    """--code-switch's MUSE dictionary -> {lang: {word: [translations]}} (langs[1]'s: its inverse), refused if it
+    matches no text or matches it better with its columns swapped (first CS_SAMPLE_LINES lines of each train text)."""
     switch = {langs[0]: {}, langs[1]: {}}
     try:
         for src, tgt in read_dictionary(code_switch):
@@ -1080,10 +1069,9 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             raise InputError(f"--data {data}: {'not a directory' if os.path.exists(data) else 'no such directory'}")
         files, absent = {l: {} for l in langs}, []  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
         for l, s in itertools.product(langs, ("train", "dev")):
-            name = f"{l}.{s}.txt"
-            found = [p for p in (os.path.join(data, name), os.path.join(data, "mono", name)) if os.path.isfile(p)]
-            files[l][s] = found[0] if found else None
-            absent += [] if found else [f"no {name} (nor mono/{name}) for language '{l}'"]
+            found = [p for d in ("", "mono") if os.path.isfile(p := os.path.join(data, d, f"{l}.{s}.txt"))] + [None]
+            files[l][s] = found[0]
+            absent += [] if found[0] else [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'"]
         made = [n for n in prepared_files(langs) + ["done"] if os.path.isfile(os.path.join(data, n))]
         if made and (absent or not _missing(data, langs)):  # a prepared folder (with the text and stray files: text)
             _check_prepared(data, recipe, program)
@@ -1102,13 +1090,12 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             raise InputError(str(e)) from None
     switch = _code_switching(code_switch, files, langs, lowercase) if code_switch and master else {}
 
-    def fingerprint(path):  # a WikiExtractor directory: the sha1 of its files' names, sizes and times
+    def fingerprint(path):  # a file's size and time; a WikiExtractor directory's sha1 of its files' names, sizes, times
         if path is None or not os.path.isdir(path):
             return path and [os.path.abspath(path), os.stat(path).st_size, os.stat(path).st_mtime_ns]
         stats = [[os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
                  for f in wikiextractor_files(path)]
         return [os.path.abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
-
     recipe.update({"bpe_lines": max_lines, "seed": seed, "code_switch": fingerprint(code_switch),
                    "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}})
     to_write = {l: v for l, v in files.items() if v["dev"] is None or any(map(os.path.isdir, v.values()))}
@@ -1162,29 +1149,25 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
 # -----------------------------------------------------------------------------
 # bpe.py's command line: `prepare`
 
-def build_parser():
-    """bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)."""
+def build_parser():  # bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)
     parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     parser.prepare = prep = parser.add_subparsers(dest="cmd", required=True).add_parser(
         "prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=HelpFormatter)
     a = prep.add_argument
     a("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/); required "
       "unless --train-files")
-    a("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data, e.g. "
-      "en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed seed, <doc> lines "
-      "dropped); required unless --data")
+    a("--train-files", metavar="LANG=PATH,...", help="required unless --data: training text per language, e.g. "
+      "en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed seed, <doc> dropped)")
     a("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); without it, "
       f"min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
     a("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'; zh text is split into "
       "characters, Han-script text under another code is refused")
     a("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
     a("--merges", type=number(1), help="BPE merge operations (default: the paper's 80000 joint, else 40000 per "
-      f"language); a word of more than {MAX_WORD} characters is cut into words of {MAX_WORD} (BPE's time over a word "
-      "grows with its length)")
+      f"language); words over {MAX_WORD} characters are cut (BPE's time over a word grows with its length)")
     a("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
     a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    a("--max-lines", type=number(1), help="learn BPE and vocabularies from at most this many lines per file "
-      "(default: all)")
+    a("--max-lines", type=number(1), help="lines per file to learn BPE and vocabularies from (default: all)")
     a("--seed", type=number(0), default=0, help="seed of the joint-BPE line sampling and code-switching")
     a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2; default: none)")
     a("--workers", type=number(1), default=1, help="encoding processes")
