@@ -142,14 +142,10 @@ class BPE:
         names one pair, so the positions of the lowest rank are exactly that pair's occurrences."""
         if len(word) < 2:
             return [word + EOW]
-        w = list(word)
-        w[-1] += EOW
+        w = [*word[:-1], word[-1] + EOW]
         get, none, merged = self.ranks.get, self.none, self.merged
         rs = list(map(get, zip(w, w[1:]), itertools.repeat(none)))
-        while rs:
-            r = min(rs)
-            if r == none:
-                break
+        while rs and (r := min(rs)) != none:
             i = rs.index(r)
             if rs.count(r) == 1:  # the usual case: one occurrence, and only its neighbours' pairs change
                 ab = merged[r]  # w[i] + w[i + 1]
@@ -558,8 +554,7 @@ def atomic_path(path):
         raise
 
 
-def write_text(path, text):
-    """A UTF-8 text file (a string, or strings one after another), written through atomic_path."""
+def write_text(path, text):  # a UTF-8 text file (a string, or strings one after another), through atomic_path
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         f.writelines([text] if isinstance(text, str) else text)
 
@@ -617,8 +612,7 @@ def read_tokenizer(cls, path):
                          f"{'not JSON' if isinstance(e, json.JSONDecodeError) else type(e).__name__}: {e})") from None
 
 
-def load_bin(out_prefix):
-    """-> (read-only np.memmap of the ids, meta dict) for files written by binarize()."""
+def load_bin(out_prefix):  # -> (read-only np.memmap of the ids, meta dict) for files written by binarize()
     try:
         with open(path := out_prefix + ".json", encoding="utf-8") as f:
             meta = json.load(f)
@@ -1084,10 +1078,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         try:
             for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p):
                 _check_text(path, l, s, files[l]["dev"] is None)
-        except OSError as e:
-            raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
-        except ValueError as e:  # read_lines and wikiextractor_files name the file (and line) at fault
-            raise InputError(str(e)) from None
+        except (OSError, ValueError) as e:  # read_lines and wikiextractor_files name the file (and line) at fault
+            raise InputError(f"cannot read {e.filename}: {e.strerror}" if isinstance(e, OSError) else str(e)) from None
     switch = _code_switching(code_switch, files, langs, lowercase) if code_switch and master else {}
 
     def fingerprint(path):  # a file's size and time; a WikiExtractor directory's sha1 of its files' names, sizes, times
