@@ -472,8 +472,8 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         (a, b), ab = pair, pair[0] + pair[1]
         grown = defaultdict(set)  # pair whose count went up -> the words that now have it
         for j in where.pop(pair):
-            # merge_pair, moving the neighbour pairs' counts: x a b y -> x ab y turns (x, a) into (x, ab) and
-            # (b, y) into (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
+            # merge_pair, moving neighbour counts: x a b y -> x ab y turns (x, a), (b, y) into (x, ab), (ab, y);
+            # in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
             w, f = words[j], freqs[j]
             new, i, n = [], 0, len(w)
             while i < n:
@@ -1091,8 +1091,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     recipe.update({"bpe_lines": max_lines, "seed": seed, "code_switch": fingerprint(code_switch),
                    "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}})
     to_write = {l: v for l, v in files.items() if v["dev"] is None or any(map(os.path.isdir, v.values()))}
-    if to_write:  # the split of the text written first (shuffle_split): part of the recipe
-        recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
+    recipe.update(dict(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES) if to_write else {})  # shuffle_split's too
     hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}  # the directory names of earlier versions
     digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
