@@ -124,19 +124,15 @@ class BPE:
 
     def __init__(self, merges):
         self.merges = [tuple(m) for m in merges]
-        self.ranks = {}  # a pair learned twice keeps its first (lowest) rank, as in subword-nmt
+        # one string object per symbol (`canon`), shared by the keys of ranks and merged[rank] (the symbol a merge
+        # makes), so that _merge makes no new string per merge: its hash is known, a rank lookup matches by identity
+        self.ranks, canon = {}, {}  # a pair learned twice keeps its first (lowest) rank, as in subword-nmt
         for i, pair in enumerate(self.merges):
             if len(pair) != 2 or not pair[0] or not pair[1]:
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
-            self.ranks.setdefault(pair, i)
-        # one string object per symbol, shared by the keys of ranks and merged[rank] (the symbol a merge makes), so
-        # that _merge makes no new string per merge: its hash is known and a rank lookup matches it by identity
-        canon = {}
-        self.ranks = {(canon.setdefault(a, a), canon.setdefault(b, b)): r for (a, b), r in self.ranks.items()}
+            self.ranks.setdefault(tuple(canon.setdefault(s, s) for s in pair), i)
         self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
-        # per-word caches, filled as words are met: word -> pieces with '@@' on non-final ones (apply_words),
-        # and word -> those pieces joined by ' ' (apply: a line is then one dict lookup per word and a join,
-        # a word met for the first time merged inside that lookup)
+        # per-word caches, filled as words are met: word -> pieces with '@@' (apply_words), -> them joined (apply)
         self.cache, self.joined = {}, _Joined(self._merge)
         self.none = len(self.merges)  # a rank above every merge's: the pair is no merge
 
@@ -146,14 +142,10 @@ class BPE:
         names one pair, so the positions of the lowest rank are exactly that pair's occurrences."""
         if len(word) < 2:
             return [word + EOW]
-        w = list(word)
-        w[-1] += EOW
+        w = [*word[:-1], word[-1] + EOW]
         get, none, merged = self.ranks.get, self.none, self.merged
         rs = list(map(get, zip(w, w[1:]), itertools.repeat(none)))
-        while rs:
-            r = min(rs)
-            if r == none:
-                break
+        while rs and (r := min(rs)) != none:
             i = rs.index(r)
             if rs.count(r) == 1:  # the usual case: one occurrence, and only its neighbours' pairs change
                 ab = merged[r]  # w[i] + w[i + 1]
@@ -372,11 +364,7 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
 # 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
 
 CHUNK_LINES = 2000
-_WORKER = {}  # binarize's arguments, in this process and in each worker of its Pool (set by _init_worker)
-
-
-def _init_worker(opts):
-    _WORKER.update(opts)
+_WORKER = {}  # binarize's arguments, in this process and in each worker of its Pool (_pool)
 
 
 def _encode_chunk(chunk):
@@ -414,7 +402,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     n_tokens = n_sentences = n_words = n_switched = 0
     bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {os.path.basename(text_path)}", disable=not verbose or not sys.stderr.isatty())
-    _init_worker(dict(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed))
+    _WORKER.update(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed)
     pool = _pool(workers, dict(_WORKER)) if workers > 1 else None  # its workers leave signals to this process
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
@@ -450,9 +438,8 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     is re-pushed with its current count; counts only grow through a push, so a current top is the best."""
     if num_merges < 1 or min_freq < 1:
         raise ValueError(f"learn_bpe: num_merges and min_freq must be >= 1, got {num_merges} and {min_freq}")
-    for w in word_counts:
-        if not w or SPACE_RE.search(w):
-            raise ValueError(f"learn_bpe: word {w!r} is empty or contains whitespace; split lines with pretokenize")
+    if (w := next((w for w in word_counts if not w or SPACE_RE.search(w)), None)) is not None:
+        raise ValueError(f"learn_bpe: word {w!r} is empty or contains whitespace; split lines with pretokenize")
     words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
@@ -485,8 +472,8 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         (a, b), ab = pair, pair[0] + pair[1]
         grown = defaultdict(set)  # pair whose count went up -> the words that now have it
         for j in where.pop(pair):
-            # merge_pair, moving the neighbour pairs' counts: x a b y -> x ab y turns (x, a) into (x, ab) and
-            # (b, y) into (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
+            # merge_pair, moving neighbour counts: x a b y -> x ab y turns (x, a), (b, y) into (x, ab), (ab, y);
+            # in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
             w, f = words[j], freqs[j]
             new, i, n = [], 0, len(w)
             while i < n:
@@ -518,17 +505,14 @@ MAX_WORD = 100  # characters; far above a real word's length (a long German comp
 
 
 def cap_words(words):
-    """Words of more than MAX_WORD characters (a 1 MB run of letters) cut into words of MAX_WORD: BPE's time over a word
-    grows with its length times its merges (a 1 MB word stalled learning for minutes). subword-nmt and fastBPE cut
-    nothing; a cut word is encoded whole, as several words (model.py's exported tokenizer.json does not cut it)."""
-    if max(map(len, words), default=0) <= MAX_WORD:
-        return words
-    return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
+    """Words over MAX_WORD characters cut into words of MAX_WORD: BPE's time over a word grows with its length times
+    its merges (a 1 MB word stalled learning for minutes). subword-nmt, fastBPE and model.py's export cut nothing."""
+    return words if max(map(len, words), default=0) <= MAX_WORD else [
+        w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
 
 
 def _pool(workers, opts):
-    """binarize's Pool, whose workers run none of the parent's signal handlers (pretrain.py's, bpe.py's): Ctrl-C ignored
-    (the parent stops them), SIGTERM (pool.terminate's) fatal, both blocked until then."""
+    """binarize's Pool; its workers ignore Ctrl-C (the parent stops them) and die of SIGTERM (pool.terminate's)."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
@@ -540,13 +524,11 @@ def _pool_worker(opts):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    _init_worker(opts)
+    _WORKER.update(opts)
 
 
 class _Joined(dict):
-    """BPE.apply's cache, word -> its pieces joined by '@@ ' ('lo@@ west'): a missing word is merged when it is
-    first looked up, so a line of known and new words is one pass (no exception, no second join)."""
-
+    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup (a line is one pass)."""
     def __init__(self, merge):
         super().__init__()
         self.merge = merge
@@ -572,8 +554,7 @@ def atomic_path(path):
         raise
 
 
-def write_text(path, text):
-    """A UTF-8 text file (a string, or strings one after another), written through atomic_path."""
+def write_text(path, text):  # a UTF-8 text file (a string, or strings one after another), through atomic_path
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         f.writelines([text] if isinstance(text, str) else text)
 
@@ -590,9 +571,8 @@ def read_lines(path, max_lines=None):
 
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
-    """Two UTF-8 files, line k of one translating line k of the other -> (src_lines, tgt_lines), the first max_lines of
-    each; unequal lengths, no lines or one file on both sides (unless same_ok: en-en', two models of one language)
-    raise ValueError naming both (align.py, cka.py)."""
+    """Two UTF-8 files, line k of one translating line k of the other -> their first max_lines lines; unequal lengths,
+    no lines or one file on both sides (unless same_ok: en-en', two models of one language) raise ValueError."""
     if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
         raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
@@ -604,9 +584,8 @@ def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
 
 
 def read_codes(path):
-    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count' per line,
-    no header: XLM's released models' codes_enfr). Both put '</w>' on a word's last symbol and apply merges by rank:
-    one BPE serves both. -> [(left, right), ...]"""
+    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count', no header:
+    XLM's codes_enfr) -> [(left, right), ...]: both put '</w>' on a word's last symbol, so one BPE serves both."""
     try:  # as subword-nmt reads them: trailing newlines dropped, then one line per merge
         with open(path, encoding="utf-8") as f:
             lines = f.read().rstrip("\n").split("\n")
@@ -633,8 +612,7 @@ def read_tokenizer(cls, path):
                          f"{'not JSON' if isinstance(e, json.JSONDecodeError) else type(e).__name__}: {e})") from None
 
 
-def load_bin(out_prefix):
-    """-> (read-only np.memmap of the ids, meta dict) for files written by binarize()."""
+def load_bin(out_prefix):  # -> (read-only np.memmap of the ids, meta dict) for files written by binarize()
     try:
         with open(path := out_prefix + ".json", encoding="utf-8") as f:
             meta = json.load(f)
@@ -652,23 +630,20 @@ def load_bin(out_prefix):
 def read_dictionary(path):
     """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
     pairs = [(n, line.split()) for n, line in enumerate(read_lines(path), 1) if line.split()]
-    for n, parts in pairs:
-        if len(parts) != 2:
-            raise ValueError(f"{path}:{n}: expected 'source target', got {' '.join(parts)!r}")
+    if bad := next(((n, parts) for n, parts in pairs if len(parts) != 2), None):
+        raise ValueError(f"{path}:{bad[0]}: expected 'source target', got {' '.join(bad[1])!r}")
     if not pairs:
         raise ValueError(f"{path}: the dictionary is empty")
     return [tuple(parts) for _, parts in pairs]
 
 
 def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, language codes) of a checkpoint read by model.load_model (`extra`: its entries besides the model):
-    pretrain.py's best.pt carries its tokenizer; a released XLM checkpoint its dictionary (XLM's ids; pieces end in '@@'
-    as ours) and needs its fastBPE codes `xlm_codes` (e.g. codes_enfr): one joint BPE, lowercasing and accent stripping
-    if the dictionary has no upper-case letter (XLM-15). Mistakes: a one-line ValueError naming the file."""
+    """(Tokenizer, language codes) of a checkpoint's `extra` entries (model.load_model): pretrain.py's best.pt carries
+    its tokenizer; a released XLM checkpoint its dictionary (XLM's ids, pieces ending in '@@') and needs its fastBPE
+    codes `xlm_codes` (codes_enfr): one joint BPE, lowercasing if the dictionary has no upper case (XLM-15)."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
-            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (e.g. "
-                             "codes_enfr)")
+            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (codes_enfr)")
         words, langs = list(extra["xlm_vocab"]), list(extra["langs"])
         codes, vocab = BPE.load(xlm_codes), Vocab(words[N_SPECIAL:])
         lowercase = all(w == w.lower() for w in words[N_SPECIAL:])
@@ -684,8 +659,7 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
 # Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from here)
 
 class InputError(ValueError):
-    """A bad input, with the whole message: a flag's value (code 2: a usage error) or a file and its line (code 1).
-    Helpers raise it; each main turns it into one `error: ...` line in one place (reported)."""
+    """A bad input, the whole message: a flag's value (code 2: usage error) or a file and line (1); see reported."""
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
@@ -693,8 +667,8 @@ class InputError(ValueError):
 
 @contextlib.contextmanager
 def reported(parser):
-    """Each main's one place for a bad input (also a decorator): an InputError (or its copy in model.py, cka.py,
-    toydata.py, which import no project file) becomes one `error: ...` line, code 1, or the parser's usage error (2)."""
+    """Each main's one place for a bad input: an InputError (or the twin of model.py, cka.py, toydata.py) becomes one
+    `error: ...` line, code 1, or the parser's usage error (2). Also a decorator."""
     try:
         yield
     except ValueError as e:
@@ -714,9 +688,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
-    """The argparse type of every numeric flag: a number in [lo, hi) ((lo, ... if above, ..., hi] if upto), or if many a
-    comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32]; `16,16` would count one set twice). NaN and
-    inf refused; argparse names the flag: `argument --lr: expected one number in (0, inf), got '-1'`."""
+    """The argparse type of every numeric flag: a number in [lo, hi) ((lo, ... if above, ..., hi] if upto), not NaN or
+    inf, or if many a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32])."""
     def parse(s):
         try:
             v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
@@ -733,14 +706,12 @@ def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
     return parse
 
 
-def deprecated(old, new):
-    """The spellings of the previous release still work, with this one line on stderr."""
+def deprecated(old, new):  # the spellings of the previous release still work, with this one line on stderr
     print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
 
 
 def toy_data(args):
-    """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note (finetune.py, align.py, cka.py) -> the
-    flag that gave the data directory, for messages. Both spellings at once: InputError."""
+    """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note -> the flag that gave the data."""
     if not isinstance(args.toy, str):
         return "--data"
     deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
@@ -850,8 +821,7 @@ SHUFFLE_BUCKET_BYTES = 1 << 28  # the shuffle holds one bucket of about this man
 def wikiextractor_files(path):
     """The text files of a WikiExtractor output directory in sorted order (AA/wiki_00, AA/wiki_01, ..., AB/...)."""
     found = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names if f.startswith("wiki_"))
-    packed = [f for f in found if f.endswith(".bz2")]
-    if packed:
+    if packed := [f for f in found if f.endswith(".bz2")]:
         raise ValueError(f"{packed[0]}: compressed WikiExtractor output (--compress); unpack it with bunzip2 first")
     if not found:
         raise ValueError(f"{path}: a directory without WikiExtractor files (AA/wiki_00, ...)")
@@ -859,9 +829,8 @@ def wikiextractor_files(path):
 
 
 def read_wikiextractor(path):
-    """The text lines of a WikiExtractor output directory: `<doc ...>`, `</doc>` and empty lines dropped, each article's
-    title line (the first after `<doc>`) kept, as XLM's `get-data-wiki.sh` keeps it. Anything outside a `<doc>` block
-    raises ValueError naming file:line."""
+    """The text lines of a WikiExtractor output directory: `<doc ...>`, `</doc>` and empty lines dropped, each title
+    line kept (as XLM's `get-data-wiki.sh`); anything outside a `<doc>` block raises ValueError naming file:line."""
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
@@ -880,12 +849,10 @@ def read_wikiextractor(path):
 
 
 def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
-    """Write `lines` (an iterable of about `size` bytes) in a seeded random order to train_path, the first
-    min(DEV_LINES, n // 10) of that order to dev_path instead when given (prepare checks there are 10) -> (n_train,
-    n_dev). Every line goes to a bucket file drawn at random, then each bucket is permuted in memory: a uniform shuffle
-    of a corpus larger than memory. Empty lines are dropped; work_dir is removed at the end."""
-    rng = np.random.default_rng(seed)
-    n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
+    """Write `lines` (about `size` bytes) in a seeded random order to train_path, the first min(DEV_LINES, n // 10) to
+    dev_path instead when given -> (n_train, n_dev). Each line goes to a random bucket file, then each bucket is
+    permuted in memory: a uniform shuffle of a corpus larger than memory. Empty lines dropped; work_dir removed."""
+    rng, n_buckets = np.random.default_rng(seed), 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
     buckets, n = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)], 0
     try:
@@ -903,11 +870,11 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
                 with open(b, "rb") as f:
                     part = f.read().decode("utf-8").split("\n")[:-1]
                 os.remove(b)
-                yield from (part[i] for i in rng.permutation(len(part)).tolist())
+                yield from (part[i] + "\n" for i in rng.permutation(len(part)).tolist())
         order = shuffled()
         if n_dev:
-            write_text(dev_path, (line + "\n" for line in itertools.islice(order, n_dev)))
-        write_text(train_path, (line + "\n" for line in order))
+            write_text(dev_path, itertools.islice(order, n_dev))
+        write_text(train_path, order)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     return n - n_dev, n_dev
@@ -928,20 +895,17 @@ def file_sha1(path):
         return hashlib.file_digest(f, "sha1").hexdigest()
 
 
-def read_text(path, max_lines=None):
-    """The lines of a text file (read_lines) or of a WikiExtractor directory (read_wikiextractor)."""
+def read_text(path, max_lines=None):  # the lines of a text file or of a WikiExtractor directory
     return itertools.islice(read_wikiextractor(path), max_lines) if os.path.isdir(path) else read_lines(path, max_lines)
 
 
-def prepared_files(langs):
-    """The files prepare writes in its folder (then `done`, last: the folder is complete)."""
+def prepared_files(langs):  # the files prepare writes in its folder (then `done`, last: the folder is complete)
     return ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev")
                                                 for x in ("bin", "json")]
 
 
 def _missing(folder, langs):
-    """What a prepared folder lacks of what its `done` promises ([] if nothing): `done`, a file, or ids (.bin) of
-    another size than `done` records (the empty `done` of earlier versions records none)."""
+    """What a prepared folder lacks ([] if nothing): `done`, a file, or a .bin of another size than `done` records."""
     if not os.path.isfile(done := os.path.join(folder, "done")):
         return ["done"]
     sizes = {}
@@ -955,9 +919,8 @@ def _missing(folder, langs):
 
 @contextlib.contextmanager
 def _preparing(out, flag):
-    """prepare's hold on its folder: out/lock, flock'ed and naming this process, refuses a second one in one line (the
-    kernel frees the lock of a process that dies; its temporaries are removed). A failure removes the folder (never
-    reused: at Wikipedia's size 10+ GB of text left behind) and becomes one line."""
+    """prepare's hold on its folder: out/lock, flock'ed (freed by the kernel if we die) and naming this process; a
+    second is refused in one line. A failure removes the folder (10+ GB of text at Wikipedia's size) and is one line."""
     make_dir(flag, out)
     path = os.path.join(out, "lock")
     while True:  # the holder removes the file before it lets go: then lock the new one
@@ -977,7 +940,7 @@ def _preparing(out, flag):
     f.truncate(0)
     print(f"process {os.getpid()} on {os.uname().nodename}", file=f, flush=True)
     try:
-        yield
+        yield True
     except BaseException as e:
         shutil.rmtree(out, ignore_errors=True)
         if isinstance(e, ValueError) and not isinstance(e, InputError):  # the readers name the file (and line)
@@ -1010,23 +973,20 @@ def _check_prepared(data, recipe, program):
         cs = made.get("code_switch")
         made["code_switch_sha1"] = (None if not cs else file_sha1(cs[0]) if os.path.isfile(cs[0])
                                     and [os.stat(cs[0]).st_size, os.stat(cs[0]).st_mtime_ns] == cs[1:] else "unknown")
-    k = 1 if program == "bpe.py" else 0  # the flags of the program that called: bpe.py prepare or pretrain.py
 
     def show(key, v):
         return (",".join(v) if key == "langs" else "a dictionary with sha1 " + v[:10] if key == "code_switch_sha1"
                 and v else "none" if v is None else "on" if v is True else "off" if v is False else str(v))
-    diff = [f"{RECIPE_FLAGS[key][k]} {show(key, made.get(key))} there, {show(key, recipe[key])} here"
-            for key in RECIPE_FLAGS if made.get(key) != recipe[key]]
-    if diff:
+    if diff := [f"{RECIPE_FLAGS[key][program == 'bpe.py']} {show(key, made.get(key))} there, {show(key, recipe[key])} "
+                "here" for key in RECIPE_FLAGS if made.get(key) != recipe[key]]:  # the flags of the program that called
         raise InputError(f"--data {data} was prepared with other choices ({'; '.join(diff)}): give the flags it "
                          "was made with, or prepare the data for these flags (bpe.py prepare, or the text as --data)")
 
 
 def _check_text(path, lang, split, held_out):
-    """A text input of prepare read whole before anything is written (at Wikipedia's size minutes; a bad byte found
-    late costs hours): UTF-8 and WikiExtractor's structure (the readers' errors), no NUL (UTF-16 text), line breaks
-    that are not CR alone (the file would be one line), no Han-script text under a code other than zh (pretokenize
-    splits zh into characters, other codes at spaces), MIN_DEV_WORDS words in a dev split, lines in a train text."""
+    """A text input of prepare read whole before anything is written (a bad byte found late costs hours): UTF-8 and
+    WikiExtractor's structure (the readers' errors), no NUL (UTF-16), no CR-alone line breaks, no Han-script text under
+    a code other than zh (only zh is split into characters), MIN_DEV_WORDS in a dev split, lines in a train text."""
     n = cr = han = letters = texts = words = 0
     for n, line in enumerate(read_text(path), 1):
         if "\0" in line:
@@ -1051,18 +1011,16 @@ def _check_text(path, lang, split, held_out):
 
 
 def _code_switching(code_switch, files, langs, lowercase):
-    """--code-switch's MUSE dictionary -> {lang: {word: [translations]}} (langs[0]'s text by the dictionary, langs[1]'s
-    by its inverse), checked against the first CS_SAMPLE_LINES lines of each train text: one that matches nothing, or
-    the text better with its columns swapped (fr-en for en,fr), is refused."""
+    """--code-switch's MUSE dictionary -> {lang: {word: [translations]}} (langs[1]'s: its inverse), refused if it
+    matches no text or matches it better with its columns swapped (first CS_SAMPLE_LINES lines of each train text)."""
     switch = {langs[0]: {}, langs[1]: {}}
     try:
         for src, tgt in read_dictionary(code_switch):
             switch[langs[0]].setdefault(src, []).append(tgt)
     except ValueError as e:  # read_dictionary names the file and line
         raise InputError(f"--code-switch {e}") from None
-    for src, tgts in switch[langs[0]].items():
-        for t in tgts:
-            switch[langs[1]].setdefault(t, []).append(src)
+    for src, t in ((src, t) for src, tgts in switch[langs[0]].items() for t in tgts):  # the inverse, in that order
+        switch[langs[1]].setdefault(t, []).append(src)
     hits, total = {}, {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
     for l, other in zip(langs, langs[::-1]):
         lines = read_text(files[l]["train"], CS_SAMPLE_LINES)
@@ -1087,13 +1045,11 @@ def _code_switching(code_switch, files, langs, lowercase):
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
             program="pretrain.py"):
-    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, or in `data`; a path may be a WikiExtractor
-    directory) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin,
-    reused by later calls (other DDP ranks wait for it). A `data` folder prepared earlier is used as it is if its
-    recipe.json matches these choices, else refused. Every input is checked before anything is written (BPE learning
-    takes hours at paper scale). WikiExtractor text, or text without a dev file, is first written to the folder,
-    shuffled, the dev lines held out (shuffle_split). Errors: one line (`flag`: the option that gave prep_dir;
-    `program`: the script whose flags a refusal names)."""
+    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, a path maybe a WikiExtractor directory, or in
+    `data`) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin,
+    reused later (other DDP ranks wait for it); a `data` folder prepared earlier is used if its recipe.json matches.
+    Every input is checked before anything is written (BPE learning takes hours at paper scale). Errors: one line
+    (`flag`: the option that gave prep_dir; `program`: the script whose flags a refusal names)."""
     langs, cs_sha1 = parse_langs(langs), None
     if code_switch:
         try:
@@ -1107,10 +1063,9 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             raise InputError(f"--data {data}: {'not a directory' if os.path.exists(data) else 'no such directory'}")
         files, absent = {l: {} for l in langs}, []  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
         for l, s in itertools.product(langs, ("train", "dev")):
-            name = f"{l}.{s}.txt"
-            found = [p for p in (os.path.join(data, name), os.path.join(data, "mono", name)) if os.path.isfile(p)]
-            files[l][s] = found[0] if found else None
-            absent += [] if found else [f"no {name} (nor mono/{name}) for language '{l}'"]
+            found = [p for d in ("", "mono") if os.path.isfile(p := os.path.join(data, d, f"{l}.{s}.txt"))] + [None]
+            files[l][s] = found[0]
+            absent += [] if found[0] else [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'"]
         made = [n for n in prepared_files(langs) + ["done"] if os.path.isfile(os.path.join(data, n))]
         if made and (absent or not _missing(data, langs)):  # a prepared folder (with the text and stray files: text)
             _check_prepared(data, recipe, program)
@@ -1123,29 +1078,33 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         try:
             for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p):
                 _check_text(path, l, s, files[l]["dev"] is None)
-        except OSError as e:
-            raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
-        except ValueError as e:  # read_lines and wikiextractor_files name the file (and line) at fault
-            raise InputError(str(e)) from None
+        except (OSError, ValueError) as e:  # read_lines and wikiextractor_files name the file (and line) at fault
+            raise InputError(f"cannot read {e.filename}: {e.strerror}" if isinstance(e, OSError) else str(e)) from None
     switch = _code_switching(code_switch, files, langs, lowercase) if code_switch and master else {}
 
-    def fingerprint(path):  # a WikiExtractor directory: the sha1 of its files' names, sizes and times
+    def fingerprint(path):  # a file's size and time; a WikiExtractor directory's sha1 of its files' names, sizes, times
         if path is None or not os.path.isdir(path):
             return path and [os.path.abspath(path), os.stat(path).st_size, os.stat(path).st_mtime_ns]
         stats = [[os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
                  for f in wikiextractor_files(path)]
         return [os.path.abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
-
     recipe.update({"bpe_lines": max_lines, "seed": seed, "code_switch": fingerprint(code_switch),
                    "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}})
     to_write = {l: v for l, v in files.items() if v["dev"] is None or any(map(os.path.isdir, v.values()))}
-    if to_write:  # the split of the text written first (shuffle_split): part of the recipe
-        recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
+    recipe.update(dict(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES) if to_write else {})  # shuffle_split's too
     hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}  # the directory names of earlier versions
     digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
 
-    def build():  # the text split and shuffled where needed, BPE learned, every split binarised; `done` last
+    while not master and _missing(out, langs):  # the other DDP ranks wait for the master's data
+        time.sleep(2)
+    with _preparing(out, flag) if master and _missing(out, langs) else contextlib.nullcontext() as held:
+        if not held or not (missing := _missing(out, langs)):  # ready (or prepared meanwhile, by the lock's holder)
+            if master:
+                print(f"using prepared data in {out}")
+            return out
+        if "done" not in missing:  # a damaged folder (a file deleted, or cut short): made again
+            print(f"note: {out}: a prepared folder without {', '.join(missing)}; preparing it again")
         paths = {l: dict(v) for l, v in files.items()}
         for l, v in to_write.items():  # WikiExtractor output, or text without a dev file: out/{lang}.{train,dev}.txt
             dest = {s: os.path.join(out, f"{l}.{s}.txt") for s in ("train", "dev")}
@@ -1175,45 +1134,31 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         write_text(os.path.join(out, "recipe.json"), json.dumps(recipe, indent=1))
         sizes = {n: os.path.getsize(os.path.join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
         write_text(os.path.join(out, "done"), json.dumps(sizes))  # last: the ids it holds (_missing checks them)
-
-    while not master and _missing(out, langs):  # the other DDP ranks wait for the master's data
-        time.sleep(2)
-    if master and _missing(out, langs):
-        with _preparing(out, flag):  # one process at a time; a failure leaves no folder behind; errors: one line
-            if missing := _missing(out, langs):  # else prepared meanwhile, by the process that held the lock
-                if "done" not in missing:  # a damaged folder (a file deleted, or cut short): made again
-                    print(f"note: {out}: a prepared folder without {', '.join(missing)}; preparing it again")
-                build()
-                return out
-    if master:
-        print(f"using prepared data in {out}")
     return out
+
+
 # -----------------------------------------------------------------------------
 # bpe.py's command line: `prepare`
 
-def build_parser():
-    """bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)."""
+def build_parser():  # bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)
     parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     parser.prepare = prep = parser.add_subparsers(dest="cmd", required=True).add_parser(
         "prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=HelpFormatter)
     a = prep.add_argument
     a("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/); required "
       "unless --train-files")
-    a("--train-files", metavar="LANG=PATH,...", help="training text per language instead of --data, e.g. "
-      "en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed seed, <doc> lines "
-      "dropped); required unless --data")
+    a("--train-files", metavar="LANG=PATH,...", help="required unless --data: training text per language, e.g. "
+      "en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed seed, <doc> dropped)")
     a("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); without it, "
       f"min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
     a("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'; zh text is split into "
       "characters, Han-script text under another code is refused")
     a("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
     a("--merges", type=number(1), help="BPE merge operations (default: the paper's 80000 joint, else 40000 per "
-      f"language); a word of more than {MAX_WORD} characters is cut into words of {MAX_WORD} (BPE's time over a word "
-      "grows with its length)")
+      f"language); words over {MAX_WORD} characters are cut (BPE's time over a word grows with its length)")
     a("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
     a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    a("--max-lines", type=number(1), help="learn BPE and vocabularies from at most this many lines per file "
-      "(default: all)")
+    a("--max-lines", type=number(1), help="lines per file to learn BPE and vocabularies from (default: all)")
     a("--seed", type=number(0), default=0, help="seed of the joint-BPE line sampling and code-switching")
     a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2; default: none)")
     a("--workers", type=number(1), default=1, help="encoding processes")
