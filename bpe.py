@@ -802,10 +802,10 @@ def make_dir(flag, path):
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:  # FileExistsError: a file, not a directory
-        raise SystemExit(f"error: {flag} {path}: " + ("exists and is not a directory" if isinstance(
+        raise InputError(f"{flag} {path}: " + ("exists and is not a directory" if isinstance(
             e, FileExistsError) else f"cannot create the directory: {e.filename}: {e.strerror}")) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise SystemExit(f"error: {flag} {path}: the directory is not writable")
+        raise InputError(f"{flag} {path}: the directory is not writable")
 
 
 # -----------------------------------------------------------------------------
