@@ -791,7 +791,7 @@ def build_parser():
 
 
 def checked(call, *args, prefix=""):
-    """call(*args), a ValueError (from bpe.py, model.py, align.py: it names the flag or file) as an InputError."""
+    """call(*args), its ValueError as an InputError starting with `prefix` (align.load_map's names no flag)."""
     try:
         return call(*args)
     except ValueError as e:
@@ -800,7 +800,7 @@ def checked(call, *args, prefix=""):
 
 def old_spellings(args):
     """--toy DIR -> --toy --data DIR; --batch-size / --lr / --head-lr with a comma list -> the grid flags."""
-    args.data_flag = checked(bpe.toy_data, args)  # the flag that gave the data directory, named in messages
+    args.data_flag = bpe.toy_data(args)  # the flag that gave the data directory, named in messages
     for k, flag in (("batch_size", "--batch-size"), ("lr", "--lr"), ("head_lr", "--head-lr")):
         if (one := vars(args).pop("one_" + k)) is not None:
             if getattr(args, k) is not None:
@@ -821,7 +821,7 @@ def load_ckpt(path, flag, device, xlm_codes=None):
 
 def lang_index(langs, code, ckpt, flag):
     """`code`'s index among the checkpoint's languages (bpe.checkpoint_lang); one it lacks names `flag`."""
-    return checked(bpe.checkpoint_lang, langs, code, f"{flag} {code}:", f" ({ckpt})")
+    return bpe.checkpoint_lang(langs, code, f"{flag} {code}:", f" ({ckpt})")
 
 
 def maps_origin(args):
@@ -925,7 +925,7 @@ def _main(args):
     old_spellings(args)
     if args.plot and not args.table:
         raise InputError("--plot goes with --table (the learning curves of -stepN dirs)")
-    checked(check_plot, args.plot) if args.plot else None
+    check_plot(args.plot) if args.plot else None
     if args.table:
         print(results_table(args.table, args.with_stalled))
         return plot_curves(args.plot, args.table) if args.plot else None
@@ -937,7 +937,7 @@ def _main(args):
         raise InputError(f"--xlm-codes {args.xlm_codes}: no such file")
     if args.dtype == "float16":
         raise InputError("--dtype float16: fine-tuning has no GradScaler; use --dtype bfloat16 or float32")
-    args.device, dtype, _ = checked(pick_device, args.device, args.dtype)
+    args.device, dtype, _ = pick_device(args.device, args.dtype)
     args.bf16 = dtype == "bfloat16"  # (auto on a GPU without bfloat16: float32)
     if not (args.align_layer is not None) == bool(args.target_ckpt) == bool(args.align_maps):
         raise InputError("--align-layer, --target-ckpt and --align-maps go together (aligned transfer, §5.1.2)")
