@@ -925,6 +925,8 @@ def _main(args):
     old_spellings(args)
     if args.plot and not args.table:
         raise InputError("--plot goes with --table (the learning curves of -stepN dirs)")
+    if args.with_stalled and not args.table:
+        raise InputError("--with-stalled goes with --table (it counts stalled seeds in the table's means)")
     check_plot(args.plot) if args.plot else None
     if args.table:
         print(results_table(args.table, args.with_stalled))

@@ -669,6 +669,8 @@ def test_table_leaves_a_stalled_seed_out_and_marks_thin_cells(tmp_path, capsys):
     assert lines[1].split()[:4] == ["m", "2", "1", "11.0"] and lines[1].split()[5] == "70.0"
     assert "1 seed(s) whose MLM stalled" in lines[-1]
     assert ft.results_table(dirs, with_stalled=True).splitlines()[1].split()[:3] == ["m", "3", "1"]
+    with pytest.raises(SystemExit, match="--with-stalled goes with --table"):  # alone it would change nothing
+        ft.main(["--with-stalled", "--ckpt", "x.pt", "--out", str(tmp_path / "o")])
     (tmp_path / "m-s1" / "xnli").mkdir()
     (tmp_path / "m-s1" / "xnli" / "results.json").write_text(json.dumps(
         {"task": "xnli", "metric": "acc", "test": {"fr": {"acc": 0.5}}}))
