@@ -75,7 +75,7 @@ class ModelConfig:
 
 
 def parse_sep(spec, n_layers=8):
-    """The --sep flag: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords (or InputError).
+    """--sep: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords (or a usage InputError).
     "" -> all shared; "emb" -> token + position tables and softmax (sep_emb); "1-3" -> layers 1, 2, 3;
     "tok" / "pos" -> only the token table + softmax / only the position table (the halves of "emb").
     Example: "emb,1-3,5" -> {"sep_emb": True, "sep_tok": True, "sep_pos": True, "sep_layers": (1, 2, 3, 5)}.
@@ -89,13 +89,13 @@ def parse_sep(spec, n_layers=8):
             lo, _, hi = part.partition("-")
             lo, hi = int(lo), int(hi or lo)
             if lo > hi:
-                raise InputError(f"bad --sep range {part!r}: start > end")
+                raise InputError(f"bad --sep range {part!r}: start > end", 2)
             layers.update(range(lo, hi + 1))
         else:
-            raise InputError(f"bad --sep part {part!r} in {spec!r}: expected 'emb', 'tok', 'pos', 'N' or 'N-M'")
+            raise InputError(f"bad --sep part {part!r} in {spec!r}: expected 'emb', 'tok', 'pos', 'N' or 'N-M'", 2)
     bad = sorted(i for i in layers if not 1 <= i <= n_layers)
     if bad:
-        raise InputError(f"bad --sep {spec!r}: layers {bad} outside 1..{n_layers} (paper numbering)")
+        raise InputError(f"bad --sep {spec!r}: layers {bad} outside 1..{n_layers} (paper numbering)", 2)
     return {"sep_emb": tok and pos, "sep_tok": tok, "sep_pos": pos, "sep_layers": tuple(sorted(layers))}
 
 # -----------------------------------------------------------------------------
