@@ -75,7 +75,7 @@ class ModelConfig:
 
 
 def parse_sep(spec, n_layers=8):
-    """The --sep flag: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords (or InputError).
+    """--sep: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords (or a usage InputError).
     "" -> all shared; "emb" -> token + position tables and softmax (sep_emb); "1-3" -> layers 1, 2, 3;
     "tok" / "pos" -> only the token table + softmax / only the position table (the halves of "emb").
     Example: "emb,1-3,5" -> {"sep_emb": True, "sep_tok": True, "sep_pos": True, "sep_layers": (1, 2, 3, 5)}.
@@ -89,13 +89,13 @@ def parse_sep(spec, n_layers=8):
             lo, _, hi = part.partition("-")
             lo, hi = int(lo), int(hi or lo)
             if lo > hi:
-                raise InputError(f"bad --sep range {part!r}: start > end")
+                raise InputError(f"bad --sep range {part!r}: start > end", 2)
             layers.update(range(lo, hi + 1))
         else:
-            raise InputError(f"bad --sep part {part!r} in {spec!r}: expected 'emb', 'tok', 'pos', 'N' or 'N-M'")
+            raise InputError(f"bad --sep part {part!r} in {spec!r}: expected 'emb', 'tok', 'pos', 'N' or 'N-M'", 2)
     bad = sorted(i for i in layers if not 1 <= i <= n_layers)
     if bad:
-        raise InputError(f"bad --sep {spec!r}: layers {bad} outside 1..{n_layers} (paper numbering)")
+        raise InputError(f"bad --sep {spec!r}: layers {bad} outside 1..{n_layers} (paper numbering)", 2)
     return {"sep_emb": tok and pos, "sep_tok": tok, "sep_pos": pos, "sep_layers": tuple(sorted(layers))}
 
 # -----------------------------------------------------------------------------
@@ -434,7 +434,7 @@ def save_model(path, model, **extra):
         torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
 
 
-CKPT_HINT = "expected a checkpoint written by pretrain.py (best.pt or checkpoint.pt), model.save_model or XLM's train.py"
+CKPT_HINT = "expected a checkpoint of pretrain.py (best.pt or checkpoint.pt), model.save_model or XLM's train.py"
 
 
 def _first_line(e, n=100):  # `Type: first sentence` of an exception (torch's load errors run long)
@@ -476,8 +476,7 @@ def load_model(path, map_location="cpu"):
         if missing or unexpected:
             raise InputError(f"{path}: the weights do not match the checkpoint's config ({len(missing)} missing, "
                              f"{len(unexpected)} unexpected keys, e.g. {(missing + unexpected)[0]!r})")
-    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
+    if bad := [k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()]:
         raise InputError(f"{path}: weight {bad[0]!r} contains NaN or inf (a diverged run?); refusing to use it")
     return model.to(map_location).eval(), ckpt
 
@@ -497,21 +496,20 @@ def _from_xlm_checkpoint(path, ckpt):
     params, word2id, state = ckpt["params"], ckpt["dico_word2id"], ckpt["model"]
     if not all(isinstance(x, dict) for x in (params, word2id, state)):
         raise InputError(f"{path}: an XLM checkpoint's model, dico_word2id and params must be dicts")
-    need = [k for k in ("emb_dim", "n_layers", "n_heads", "n_langs", "id2lang") if k not in params]
-    if need:
+    if need := [k for k in ("emb_dim", "n_layers", "n_heads", "n_langs", "id2lang") if k not in params]:
         raise InputError(f"{path}: the XLM params lack {need}")
-    if not params.get("gelu_activation", True) or params.get("asm", False):
-        raise InputError(f"{path}: XLM params with ReLU (gelu_activation false) or an adaptive softmax (asm): "
-                         "not the architecture MLM reproduces")
     words = sorted(word2id, key=word2id.get)
-    if [word2id[w] for w in words] != list(range(len(words))) or words[:len(XLM_SPECIALS)] != XLM_SPECIALS:
-        raise InputError(f"{path}: dico_word2id is not an XLM dictionary (ids 0..n-1, {' '.join(XLM_SPECIALS[:5])} ... first)")
     id2lang, n_langs = {int(k): v for k, v in params["id2lang"].items()}, int(params["n_langs"])
-    if sorted(id2lang) != list(range(n_langs)):
-        raise InputError(f"{path}: the XLM params' id2lang {params['id2lang']} does not number its n_langs {n_langs} languages")
     pos = next((v for k, v in state.items() if k.endswith("position_embeddings.weight")), None)
-    if pos is None:
-        raise InputError(f"{path}: the XLM state dict has no position_embeddings.weight")
+    refused = [(not params.get("gelu_activation", True) or params.get("asm", False), "XLM params with ReLU "
+                "(gelu_activation false) or an adaptive softmax (asm): not the architecture MLM reproduces"),
+               ([word2id[w] for w in words] != list(range(len(words))) or words[:len(XLM_SPECIALS)] != XLM_SPECIALS,
+                f"dico_word2id is not an XLM dictionary (ids 0..n-1, {' '.join(XLM_SPECIALS[:5])} ... first)"),
+               (sorted(id2lang) != list(range(n_langs)),
+                f"the XLM params' id2lang {params['id2lang']} does not number its n_langs {n_langs} languages"),
+               (pos is None, "the XLM state dict has no position_embeddings.weight")]
+    for message in (m for bad, m in refused if bad):
+        raise InputError(f"{path}: {message}")
     try:
         dim, drop = int(params["emb_dim"]), {k: float(params.get(k, 0.0)) for k in ("dropout", "attention_dropout")}
         config = ModelConfig(vocab_size=len(words), n_langs=n_langs, n_layers=int(params["n_layers"]), **drop,
@@ -529,29 +527,24 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def pick_device(device="auto", dtype="auto", local_rank=None):
-    """-> (device with an index if CUDA, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl"). "cuda:N" is refused under
-    torchrun (each process takes GPU `local_rank`); dtype "auto": bfloat16 from compute capability 8.0, else float16."""
+    """-> (device, with an index if CUDA; dtype; backend), e.g. ("cuda:0", "bfloat16", "nccl"); torchrun: local_rank."""
     cuda = torch.cuda.is_available()
     device = ("cuda" if cuda else "cpu") if device == "auto" else device
     kind, colon, index = device.partition(":")
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise InputError("--device mps: MPS is not available on this machine; use --device cpu or auto")
-    if kind == "cuda" and (not colon or index.isdigit()):
-        if not cuda:
-            build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
-            raise InputError(f"--device {device}: CUDA is not available on this machine ({build}); "
-                             "use --device cpu or auto")
-        if colon and local_rank is not None:
-            raise InputError(f"--device {device}: under torchrun each process takes the GPU of its "
-                             "LOCAL_RANK; use --device cuda (and CUDA_VISIBLE_DEVICES to choose GPUs)")
-        n, i = torch.cuda.device_count(), int(index) if colon else (local_rank or 0)
-        if i >= n:
-            raise InputError(f"--device {device}: " + (f"GPU {i} does not exist ({n} visible)" if colon else
-                             f"LOCAL_RANK {i} but only {n} GPU(s) visible; use --nproc_per_node {n} or less"))
-        device = f"cuda:{i}"
-    elif device not in ("cpu", "mps"):
-        raise InputError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
-    gpu = device.startswith("cuda")
+    gpu = kind == "cuda" and (not colon or index.isdigit())  # cuda or cuda:N
+    n, i = torch.cuda.device_count() if cuda else 0, int(index) if gpu and colon else (local_rank or 0)
+    build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
+    refused = [(not gpu and device not in ("cpu", "mps"), "expected auto, cpu, cuda, cuda:N or mps"),
+               (device == "mps" and not torch.backends.mps.is_available(),
+                "MPS is not available on this machine; use --device cpu or auto"),
+               (gpu and not cuda, f"CUDA is not available on this machine ({build}); use --device cpu or auto"),
+               (gpu and colon and local_rank is not None, "under torchrun each process takes the GPU of its "
+                "LOCAL_RANK; use --device cuda (and CUDA_VISIBLE_DEVICES to choose GPUs)"),
+               (gpu and i >= n, f"GPU {i} does not exist ({n} visible)" if colon else
+                f"LOCAL_RANK {i} but only {n} GPU(s) visible; use --nproc_per_node {n} or less")]
+    for message in (m for bad, m in refused if bad):
+        raise InputError(f"--device {device}: {message}")
+    device = f"cuda:{i}" if gpu else device
     # native bfloat16 from compute capability 8.0 (A100); asked of the chosen GPU, not of the current one, and not
     # torch.cuda.is_bf16_supported(), which also counts the emulated (slow) bf16 of a V100 or T4
     cc = torch.cuda.get_device_capability(int(device[5:])) if gpu else None
@@ -619,10 +612,9 @@ def check_plot(path):
     if not os.path.isdir(d) or os.path.isdir(path) or not os.access(d, os.W_OK):
         why = "cannot write a file there" if os.path.isdir(d) else f"no such directory {d}"
         raise InputError(f"--plot {path}: {why}")
-    try:
-        __import__("matplotlib")  # only to know it is there
-    except ImportError:
-        raise InputError("--plot needs matplotlib, which is not a requirement: pip install matplotlib") from None
+    from importlib.util import find_spec  # matplotlib is only looked for, not imported
+    if find_spec("matplotlib") is None:
+        raise InputError("--plot needs matplotlib, which is not a requirement: pip install matplotlib")
 
 
 def markdown_table(header, rows, fmt="{:.3f}"):
@@ -669,9 +661,8 @@ def hf_tokenizer_json(record, lang, vocab_size):
     prefix = f"{lang}:" if record["mode"] == "prefixed" else ""  # a prefixed vocabulary: this language's tokens
     tokens = record["vocabs"][record["vocab_of"][lang]]["tokens"]
     vocab = {t: i for i, t in enumerate(XLM_SPECIALS)}
-    for i, t in enumerate(tokens, len(XLM_SPECIALS)):
-        if t.startswith(prefix):
-            vocab[t[len(prefix):-2] if t.endswith("@@") else t[len(prefix):] + "</w>"] = i
+    vocab |= {t[len(prefix):-2] if t.endswith("@@") else t[len(prefix):] + "</w>": i
+              for i, t in enumerate(tokens, len(XLM_SPECIALS)) if t.startswith(prefix)}
     merges = list(dict.fromkeys(tuple(m) for m in record["bpes"][record["bpe_of"][lang]]))  # the first rank counts
     extra = [s for s in dict.fromkeys(s for a, b in merges for s in (a, b, a + b)) if s not in vocab]
     vocab |= {s: i for i, s in enumerate(extra, vocab_size)}
@@ -700,8 +691,7 @@ def xlm_names(config):
     names = {"tok_emb.0.weight": ["embeddings.weight"], "pos_emb.0.weight": ["position_embeddings.weight"],
              "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
              "pred_bias.0": ["pred_layer.proj.bias"]}
-    if config.lang_emb:
-        names["lang_emb.weight"] = ["lang_embeddings.weight"]
+    names |= {"lang_emb.weight": ["lang_embeddings.weight"]} if config.lang_emb else {}
     layer = {"attn.qkv": ["attentions.{i}.q_lin", "attentions.{i}.k_lin", "attentions.{i}.v_lin"],  # our fused qkv
              "attn.out": ["attentions.{i}.out_lin"], "ln1": ["layer_norm1.{i}"], "ffn.lin1": ["ffns.{i}.lin1"],
              "ffn.lin2": ["ffns.{i}.lin2"], "ln2": ["layer_norm2.{i}"]}
@@ -716,15 +706,15 @@ def export_hf(ckpt_path, out_dir, lang=None):
     c, record, langs = model.config, extra.get("tokenizer"), extra.get("langs")
     if not record or not langs:
         raise InputError(f"{ckpt_path}: no tokenizer record in the checkpoint (pretrain.py's best.pt has one)")
-    if model.has_lang_specific():
-        sep = ",".join((["tok"] if c.sep_tok else []) + (["pos"] if c.sep_pos else []) + [str(i) for i in c.sep_layers])
-        raise InputError(f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no transformers "
-                         "equivalent (XLM shares everything); only fully shared models are exported")
-    if c.ffn_dim != 4 * c.dim:
-        raise InputError(f"{ckpt_path}: ffn_dim {c.ffn_dim} is not 4 x dim {c.dim}, which transformers' XLM fixes")
-    lang = lang or langs[0]
-    if lang not in langs:
-        raise InputError(f"--lang {lang}: not one of the checkpoint's languages {langs}")
+    lang, sep = lang or langs[0], ",".join(["tok"] * c.sep_tok + ["pos"] * c.sep_pos + [str(i) for i in c.sep_layers])
+    refused = [(model.has_lang_specific(), f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no "
+                "transformers equivalent (XLM shares everything); only fully shared models are exported"),
+               (c.ffn_dim != 4 * c.dim, f"{ckpt_path}: ffn_dim {c.ffn_dim}, but transformers' XLM has 4 x dim {c.dim}"),
+               (lang not in langs, f"--lang {lang}: not one of the checkpoint's languages {langs}"),
+               (os.path.exists(out_dir) and not os.path.isdir(out_dir),  # was "[Errno 17] File exists"
+                f"{out_dir}: exists and is not a directory (the export's output directory)")]
+    for message in (m for bad, m in refused if bad):
+        raise InputError(message)
     tok, n_extra = hf_tokenizer_json(record, lang, c.vocab_size)
     config = {"architectures": ["XLMWithLMHeadModel"], "model_type": "xlm", "vocab_size": c.vocab_size + n_extra,
               "emb_dim": c.dim, "n_layers": c.n_layers, "n_heads": c.n_heads, "dropout": c.dropout,
@@ -737,8 +727,8 @@ def export_hf(ckpt_path, out_dir, lang=None):
     specials = {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "</s>",
                 "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<special1>"}
     # no token_type_ids: XLM adds the token embedding of a type id to every position
-    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": c.max_positions,
-                  "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": False, **specials}
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": c.max_positions, **specials,
+                  "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": False}
     # the weights under XLMWithLMHeadModel's names; the n_extra token rows copy <unk>'s, output bias HF_UNUSED_BIAS
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     emb, bias = sd["tok_emb.0.weight"], sd["pred_bias.0"]
@@ -754,8 +744,6 @@ def export_hf(ckpt_path, out_dir, lang=None):
     files = {"config.json": config, "tokenizer.json": tok, "tokenizer_config.json": tok_config,
              "special_tokens_map.json": specials}
     names, new_dir = [weights[0], *files], not os.path.isdir(out_dir)
-    if new_dir and os.path.exists(out_dir):  # was "[Errno 17] File exists"
-        raise InputError(f"{out_dir}: exists and is not a directory (the export's output directory)")
     os.makedirs(out_dir, exist_ok=True)
     try:  # every file goes to a temporary first, then all are renamed: a failure (a full disk) leaves no mix
         with _atomic_paths(*(os.path.join(out_dir, name) for name in names)) as tmps:
@@ -777,11 +765,10 @@ def build_parser():
     """python model.py export CKPT OUT_DIR [--lang L]: export_hf from the command line."""
     import argparse
     ap = argparse.ArgumentParser(prog="model.py", description="Export a checkpoint for Hugging Face transformers.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export", help="pretrain.py's best.pt -> a transformers model directory (export_hf)")
+    ex = ap.add_subparsers(dest="cmd", required=True).add_parser("export", help="best.pt -> a transformers directory")
     ex.add_argument("ckpt", help="pretrain.py's best.pt (a fully shared model)")
     ex.add_argument("out", help="output directory (created; its files are replaced)")
-    ex.add_argument("--lang", help="whose tokenizer (pre-tokenisation differs for zh only); default: the first language")
+    ex.add_argument("--lang", help="whose tokenizer (pre-tokenisation differs for zh only; default: the first)")
     return ap
 
 

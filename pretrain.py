@@ -341,8 +341,7 @@ def train(run):
 # The plumbing: flags, the run directory and signals, count models, checkpoints and log, setup, main
 
 # -----------------------------------------------------------------------------
-# flags (the presets above by default, every value checked before any work); the run directory and its lock;
-# signals, and the one form of advice printed when a run stops: a command this program accepts
+# flags (the presets above by default, each checked before any work); the run directory, its lock; signals, advice
 
 RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile",
                      "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "overwrite", "lr",
@@ -352,7 +351,6 @@ DDP_TIMEOUT = timedelta(minutes=60)  # the other ranks wait while the master eva
 
 
 def build_parser():
-    """The flags as parsed (get_args: the presets, the checks); numbers are checked as read (bpe.number, one line)."""
     count, natural, positions = number(1), number(0), number(1, MAX_POSITIONS, upto=True)
     fraction, rate, seed = number(0, 1, float, upto=True), number(0, 1, float), number(0, 2 ** 32)  # seed*1000+rank+1
     p = argparse.ArgumentParser("pretrain.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
@@ -384,8 +382,7 @@ def build_parser():
     a("--toy-domain-shift", type=fraction, default=0.0, help="toy: topic shift between the languages (Wiki-CC: 1.0)")
     a("--toy-cyrillic", action="store_true", help="toy: write the second language in Cyrillic letters")
     a("--toy-seed", type=natural, default=0, help="toy: world seed")
-    a("--sep", default="", help="language-specific parts (Table 1: emb, 1-3, 1-6, emb,1-3, emb,1-6; tok, pos) "
-      "(default: none)")
+    a("--sep", default="", help="language-specific parts, e.g. emb, 1-3, emb,1-6 (Table 1), tok, pos (default: none)")
     a("--lang-emb", action="store_true", help="add language embeddings (the paper is silent; mBERT, XLM-17/100 have)")
     for flag, typ, what in (("--n-layers", count, "layers"), ("--dim", count, "hidden size"),
                             ("--n-heads", count, "attention heads"), ("--ffn-dim", count, "feed-forward size"),
@@ -415,7 +412,6 @@ def build_parser():
 
 
 def get_args(argv=None, p=None):
-    """The flags, presets filled in, every value checked before any work (InputError code 2: one usage line each)."""
     args = (p or build_parser()).parse_args(argv)
     if {"RANK", "WORLD_SIZE"} & set(os.environ) and not {"LOCAL_RANK", "MASTER_ADDR"} <= set(os.environ):
         raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun worker (no LOCAL_RANK "
@@ -425,17 +421,14 @@ def get_args(argv=None, p=None):
     args.merges = args.merges or MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
     langs, snapshots = args.langs.split(","), args.snapshots.replace(",", " ").split()
     updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
-    flag = "--toy-order: "
-    try:  # a parser's ValueError: one usage line (toydata.py's own check of --toy-order, before anything is written)
-        if args.toy:
-            parse_order(args.toy_order)
-        flag = ""
-        vars(args).update(parse_sep(args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers
-        if args.train_files and args.dev_files:  # both or neither (checked below)
-            args.train_files = parse_lang_files("--train-files", args.train_files, langs)
-            args.dev_files = parse_lang_files("--dev-files", args.dev_files, langs)
+    try:  # toydata.py's own check of --toy-order, before anything is written (its message lacks the flag's name)
+        args.toy and parse_order(args.toy_order)
     except ValueError as e:
-        raise InputError(flag + str(e), 2) from None
+        raise InputError(f"--toy-order: {e}", 2) from None
+    vars(args).update(parse_sep(args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers (or a usage line)
+    if args.train_files and args.dev_files:  # both or neither (checked below)
+        args.train_files = parse_lang_files("--train-files", args.train_files, langs)
+        args.dev_files = parse_lang_files("--dev-files", args.dev_files, langs)
     args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
     args.toy_world = args.toy and args.data is None and not args.train_files
     args.data = os.path.join(args.out, "toy") if args.toy_world else args.data
@@ -528,7 +521,7 @@ class StopSignal:
         if not self.training:  # only inputs were written so far (toy/, data/), which the same command reuses
             raise SystemExit(f"error: stopped by {name} before training started; run the same command")
         self.signum, second = self.signum or signum, self.signum is not None
-        if second and signum == signal.SIGINT:  # a repeated SIGTERM (torchrun forwards its own) cannot abort the save; a 2nd ^C
+        if second and signum == signal.SIGINT:  # a 2nd ^C aborts; a repeated SIGTERM (torchrun's own) cannot
             raise SystemExit(f"error: stopped by a second SIGINT without saving; {self.advice()}")
 
 
@@ -537,8 +530,7 @@ os.register_at_fork(after_in_child=lambda: [signal.signal(s, signal.SIG_DFL) for
                                             if isinstance(getattr(signal.getsignal(s), "__self__", None), StopSignal)])
 
 # -----------------------------------------------------------------------------
-# count models of the dev sets (an MLM above the left bigram's has not left the unigram plateau); checkpoint.pt (what
-# --resume needs to go on bit for bit, every rank's RNGs); log.jsonl, and the evaluation's best.pt and step{N}.pt
+# count models of the dev sets (the plateau's measure); checkpoint.pt (a bit-exact --resume); log.jsonl, best.pt
 
 def count_baselines(train, dev, max_tokens=20_000_000):  # fitted on at most max_tokens: a Wikipedia's would not fit
     """Dev perplexities of unigram (add-one), left bigram and both-neighbour models (Witten-Bell, each on the last)."""
@@ -569,9 +561,8 @@ def read_checkpoint(path, args, argv):
         raise InputError(f"--resume: no checkpoint.pt to go on from in {args.out}")
     try:
         model, ckpt = load_model(path)
-    except ValueError as e:
-        raise InputError(f"--resume: {e}; it cannot be continued: start again with {command(argv, '--overwrite')}") \
-            from None
+    except ValueError as e:  # load_model's InputError: the file and what is wrong with it
+        raise InputError(f"--resume: {e}; it cannot be continued: start again with {command(argv, '--overwrite')}")
     if not {"args", "optimizer", "rng"} <= set(ckpt):
         raise InputError(f"--resume: {path} is not a checkpoint written by pretrain.py")
     old, new, ckpt["model"] = ckpt["args"], vars(args), model.state_dict()
@@ -613,11 +604,10 @@ def restore_checkpoint(run, ckpt):
 
 def save_checkpoint(run):
     """checkpoint.pt by the master, with every rank's RNGs from before the micro-batch drawn ahead (drawn again)."""
-    t0, rngs = time.time(), [dict(zip(("sampler", "mask"), run.rng_before_next), torch=torch.get_rng_state(),
-                                  cuda=torch.cuda.get_rng_state() if run.device_type == "cuda" else None)]
-    if run.ddp:
-        rngs, mine = [None] * run.world_size, rngs[0]
-        dist.all_gather_object(rngs, mine)
+    t0, mine = time.time(), dict(zip(("sampler", "mask"), run.rng_before_next), torch=torch.get_rng_state(),
+                                 cuda=torch.cuda.get_rng_state() if run.device_type == "cuda" else None)
+    rngs = [None] * run.world_size if run.ddp else [mine]
+    run.ddp and dist.all_gather_object(rngs, mine)  # every rank's
     if run.master:
         checkpoint = {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
                       "scaler": run.scaler.state_dict(), "config": asdict(run.raw_model.config),
@@ -666,9 +656,8 @@ def evaluate(run):
 
 def write_toy_world(args, langs, master):
     """The master writes OUT/toy once (OUT/toy.json: its knobs; other ones need --overwrite); the other ranks wait."""
-    knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], "overlap": args.toy_overlap, "order": args.toy_order,
-             "domain_shift": args.toy_domain_shift, "cyrillic": args.toy_cyrillic, "seed": args.toy_seed,
-             **TOY_SIZES[args.toy_size]}
+    knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], **TOY_SIZES[args.toy_size],
+             **{k: getattr(args, f"toy_{k}") for k in ("overlap", "order", "domain_shift", "cyrillic", "seed")}}
     record = os.path.join(args.out, "toy.json")
     read = lambda: json.loads(open(record).read()) if os.path.exists(record) else None  # noqa: E731
     if master and read() not in (None, knobs) and not args.overwrite:
@@ -687,7 +676,6 @@ def write_toy_world(args, langs, master):
 
 
 def load_data(run):
-    """bpe.prepare (by the master), then its tokenizer, ids and vocabulary size per language, checked; the sampler."""
     args, langs = run.args, run.langs
     files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
     run.data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
@@ -719,31 +707,25 @@ def build_adam(params, lr, device_type):  # fused on the CPU too: the default's 
 
 def build(run, dtype):
     """Model (alike on every rank), Adam, autocast (and a GradScaler for fp16); per-rank masking and dropout seeds."""
-    args = run.args
-    torch.manual_seed(args.seed)
-    shape = {k: getattr(args, k) for k in ("n_layers", "n_heads", "dim", "ffn_dim", "dropout", "attention_dropout",
-                                           "lang_emb", "sep_emb", "sep_tok", "sep_pos")}
-    config = ModelConfig(vocab_size=max(run.vocab_sizes), n_langs=len(run.langs), **shape,
-                         max_positions=max(512, args.bptt, args.pos_offsets), sep_layers=tuple(args.sep_layers),
-                         vocab_sizes=tuple(run.vocab_sizes) if args.sep_tok else ())
+    torch.manual_seed(run.args.seed)
+    shape = {k: getattr(run.args, k) for k in ("n_layers", "n_heads", "dim", "ffn_dim", "dropout", "attention_dropout",
+                                               "lang_emb", "sep_emb", "sep_tok", "sep_pos", "sep_layers")}
+    config = ModelConfig(vocab_size=max(run.vocab_sizes), n_langs=len(run.langs), **shape, vocab_sizes=run.vocab_sizes
+                         if run.args.sep_tok else (), max_positions=max(512, run.args.bptt, run.args.pos_offsets))
     run.raw_model = run.model = MLM(config).to(run.device)
     run.params = list(run.raw_model.parameters())
-    run.optimizer = build_adam(run.params, args.lr, run.device_type)
+    run.optimizer = build_adam(run.params, run.args.lr, run.device_type)
     run.ctx = autocast(run.device, dtype)
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=(dtype == "float16"))
-    run.mask_gen = torch.Generator().manual_seed(args.seed * 1000 + run.rank + 1)
-    torch.manual_seed(args.seed * 1000 + run.rank + 2)
+    run.mask_gen = torch.Generator().manual_seed(run.args.seed * 1000 + run.rank + 1)
+    torch.manual_seed(run.args.seed * 1000 + run.rank + 2)
 
 
 def setup(args, argv):
-    """The run: device, signals, --out (an earlier run's refused), data, model, --resume, count models, DDP, compile."""
     run = Run(args=args, langs=args.langs.split(","), rank=int(os.environ.get("RANK", 0)),
               world_size=int(os.environ.get("WORLD_SIZE", 1)), ddp="RANK" in os.environ)
-    try:  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
-        run.device, dtype, backend = pick_device(args.device, args.dtype,
-                                                 int(os.environ["LOCAL_RANK"]) if run.ddp else None)
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    local_rank = int(os.environ["LOCAL_RANK"]) if run.ddp else None  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0)
+    run.device, dtype, backend = pick_device(args.device, args.dtype, local_rank)  # set_device and DDP need the index
     if run.device_type == "cuda":
         torch.cuda.set_device(run.device)
     if args.threads:
@@ -771,8 +753,7 @@ def setup(args, argv):
                           f"{c['left']:.1f}, both neighbours {c['both']:.1f}" for l, c in run.count_ppl.items()))
     if run.ddp:  # the other ranks wait for the master's evaluation and checkpoint in their next collective
         dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
-        run.model = run.ddp_model = DDP(run.raw_model, device_ids=[torch.device(run.device).index]
-                                        if run.device_type == "cuda" else None)
+        run.model = run.ddp_model = DDP(run.raw_model, device_ids=[local_rank] if run.device_type == "cuda" else None)
         # DDP's gradient buckets follow the order of its first backward (--sep: the language drawn); one of language 0
         # on <s> <s> (eval: no RNG; gradients dropped) fixes it, so a resumed run sums the ranks' gradients alike
         x, others = torch.zeros((1, 2), dtype=torch.long, device=run.device), run.raw_model.lang_specific_parameters
@@ -784,11 +765,10 @@ def setup(args, argv):
     if args.compile:  # after DDP: the graph is split at its gradient buckets, so their all-reduce overlaps backward
         run.model = torch.compile(run.model)
     run.log(f"languages {run.langs} (sampling p = {np.round(run.sampler.probs, 3).tolist()}), vocab sizes "
-            f"{run.vocab_sizes}, train tokens {run.n_tokens}")
-    run.log(f"model: {sum(p.numel() for p in run.params):,} parameters, sep={args.sep or 'none'}, bpe={args.bpe}; "
+            f"{run.vocab_sizes}, train tokens {run.n_tokens}\nmodel: {sum(p.numel() for p in run.params):,} "
+            f"parameters, sep={args.sep or 'none'}, bpe={args.bpe}, dtype {dtype}, device {run.device}; "
             f"{args.batch_size * args.bptt * args.accumulate * run.world_size:,} tokens per update ({args.batch_size} "
-            f"streams x {args.bptt} x {args.accumulate} accumulation x {run.world_size} processes), dtype {dtype}, "
-            f"device {run.device}")
+            f"streams x {args.bptt} x {args.accumulate} accumulation x {run.world_size} processes)")
     return run
 
 
@@ -807,9 +787,8 @@ def main(argv=None):
         run.model = run.ddp_model = None  # its reducer holds gloo work: destroying the group first aborted 3 of 25 runs
         gc.collect()
         dist.destroy_process_group()
-        if any(d != digests[0] for d in digests):
-            raise SystemExit(1 if not run.master else "error: ranks "
-                             f"{[r for r, d in enumerate(digests) if d != digests[0]]} hold other weights than rank 0")
+        if odd := [r for r, d in enumerate(digests) if d != digests[0]]:
+            raise SystemExit(1 if not run.master else f"error: ranks {odd} hold other weights than rank 0")
         run.log(f"ranks agree: the {run.world_size} processes hold the same weights")
     if stopped_by:
         run.log(f"stopped by {signal.Signals(stopped_by).name} after step {run.step}: saved {run.ckpt_path}; to go on, "

@@ -54,8 +54,8 @@ def test_model_py_imports_no_project_file():
         tree = ast.parse(f.read())
     names = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
              for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
-    assert names <= {"argparse", "contextlib", "dataclasses", "hashlib", "json", "os", "re", "torch", "safetensors",
-                     "matplotlib"}
+    assert names <= {"argparse", "contextlib", "dataclasses", "hashlib", "importlib", "json", "os", "re", "torch",
+                     "safetensors", "matplotlib"}
 
 
 # a tiny tokenizer record by hand: its tokenizer.json vocabulary is known
