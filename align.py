@@ -13,7 +13,7 @@ References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translati
 (MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al. 2013 (fast_align),
 Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
-Above the CLI ruler only numpy (and bpe.py's readers); the CLI imports torch, model.py and bpe.py inside:
+Above the CLI ruler only numpy (and bpe.py's readers); the CLI imports bpe.py, and torch and model.py inside:
 
     python align.py words      --toy --data WORLD --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy --data WORLD --ckpt RUN/best.pt --save-maps maps.npz
@@ -319,12 +319,14 @@ def one_to_one_pairs(links, src_words, tgt_words):
 
 # =====================================================================================================
 # CLI part: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as XLM's `</s> w1 ... wn </s>`
+from bpe import (UNK_ID, HelpFormatter, InputError, atomic_path, check_src_tgt, checkpoint_lang, checkpoint_tokenizer,
+                 encode_bar, number, read_lines, read_parallel, reported, toy_data, write_errors)  # model.py: inside
+
 
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
     """Contextual vector of every word token (left open by the paper: the mean of its subword states) -> (n_layers + 1
     arrays (n_words, dim), offsets): sentence k's words are rows offsets[k]:offsets[k+1], NaN if past max_positions."""
     import model as M
-    from bpe import encode_bar
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
     offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
     out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, dtype=np.float32)
@@ -341,7 +343,6 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
 def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200000, batch_size=32):
     """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed lowercase as MUSE ->
     (a) (keys, embedding rows) of the words that are ONE subword (Fig. 4a), (b) (keys, per layer mean states) (4b)."""
-    from bpe import UNK_ID, InputError, read_lines
     sents = [tok.words(line.strip(), lang) for line in read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
     if not words:
@@ -375,14 +376,12 @@ def print_table(title, header, rows, plot=None):
 def _encoders(args):
     """(model, tok, lang index, lang code) per side: --ckpt encodes --src; --ckpt2 (if given) or --ckpt, --tgt."""
     import model as M
-    from bpe import InputError, checkpoint_lang, checkpoint_tokenizer
     out, loaded = [], {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
         loaded[path] = loaded.get(path) or M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)
         mdl, tok, langs, _ = loaded[path]
         out.append((mdl, tok, checkpoint_lang(langs, lang, f"{path}: language {lang!r} is"), lang))
-    dims = [side[0].config.dim for side in out]
-    if dims[0] != dims[1]:  # before any encoding
+    if (dims := [side[0].config.dim for side in out])[0] != dims[1]:  # before any encoding
         raise InputError(f"--ckpt {args.ckpt} has width {dims[0]} but --ckpt2 {args.ckpt2} {dims[1]}: their vectors "
                          "cannot be compared or mapped onto each other")
     return out
@@ -390,7 +389,6 @@ def _encoders(args):
 
 def save_maps(path, maps, src, tgt, digests=("", "")):
     """Write the per-layer maps (.npz) atomically, with digests: model.file_digest of the checkpoints of src, tgt."""
-    from bpe import atomic_path, write_errors
     W = np.stack(maps)
     with write_errors(path), atomic_path(path) as tmp, open(tmp, "wb") as f:  # closed before the rename
         np.savez(f, src_to_tgt=W, tgt_to_src=W.transpose(0, 2, 1), src=src, tgt=tgt, src_ckpt_digest=digests[0],
@@ -400,7 +398,6 @@ def save_maps(path, maps, src, tgt, digests=("", "")):
 def load_map(path, src, tgt, layer, digests=None):
     """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) -> float32 (dim, dim). If
     given, `digests` (src's and tgt's file_digest; one string: one model for both) must be the file's; InputError."""
-    from bpe import InputError
     try:
         with np.load(path) as z:
             pair = str(z["src"]), str(z["tgt"])
@@ -422,7 +419,6 @@ def load_map(path, src, tgt, layer, digests=None):
 
 def read_sides(args, src, tgt):
     """bpe.read_parallel under --max-sents; a copy of one text on both sides is refused too, unless --ckpt2."""
-    from bpe import InputError, read_parallel
     a, b = read_parallel(src, tgt, args.max_sents, same_ok=bool(args.ckpt2))
     if a == b and not args.ckpt2:
         raise InputError(f"parallel files {src} and {tgt} hold the same lines: both sides would be one text")
@@ -432,7 +428,6 @@ def read_sides(args, src, tgt):
 def without_test_pairs(train, test, names, allow, what="are test pairs of", key=lambda pair: pair):
     """Unless `allow` (--allow-overlap): train pairs whose key is a test pair's are left out of the fit with a note
     (MUSE's en-fr.txt holds its test pairs), a train set of test pairs only (the test file, a copy) is refused."""
-    from bpe import InputError
     tested = {key(pair) for pair in test}
     kept = [pair for pair in train if key(pair) not in tested]
     if allow or len(kept) == len(train):
@@ -477,20 +472,20 @@ def cmd_words(args):
 
 def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
-    from bpe import InputError
     d = os.path.dirname(os.path.abspath(args.save_maps or "."))  # --save-maps is checked before any work
     if args.save_maps and (os.path.isdir(args.save_maps) or not (os.path.isdir(d) and os.access(d, os.W_OK))):
         why = "is a directory" if os.path.isdir(args.save_maps) else f"{d} is not a writable directory"
         raise InputError(f"--save-maps {args.save_maps}: cannot write there ({why})")
+    if args.overwrite and not args.save_maps:  # it would replace nothing
+        raise InputError("--overwrite goes with --save-maps (it replaces that file)")
     if args.save_maps and os.path.exists(args.save_maps) and not args.overwrite:
         raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, perhaps of another "
                          "checkpoint); pass --overwrite to replace it, or another file")
-    (ms, ts, ls, _), (mt, tt, lt, _) = _encoders(args)
-    src_lines, tgt_lines = read_sides(args, args.src_file, args.tgt_file)
-    S, T = [ts.words(l, args.src) for l in src_lines], [tt.words(l, args.tgt) for l in tgt_lines]
+    sides, texts = _encoders(args), read_sides(args, args.src_file, args.tgt_file)
+    S, T = [[tok.words(line, lang) for line in lines] for (_, tok, _, lang), lines in zip(sides, texts)]
     pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(fast_align(S, T), S, T)]
-    Hs, off_s = encode_word_tokens(ms, ts, S, ls, args.src, args.batch_size)
-    Ht, off_t = encode_word_tokens(mt, tt, T, lt, args.tgt, args.batch_size)
+    (Hs, off_s), (Ht, off_t) = [encode_word_tokens(mdl, tok, X, i, lang, args.batch_size)
+                                for (mdl, tok, i, lang), X in zip(sides, (S, T))]
     n_fit = int(round(len(S) * 0.8))                     # the last 20 % of the sentences are held out
     if not 0 < n_fit < len(S):
         raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a held-out part")
@@ -521,7 +516,6 @@ def cmd_contextual(args):
 def cmd_sentences(args):
     """Fig. 6: Tatoeba-style retrieval P@1 per layer of mean-pooled sentence vectors, without and with a map."""
     import model as M
-    from bpe import InputError, encode_bar, read_parallel
     if (args.train_src is None) != (args.train_tgt is None):
         raise InputError("--train-src and --train-tgt go together: give both or neither")
     sides = _encoders(args)
@@ -554,7 +548,6 @@ def cmd_sentences(args):
 
 def build_parser():
     import model as M
-    from bpe import HelpFormatter, number
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
@@ -607,7 +600,6 @@ def build_parser():
 def main(argv=None):
     """Flags, files and the device checked before any work (model.analysis_run), then the sub-command."""
     import model as M
-    from bpe import check_src_tgt, reported, toy_data
     parser = build_parser()
     args = parser.parse_args(argv)
     with reported(parser), M.analysis_run(args, args.toy_paths, check_src_tgt, toy_data, ("train_src", "train_tgt")):

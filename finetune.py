@@ -19,7 +19,6 @@ import collections
 import fnmatch
 import functools
 import glob
-import hashlib
 import itertools
 import json
 import math
@@ -39,7 +38,8 @@ from tqdm import tqdm
 import align
 import bpe
 from bpe import EOS_ID, UNK_ID, InputError, number, read_lines
-from model import DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states, load_model, pick_device
+from model import (DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states, file_digest, load_model,
+                   pick_device)
 
 
 # -----------------------------------------------------------------------------
@@ -518,12 +518,7 @@ def some(examples, path, what=None):
     return examples
 
 
-def read_xnli(path, lang=None):
-    """`premise<TAB>hypothesis<TAB>label` lines (XTREME's XNLI, MultiNLI as train-en.tsv) -> [(p, h, label)]."""
-    return read_nli_tsv(path, lang, ("premise", "hypothesis", "label"))
-
-
-def read_nli_tsv(path, lang, cols, header_name=None, column="XNLI label"):
+def read_nli_tsv(path, lang=None, *, cols, header_name=None, column="XNLI label"):
     """NLI tab-separated columns `cols` = (premise, hypothesis, label[, language]), in order or named by a header line
     (`header_name`) -> [(premise, hypothesis, label)] (`lang`'s rows); `contradictory` (XNLI-MT's) is contradiction."""
     lines = enumerate(read_lines(path), 1)
@@ -545,17 +540,15 @@ def read_nli_tsv(path, lang, cols, header_name=None, column="XNLI label"):
     return some(examples, path, len(cols) > 3 and f"rows of language {lang!r} (column language)")
 
 
-def read_xnli_1_0(path, lang):
-    """XNLI 1.0 as distributed (Conneau et al. 2018, `XNLI-1.0.zip`: `xnli.dev.tsv`, `xnli.test.tsv`): one file for
-    all 15 languages, its columns read by name -> [(premise, hypothesis, label)] of the rows of `lang`."""
-    return read_nli_tsv(path, lang, ("sentence1", "sentence2", "gold_label", "language"), "XNLI 1.0 header (columns "
-                        "gold_label, language, sentence1, sentence2)")
-
-
-def read_xnli_mt(path, lang=None):
-    """XNLI-MT 1.0 (`XNLI-MT-1.0.zip`: `multinli/multinli.train.{lang}.tsv`, MultiNLI train and its translations)."""
-    return read_nli_tsv(path, lang, ("premise", "hypo", "label"), "XNLI-MT header premise<TAB>hypo<TAB>label",
-                        "XNLI-MT label")
+# `premise<TAB>hypothesis<TAB>label` lines (XTREME's XNLI, MultiNLI as train-en.tsv) -> [(p, h, label)]
+read_xnli = functools.partial(read_nli_tsv, cols=("premise", "hypothesis", "label"))
+# XNLI 1.0 as distributed (Conneau et al. 2018, `XNLI-1.0.zip`: `xnli.dev.tsv`, `xnli.test.tsv`): one file for all 15
+# languages, its columns read by name -> the rows of `lang`
+read_xnli_1_0 = functools.partial(read_nli_tsv, cols=("sentence1", "sentence2", "gold_label", "language"),
+                                  header_name="XNLI 1.0 header (columns gold_label, language, sentence1, sentence2)")
+# XNLI-MT 1.0 (`XNLI-MT-1.0.zip`: `multinli/multinli.train.{lang}.tsv`, MultiNLI train and its translations)
+read_xnli_mt = functools.partial(read_nli_tsv, cols=("premise", "hypo", "label"),
+                                 header_name="XNLI-MT header premise<TAB>hypo<TAB>label", column="XNLI-MT label")
 
 
 def read_multinli(path, lang=None):
@@ -574,16 +567,10 @@ def read_multinli(path, lang=None):
     return some(examples, path, "examples with a gold label (empty split)")
 
 
-def read_ner(path, lang=None):
-    """PAN-X `token<TAB>tag` (XTREME's `panx/{split}-{lang}.tsv`) -> [(words, tags)]: read_panx without `lang`."""
-    return read_panx(path)
-
-
-def read_panx(path, lang=None):
-    """WikiAnn / PAN-X as distributed with Rahimi et al. 2019's splits (`panx_dataset/{lang}.tar.gz` unpacked to
-    `panx_dataset/{lang}/{train,dev,test}`): `lang:token<TAB>tag`, the prefix, stripped at the first colon, the file's
-    own language; blank lines end sentences -> [(words, tags)]. Without `lang`, `token<TAB>tag`, and raw PAN-X (every
-    token `xx:...`) is refused: kept, the prefix would make every English word differ from every French one."""
+def read_ner(path, lang=None, raw=False):
+    """PAN-X `token<TAB>tag` (XTREME's `panx/{split}-{lang}.tsv`), blank lines ending sentences -> [(words, tags)]; raw
+    PAN-X (every token `xx:...`) is refused: the prefix would tell every English word from every French one. `raw`
+    (read_panx): Rahimi et al. 2019's files (`panx_dataset/{lang}/{split}`), `lang:token<TAB>tag`, `lang:` stripped."""
     sentences, words, tags = [], [], []
     lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])  # a last blank line ends the last sentence
     for n, line in lines:
@@ -592,9 +579,9 @@ def read_panx(path, lang=None):
             words, tags = [], []
             continue
         fields = line.split("\t")
-        prefix, colon, word = fields[0].partition(":") if lang else (lang, ":", fields[0])
+        prefix, colon, word = fields[0].partition(":") if raw else (lang, ":", fields[0])
         if len(fields) != 2 or not colon or not word or not fields[1].strip():
-            want = "lang:token<TAB>tag (raw PAN-X)" if lang else "token<TAB>tag"
+            want = "lang:token<TAB>tag (raw PAN-X)" if raw else "token<TAB>tag"
             raise InputError(f"{path}:{n}: expected {want}, got {line!r}")
         if prefix != lang:
             raise InputError(f"{path}:{n}: PAN-X prefix {prefix + ':'!r} is not this file's language {lang!r}")
@@ -603,12 +590,15 @@ def read_panx(path, lang=None):
         if tags[-1] != "O" and not re.fullmatch(r"[BI]-\S+", tags[-1]):
             raise InputError(f"{path}:{n}: tag {tags[-1]!r} is not O, B-X or I-X (IOB2)")
     words = [w for ws, _ in some(sentences, path, "sentences (empty split)") for w in ws]
-    prefix = None if lang else re.match(r"[a-z]{2,3}:", words[0])
+    prefix = None if raw else re.match(r"[a-z]{2,3}:", words[0])
     if prefix and all(w.startswith(prefix[0]) for w in words):
         n = next(n for n, line in enumerate(read_lines(path), 1) if line.strip())  # the first token's line
         raise InputError(f"{path}:{n}: every token starts with {prefix[0]!r}: raw PAN-X, read from "
                          f"panx_dataset/{prefix[0][:-1]}/{{train,dev,test}} (the prefix is stripped there)")
     return sentences
+
+
+read_panx = functools.partial(read_ner, raw=True)  # panx_dataset/{lang}/{split}
 
 
 def read_conllu(path, lang=None):
@@ -645,8 +635,7 @@ def read_conllu(path, lang=None):
             raise InputError(f"{path}:{start}: sentence is not a tree: words "
                              f"{' -> '.join(map(str, cycle + cycle[:1]))} form a cycle (HEAD)")
         if rows:
-            _, _, words, _, rels = map(list, zip(*rows))
-            sentences.append({"words": words, "heads": heads, "rels": rels})
+            sentences.append({"words": [r[2] for r in rows], "heads": heads, "rels": [r[4] for r in rows]})
         rows, start = [], None
     return some(sentences, path, "sentences (empty split)")
 
@@ -696,9 +685,7 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
     def find(lang, split):
         names = dict(lang=lang, split=split, panx_split="heldout-from-dev" if split == "test" else split)
         tried = []
-        for layout in LAYOUTS[task]:
-            if split not in layout.splits.split():
-                continue
+        for layout in (x for x in LAYOUTS[task] if split in x.splits.split()):
             tried.append(layout.pattern.format(**names))
             held = not layout.langs or lang in layout.langs.split()  # MultiNLI: English only
             hits = sorted(glob.glob(tried[-1], root_dir=data_dir)) if held else []
@@ -790,8 +777,7 @@ def build_parser():
     return p
 
 
-def checked(call, *args, prefix=""):
-    """call(*args), its ValueError as an InputError starting with `prefix` (align.load_map's names no flag)."""
+def checked(call, *args, prefix=""):  # call(*args), its ValueError an InputError starting with `prefix`
     try:
         return call(*args)
     except ValueError as e:
@@ -819,8 +805,7 @@ def load_ckpt(path, flag, device, xlm_codes=None):
         raise InputError(f"{flag}: {e}") from None
 
 
-def lang_index(langs, code, ckpt, flag):
-    """`code`'s index among the checkpoint's languages (bpe.checkpoint_lang); one it lacks names `flag`."""
+def lang_index(langs, code, ckpt, flag):  # bpe.checkpoint_lang: a language the checkpoint lacks names `flag`
     return bpe.checkpoint_lang(langs, code, f"{flag} {code}:", f" ({ckpt})")
 
 
@@ -922,11 +907,13 @@ def chance_level(task, data):
 
 
 def _main(args):
+    for k, why in (("plot", "it draws the curves of -stepN dirs"), ("with_stalled", "it counts stalled seeds")):
+        if vars(args)[k] and not args.table:
+            raise InputError(f"--{k.replace('_', '-')} goes with --table ({why})")
+    if args.table and (unused := [a.option_strings[0] for a in build_parser()._actions if a.dest not in
+                                  ("table", "plot", "with_stalled") and getattr(args, a.dest, a.default) != a.default]):
+        raise InputError(f"--table only reads finished runs: {', '.join(unused)} would change nothing")
     old_spellings(args)
-    if args.plot and not args.table:
-        raise InputError("--plot goes with --table (the learning curves of -stepN dirs)")
-    if args.with_stalled and not args.table:
-        raise InputError("--with-stalled goes with --table (it counts stalled seeds in the table's means)")
     check_plot(args.plot) if args.plot else None
     if args.table:
         print(results_table(args.table, args.with_stalled))
@@ -950,12 +937,10 @@ def _main(args):
     tasks = [args.task] if args.task else list(TASKS) if args.toy else []
     if not tasks:
         raise InputError("--task is required (only --toy runs all three)")
-    treebanks = {}  # --treebank fr=FTB -> {"fr": "FTB"}
-    for item in args.treebank.split(",") if args.treebank is not None else []:
-        lang, _, name = item.strip().partition("=")
-        if not name or not lang or lang in treebanks:
-            raise InputError(f"--treebank {args.treebank}: expected LANG=NAME,... (each language once), e.g. fr=FTB")
-        treebanks[lang] = name.strip()
+    pairs = [item.strip().partition("=")[::2] for item in args.treebank.split(",")] if args.treebank is not None else []
+    treebanks = {lang: name.strip() for lang, name in pairs}  # --treebank fr=FTB -> {"fr": "FTB"}
+    if not all(lang and name for lang, name in pairs) or len(treebanks) < len(pairs):
+        raise InputError(f"--treebank {args.treebank}: expected LANG=NAME,... (each language once), e.g. fr=FTB")
     if treebanks and "parse" not in tasks:
         raise InputError("--treebank picks UD treebanks: it needs --task parse")
     if args.head_lr is not None and not any(TASKS[t].own_head_lr for t in tasks):
@@ -965,10 +950,9 @@ def _main(args):
     model, tok, langs, extra = load_ckpt(args.ckpt, "--ckpt", args.device, args.xlm_codes)
     given = args.eval_langs or ",".join(lang for lang in langs if lang != args.train_lang)  # default: the others
     args.eval_langs = [x.strip() for x in given.split(",") if x.strip()]
-    if not args.eval_langs:
-        raise InputError(f"--eval-langs {given!r}: no target language ({args.ckpt}: {langs})")
-    if len(set(args.eval_langs)) < len(args.eval_langs):
-        raise InputError(f"--eval-langs {given}: a language is given twice")
+    if not args.eval_langs or len(set(args.eval_langs)) < len(args.eval_langs):
+        raise InputError(f"--eval-langs {given}: a language is given twice" if args.eval_langs else
+                         f"--eval-langs {given!r}: no target language ({args.ckpt}: {langs})")
     most = max(2, model.config.max_positions - 2)  # <s> and </s> around each window
     if (args.max_len or 0) > most:
         raise InputError(f"--max-len {args.max_len}: the checkpoint has {model.config.max_positions} positions, a "
@@ -1023,12 +1007,9 @@ def main(argv=None):
 # -----------------------------------------------------------------------------
 # Resume: each finished set is OUT/sets/*.json, tagged with the run's identity: the same command goes on from them
 
-def write_json(path, obj):
-    """JSON through bpe.atomic_write: never half a file at `path`; a full disk is one line."""
-    def dump(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, ensure_ascii=False)
-    bpe.atomic_write(path, dump)
+def write_json(path, obj):  # through bpe.atomic_path: never half a file at `path`; a full disk is one line
+    with bpe.write_errors(path), bpe.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, ensure_ascii=False)
 
 
 def read_json(path, flag):
@@ -1042,13 +1023,7 @@ def read_json(path, flag):
 # what a set's result depends on besides the checkpoints and data (not --device, --threads)
 JOB_FLAGS = ("train_lang", "batch_size", "lr", "head_lr", "epochs", "epoch_size", "max_len", "head_dropout", "clip",
              "seed", "bf16", "align_layer")
-
-
-@functools.cache
-def digest(path):
-    """A file's contents as 'sha256:' + 16 hex digits, read once per run (--toy's three tasks share the checkpoints)."""
-    with open(path, "rb") as f:
-        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
+digest = functools.cache(file_digest)  # read once per run: --toy's three tasks share the checkpoints
 
 
 def earlier_sets(task_name, files, args, out):

@@ -111,11 +111,8 @@ class World:
             self.topic.append(topic)
             return len(self.kind) - 1
 
-        def topics(n):
-            return rng.integers(N_TOPICS, size=n).tolist()
-
-        def pick(names, p=1.0):   # one of `names` with probability p, as a 1-tuple (else empty)
-            return (int(rng.choice(names)),) if p == 1.0 or rng.random() < p else ()
+        topics = lambda n: rng.integers(N_TOPICS, size=n).tolist()   # n topics
+        pick = lambda names, p=1.0: (int(rng.choice(names)),) if p == 1.0 or rng.random() < p else ()   # w.p. p, or ()
 
         # nouns: the first noun of a group is its hypernym ("animal"), which the NLI task never swaps
         self.group_nouns, self.noun_group = {}, {}
@@ -160,8 +157,7 @@ class World:
         self.punct = add("punct", ".", 1.0)
 
         # named entities: tuples of name parts; multi-word ones give B- and I- tags
-        def parts(prefix, n):
-            return [add("name", f"{prefix}.{i:02d}", 1.0) for i in range(n)]
+        parts = lambda prefix, n: [add("name", f"{prefix}.{i:02d}", 1.0) for i in range(n)]   # n name parts
         given, surname = parts("PER.given", 50 * scale), parts("PER.surname", 50 * scale)
         place, place_pre = parts("LOC.name", 60 * scale), parts("LOC.prefix", 4)
         org, org_suf = parts("ORG.name", 40 * scale), parts("ORG.suffix", 6)
@@ -498,10 +494,9 @@ def _sample_trees(world, rng, n, mixture=None, need_entity=False):
 def conllu_block(world, tree, forms, order, sent_id):
     words, ids = render(tree, forms, order)
     pos = {-1: 0} | {i: k + 1 for k, i in enumerate(ids)}   # node -> 1-based position; the root's head is 0
-    lines = [f"# sent_id = {sent_id}", f"# text = {' '.join(words)}"]
-    lines += [f"{k + 1}\t{words[k]}\t{words[k]}\t{KIND_UPOS[world.kind[c]]}\t_\t_\t{pos[h]}\t{rel}\t_\t_"
-              for k, (c, h, rel) in enumerate(tree[i] for i in ids)]
-    return "\n".join(lines) + "\n\n"
+    rows = [f"{k + 1}\t{words[k]}\t{words[k]}\t{KIND_UPOS[world.kind[c]]}\t_\t_\t{pos[h]}\t{rel}\t_\t_"
+            for k, (c, h, rel) in enumerate(tree[i] for i in ids)]
+    return "\n".join([f"# sent_id = {sent_id}", f"# text = {' '.join(words)}"] + rows) + "\n\n"
 
 
 def ner_block(world, tree, forms, order):
@@ -512,8 +507,7 @@ def ner_block(world, tree, forms, order):
     return "".join(f"{w}\t{t}\n" for w, t in zip(words, tags)) + "\n"
 
 
-def _write(out_dir, name, text):
-    """Write text to out_dir/name (e.g. 'mono/en.train.txt') atomically: no half-written file under the name."""
+def _write(out_dir, name, text):  # out_dir/name (e.g. 'mono/en.train.txt'), atomically: never a half-written file
     path = os.path.join(out_dir, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:  # bpe.atomic_path's write-then-rename, kept here: toydata.py must copy alone
@@ -523,17 +517,19 @@ def _write(out_dir, name, text):
     except BaseException as e:  # a full disk, Ctrl-C: no temporary file is left behind
         if os.path.exists(path + ".tmp"):
             os.remove(path + ".tmp")
-        if isinstance(e, OSError) and not e.filename:  # a failed write names no file: name it
-            raise OSError(e.errno, e.strerror, path) from None
+        if isinstance(e, OSError):  # it names `path` (a failed write names no file, a failed open the .tmp)
+            e.filename = path
         raise
 
 
 # Sentences per file (--size; pretrain.py --toy-size): tiny for tests; paper: full, 1,000 task train, 300 per test set
-SIZE_KEYS = ("n_train", "n_dev", "n_test", "n_parallel", "n_task_train", "n_task_eval", "n_tatoeba")
-SIZES = {"tiny": dict(zip(SIZE_KEYS, (400, 60, 60, 60, 60, 30, 60))),
-         "small": dict(zip(SIZE_KEYS, (5000, 300, 300, 500, 500, 200, 300))),
-         "full": dict(zip(SIZE_KEYS, (20000, 1000, 1000, 2000, 2000, 500, 1000)))}
-SIZES["paper"] = dict(SIZES["full"], n_task_train=1000, n_task_eval=300)
+SIZE_KEYS = dict(n_train="mono train", n_dev="dev", n_test="test", n_parallel="parallel", n_task_train="task train",
+                 n_task_eval="task dev/test", n_tatoeba="Tatoeba")   # write_world's arguments: --help's names
+SIZES = {k: dict(zip(SIZE_KEYS, v)) for k, v in (("tiny", (400, 60, 60, 60, 60, 30, 60)),
+         ("small", (5000, 300, 300, 500, 500, 200, 300)), ("full", (20000, 1000, 1000, 2000, 2000, 500, 1000)),
+         ("paper", (20000, 1000, 1000, 2000, 1000, 300, 1000)))}
+# what write_world writes (a folder ends in /): --force replaces an --out that holds nothing else, no deeper folder
+WRITTEN = re.compile(r"(mono|dict|parallel|tatoeba|ner|ud|xnli)/([\w-]+\.[\w.-]+)?|world\.json(\.tmp)?")
 
 
 def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_shift=0.0,
@@ -545,32 +541,33 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         dict/{l0}-{l1}.txt, .train.txt, .test.txt  MUSE `src tgt`; train/test have distinct source words
         parallel/{l0}-{l1}.train.{l0|l1}           parallel sentences (line i = line i); tatoeba/: the test pairs
         {ner,ud,xnli}/{lang}.{train,dev,test}.*    tsv token<TAB>IOB2 tag; conllu; tsv premise<TAB>hypothesis<TAB>label
-        world.json                                 knobs, seed, vocabulary sizes, shared count"""
+        world.json                                 knobs, seed, vocabulary sizes, shared count (written last)"""
     t0 = time.time()   # every bad argument is an InputError naming the flag of `python toydata.py`, before any write
     checks = [(len(langs) == 2 and langs[0] != langs[1] and all(map(str.isalpha, langs)),
                f"--langs {','.join(langs)}: expected two distinct codes of letters (bilingual models), e.g. en,fr"),
-              (seed >= 0, f"--seed must be >= 0, got {seed}")]
-    checks += [(v is None or 0.0 <= v <= 1.0, f"{name} must be in [0, 1], got {v}")
-               for name, v in [("overlap", overlap), ("domain_shift", domain_shift), ("name_overlap", name_overlap)]]
-    checks.append((isinstance(scale, int) and 1 <= scale <= 64,  # drawing unique word forms slows as they crowd
-                   f"--scale must be an integer in 1..64 (64: 60,416 concepts in about 15 s), got {scale}"))
+              (seed >= 0, f"--seed must be >= 0, got {seed}"),
+              *[(v is None or 0.0 <= v <= 1.0, f"{name} must be in [0, 1], got {v}")
+                for name, v in [("overlap", overlap), ("domain_shift", domain_shift), ("name_overlap", name_overlap)]],
+              (isinstance(scale, int) and 1 <= scale <= 64,  # drawing unique word forms slows as they crowd
+               f"--scale must be an integer in 1..64 (64: 60,416 concepts in about 15 s), got {scale}"),
+              (out_dir and (os.path.isdir(out_dir) or not os.path.exists(out_dir)),
+               "--out " + (f"{out_dir}: exists and is not a directory" if out_dir else "'': an empty path"))]
     for ok, msg in checks:
         if not ok:
             raise InputError(msg, 2)
     parse_order(order)
     world, (l0, l1) = World(seed, scale=scale), langs
-    if not out_dir or os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        why = "exists and is not a directory" if out_dir else "an empty path"
-        raise InputError(f"--out {out_dir or repr(out_dir)}: {why}", 2)
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not force:
             raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it (write_world: force=True)")
+        found = (os.path.relpath(os.path.join(top, n), out_dir) + "/" * (n in dirs)
+                 for top, dirs, files in os.walk(out_dir) for n in dirs + files)
+        if stray := next((p for p in found if not WRITTEN.fullmatch(p)), None):  # not a toy world: nothing removed
+            raise FileExistsError(f"--force: {out_dir} is not a toy world (it holds {stray}); nothing was removed")
         for d in ("mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli"):  # what an earlier run wrote, no more
             shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)   # no old file mixes in; d may not exist
-    os.makedirs(out_dir, exist_ok=True)
 
-    forms = make_lexicon(world, overlap, cyrillic, seed, name_overlap)
-    orders = ("svo", order)
+    forms, orders = make_lexicon(world, overlap, cyrillic, seed, name_overlap), ("svo", order)
     sizes = {"train": n_train, "dev": n_dev, "test": n_test}
     task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
 
@@ -586,10 +583,9 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
 
     # the rest is the same meanings in both languages, sampled without a topic. The dictionary: one line per
     # concept, most frequent first; its test split is 20 % of the content words
-    rng = np.random.default_rng([seed, 3])
     by_freq = sorted(range(world.n_concepts), key=lambda c: (-world.weight[c], c))
     content = [c for c in by_freq if world.kind[c] in CONTENT_KINDS]
-    test = set(rng.choice(content, size=len(content) // 5, replace=False).tolist())
+    test = set(np.random.default_rng([seed, 3]).choice(content, size=len(content) // 5, replace=False).tolist())
     entry = {c: f"{forms[0][c]} {forms[1][c]}\n" for c in by_freq}
     for part, keep in (("", lambda c: True), (".train", lambda c: c not in test), (".test", lambda c: c in test)):
         _write(out_dir, f"dict/{l0}-{l1}{part}.txt", "".join(entry[c] for c in by_freq if keep(c)))
@@ -637,16 +633,14 @@ class InputError(ValueError):  # bpe.InputError's twin (msg, code=1; 2 = a flag'
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):  # --help: each default, unless said or a switch
     def _get_help_string(self, action):
-        if action.default is None or action.default is False or "(default" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
+        said = action.default is None or action.default is False or "(default" in (action.help or "")
+        return action.help if said else super()._get_help_string(action)
 
 
 def build_parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     add = ap.add_argument   # every flag but --size is an argument of write_world
-    add("--out", dest="out_dir", metavar="DIR", required=True,
-        help="output directory (empty or absent unless --force); required")
+    add("--out", dest="out_dir", metavar="DIR", required=True, help="required; empty or absent unless --force")
     add("--langs", type=lambda s: s.split(","), default="en,fr", help="the two language codes; the first is the source")
     add("--overlap", type=float, default=0.0, help="fraction of identical word forms (anchor points, paper §4.2)")
     add("--name-overlap", type=float, default=None,
@@ -656,29 +650,25 @@ def build_parser():
     add("--cyrillic", action="store_true", help="write the second language in Cyrillic letters")
     add("--scale", type=int, default=1, help="multiply the open word classes (nouns, verbs, adjectives, adverbs, "
         "names, entities) by this integer: 1 gives 944 concepts, 4 about 3,700 (the sentence counts are --size's)")
-    what = dict(n_train="mono train", n_dev="dev", n_test="test", n_parallel="parallel", n_task_train="task train",
-                n_task_eval="task dev/test", n_tatoeba="Tatoeba")
     add("--size", choices=list(SIZES), default="full", help="sentences (or pairs) per language and file (paper: "
-        "Table 1's world): " + "; ".join(f"{k}: " + ", ".join(f"{what[f]} {n}" for f, n in v.items())
+        "Table 1's world): " + "; ".join(f"{k}: " + ", ".join(f"{SIZE_KEYS[f]} {n}" for f, n in v.items())
                                          for k, v in SIZES.items()))
     add("--seed", type=int, default=0, help="random seed (same seed, same files)")
-    add("--force", action="store_true", help="overwrite a non-empty --out (earlier outputs removed)")
+    add("--force", action="store_true", help="replace a toy world in --out (a folder holding other files: refused)")
     return ap
 
 
 def main(argv=None):
     ap = build_parser()
     args = vars(ap.parse_args(argv))
-    sizes = SIZES[args.pop("size")]
     try:
-        s = write_world(**args, **sizes)
+        s = write_world(**SIZES[args.pop("size")], **args)   # "size" is popped before args is unpacked
     except (InputError, FileExistsError) as e:   # bpe.reported's copy: a flag's value (2) with the usage line
         if getattr(e, "code", 1) == 2:
             ap.error(str(e))
         raise SystemExit(f"error: {e}") from None
-    except OSError as e:   # a full disk, a read-only folder: _write leaves no temporary file
-        where = str(e.filename or args["out_dir"]).removesuffix(".tmp")
-        raise SystemExit(f"toydata.py: error: cannot write {where}: {e.strerror or e}")
+    except OSError as e:   # a full disk, a read-only folder: _write leaves no temporary file, names its file
+        raise SystemExit(f"toydata.py: error: cannot write {e.filename or args['out_dir']}: {e.strerror or e}")
     except KeyboardInterrupt:
         raise SystemExit(f"toydata.py: interrupted; {args['out_dir']} is incomplete (write it again with --force)")
     print(f"wrote {s['out_dir']} in {s['seconds']} s: {s['n_concepts']} concepts, vocab {s['vocab_sizes']}, "

@@ -549,6 +549,8 @@ ALIGN_BAD_INPUTS = [
      "are the same file: both sides would be one text"),
     (["contextual", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--save-maps", "{t}/old.npz"],
      "--save-maps {t}/old.npz: exists (maps of an earlier run, perhaps of another checkpoint); pass --overwrite"),
+    (["contextual", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--overwrite"],
+     "--overwrite goes with --save-maps (it replaces that file)"),  # alone it replaced nothing (was accepted)
     # issue 37: a score on the training data, over one candidate, of one model twice; widths refused before encoding
     (["words", "--ckpt", "{c}/best.pt", "--toy", "--data", "{w}", "--train-dict", "{w}/dict/en-fr.test.txt"],
      "--train-dict {w}/dict/en-fr.test.txt: all its pairs are in --test-dict {w}/dict/en-fr.test.txt"),

@@ -671,6 +671,9 @@ def test_table_leaves_a_stalled_seed_out_and_marks_thin_cells(tmp_path, capsys):
     assert ft.results_table(dirs, with_stalled=True).splitlines()[1].split()[:3] == ["m", "3", "1"]
     with pytest.raises(SystemExit, match="--with-stalled goes with --table"):  # alone it would change nothing
         ft.main(["--with-stalled", "--ckpt", "x.pt", "--out", str(tmp_path / "o")])
+    for flags, named in ((["--allow-overlap"], "--allow-overlap"), (["--overwrite", "--seed", "1"], "--seed, --overwrite")):
+        with pytest.raises(SystemExit, match=f"--table only reads finished runs: {named} would change nothing"):
+            ft.main(["--table", *dirs] + flags)  # a training flag changed nothing in the table (was accepted)
     (tmp_path / "m-s1" / "xnli").mkdir()
     (tmp_path / "m-s1" / "xnli" / "results.json").write_text(json.dumps(
         {"task": "xnli", "metric": "acc", "test": {"fr": {"acc": 0.5}}}))

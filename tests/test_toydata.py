@@ -7,6 +7,7 @@ import collections
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -117,6 +118,20 @@ def test_refuses_non_empty_out_unless_forced(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "toydata.py"), "--out", str(tmp_path)],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "not empty" in r.stderr
+
+
+@pytest.mark.parametrize("stray", ["ud/UD_English-EWT/en_ewt-ud-train.conllu", "XNLI-1.0/xnli.test.tsv", "notes.txt"])
+def test_force_refuses_a_folder_that_is_not_a_toy_world(tmp_path, stray):
+    """--force replaces a toy world only: in a folder that holds a file toydata.py does not write (a UD release in
+    ud/, another download beside), nothing is removed and the refusal is one line (it deleted the subfolders)."""
+    (tmp_path / stray).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / stray).write_text("keep me\n")
+    (tmp_path / "ud" / "en.train.conllu").parent.mkdir(exist_ok=True)
+    (tmp_path / "ud" / "en.train.conllu").write_text("old\n")
+    with pytest.raises(SystemExit, match=f"^error: --force: {re.escape(str(tmp_path))} is not a toy world .it holds "
+                       + re.escape(stray.split("/")[0] + "/" * ("/" in stray))):
+        toydata.main(["--out", str(tmp_path), "--size", "tiny", "--force"])
+    assert (tmp_path / stray).read_text() == "keep me\n" and (tmp_path / "ud" / "en.train.conllu").exists()
 
 
 @pytest.mark.parametrize("flag, value", [("--overlap", "1.5"), ("--order", "xyz"), ("--domain-shift", "-0.1"),
