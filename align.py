@@ -122,11 +122,11 @@ def read_muse_dictionary(path):
 
 
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
-    """The pairs whose two words both own a row of src_words / tgt_words -> (src_idx, tgt_idx); none: ValueError."""
+    """The pairs whose two words both own a row of src_words / tgt_words -> (src_idx, tgt_idx); none: bpe.InputError."""
     s_id, t_id = {w: i for i, w in enumerate(src_words)}, {w: i for i, w in enumerate(tgt_words)}
     kept = [(s_id[s], t_id[t]) for s, t in pairs if s in s_id and t in t_id]
     if not kept:
-        raise ValueError(f"{name}: none of its {len(pairs)} pairs has both words in the vocabularies "
+        raise InputError(f"{name}: none of its {len(pairs)} pairs has both words in the vocabularies "
                          f"({len(src_words)} source, {len(tgt_words)} target words)")
     return tuple(np.array(kept, dtype=np.int64).T)
 
@@ -453,7 +453,7 @@ def cmd_words(args):
         try:
             tr, te = [dictionary_indices(d, ws, wt, f"{path} ({name})")
                       for d, path in ((train, args.train_dict), (test, args.test_dict))]
-        except ValueError as e:  # e.g. few words are one subword (4a): report the row as empty
+        except InputError as e:  # e.g. few words are one subword (4a): report the row as empty
             errors.append(e)
             rows.append([name, "-", "-", 0, 0, f"{len(ws)}/{len(wt)}"])
             continue

@@ -561,25 +561,25 @@ def write_text(path, text):  # a UTF-8 text file (a string, or strings one after
 
 def read_lines(path, max_lines=None):
     """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside lines), a
-    byte order mark at its start dropped (Windows editors write one); a bad byte raises ValueError naming file:line."""
+    byte order mark at its start dropped (Windows editors write one); a bad byte raises InputError naming file:line."""
     with open(path, "rb") as f:
         for n, raw in enumerate(itertools.islice(f, max_lines), 1):
             try:
                 yield raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                raise InputError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
     """Two UTF-8 files, line k of one translating line k of the other -> their first max_lines lines; unequal lengths,
-    no lines or one file on both sides (unless same_ok: en-en', two models of one language) raise ValueError."""
+    no lines or one file on both sides (unless same_ok: en-en', two models of one language) raise InputError."""
     if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
-        raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
+        raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
     if len(src) != len(tgt):
-        raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
+        raise InputError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
     if not src:
-        raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
+        raise InputError(f"parallel files {src_path} and {tgt_path} are empty")
     return src[:max_lines or None], tgt[:max_lines or None]
 
 
@@ -590,13 +590,13 @@ def read_codes(path):
         with open(path, encoding="utf-8") as f:
             lines = f.read().rstrip("\n").split("\n")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
+        raise InputError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
     nmt = lines[0].split() in (["#version:", "0.2"], ["#version:", "0.2.0"])  # else fastBPE's, or an error
     merges = []
     for n, line in enumerate(lines[nmt:], 1 + nmt):
         parts = line.strip("\r\n ").split(" ")
         if len(parts) != 3 - nmt or not all(parts) or not (nmt or parts[2].isdigit()):
-            raise ValueError(f"{path}:{n}: expected " + ("'left right'" if nmt else "'left right count' (fastBPE) or a "
+            raise InputError(f"{path}:{n}: expected " + ("'left right'" if nmt else "'left right count' (fastBPE) or a "
                              "first line '#version: 0.2' (subword-nmt)") + f", got {line[:60]!r}")
         merges.append((parts[0], parts[1]))
     return merges
@@ -631,9 +631,9 @@ def read_dictionary(path):
     """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
     pairs = [(n, line.split()) for n, line in enumerate(read_lines(path), 1) if line.split()]
     if bad := next(((n, parts) for n, parts in pairs if len(parts) != 2), None):
-        raise ValueError(f"{path}:{bad[0]}: expected 'source target', got {' '.join(bad[1])!r}")
+        raise InputError(f"{path}:{bad[0]}: expected 'source target', got {' '.join(bad[1])!r}")
     if not pairs:
-        raise ValueError(f"{path}: the dictionary is empty")
+        raise InputError(f"{path}: the dictionary is empty")
     return [tuple(parts) for _, parts in pairs]
 
 
@@ -643,15 +643,15 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
     codes `xlm_codes` (codes_enfr): one joint BPE, lowercasing if the dictionary has no upper case (XLM-15)."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
-            raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (codes_enfr)")
+            raise InputError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (codes_enfr)")
         words, langs = list(extra["xlm_vocab"]), list(extra["langs"])
         codes, vocab = BPE.load(xlm_codes), Vocab(words[N_SPECIAL:])
         lowercase = all(w == w.lower() for w in words[N_SPECIAL:])
         return Tokenizer(langs, "joint", dict.fromkeys(langs, codes), dict.fromkeys(langs, vocab), lowercase), langs
     if xlm_codes:
-        raise ValueError(f"--xlm-codes {xlm_codes}: {path} is not an XLM checkpoint (its own tokenizer is inside)")
+        raise InputError(f"--xlm-codes {xlm_codes}: {path} is not an XLM checkpoint (its own tokenizer is inside)")
     if "tokenizer" not in extra or "langs" not in extra:
-        raise ValueError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
+        raise InputError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
     return Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 

@@ -81,8 +81,7 @@ def cka_table(args):
     """Per layer, CKA of mean-pooled parallel sentences (rows = sentence pairs) -> (header, rows + avg row):
       bilingual    --ckpt encodes both languages (if it knows both)
       monolingual  --ckpt encodes --src, --ckpt2 encodes --tgt (two monolingual models)
-      random       --ckpt encodes --src, an untrained model of the same config (and tokenizer) as the
-                   --tgt side's model encodes --tgt: the baseline any similarity must beat"""
+      random       an untrained model of the --tgt side's config (and tokenizer) encodes --tgt: the baseline to beat"""
     import torch
 
     import model as M
@@ -114,7 +113,10 @@ def cka_table(args):
         rand = M.MLM(tgt_side[0].config).to(args.device).eval()      # untrained, same config and tokenizer
         columns["random"] = enc((rand, *tgt_side[1:3], tgt_side[3] + " (random init)"), args.tgt, tgt_lines)
         header = ["layer"] + list(columns)
-        rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
+        try:  # zero variance (one vector for every sentence) or NaN states: the input's doing, CKA is undefined
+            rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()] for l in range(len(E_src))]
+        except ValueError as e:
+            raise InputError(f"linear CKA of {args.src_file} (X) and {args.tgt_file} (Y): {e}") from None
         rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
         print(f"\nLinear CKA of mean-pooled parallel sentences ({len(src_lines)} pairs, {args.src} via {args.ckpt}, "
               f"{args.tgt} via each column's model), from 0 to 1 (the same up to a rotation and scale); the random "
@@ -143,8 +145,7 @@ def build_parser():
     a("--tgt-file", help="target side, line k translating line k (default with --toy: --data's "
       "tatoeba/tatoeba.TGT-SRC.TGT)")
     a("--toy", nargs="?", const=True, default=False, metavar="DIR",
-      help="the sentence files are the toy world's, given by --data. The old spelling --toy DIR (= --toy --data DIR) "
-      "is deprecated")
+      help="the sentence files are the toy world's, given by --data (--toy DIR, deprecated, is --toy --data DIR)")
     a("--data", metavar="DIR", help="with --toy: a toydata.py world whose tatoeba/ pairs are the default files")
     a("--max-sents", type=number(2), metavar="N", help="read at most the first N sentences (lines) of each "
       "file, i.e. N pairs, N >= 2 (default: all)")
@@ -158,8 +159,7 @@ def build_parser():
 
 def main(argv=None):
     from bpe import reported
-    parser = build_parser()
-    with reported(parser):  # bad inputs (flags, files, checkpoints, languages): one line
+    with reported(parser := build_parser()):  # bad inputs (flags, files, checkpoints, languages): one line
         return cka_table(parser.parse_args(argv))
 
 

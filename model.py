@@ -568,8 +568,8 @@ def autocast(device, dtype):
 @contextmanager
 def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
     """align.py's and cka.py's run. Before any work: check_src_tgt, --device, --dtype, --plot, toy_data (bpe.py's), then
-    --toy --data DIR fills in each unset flag of toy_paths ({flag: its file in a world}); all but `optional` must name
-    files. The work runs under autocast; a reader's ValueError or OSError, or out of memory, becomes one InputError."""
+    --toy --data DIR fills in each unset flag of toy_paths ({flag: its file}); all but `optional` must name files. The
+    work runs under autocast; out of memory or a file's OSError becomes one InputError, any other error is a bug."""
     try:
         check_src_tgt(args)  # one text on both sides measures nothing (P@1 100, CKA 1.000)
         args.device, args.dtype, _ = pick_device(args.device, args.dtype)
@@ -598,12 +598,12 @@ def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
                                      "one model on both sides measures nothing; give a second one or leave --ckpt2 out")
         with autocast(args.device, args.dtype):
             yield
-    except (OSError, ValueError, MemoryError, RuntimeError) as e:
+    except (OSError, MemoryError, RuntimeError) as e:
         oom = isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
-        if isinstance(e, RuntimeError) and not oom:
+        if not oom and not (isinstance(e, OSError) and e.errno):  # unreadable, missing, a directory, a full disk
             raise
-        raise InputError("out of memory; try a smaller --batch-size (or --max-sents)" if oom else str(e),
-                         getattr(e, "code", 1)) from None
+        raise InputError("out of memory; try a smaller --batch-size (or --max-sents)" if oom else
+                         f"{e.filename}: {e.strerror}" if e.filename else e.strerror) from None
 
 
 def check_plot(path):

@@ -366,6 +366,33 @@ def test_cli_errors_name_the_input(ckpts, toy_world, tmp_path):
         align.main(["sentences", "--ckpt", ckpts["bi"]])
 
 
+WORK_ERRORS = [  # (raised inside the work, the `error:` line, or None: it keeps its type and traceback)
+    (ValueError("bug"), None), (RuntimeError("bug"), None), (OSError("bug"), None),  # an OSError without errno: ours
+    (PermissionError(13, "Permission denied", "x.en"), "error: x.en: Permission denied"),
+    (OSError(28, "No space left on device"), "error: No space left on device"),  # a write names no file
+    (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+     "error: out of memory; try a smaller --batch-size (or --max-sents)"),
+    (MemoryError(), "error: out of memory; try a smaller --batch-size (or --max-sents)")]
+
+
+@pytest.mark.parametrize("error, line", WORK_ERRORS,
+                         ids=[f"{type(e).__name__}-{'line' if l else 'raised'}" for e, l in WORK_ERRORS])
+def test_only_input_errors_become_one_line(ckpts, toy_world, monkeypatch, error, line):
+    """model.analysis_run turns out of memory and a file's OSError into one `error:` line; the helpers raise
+    InputError themselves. Any other error inside the work is a bug: it surfaces as itself, with its traceback
+    (it was an `error:` line for every ValueError and OSError, a bug's too)."""
+    calls = []
+
+    def nn_knn(*a, **k):  # the retrieval of align.py sentences, after the checkpoint and files are read
+        calls.append(1)
+        raise error
+    monkeypatch.setattr(align, "nn_knn", nn_knn)
+    argv = ["sentences", "--ckpt", ckpts["bi"], "--toy", "--data", str(toy_world), "--max-sents", "20"]
+    with pytest.raises(SystemExit if line else type(error)) as e:
+        align.main(argv)
+    assert calls and (e.value.code == line if line else e.value is error)
+
+
 @needs_data
 def test_cli_error_when_no_dictionary_pair_is_in_the_vocabulary(ckpts, toy_world):
     with pytest.raises(SystemExit, match=r"5000-6500.reconstructed.txt \(emb \(4a\)\): none of its"):

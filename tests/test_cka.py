@@ -125,6 +125,20 @@ def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys, mon
     assert "encode fr" in sys.stderr.getvalue() and "sent/s" in sys.stderr.getvalue()
 
 
+def test_one_vector_for_every_sentence_is_one_error_line(toy_world, tiny_ckpt, tmp_path):
+    """Identical source lines give every pair the same vector: CKA is undefined (zero variance). That is the input's
+    doing, so one `error:` line (model.analysis_run no longer makes every ValueError one: a bug's is a traceback)."""
+    fr = (toy_world / "tatoeba/tatoeba.fr-en.fr").read_text().splitlines()[:4]
+    en = (toy_world / "tatoeba/tatoeba.fr-en.en").read_text().splitlines()[:1] * 4
+    (tmp_path / "same.en").write_text("\n".join(en) + "\n")
+    (tmp_path / "four.fr").write_text("\n".join(fr) + "\n")
+    argv = ["--ckpt", str(tiny_ckpt), "--src-file", str(tmp_path / "same.en"), "--tgt-file", str(tmp_path / "four.fr"),
+            "--batch-size", "1"]  # one sentence per forward pass: the same line, bit for bit the same vector
+    with pytest.raises(SystemExit, match=r"^error: linear CKA of \S*same\.en \(X\) and \S*four\.fr \(Y\): X has "
+                       r"zero variance \(all rows identical\): CKA is undefined$"):
+        cka.main(argv)
+
+
 def test_plot_is_checked_before_any_work(tmp_path, monkeypatch):
     """--plot without matplotlib (not a requirement) fails at once with how to install it, in cka.py
     and align.py alike; nothing is loaded or encoded first (the checkpoint path does not even exist)."""
