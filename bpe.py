@@ -542,8 +542,7 @@ class _Joined(dict):
 
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yields path.PID.tmp to write (no two processes share one), renamed to `path` at the end: never half a file. Any
-    failure (disk full, a bad input line, Ctrl-C) removes it (model.py, toydata.py keep a copy: each copies alone)."""
+    """Yields path.PID.tmp to write (one per process), renamed to `path` at the end, removed by any failure."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         yield tmp
@@ -890,9 +889,12 @@ RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"), "me
                 "code_switch_sha1": ("--code-switch", "--code-switch")}
 
 
-def file_sha1(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha1").hexdigest()
+def file_sha1(path):  # of a --code-switch dictionary: a recipe names it by its contents
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha1").hexdigest()
+    except OSError as e:
+        raise InputError(f"--code-switch {path}: cannot read it: {e.strerror}") from None
 
 
 def read_text(path, max_lines=None):  # the lines of a text file or of a WikiExtractor directory
@@ -1050,22 +1052,16 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     reused later (other DDP ranks wait for it); a `data` folder prepared earlier is used if its recipe.json matches.
     Every input is checked before anything is written (BPE learning takes hours at paper scale). Errors: one line
     (`flag`: the option that gave prep_dir; `program`: the script whose flags a refusal names)."""
-    langs, cs_sha1 = parse_langs(langs), None
-    if code_switch:
-        try:
-            cs_sha1 = file_sha1(code_switch)
-        except OSError as e:
-            raise InputError(f"--code-switch {code_switch}: cannot read it: {e.strerror}") from None
+    langs = parse_langs(langs)
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
-              "lowercase": lowercase, "code_switch_sha1": cs_sha1}
+              "lowercase": lowercase, "code_switch_sha1": file_sha1(code_switch) if code_switch else None}
     if not files:
         if not os.path.isdir(data):
             raise InputError(f"--data {data}: {'not a directory' if os.path.exists(data) else 'no such directory'}")
-        files, absent = {l: {} for l in langs}, []  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
-        for l, s in itertools.product(langs, ("train", "dev")):
-            found = [p for d in ("", "mono") if os.path.isfile(p := os.path.join(data, d, f"{l}.{s}.txt"))] + [None]
-            files[l][s] = found[0]
-            absent += [] if found[0] else [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'"]
+        files = {l: {s: next((p for d in ("", "mono") if os.path.isfile(p := os.path.join(data, d, f"{l}.{s}.txt"))),
+                             None) for s in ("train", "dev")} for l in langs}  # DIR/en.train.txt, or DIR/mono/ (toy)
+        absent = [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'" for l in langs for s in ("train", "dev")
+                  if not files[l][s]]
         made = [n for n in prepared_files(langs) + ["done"] if os.path.isfile(os.path.join(data, n))]
         if made and (absent or not _missing(data, langs)):  # a prepared folder (with the text and stray files: text)
             _check_prepared(data, recipe, program)
