@@ -637,15 +637,14 @@ def read_dictionary(path):
 
 
 def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, language codes) of a checkpoint's `extra` entries (model.load_model): pretrain.py's best.pt carries
-    its tokenizer; a released XLM checkpoint its dictionary (XLM's ids, pieces ending in '@@') and needs its fastBPE
-    codes `xlm_codes` (codes_enfr): one joint BPE, lowercasing if the dictionary has no upper case (XLM-15)."""
+    """(Tokenizer, language codes) of a checkpoint's `extra` (model.load_model): best.pt carries its tokenizer; a
+    released XLM one its dictionary (XLM's ids, pieces ending in '@@') and needs its fastBPE codes (codes_enfr)."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
             raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (codes_enfr)")
-        words, langs = list(extra["xlm_vocab"]), list(extra["langs"])
-        codes, vocab = BPE.load(xlm_codes), Vocab(words[N_SPECIAL:])
-        lowercase = all(w == w.lower() for w in words[N_SPECIAL:])
+        words, langs = list(extra["xlm_vocab"])[N_SPECIAL:], list(extra["langs"])
+        lowercase = all(w == w.lower() for w in words)  # a dictionary without upper case: XLM-15's lowercased text
+        codes, vocab = BPE.load(xlm_codes), Vocab(words)  # one joint BPE
         return Tokenizer(langs, "joint", dict.fromkeys(langs, codes), dict.fromkeys(langs, vocab), lowercase), langs
     if xlm_codes:
         raise ValueError(f"--xlm-codes {xlm_codes}: {path} is not an XLM checkpoint (its own tokenizer is inside)")
@@ -666,8 +665,7 @@ class InputError(ValueError):
 
 @contextlib.contextmanager
 def reported(parser):
-    """Each main's one place for a bad input: an InputError (or the twin of model.py, cka.py, toydata.py) becomes one
-    `error: ...` line, code 1, or the parser's usage error (2). Also a decorator."""
+    """Each main's one place for a bad input: an InputError (or model.py's, cka.py's, toydata.py's) -> one line."""
     try:
         yield
     except ValueError as e:
@@ -721,8 +719,7 @@ def toy_data(args):
 
 
 def check_src_tgt(args):
-    """align.py and cka.py: --src and --tgt are codes of letters (they name a toy world's files) and two languages,
-    unless --ckpt2 encodes --tgt (en-en', two models of one language): one text on both sides measures nothing."""
+    """align.py and cka.py: --src and --tgt, codes of letters (a toy world's file names), differ unless --ckpt2."""
     for flag, code in (("--src", args.src), ("--tgt", args.tgt)):
         if not code.isalpha():
             raise InputError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
@@ -848,9 +845,8 @@ def read_wikiextractor(path):
 
 
 def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
-    """Write `lines` (about `size` bytes) in a seeded random order to train_path, the first min(DEV_LINES, n // 10) to
-    dev_path instead when given -> (n_train, n_dev). Each line goes to a random bucket file, then each bucket is
-    permuted in memory: a uniform shuffle of a corpus larger than memory. Empty lines dropped; work_dir removed."""
+    """`lines` (about `size` bytes, empty ones dropped) shuffled to train_path, the first min(DEV_LINES, n // 10) to
+    dev_path if given -> (n_train, n_dev): each line to a random bucket file, each bucket permuted in memory."""
     rng, n_buckets = np.random.default_rng(seed), 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
     buckets, n = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)], 0
@@ -986,9 +982,7 @@ def _check_prepared(data, recipe, program):
 
 
 def _check_text(path, lang, split, held_out):
-    """A text input of prepare read whole before anything is written (a bad byte found late costs hours): UTF-8 and
-    WikiExtractor's structure (the readers' errors), no NUL (UTF-16), no CR-alone line breaks, no Han-script text under
-    a code other than zh (only zh is split into characters), MIN_DEV_WORDS in a dev split, lines in a train text."""
+    """A text input of prepare, read whole before anything is written (a bad byte found late costs hours)."""
     n = cr = han = letters = texts = words = 0
     for n, line in enumerate(read_text(path), 1):
         if "\0" in line:
@@ -1036,9 +1030,8 @@ def _code_switching(code_switch, files, langs, lowercase):
                          f"{','.join(langs)} (words found as given: {cover}; swapped: {swapped}); it must be "
                          f"'{langs[0]}-word {langs[1]}-word' per line")
     for l in (l for l in langs if hits[l, 0] < max(1, 0.001 * total[l])):
-        raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} "
-                         f"({hits[l, 0]} of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a "
-                         f"{langs[0]}-{langs[1]} dictionary?")
+        raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} ({hits[l, 0]}"
+                         f" of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a {'-'.join(langs)} dictionary?")
     print(f"code-switching dictionary {code_switch}: words of the text found in it: {cover}")
     return switch
 
@@ -1048,10 +1041,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
             program="pretrain.py"):
     """Raw text (`files` {lang: {"train": path, "dev": path or None}}, a path maybe a WikiExtractor directory, or in
-    `data`) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin,
-    reused later (other DDP ranks wait for it); a `data` folder prepared earlier is used if its recipe.json matches.
-    Every input is checked before anything is written (BPE learning takes hours at paper scale). Errors: one line
-    (`flag`: the option that gave prep_dir; `program`: the script whose flags a refusal names)."""
+    `data`) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ (tokenizer.json, {lang}.{train,dev}.bin), reused
+    later; a prepared `data` folder is used if its recipe matches. `flag`, `program`: names in the error lines."""
     langs = parse_langs(langs)
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
               "lowercase": lowercase, "code_switch_sha1": file_sha1(code_switch) if code_switch else None}
