@@ -570,8 +570,7 @@ def read_lines(path, max_lines=None):
 
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
-    """Two UTF-8 files, line k of one translating line k of the other -> their first max_lines lines; unequal lengths,
-    no lines or one file on both sides (unless same_ok: en-en', two models of one language) raise ValueError."""
+    """Two line-aligned UTF-8 files -> their first max_lines lines; ValueError: unequal, empty, one file (same_ok)."""
     if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
         raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
@@ -685,8 +684,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
-    """The argparse type of every numeric flag: a number in [lo, hi) ((lo, ... if above, ..., hi] if upto), not NaN or
-    inf, or if many a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32])."""
+    """Every numeric flag's type: a finite number in [lo, hi) (`above`: (lo, `upto`: hi]), `many`: distinct ones 1,2."""
     def parse(s):
         try:
             v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
@@ -825,8 +823,7 @@ def wikiextractor_files(path):
 
 
 def read_wikiextractor(path):
-    """The text lines of a WikiExtractor output directory: `<doc ...>`, `</doc>` and empty lines dropped, each title
-    line kept (as XLM's `get-data-wiki.sh`); anything outside a `<doc>` block raises ValueError naming file:line."""
+    """A WikiExtractor directory's lines but <doc>, </doc> and blank ones (XLM's get-data-wiki.sh); else ValueError."""
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
@@ -917,8 +914,7 @@ def _missing(folder, langs):
 
 @contextlib.contextmanager
 def _preparing(out, flag):
-    """prepare's hold on its folder: out/lock, flock'ed (freed by the kernel if we die) and naming this process; a
-    second is refused in one line. A failure removes the folder (10+ GB of text at Wikipedia's size) and is one line."""
+    """prepare's flock on out/lock (naming this process; a second is refused); a failure removes the folder."""
     make_dir(flag, out)
     path = os.path.join(out, "lock")
     while True:  # the holder removes the file before it lets go: then lock the new one
@@ -1007,8 +1003,7 @@ def _check_text(path, lang, split, held_out):
 
 
 def _code_switching(code_switch, files, langs, lowercase):
-    """--code-switch's MUSE dictionary -> {lang: {word: [translations]}} (langs[1]'s: its inverse), refused if it
-    matches no text or matches it better with its columns swapped (first CS_SAMPLE_LINES lines of each train text)."""
+    """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it misses the text or is swapped."""
     switch = {langs[0]: {}, langs[1]: {}}
     try:
         for src, tgt in read_dictionary(code_switch):
@@ -1157,7 +1152,7 @@ def build_parser():  # bpe.py's flags (`prepare`); the prepare sub-parser is `pa
 
 def main(argv=None):
     parser = build_parser()
-    args, flag, files = parser.parse_args(argv), "--prep-dir", None
+    args, flag = parser.parse_args(argv), "--prep-dir"
     with reported(parser.prepare):  # a mistake in a flag: one line after prepare's usage (code 2)
         if args.old_out is not None:  # the previous release's spelling
             deprecated("--out", f"--prep-dir {args.old_out}")
@@ -1175,10 +1170,9 @@ def main(argv=None):
         if args.code_switch and not os.path.isfile(args.code_switch):
             raise InputError(f"--code-switch {args.code_switch}: "
                              + ("not a file" if os.path.exists(args.code_switch) else "no such file"), 2)
-        if args.train_files:
-            train = parse_lang_files("--train-files", args.train_files, langs)
-            dev = parse_lang_files("--dev-files", args.dev_files, langs) if args.dev_files else {}
-            files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
+        train, dev = (parse_lang_files(f, v, langs) if v else {} for f, v in (("--train-files", args.train_files),
+                                                                             ("--dev-files", args.dev_files)))
+        files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs} if train else None
         merges = args.merges or (80000 if args.mode == "joint" else 40000)
         handler = signal.signal(signal.SIGTERM, _stopped)  # as Ctrl-C: every temporary file is removed on the way out
         try:
