@@ -937,13 +937,12 @@ def _preparing(out, flag):
         yield True
     except BaseException as e:
         shutil.rmtree(out, ignore_errors=True)
-        if isinstance(e, ValueError) and not isinstance(e, InputError):  # the readers name the file (and line)
-            raise InputError(f"data preparation failed: {e}") from None
-        if isinstance(e, OSError):  # a full disk: no file name in the error; the temporary file is gone
-            where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
-            raise SystemExit("error: data preparation failed: " + (f"no space left writing in {where}" if e.errno
-                             == errno.ENOSPC else f"{where}: {e.strerror or e}")) from None
-        raise
+        if isinstance(e, InputError) or not isinstance(e, (ValueError, OSError)):
+            raise
+        # a reader's ValueError names the file (and line); a full disk's OSError no file, or a temporary one, now gone
+        where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if isinstance(e, OSError) and e.filename else out
+        raise InputError("data preparation failed: " + (str(e) if isinstance(e, ValueError) else "no space left writing"
+                         f" in {where}" if e.errno == errno.ENOSPC else f"{where}: {e.strerror or e}")) from None
     finally:
         with contextlib.suppress(OSError):
             os.remove(path)
@@ -1174,7 +1173,10 @@ def main(argv=None):
                                                                              ("--dev-files", args.dev_files)))
         files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs} if train else None
         merges = args.merges or (80000 if args.mode == "joint" else 40000)
-        handler = signal.signal(signal.SIGTERM, _stopped)  # as Ctrl-C: every temporary file is removed on the way out
+
+        def stopped(signum, frame):  # SIGTERM as Ctrl-C: every temporary file is removed on the way out
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        handler = signal.signal(signal.SIGTERM, stopped)
         try:
             print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges, args.separate_vocab,
                           args.lowercase, args.max_lines, args.seed, args.code_switch, args.workers, flag=flag,
@@ -1186,10 +1188,6 @@ def main(argv=None):
             sys.exit(128 + signal.Signals[name])
         finally:
             signal.signal(signal.SIGTERM, handler)
-
-
-def _stopped(signum, frame):  # bpe.py prepare's SIGTERM handler
-    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 if __name__ == "__main__":
