@@ -574,10 +574,9 @@ def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
     if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
         raise ValueError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
-    if len(src) != len(tgt):
-        raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
-    if not src:
-        raise ValueError(f"parallel files {src_path} and {tgt_path} are empty")
+    if not src or len(src) != len(tgt):
+        raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
+                         if src or tgt else f"parallel files {src_path} and {tgt_path} are empty")
     return src[:max_lines or None], tgt[:max_lines or None]
 
 
@@ -828,12 +827,11 @@ def read_wikiextractor(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
             doc, end, text = line.startswith("<doc ") and line.endswith(">"), line == "</doc>", line.strip()
-            for bad, why in ((doc and start, f"<doc> inside the <doc> of line {start}"),
-                             (end and not start, "</doc> without <doc ...>"),
-                             (text and not (doc or end or start), "text outside <doc ...> ... </doc>")):
-                if bad:
-                    raise ValueError(f"{name}:{n}: {why} (not WikiExtractor output)" + f": {line[:60]!r}" * (
-                        not (doc or end)))
+            why = (f"<doc> inside the <doc> of line {start}" if doc and start else "</doc> without <doc ...>" if end
+                   and not start else "text outside <doc ...> ... </doc>" if text and not (doc or end or start) else "")
+            if why:
+                raise ValueError(f"{name}:{n}: {why} (not WikiExtractor output)" + f": {line[:60]!r}" * (
+                    not (doc or end)))
             start = n if doc else None if end else start
             if text and not (doc or end):
                 yield line
@@ -957,10 +955,8 @@ def _check_prepared(data, recipe, program):
     path = os.path.join(data, "recipe.json")
     try:
         with open(path, encoding="utf-8") as f:
-            made = json.load(f)
-        if not isinstance(made, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError) as e:
+            made = dict(json.load(f))  # else TypeError or ValueError: not a JSON object
+    except (OSError, ValueError, TypeError) as e:
         raise InputError(f"--data {data}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     if "code_switch_sha1" not in made:  # written before the digest was recorded: the file it named, if unchanged
         cs = made.get("code_switch")
