@@ -973,16 +973,19 @@ def _check_prepared(data, recipe, program):
 
 
 def _check_text(path, lang, split, held_out):
-    """A text input of prepare, read whole before anything is written (a bad byte found late costs hours)."""
+    """A text input of prepare, read whole before anything is written (a bad byte found late costs hours): one line."""
     n = cr = han = letters = texts = words = 0
-    for n, line in enumerate(read_text(path), 1):
-        if "\0" in line:
-            raise ValueError(f"{path}{'' if os.path.isdir(path) else f':{n}'}: a NUL character, as in UTF-16 text "
-                             "(convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
-        cr, texts = cr + line.count("\r"), texts + bool(line.strip())  # read_lines splits on \n only
-        words += len(pretokenize(line, lang)) if words < MIN_DEV_WORDS else 0
-        if n <= CHECK_SCRIPT_LINES and lang != "zh":
-            han, letters = han + len(HAN_RE.findall(line)), letters + len(LETTER_RE.findall(line))
+    try:  # read_lines and wikiextractor_files name the file (and line) at fault
+        for n, line in enumerate(read_text(path), 1):
+            if "\0" in line:
+                raise ValueError(f"{path}{'' if os.path.isdir(path) else f':{n}'}: a NUL character, as in UTF-16 text "
+                                 "(convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
+            cr, texts = cr + line.count("\r"), texts + bool(line.strip())  # read_lines splits on \n only
+            words += len(pretokenize(line, lang)) if words < MIN_DEV_WORDS else 0
+            if n <= CHECK_SCRIPT_LINES and lang != "zh":
+                han, letters = han + len(HAN_RE.findall(line)), letters + len(LETTER_RE.findall(line))
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read {e.filename}: {e.strerror}" if isinstance(e, OSError) else str(e)) from None
     for bad, why in ((cr > n, f"its lines end in CR alone ({cr} CRs in {n} line(s)), so it would be read as {n} "
                                f"line(s); convert it first, e.g. tr '\\r' '\\n' < {path} > NEW"),
                      (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) under the "
@@ -994,7 +997,7 @@ def _check_text(path, lang, split, held_out):
                      (split == "train" and texts < 1 + 9 * held_out, f"{texts} line(s) of text, too few " + (
                          "to hold out dev lines from (give a dev file)" if held_out else "for a corpus"))):
         if bad:
-            raise ValueError(f"{path}: {why}")
+            raise InputError(f"{path}: {why}")
 
 
 def _code_switching(code_switch, files, langs, lowercase):
@@ -1051,12 +1054,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             raise InputError(f"--data {data}: {absent[0]}")
         if made:
             print(f"note: --data {data}: {', '.join(made)} there but no complete prepared folder: its text is prepared")
-    if master:
-        try:
-            for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p):
-                _check_text(path, l, s, files[l]["dev"] is None)
-        except (OSError, ValueError) as e:  # read_lines and wikiextractor_files name the file (and line) at fault
-            raise InputError(f"cannot read {e.filename}: {e.strerror}" if isinstance(e, OSError) else str(e)) from None
+    for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p and master):
+        _check_text(path, l, s, files[l]["dev"] is None)
     switch = _code_switching(code_switch, files, langs, lowercase) if code_switch and master else {}
 
     def fingerprint(path):  # a file's size and time; a WikiExtractor directory's sha1 of its files' names, sizes, times
@@ -1122,8 +1121,7 @@ def build_parser():  # bpe.py's flags (`prepare`); the prepare sub-parser is `pa
     parser.prepare = prep = parser.add_subparsers(dest="cmd", required=True).add_parser(
         "prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=HelpFormatter)
     a = prep.add_argument
-    a("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/); required "
-      "unless --train-files")
+    a("--data", metavar="DIR", help="holds {lang}.{train,dev}.txt (or toydata's mono/); required unless --train-files")
     a("--train-files", metavar="LANG=PATH,...", help="required unless --data: training text per language, e.g. "
       "en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed seed, <doc> dropped)")
     a("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); without it, "
