@@ -640,9 +640,8 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
     if "xlm_vocab" in extra:
         if not xlm_codes:
             raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (codes_enfr)")
-        words, langs = list(extra["xlm_vocab"])[N_SPECIAL:], list(extra["langs"])
-        lowercase = all(w == w.lower() for w in words)  # a dictionary without upper case: XLM-15's lowercased text
-        codes, vocab = BPE.load(xlm_codes), Vocab(words)  # one joint BPE
+        words, langs = list(extra["xlm_vocab"])[N_SPECIAL:], list(extra["langs"])  # no upper case: lowercased (XLM-15)
+        codes, vocab, lowercase = BPE.load(xlm_codes), Vocab(words), all(w == w.lower() for w in words)  # one BPE
         return Tokenizer(langs, "joint", dict.fromkeys(langs, codes), dict.fromkeys(langs, vocab), lowercase), langs
     if xlm_codes:
         raise ValueError(f"--xlm-codes {xlm_codes}: {path} is not an XLM checkpoint (its own tokenizer is inside)")
@@ -721,8 +720,7 @@ def check_src_tgt(args):
         if not code.isalpha():
             raise InputError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
     if args.src == args.tgt and not args.ckpt2:
-        raise InputError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
-                         "model with --ckpt2 (en-en', two models of one language)")
+        raise InputError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or --ckpt2 (en-en')")
 
 
 def out_of_memory(e):
@@ -740,8 +738,7 @@ def parse_langs(langs):
     """'en,fr' or ['en', 'fr'] -> ['en', 'fr']: distinct codes of letters (not 'en/x' or ' fr'), else InputError."""
     langs = langs.split(",") if isinstance(langs, str) else list(langs)
     if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
-        raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of letters, "
-                         "e.g. en,fr", 2)
+        raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of letters, e.g. en", 2)
     return langs
 
 
@@ -885,7 +882,8 @@ def file_sha1(path):  # of a --code-switch dictionary: a recipe names it by its 
         with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha1").hexdigest()
     except OSError as e:
-        raise InputError(f"--code-switch {path}: cannot read it: {e.strerror}") from None
+        raise InputError(f"--code-switch {path}: " + ("no such file" if isinstance(e, FileNotFoundError) else
+                         "not a file" if isinstance(e, IsADirectoryError) else f"cannot read: {e.strerror}")) from None
 
 
 def read_text(path, max_lines=None):  # the lines of a text file or of a WikiExtractor directory
@@ -1010,20 +1008,18 @@ def _code_switching(code_switch, files, langs, lowercase):
         raise InputError(f"--code-switch {e}") from None
     for src, t in ((src, t) for src, tgts in switch[langs[0]].items() for t in tgts):  # the inverse, in that order
         switch[langs[1]].setdefault(t, []).append(src)
-    hits, total = {}, {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
-    for l, other in zip(langs, langs[::-1]):
+    hits, total = {}, {}  # lang -> words found in [its own column of the dictionary, the other language's]; words
+    for l, o in zip(langs, langs[::-1]):  # o: the other language
         lines = read_text(files[l]["train"], CS_SAMPLE_LINES)
         words = [w for line in lines for w in pretokenize(lowercase_and_strip_accents(line) if lowercase else line, l)]
-        for k, column in enumerate((switch[l], switch[other])):
-            hits[l, k] = sum(w in column or w.lower() in column for w in words)
-        total[l] = len(words)
-    cover, swapped = (", ".join(f"{l} {100 * hits[l, k] / max(total[l], 1):.1f} %" for l in langs) for k in (0, 1))
-    if sum(hits[l, 1] for l in langs) > sum(hits[l, 0] for l in langs):
+        hits[l], total[l] = [sum(w in c or w.lower() in c for w in words) for c in (switch[l], switch[o])], len(words)
+    cover, swapped = (", ".join(f"{l} {100 * hits[l][k] / max(total[l], 1):.1f} %" for l in langs) for k in (0, 1))
+    if sum(hits[l][1] for l in langs) > sum(hits[l][0] for l in langs):
         raise InputError(f"--code-switch {code_switch}: its columns look the wrong way round for --langs "
                          f"{','.join(langs)} (words found as given: {cover}; swapped: {swapped}); it must be "
                          f"'{langs[0]}-word {langs[1]}-word' per line")
-    for l in (l for l in langs if hits[l, 0] < max(1, 0.001 * total[l])):
-        raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} ({hits[l, 0]}"
+    for l in (l for l in langs if hits[l][0] < max(1, 0.001 * total[l])):
+        raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} ({hits[l][0]}"
                          f" of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a {'-'.join(langs)} dictionary?")
     print(f"code-switching dictionary {code_switch}: words of the text found in it: {cover}")
     return switch
@@ -1160,21 +1156,17 @@ def main(argv=None):
             raise InputError("give --data, or --train-files with --dev-files (or without: dev lines are held out)", 2)
         if args.code_switch and (args.separate_vocab or len(langs) != 2):
             raise InputError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)", 2)
-        if args.code_switch and not os.path.isfile(args.code_switch):
-            raise InputError(f"--code-switch {args.code_switch}: "
-                             + ("not a file" if os.path.exists(args.code_switch) else "no such file"), 2)
         train, dev = (parse_lang_files(f, v, langs) if v else {} for f, v in (("--train-files", args.train_files),
                                                                              ("--dev-files", args.dev_files)))
         files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs} if train else None
-        merges = args.merges or (80000 if args.mode == "joint" else 40000)
 
         def stopped(signum, frame):  # SIGTERM as Ctrl-C: every temporary file is removed on the way out
             raise KeyboardInterrupt(signal.Signals(signum).name)
         handler = signal.signal(signal.SIGTERM, stopped)
         try:
-            print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges, args.separate_vocab,
-                          args.lowercase, args.max_lines, args.seed, args.code_switch, args.workers, flag=flag,
-                          program="bpe.py"))
+            print(prepare(langs, args.prep_dir, args.data, files, args.mode, args.merges or (80000 if args.mode ==
+                          "joint" else 40000), args.separate_vocab, args.lowercase, args.max_lines, args.seed,
+                          args.code_switch, args.workers, flag=flag, program="bpe.py"))
         except KeyboardInterrupt as e:
             name = e.args[0] if e.args else "SIGINT"
             print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same command to "
