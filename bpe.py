@@ -589,14 +589,12 @@ def read_codes(path):
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
     nmt = lines[0].split() in (["#version:", "0.2"], ["#version:", "0.2.0"])  # else fastBPE's, or an error
-    merges = []
-    for n, line in enumerate(lines[nmt:], 1 + nmt):
-        parts = line.strip("\r\n ").split(" ")
+    rows = [(n, line, line.strip("\r\n ").split(" ")) for n, line in enumerate(lines[nmt:], 1 + nmt)]
+    for n, line, parts in rows:
         if len(parts) != 3 - nmt or not all(parts) or not (nmt or parts[2].isdigit()):
             raise ValueError(f"{path}:{n}: expected " + ("'left right'" if nmt else "'left right count' (fastBPE) or a "
                              "first line '#version: 0.2' (subword-nmt)") + f", got {line[:60]!r}")
-        merges.append((parts[0], parts[1]))
-    return merges
+    return [(parts[0], parts[1]) for _, _, parts in rows]
 
 
 def read_tokenizer(cls, path):
@@ -956,10 +954,9 @@ def _check_prepared(data, recipe, program):
             made = dict(json.load(f))  # else TypeError or ValueError: not a JSON object
     except (OSError, ValueError, TypeError) as e:
         raise InputError(f"--data {data}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    if "code_switch_sha1" not in made:  # written before the digest was recorded: the file it named, if unchanged
-        cs = made.get("code_switch")
-        made["code_switch_sha1"] = (None if not cs else file_sha1(cs[0]) if os.path.isfile(cs[0])
-                                    and [os.stat(cs[0]).st_size, os.stat(cs[0]).st_mtime_ns] == cs[1:] else "unknown")
+    if "code_switch_sha1" not in made and (cs := made.get("code_switch")):  # a recipe from before the digest: the
+        made["code_switch_sha1"] = file_sha1(cs[0]) if os.path.isfile(cs[0]) and [  # file it named, if unchanged
+            os.stat(cs[0]).st_size, os.stat(cs[0]).st_mtime_ns] == cs[1:] else "unknown"
 
     def show(key, v):
         return (",".join(v) if key == "langs" else "a dictionary with sha1 " + v[:10] if key == "code_switch_sha1"
@@ -1141,15 +1138,14 @@ def build_parser():  # bpe.py's flags (`prepare`); the prepare sub-parser is `pa
 
 def main(argv=None):
     parser = build_parser()
-    args, flag = parser.parse_args(argv), "--prep-dir"
+    args = parser.parse_args(argv)
     with reported(parser.prepare):  # a mistake in a flag: one line after prepare's usage (code 2)
         if args.old_out is not None:  # the previous release's spelling
             deprecated("--out", f"--prep-dir {args.old_out}")
-            if args.prep_dir is not None:
-                raise InputError("--out and --prep-dir: give one (--prep-dir)", 2)
-            args.prep_dir, flag = args.old_out, "--out"
-        if args.prep_dir is None:
-            raise InputError("the following arguments are required: --prep-dir", 2)
+        if (args.prep_dir is None) == (args.old_out is None):  # both, or neither
+            raise InputError("--out and --prep-dir: give one (--prep-dir)" if args.old_out is not None else
+                             "the following arguments are required: --prep-dir", 2)
+        flag, args.prep_dir = ("--prep-dir", args.prep_dir) if args.old_out is None else ("--out", args.old_out)
         langs = parse_langs(args.langs)
         # mistakes in flags: one line naming the flag, before any work (numbers: number, as argparse reads them)
         if args.dev_files and not args.train_files or bool(args.data) == bool(args.train_files):
