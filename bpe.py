@@ -5,9 +5,8 @@ Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language 
 language-specific vocabularies with and without shared strings, and code-switching as extra anchors).
 
 Above the `# ====` line, the paper's part: pre-tokenisation, BPE as Sennrich et al. state it and as subword-nmt
-applies it, §4.2's vocabulary regimes, code-switching, binarisation. Below it: the fast learner learn_bpe (its
-merges are subword-nmt's learn-bpe's), file formats (BPE.save / BPE.load: subword-nmt's codes files, and
-fastBPE's, which XLM's released models come with), the command-line helpers every script shares, data preparation.
+applies it, §4.2's vocabulary regimes, code-switching, binarisation. Below it: the fast learner learn_bpe, file formats
+(subword-nmt's codes files, and fastBPE's of XLM's models), the command-line helpers every script shares, prepare.
 Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --prep-dir runs/prep
 """
 
@@ -633,8 +632,7 @@ def read_dictionary(path):
 
 
 def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, language codes) of a checkpoint's `extra` (model.load_model): best.pt carries its tokenizer; a
-    released XLM one its dictionary (XLM's ids, pieces ending in '@@') and needs its fastBPE codes (codes_enfr)."""
+    """(Tokenizer, langs) of a checkpoint's `extra`: best.pt's tokenizer, or an XLM dictionary with fastBPE codes."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
             raise ValueError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (codes_enfr)")
@@ -797,10 +795,9 @@ def make_dir(flag, path):
 
 
 # -----------------------------------------------------------------------------
-# Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
+# Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached; bpe.py's CLI
 
-# Wikipedia through WikiExtractor (XLM `get-data-wiki.sh`): a directory AA/wiki_00, ... of `<doc ...>` blocks. Its
-# lines are shuffled with a fixed seed (XLM's `shuf`); without a dev file the first DEV_LINES are the dev split.
+# Wikipedia through WikiExtractor (XLM's get-data-wiki.sh): AA/wiki_00, ... of <doc> blocks, shuffled (XLM's shuf)
 DEV_LINES = 5000  # XLM holds out 5000 valid (and 5000 test) lines per language; at most a tenth of a small corpus
 SHUFFLE_SEED = 42  # XLM's `get_seeded_random 42`; fixed, whatever --seed is, so that every run sees the same split
 SHUFFLE_BUCKET_BYTES = 1 << 28  # the shuffle holds one bucket of about this many bytes in memory at a time
@@ -835,8 +832,7 @@ def read_wikiextractor(path):
 
 
 def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
-    """`lines` (about `size` bytes, empty ones dropped) shuffled to train_path, the first min(DEV_LINES, n // 10) to
-    dev_path if given -> (n_train, n_dev): each line to a random bucket file, each bucket permuted in memory."""
+    """Non-empty `lines` (~`size` bytes) shuffled in bucket files to train_path, min(DEV_LINES, n // 10) to dev_path."""
     rng, n_buckets = np.random.default_rng(seed), 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
     buckets, n = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)], 0
@@ -984,9 +980,8 @@ def _check_text(path, lang, split, held_out):
     for bad, why in ((cr > n, f"its lines end in CR alone ({cr} CRs in {n} line(s)), so it would be read as {n} "
                                f"line(s); convert it first, e.g. tr '\\r' '\\n' < {path} > NEW"),
                      (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) under the "
-                                         f"language code '{lang}': only zh text is split into characters, any other "
-                                         "code at spaces (a Chinese line would be one word); give this language as zh "
-                                         "in --langs"),
+                                         f"language code '{lang}': only zh text is split into characters (a Chinese "
+                                         "line would be one word); give this language as zh in --langs"),
                      (split == "dev" and words < MIN_DEV_WORDS, f"a {lang} dev split of {words} words; at least "
                                                                 f"{MIN_DEV_WORDS} are needed to measure a perplexity"),
                      (split == "train" and texts < 1 + 9 * held_out, f"{texts} line(s) of text, too few " + (
@@ -1026,9 +1021,8 @@ def _code_switching(code_switch, files, langs, lowercase):
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
             program="pretrain.py"):
-    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, a path maybe a WikiExtractor directory, or in
-    `data`) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ (tokenizer.json, {lang}.{train,dev}.bin), reused
-    later; a prepared `data` folder is used if its recipe matches. `flag`, `program`: names in the error lines."""
+    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash>/
+    (tokenizer.json, {lang}.{train,dev}.bin), reused; a prepared `data` folder is used if its recipe matches."""
     langs = parse_langs(langs)
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
               "lowercase": lowercase, "code_switch_sha1": file_sha1(code_switch) if code_switch else None}
@@ -1105,9 +1099,6 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
         write_text(os.path.join(out, "done"), json.dumps(sizes))  # last: the ids it holds (_missing checks them)
     return out
 
-
-# -----------------------------------------------------------------------------
-# bpe.py's command line: `prepare`
 
 def build_parser():  # bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)
     parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
