@@ -5,8 +5,7 @@ Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language 
 language-specific vocabularies with and without shared strings, and code-switching as extra anchors).
 
 Above the `# ====` line, the paper's part: pre-tokenisation, BPE as Sennrich et al. state it and as subword-nmt
-applies it, §4.2's vocabulary regimes, code-switching, binarisation. Below it: the fast learner learn_bpe, file formats
-(subword-nmt's codes files, and fastBPE's of XLM's models), the command-line helpers every script shares, prepare.
+applies it, §4.2's vocabulary regimes, code-switching, binarisation; below it, the plumbing (its first line says what).
 Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --prep-dir runs/prep
 """
 
@@ -944,9 +943,8 @@ def _check_prepared(data, recipe, program):
     if missing := _missing(data, recipe["langs"]):
         raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; prepare it again: bpe.py "
                          "prepare on its text makes it anew (or give pretrain.py the text)")
-    path = os.path.join(data, "recipe.json")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path := os.path.join(data, "recipe.json"), encoding="utf-8") as f:
             made = dict(json.load(f))  # else TypeError or ValueError: not a JSON object
     except (OSError, ValueError, TypeError) as e:
         raise InputError(f"--data {data}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
@@ -1000,7 +998,7 @@ def _code_switching(code_switch, files, langs, lowercase):
         raise InputError(f"--code-switch {e}") from None
     for src, t in ((src, t) for src, tgts in switch[langs[0]].items() for t in tgts):  # the inverse, in that order
         switch[langs[1]].setdefault(t, []).append(src)
-    hits, total = {}, {}  # lang -> words found in [its own column of the dictionary, the other language's]; words
+    hits, total = {}, {}  # lang -> [words found in its own column of the dictionary, in the other's]; words read
     for l, o in zip(langs, langs[::-1]):  # o: the other language
         lines = read_text(files[l]["train"], CS_SAMPLE_LINES)
         words = [w for line in lines for w in pretokenize(lowercase_and_strip_accents(line) if lowercase else line, l)]
@@ -1130,7 +1128,7 @@ def build_parser():  # bpe.py's flags (`prepare`); the prepare sub-parser is `pa
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    with reported(parser.prepare):  # a mistake in a flag: one line after prepare's usage (code 2)
+    with reported(parser.prepare):  # a bad flag: one line after prepare's usage (code 2), before any work
         if args.old_out is not None:  # the previous release's spelling
             deprecated("--out", f"--prep-dir {args.old_out}")
         if (args.prep_dir is None) == (args.old_out is None):  # both, or neither
@@ -1138,7 +1136,6 @@ def main(argv=None):
                              "the following arguments are required: --prep-dir", 2)
         flag, args.prep_dir = ("--prep-dir", args.prep_dir) if args.old_out is None else ("--out", args.old_out)
         langs = parse_langs(args.langs)
-        # mistakes in flags: one line naming the flag, before any work (numbers: number, as argparse reads them)
         if args.dev_files and not args.train_files or bool(args.data) == bool(args.train_files):
             raise InputError("give --data, or --train-files with --dev-files (or without: dev lines are held out)", 2)
         if args.code_switch and (args.separate_vocab or len(langs) != 2):
