@@ -5,9 +5,7 @@ Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language 
 language-specific vocabularies with and without shared strings, and code-switching as extra anchors).
 
 Above the `# ====` line, the paper's part: pre-tokenisation, BPE as Sennrich et al. state it and as subword-nmt
-applies it, §4.2's vocabulary regimes, code-switching, binarisation. Below it: the fast learner learn_bpe (its
-merges are subword-nmt's learn-bpe's), file formats (BPE.save / BPE.load: subword-nmt's codes files, and
-fastBPE's, which XLM's released models come with), the command-line helpers every script shares, data preparation.
+applies it, §4.2's vocabulary regimes, code-switching, binarisation; below it, the plumbing (its first line says what).
 Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --prep-dir runs/prep
 """
 
@@ -542,8 +540,7 @@ class _Joined(dict):
 
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yields path.PID.tmp to write (no two processes share one), renamed to `path` at the end: never half a file. Any
-    failure (disk full, a bad input line, Ctrl-C) removes it (model.py, toydata.py keep a copy: each copies alone)."""
+    """Yields path.PID.tmp to write (one per process), renamed to `path` at the end, removed by any failure."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         yield tmp
@@ -571,15 +568,13 @@ def read_lines(path, max_lines=None):
 
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
-    """Two UTF-8 files, line k of one translating line k of the other -> their first max_lines lines; unequal lengths,
-    no lines or one file on both sides (unless same_ok: en-en', two models of one language) raise InputError."""
+    """Two line-aligned UTF-8 files -> their first max_lines lines; InputError: unequal, empty, one file (same_ok)."""
     if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
         raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
-    if len(src) != len(tgt):
-        raise InputError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
-    if not src:
-        raise InputError(f"parallel files {src_path} and {tgt_path} are empty")
+    if not src or len(src) != len(tgt):
+        raise InputError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
+                         if src or tgt else f"parallel files {src_path} and {tgt_path} are empty")
     return src[:max_lines or None], tgt[:max_lines or None]
 
 
@@ -592,14 +587,12 @@ def read_codes(path):
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
     nmt = lines[0].split() in (["#version:", "0.2"], ["#version:", "0.2.0"])  # else fastBPE's, or an error
-    merges = []
-    for n, line in enumerate(lines[nmt:], 1 + nmt):
-        parts = line.strip("\r\n ").split(" ")
+    rows = [(n, line, line.strip("\r\n ").split(" ")) for n, line in enumerate(lines[nmt:], 1 + nmt)]
+    for n, line, parts in rows:
         if len(parts) != 3 - nmt or not all(parts) or not (nmt or parts[2].isdigit()):
             raise InputError(f"{path}:{n}: expected " + ("'left right'" if nmt else "'left right count' (fastBPE) or a "
                              "first line '#version: 0.2' (subword-nmt)") + f", got {line[:60]!r}")
-        merges.append((parts[0], parts[1]))
-    return merges
+    return [(parts[0], parts[1]) for _, _, parts in rows]
 
 
 def read_tokenizer(cls, path):
@@ -638,15 +631,12 @@ def read_dictionary(path):
 
 
 def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, language codes) of a checkpoint's `extra` entries (model.load_model): pretrain.py's best.pt carries
-    its tokenizer; a released XLM checkpoint its dictionary (XLM's ids, pieces ending in '@@') and needs its fastBPE
-    codes `xlm_codes` (codes_enfr): one joint BPE, lowercasing if the dictionary has no upper case (XLM-15)."""
+    """(Tokenizer, langs) of a checkpoint's `extra`: best.pt's tokenizer, or an XLM dictionary with fastBPE codes."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
             raise InputError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (codes_enfr)")
-        words, langs = list(extra["xlm_vocab"]), list(extra["langs"])
-        codes, vocab = BPE.load(xlm_codes), Vocab(words[N_SPECIAL:])
-        lowercase = all(w == w.lower() for w in words[N_SPECIAL:])
+        words, langs = list(extra["xlm_vocab"])[N_SPECIAL:], list(extra["langs"])  # no upper case: lowercased (XLM-15)
+        codes, vocab, lowercase = BPE.load(xlm_codes), Vocab(words), all(w == w.lower() for w in words)  # one BPE
         return Tokenizer(langs, "joint", dict.fromkeys(langs, codes), dict.fromkeys(langs, vocab), lowercase), langs
     if xlm_codes:
         raise InputError(f"--xlm-codes {xlm_codes}: {path} is not an XLM checkpoint (its own tokenizer is inside)")
@@ -667,8 +657,7 @@ class InputError(ValueError):
 
 @contextlib.contextmanager
 def reported(parser):
-    """Each main's one place for a bad input: an InputError (or the twin of model.py, cka.py, toydata.py) becomes one
-    `error: ...` line, code 1, or the parser's usage error (2). Also a decorator."""
+    """Each main's one place for a bad input: an InputError (or model.py's, cka.py's, toydata.py's) -> one line."""
     try:
         yield
     except ValueError as e:
@@ -688,8 +677,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
-    """The argparse type of every numeric flag: a number in [lo, hi) ((lo, ... if above, ..., hi] if upto), not NaN or
-    inf, or if many a comma list of distinct ones (finetune.py's grids: `16,32` -> [16, 32])."""
+    """Every numeric flag's type: a finite number in [lo, hi) (`above`: (lo, `upto`: hi]), `many`: distinct ones 1,2."""
     def parse(s):
         try:
             v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
@@ -722,14 +710,12 @@ def toy_data(args):
 
 
 def check_src_tgt(args):
-    """align.py and cka.py: --src and --tgt are codes of letters (they name a toy world's files) and two languages,
-    unless --ckpt2 encodes --tgt (en-en', two models of one language): one text on both sides measures nothing."""
+    """align.py and cka.py: --src and --tgt, codes of letters (a toy world's file names), differ unless --ckpt2."""
     for flag, code in (("--src", args.src), ("--tgt", args.tgt)):
         if not code.isalpha():
             raise InputError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
     if args.src == args.tgt and not args.ckpt2:
-        raise InputError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or a second "
-                         "model with --ckpt2 (en-en', two models of one language)")
+        raise InputError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or --ckpt2 (en-en')")
 
 
 def out_of_memory(e):
@@ -747,8 +733,7 @@ def parse_langs(langs):
     """'en,fr' or ['en', 'fr'] -> ['en', 'fr']: distinct codes of letters (not 'en/x' or ' fr'), else InputError."""
     langs = langs.split(",") if isinstance(langs, str) else list(langs)
     if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
-        raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of letters, "
-                         "e.g. en,fr", 2)
+        raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of letters, e.g. en", 2)
     return langs
 
 
@@ -809,10 +794,9 @@ def make_dir(flag, path):
 
 
 # -----------------------------------------------------------------------------
-# Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached
+# Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached; bpe.py's CLI
 
-# Wikipedia through WikiExtractor (XLM `get-data-wiki.sh`): a directory AA/wiki_00, ... of `<doc ...>` blocks. Its
-# lines are shuffled with a fixed seed (XLM's `shuf`); without a dev file the first DEV_LINES are the dev split.
+# Wikipedia through WikiExtractor (XLM's get-data-wiki.sh): AA/wiki_00, ... of <doc> blocks, shuffled (XLM's shuf)
 DEV_LINES = 5000  # XLM holds out 5000 valid (and 5000 test) lines per language; at most a tenth of a small corpus
 SHUFFLE_SEED = 42  # XLM's `get_seeded_random 42`; fixed, whatever --seed is, so that every run sees the same split
 SHUFFLE_BUCKET_BYTES = 1 << 28  # the shuffle holds one bucket of about this many bytes in memory at a time
@@ -829,18 +813,16 @@ def wikiextractor_files(path):
 
 
 def read_wikiextractor(path):
-    """The text lines of a WikiExtractor output directory: `<doc ...>`, `</doc>` and empty lines dropped, each title
-    line kept (as XLM's `get-data-wiki.sh`); anything outside a `<doc>` block raises ValueError naming file:line."""
+    """A WikiExtractor directory's lines but <doc>, </doc> and blank ones (XLM's get-data-wiki.sh); else ValueError."""
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
             doc, end, text = line.startswith("<doc ") and line.endswith(">"), line == "</doc>", line.strip()
-            for bad, why in ((doc and start, f"<doc> inside the <doc> of line {start}"),
-                             (end and not start, "</doc> without <doc ...>"),
-                             (text and not (doc or end or start), "text outside <doc ...> ... </doc>")):
-                if bad:
-                    raise ValueError(f"{name}:{n}: {why} (not WikiExtractor output)" + f": {line[:60]!r}" * (
-                        not (doc or end)))
+            why = (f"<doc> inside the <doc> of line {start}" if doc and start else "</doc> without <doc ...>" if end
+                   and not start else "text outside <doc ...> ... </doc>" if text and not (doc or end or start) else "")
+            if why:
+                raise ValueError(f"{name}:{n}: {why} (not WikiExtractor output)" + f": {line[:60]!r}" * (
+                    not (doc or end)))
             start = n if doc else None if end else start
             if text and not (doc or end):
                 yield line
@@ -849,9 +831,7 @@ def read_wikiextractor(path):
 
 
 def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
-    """Write `lines` (about `size` bytes) in a seeded random order to train_path, the first min(DEV_LINES, n // 10) to
-    dev_path instead when given -> (n_train, n_dev). Each line goes to a random bucket file, then each bucket is
-    permuted in memory: a uniform shuffle of a corpus larger than memory. Empty lines dropped; work_dir removed."""
+    """Non-empty `lines` (~`size` bytes) shuffled in bucket files to train_path, min(DEV_LINES, n // 10) to dev_path."""
     rng, n_buckets = np.random.default_rng(seed), 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
     buckets, n = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)], 0
@@ -890,9 +870,13 @@ RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"), "me
                 "code_switch_sha1": ("--code-switch", "--code-switch")}
 
 
-def file_sha1(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha1").hexdigest()
+def file_sha1(path):  # of a --code-switch dictionary: a recipe names it by its contents
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha1").hexdigest()
+    except OSError as e:
+        raise InputError(f"--code-switch {path}: " + ("no such file" if isinstance(e, FileNotFoundError) else
+                         "not a file" if isinstance(e, IsADirectoryError) else f"cannot read: {e.strerror}")) from None
 
 
 def read_text(path, max_lines=None):  # the lines of a text file or of a WikiExtractor directory
@@ -919,8 +903,7 @@ def _missing(folder, langs):
 
 @contextlib.contextmanager
 def _preparing(out, flag):
-    """prepare's hold on its folder: out/lock, flock'ed (freed by the kernel if we die) and naming this process; a
-    second is refused in one line. A failure removes the folder (10+ GB of text at Wikipedia's size) and is one line."""
+    """prepare's flock on out/lock (naming this process; a second is refused); a failure removes the folder."""
     make_dir(flag, out)
     path = os.path.join(out, "lock")
     while True:  # the holder removes the file before it lets go: then lock the new one
@@ -943,13 +926,12 @@ def _preparing(out, flag):
         yield True
     except BaseException as e:
         shutil.rmtree(out, ignore_errors=True)
-        if isinstance(e, ValueError) and not isinstance(e, InputError):  # the readers name the file (and line)
-            raise InputError(f"data preparation failed: {e}") from None
-        if isinstance(e, OSError):  # a full disk: no file name in the error; the temporary file is gone
-            where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
-            raise SystemExit("error: data preparation failed: " + (f"no space left writing in {where}" if e.errno
-                             == errno.ENOSPC else f"{where}: {e.strerror or e}")) from None
-        raise
+        if isinstance(e, InputError) or not isinstance(e, (ValueError, OSError)):
+            raise
+        # a reader's ValueError names the file (and line); a full disk's OSError no file, or a temporary one, now gone
+        where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if isinstance(e, OSError) and e.filename else out
+        raise InputError("data preparation failed: " + (str(e) if isinstance(e, ValueError) else "no space left writing"
+                         f" in {where}" if e.errno == errno.ENOSPC else f"{where}: {e.strerror or e}")) from None
     finally:
         with contextlib.suppress(OSError):
             os.remove(path)
@@ -961,18 +943,14 @@ def _check_prepared(data, recipe, program):
     if missing := _missing(data, recipe["langs"]):
         raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; prepare it again: bpe.py "
                          "prepare on its text makes it anew (or give pretrain.py the text)")
-    path = os.path.join(data, "recipe.json")
     try:
-        with open(path, encoding="utf-8") as f:
-            made = json.load(f)
-        if not isinstance(made, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError) as e:
+        with open(path := os.path.join(data, "recipe.json"), encoding="utf-8") as f:
+            made = dict(json.load(f))  # else TypeError or ValueError: not a JSON object
+    except (OSError, ValueError, TypeError) as e:
         raise InputError(f"--data {data}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    if "code_switch_sha1" not in made:  # written before the digest was recorded: the file it named, if unchanged
-        cs = made.get("code_switch")
-        made["code_switch_sha1"] = (None if not cs else file_sha1(cs[0]) if os.path.isfile(cs[0])
-                                    and [os.stat(cs[0]).st_size, os.stat(cs[0]).st_mtime_ns] == cs[1:] else "unknown")
+    if "code_switch_sha1" not in made and (cs := made.get("code_switch")):  # a recipe from before the digest: the
+        made["code_switch_sha1"] = file_sha1(cs[0]) if os.path.isfile(cs[0]) and [  # file it named, if unchanged
+            os.stat(cs[0]).st_size, os.stat(cs[0]).st_mtime_ns] == cs[1:] else "unknown"
 
     def show(key, v):
         return (",".join(v) if key == "langs" else "a dictionary with sha1 " + v[:10] if key == "code_switch_sha1"
@@ -984,35 +962,34 @@ def _check_prepared(data, recipe, program):
 
 
 def _check_text(path, lang, split, held_out):
-    """A text input of prepare read whole before anything is written (a bad byte found late costs hours): UTF-8 and
-    WikiExtractor's structure (the readers' errors), no NUL (UTF-16), no CR-alone line breaks, no Han-script text under
-    a code other than zh (only zh is split into characters), MIN_DEV_WORDS in a dev split, lines in a train text."""
+    """A text input of prepare, read whole before anything is written (a bad byte found late costs hours): one line."""
     n = cr = han = letters = texts = words = 0
-    for n, line in enumerate(read_text(path), 1):
-        if "\0" in line:
-            raise ValueError(f"{path}{'' if os.path.isdir(path) else f':{n}'}: a NUL character, as in UTF-16 text "
-                             "(convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
-        cr, texts = cr + line.count("\r"), texts + bool(line.strip())  # read_lines splits on \n only
-        words += len(pretokenize(line, lang)) if words < MIN_DEV_WORDS else 0
-        if n <= CHECK_SCRIPT_LINES and lang != "zh":
-            han, letters = han + len(HAN_RE.findall(line)), letters + len(LETTER_RE.findall(line))
+    try:  # read_lines and wikiextractor_files name the file (and line) at fault
+        for n, line in enumerate(read_text(path), 1):
+            if "\0" in line:
+                raise ValueError(f"{path}{'' if os.path.isdir(path) else f':{n}'}: a NUL character, as in UTF-16 text "
+                                 "(convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
+            cr, texts = cr + line.count("\r"), texts + bool(line.strip())  # read_lines splits on \n only
+            words += len(pretokenize(line, lang)) if words < MIN_DEV_WORDS else 0
+            if n <= CHECK_SCRIPT_LINES and lang != "zh":
+                han, letters = han + len(HAN_RE.findall(line)), letters + len(LETTER_RE.findall(line))
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read {e.filename}: {e.strerror}" if isinstance(e, OSError) else str(e)) from None
     for bad, why in ((cr > n, f"its lines end in CR alone ({cr} CRs in {n} line(s)), so it would be read as {n} "
                                f"line(s); convert it first, e.g. tr '\\r' '\\n' < {path} > NEW"),
                      (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) under the "
-                                         f"language code '{lang}': only zh text is split into characters, any other "
-                                         "code at spaces (a Chinese line would be one word); give this language as zh "
-                                         "in --langs"),
+                                         f"language code '{lang}': only zh text is split into characters (a Chinese "
+                                         "line would be one word); give this language as zh in --langs"),
                      (split == "dev" and words < MIN_DEV_WORDS, f"a {lang} dev split of {words} words; at least "
                                                                 f"{MIN_DEV_WORDS} are needed to measure a perplexity"),
                      (split == "train" and texts < 1 + 9 * held_out, f"{texts} line(s) of text, too few " + (
                          "to hold out dev lines from (give a dev file)" if held_out else "for a corpus"))):
         if bad:
-            raise ValueError(f"{path}: {why}")
+            raise InputError(f"{path}: {why}")
 
 
 def _code_switching(code_switch, files, langs, lowercase):
-    """--code-switch's MUSE dictionary -> {lang: {word: [translations]}} (langs[1]'s: its inverse), refused if it
-    matches no text or matches it better with its columns swapped (first CS_SAMPLE_LINES lines of each train text)."""
+    """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it misses the text or is swapped."""
     switch = {langs[0]: {}, langs[1]: {}}
     try:
         for src, tgt in read_dictionary(code_switch):
@@ -1021,22 +998,19 @@ def _code_switching(code_switch, files, langs, lowercase):
         raise InputError(f"--code-switch {e}") from None
     for src, t in ((src, t) for src, tgts in switch[langs[0]].items() for t in tgts):  # the inverse, in that order
         switch[langs[1]].setdefault(t, []).append(src)
-    hits, total = {}, {}  # (lang, column of the dictionary: 0 = its own, 1 = the other language's) -> words found
-    for l, other in zip(langs, langs[::-1]):
+    hits, total = {}, {}  # lang -> [words found in its own column of the dictionary, in the other's]; words read
+    for l, o in zip(langs, langs[::-1]):  # o: the other language
         lines = read_text(files[l]["train"], CS_SAMPLE_LINES)
         words = [w for line in lines for w in pretokenize(lowercase_and_strip_accents(line) if lowercase else line, l)]
-        for k, column in enumerate((switch[l], switch[other])):
-            hits[l, k] = sum(w in column or w.lower() in column for w in words)
-        total[l] = len(words)
-    cover, swapped = (", ".join(f"{l} {100 * hits[l, k] / max(total[l], 1):.1f} %" for l in langs) for k in (0, 1))
-    if sum(hits[l, 1] for l in langs) > sum(hits[l, 0] for l in langs):
+        hits[l], total[l] = [sum(w in c or w.lower() in c for w in words) for c in (switch[l], switch[o])], len(words)
+    cover, swapped = (", ".join(f"{l} {100 * hits[l][k] / max(total[l], 1):.1f} %" for l in langs) for k in (0, 1))
+    if sum(hits[l][1] for l in langs) > sum(hits[l][0] for l in langs):
         raise InputError(f"--code-switch {code_switch}: its columns look the wrong way round for --langs "
                          f"{','.join(langs)} (words found as given: {cover}; swapped: {swapped}); it must be "
                          f"'{langs[0]}-word {langs[1]}-word' per line")
-    for l in (l for l in langs if hits[l, 0] < max(1, 0.001 * total[l])):
-        raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} "
-                         f"({hits[l, 0]} of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a "
-                         f"{langs[0]}-{langs[1]} dictionary?")
+    for l in (l for l in langs if hits[l][0] < max(1, 0.001 * total[l])):
+        raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} ({hits[l][0]}"
+                         f" of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a {'-'.join(langs)} dictionary?")
     print(f"code-switching dictionary {code_switch}: words of the text found in it: {cover}")
     return switch
 
@@ -1045,27 +1019,18 @@ def _code_switching(code_switch, files, langs, lowercase):
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
             lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
             program="pretrain.py"):
-    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, a path maybe a WikiExtractor directory, or in
-    `data`) -> prep_dir/<mode>-<merges>-<hash of inputs and flags>/ with tokenizer.json and {lang}.{train,dev}.bin,
-    reused later (other DDP ranks wait for it); a `data` folder prepared earlier is used if its recipe.json matches.
-    Every input is checked before anything is written (BPE learning takes hours at paper scale). Errors: one line
-    (`flag`: the option that gave prep_dir; `program`: the script whose flags a refusal names)."""
-    langs, cs_sha1 = parse_langs(langs), None
-    if code_switch:
-        try:
-            cs_sha1 = file_sha1(code_switch)
-        except OSError as e:
-            raise InputError(f"--code-switch {code_switch}: cannot read it: {e.strerror}") from None
+    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash>/
+    (tokenizer.json, {lang}.{train,dev}.bin), reused; a prepared `data` folder is used if its recipe matches."""
+    langs = parse_langs(langs)
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
-              "lowercase": lowercase, "code_switch_sha1": cs_sha1}
+              "lowercase": lowercase, "code_switch_sha1": file_sha1(code_switch) if code_switch else None}
     if not files:
         if not os.path.isdir(data):
             raise InputError(f"--data {data}: {'not a directory' if os.path.exists(data) else 'no such directory'}")
-        files, absent = {l: {} for l in langs}, []  # DIR/en.train.txt, or toydata's DIR/mono/en.train.txt
-        for l, s in itertools.product(langs, ("train", "dev")):
-            found = [p for d in ("", "mono") if os.path.isfile(p := os.path.join(data, d, f"{l}.{s}.txt"))] + [None]
-            files[l][s] = found[0]
-            absent += [] if found[0] else [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'"]
+        files = {l: {s: next((p for d in ("", "mono") if os.path.isfile(p := os.path.join(data, d, f"{l}.{s}.txt"))),
+                             None) for s in ("train", "dev")} for l in langs}  # DIR/en.train.txt, or DIR/mono/ (toy)
+        absent = [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'" for l in langs for s in ("train", "dev")
+                  if not files[l][s]]
         made = [n for n in prepared_files(langs) + ["done"] if os.path.isfile(os.path.join(data, n))]
         if made and (absent or not _missing(data, langs)):  # a prepared folder (with the text and stray files: text)
             _check_prepared(data, recipe, program)
@@ -1074,12 +1039,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
             raise InputError(f"--data {data}: {absent[0]}")
         if made:
             print(f"note: --data {data}: {', '.join(made)} there but no complete prepared folder: its text is prepared")
-    if master:
-        try:
-            for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p):
-                _check_text(path, l, s, files[l]["dev"] is None)
-        except (OSError, ValueError) as e:  # read_lines and wikiextractor_files name the file (and line) at fault
-            raise InputError(f"cannot read {e.filename}: {e.strerror}" if isinstance(e, OSError) else str(e)) from None
+    for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p and master):
+        _check_text(path, l, s, files[l]["dev"] is None)
     switch = _code_switching(code_switch, files, langs, lowercase) if code_switch and master else {}
 
     def fingerprint(path):  # a file's size and time; a WikiExtractor directory's sha1 of its files' names, sizes, times
@@ -1137,16 +1098,12 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, 
     return out
 
 
-# -----------------------------------------------------------------------------
-# bpe.py's command line: `prepare`
-
 def build_parser():  # bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)
     parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     parser.prepare = prep = parser.add_subparsers(dest="cmd", required=True).add_parser(
         "prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=HelpFormatter)
     a = prep.add_argument
-    a("--data", metavar="DIR", help="directory with {lang}.train.txt and {lang}.dev.txt (or toydata's mono/); required "
-      "unless --train-files")
+    a("--data", metavar="DIR", help="holds {lang}.{train,dev}.txt (or toydata's mono/); required unless --train-files")
     a("--train-files", metavar="LANG=PATH,...", help="required unless --data: training text per language, e.g. "
       "en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed seed, <doc> dropped)")
     a("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); without it, "
@@ -1170,34 +1127,30 @@ def build_parser():  # bpe.py's flags (`prepare`); the prepare sub-parser is `pa
 
 def main(argv=None):
     parser = build_parser()
-    args, flag, files = parser.parse_args(argv), "--prep-dir", None
-    with reported(parser.prepare):  # a mistake in a flag: one line after prepare's usage (code 2)
+    args = parser.parse_args(argv)
+    with reported(parser.prepare):  # a bad flag: one line after prepare's usage (code 2), before any work
         if args.old_out is not None:  # the previous release's spelling
             deprecated("--out", f"--prep-dir {args.old_out}")
-            if args.prep_dir is not None:
-                raise InputError("--out and --prep-dir: give one (--prep-dir)", 2)
-            args.prep_dir, flag = args.old_out, "--out"
-        if args.prep_dir is None:
-            raise InputError("the following arguments are required: --prep-dir", 2)
+        if (args.prep_dir is None) == (args.old_out is None):  # both, or neither
+            raise InputError("--out and --prep-dir: give one (--prep-dir)" if args.old_out is not None else
+                             "the following arguments are required: --prep-dir", 2)
+        flag, args.prep_dir = ("--prep-dir", args.prep_dir) if args.old_out is None else ("--out", args.old_out)
         langs = parse_langs(args.langs)
-        # mistakes in flags: one line naming the flag, before any work (numbers: number, as argparse reads them)
         if args.dev_files and not args.train_files or bool(args.data) == bool(args.train_files):
             raise InputError("give --data, or --train-files with --dev-files (or without: dev lines are held out)", 2)
         if args.code_switch and (args.separate_vocab or len(langs) != 2):
             raise InputError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)", 2)
-        if args.code_switch and not os.path.isfile(args.code_switch):
-            raise InputError(f"--code-switch {args.code_switch}: "
-                             + ("not a file" if os.path.exists(args.code_switch) else "no such file"), 2)
-        if args.train_files:
-            train = parse_lang_files("--train-files", args.train_files, langs)
-            dev = parse_lang_files("--dev-files", args.dev_files, langs) if args.dev_files else {}
-            files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
-        merges = args.merges or (80000 if args.mode == "joint" else 40000)
-        handler = signal.signal(signal.SIGTERM, _stopped)  # as Ctrl-C: every temporary file is removed on the way out
+        train, dev = (parse_lang_files(f, v, langs) if v else {} for f, v in (("--train-files", args.train_files),
+                                                                             ("--dev-files", args.dev_files)))
+        files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs} if train else None
+
+        def stopped(signum, frame):  # SIGTERM as Ctrl-C: every temporary file is removed on the way out
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        handler = signal.signal(signal.SIGTERM, stopped)
         try:
-            print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges, args.separate_vocab,
-                          args.lowercase, args.max_lines, args.seed, args.code_switch, args.workers, flag=flag,
-                          program="bpe.py"))
+            print(prepare(langs, args.prep_dir, args.data, files, args.mode, args.merges or (80000 if args.mode ==
+                          "joint" else 40000), args.separate_vocab, args.lowercase, args.max_lines, args.seed,
+                          args.code_switch, args.workers, flag=flag, program="bpe.py"))
         except KeyboardInterrupt as e:
             name = e.args[0] if e.args else "SIGINT"
             print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same command to "
@@ -1205,10 +1158,6 @@ def main(argv=None):
             sys.exit(128 + signal.Signals[name])
         finally:
             signal.signal(signal.SIGTERM, handler)
-
-
-def _stopped(signum, frame):  # bpe.py prepare's SIGTERM handler
-    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 if __name__ == "__main__":
