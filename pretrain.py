@@ -422,7 +422,8 @@ def get_args(argv=None, p=None):
     langs, snapshots = args.langs.split(","), args.snapshots.replace(",", " ").split()
     updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
     try:  # toydata.py's own check of --toy-order, before anything is written (its message lacks the flag's name)
-        args.toy and parse_order(args.toy_order)
+        if args.toy:
+            parse_order(args.toy_order)
     except ValueError as e:
         raise InputError(f"--toy-order: {e}", 2) from None
     vars(args).update(parse_sep(args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers (or a usage line)
@@ -607,7 +608,8 @@ def save_checkpoint(run):
     t0, mine = time.time(), dict(zip(("sampler", "mask"), run.rng_before_next), torch=torch.get_rng_state(),
                                  cuda=torch.cuda.get_rng_state() if run.device_type == "cuda" else None)
     rngs = [None] * run.world_size if run.ddp else [mine]
-    run.ddp and dist.all_gather_object(rngs, mine)  # every rank's
+    if run.ddp:
+        dist.all_gather_object(rngs, mine)  # every rank's
     if run.master:
         checkpoint = {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
                       "scaler": run.scaler.state_dict(), "config": asdict(run.raw_model.config),
