@@ -171,11 +171,11 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
 
 PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1, batch_size=96,
              bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200, max_steps=10**12, eval_every=0,
-             log_every=100, accumulate=1, schedule="inverse_sqrt", pos_offsets=0)
-# chosen on the Default model only (RESULTS.md, "Calibrating the --toy preset") and frozen; streams at random offsets in
-# positions 0..47 train every position a toy fine-tuning input uses
-TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, pos_offsets=48, lr=2e-3,
-           warmup=500, schedule="linear", epoch_size=32000, max_steps=8000, eval_every=0, log_every=500, threads=1)
+             log_every=100, accumulate=1, schedule="inverse_sqrt", pos_offsets=0, pos_offsets_from=0)
+# chosen on the Default model (RESULTS.md, "Calibrating the --toy preset"); streams at random offsets in positions 0..47
+# train every position a toy fine-tuning input uses, from update 2,000 on: before, 16 positions leave the plateau sooner
+TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, pos_offsets=48, pos_offsets_from=2000,
+           lr=2e-3, warmup=500, schedule="linear", epoch_size=32000, max_steps=8000, log_every=500, threads=1)
 MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language for separate/prefixed)
 
 # -----------------------------------------------------------------------------
@@ -227,10 +227,10 @@ class Run:
                 print(*a, **k)
 
 
-def next_micro_batch(run):
-    """The host side of the next micro-batch: its language and stream batch (the sampler), the masking, the
-    --pos-offsets start, then on the device (pinned on a GPU: the copy does not wait), drawn during the backward
-    before it. -> (lang, (inputs, targets, target positions, offset or None))."""
+def next_micro_batch(run, update=None):
+    """The host side of the next micro-batch, for `update` (0-based; default run.step): its language and stream batch
+    (the sampler), the masking, the --pos-offsets start, then on the device (pinned on a GPU: the copy does not wait),
+    drawn during the backward before it. -> (lang, (inputs, targets, target positions, offset or None))."""
     args = run.args
     run.rng_before_next = (run.sampler.state_dict(), run.mask_gen.get_state())  # for checkpoint.pt (save_checkpoint)
     lang, i = run.sampler.next()
@@ -238,7 +238,7 @@ def next_micro_batch(run):
     inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_gen)
     where = (targets.view(-1) != -1).nonzero().squeeze(1)  # on the host: MLM.forward need not ask the GPU
     offset = (torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
-              if args.pos_offsets > args.bptt else None)  # --pos-offsets: each stream starts at a random position
+              if args.pos_offsets > args.bptt and (update or run.step) >= args.pos_offsets_from else None)  # or 0
     pin = run.device_type == "cuda"
     return lang, tuple(t if t is None else (t.pin_memory() if pin else t).to(run.device, non_blocking=True)
                        for t in (inputs, targets, where, offset))
@@ -263,7 +263,7 @@ def update(run):
                 others = [p for j in range(n) if j != lang for p in run.raw_model.lang_specific_parameters(j)]
                 loss = loss + sum(p.view(-1)[0] for p in others) * 0.0  # sees them used (no find_unused_parameters)
         run.scaler.scale(loss / args.accumulate).backward()
-        run.next_batch = next_micro_batch(run)  # host work while the GPU runs this backward; one ahead, at the end too
+        run.next_batch = next_micro_batch(run, run.step + (micro == args.accumulate - 1))  # one ahead, the end too
         loss_sum += loss.detach().float()
         run.n_streams += args.batch_size
     flags[seen] = 1.0
@@ -392,6 +392,7 @@ def build_parser():
     preset("--attention-dropout", rate, "attention dropout (as XLM's recipes; its flag's default is 0)")
     preset("--batch-size", count, "streams of --bptt tokens per step, per GPU and micro-batch (x 8 GPUs: paper)")
     preset("--pos-offsets", number(0, MAX_POSITIONS, upto=True), "N: streams start at random in [0, N - bptt]")
+    preset("--pos-offsets-from", natural, "--pos-offsets from update N on (before: each stream at 0)", metavar="N")
     a("--accumulate", type=count, help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
     preset("--lr", number(0, cast=float, above=True), "peak learning rate")
     preset("--warmup", natural, "linear warm-up updates from 1e-7")
@@ -416,6 +417,7 @@ def get_args(argv=None, p=None):
     if {"RANK", "WORLD_SIZE"} & set(os.environ) and not {"LOCAL_RANK", "MASTER_ADDR"} <= set(os.environ):
         raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun worker (no LOCAL_RANK "
                          "and MASTER_ADDR): unset them, or launch with torchrun")
+    given = {k for k in PAPER if getattr(args, k) is not None}  # on the command line, not a preset's
     for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
         setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
     args.merges = args.merges or MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
@@ -444,6 +446,9 @@ def get_args(argv=None, p=None):
         (max((int(x) for x in snapshots if x.isdigit()), default=0) > updates, f"--snapshots {args.snapshots}: the "
          f"run ends after {updates} updates (--max-steps, --epochs): a later snapshot would never be written"),
         (args.bptt < 2, f"--bptt {args.bptt}: a stream's first token is never predicted; at least 2 are needed"),
+        ("pos_offsets_from" in given and 0 < args.pos_offsets_from and (args.pos_offsets <= args.bptt or
+         args.pos_offsets_from >= updates), f"--pos-offsets-from {args.pos_offsets_from}: no offsets would ever be "
+         f"drawn (--pos-offsets {args.pos_offsets} not above --bptt {args.bptt}, or the run ends at update {updates})"),
         ((args.train_files is None) != (args.dev_files is None), "--train-files and --dev-files go together"),
         (args.train_files and args.data is not None, "give either --data or --train-files/--dev-files, not both"),
         (args.toy_world and len(langs) > 2, f"--langs {args.langs}: the toy world is bilingual; give one or two"),

@@ -378,15 +378,19 @@ def test_save_every_writes_checkpoint_at_evaluations_n_updates_apart_and_at_the_
 
 
 def test_pos_offsets_train_position_rows_beyond_bptt(world, tmp_path):
-    """--bptt 8 --pos-offsets 24: position rows 8..23 are trained too (without the flag they keep their init)."""
+    """--bptt 8 --pos-offsets 24: position rows 8..23 are trained too (without the flag they keep their init);
+    --pos-offsets-from 2: the first 2 updates start every stream at 0 (the run without offsets), the third draws."""
     rows = {}
-    for name, extra in (("off", ["--pos-offsets", "0"]), ("on", ["--pos-offsets", "24"])):
+    for name, extra in (("off", ["--pos-offsets", "0"]), ("on", ["--pos-offsets", "24", "--pos-offsets-from", "0"]),
+                        ("from2", ["--pos-offsets", "24", "--pos-offsets-from", "2"])):
         out = tmp_path / name
         run(TINY + ["--data", world["raw"], "--prep-dir", world["cache"], "--out", out, "--max-steps", 3,
-                    "--bptt", "8", "--dropout", "0"] + extra)
-        rows[name] = torch.load(out / "best.pt", weights_only=True)["model"]["pos_emb.0.weight"]
-    assert torch.equal(rows["off"][24:], rows["on"][24:])  # never reached: both still at the same init
-    assert not torch.allclose(rows["on"][8:24], rows["off"][8:24])  # reached only with --pos-offsets
+                    "--bptt", "8", "--dropout", "0", "--snapshots", "2,3"] + extra)
+        rows[name] = [torch.load(out / f"step{n}.pt", weights_only=True)["model"]["pos_emb.0.weight"] for n in (2, 3)]
+    assert torch.equal(rows["off"][1][24:], rows["on"][1][24:])  # never reached: both still at the same init
+    assert not torch.allclose(rows["on"][1][8:24], rows["off"][1][8:24])  # reached only with --pos-offsets
+    assert torch.equal(rows["from2"][0], rows["off"][0])  # updates 1-2: no offsets, the same model
+    assert not torch.allclose(rows["from2"][1][8:24], rows["off"][1][8:24])  # update 3 drew them
 
 
 @pytest.mark.parametrize("row", list(TABLE1))
