@@ -446,9 +446,9 @@ def get_args(argv=None, p=None):
         (max((int(x) for x in snapshots if x.isdigit()), default=0) > updates, f"--snapshots {args.snapshots}: the "
          f"run ends after {updates} updates (--max-steps, --epochs): a later snapshot would never be written"),
         (args.bptt < 2, f"--bptt {args.bptt}: a stream's first token is never predicted; at least 2 are needed"),
-        ("pos_offsets_from" in given and 0 < args.pos_offsets_from and (args.pos_offsets <= args.bptt or
-         args.pos_offsets_from >= updates), f"--pos-offsets-from {args.pos_offsets_from}: no offsets would ever be "
-         f"drawn (--pos-offsets {args.pos_offsets} not above --bptt {args.bptt}, or the run ends at update {updates})"),
+        ("pos_offsets_from" in given and 0 < args.pos_offsets_from and args.pos_offsets <= args.bptt,
+         f"--pos-offsets-from {args.pos_offsets_from}: no offsets to start (--pos-offsets {args.pos_offsets} is not "
+         f"above --bptt {args.bptt})"),
         ((args.train_files is None) != (args.dev_files is None), "--train-files and --dev-files go together"),
         (args.train_files and args.data is not None, "give either --data or --train-files/--dev-files, not both"),
         (args.toy_world and len(langs) > 2, f"--langs {args.langs}: the toy world is bilingual; give one or two"),
@@ -572,6 +572,7 @@ def read_checkpoint(path, args, argv):
     if not {"args", "optimizer", "rng"} <= set(ckpt):
         raise InputError(f"--resume: {path} is not a checkpoint written by pretrain.py")
     old, new, ckpt["model"] = ckpt["args"], vars(args), model.state_dict()
+    old = {"pos_offsets_from": 0, **old}  # a checkpoint from before --pos-offsets-from drew offsets from update 0
     diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
                    for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
     if diff:

@@ -210,8 +210,9 @@ def test_tiny_run_loss_goes_down_and_leaves_best_checkpoint_log(world, tmp_path)
 
 
 def test_resume_is_bit_exact_and_refuses_other_flags(world, tmp_path):
-    flags = TINY + ["--data", world["joint"], "--eval-every", 5, "--epoch-size", 28, "--sep", "1"]
-    run(flags + ["--out", tmp_path / "straight", "--max-steps", 20])
+    flags = TINY + ["--data", world["joint"], "--eval-every", 5, "--epoch-size", 28, "--sep", "1",
+                    "--pos-offsets-from", 10]
+    run(flags + ["--out", tmp_path / "straight", "--max-steps", 20])  # the split at 10: where the offsets start
     run(flags + ["--out", tmp_path / "split", "--max-steps", 10])
     run(flags + ["--out", tmp_path / "split", "--max-steps", 20, "--resume"])
     a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
@@ -232,6 +233,11 @@ def test_resume_is_bit_exact_and_refuses_other_flags(world, tmp_path):
     with pytest.raises(SystemExit, match="pass --resume"):
         run(flags + ["--out", tmp_path / "split", "--max-steps", 30])
     assert (tmp_path / "split" / "checkpoint.pt").read_bytes() == before
+    ckpt = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=False)  # as written before the flag existed:
+    del ckpt["args"]["pos_offsets_from"]  # read as offsets from update 0
+    torch.save(ckpt, tmp_path / "split" / "checkpoint.pt")
+    with pytest.raises(SystemExit, match="--pos-offsets-from: 0 in the checkpoint, 10 now"):
+        run(flags + ["--out", tmp_path / "split", "--max-steps", 30, "--resume"])
 
 
 def test_tok_per_s_after_resume_counts_the_resumed_updates_only(world, tmp_path):
