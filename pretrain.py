@@ -227,10 +227,10 @@ class Run:
                 print(*a, **k)
 
 
-def next_micro_batch(run, update=None):
-    """The host side of the next micro-batch, for `update` (0-based; default run.step): its language and stream batch
-    (the sampler), the masking, the --pos-offsets start, then on the device (pinned on a GPU: the copy does not wait),
-    drawn during the backward before it. -> (lang, (inputs, targets, target positions, offset or None))."""
+def next_micro_batch(run, update):
+    """The host side of the next micro-batch, for `update` (0-based): its language and stream batch (the sampler),
+    the masking, the --pos-offsets start, then on the device (pinned on a GPU: the copy does not wait), drawn during
+    the backward before it. -> (lang, (inputs, targets, target positions, offset or None))."""
     args = run.args
     run.rng_before_next = (run.sampler.state_dict(), run.mask_gen.get_state())  # for checkpoint.pt (save_checkpoint)
     lang, i = run.sampler.next()
@@ -238,7 +238,7 @@ def next_micro_batch(run, update=None):
     inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_gen)
     where = (targets.view(-1) != -1).nonzero().squeeze(1)  # on the host: MLM.forward need not ask the GPU
     offset = (torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
-              if args.pos_offsets > args.bptt and (update or run.step) >= args.pos_offsets_from else None)  # or 0
+              if args.pos_offsets > args.bptt and update >= args.pos_offsets_from else None)  # or 0
     pin = run.device_type == "cuda"
     return lang, tuple(t if t is None else (t.pin_memory() if pin else t).to(run.device, non_blocking=True)
                        for t in (inputs, targets, where, offset))
@@ -301,7 +301,7 @@ def train(run):
     updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
     bar = tqdm(total=updates, initial=run.step, unit="update", desc="pretrain", mininterval=1,
                disable=not run.master or not sys.stderr.isatty())  # stderr, on a terminal only
-    run.stop.training, run.next_batch = True, next_micro_batch(run)
+    run.stop.training, run.next_batch = True, next_micro_batch(run, run.step)
     while run.step < args.max_steps and run.epoch < args.epochs and not stopped_by:
         lr = get_lr(run.step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
         for group in run.optimizer.param_groups:
@@ -417,7 +417,7 @@ def get_args(argv=None, p=None):
     if {"RANK", "WORLD_SIZE"} & set(os.environ) and not {"LOCAL_RANK", "MASTER_ADDR"} <= set(os.environ):
         raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun worker (no LOCAL_RANK "
                          "and MASTER_ADDR): unset them, or launch with torchrun")
-    given = {k for k in PAPER if getattr(args, k) is not None}  # on the command line, not a preset's
+    offsets_from_given = args.pos_offsets_from is not None  # on the command line, not the preset's
     for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
         setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
     args.merges = args.merges or MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
@@ -446,7 +446,7 @@ def get_args(argv=None, p=None):
         (max((int(x) for x in snapshots if x.isdigit()), default=0) > updates, f"--snapshots {args.snapshots}: the "
          f"run ends after {updates} updates (--max-steps, --epochs): a later snapshot would never be written"),
         (args.bptt < 2, f"--bptt {args.bptt}: a stream's first token is never predicted; at least 2 are needed"),
-        ("pos_offsets_from" in given and 0 < args.pos_offsets_from and args.pos_offsets <= args.bptt,
+        (offsets_from_given and 0 < args.pos_offsets_from and args.pos_offsets <= args.bptt,
          f"--pos-offsets-from {args.pos_offsets_from}: no offsets to start (--pos-offsets {args.pos_offsets} is not "
          f"above --bptt {args.bptt})"),
         ((args.train_files is None) != (args.dev_files is None), "--train-files and --dev-files go together"),

@@ -52,7 +52,7 @@ def one_update(batches, accumulate, rank=0, world_size=1):
         run.model = run.ddp_model = DDP(m)
     queue = list(batches) + [batches[-1]]  # update() draws one micro-batch ahead
     run.next_batch = queue.pop(0)
-    real, pretrain.next_micro_batch = pretrain.next_micro_batch, lambda run, update=None: queue.pop(0)
+    real, pretrain.next_micro_batch = pretrain.next_micro_batch, lambda run, update: queue.pop(0)
     try:
         loss, norm, seen, _, stepped, _ = pretrain.update(run)
     finally:

@@ -542,7 +542,7 @@ def tiny_run(clip=5.0, sep=False):
               scaler=torch.amp.GradScaler("cpu", enabled=False), train_ids=[ids, ids], vocab_sizes=[40, 40],
               sampler=StreamSampler([n_stream_batches(len(ids), 2, 8)] * 2, [0.5, 0.5], seed=0),
               mask_gen=torch.Generator().manual_seed(0))
-    run.next_batch = next_micro_batch(run)
+    run.next_batch = next_micro_batch(run, run.step)
     return run
 
 
@@ -554,7 +554,7 @@ def test_private_parameters_of_an_unseen_language_do_not_move():
     m = run.raw_model
     for lang in (1, 0):  # fr: its private parameters now carry Adam moments; then en
         run.sampler.probs = np.eye(2)[lang]
-        run.next_batch = next_micro_batch(run)
+        run.next_batch = next_micro_batch(run, run.step)
         before = [p.detach().clone() for p in m.lang_specific_parameters(1)]
         shared_before = m.blocks[1][0].ln2.weight.detach().clone()  # layer 2 is shared
         for q in m.lang_specific_parameters(1) if lang == 0 else ():  # what DDP's zero term leaves: zero gradients
