@@ -330,15 +330,19 @@ class MLM(nn.Module):
         if missing or unexpected:
             raise KeyError(f"from_xlm: state dict does not fit the config: missing {missing}, "
                            f"unexpected {unexpected}")
+        model = cls(config)
+        # every XLM tensor against its part of ours (before torch.cat could fail on q, k and v)
+        expected = model.state_dict()
+        for key, xlm_keys in names.items():
+            for name, part in zip(xlm_keys, expected[key].chunk(len(xlm_keys))):
+                if sd[name].shape != part.shape:
+                    raise InputError(f"from_xlm: shapes do not match the config: {name} is "
+                                     f"{tuple(sd[name].shape)}, the config's {tuple(part.shape)}")
         ours = {k: torch.cat([sd[n] for n in v]) for k, v in names.items()}
         if tied is not None and not torch.equal(tied, ours["tok_emb.0.weight"]):
             raise ValueError("from_xlm: pred_layer.proj.weight differs from embeddings.weight "
                              "(untied model)")
-        model = cls(config)
-        try:
-            model.load_state_dict(ours)
-        except RuntimeError as e:  # torch lists every size mismatch
-            raise ValueError(f"from_xlm: shapes do not match the config: {e}") from None
+        model.load_state_dict(ours)
         return model
 
 
