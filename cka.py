@@ -121,16 +121,23 @@ def cka_table(args):
             return M.pool_sentences(model, [tok.encode(s, lang) for s in lines], index,
                                     args.batch_size, encode_bar(lang))
 
-        src_side = tgt_side = load(args.ckpt)
         if src_lines == tgt_lines and not args.ckpt2:  # a copy of one file (one model: CKA 1.000)
             raise InputError(f"parallel files {args.src_file} and {args.tgt_file} hold the same "
                              "lines: both sides would be one text")
+        src_side = tgt_side = load(args.ckpt)
+        if args.ckpt2:
+            tgt_side = load(args.ckpt2)
+            # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
+            weights = [side[0].state_dict().values() for side in (src_side, tgt_side)]
+            if all(map(torch.equal, *weights)):
+                raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt "
+                                 f"{args.ckpt}: a model compared with itself (CKA 1.000 by "
+                                 "construction); give a second model or leave --ckpt2 out")
         E_src = encode(src_side, args.src, src_lines)
         columns = {}
         if args.tgt in src_side[2]:
             columns["bilingual"] = encode(src_side, args.tgt, tgt_lines)
         if args.ckpt2:
-            tgt_side = load(args.ckpt2)
             columns["monolingual"] = encode(tgt_side, args.tgt, tgt_lines)
         if not columns:
             raise InputError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src_side[2]}); "

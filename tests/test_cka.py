@@ -196,3 +196,34 @@ def test_bad_counts_are_refused_in_one_line(flag, value, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"argument {flag}: expected one integer in [" in err and repr(value) in err
+
+
+@pytest.fixture(scope="module")
+def pair_ckpts(toy_world, tmp_path_factory):
+    """Tiny random-init checkpoints with one en+fr tokenizer: two models of 2 layers, one of 3, and
+    the first one's weights again in another file (as best.pt and checkpoint.pt of one run)."""
+    import bpe
+    import model as M
+    mono = lambda l: str(toy_world / f"mono/{l}.train.txt")
+    tok = bpe.Tokenizer.build({"en": mono("en"), "fr": mono("fr")}, num_merges=200, verbose=False)
+    d = tmp_path_factory.mktemp("pair_ckpts")
+    paths = {}
+    for name, n_layers, seed in (("a", 2, 1), ("b", 2, 2), ("deep", 3, 3)):
+        torch.manual_seed(seed)
+        cfg = M.ModelConfig(vocab_size=tok.vocab_size("en"), n_layers=n_layers, n_heads=2, dim=16,
+                            ffn_dim=32, max_positions=64)
+        paths[name] = str(d / f"{name}.pt")
+        M.save_model(paths[name], M.MLM(cfg), tokenizer=tok.to_dict(), langs=["en", "fr"])
+    model, extra = M.load_model(paths["a"])
+    paths["a_again"] = str(d / "checkpoint.pt")
+    M.save_model(paths["a_again"], model, **extra, step=7)  # other bytes, the same weights
+    return paths
+
+
+def test_ckpt2_with_the_same_weights_in_another_file_is_refused(toy_world, pair_ckpts):
+    """Issue 48: --ckpt2 naming another file of the --ckpt model (best.pt and checkpoint.pt) passed
+    the file digest and compared a model with itself; the weights tell."""
+    argv = ["--toy", "--data", str(toy_world), "--ckpt", pair_ckpts["a"], "--max-sents", "20"]
+    with pytest.raises(SystemExit, match=r"^error: --ckpt2 \S*checkpoint\.pt holds the same weights "
+                       r"as --ckpt \S*a\.pt"):
+        cka.main(argv + ["--ckpt2", pair_ckpts["a_again"]])
