@@ -127,6 +127,12 @@ def cka_table(args):
         src_side = tgt_side = load(args.ckpt)
         if args.ckpt2:
             tgt_side = load(args.ckpt2)
+            # layer i of one model against layer i of the other
+            depths = [side[0].config.n_layers for side in (src_side, tgt_side)]
+            if depths[0] != depths[1]:
+                raise InputError(f"--ckpt {args.ckpt} has {depths[0]} layers but --ckpt2 "
+                                 f"{args.ckpt2} {depths[1]}: CKA compares layer i of one model "
+                                 "with layer i of the other")
             # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
             weights = [side[0].state_dict().values() for side in (src_side, tgt_side)]
             if all(map(torch.equal, *weights)):

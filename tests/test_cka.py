@@ -227,3 +227,13 @@ def test_ckpt2_with_the_same_weights_in_another_file_is_refused(toy_world, pair_
     with pytest.raises(SystemExit, match=r"^error: --ckpt2 \S*checkpoint\.pt holds the same weights "
                        r"as --ckpt \S*a\.pt"):
         cka.main(argv + ["--ckpt2", pair_ckpts["a_again"]])
+
+
+def test_models_of_different_depths_are_refused(toy_world, pair_ckpts):
+    """Issue 48: layer i of one model against layer i of the other needs as many layers (a 3-layer
+    --ckpt2 was paired by index with the first 3 of 4 rows, a shallower one was an IndexError)."""
+    argv = ["--toy", "--data", str(toy_world), "--max-sents", "20"]
+    for first, second, n in (("a", "deep", (2, 3)), ("deep", "a", (3, 2))):
+        with pytest.raises(SystemExit, match=rf"^error: --ckpt \S*{first}\.pt has {n[0]} layers but "
+                           rf"--ckpt2 \S*{second}\.pt {n[1]}"):
+            cka.main(argv + ["--ckpt", pair_ckpts[first], "--ckpt2", pair_ckpts[second]])
