@@ -141,7 +141,10 @@ def cka_table(args):
                                  "construction); give a second model or leave --ckpt2 out")
         E_src = encode(src_side, args.src, src_lines)
         columns = {}
-        if args.tgt in src_side[2]:
+        if args.src == args.tgt:
+            print(f"note: no bilingual column: --src and --tgt are both {args.src!r} (one model "
+                  "and one language on both sides: 1.000 on one text, no bilingual measure)")
+        elif args.tgt in src_side[2]:
             columns["bilingual"] = encode(src_side, args.tgt, tgt_lines)
         if args.ckpt2:
             columns["monolingual"] = encode(tgt_side, args.tgt, tgt_lines)

@@ -111,7 +111,7 @@ def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys, mon
     # the paper's en-en': two models of one language on one file is a measurement; one model alone is not
     same = ["--src", "fr", "--tgt", "fr", "--src-file", args.src_file, "--tgt-file", args.src_file, "--max-sents", "50"]
     _, rows = cka.cka_table(cka.build_parser().parse_args(["--ckpt", paths["bi"], "--ckpt2", paths["fr"]] + same))
-    assert all(0 < r[2] < 1 for r in rows)   # the monolingual column: two different fr models
+    assert all(0 < r[1] < 1 for r in rows)   # the monolingual column: two different fr models
     with pytest.raises(ValueError, match="both 'fr' in one model"):
         cka.cka_table(cka.build_parser().parse_args(["--ckpt", paths["bi"]] + same))
     # the sentence encoding draws its bars on stderr when it is a terminal (and nothing otherwise, as above)
@@ -237,3 +237,14 @@ def test_models_of_different_depths_are_refused(toy_world, pair_ckpts):
         with pytest.raises(SystemExit, match=rf"^error: --ckpt \S*{first}\.pt has {n[0]} layers but "
                            rf"--ckpt2 \S*{second}\.pt {n[1]}"):
             cka.main(argv + ["--ckpt", pair_ckpts[first], "--ckpt2", pair_ckpts[second]])
+
+
+def test_one_language_on_both_sides_has_no_bilingual_column(toy_world, pair_ckpts, capsys):
+    """Issue 48: with --src fr --tgt fr and two models the "bilingual" column encoded one text with
+    one model on both sides (1.000 everywhere); it is left out, with a note."""
+    fr = str(toy_world / "tatoeba/tatoeba.fr-en.fr")
+    header, rows = cka.main(["--ckpt", pair_ckpts["a"], "--ckpt2", pair_ckpts["b"], "--src", "fr",
+                             "--tgt", "fr", "--src-file", fr, "--tgt-file", fr, "--max-sents", "20"])
+    assert header == ["layer", "monolingual", "random"]
+    assert all(0 < r[1] < 1 for r in rows)
+    assert "no bilingual column" in capsys.readouterr().out
