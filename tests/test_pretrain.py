@@ -538,10 +538,10 @@ def tiny_run(clip=5.0, sep=False):
     ids = np.arange(14, 40).repeat(3)
     run = Run(args=SimpleNamespace(accumulate=1, batch_size=2, bptt=8, pos_offsets=0, clip=clip), langs=["en", "fr"],
               stop=SimpleNamespace(signum=None), raw_model=m, model=m, params=list(m.parameters()),
-              optimizer=torch.optim.Adam(m.parameters(), lr=1e-2), ctx=nullcontext(),
+              optimizer=torch.optim.Adam(m.parameters(), lr=1e-2), amp=nullcontext(),
               scaler=torch.amp.GradScaler("cpu", enabled=False), train_ids=[ids, ids], vocab_sizes=[40, 40],
               sampler=StreamSampler([n_stream_batches(len(ids), 2, 8)] * 2, [0.5, 0.5], seed=0),
-              mask_gen=torch.Generator().manual_seed(0))
+              mask_rng=torch.Generator().manual_seed(0))
     run.next_batch = next_micro_batch(run, run.step)
     return run
 
