@@ -233,6 +233,8 @@ class Run:
     epoch: int = 0                      # epochs done
     n_streams: int = 0                  # streams of this epoch, on this rank
     best_ppl: float = math.inf          # the best English dev perplexity so far
+    best_step: int = None               # the update that had it
+    left_plateau_at: int = None         # the first update below the left bigram
     count_models: dict = None           # the master's count models of the dev sets
     saved_step: int = None              # the step checkpoint.pt holds (None: none)
     next_batch: tuple = None            # the micro-batch drawn ahead
@@ -402,6 +404,8 @@ def train(run):
     bar = tqdm(total=total_updates(args), initial=run.step, unit="update", desc="pretrain",
                mininterval=1, disable=not run.master or not sys.stderr.isatty())  # on a terminal
     run.stop.training = True
+    if not args.resume:
+        log_json(run, {"count_models": run.count_models})
     run.next_batch = next_micro_batch(run, run.step)
     while run.step < args.max_steps and run.epoch < args.epochs and not stopped_by:
         # the learning rate of this update
@@ -790,7 +794,7 @@ def count_baselines(train_ids, dev_ids, max_tokens=20_000_000):
 
 
 # how far a run is, Run's fields in checkpoint.pt
-PROGRESS = ("step", "epoch", "n_streams", "best_ppl")
+PROGRESS = ("step", "epoch", "n_streams", "best_ppl", "best_step", "left_plateau_at")
 
 
 def read_checkpoint(path, args, argv):
@@ -836,8 +840,8 @@ def restore_checkpoint(run, ckpt):
     run.optimizer.load_state_dict(ckpt["optimizer"])
     if ckpt["scaler"] and run.scaler.is_enabled():  # empty when the run was not fp16
         run.scaler.load_state_dict(ckpt["scaler"])
-    for k in PROGRESS:
-        setattr(run, k, ckpt[k])
+    for k in PROGRESS:  # a checkpoint from before best_step and left_plateau_at: its step
+        setattr(run, k, ckpt.get(k, ckpt["step"]))
     if not os.path.exists(os.path.join(run.args.out, "best.pt")) and run.best_ppl < math.inf:
         run.log(f"note: no best.pt in {run.args.out} (its dev ppl: {run.best_ppl:.2f}); a new one "
                 f"from step {run.step}")
@@ -873,7 +877,7 @@ def save_checkpoint(run):
                       "scaler": run.scaler.state_dict(), "config": asdict(run.raw_model.config),
                       "args": vars(run.args), "tokenizer": run.tok.to_dict(), "langs": run.langs,
                       **{k: getattr(run, k) for k in PROGRESS}, "rng": rngs,
-                      "count_ppl": run.count_models,
+                      "count_models": run.count_models,
                       "data": {"dir": run.data_dir, **data_of(run)},
                       "log_bytes": log_bytes}
         atomic_write(run.ckpt_path, lambda tmp: torch.save(checkpoint, tmp))
@@ -905,16 +909,19 @@ def evaluate(run):
                                      args.bptt, run.device, run.amp)
         finite = all(math.isfinite(v) for v in ppl.values())
         improved = finite and ppl[en] < run.best_ppl
+        # on the unigram plateau: not below the left-bigram count model (README "Stalls")
+        plateau = not ppl[en] < run.count_models[en]["left"]
+        if not plateau and run.left_plateau_at is None:
+            run.left_plateau_at = run.step
         listed = ", ".join(f"{lang} {v:.2f}" for lang, v in ppl.items())
         mark = " (best)" if improved else ""
         run.log(f"eval step {run.step} epoch {run.epoch}: dev ppl {listed}{mark}")
-        record = {"step": run.step, "epoch": run.epoch, "dev_ppl": ppl, "best": improved}
-        if ppl[en] > run.count_models[en]["left"]:  # on the unigram plateau (README "Stalls")
-            record["plateau"] = True
-        log_json(run, record)  # before checkpoint.pt
+        log_json(run, {"step": run.step, "epoch": run.epoch, "dev_ppl": ppl,
+                       "best": improved, "plateau": plateau})  # before checkpoint.pt
         names = []
         if improved:
             run.best_ppl = ppl[en]
+            run.best_step = run.step
             names.append("best.pt")
         if finite and run.step in args.snapshots:
             names.append(f"step{run.step}.pt")
@@ -923,7 +930,7 @@ def evaluate(run):
             with write_errors(path):  # save_model writes its own temp file, then renames it
                 save_model(path, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
                            args=vars(args), step=run.step, dev_ppl=ppl,
-                           count_ppl=run.count_models)
+                           count_ppl=run.count_models, count_models=run.count_models)
     if run.ddp:  # the master's verdict: every rank stops after the same update
         flag = torch.tensor([float(not finite)], device=run.device)
         dist.all_reduce(flag)
@@ -1089,6 +1096,26 @@ def setup(args, argv):
     return run
 
 
+def say_verdict(run):
+    """Where the run ends against the count models of the English dev set (README "Stalls")."""
+    en = run.langs[0]
+    counts = run.count_models[en]
+    best = run.best_ppl
+    if best > counts["left"]:
+        run.log(f"warning: the MLM has not left the unigram plateau: {en} dev ppl {best:.2f} is "
+                f"above the left-bigram count model's {counts['left']:.1f} (unigram "
+                f"{counts['unigram']:.1f}); its scores would measure an unconverged model: train "
+                "longer (--max-steps) or try another --seed")
+        return
+    where = (f"left the unigram plateau at update {run.left_plateau_at:,}; {en} dev ppl {best:.2f} "
+             f"at {run.best_step:,}")
+    if best > counts["both"]:
+        run.log(f"note: {where}, above the both-neighbour count model's {counts['both']:.1f}: the "
+                "MLM has not yet used more than the two neighbours of a masked token")
+    else:
+        run.log(f"converged: {where}, below the both-neighbour model's {counts['both']:.1f}")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     t0 = time.time()
@@ -1123,21 +1150,11 @@ def main(argv=None):
         advice = how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=run.args.lr / 2)
         raise SystemExit(f"error: {ending.diverged}; {advice}" if run.master else 1)
     en = run.langs[0]
-    best = run.best_ppl
     files = ", ".join(run_files(run.args.out))
-    run.log(f"done: step {run.step}, epoch {run.epoch}, best {en} dev ppl {best:.2f}, in "
+    run.log(f"done: step {run.step}, epoch {run.epoch}, best {en} dev ppl {run.best_ppl:.2f}, in "
             f"{timedelta(seconds=round(time.time() - t0))}; {files} in {run.args.out}")
-    counts = (run.count_models or {}).get(en)  # the master's
-    # the stall rule (README "Stalls"): above the left bigram's; a note beyond
-    if counts and best > counts["left"]:
-        run.log(f"warning: the MLM has not left the unigram plateau: {en} dev ppl {best:.2f} is "
-                f"above the left-bigram count model's {counts['left']:.1f} (unigram "
-                f"{counts['unigram']:.1f}); its scores would measure an unconverged model: train "
-                "longer (--max-steps) or try another --seed")
-    elif counts and best > counts["both"]:
-        run.log(f"note: {en} dev ppl {best:.2f} is above the both-neighbour count model's "
-                f"{counts['both']:.1f}: the MLM has not yet used more than the two neighbours of "
-                "a masked token")
+    if run.master:
+        say_verdict(run)
 
 
 if __name__ == "__main__":

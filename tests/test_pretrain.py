@@ -310,10 +310,52 @@ def test_a_run_on_the_unigram_plateau_says_so(world, tmp_path, capsys):
     assert all(isinstance(r["time"], float) and abs(r["time"] - time.time()) < 600 for r in log)
     count = load_model(out / "best.pt")[1]["count_ppl"]
     assert set(count) == {"en", "fr"} and set(count["en"]) == {"unigram", "left", "both"}
-    assert torch.load(out / "checkpoint.pt", weights_only=True)["count_ppl"] == count
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["count_models"] == count
     assert log[-1]["dev_ppl"]["en"] > count["en"]["left"]
     with open(out / "args.json") as f:
         assert json.load(f)["max_steps"] == 2
+
+
+@pytest.mark.parametrize("best, verdict", [
+    (30.0, "warning: the MLM has not left the unigram plateau: en dev ppl 30.00 is above the left-bigram "
+           "count model's 24.3 (unigram 155.9); its scores would measure an unconverged model"),
+    (12.5, "note: left the unigram plateau at update 2,500; en dev ppl 12.50 at 8,000, above the "
+           "both-neighbour count model's 11.4: the MLM has not yet used more than the two neighbours"),
+    (9.44, "converged: left the unigram plateau at update 2,500; en dev ppl 9.44 at 8,000, below the "
+           "both-neighbour model's 11.4")])
+def test_the_verdict_places_the_run_against_its_count_models(capsys, best, verdict):
+    """Every run ends with a verdict: above the left bigram (still on the unigram plateau), between it and the
+    both-neighbour model, or below both (converged), with the update that left the plateau and the best one."""
+    from types import SimpleNamespace
+    from pretrain import Run, say_verdict
+    counts = {"en": {"unigram": 155.9, "left": 24.3, "both": 11.4}}
+    say_verdict(Run(args=SimpleNamespace(), langs=["en", "fr"], best_ppl=best, best_step=8000,
+                    left_plateau_at=2500, count_models=counts))
+    assert capsys.readouterr().out.startswith(verdict)
+
+
+def test_count_models_record_plateau_at_every_evaluation_and_a_converged_run(world, tmp_path, monkeypatch,
+                                                                             capsys):
+    """log.jsonl opens with one record of the count models (the keys a plot reads), written once: a resumed run
+    adds none; every evaluation says "plateau" true or false; the update that left the plateau (the first
+    evaluation below the left bigram) survives --resume. Count models made huge here: every evaluation is
+    below them."""
+    import pretrain
+    from model import load_model
+    monkeypatch.setattr(pretrain, "count_baselines", lambda t, d: (3e9, 2e9, 1e9))
+    out = tmp_path / "run"
+    flags = TINY + ["--data", world["joint"], "--out", out, "--eval-every", 2]
+    run(flags + ["--max-steps", 2])
+    run(flags + ["--max-steps", 5, "--resume"])
+    lines = capsys.readouterr().out.splitlines()
+    log = read_log(out)
+    models = {"unigram": 3e9, "left": 2e9, "both": 1e9}
+    assert set(log[0]) == {"count_models", "time"} and log[0]["count_models"] == {"en": models, "fr": models}
+    assert [r for r in log if "count_models" in r] == log[:1]
+    assert [(r["step"], r["plateau"]) for r in log if "dev_ppl" in r] == [(2, False), (4, False), (5, False)]
+    assert re.fullmatch(r"converged: left the unigram plateau at update 2; en dev ppl [\d.]+ at [245], below "
+                        r"the both-neighbour model's 1000000000.0", lines[-1]), lines[-1]
+    assert load_model(out / "best.pt")[1]["count_models"] == {"en": models, "fr": models}
 
 
 # paper Table 1, one row = one set of flags (README lists the same)
