@@ -246,6 +246,8 @@ class Run:
     log_path = property(lambda self: os.path.join(self.args.out, "log.jsonl"))
     tokens_per_update = property(lambda self: self.args.batch_size * self.args.bptt
                                  * self.args.accumulate * self.world_size)
+    # the epoch (from 1) of the last update: an epoch's last update sets n_streams back to 0
+    current_epoch = property(lambda self: self.epoch + int(self.n_streams > 0))
 
     def log(self, *a, **k):  # the master's lines, the progress bar cleared first
         if self.master:
@@ -382,6 +384,7 @@ def update(run):
 
 class Ending(NamedTuple):
     """How train() ended."""
+    by: str         # "--max-steps", "--epochs", "SIGTERM", "SIGINT" or "divergence"
     signum: int     # the stopping signal, or 0
     diverged: str   # why it diverged (non-finite losses, dev ppl), or None
 
@@ -438,10 +441,10 @@ def train(run):
             tok_s = run.tokens_per_update * (run.step - step0) / (time.time() - t0)
             t0 = time.time()
             step0 = run.step
-            run.log(f"step {run.step} | epoch {run.epoch} | loss {result.loss:.4f} | "
+            run.log(f"step {run.step} | epoch {run.current_epoch} | loss {result.loss:.4f} | "
                     f"lr {lr:.2e} | grad norm {result.grad_norm:.2f} | {tok_s:,.0f} tok/s")
             langs = ",".join(run.langs[j] for j in result.langs)
-            log_json(run, {"step": run.step, "epoch": run.epoch, "lang": langs,
+            log_json(run, {"step": run.step, "epoch": run.current_epoch, "lang": langs,
                            "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
                            "tok_per_s": tok_s})
 
@@ -467,7 +470,13 @@ def train(run):
         if stopped_by or (evaluate_now and save_due):
             save_checkpoint(run)
     bar.close()
-    return Ending(stopped_by, diverged)
+    ended_by = "--max-steps" if run.step >= args.max_steps else "--epochs"
+    if diverged:
+        ended_by = "divergence"
+    if stopped_by:  # main says so first, diverged or not
+        ended_by = signal.Signals(stopped_by).name
+    log_json(run, {"ended_by": ended_by, "step": run.step, "epoch": run.current_epoch})
+    return Ending(ended_by, stopped_by, diverged)
 
 # -----------------------------------------------------------------------------
 # flags (the presets above by default, each checked before any work); the run directory, its lock;
@@ -843,8 +852,8 @@ def restore_checkpoint(run, ckpt):
     for k in PROGRESS:  # a checkpoint from before best_step and left_plateau_at: its step
         setattr(run, k, ckpt.get(k, ckpt["step"]))
     if not os.path.exists(os.path.join(run.args.out, "best.pt")) and run.best_ppl < math.inf:
-        run.log(f"note: no best.pt in {run.args.out} (its dev ppl: {run.best_ppl:.2f}); a new one "
-                f"from step {run.step}")
+        run.log(f"note: no best.pt in {run.args.out} (its {run.langs[0]} dev ppl: "
+                f"{run.best_ppl:.2f}); a new one from step {run.step}")
         run.best_ppl = math.inf
     run.saved_step = run.step
     rng = ckpt["rng"][run.rank]
@@ -913,10 +922,10 @@ def evaluate(run):
         plateau = not ppl[en] < run.count_models[en]["left"]
         if not plateau and run.left_plateau_at is None:
             run.left_plateau_at = run.step
-        listed = ", ".join(f"{lang} {v:.2f}" for lang, v in ppl.items())
+        listed = ", ".join(f"{lang} dev ppl {v:.2f}" for lang, v in ppl.items())
         mark = " (best)" if improved else ""
-        run.log(f"eval step {run.step} epoch {run.epoch}: dev ppl {listed}{mark}")
-        log_json(run, {"step": run.step, "epoch": run.epoch, "dev_ppl": ppl,
+        run.log(f"eval step {run.step} | epoch {run.current_epoch} | {listed}{mark}")
+        log_json(run, {"step": run.step, "epoch": run.current_epoch, "dev_ppl": ppl,
                        "best": improved, "plateau": plateau})  # before checkpoint.pt
         names = []
         if improved:
@@ -1054,7 +1063,7 @@ def setup(args, argv):
     build(run, dtype)
     if ckpt:
         restore_checkpoint(run, ckpt)
-        resumed = f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.epoch}"
+        resumed = f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.current_epoch}"
         if changed:
             resumed += f" ({changed})"
         run.log(resumed)
@@ -1143,18 +1152,20 @@ def main(argv=None):
             raise SystemExit(message if run.master else 1)
         run.log(f"ranks agree: the {run.world_size} processes hold the same weights")
     if ending.signum:
-        run.log(f"stopped by {signal.Signals(ending.signum).name} after step {run.step}: saved "
-                f"{run.ckpt_path}; to go on, run {command(argv, '--resume')}", file=sys.stderr)
+        run.log(f"stopped by {ending.by} after step {run.step}: saved {run.ckpt_path}; to go on, "
+                f"run {command(argv, '--resume')}", file=sys.stderr)
         sys.exit(128 + ending.signum)  # the shell's code for a process ended by that signal
     if ending.diverged:
         advice = how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=run.args.lr / 2)
         raise SystemExit(f"error: {ending.diverged}; {advice}" if run.master else 1)
-    en = run.langs[0]
-    files = ", ".join(run_files(run.args.out))
-    run.log(f"done: step {run.step}, epoch {run.epoch}, best {en} dev ppl {run.best_ppl:.2f}, in "
-            f"{timedelta(seconds=round(time.time() - t0))}; {files} in {run.args.out}")
     if run.master:
         say_verdict(run)
+    out = run.args.out
+    inputs = [f for f in ("args.json", "toy.json", "toy/", "data/")
+              if os.path.exists(os.path.join(out, f))]
+    files = ", ".join(inputs + run_files(out))
+    run.log(f"done: {ending.by} reached at step {run.step}, epoch {run.current_epoch}, in "
+            f"{timedelta(seconds=round(time.time() - t0))}; {files} in {out}")
 
 
 if __name__ == "__main__":

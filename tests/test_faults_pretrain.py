@@ -246,8 +246,8 @@ def test_out_with_an_earlier_run_is_refused(at_step_2, capsys):
         run(flags + ["--max-steps", 3, "--overwrite", "--resume"])
     assert e.value.code == 2 and "cannot be combined with --resume" in capsys.readouterr().err
     run(flags + ["--max-steps", 3, "--overwrite"])
-    assert [r.get("step") for r in read_log(out)] == [None, 1, 2, 3, 3], \
-        "a fresh log: the count models, progress 1-3, the eval of 3"
+    assert [r.get("step") for r in read_log(out)] == [None, 1, 2, 3, 3, 3], \
+        "a fresh log: the count models, progress 1-3, the eval of 3, the end"
     assert step_of(out / "checkpoint.pt") == 3
 
 
@@ -484,7 +484,7 @@ def test_resume_cuts_the_log_back_to_the_checkpoint(world, tmp_path):
     strip = lambda log: [{x: y for x, y in r.items() if x not in ("tok_per_s", "time")} for r in log]  # noqa: E731
     assert strip(read_log(out)) == strip(read_log(tmp_path / "straight"))
     assert [(r.get("step"), "dev_ppl" in r) for r in read_log(out)] == [
-        (None, False), (1, False), (2, False), (2, True), (3, False), (4, False), (4, True)]
+        (None, False), (1, False), (2, False), (2, True), (3, False), (4, False), (4, True), (4, False)]
 
 # -----------------------------------------------------------------------------
 # 8. disk full and unusable --out paths

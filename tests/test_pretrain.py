@@ -301,17 +301,17 @@ def test_a_run_on_the_unigram_plateau_says_so(world, tmp_path, capsys):
     lines = printed.splitlines()
     assert re.search(r"^count models of the dev set \(en\): unigram [\d.]+, left bigram [\d.]+, both neighbours",
                      printed, re.M)
-    assert re.fullmatch(r"done: step 2, epoch 0, best en dev ppl [\d.]+, in 0:00:\d\d; checkpoint.pt, best.pt, "
-                        r"log.jsonl in .*", lines[-2])
-    assert lines[-1].startswith("warning: the MLM has not left the unigram plateau: en dev ppl ")
-    assert lines[-1].endswith("train longer (--max-steps) or try another --seed")
+    assert re.fullmatch(r"done: --max-steps reached at step 2, epoch 1, in 0:00:\d\d; args.json, checkpoint.pt, "
+                        r"best.pt, log.jsonl in .*", lines[-1])
+    assert lines[-2].startswith("warning: the MLM has not left the unigram plateau: en dev ppl ")
+    assert lines[-2].endswith("train longer (--max-steps) or try another --seed")
     log = read_log(out)
     assert [r.get("plateau") for r in log if "dev_ppl" in r] == [True, True]
     assert all(isinstance(r["time"], float) and abs(r["time"] - time.time()) < 600 for r in log)
     count = load_model(out / "best.pt")[1]["count_ppl"]
     assert set(count) == {"en", "fr"} and set(count["en"]) == {"unigram", "left", "both"}
     assert torch.load(out / "checkpoint.pt", weights_only=True)["count_models"] == count
-    assert log[-1]["dev_ppl"]["en"] > count["en"]["left"]
+    assert [r for r in log if "dev_ppl" in r][-1]["dev_ppl"]["en"] > count["en"]["left"]
     with open(out / "args.json") as f:
         assert json.load(f)["max_steps"] == 2
 
@@ -354,8 +354,32 @@ def test_count_models_record_plateau_at_every_evaluation_and_a_converged_run(wor
     assert [r for r in log if "count_models" in r] == log[:1]
     assert [(r["step"], r["plateau"]) for r in log if "dev_ppl" in r] == [(2, False), (4, False), (5, False)]
     assert re.fullmatch(r"converged: left the unigram plateau at update 2; en dev ppl [\d.]+ at [245], below "
-                        r"the both-neighbour model's 1000000000.0", lines[-1]), lines[-1]
+                        r"the both-neighbour model's 1000000000.0", lines[-2]), lines[-2]
     assert load_model(out / "best.pt")[1]["count_models"] == {"en": models, "fr": models}
+
+
+def test_one_epoch_numbering_the_end_record_and_the_last_line(tmp_path, capsys):
+    """Epochs are counted from 1, alike in the progress line, the evaluation line and log.jsonl for the same
+    update (an epoch's last update is in it); the evaluation names each perplexity's language; log.jsonl ends
+    with what ended the run; the last line names the limit and every file written in --out (the toy world's
+    too)."""
+    out = tmp_path / "toy"
+    run(TINY + ["--out", out, "--epochs", 2, "--epoch-size", 12, "--log-every", 1, "--eval-every", 1])
+    printed = capsys.readouterr().out.splitlines()
+    progress, evals = {}, {}
+    for line in printed:
+        if m := re.match(r"step (\d+) \| epoch (\d+) \| loss", line):
+            progress[int(m[1])] = int(m[2])
+        if m := re.fullmatch(r"eval step (\d+) \| epoch (\d+) \| en dev ppl [\d.]+, fr dev ppl [\d.]+( \(best\))?",
+                             line):
+            evals[int(m[1])] = int(m[2])
+    assert progress == evals == {1: 1, 2: 1, 3: 1, 4: 2, 5: 2, 6: 2}  # 3 updates of 4 streams an epoch
+    log = read_log(out)
+    assert {r["step"]: r["epoch"] for r in log if "loss" in r} == progress
+    assert {r["step"]: r["epoch"] for r in log if "dev_ppl" in r} == progress
+    assert {k: v for k, v in log[-1].items() if k != "time"} == {"ended_by": "--epochs", "step": 6, "epoch": 2}
+    assert re.fullmatch(r"done: --epochs reached at step 6, epoch 2, in 0:\d\d:\d\d; args.json, toy.json, toy/, "
+                        r"data/, checkpoint.pt, best.pt, log.jsonl in " + re.escape(str(out)), printed[-1])
 
 
 # paper Table 1, one row = one set of flags (README lists the same)
@@ -392,7 +416,7 @@ def test_progress_bar_only_on_a_terminal(world, tmp_path, monkeypatch, capsys, t
     monkeypatch.setattr("sys.stderr", err)
     run(TINY + ["--data", world["joint"], "--out", tmp_path / "bar", "--max-steps", 3, "--log-every", 2])
     bar, out = err.getvalue(), capsys.readouterr().out
-    assert "step 2 | epoch 0 | loss" in out and "pretrain" not in out and "eval lang" not in out
+    assert "step 2 | epoch 1 | loss" in out and "pretrain" not in out and "eval lang" not in out
     if tty:
         assert "pretrain: 100%" in bar and "3/3" in bar and "update/s" in bar and "loss=" in bar
         assert "eval lang 0" in bar
