@@ -491,6 +491,14 @@ MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: large
 DDP_TIMEOUT = timedelta(minutes=60)
 
 
+USAGE = ("pretrain.py --out DIR [--toy] [--data DIR | --train-files LANG=PATH,... --dev-files "
+         "LANG=PATH,...] [flags below]")
+
+
+class Help(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """bpe.py's --help (each flag's default), the description and the examples as written."""
+
+
 def build_parser():
     count = number(1)
     natural = number(0)
@@ -498,51 +506,54 @@ def build_parser():
     fraction = number(0, 1, float, upto=True)
     rate = number(0, 1, float)
     seed = number(0, 2 ** 32)  # seed * 1000 + rank + 1 seeds the masking
-    p = argparse.ArgumentParser("pretrain.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
-    a = p.add_argument
+    p = argparse.ArgumentParser("pretrain.py", usage=USAGE, description=__doc__.split("\n\n")[0],
+                                epilog="examples:" + __doc__.split("Run:")[1], formatter_class=Help)
+    data = p.add_argument_group("data").add_argument
+    model = p.add_argument_group("model").add_argument
+    training = p.add_argument_group("training").add_argument
+    run = p.add_argument_group("run").add_argument
 
-    def preset(flag, typ, what, **kw):  # unset: PAPER's value, or TOY's with --toy
+    def preset(add, flag, typ, what, **kw):  # unset: PAPER's value, or TOY's with --toy
         k = flag[2:].replace("-", "_")
         toy = f"; --toy {TOY[k]}" if k in TOY else ""
-        a(flag, type=typ, help=f"{what} (default: paper {PAPER[k]}{toy})", **kw)
+        add(flag, type=typ, help=f"{what} (default: paper {PAPER[k]}{toy})", **kw)
 
-    a("--toy", action="store_true",
-      help="the CPU-sized presets, on --data's toy world (or a new OUT/toy)")
-    a("--data", metavar="DIR", help="{lang}.{train,dev}.txt (or mono/), or bpe.py's output; "
-      "required, unless --toy (OUT/toy) or --train-files")
-    a("--train-files", metavar="LANG=PATH,...",
-      help="text per language instead of --data (with --dev-files)")
-    a("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
-    a("--allow-overlap", action="store_true", help="accept a dev set that is the training text")
-    a("--langs", default="en,fr",
-      help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
-    a("--bpe", choices=MODES, default="joint",
-      help="joint: Default; separate: Default anchors; prefixed: No anchors")
-    a("--merges", type=count,
-      help="BPE merges (default: paper 80000 joint, 40000 per language; --toy 2000 / 1000)")
-    a("--code-switch", metavar="DICT",
-      help="MUSE dictionary (or toy) to code-switch the training text (default: none)")
-    a("--lowercase", action="store_true",
-      help="lowercase and strip accents (XLM-15 style; off: the text as given)")
-    a("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
-    a("--workers", type=count, default=1, help="processes for binarising text")
-    a("--toy-size", choices=list(TOY_SIZES), default="full",
-      help="toy world size (tiny is for tests)")
-    a("--toy-overlap", type=fraction, default=0.0,
-      help="toy: fraction of shared word forms (anchors)")
-    a("--toy-order", default="svo",
-      help="toy: word order of the second language, e.g. sov-na-post (toydata.py)")
-    a("--toy-domain-shift", type=fraction, default=0.0,
-      help="toy: topic shift between the languages (Wiki-CC: 1.0)")
-    a("--toy-cyrillic", action="store_true",
-      help="toy: write the second language in Cyrillic letters")
-    a("--toy-seed", type=natural, default=0, help="toy: world seed")
+    data("--toy", action="store_true",
+         help="the CPU-sized presets, on --data's toy world (or a new OUT/toy)")
+    data("--data", metavar="DIR", help="{lang}.{train,dev}.txt (or mono/), or bpe.py's output; "
+         "required, unless --toy (OUT/toy) or --train-files")
+    data("--train-files", metavar="LANG=PATH,...",
+         help="text per language instead of --data (with --dev-files)")
+    data("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
+    data("--allow-overlap", action="store_true", help="accept a dev set that is the training text")
+    data("--langs", default="en,fr",
+         help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
+    data("--bpe", choices=MODES, default="joint",
+         help="joint: Default; separate: Default anchors; prefixed: No anchors")
+    data("--merges", type=count,
+         help="BPE merges (default: paper 80000 joint, 40000 per language; --toy 2000 / 1000)")
+    data("--code-switch", metavar="DICT",
+         help="MUSE dictionary (or toy) to code-switch the training text (default: none)")
+    data("--lowercase", action="store_true",
+         help="lowercase and strip accents (XLM-15 style; off: the text as given)")
+    data("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
+    data("--workers", type=count, default=1, help="processes for binarising text")
+    data("--toy-size", choices=list(TOY_SIZES), default="full",
+         help="toy world size (tiny is for tests)")
+    data("--toy-overlap", type=fraction, default=0.0,
+         help="toy: fraction of shared word forms (anchors)")
+    data("--toy-order", default="svo",
+         help="toy: word order of the second language, e.g. sov-na-post (toydata.py)")
+    data("--toy-domain-shift", type=fraction, default=0.0,
+         help="toy: topic shift between the languages (Wiki-CC: 1.0)")
+    data("--toy-cyrillic", action="store_true",
+         help="toy: write the second language in Cyrillic letters")
+    data("--toy-seed", type=natural, default=0, help="toy: world seed")
 
-    a("--sep", default="", help="language-specific parts, e.g. emb, 1-3, emb,1-6 (Table 1), "
-      "tok, pos (default: none)")
-    a("--lang-emb", action="store_true",
-      help="add language embeddings (the paper is silent; mBERT, XLM-17/100 have)")
+    model("--sep", default="", help="language-specific parts, e.g. emb, 1-3, emb,1-6 (Table 1), "
+          "tok, pos (default: none)")
+    model("--lang-emb", action="store_true",
+          help="add language embeddings (the paper is silent; mBERT, XLM-17/100 have)")
     for flag, typ, what in (
             ("--n-layers", count, "layers"),
             ("--dim", count, "hidden size"),
@@ -551,9 +562,9 @@ def build_parser():
             ("--dropout", rate, "dropout"),
             ("--attention-dropout", rate,
              "attention dropout (as XLM's recipes; its flag's default is 0)")):
-        preset(flag, typ, what)
+        preset(model, flag, typ, what)
 
-    a("--seed", type=seed, default=0, help="seed for init, data order, masking, dropout")
+    training("--seed", type=seed, default=0, help="seed for init, data order, masking, dropout")
     for flag, typ, what in (
             ("--bptt", positions, "tokens per stream"),
             ("--batch-size", count,
@@ -563,42 +574,42 @@ def build_parser():
             ("--epoch-size", count,
              "examples (streams) per GPU per epoch, XLM's meaning of an epoch"),
             ("--epochs", count, "epochs")):
-        preset(flag, typ, what)
-    preset("--pos-offsets", number(0, MAX_POSITIONS, upto=True),
+        preset(training, flag, typ, what)
+    preset(training, "--pos-offsets", number(0, MAX_POSITIONS, upto=True),
            "N: streams start at random in [0, N - bptt]")
-    preset("--pos-offsets-from", natural,
+    preset(training, "--pos-offsets-from", natural,
            "--pos-offsets from update N on (before: each stream at 0)", metavar="N")
-    a("--accumulate", type=count,
-      help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
-    preset("--schedule", None, "after warm-up: inverse_sqrt (XLM) or linear to 0",
+    training("--accumulate", type=count,
+             help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
+    preset(training, "--schedule", None, "after warm-up: inverse_sqrt (XLM) or linear to 0",
            choices=["inverse_sqrt", "linear"])
-    a("--clip", type=number(0, cast=float), default=5.0,
-      help="gradient clipping norm, 0 = off (XLM's; paper: none)")
-    a("--max-steps", type=count,
-      help="stop after this many updates (default: paper none; --toy 8000)")
-    a("--max-bad-steps", type=count, default=5,
-      help="stop after this many NaN/inf losses in a row")
+    training("--clip", type=number(0, cast=float), default=5.0,
+             help="gradient clipping norm, 0 = off (XLM's; paper: none)")
+    training("--max-steps", type=count,
+             help="stop after this many updates (default: paper none; --toy 8000)")
+    training("--max-bad-steps", type=count, default=5,
+             help="stop after this many NaN/inf losses in a row")
 
-    a("--out", required=True, metavar="DIR",
-      help="run directory: checkpoint.pt, best.pt, log.jsonl...; required")
-    a("--resume", action="store_true",
-      help="continue from OUT/checkpoint.pt (--lr, --max-steps, ... may change)")
-    a("--overwrite", action="store_true",
-      help="start a new run in an --out holding an earlier run's files")
-    preset("--log-every", count, "progress line every N updates")
-    a("--eval-every", type=natural,
-      help="also evaluate and save every N updates (default 0: once per epoch)")
-    a("--snapshots", default="", metavar="STEP,...",
-      help="also keep OUT/step{N}.pt at these updates (default: none)")
-    a("--save-every", type=natural, default=0, metavar="N",
-      help="checkpoint.pt at evaluations N+ updates apart")
-    a("--device", default="auto",
-      help="auto, cpu, cuda (cuda:LOCAL_RANK under torchrun), cuda:N, mps")
-    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-      help="autocast (auto: bf16 on GPUs that have it, else fp16 with a GradScaler; fp32 on CPU "
-      "and MPS)")
-    a("--compile", action="store_true", help="torch.compile the model")
-    a("--threads", type=count, help="CPU threads for torch (default torch's; --toy 1)")
+    run("--out", required=True, metavar="DIR",
+        help="run directory: checkpoint.pt, best.pt, log.jsonl...; required")
+    run("--resume", action="store_true",
+        help="continue from OUT/checkpoint.pt (--lr, --max-steps, ... may change)")
+    run("--overwrite", action="store_true",
+        help="start a new run in an --out holding an earlier run's files")
+    preset(run, "--log-every", count, "progress line every N updates")
+    run("--eval-every", type=natural,
+        help="also evaluate and save every N updates (default 0: once per epoch)")
+    run("--snapshots", default="", metavar="STEP,...",
+        help="also keep OUT/step{N}.pt at these updates (default: none)")
+    run("--save-every", type=natural, default=0, metavar="N",
+        help="checkpoint.pt at evaluations N+ updates apart")
+    run("--device", default="auto",
+        help="auto, cpu, cuda (cuda:LOCAL_RANK under torchrun), cuda:N, mps")
+    run("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="autocast (auto: bf16 on GPUs that have it, else fp16 with a GradScaler; fp32 on CPU "
+        "and MPS)")
+    run("--compile", action="store_true", help="torch.compile the model")
+    run("--threads", type=count, help="CPU threads for torch (default torch's; --toy 1)")
     return p
 
 

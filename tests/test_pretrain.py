@@ -382,6 +382,24 @@ def test_one_epoch_numbering_the_end_record_and_the_last_line(tmp_path, capsys):
                         r"data/, checkpoint.pt, best.pt, log.jsonl in " + re.escape(str(out)), printed[-1])
 
 
+def test_help_groups_every_flag_and_shows_the_commands():
+    """--help for a newcomer: the required --out first in the usage line, every flag in one of four groups, the
+    toy command and the paper's torchrun command at the end."""
+    import pretrain
+    parser = pretrain.build_parser()
+    groups = {g.title: [a.option_strings[-1] for a in g._group_actions] for g in parser._action_groups}
+    assert [t for t, flags in groups.items() if flags] == ["options", "data", "model", "training", "run"]
+    assert groups["options"] == ["--help"]
+    assert {"--toy", "--data", "--langs", "--bpe", "--toy-overlap"} <= set(groups["data"])
+    assert {"--sep", "--n-layers", "--dim", "--dropout"} <= set(groups["model"])
+    assert {"--lr", "--warmup", "--batch-size", "--max-steps", "--epochs"} <= set(groups["training"])
+    assert {"--out", "--resume", "--device", "--snapshots"} <= set(groups["run"])
+    text = parser.format_help()
+    assert text.startswith("usage: pretrain.py --out DIR [--toy] [--data DIR | --train-files")
+    assert "\n  python pretrain.py --toy --out runs/toy " in text
+    assert "\n  torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3" in text
+
+
 # paper Table 1, one row = one set of flags (README lists the same)
 TABLE1 = {
     "default": [],
