@@ -487,6 +487,9 @@ RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", 
                      "dev_files", "prep_dir", "overwrite", "lr", "warmup", "max_bad_steps",
                      "save_every", "allow_overlap"}  # data: compared by their contents
 MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: larger is a typo
+# the toy world's knobs when not given: they shape the world that --toy writes to OUT/toy
+TOY_WORLD = dict(toy_size="full", toy_overlap=0.0, toy_order="svo", toy_domain_shift=0.0,
+                 toy_cyrillic=False, toy_seed=0)
 # the other ranks wait while the master evaluates and saves (NCCL's 10 minutes are too short)
 DDP_TIMEOUT = timedelta(minutes=60)
 
@@ -538,17 +541,18 @@ def build_parser():
          help="lowercase and strip accents (XLM-15 style; off: the text as given)")
     data("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
     data("--workers", type=count, default=1, help="processes for binarising text")
-    data("--toy-size", choices=list(TOY_SIZES), default="full",
-         help="toy world size (tiny is for tests)")
-    data("--toy-overlap", type=fraction, default=0.0,
-         help="toy: fraction of shared word forms (anchors)")
-    data("--toy-order", default="svo",
-         help="toy: word order of the second language, e.g. sov-na-post (toydata.py)")
-    data("--toy-domain-shift", type=fraction, default=0.0,
-         help="toy: topic shift between the languages (Wiki-CC: 1.0)")
-    data("--toy-cyrillic", action="store_true",
+    # the toy world's knobs: None when not given (get_args), as they need a world --toy writes
+    data("--toy-size", choices=list(TOY_SIZES),
+         help="toy world size, tiny for tests (default: full)")
+    data("--toy-overlap", type=fraction,
+         help="toy: fraction of shared word forms, anchors (default: 0.0)")
+    data("--toy-order",
+         help="toy: word order of the second language, e.g. sov-na-post (default: svo)")
+    data("--toy-domain-shift", type=fraction,
+         help="toy: topic shift between the languages, Wiki-CC: 1.0 (default: 0.0)")
+    data("--toy-cyrillic", action="store_true", default=None,
          help="toy: write the second language in Cyrillic letters")
-    data("--toy-seed", type=natural, default=0, help="toy: world seed")
+    data("--toy-seed", type=natural, help="toy: world seed (default: 0)")
 
     model("--sep", default="", help="language-specific parts, e.g. emb, 1-3, emb,1-6 (Table 1), "
           "tok, pos (default: none)")
@@ -620,8 +624,10 @@ def get_args(argv=None, p=None):
         raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun "
                          "worker (no LOCAL_RANK and MASTER_ADDR): unset them, or launch with "
                          "torchrun")
-    offsets_from_given = args.pos_offsets_from is not None  # on the command line, not the preset's
-    for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
+    # on the command line, not the preset's
+    offsets_from_given = args.pos_offsets_from is not None
+    toy_flags = [f"--{k.replace('_', '-')}" for k in TOY_WORLD if getattr(args, k) is not None]
+    for k, v in {**PAPER, **(TOY if args.toy else {}), **TOY_WORLD}.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     args.merges = args.merges or MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
@@ -670,6 +676,9 @@ def get_args(argv=None, p=None):
          "give either --data or --train-files/--dev-files, not both"),
         (args.toy_world and len(langs) > 2,
          f"--langs {args.langs}: the toy world is bilingual; give one or two"),
+        (toy_flags and not args.toy_world, f"{' '.join(toy_flags)}: the --toy-* flags shape only "
+         "the world that --toy writes without --data or --train-files; here they would change "
+         "nothing: leave them out"),
         (args.data is None and not args.train_files,
          "--data (or --train-files/--dev-files, or --toy) is required"),
         (cs and args.sep_tok,

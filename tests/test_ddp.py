@@ -109,7 +109,7 @@ def test_one_update_however_it_is_split(tmp_path):
         same(two_by_one, wrong)
 
 
-TINY8 = ["--toy", "--toy-size", "tiny", "--sep", "emb,1-3", "--n-layers", "4", "--dim", "32", "--n-heads", "2",
+TINY8 = ["--toy", "--sep", "emb,1-3", "--n-layers", "4", "--dim", "32", "--n-heads", "2",
          "--ffn-dim", "64", "--bptt", "32", "--batch-size", "8", "--merges", "500", "--threads", "1"]
 
 

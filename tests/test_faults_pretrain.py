@@ -16,7 +16,7 @@ import torch
 
 from model import pick_device
 import test_pretrain
-from test_pretrain import ENV, ROOT, TINY, read_log, run
+from test_pretrain import ENV, ROOT, TINY, TINY_WORLD, read_log, run
 
 # -----------------------------------------------------------------------------
 # 1. device and precision: one pure function, every case on a CPU (CUDA faked with monkeypatch)
@@ -92,7 +92,7 @@ def test_pick_device_explicit_dtype(monkeypatch):
 def test_device_cuda_without_cuda_is_one_line(monkeypatch, tmp_path, capsys):
     fake_cuda(monkeypatch, 0)
     with pytest.raises(SystemExit, match="^error: --device cuda: CUDA is not available on this machine"):
-        run(TINY + ["--out", tmp_path, "--device", "cuda"])
+        run(TINY_WORLD + ["--out", tmp_path, "--device", "cuda"])
     assert not os.listdir(tmp_path), "nothing is written before the device is known to work"
 
 # -----------------------------------------------------------------------------
@@ -253,11 +253,11 @@ def test_out_with_an_earlier_run_is_refused(at_step_2, capsys):
 
 def test_toy_rerun_after_a_crash_before_the_first_checkpoint_reuses_world_and_data(tmp_path, capsys):
     out = tmp_path / "toy"
-    run(TINY + ["--out", out, "--max-steps", 1])
+    run(TINY_WORLD + ["--out", out, "--max-steps", 1])
     for name in ("checkpoint.pt", "best.pt", "log.jsonl"):  # what a crash at step 0 leaves: toy/ and data/ only
         (out / name).unlink()
     capsys.readouterr()
-    run(TINY + ["--out", out, "--max-steps", 2])
+    run(TINY_WORLD + ["--out", out, "--max-steps", 2])
     assert "using prepared data" in capsys.readouterr().out
     assert step_of(out / "checkpoint.pt") == 2
 
@@ -270,7 +270,7 @@ def test_toy_world_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(pretrain, "write_world", full)
     out = tmp_path / "toy"
     with pytest.raises(SystemExit, match=f"^error: cannot write the toy world: {out}/toy/mono/en.train.txt: No space"):
-        run(TINY + ["--out", out])
+        run(TINY_WORLD + ["--out", out])
     assert not (out / "toy.json").exists()
 
 # -----------------------------------------------------------------------------
@@ -410,13 +410,16 @@ BAD_FLAGS = [
     (["--snapshots", "5", "--epochs", 1, "--epoch-size", 8], "--snapshots 5: the run ends after 2 updates"),
     (["--snapshots", "x,5"], "--snapshots x,5: expected 500,1000"),
     (["--pos-offsets", 0, "--pos-offsets-from", 5], "--pos-offsets-from 5: no offsets to start"),
+    # issue 48: the world flags with --data (a world already written) would change nothing
+    (["--toy-overlap", "0.9", "--max-steps", 1], "--toy-overlap: the --toy-* flags shape only the world"),
+    (["--toy-size", "tiny", "--toy-cyrillic", "--max-steps", 1], "--toy-size --toy-cyrillic: the --toy-* flags"),
 ]
 
 
 def test_toy_world_of_three_languages_is_refused(tmp_path, capsys):
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as e:
-        run(TINY + ["--langs", "en,fr,de", "--out", out])
+        run(TINY_WORLD + ["--langs", "en,fr,de", "--out", out])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "the toy world is bilingual" in err and not out.exists()
 
@@ -609,8 +612,8 @@ def test_a_second_run_on_the_same_out_is_refused_and_a_dead_ones_lock_is_taken_o
 def test_workers_do_not_inherit_the_stop_handler(tmp_path):
     """--workers 2: bpe.binarize's pool is terminated (SIGTERM) after each file; its workers used to run pretrain.py's
     handler ("error: stopped by SIGTERM before training started") and one could outlive the run holding its stdout."""
-    cmd = [sys.executable, os.path.join(ROOT, "pretrain.py")] + TINY + ["--out", tmp_path / "w", "--max-steps", 1,
-                                                                        "--workers", 2]
+    cmd = [sys.executable, os.path.join(ROOT, "pretrain.py")] + TINY_WORLD + ["--out", tmp_path / "w",
+                                                                              "--max-steps", 1, "--workers", 2]
     r = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "stopped by" not in r.stdout + r.stderr, r.stderr[-2000:]
     assert "preparing data" in r.stdout and step_of(tmp_path / "w" / "checkpoint.pt") == 1
@@ -674,12 +677,12 @@ def test_resume_without_best_pt_makes_a_new_one_and_says_so(at_step_2, capsys):
 
 def test_overwrite_replaces_a_toy_world_of_other_flags(tmp_path, capsys):
     out = tmp_path / "toy"
-    run(TINY + ["--out", out, "--max-steps", 1])
+    run(TINY_WORLD + ["--out", out, "--max-steps", 1])
     for name in ("checkpoint.pt", "best.pt", "log.jsonl"):  # the world is refused even with no run's file beside it
         (out / name).unlink()
     with pytest.raises(SystemExit, match="other --toy-\\* flags; add --overwrite"):
-        run(TINY + ["--out", out, "--max-steps", 1, "--toy-seed", 1])
+        run(TINY_WORLD + ["--out", out, "--max-steps", 1, "--toy-seed", 1])
     old = (out / "toy" / "mono" / "en.train.txt").read_bytes()
-    run(TINY + ["--out", out, "--max-steps", 1, "--toy-seed", 1, "--overwrite"])
+    run(TINY_WORLD + ["--out", out, "--max-steps", 1, "--toy-seed", 1, "--overwrite"])
     assert json.loads((out / "toy.json").read_text())["seed"] == 1
     assert (out / "toy" / "mono" / "en.train.txt").read_bytes() != old and len(os.listdir(out / "data")) == 1

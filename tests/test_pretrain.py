@@ -21,8 +21,10 @@ from pretrain import StreamSampler, get_batch, get_lr, mask_tokens, n_stream_bat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-# the canonical smoke flags (README uses the same): tiny world, tiny model, a few steps
-TINY = SMOKE + ["--toy-size", "tiny", "--batch-size", "4", "--merges", "300", "--log-every", "1"]
+# the canonical smoke flags (README uses the same): tiny model, a few steps; TINY_WORLD: a tiny toy world
+# written to OUT/toy (the --toy-* flags are refused with --data)
+TINY = SMOKE + ["--batch-size", "4", "--merges", "300", "--log-every", "1"]
+TINY_WORLD = TINY + ["--toy-size", "tiny"]
 
 # -----------------------------------------------------------------------------
 # masking (paper §3.1, BERT; XLM src/trainer.py mask_out)
@@ -181,7 +183,7 @@ def read_log(out):
 def world(tmp_path_factory):
     """A tiny toy world (raw text) and its joint-BPE preparation (left by a 1-update run), shared by the runs below."""
     out = tmp_path_factory.mktemp("prep")
-    run(TINY + ["--out", out, "--max-steps", 1])
+    run(TINY_WORLD + ["--out", out, "--max-steps", 1])
     (prepared,) = [d for d in (out / "data").iterdir() if d.is_dir()]
     return {"raw": out / "toy", "joint": prepared, "cache": out / "data"}
 
@@ -364,7 +366,7 @@ def test_one_epoch_numbering_the_end_record_and_the_last_line(tmp_path, capsys):
     with what ended the run; the last line names the limit and every file written in --out (the toy world's
     too)."""
     out = tmp_path / "toy"
-    run(TINY + ["--out", out, "--epochs", 2, "--epoch-size", 12, "--log-every", 1, "--eval-every", 1])
+    run(TINY_WORLD + ["--out", out, "--epochs", 2, "--epoch-size", 12, "--log-every", 1, "--eval-every", 1])
     printed = capsys.readouterr().out.splitlines()
     progress, evals = {}, {}
     for line in printed:
@@ -486,7 +488,7 @@ def test_pos_offsets_train_position_rows_beyond_bptt(world, tmp_path):
 @pytest.mark.parametrize("row", list(TABLE1))
 def test_table1_row_builds_and_trains(world, tmp_path, row):
     flags = [str(world["raw"] / "dict" / "en-fr.txt") if f == "DICT" else f for f in TABLE1[row]]
-    data = [] if row in OWN_WORLD else ["--data", world["raw"], "--prep-dir", world["cache"]]
+    data = ["--toy-size", "tiny"] if row in OWN_WORLD else ["--data", world["raw"], "--prep-dir", world["cache"]]
     out = tmp_path / row
     run(TINY + data + flags + ["--n-layers", 6, "--out", out, "--max-steps", 2])
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
