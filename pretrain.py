@@ -838,6 +838,9 @@ def read_checkpoint(path, args, argv):
                          f"{command(argv, '--overwrite')}")
     if not {"args", "optimizer", "rng"} <= set(ckpt):
         raise InputError(f"--resume: {path} is not a checkpoint written by pretrain.py")
+    if args.max_steps <= ckpt["step"]:
+        raise InputError(f"--resume: {path} is at step {ckpt['step']} already; --max-steps "
+                         f"{args.max_steps} would train nothing (give a larger one)")
     ckpt["model"] = model.state_dict()
     # a checkpoint from before --pos-offsets-from drew offsets from update 0
     old = {"pos_offsets_from": 0, **ckpt["args"]}

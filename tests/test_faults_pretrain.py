@@ -330,6 +330,9 @@ RUN_FAULTS = [
     ("nan-weights", nan_weights, ["--resume"], r"checkpoint.pt: weight .* contains NaN or inf.*cannot be continued.*--overwrite"),
     ("truncated", truncate, ["--resume"], r"cannot read .*checkpoint.pt: .*truncated or damaged.*; it cannot be continued: start again with .*--overwrite$"),
     ("no-checkpoint", lambda out: (out / "checkpoint.pt").unlink(), ["--resume"], r"no checkpoint.pt to go on from"),
+    # issue 48: a resume that would train nothing (it said done and rewrote args.json)
+    ("max-steps-reached", None, ["--resume", "--max-steps", 2],
+     r"--resume: .*checkpoint.pt is at step 2 already; --max-steps 2 would train nothing"),
     ("huge-batch", None, ["--overwrite", "--batch-size", 10**9],
      r"--batch-size 1000000000 x --bptt 32 is more than the en training data \(\d+ tokens\)"),
 ]
