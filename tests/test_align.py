@@ -474,11 +474,11 @@ def test_maps_record_and_check_their_checkpoints(ckpts, toy_world, tmp_path, cap
     W = align.load_map(maps, "fr", "en", 1, digests=bi)
     np.testing.assert_allclose(W, align.load_map(maps, "en", "fr", 1, digests=[bi, bi]).T)
     fr = M.file_digest(ckpts["fr"])
-    with pytest.raises(bpe.InputError, match=f"maps fitted on the checkpoints \\['{bi}', '{bi}'\\], not \\['{fr}'"):
+    with pytest.raises(align.InputError, match=f"maps fitted on the checkpoints \\['{bi}', '{bi}'\\], not \\['{fr}'"):
         align.load_map(maps, "fr", "en", 1, digests=fr)
     align.save_maps(tmp_path / "mixed.npz", [np.eye(2)], "en", "fr", [bi, fr])  # read the other way: swapped
     assert align.load_map(str(tmp_path / "mixed.npz"), "fr", "en", 0, digests=[fr, bi]).shape == (2, 2)
     np.savez(tmp_path / "old.npz", src_to_tgt=np.eye(2)[None], tgt_to_src=np.eye(2)[None], src="en", tgt="fr")
-    with pytest.raises(bpe.InputError, match="written without checkpoint digests"):
+    with pytest.raises(align.InputError, match="written without checkpoint digests"):
         align.load_map(str(tmp_path / "old.npz"), "en", "fr", 0, digests=bi)
     assert align.load_map(str(tmp_path / "old.npz"), "en", "fr", 0).shape == (2, 2)  # nothing asked, nothing checked
