@@ -484,7 +484,7 @@ def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair
         raise InputError(f"{names[0]}: all its pairs are in {names[1]} (the same file or "
                          "contents?): a map fitted on the test pairs scores its own training data; "
                          "give a separate train set (or --allow-overlap)")
-    print(f"note: {len(train) - len(kept)} of the {len(train)} {overlap}: left out of the fit "
+    print(f"note: {len(train) - len(kept)} of the {len(train):,} {overlap}: left out of the fit "
           "(--allow-overlap keeps them)")
     return kept
 
@@ -664,6 +664,10 @@ def cmd_sentences(args):
         names = (f"--train-src/--train-tgt {args.train_src}",
                  f"--test-src/--test-tgt {args.test_src}")
         overlap = f"pairs of {names[0]} are test pairs of {names[1]}"
+        # a toy world's own parallel text: its generator repeats short sentences
+        if args.toy and args.train_src.startswith(args.data):
+            overlap = ("training pairs repeat a test pair (the toy generator repeats short "
+                       "sentences)")
         train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap)
 
     def encode(*texts):  # the sentence vectors of each side's lines, per layer
