@@ -121,10 +121,6 @@ def old_spelling(script, args):
             return "--toy DIR is deprecated: --toy --data DIR"
         if args.toy and not args.data and not getattr(args, "table", None):
             return "--toy needs --data WORLD"
-    if script == "finetune.py":
-        for k in ("batch_size", "lr", "head_lr"):
-            if len(getattr(args, "one_" + k) or []) > 1:
-                return f"--{k.replace('_', '-')} with a comma list is deprecated: --{k.replace('_', '-')}s"
     if script == "pretrain.py" and not (args.data or args.train_files or args.toy):
         return "pretrain.py needs --data, --train-files/--dev-files or --toy"
     if script == "bpe.py" and (args.old_out is not None or args.prep_dir is None):
@@ -200,7 +196,6 @@ def test_the_extraction_sees_positional_words_and_skips_stdin_scripts():
 @pytest.mark.parametrize("argv, why", [
     (["--toy", "W", "--ckpt", "a.pt", "--out", "o"], "deprecated"),
     (["--toy", "--ckpt", "a.pt", "--out", "o"], "needs --data"),
-    (["--toy", "--data", "W", "--lr", "1e-3,2e-3", "--ckpt", "a.pt", "--out", "o"], "--lrs"),
 ])
 def test_old_spellings_are_caught(argv, why):
     assert why in old_spelling("finetune.py", finetune.build_parser().parse_args(argv))
