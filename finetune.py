@@ -925,21 +925,33 @@ def read_split(task, path, lang):
 # -----------------------------------------------------------------------------
 # CLI: the flags, the checkpoints, main(argv): every flag and file checked, then each task's grid
 
+# --help: what each kind of run requires (--table runs without --ckpt, so argparse cannot mark
+# them required), and an example
+USAGE = """%(prog)s --task {ner,parse,xnli} --ckpt CKPT --data DIR --out DIR [options]
+       %(prog)s --toy --data WORLD --ckpt CKPT --out DIR [options]    (the three tasks)
+       %(prog)s --table OUT_DIR [OUT_DIR ...] [--plot FILE.png] [--with-stalled]"""
+EPILOG = """example: NER fine-tuned on English, tested on French, the paper's grid (6 sets):
+  python finetune.py --task ner --ckpt runs/pt/best.pt --data DATA --eval-langs fr --out runs/ner
+the same command again goes on from the sets it finished (OUT/sets/)"""
+
+
+class HelpFormatter(bpe.HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """bpe.py's (each flag's default shown), with the usage, description and epilog as written."""
+
+
 def build_parser():
-    description = (__doc__.split("\n\n")[0] + " Unset grid flags take the paper's values (the toy "
+    description = (__doc__.split("\n\n")[0] + "\nUnset grid flags take the paper's values (the toy "
                    "presets with --toy).")
-    p = argparse.ArgumentParser(description=description, formatter_class=bpe.HelpFormatter)
-    add = p.add_argument
+    p = argparse.ArgumentParser(usage=USAGE, description=description, epilog=EPILOG,
+                                formatter_class=HelpFormatter)
 
     def one(parse):  # a flag of one value: a grid of one
         return lambda s: [parse(s)]
     lrs = number(0, cast=float, many=True, above=True)  # a learning rate of 0 trains nothing
     one_lr = one(number(0, cast=float, above=True))
+    add = p.add_argument_group("data").add_argument
     add("--task", choices=sorted(TASKS),
         help="the task (default: all three with --toy, else required)")
-    add("--ckpt", help="pretrain.py's best.pt, or a released XLM .pth with --xlm-codes; required")
-    add("--xlm-codes", metavar="CODES",
-        help="fastBPE codes of an XLM .pth as --ckpt/--target-ckpt (default: none)")
     add("--data", metavar="DIR",
         help="the toy world, or the downloads unpacked side by side (README); required")
     add("--toy", nargs="?", const=True, default=False, metavar="DIR",
@@ -953,22 +965,40 @@ def build_parser():
     add("--treebank", metavar="LANG=NAME,...",
         help="UD: another treebank than the paper's (default: en=EWT, fr=GSD, ru=GSD, zh=GSD), "
         "e.g. fr=FTB for UD_French-FTB")
+    add("--allow-overlap", action="store_true",
+        help="accept a train file holding most of the dev or a test set (default: refused: the "
+        "epoch and the sets would be chosen, or scored, on training data)")
+    add = p.add_argument_group("model").add_argument
+    add("--ckpt", help="pretrain.py's best.pt, or a released XLM .pth with --xlm-codes; required")
+    add("--xlm-codes", metavar="CODES",
+        help="fastBPE codes of an XLM .pth as --ckpt/--target-ckpt (default: none)")
+    add("--align-layer", type=number(0), metavar="I",
+        help="§5.1.2's aligned transfer (default: off). The encoder becomes --ckpt up to its layer "
+        "I (0 = the embeddings), frozen, then 4 new Transformer layers trained with the task's "
+        "head. English goes through --ckpt; the target language goes through its own --target-ckpt "
+        "up to layer I, mapped into --ckpt's space by --align-maps")
+    add("--target-ckpt", help="§5.1.2: the target language's own model (with --align-layer)")
+    add("--align-maps",
+        help="§5.1.2: align.py contextual --save-maps .npz, fitted on --target-ckpt and --ckpt "
+        "(with --align-layer)")
+    group = p.add_argument_group("fine-tuning")
+    add = group.add_argument
     add("--epochs", type=number(1),
         help="epochs per set (default: paper 10 NER/parsing, 200 XNLI; --toy 4, 10)")
     add("--epoch-size", type=number(0),
         help="examples per epoch, 0 = one pass (default: 0; paper's XNLI 20000)")
-    pair = p.add_mutually_exclusive_group().add_argument
+    pair = group.add_mutually_exclusive_group().add_argument
     pair("--batch-size", type=one(number(1)), metavar="N",
          help="examples per step: one value (default: the grid of --batch-sizes)")
     pair("--batch-sizes", dest="batch_size", type=number(1, many=True), metavar="N,...",
          help="grid of examples per step (default: paper 16,32, XNLI 4,8; --toy 16)")
-    pair = p.add_mutually_exclusive_group().add_argument
+    pair = group.add_mutually_exclusive_group().add_argument
     pair("--lr", type=one_lr, metavar="LR",
          help="encoder learning rate: one value (default: --lrs)")
     pair("--lrs", dest="lr", type=lrs, metavar="LR,...",
          help="grid of encoder learning rates (default: paper 2e-5,3e-5,5e-5, XNLI "
          "1.25e-6,2.5e-6,5e-6; --toy 3e-4,1e-3, XNLI 2e-4,5e-4)")
-    pair = p.add_mutually_exclusive_group().add_argument
+    pair = group.add_mutually_exclusive_group().add_argument
     pair("--head-lr", type=one_lr, metavar="LR", help="XNLI head lr: one (default: --head-lrs)")
     pair("--head-lrs", dest="head_lr", type=lrs, metavar="LR,...",
          help="grid of XNLI classifier learning rates (default: paper 5e-6,2.5e-5,1.25e-4; --toy "
@@ -980,25 +1010,19 @@ def build_parser():
     add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping, 0 = off")
     add("--seed", type=number(0, 2 ** 32), default=0,
         help="seed of every set: head init, data order")
-    add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
-    add("--dtype", default="auto", choices=("auto",) + DTYPES,
-        help="autocast as in pretrain.py (no float16)")
-    add("--threads", type=number(0, 1025),
-        help="CPU threads, 0 = torch's choice (default: 1 with --toy, else 0)")
-    add("--align-layer", type=number(0), metavar="I",
-        help="§5.1.2: freeze --ckpt's layers 0..I, add 4 (default: off)")
-    add("--target-ckpt",
-        help="§5.1.2: the target's own model, layer I mapped by --align-maps (with --align-layer)")
-    add("--align-maps", help="§5.1.2: align.py contextual --save-maps .npz (with --align-layer)")
+    add = p.add_argument_group("run").add_argument
     add("--out", metavar="DIR",
         help="results.json and sets/ (a folder per task when several run); required. The same "
         "command again resumes: the finished sets are kept, the set in progress starts again from "
         "epoch 1")
     add("--overwrite", action="store_true",
         help="replace the results and sets of another run in --out")
-    add("--allow-overlap", action="store_true",
-        help="accept a train file holding most of the dev or a test set (default: refused: the "
-        "epoch and the sets would be chosen, or scored, on training data)")
+    add("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
+    add("--dtype", default="auto", choices=("auto",) + DTYPES,
+        help="autocast as in pretrain.py (no float16)")
+    add("--threads", type=number(0, 1025),
+        help="CPU threads, 0 = torch's choice (default: 1 with --toy, else 0)")
+    add = p.add_argument_group("Table 1 of finished runs").add_argument
     add("--table", nargs="+", metavar="OUT_DIR",
         help="only print Table 1 of dirs NAME[-sSEED][-stepN] (default: off)")
     add("--plot", metavar="FILE.png",

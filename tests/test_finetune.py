@@ -410,6 +410,27 @@ def test_resolve_files_real_layout():
         ft.resolve_files("ner", DATA, "en", ["xx"])
 
 
+def test_help_shows_groups_required_flags_and_an_example():
+    """--help (issue 49): the flags in groups; the usage names the flags each kind of run requires, with
+    no deprecated spelling in it; the epilog's example parses; --align-layer says what it freezes and adds."""
+    import shlex
+    parser = ft.build_parser()
+    text = parser.format_help()
+    usage = text.split("\n\n")[0]
+    assert "--task {ner,parse,xnli} --ckpt CKPT --data DIR --out DIR" in usage
+    assert "--toy --data WORLD --ckpt CKPT --out DIR" in usage and "--table OUT_DIR" in usage
+    assert "[DIR]" not in usage and "--batch-size N" not in usage and "--lr LR" not in usage
+    for title, flags in (("data", ["--data", "--toy", "--eval-langs"]), ("model", ["--ckpt", "--align-layer"]),
+                         ("fine-tuning", ["--epochs", "--lrs", "--batch-size"]), ("run", ["--out", "--device"])):
+        group = next(g for g in parser._action_groups if g.title == title)
+        assert set(flags) <= {f for a in group._group_actions for f in a.option_strings}, title
+    example = next(line for line in text.splitlines() if line.strip().startswith("python finetune.py"))
+    args = parser.parse_args(shlex.split(example)[2:])
+    assert args.task == "ner" and args.ckpt and args.data and args.out
+    align = next(a.help for a in parser._actions if "--align-layer" in a.option_strings)
+    assert "0 = the embeddings" in align and "4 new Transformer layers" in align and "frozen" in align
+
+
 # -----------------------------------------------------------------------------
 # end to end on the toy world with a tiny random-init checkpoint (pretrain.py not needed)
 
