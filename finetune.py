@@ -541,8 +541,8 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         dev = evaluate(task, model, head, dev_feats, dev_ex, lang, bf16=args.bf16)
         dev_curve.append(dev[task.metric])
         with tqdm.external_write_mode():  # the line above the bar
-            log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  en dev {task.metric} "
-                f"{100 * dev[task.metric]:.2f}")
+            log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  "
+                f"{args.train_lang} dev {task.metric} {100 * dev[task.metric]:.2f}")
         if best is None or dev[task.metric] > best["dev"][task.metric]:
             best = {"epoch": epoch, "dev": dev, "state": cpu_copy(model), "head": cpu_copy(head)}
     bar.close()
@@ -1126,7 +1126,7 @@ def prepare_task(task_name, files, model, encoders, args):
                              "result")
         # never predicted: scored as errors
         if unseen := sorted(set(task.label_set(examples)) - set(task.labels)):
-            print(f"{task_name}: {path}: labels never seen in the English train set: "
+            print(f"{task_name}: {path}: labels never seen in the {args.train_lang} train set: "
                   f"{', '.join(unseen)}")
         print(f"{task_name}: {what} {len(examples)} from {path}")
     n_per_epoch = args.epoch_size or len(train)
@@ -1163,7 +1163,7 @@ def report(task, data, args, result, path):
                        for i in result["best_two"])
     n_finished = sum("failed" not in r for r in configs)
     chosen = ("the one hyper-parameter set" if n_finished == 1 else
-              f"mean of the best two of {n_finished} hyper-parameter sets by en dev")
+              f"mean of the best two of {n_finished} hyper-parameter sets by {args.train_lang} dev")
     line = f"\n{task.name}: {chosen}: {picked}"
     if n_finished < len(configs):
         line += f" ({len(configs) - n_finished} diverged set(s) left out)"
