@@ -1,11 +1,13 @@
 """Draw figures/table1-delta.png: each Table 1 row's Δ in the toy lab against the paper's, en -> fr.
 
-Δ is a row's mean over the three French test scores (XNLI accuracy, NER span F1, parsing LAS) minus the
-Default's. Ours: RESULTS.md's Table 1 with the new --toy preset (the Δ column `finetune.py --table` prints).
-The paper's: its Table 1, the fr columns (the paper's own Δ column averages each task over fr, ru and zh,
-so it is recomputed here from the fr columns alone). Sep Tok and Sep Pos are ours only: not in the paper.
+Δ is a row's mean over the three French test scores (XNLI accuracy, NER span F1, parsing LAS)
+minus the Default's. Ours: RESULTS.md's Table 1 with the new --toy preset (the Δ column that
+`finetune.py --table` prints). The paper's: its Table 1, the fr columns (the paper's own Δ column
+averages each task over fr, ru and zh, so it is recomputed here from the fr columns alone).
+Sep Tok and Sep Pos are ours only: they are not in the paper.
 
-Run from the repository root: python notes/table1/plot_delta.py (needs matplotlib); it prints the table it draws.
+Run from the repository root (needs matplotlib): python notes/table1/plot_delta.py
+It prints the table it draws.
 """
 from matplotlib.figure import Figure
 
@@ -49,12 +51,14 @@ for y, (label, seeds, paper_delta, our_delta) in enumerate(points):
         our_label = "toy, new --toy preset"
     ax.plot(paper_delta, y, "o", mfc="white", color="C1", label=paper_label, zorder=2)
     ax.plot(our_delta, y, "o", color="C0", label=our_label, zorder=2)
-ax.set_yticks(range(len(points)), [f"{label} ({seeds})" for label, seeds, _, _ in points], fontsize=8)
+tick_labels = [f"{label} ({seeds})" for label, seeds, _, _ in points]
+ax.set_yticks(range(len(points)), tick_labels, fontsize=8)
 ax.invert_yaxis()
 ax.set(xlim=(-75, 5))
 ax.axvline(0, color="k", lw=0.5)
 ax.set_xlabel("Δ against the Default (points; mean of fr XNLI, NER, LAS)")
-ax.set_title("Table 1, en -> fr: each row's Δ, ours against the paper's (our seeds in brackets)", fontsize=9)
+title = "Table 1, en -> fr: each row's Δ, ours against the paper's (our seeds in brackets)"
+ax.set_title(title, fontsize=9)
 ax.grid(alpha=0.3, axis="x")
 ax.legend(fontsize=8, loc="upper left")
 fig.tight_layout()
