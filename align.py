@@ -1,23 +1,26 @@
 """Post-hoc alignment of pretrained representations (paper §5.1, Figures 4-6).
 
-Do two (monolingual or bilingual) BERT-style models encode words and sentences in spaces that differ
-only by a rotation? If so, one orthogonal map W fitted on translation pairs (Procrustes) makes
-nearest-neighbour retrieval across the two spaces work. Three granularities:
+Do two (monolingual or bilingual) BERT-style models encode words and sentences in spaces that
+differ only by a rotation? If so, one orthogonal map W fitted on translation pairs (Procrustes)
+makes nearest-neighbour retrieval across the two spaces work. Three granularities:
 
   Fig. 4  words       word vectors from the embedding table (a) or averaged contextual states (b),
                       Procrustes on a MUSE train dictionary, CSLS precision@1 on the test dictionary
-  Fig. 5  contextual  word *tokens* in parallel sentences, paired by a numpy fast_align, one map per layer
+  Fig. 5  contextual  word *tokens* in parallel sentences, paired by a numpy fast_align,
+                      one map per layer
   Fig. 6  sentences   mean-pooled sentence vectors, Tatoeba-style retrieval with and without a map
 
-References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translation without parallel data"
-(MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al. 2013 (fast_align),
-Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
+References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translation without
+parallel data" (MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al.
+2013 (fast_align), Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
-Above the CLI ruler only numpy (and bpe.py's readers); the CLI imports bpe.py, and torch and model.py inside:
+Only numpy at module level, so the file copies alone; the command line below the ruler imports
+bpe.py, model.py and torch inside its functions:
 
     python align.py words      --toy --data WORLD --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy --data WORLD --ckpt RUN/best.pt --save-maps maps.npz
-    python align.py sentences  --ckpt RUN/best.pt --test-src tatoeba.fra-eng.eng --test-tgt tatoeba.fra-eng.fra
+    python align.py sentences  --ckpt RUN/best.pt
+                               --test-src tatoeba.fra-eng.eng --test-tgt tatoeba.fra-eng.fra
 """
 import argparse
 import os
@@ -25,31 +28,44 @@ from collections import Counter
 
 import numpy as np
 
-# -----------------------------------------------------------------------------------------------------
+
+class InputError(ValueError):
+    """A bad input (a file, a flag), the whole message: the command line prints it as one `error:`
+    line. The twin of bpe.py's, so that this file copies alone."""
+
+
+# -------------------------------------------------------------------------------------------------
 # §5.1 (MUSE): orthogonal Procrustes and iterative normalisation
 
-def _as_matrix(X, name):  # the input check of every function below: a clear error instead of silent NaNs
+def _as_matrix(X, name):
+    """X as a float 2-D array, checked by every function below: a clear error, not silent NaNs."""
     X = np.asarray(X)
     if X.ndim != 2 or 0 in X.shape:
-        raise ValueError(f"{name} must be a non-empty 2-D array (rows are examples), got shape {X.shape}")
+        raise ValueError(f"{name} must be a non-empty 2-D array (rows are examples), "
+                         f"got shape {X.shape}")
     if not np.issubdtype(X.dtype, np.floating):
         X = X.astype(np.float64)
     if not np.isfinite(X).all():
-        raise ValueError(f"{name} contains NaN or inf (first in row {int(np.argwhere(~np.isfinite(X))[0, 0])})")
+        raise ValueError(f"{name} contains NaN or inf "
+                         f"(first in row {int(np.argwhere(~np.isfinite(X))[0, 0])})")
     return X
 
 
 def procrustes(X, Y):
     """Orthogonal W minimising ||X W - Y||_F, rows of X and Y are paired examples (n, d).
-    Closed form (Schönemann 1966): XᵀY = U Σ Vᵀ, W = U Vᵀ, as SciPy's `orthogonal_procrustes(X, Y)[0]`.
-    The paper (and MUSE) put examples in columns, argmin ||W X - Y||, i.e. W_paper = Wᵀ.
+    Closed form (Schönemann 1966): XᵀY = U Σ Vᵀ, W = U Vᵀ, as SciPy's
+    `orthogonal_procrustes(X, Y)[0]`. The paper (and MUSE) put examples in columns,
+    argmin ||W X - Y||, i.e. W_paper = Wᵀ.
     >>> R = np.array([[0., -1.], [1., 0.]]); X = np.random.randn(5, 2)
     >>> np.allclose(procrustes(X, X @ R), R)
     True
     """
-    X, Y = _as_matrix(X, "X"), _as_matrix(Y, "Y")
-    if X.shape != Y.shape:  # row k of both describes one example; W is square
-        raise ValueError(f"Procrustes needs X and Y of equal rows and dimension, got X {X.shape} and Y {Y.shape}")
+    X = _as_matrix(X, "X")
+    Y = _as_matrix(Y, "Y")
+    # row k of both describes one example; W is square
+    if X.shape != Y.shape:
+        raise ValueError(f"Procrustes needs X and Y of equal rows and dimension, "
+                         f"got X {X.shape} and Y {Y.shape}")
     U, _, Vt = np.linalg.svd(X.T @ Y)
     return U @ Vt
 
@@ -60,8 +76,9 @@ def normalize_rows(X, eps=1e-8):
 
 
 def iterative_normalize(X, n_iter=5):
-    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`): unit length AND zero mean. Each step
-    breaks the other's property, so both are repeated, ending on unit length. One language at a time."""
+    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`): unit length AND zero mean. Each
+    step breaks the other's property, so both are repeated, ending on unit length. One language
+    at a time."""
     X = _as_matrix(X, "X").astype(np.float64)
     for _ in range(n_iter):
         X = normalize_rows(X)
@@ -69,18 +86,18 @@ def iterative_normalize(X, n_iter=5):
     return normalize_rows(X)
 
 
-# -----------------------------------------------------------------------------------------------------
-# §5.1 retrieval: nearest neighbour by cosine and CSLS (Conneau et al. 2018), in chunks. Queries X (n, d),
-# candidates Y (m, d) -> index of the best row of Y for every row of X. Similarities are computed block by block,
-# memory O(chunk * m): 200k x 200k float32 similarities would be 160 GB.
+# -------------------------------------------------------------------------------------------------
+# §5.1 retrieval: nearest neighbour by cosine and CSLS (Conneau et al. 2018), in chunks. Queries
+# X (n, d), candidates Y (m, d) -> index of the best row of Y for every row of X. Similarities are
+# computed block by block, memory O(chunk * m): 200k x 200k float32 similarities would be 160 GB.
 
-CHUNK_BYTES = 128 * 2**20  # ~128 MB per similarity block (float32: 671 rows x 50k candidates)
+CHUNK_BYTES = 128 * 2**20  # ~128 MB a block (float32: 671 rows x 50k)
 
 
 def _unit(X, name):
     X = _as_matrix(X, name)
-    dtype = np.float32 if X.dtype == np.float32 else np.float64  # float32 in, float32 math (MUSE)
-    return normalize_rows(X.astype(dtype, copy=False))
+    # float32 in, float32 math (MUSE)
+    return normalize_rows(X if X.dtype == np.float32 else X.astype(np.float64))
 
 
 def _blocks(X, Y, chunk_bytes):
@@ -91,50 +108,54 @@ def _blocks(X, Y, chunk_bytes):
 
 def nn_knn(X, Y, chunk_bytes=CHUNK_BYTES):
     """Nearest neighbour by cosine: best row of Y for every row of X -> (n,) int."""
-    X, Y = _unit(X, "X"), _unit(Y, "Y")
+    X = _unit(X, "X")
+    Y = _unit(Y, "Y")
     return np.concatenate([S.argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
 
 def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
-    """Cross-domain similarity local scaling (Conneau et al. 2018, eq. 6): best row of Y per row of X.
+    """Cross-domain similarity local scaling (Conneau et al. 2018, eq. 6): best row of Y per row
+    of X.
         CSLS(x, y) = 2 cos(x, y) - r_T(x) - r_S(y)
-        r_T(x) = mean cos of x to its k nearest rows of Y,  r_S(y) = mean cos of y to its k nearest rows of X
+        r_T(x) = mean cos of x to its k nearest rows of Y,
+        r_S(y) = mean cos of y to its k nearest rows of X
     r_T(x) is the same for every candidate of one query, so it cannot change the argmax and is not
-    computed. Penalising "hubs" (y close to everything, large r_S) is what makes CSLS beat plain NN."""
-    X, Y = _unit(X, "X"), _unit(Y, "Y")
+    computed. Penalising "hubs" (y close to everything, large r_S) is what makes CSLS beat plain
+    NN."""
+    X = _unit(X, "X")
+    Y = _unit(Y, "Y")
     if X.shape[1] != Y.shape[1]:
         raise ValueError(f"X and Y must have the same dimension, got {X.shape} and {Y.shape}")
-    k, r_S = min(k, X.shape[0]), np.empty(Y.shape[0])  # r_S as MUSE `get_nn_avg_dist`, block by block
+    k = min(k, X.shape[0])
+    # r_S as MUSE's `get_nn_avg_dist`, block by block
+    r_S = np.empty(Y.shape[0])
     for rows, S in _blocks(Y, X, chunk_bytes):
         r_S[rows] = np.partition(S, S.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
     r_S = r_S.astype(X.dtype)
     return np.concatenate([(2 * S - r_S).argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
 
-# -----------------------------------------------------------------------------------------------------
-# §5.1.1 word translation (MUSE `word_translation.py`): dictionaries, P@1 with the any-gold rule
-
-def read_muse_dictionary(path):
-    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> pairs in file order,
-    read by bpe.read_dictionary (same format, same errors), lowercased as MUSE's embeddings are."""
-    import bpe
-    return [(s.lower(), t.lower()) for s, t in bpe.read_dictionary(path)]
-
+# -------------------------------------------------------------------------------------------------
+# §5.1.1 word translation (MUSE `word_translation.py`): dictionary pairs, P@1, any gold right
 
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
-    """The pairs whose two words both own a row of src_words / tgt_words -> (src_idx, tgt_idx); none: bpe.InputError."""
-    s_id, t_id = {w: i for i, w in enumerate(src_words)}, {w: i for i, w in enumerate(tgt_words)}
-    kept = [(s_id[s], t_id[t]) for s, t in pairs if s in s_id and t in t_id]
+    """The pairs whose two words both own a row of src_words / tgt_words -> (src_idx, tgt_idx);
+    none: InputError."""
+    src_row = {w: i for i, w in enumerate(src_words)}
+    tgt_row = {w: i for i, w in enumerate(tgt_words)}
+    kept = [(src_row[s], tgt_row[t]) for s, t in pairs if s in src_row and t in tgt_row]
     if not kept:
-        raise InputError(f"{name}: none of its {len(pairs)} pairs has both words in the vocabularies "
-                         f"({len(src_words)} source, {len(tgt_words)} target words)")
+        raise InputError(f"{name}: none of its {len(pairs)} pairs has both words in the "
+                         f"vocabularies ({len(src_words)} source, {len(tgt_words)} target words)")
     return tuple(np.array(kept, dtype=np.int64).T)
 
 
 def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
-    """P@1 of CSLS retrieval among ALL rows of X_tgt for the unique source words of the pairs (src_idx, tgt_idx),
-    X_src mapped by W if given; right if ANY gold translation is retrieved (MUSE) -> (p_at_1, n_source_words)."""
-    X_src, X_tgt = _as_matrix(X_src, "X_src"), _as_matrix(X_tgt, "X_tgt")
+    """P@1 of CSLS retrieval among ALL rows of X_tgt for the unique source words of the pairs
+    (src_idx, tgt_idx), X_src mapped by W if given; right if ANY gold translation is retrieved
+    (MUSE) -> (p_at_1, n_source_words)."""
+    X_src = _as_matrix(X_src, "X_src")
+    X_tgt = _as_matrix(X_tgt, "X_tgt")
     gold = {}  # source row -> its gold target rows
     for s, t in zip(src_idx.tolist(), tgt_idx.tolist()):
         gold.setdefault(s, set()).add(t)
@@ -144,31 +165,38 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
     return float(np.mean(hits)), len(hits)
 
 
-# -----------------------------------------------------------------------------------------------------
-# §5.1.2 word pairs from parallel sentences: fast_align (Dyer et al. 2013) re-implemented in numpy, not its binary.
-# Reparameterised IBM Model 2. For target word j (1..m) of a pair with n source words plus NULL (i = 0):
+# -------------------------------------------------------------------------------------------------
+# §5.1.2 word pairs from parallel sentences: fast_align (Dyer et al. 2013) re-implemented in numpy,
+# not its binary. Reparameterised IBM Model 2. For target word j (1..m) of a pair with n source
+# words plus NULL (i = 0):
 #     p(a_j = 0)          = p0                                           (p0 = 0.08)
-#     p(a_j = i | j,m,n)  = (1 - p0) exp(λ h(i,j,m,n)) / Z_λ(j,m,n),      h = -| i/n - j/m |,  i = 1..n
+#     p(a_j = i | j,m,n)  = (1 - p0) exp(λ h(i,j,m,n)) / Z_λ(j,m,n),
+#                           h = -| i/n - j/m |,  i = 1..n
 #     p(f_j, a_j = i)     = p(a_j = i) θ(f_j | e_i)
-# EM with -v (variational Bayes, Dirichlet(α) prior): θ(f|e) = exp(ψ(c(e,f) + α) - ψ(Σ_f' c(e,f') + α)); -o moves
-# λ (8 gradient steps per pass, from the second pass on) towards equal prior and posterior expectations of h. The
-# last pass only decodes (argmax_i, NULL links dropped). As `fast_align -d -o -v`. Vectorised over the corpus: every
-# (target token, source position) is one "cell", a pair owns m * (n + 1) consecutive cells; per-token sums are
-# np.bincount, which adds in the order of fast_align's own loops.
-# The aim is fast_align's links exactly, so these details of its src/fast_align.cc, src/da.h and src/ttables.h
-# are kept, although some depart from the formulas above:
-#   - the prior's expected h divides by Z_λ of the *transposed* pair (source and target lengths swapped);
+# EM with -v (variational Bayes, Dirichlet(α) prior):
+#     θ(f|e) = exp(ψ(c(e,f) + α) - ψ(Σ_f' c(e,f') + α));
+# -o moves λ (8 gradient steps per pass, from the second pass on) towards equal prior and posterior
+# expectations of h. The last pass only decodes (argmax_i, NULL links dropped). As
+# `fast_align -d -o -v`. Vectorised over the corpus: every (target token, source position) is one
+# "cell", a pair owns m * (n + 1) consecutive cells; per-token sums are np.bincount, which adds in
+# the order of fast_align's own loops.
+# The aim is fast_align's links exactly, so these details of its src/fast_align.cc, src/da.h and
+# src/ttables.h are kept, although some depart from the formulas above:
+#   - the prior's expected h divides by Z_λ of the *transposed* pair (source and target lengths
+#     swapped);
 #   - the posterior's expected h takes the 0-based target position: h = -| i/n - (j-1)/m |;
-#   - Z_λ and the prior's Σ h exp(λ h) are closed-form (arithmetico-)geometric sums, not direct sums;
-#   - ψ is fast_align's own series, θ starts at 1e-9, and p(a_j = i) is exp(λ h) / (Z_λ / (1 - p0)).
-# The first two change λ and hence links whenever lengths differ (on the first 1,000 Tatoeba fra-eng pairs,
-# leaving out the first alone changes 91 pairs' links, the second alone 430); the rest only change rounding. Words
-# are split on ASCII spaces and tabs only, as fast_align reads a line (U+00A0 or U+202F, which French text has
-# before punctuation, stay inside a word).
+#   - Z_λ and the prior's Σ h exp(λ h) are closed-form (arithmetico-)geometric sums, not direct
+#     sums;
+#   - ψ is fast_align's own series, θ starts at 1e-9, and p(a_j = i) is
+#     exp(λ h) / (Z_λ / (1 - p0)).
+# The first two change λ and hence links whenever lengths differ (on the first 1,000 Tatoeba
+# fra-eng pairs, leaving out the first alone changes 91 pairs' links, the second alone 430); the
+# rest only change rounding. Words are split on ASCII spaces and tabs only, as fast_align reads a
+# line (U+00A0 or U+202F, which French text has before punctuation, stay inside a word).
 
 def digamma(x):
-    """ψ(x) for x > 0 as fast_align computes it: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the asymptotic
-    series of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
+    """ψ(x) for x > 0 as fast_align computes it: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the
+    asymptotic series of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
     x = np.array(x, dtype=np.float64)
     out = np.zeros_like(x)
     while (small := x < 7).any():
@@ -177,18 +205,21 @@ def digamma(x):
     y = x - 0.5
     y2 = (1.0 / y) * (1.0 / y)
     y4 = y2 * y2
-    return out + (np.log(y) + (1 / 24) * y2 - (7 / 960) * y4 + (31 / 8064) * y4 * y2 - (127 / 30720) * y4 * y4)
+    return out + (np.log(y) + (1 / 24) * y2 - (7 / 960) * y4 + (31 / 8064) * y4 * y2
+                  - (127 / 30720) * y4 * y4)
 
 
 def _h(i, j, m, n):
-    """Diagonal feature of source position i and target position j (1-based) in a pair of lengths n, m."""
+    """Diagonal feature of source position i and target position j (1-based) in a pair of lengths
+    n, m."""
     return -np.abs(i / n - j / m)
 
 
 def _diag_z(j, m, n, lam):
-    """Z_λ(j, m, n) = Σ_{i=1..n} exp(λ h(i, j, m, n)) in fast_align's closed form (j, m, n integer arrays): geometric
-    series of ratio exp(-λ/n) from below j·n/m down to 1 and from above it up to n. The upper one's length is an
-    unsigned 32-bit difference (C++): j·n/m > n, only in _model_h's transposed call, wraps it (sum: the limit)."""
+    """Z_λ(j, m, n) = Σ_{i=1..n} exp(λ h(i, j, m, n)) in fast_align's closed form (j, m, n
+    integer arrays): geometric series of ratio exp(-λ/n) from below j·n/m down to 1 and from above
+    it up to n. The upper one's length is an unsigned 32-bit difference (C++): j·n/m > n, only in
+    _model_h's transposed call, wraps it (sum: the limit)."""
     below = (j * n // m).astype(np.int64)
     n_above = ((n - below) % 2 ** 32).astype(np.float64)
     r = np.exp(-lam / n)
@@ -199,80 +230,96 @@ def _diag_z(j, m, n, lam):
 
 def _model_h(j, m, n, lam):
     """The prior's expected h for target position j as fast_align's -o computes it:
-    Σ_i h exp(λ h) (closed form, h falling by 1/n per step away from j·n/m) / Z_λ(j, n, m) (lengths swapped)."""
+    Σ_i h exp(λ h) (closed form, h falling by 1/n per step away from j·n/m) / Z_λ(j, n, m)
+    (lengths swapped)."""
     below = (j * n // m).astype(np.int64)
     n_above = n - below
-    r, d = np.exp(-lam / n), -1.0 / n
+    r = np.exp(-lam / n)
+    d = -1.0 / n
 
-    def series(first, count):  # Σ_{k < count} (h_1 + k d) g_1 r^k, g_1 = exp(λ h_1), h_1 = h(first)
+    # Σ_{k < count} (h_1 + k d) g_1 r^k, g_1 = exp(λ h_1), h_1 = h(first)
+    def series(first, count):
         h1 = _h(first, j, m, n)
         g1 = np.exp(h1 * lam)
-        g_end, h_last = g1 * r ** count, d * (count - 1) + h1
+        g_end = g1 * r ** count
+        h_last = d * (count - 1) + h1
         return (h_last * g_end - h1 * g1) / (r - 1) - d * (g_end - g1 * r) / ((r - 1) * (r - 1))
-    total = np.where(n_above > 0, series(below + 1, n_above), 0.0) + np.where(below > 0, series(below, below), 0.0)
-    return total / _diag_z(j, n, m, lam)
+    above = np.where(n_above > 0, series(below + 1, n_above), 0.0)
+    return (above + np.where(below > 0, series(below, below), 0.0)) / _diag_z(j, n, m, lam)
 
 
 def _split_words(s):
-    """A sentence as fast_align reads it: a string splits on ASCII spaces and tabs; a word list stays."""
+    """A sentence as fast_align reads it: a string splits on ASCII spaces and tabs; a word list
+    stays."""
     return [w for w in s.replace("\t", " ").split(" ") if w] if isinstance(s, str) else list(s)
 
 
 def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01):
-    """One direction of fast_align: every target word picks at most one source word. src_sents, tgt_sents:
-    equal-length lists of sentences (strings or word lists) -> one list of 0-based (i, j) links per pair, as
-    `fast_align -i src ||| tgt` prints them. A pair with an empty side gets no links (fast_align stops there)."""
+    """One direction of fast_align: every target word picks at most one source word. src_sents,
+    tgt_sents: equal-length lists of sentences (strings or word lists) -> one list of 0-based
+    (i, j) links per pair, as `fast_align -i src ||| tgt` prints them. A pair with an empty side
+    gets no links (fast_align stops there)."""
     if len(src_sents) != len(tgt_sents):
         raise ValueError(f"{len(src_sents)} source but {len(tgt_sents)} target sentences")
-    src, tgt = [[_split_words(s) for s in side] for side in (src_sents, tgt_sents)]
-    e_id, f_id = {"<NULL>": 0}, {}
-    cells = []   # per pair: source word, target word, source position i, token, h and 0-based-j h of every cell
-    tokens = []  # per pair: target position j (1-based), m, n of every target token
-    blocks = []  # (pair index, first cell, m, n): where each pair's cells live, for decoding
+    src = [_split_words(s) for s in src_sents]
+    tgt = [_split_words(s) for s in tgt_sents]
+    e_id = {"<NULL>": 0}
+    f_id = {}
+    # per pair, of every cell: source word, target word, source position i, token
+    cells = []
+    tokens = []  # per pair: j (1-based), m, n of every target token
+    blocks = []  # (pair, first cell, m, n): where its cells live
     n_tok = n_cell = 0
     for k, (es, fs) in enumerate(zip(src, tgt)):
-        n, m = len(es), len(fs)
+        n = len(es)
+        m = len(fs)
         if n == 0 or m == 0:
             continue
-        e = np.array([0] + [e_id.setdefault(w, len(e_id)) for w in es])           # (n+1,) NULL first
-        f = np.array([f_id.setdefault(w, len(f_id)) for w in fs])                 # (m,)
-        i, j = np.arange(n + 1), np.arange(1, m + 1)
-        cells.append((np.tile(e, m), np.repeat(f, n + 1), np.tile(i, m), np.repeat(n_tok + np.arange(m), n + 1),
-                      _h(i[None, :], j[:, None], m, n).ravel(), _h(i[None, :], j[:, None] - 1, m, n).ravel()))
-        tokens.append((j, np.full(m, m), np.full(m, n)))
+        e = np.array([0] + [e_id.setdefault(w, len(e_id)) for w in es])  # (n+1,) NULL first
+        f = np.array([f_id.setdefault(w, len(f_id)) for w in fs])  # (m,)
+        cells.append((np.tile(e, m), np.repeat(f, n + 1), np.tile(np.arange(n + 1), m),
+                      np.repeat(n_tok + np.arange(m), n + 1)))
+        tokens.append((np.arange(1, m + 1), np.full(m, m), np.full(m, n)))
         blocks.append((k, n_cell, m, n))
-        n_tok, n_cell = n_tok + m, n_cell + m * (n + 1)
+        n_tok += m
+        n_cell += m * (n + 1)
     links = [[] for _ in src]
     if not blocks:
         return links
-    cell_e, cell_f, cell_i, tok, h, h_prev = map(np.concatenate, zip(*cells))
+    cell_e, cell_f, cell_i, tok = map(np.concatenate, zip(*cells))
     tok_j, tok_m, tok_n = map(np.concatenate, zip(*tokens))
+    # the diagonal feature of every cell, and the same with the 0-based j (-o's posterior)
+    h = _h(cell_i, tok_j[tok], tok_m[tok], tok_n[tok])
+    h_prev = _h(cell_i, tok_j[tok] - 1, tok_m[tok], tok_n[tok])
     null = cell_i == 0
     # one θ entry per co-occurring (e, f) pair: cell -> pair index, pair -> e
-    pair_of_cell, pairs = np.unique(cell_e * len(f_id) + cell_f, return_inverse=True)[::-1]
+    pairs, pair_of_cell = np.unique(cell_e * len(f_id) + cell_f, return_inverse=True)
     pair_e = pairs // len(f_id)
-    theta = np.full(len(pairs), 1e-9)            # fast_align's value before the first normalisation
-    # -o's prior expectation sums over the distinct (m, n) of the corpus, each weighted by its count of pairs
-    sizes, size_count = np.unique(np.array([(m, n) for _, _, m, n in blocks]), axis=0, return_counts=True)
-    size_j = np.concatenate([np.arange(1, m + 1) for m, _ in sizes])
-    size_m, size_n, size_w = (np.repeat(col, sizes[:, 0]) for col in (sizes[:, 0], sizes[:, 1], size_count))
+    theta = np.full(len(pairs), 1e-9)  # fast_align's, before the first normalisation
+    # -o's prior expectation sums over the distinct (m, n, j) of the target tokens, each weighted
+    # by its count (the pairs of lengths m, n), in the order of (m, n, j)
+    (size_m, size_n, size_j), size_w = np.unique(np.stack([tok_m, tok_n, tok_j]), axis=1,
+                                                 return_counts=True)
     lam = tension
     for it in range(n_iter):
-        az = _diag_z(tok_j, tok_m, tok_n, lam) / (1 - p0)                 # per token
-        probs = theta[pair_of_cell] * np.where(null, p0, np.exp(h * lam) / az[tok])   # p(a_j = i) θ(f_j | e_i)
+        az = _diag_z(tok_j, tok_m, tok_n, lam) / (1 - p0)  # per token
+        # p(a_j = i) θ(f_j | e_i)
+        probs = theta[pair_of_cell] * np.where(null, p0, np.exp(h * lam) / az[tok])
         if it == n_iter - 1:
-            break                                                   # the final pass only decodes
-        q = probs / np.bincount(tok, probs, minlength=n_tok)[tok]   # posterior over i per token
+            break  # the final pass only decodes
+        q = probs / np.bincount(tok, probs, minlength=n_tok)[tok]  # posterior over i per token
         counts = np.bincount(pair_of_cell, q, minlength=len(pairs))
-        if it > 0:                                                  # -o, from the second pass on
-            emp = np.cumsum(np.where(null, 0.0, h_prev * q))[-1] / n_tok     # summed in corpus order
+        # -o, from the second pass on; the posterior's h summed in corpus order
+        if it > 0:
+            posterior_h = np.cumsum(np.where(null, 0.0, h_prev * q))[-1] / n_tok
             for _ in range(8):
-                model = np.sum(size_w * _model_h(size_j, size_m, size_n, lam)) / n_tok
-                lam = float(np.clip(lam + (emp - model) * 20.0, 0.1, 14.0))
+                prior_h = np.sum(size_w * _model_h(size_j, size_m, size_n, lam)) / n_tok
+                lam = float(np.clip(lam + (posterior_h - prior_h) * 20.0, 0.1, 14.0))
         c = counts + alpha
         tot = np.bincount(pair_e, c, minlength=len(e_id))[pair_e]
         theta = np.exp(digamma(c) - digamma(tot))
-    # Viterbi decoding: per target word the most probable position; NULL (i = 0) wins ties, then leftmost
+    # Viterbi decoding: per target word the most probable position; NULL (i = 0) wins ties, then
+    # the leftmost
     for k, start, m, n in blocks:
         best = probs[start:start + m * (n + 1)].reshape(m, n + 1).argmax(axis=1)
         links[k] = [(int(i) - 1, j) for j, i in enumerate(best) if i > 0]
@@ -280,58 +327,67 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
 
 
 def grow_diag_final_and(fwd, rev):
-    """Symmetrise two directional alignments of one sentence pair, as `atools -c grow-diag-final-and`: from the
-    intersection, repeatedly add union points (in (i, j) order) that touch an aligned point (8-neighbourhood) and
-    have an unaligned word on one side; then the points of fwd, then of rev, whose words are both still unaligned."""
+    """Symmetrise two directional alignments of one sentence pair, as
+    `atools -c grow-diag-final-and`: from the intersection, repeatedly add union points (in (i, j)
+    order) that touch an aligned point (8-neighbourhood) and have an unaligned word on one side;
+    then the points of fwd, then of rev, whose words are both still unaligned."""
     res = set(fwd) & set(rev)
 
     def unaligned(i, j):  # is source word i, is target word j still without a link?
         return i not in {a for a, _ in res}, j not in {b for _, b in res}
-    nbrs = ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, 1), (1, -1), (-1, -1))
+    nbrs = [(di, dj) for di in (-1, 0, 1) for dj in (-1, 0, 1) if di or dj]  # 8-neighbourhood
     todo = sorted((set(fwd) | set(rev)) - res)
     grown = True
     while grown:
         grown = False
-        for (i, j) in list(todo):
+        for i, j in list(todo):
             if any(unaligned(i, j)) and any((i + di, j + dj) in res for di, dj in nbrs):
                 res.add((i, j))
                 todo.remove((i, j))
                 grown = True
-    for (i, j) in sorted(fwd) + sorted(rev):
+    for i, j in sorted(fwd) + sorted(rev):
         if all(unaligned(i, j)):
             res.add((i, j))
     return sorted(res)
 
 
 def fast_align(src_sents, tgt_sents):
-    """Word alignment of parallel sentences -> one sorted list of (i, j) links per pair: forward (ibm2_align)
-    and reverse (`fast_align -r`) directions symmetrised by grow-diag-final-and (the paper's recipe)."""
-    fwd, rev = ibm2_align(src_sents, tgt_sents), ibm2_align(tgt_sents, src_sents)
+    """Word alignment of parallel sentences -> one sorted list of (i, j) links per pair: forward
+    (ibm2_align) and reverse (`fast_align -r`) directions symmetrised by grow-diag-final-and (the
+    paper's recipe)."""
+    fwd = ibm2_align(src_sents, tgt_sents)
+    rev = ibm2_align(tgt_sents, src_sents)
     return [grow_diag_final_and(f, [(i, j) for j, i in r]) for f, r in zip(fwd, rev)]
 
 
 def one_to_one_pairs(links, src_words, tgt_words):
-    """Links whose two words are each linked once, minus identical strings (shijie-wu/crosslingual-nlp
-    `_process_align`): copies say nothing about the alignment of the two spaces."""
-    ci, cj = Counter(i for i, _ in links), Counter(j for _, j in links)
-    return [(i, j) for i, j in links if ci[i] == 1 and cj[j] == 1 and src_words[i] != tgt_words[j]]
+    """Links whose two words are each linked once, minus identical strings (shijie-wu/
+    crosslingual-nlp `_process_align`): copies say nothing about the alignment of the two
+    spaces."""
+    src_links = Counter(i for i, _ in links)
+    tgt_links = Counter(j for _, j in links)
+    return [(i, j) for i, j in links
+            if src_links[i] == 1 and tgt_links[j] == 1 and src_words[i] != tgt_words[j]]
 
 
-# =====================================================================================================
-# CLI part: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as XLM's `</s> w1 ... wn </s>`
-from bpe import (UNK_ID, HelpFormatter, InputError, atomic_path, check_src_tgt, checkpoint_lang, checkpoint_tokenizer,
-                 encode_bar, number, read_lines, read_parallel, reported, toy_data, write_errors)  # model.py: inside
+# =================================================================================================
+# The command line: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as
+# XLM's `</s> w1 ... wn </s>`. bpe.py, model.py and torch are imported inside the functions.
 
+# -------------------------------------------------------------------------------------------------
+# vectors from a checkpoint: word tokens, word types, the encoders of the two sides
 
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
-    """Contextual vector of every word token (left open by the paper: the mean of its subword states) -> (n_layers + 1
-    arrays (n_words, dim), offsets): sentence k's words are rows offsets[k]:offsets[k+1], NaN if past max_positions."""
+    """Contextual vector of every word token (left open by the paper: the mean of its subword
+    states) -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows
+    offsets[k]:offsets[k+1], NaN if past max_positions."""
+    import bpe
     import model as M
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
     offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
-    out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, dtype=np.float32)
+    out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, np.float32)
     states = M.iter_states(model, [sum(w, []) for w in per_word], lang_idx, batch_size)
-    for k, H in encode_bar(lang_code)(states, len(per_word)):
+    for k, H in bpe.encode_bar(lang_code)(states, len(per_word)):
         pos = 1  # position 0 is </s>
         for w, ids in enumerate(per_word[k]):
             if pos + len(ids) <= H.shape[1] - 1:
@@ -340,269 +396,398 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
     return list(out), offsets
 
 
-def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, max_vocab=200000, batch_size=32):
-    """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed lowercase as MUSE ->
-    (a) (keys, embedding rows) of the words that are ONE subword (Fig. 4a), (b) (keys, per layer mean states) (4b)."""
-    sents = [tok.words(line.strip(), lang) for line in read_lines(path, max_sents)]
+def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, batch_size=32,
+                 max_vocab=200000):
+    """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed
+    lowercase as MUSE -> one (words, vectors) per row of Fig. 4: the embedding rows of the words
+    that are ONE subword (4a), then per layer the mean state of each word's tokens (4b)."""
+    import bpe
+    sents = [tok.words(line.strip(), lang) for line in bpe.read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
     if not words:
         raise InputError(f"{path}: no words")
     keys = [w for w, _ in Counter(w.lower() for w in words).most_common(max_vocab)]
-    form = {w.lower(): w for w in reversed(words)}                  # the first surface form is encoded
-    table = model.tok_emb[lang_idx if len(model.tok_emb) > 1 else 0].weight.detach().float().cpu().numpy()
-    single = [(k, ids[0]) for k, ids in zip(keys, tok.encode_words([form[k] for k in keys], lang))
-              if len(ids) == 1 and ids[0] != UNK_ID]
+    form = {w.lower(): w for w in reversed(words)}  # the first surface form is encoded
+    tables = model.tok_emb
+    table = tables[lang_idx if len(tables) > 1 else 0].weight.detach().float().cpu().numpy()
+    key_ids = tok.encode_words([form[k] for k in keys], lang)
+    single = [(k, ids[0]) for k, ids in zip(keys, key_ids)
+              if len(ids) == 1 and ids[0] != bpe.UNK_ID]
     layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size)
     row = {k: i for i, k in enumerate(keys)}
     which = np.array([row.get(w.lower(), -1) for w in words], dtype=np.int64)
     counted = (which >= 0) & ~np.isnan(layers[0][:, 0])  # a kept word type, a token with states
     n_occ = np.bincount(which[counted], minlength=len(keys)).astype(np.float64)
-    seen = n_occ > 0
-    S = np.zeros((len(layers), len(keys), layers[0].shape[1]))  # per layer, the sum over each word's tokens
+    occurs = n_occ > 0
+    # per layer, the sum over each word's tokens
+    S = np.zeros((len(layers), len(keys), layers[0].shape[1]))
     np.add.at(S, (slice(None), which[counted]), np.stack(layers)[:, counted])
-    X_b = list((S[:, seen] / n_occ[seen, None]).astype(np.float32))
-    return ([k for k, _ in single], table[[i for _, i in single]]), ([k for k, s in zip(keys, seen) if s], X_b)
-
-
-def print_table(title, header, rows, plot=None):
-    """Markdown table to stdout (numbers as percentages with one decimal); --plot FILE.png draws it too."""
-    import model as M
-    pct = [[100 * v if isinstance(v, float) else v for v in r] for r in rows]
-    print(f"\n{title}\n\n" + M.markdown_table(header, pct, "{:.1f}"))
-    if plot:
-        M.plot_layers(plot, title, header, pct, "P@1 (%)")
+    means = (S[:, occurs] / n_occ[occurs, None]).astype(np.float32)
+    with_states = [k for k, o in zip(keys, occurs) if o]
+    single_words = [k for k, _ in single]
+    return [(single_words, table[[i for _, i in single]])] + [(with_states, X) for X in means]
 
 
 def _encoders(args):
-    """(model, tok, lang index, lang code) per side: --ckpt encodes --src; --ckpt2 (if given) or --ckpt, --tgt."""
-    import model as M
-    out, loaded = [], {}
+    """(model, tokenizer, language index, language code) of each side: --ckpt encodes --src;
+    --ckpt2 (if given) or --ckpt, --tgt."""
+    import bpe
+    import model
+    out = []
+    loaded = {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
-        loaded[path] = loaded.get(path) or M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)
+        if path not in loaded:
+            loaded[path] = model.load_encoder(path, args.device, bpe.checkpoint_tokenizer,
+                                          args.xlm_codes)
         mdl, tok, langs, _ = loaded[path]
-        out.append((mdl, tok, checkpoint_lang(langs, lang, f"{path}: language {lang!r} is"), lang))
-    if (dims := [side[0].config.dim for side in out])[0] != dims[1]:  # before any encoding
-        raise InputError(f"--ckpt {args.ckpt} has width {dims[0]} but --ckpt2 {args.ckpt2} {dims[1]}: their vectors "
-                         "cannot be compared or mapped onto each other")
+        lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
+        out.append((mdl, tok, lang_idx, lang))
+    # before any encoding
+    dims = [side[0].config.dim for side in out]
+    if dims[0] != dims[1]:
+        raise InputError(f"--ckpt {args.ckpt} has width {dims[0]} but --ckpt2 {args.ckpt2} "
+                         f"{dims[1]}: their vectors cannot be compared or mapped onto each other")
     return out
 
 
-def save_maps(path, maps, src, tgt, digests=("", "")):
-    """Write the per-layer maps (.npz) atomically, with digests: model.file_digest of the checkpoints of src, tgt."""
-    W = np.stack(maps)
-    with write_errors(path), atomic_path(path) as tmp, open(tmp, "wb") as f:  # closed before the rename
-        np.savez(f, src_to_tgt=W, tgt_to_src=W.transpose(0, 2, 1), src=src, tgt=tgt, src_ckpt_digest=digests[0],
-                 tgt_ckpt_digest=digests[1])
+# -------------------------------------------------------------------------------------------------
+# files: dictionaries, parallel sides, maps
 
-
-def load_map(path, src, tgt, layer, digests=None):
-    """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) -> float32 (dim, dim). If
-    given, `digests` (src's and tgt's file_digest; one string: one model for both) must be the file's; InputError."""
-    try:
-        with np.load(path) as z:
-            pair = str(z["src"]), str(z["tgt"])
-            order = ("src", "tgt") if pair == (src, tgt) else ("tgt", "src")
-            maps = z[f"{order[0]}_to_{order[1]}"]
-            made = [str(z[f"{k}_ckpt_digest"]) if f"{k}_ckpt_digest" in z else None for k in order]
-    except Exception as e:  # missing, truncated, not an .npz, no such entry: OSError, BadZipFile, KeyError, ...
-        raise InputError(f"cannot read {path}: {type(e).__name__}: {e}") from None
-    if set(pair) != {src, tgt}:
-        raise InputError(f"{path}: maps are for {pair[0]}->{pair[1]}, not {src}->{tgt}")
-    if maps.ndim != 3 or not 0 <= layer < len(maps) or not np.isfinite(maps[layer]).all():
-        raise InputError(f"{path}: no finite layer-{layer} map (maps of shape {maps.shape})")
-    want = [digests] * 2 if isinstance(digests, str) else list(digests or [])
-    if want and made != want:
-        why = f"fitted on the checkpoints {made}, not {want}" if any(made) else "written without checkpoint digests"
-        raise InputError(f"{path}: maps {why} ({src}, {tgt}); fit them again with align.py contextual on this model")
-    return maps[layer].astype(np.float32)
+def read_muse_dictionary(path):
+    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> pairs in file
+    order, read by bpe.read_dictionary (same format, same errors), lowercased as MUSE's embeddings
+    are."""
+    import bpe
+    return [(s.lower(), t.lower()) for s, t in bpe.read_dictionary(path)]
 
 
 def read_sides(args, src, tgt):
-    """bpe.read_parallel under --max-sents; a copy of one text on both sides is refused too, unless --ckpt2."""
-    a, b = read_parallel(src, tgt, args.max_sents, same_ok=bool(args.ckpt2))
-    if a == b and not args.ckpt2:
-        raise InputError(f"parallel files {src} and {tgt} hold the same lines: both sides would be one text")
-    return a, b
+    """bpe.read_parallel under --max-sents; a copy of one text on both sides is refused too, unless
+    --ckpt2."""
+    import bpe
+    texts = bpe.read_parallel(src, tgt, args.max_sents, same_ok=bool(args.ckpt2))
+    if texts[0] == texts[1] and not args.ckpt2:
+        raise InputError(f"parallel files {src} and {tgt} hold the same lines: both sides would be "
+                         "one text")
+    return texts
 
 
-def without_test_pairs(train, test, names, allow, what="are test pairs of", key=lambda pair: pair):
-    """Unless `allow` (--allow-overlap): train pairs whose key is a test pair's are left out of the fit with a note
-    (MUSE's en-fr.txt holds its test pairs), a train set of test pairs only (the test file, a copy) is refused."""
+def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair):
+    """Unless `allow` (--allow-overlap): train pairs whose key is a test pair's are left out of the
+    fit with a note, "N of the M {overlap}" (MUSE's en-fr.txt holds its test pairs), a train set of
+    test pairs only (the test file, a copy) is refused."""
     tested = {key(pair) for pair in test}
     kept = [pair for pair in train if key(pair) not in tested]
     if allow or len(kept) == len(train):
         return train
     if not kept:
-        raise InputError(f"{names[0]}: all its pairs are in {names[1]} (the same file or contents?): a map fitted on "
-                         "the test pairs scores its own training data; give a separate train set (or --allow-overlap)")
-    print(f"note: {len(train) - len(kept)} of the {len(train)} pairs of {names[0]} {what} {names[1]}: left out of "
-          "the fit (--allow-overlap keeps them)")
+        raise InputError(f"{names[0]}: all its pairs are in {names[1]} (the same file or "
+                         "contents?): a map fitted on the test pairs scores its own training data; "
+                         "give a separate train set (or --allow-overlap)")
+    print(f"note: {len(train) - len(kept)} of the {len(train):,} {overlap}: left out of the fit "
+          "(--allow-overlap keeps them)")
     return kept
 
 
+def save_maps(path, maps, src, tgt, digests=("", "")):
+    """Write the per-layer maps (.npz) atomically, with digests: model.file_digest of the
+    checkpoints of src, tgt."""
+    import bpe
+    W = np.stack(maps)
+    # the file is closed before the rename
+    with bpe.write_errors(path), bpe.atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, src_to_tgt=W, tgt_to_src=W.transpose(0, 2, 1), src=src, tgt=tgt,
+                 src_ckpt_digest=digests[0], tgt_ckpt_digest=digests[1])
+
+
+def load_map(path, src, tgt, layer, digests=None):
+    """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) ->
+    float32 (dim, dim). If given, `digests` (src's and tgt's file_digest; one string: one model
+    for both) must be the file's; InputError."""
+    try:
+        with np.load(path) as z:
+            pair = str(z["src"]), str(z["tgt"])
+            order = ("src", "tgt") if pair == (src, tgt) else ("tgt", "src")
+            maps = z[f"{order[0]}_to_{order[1]}"]
+            recorded = [str(z[f"{k}_ckpt_digest"]) if f"{k}_ckpt_digest" in z else None
+                        for k in order]
+    # missing, truncated, not an .npz, no such entry: OSError, BadZipFile, KeyError, ...
+    except Exception as e:
+        raise InputError(f"cannot read {path}: {type(e).__name__}: {e}") from None
+    if set(pair) != {src, tgt}:
+        raise InputError(f"{path}: maps are for {pair[0]}->{pair[1]}, not {src}->{tgt}")
+    if maps.ndim != 3 or not 0 <= layer < len(maps) or not np.isfinite(maps[layer]).all():
+        raise InputError(f"{path}: no finite layer-{layer} map (maps of shape {maps.shape})")
+    expected = [digests] * 2 if isinstance(digests, str) else list(digests or [])
+    if expected and recorded != expected:
+        why = (f"fitted on the checkpoints {recorded}, not {expected}" if any(recorded)
+               else "written without checkpoint digests")
+        raise InputError(f"{path}: maps {why} ({src}, {tgt}); fit them again with align.py "
+                         "contextual on this model")
+    return maps[layer].astype(np.float32)
+
+
+def print_table(title, header, rows, plot=None):
+    """Markdown table to stdout (numbers as percentages with one decimal); --plot FILE.png draws
+    it too."""
+    import model
+    pct = [[100 * v if isinstance(v, float) else v for v in r] for r in rows]
+    print(f"\n{title}\n\n" + model.markdown_table(header, pct, "{:.1f}"))
+    if plot:
+        model.plot_layers(plot, title, header, pct, "P@1 (%)")
+
+
+# -------------------------------------------------------------------------------------------------
+# the sub-commands
+
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
-    train, test = read_muse_dictionary(args.train_dict), read_muse_dictionary(args.test_dict)
-    train = without_test_pairs(train, test, (f"--train-dict {args.train_dict}", f"--test-dict {args.test_dict}"),
-                               args.allow_overlap, "share a source word with the test pairs of", lambda pair: pair[0])
-    (emb_s, (ks, Ls)), (emb_t, (kt, Lt)) = [word_vectors(*side, path, args.max_sents, batch_size=args.batch_size)
-                                            for side, path in zip(_encoders(args), (args.src_corpus, args.tgt_corpus))]
-    runs = [("emb (4a)", *emb_s, *emb_t)] + [(f"L{l} (4b)", ks, Xs, kt, Xt) for l, (Xs, Xt) in enumerate(zip(Ls, Lt))]
-    rows, errors = [], []
-    for name, ws, Xs, wt, Xt in runs:
+    train = read_muse_dictionary(args.train_dict)
+    test = read_muse_dictionary(args.test_dict)
+    names = (f"--train-dict {args.train_dict}", f"--test-dict {args.test_dict}")
+    overlap = f"pairs of {names[0]} share a source word with the test pairs of {names[1]}"
+    train = without_test_pairs(train, test, names, args.allow_overlap, overlap,
+                               lambda pair: pair[0])
+    src, tgt = _encoders(args)
+    # per side: one (words, vectors) per row of the table
+    vs = word_vectors(*src, args.src_corpus, args.max_sents, args.batch_size)
+    vt = word_vectors(*tgt, args.tgt_corpus, args.max_sents, args.batch_size)
+    row_names = ["emb (4a)"] + [f"L{l} (4b)" for l in range(len(vs) - 1)]
+    rows = []
+    errors = []
+    for name, (ws, Xs), (wt, Xt) in zip(row_names, vs, vt):
         try:
-            tr, te = [dictionary_indices(d, ws, wt, f"{path} ({name})")
-                      for d, path in ((train, args.train_dict), (test, args.test_dict))]
-        except InputError as e:  # e.g. few words are one subword (4a): report the row as empty
+            tr = dictionary_indices(train, ws, wt, f"{args.train_dict} ({name})")
+            te = dictionary_indices(test, ws, wt, f"{args.test_dict} ({name})")
+        except InputError as e:  # e.g. few words are one subword (4a): an empty row
             errors.append(e)
             rows.append([name, "-", "-", 0, 0, f"{len(ws)}/{len(wt)}"])
             continue
-        Xs, Xt = iterative_normalize(Xs), iterative_normalize(Xt)
+        Xs = iterative_normalize(Xs)
+        Xt = iterative_normalize(Xt)
         W = procrustes(Xs[tr[0]], Xt[tr[1]])
-        (p_raw, n), (p_map, _) = [word_translation_accuracy(Xs, Xt, *te, W=w) for w in (None, W)]
+        p_raw, n = word_translation_accuracy(Xs, Xt, *te)
+        p_map, _ = word_translation_accuracy(Xs, Xt, *te, W=W)
         rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
-    if len(errors) == len(runs):
+    if len(errors) == len(rows):
         raise errors[0]  # main reports it as an InputError
     for e in errors:
         print(f"note: {e}")
     print_table(f"Word translation {args.src}->{args.tgt}: P@1 (CSLS) on {args.test_dict}",
-                ["vectors", "no map", "Procrustes", "train pairs", "test words", "vocab src/tgt"], rows, args.plot)
+                ["vectors", "no map", "Procrustes", "train pairs", "test words", "vocab src/tgt"],
+                rows, args.plot)
     return rows
 
 
 def cmd_contextual(args):
-    """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out pairs."""
-    d = os.path.dirname(os.path.abspath(args.save_maps or "."))  # --save-maps is checked before any work
-    if args.save_maps and (os.path.isdir(args.save_maps) or not (os.path.isdir(d) and os.access(d, os.W_OK))):
-        why = "is a directory" if os.path.isdir(args.save_maps) else f"{d} is not a writable directory"
-        raise InputError(f"--save-maps {args.save_maps}: cannot write there ({why})")
-    if args.overwrite and not args.save_maps:  # it would replace nothing
+    """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out
+    pairs."""
+    # --save-maps is checked before any work
+    if args.save_maps:
+        folder = os.path.dirname(os.path.abspath(args.save_maps))
+        if os.path.isdir(args.save_maps):
+            raise InputError(f"--save-maps {args.save_maps}: cannot write there (is a directory)")
+        if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            raise InputError(f"--save-maps {args.save_maps}: cannot write there ({folder} is not a "
+                             "writable directory)")
+        if os.path.exists(args.save_maps) and not args.overwrite:
+            raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, "
+                             "perhaps of another checkpoint); pass --overwrite to replace it, or "
+                             "another file")
+    elif args.overwrite:  # it would replace nothing
         raise InputError("--overwrite goes with --save-maps (it replaces that file)")
-    if args.save_maps and os.path.exists(args.save_maps) and not args.overwrite:
-        raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, perhaps of another "
-                         "checkpoint); pass --overwrite to replace it, or another file")
-    sides, texts = _encoders(args), read_sides(args, args.src_file, args.tgt_file)
-    S, T = [[tok.words(line, lang) for line in lines] for (_, tok, _, lang), lines in zip(sides, texts)]
-    pairs = [one_to_one_pairs(ln, s, t) for ln, s, t in zip(fast_align(S, T), S, T)]
-    (Hs, off_s), (Ht, off_t) = [encode_word_tokens(mdl, tok, X, i, lang, args.batch_size)
-                                for (mdl, tok, i, lang), X in zip(sides, (S, T))]
-    n_fit = int(round(len(S) * 0.8))                     # the last 20 % of the sentences are held out
+    sides = _encoders(args)
+    texts = read_sides(args, args.src_file, args.tgt_file)
+    # per side: the words of each sentence; the states of the word tokens (and where each
+    # sentence's words start)
+    words = []
+    states = []
+    for (mdl, tok, lang_idx, lang), lines in zip(sides, texts):
+        words.append([tok.words(line, lang) for line in lines])
+        states.append(encode_word_tokens(mdl, tok, words[-1], lang_idx, lang, args.batch_size))
+    S, T = words
+    (Hs, off_s), (Ht, off_t) = states
+    pairs = [one_to_one_pairs(links, s, t) for links, s, t in zip(fast_align(S, T), S, T)]
+    n_fit = int(round(len(S) * 0.8))  # the last 20 % of the sentences are held out
     if not 0 < n_fit < len(S):
-        raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a held-out part")
+        raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a "
+                         "held-out part")
 
-    def token_pairs(ks):  # (source row, target row) of the pairs of sentences ks whose two words have states
-        rows = np.array([(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]], np.int64).reshape(-1, 2)
+    # (source row, target row) of the word pairs of sentences ks whose two words have states
+    def token_pairs(ks):
+        rows = [(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]]
+        rows = np.array(rows, np.int64).reshape(-1, 2)
         return rows[~np.isnan(Hs[0][rows[:, 0], 0]) & ~np.isnan(Ht[0][rows[:, 1], 0])]
-    fit, ev = token_pairs(range(n_fit)), token_pairs(range(n_fit, len(S)))
-    cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))  # target tokens of the eval sentences
+    fit = token_pairs(range(n_fit))
+    ev = token_pairs(range(n_fit, len(S)))
+    # the candidates: the target tokens of the eval sentences (with states)
+    cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))
     if len(fit) < 2 or len(ev) < 1 or len(cand) < 2:  # one candidate is always the nearest
-        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, {len(ev)} eval, "
-                         f"{len(cand)} candidate tokens; at least 2, 1, 2)")
-    gold = np.searchsorted(cand, ev[:, 1])               # each eval pair's target among the candidates
-    rows, maps = [], [procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]) for Xs, Xt in zip(Hs, Ht)]  # x_src @ W ~ x_tgt
+        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, "
+                         f"{len(ev)} eval, {len(cand)} candidate tokens; at least 2, 1, 2)")
+    gold = np.searchsorted(cand, ev[:, 1])  # each eval pair's target among the candidates
+    # x_src @ W ~ x_tgt
+    maps = [procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]) for Xs, Xt in zip(Hs, Ht)]
+    rows = []
     for l, (Xs, Xt, W) in enumerate(zip(Hs, Ht, maps)):
-        acc = [float(np.mean(csls_knn(Q, Xt[cand]) == gold)) for Q in (Xs[ev[:, 0]], Xs[ev[:, 0]] @ W)]
+        Q = Xs[ev[:, 0]]
+        acc = [float(np.mean(csls_knn(q, Xt[cand]) == gold)) for q in (Q, Q @ W)]
         rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
-    print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out fast_align pairs "
-                f"(last 20% of {len(S)} sentences)",
-                ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"], rows, args.plot)
+    print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out "
+                f"fast_align pairs (last 20% of {len(S)} sentences)",
+                ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"],
+                rows, args.plot)
     if args.save_maps:
         save_maps(args.save_maps, maps, args.src, args.tgt, args.digests)
-        print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ x_{args.tgt}, "
-              f"x_{args.tgt} @ tgt_to_src[l] ~ x_{args.src} (l = 0 embeddings .. {len(maps) - 1})")
+        print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ "
+              f"x_{args.tgt}, x_{args.tgt} @ tgt_to_src[l] ~ x_{args.src} (l = 0 embeddings .. "
+              f"{len(maps) - 1})")
     return rows
 
 
 def cmd_sentences(args):
-    """Fig. 6: Tatoeba-style retrieval P@1 per layer of mean-pooled sentence vectors, without and with a map."""
-    import model as M
+    """Fig. 6: Tatoeba-style retrieval P@1 per layer of mean-pooled sentence vectors, without and
+    with a map."""
+    import bpe
+    import model
     if (args.train_src is None) != (args.train_tgt is None):
         raise InputError("--train-src and --train-tgt go together: give both or neither")
     sides = _encoders(args)
-    te_s, te_t = read_sides(args, args.test_src, args.test_tgt)
-    if len(te_s) < 2:
-        raise InputError(f"--test-src {args.test_src}: {len(te_s)} test pair; retrieval needs at least 2 candidates "
-                         "(one is always the nearest)")
-    train = args.train_src and without_test_pairs(
-        list(zip(*read_parallel(args.train_src, args.train_tgt, args.max_sents))), list(zip(te_s, te_t)),
-        (f"--train-src/--train-tgt {args.train_src}", f"--test-src/--test-tgt {args.test_src}"), args.allow_overlap)
-    enc = lambda *texts: [M.pool_sentences(m, [t.encode(s, lang) for s in lines], i, args.batch_size, encode_bar(lang))
-                          for (m, t, i, lang), lines in zip(sides, texts)]
-    Es, Et = enc(te_s, te_t)
-    Fs, Ft = enc(*zip(*train)) if train else (None, None)
-    acc = lambda Q, C: float(np.mean(nn_knn(Q, C) == np.arange(len(te_s))))
-    rows = [[f"L{l}", acc(Es[l], Et[l]), acc(Et[l], Es[l])] for l in range(len(Es))]
-    for l in range(len(Es) if Fs is not None else 0):
-        W = procrustes(Fs[l], Ft[l])  # x_src @ W ~ x_tgt
-        rows[l] += [acc(Es[l] @ W, Et[l]), acc(Et[l] @ W.T, Es[l])]
+    tests = read_sides(args, args.test_src, args.test_tgt)
+    n = len(tests[0])
+    if n < 2:
+        raise InputError(f"--test-src {args.test_src}: {n} test pair; retrieval needs at least 2 "
+                         "candidates (one is always the nearest)")
+    train = None
+    if args.train_src:
+        train = list(zip(*bpe.read_parallel(args.train_src, args.train_tgt, args.max_sents)))
+        names = (f"--train-src/--train-tgt {args.train_src}",
+                 f"--test-src/--test-tgt {args.test_src}")
+        overlap = f"pairs of {names[0]} are test pairs of {names[1]}"
+        # a toy world's own parallel text: its generator repeats short sentences
+        if args.toy and args.train_src.startswith(args.data):
+            overlap = ("training pairs repeat a test pair (the toy generator repeats short "
+                       "sentences)")
+        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap)
+
+    def encode(*texts):  # the sentence vectors of each side's lines, per layer
+        return [model.pool_sentences(mdl, [tok.encode(s, lang) for s in lines], i, args.batch_size,
+                                 bpe.encode_bar(lang))
+                for (mdl, tok, i, lang), lines in zip(sides, texts)]
+
+    def acc(Q, C):  # P@1: query k's nearest candidate is candidate k
+        return float(np.mean(nn_knn(Q, C) == np.arange(n)))
+    Es, Et = encode(*tests)
+    rows = [[f"L{l}", acc(es, et), acc(et, es)] for l, (es, et) in enumerate(zip(Es, Et))]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
-    header += [f"{h} mapped" for h in header[1:]] if Fs is not None else []
-    print_table(f"Sentence retrieval P@1 in % (cosine NN; chance 100/{len(te_s)} = {100 / len(te_s):.2g}%) on "
-                f"{len(te_s)} pairs of {args.test_src}" + (f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}"
-                                                           if Fs is not None else ""), header, rows, args.plot)
-    if args.ckpt2 and Fs is None:
-        print("\nnote: the columns are without a map: two separately trained models' spaces are not aligned, so they "
-              "stay near chance; a map needs --train-src/--train-tgt (a parallel corpus)")
+    title = (f"Sentence retrieval P@1 in % (cosine NN; chance 100/{n} = {100 / n:.2g}%) on {n} "
+             f"pairs of {args.test_src}")
+    if train:
+        Fs, Ft = encode(*zip(*train))
+        for row, es, et, fs, ft in zip(rows, Es, Et, Fs, Ft):
+            W = procrustes(fs, ft)  # x_src @ W ~ x_tgt
+            row += [acc(es @ W, et), acc(et @ W.T, es)]
+        header += [f"{h} mapped" for h in header[1:]]
+        title += f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}"
+    print_table(title, header, rows, args.plot)
+    if args.ckpt2 and not train:
+        print("\nnote: the columns are without a map: two separately trained models' spaces are "
+              "not aligned, so they stay near chance; a map needs --train-src/--train-tgt (a "
+              "parallel corpus)")
     return rows
 
 
+# -------------------------------------------------------------------------------------------------
+# flags and main
+
 def build_parser():
-    import model as M
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
+    import bpe
+    import model
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=bpe.HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
     a = common.add_argument
-    a("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2); required")
-    a("--ckpt2", help="second (monolingual) checkpoint encoding --tgt (default: none, --ckpt encodes both)")
-    a("--xlm-codes", metavar="CODES", help="fastBPE codes of a released XLM checkpoint given as --ckpt/--ckpt2 "
-      "(e.g. codes_enfr; default: none, pretrain.py checkpoints)")
+    a("--ckpt",
+      help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2); required")
+    a("--ckpt2",
+      help="second (monolingual) checkpoint encoding --tgt (default: none, --ckpt encodes both)")
+    a("--xlm-codes", metavar="CODES",
+      help="fastBPE codes of a released XLM checkpoint given as --ckpt/--ckpt2 (e.g. codes_enfr; "
+      "default: none, pretrain.py checkpoints)")
     a("--src", default="en", help="source language code as in the checkpoint")
     a("--tgt", default="fr", help="target language code as in the checkpoint")
     a("--toy", nargs="?", const=True, default=False, metavar="DIR",
-      help="the data are the toy world given by --data. The old spelling --toy DIR (= --toy --data DIR) is deprecated")
-    a("--data", metavar="DIR", help="with --toy: a toydata.py world, whose files fill in every data path not given")
-    a("--max-sents", type=number(1), metavar="N", help="read at most the first N sentences (lines) of each text "
-      "file, N pairs of parallel files (default: all)")
-    a("--batch-size", type=number(1), default=32, help="examples (sentences) per step (forward pass)")
+      help="the data are the toy world given by --data. The old spelling --toy DIR "
+      "(= --toy --data DIR) is deprecated")
+    a("--data", metavar="DIR",
+      help="with --toy: a toydata.py world, whose files fill in every data path not given")
+    a("--max-sents", type=bpe.number(1), metavar="N",
+      help="read at most the first N sentences (lines) of each text file, N pairs of parallel "
+      "files (default: all)")
+    a("--batch-size", type=bpe.number(1), default=32,
+      help="examples (sentences) per step (forward pass)")
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
-    a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders, as in pretrain.py")
-    a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib; default: no plot)")
+    a("--dtype", default="auto", choices=("auto",) + model.DTYPES,
+      help="autocast of the encoders, as in pretrain.py")
+    a("--plot", metavar="FILE.png",
+      help="also draw the per-layer table (needs matplotlib; default: no plot)")
 
-    def command(name, func, summary, paths):  # paths: data flag -> (help, its file in a --toy --data DIR world)
-        p = sub.add_parser(name, parents=[common], help=summary, formatter_class=HelpFormatter)
+    # paths: data flag -> (help, its file in a --toy --data DIR world)
+    def command(name, func, summary, paths):
+        p = sub.add_parser(name, parents=[common], help=summary, formatter_class=bpe.HelpFormatter)
         for f, (h, rel) in paths.items():
-            where = rel.format(l0="SRC", l1="TGT")
-            p.add_argument("--" + f.replace("_", "-"), help=f"{h} (default with --toy: --data's {where})")
+            flag_help = f"{h} (default with --toy: --data's {rel.format(l0='SRC', l1='TGT')})"
+            p.add_argument("--" + f.replace("_", "-"), help=flag_help)
         p.set_defaults(func=func, toy_paths={f: rel for f, (_, rel) in paths.items()})
         return p
 
-    words = command("words", cmd_words, "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
-        "train_dict": ("MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)", "dict/{l0}-{l1}.train.txt"),
-        "test_dict": ("MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)", "dict/{l0}-{l1}.test.txt"),
-        "src_corpus": ("source-language text: vocabulary and contextual averages", "mono/{l0}.train.txt"),
-        "tgt_corpus": ("target-language text: vocabulary and contextual averages", "mono/{l1}.train.txt")})
-    p = command("contextual", cmd_contextual, "§5.1.2: contextual word alignment from fast_align pairs", {
-        "src_file": ("parallel sentences, source side (one per line)", "parallel/{l0}-{l1}.train.{l0}"),
-        "tgt_file": ("parallel sentences, target side (line k translates line k)", "parallel/{l0}-{l1}.train.{l1}")})
-    p.add_argument("--save-maps", help="write the per-layer maps here (.npz; finetune.py --align-maps; default: none)")
+    words = command("words", cmd_words,
+                    "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
+        "train_dict": ("MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)",
+                       "dict/{l0}-{l1}.train.txt"),
+        "test_dict": ("MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)",
+                      "dict/{l0}-{l1}.test.txt"),
+        "src_corpus": ("source-language text: vocabulary and contextual averages",
+                       "mono/{l0}.train.txt"),
+        "tgt_corpus": ("target-language text: vocabulary and contextual averages",
+                       "mono/{l1}.train.txt")})
+    p = command("contextual", cmd_contextual,
+                "§5.1.2: contextual word alignment from fast_align pairs", {
+        "src_file": ("parallel sentences, source side (one per line)",
+                     "parallel/{l0}-{l1}.train.{l0}"),
+        "tgt_file": ("parallel sentences, target side (line k translates line k)",
+                     "parallel/{l0}-{l1}.train.{l1}")})
+    p.add_argument("--save-maps", help="write the per-layer maps here (.npz; finetune.py "
+                   "--align-maps; default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
-    sentences = command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
-        "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
-        "test_tgt": ("test pairs, target side (e.g. tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
-        "train_src": ("Procrustes fit pairs, source side (optional)", "parallel/{l0}-{l1}.train.{l0}"),
-        "train_tgt": ("Procrustes fit pairs, target side (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")})
-    for p, which in ((words, "train pairs of a tested source word"), (sentences, "train pairs that are test pairs")):
-        p.add_argument("--allow-overlap", action="store_true", help=f"fit the map on test pairs too (default: {which} "
-                       "are left out of the fit, and a train set with nothing else is refused)")
+    sentences = command("sentences", cmd_sentences,
+                        "Fig. 6: Tatoeba-style sentence retrieval per layer", {
+        "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)",
+                     "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
+        "test_tgt": ("test pairs, target side (e.g. tatoeba.fra-eng.fra)",
+                     "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
+        "train_src": ("Procrustes fit pairs, source side (optional)",
+                      "parallel/{l0}-{l1}.train.{l0}"),
+        "train_tgt": ("Procrustes fit pairs, target side (with --train-src)",
+                      "parallel/{l0}-{l1}.train.{l1}")})
+    for p, which in ((words, "train pairs of a tested source word"),
+                     (sentences, "train pairs that are test pairs")):
+        p.add_argument("--allow-overlap", action="store_true",
+                       help=f"fit the map on test pairs too (default: {which} are left out of the "
+                       "fit, and a train set with nothing else is refused)")
     return ap
 
 
 def main(argv=None):
-    """Flags, files and the device checked before any work (model.analysis_run), then the sub-command."""
-    import model as M
+    """Flags, files and the device checked before any work (model.analysis_run), then the
+    sub-command."""
+    import bpe
+    import model
     parser = build_parser()
     args = parser.parse_args(argv)
-    with reported(parser), M.analysis_run(args, args.toy_paths, check_src_tgt, toy_data, ("train_src", "train_tgt")):
+    with bpe.reported(parser), model.analysis_run(args, args.toy_paths, bpe.check_src_tgt,
+                                              bpe.toy_data, ("train_src", "train_tgt")):
         return args.func(args)
 
 

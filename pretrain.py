@@ -1,19 +1,21 @@
 """
 Bilingual masked language model (MLM) pretraining, paper §3.1 and Table 1.
 
-The XLM-style encoder of model.py, trained with BERT's MLM objective on monolingual streams of two languages in
-every sharing regime of Table 1 (joint / separate / prefixed BPE, code-switched "extra anchors", separate
-embeddings and bottom layers). As facebookresearch/XLM (src/data/dataset.py StreamDataset, src/trainer.py):
-256-token streams with `</s>` separators and no padding, one language per batch drawn with p ∝ n^0.7, 15 % of
-tokens predicted (80 % MASK / 10 % kept / 10 % random), Adam with linear warm-up then inverse square root decay,
-best model by English dev perplexity. References: the paper (Conneau et al. 2020), BERT (Devlin et al. 2019),
+The XLM-style encoder of model.py, trained with BERT's MLM objective on monolingual streams of
+two languages in every sharing regime of Table 1 (joint / separate / prefixed BPE, code-switched
+"extra anchors", separate embeddings and bottom layers). As facebookresearch/XLM
+(src/data/dataset.py StreamDataset, src/trainer.py): 256-token streams with `</s>` separators and
+no padding, one language per batch drawn with p ∝ n^0.7, 15 % of tokens predicted (80 % MASK /
+10 % kept / 10 % random), Adam with linear warm-up then inverse square root decay, best model by
+English dev perplexity. References: the paper (Conneau et al. 2020), BERT (Devlin et al. 2019),
 XLM (Lample & Conneau 2019, github.com/facebookresearch/XLM).
 
 Run:
-    python pretrain.py --toy --out runs/toy                       # synthetic world, one CPU core, ~8 minutes
-    python pretrain.py --data DIR --langs en,fr --accumulate 8 --out runs/default        # 1 GPU
-    torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3 --out runs/sep
-    python pretrain.py ... --resume                               # continue from runs/.../checkpoint.pt
+  python pretrain.py --toy --out runs/toy           # synthetic world, one CPU core, ~8 minutes
+  python pretrain.py --data DIR --langs en,fr --accumulate 8 --out runs/default           # 1 GPU
+  torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3 \\
+      --out runs/sep                                # the paper's run
+  python pretrain.py ... --resume                   # continue from runs/.../checkpoint.pt
 """
 
 import argparse
@@ -32,6 +34,7 @@ import time
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -39,26 +42,30 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, atomic_write, load_bin, make_dir,
-                 number, parse_lang_files, prepare, reported, write_errors, write_text)
+from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, atomic_write,
+                 load_bin, make_dir, number, parse_lang_files, prepare, reported, write_errors,
+                 write_text)
 from model import MLM, ModelConfig, autocast, load_model, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
 MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
 PRED_PROBS = (0.8, 0.1, 0.1)  # of those: MASK, kept, random id (XLM word_mask_keep_rand)
 ALPHA = 0.7                   # language sampling exponent (XLM lg_sampling_factor)
-# XLM's adam_inverse_sqrt defaults: eps 1e-8, no weight decay (XLM's README BERT recipe has 1e-6 and decoupled 0.01)
+# XLM's adam_inverse_sqrt defaults: eps 1e-8, no weight decay (XLM's README BERT recipe has 1e-6
+# and decoupled 0.01)
 ADAM = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
 # -----------------------------------------------------------------------------
 # masking, schedule, language sampling (pure functions, imported by the tests)
 
-def mask_tokens(x, vocab_size, generator, mask_prob=MASK_PROB, probs=PRED_PROBS, at_least_one=False):
-    """BERT/XLM masking of x, (B, T) int64 ids of one language -> (inputs, targets: the id where selected, else -1).
-    Every position but 0 (XLM never predicts a stream's first) is selected with probability mask_prob, then becomes
-    MASK / keeps its id / gets a uniform random id in [0, vocab_size) with `probs` (specials included, as XLM; with
-    separate embeddings the language's own vocabulary: "we only sample random words within one language").
-    at_least_one: one target per row (XLM's evaluation). [[1, 20, 21, 1]] -> [[1, 5, 21, 1]], [[-1, 20, -1, -1]]."""
+def mask_tokens(x, vocab_size, generator, mask_prob=MASK_PROB, probs=PRED_PROBS,
+                at_least_one=False):
+    """BERT/XLM masking of x, (B, T) int64 ids of one language -> (inputs, targets: the id where
+    selected, else -1). Every position but 0 (XLM never predicts a stream's first) is selected with
+    probability mask_prob, then becomes MASK / keeps its id / gets a uniform random id in
+    [0, vocab_size) with `probs` (specials included, as XLM; with separate embeddings the language's
+    own vocabulary: "we only sample random words within one language"). at_least_one: one target
+    per row (XLM's evaluation). [[1, 20, 21, 1]] -> [[1, 5, 21, 1]], [[-1, 20, -1, -1]]."""
     B, T = x.shape
     selected = torch.rand(B, T, generator=generator) < mask_prob
     selected[:, 0] = False
@@ -72,9 +79,9 @@ def mask_tokens(x, vocab_size, generator, mask_prob=MASK_PROB, probs=PRED_PROBS,
 
 
 def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7, schedule="inverse_sqrt", max_steps=None):
-    """XLM's adam_inverse_sqrt (the paper's): linear warm-up from init_lr to lr over `warmup` updates, then
-    lr * sqrt(warmup / step), e.g. get_lr(120000) = 5e-5. schedule="linear" (--toy): the same warm-up, then straight
-    down to 0 at max_steps, so a short run ends annealed."""
+    """XLM's adam_inverse_sqrt (the paper's): linear warm-up from init_lr to lr over `warmup`
+    updates, then lr * sqrt(warmup / step), e.g. get_lr(120000) = 5e-5. schedule="linear" (--toy):
+    the same warm-up, then straight down to 0 at max_steps, so a short run ends annealed."""
     if step < warmup:
         return init_lr + step * (lr - init_lr) / warmup
     if schedule == "linear":
@@ -86,7 +93,8 @@ def sampling_probs(sentence_counts, alpha=ALPHA):
     """XLM's language sampling: q_l = n_l / sum n, p_l = q_l^alpha / sum_k q_k^alpha."""
     n = np.asarray(sentence_counts, dtype=np.float64)
     if (n <= 0).any():
-        raise ValueError(f"every language needs at least one sentence, got counts {list(sentence_counts)}")
+        raise ValueError("every language needs at least one sentence, got counts "
+                         f"{list(sentence_counts)}")
     q = n / n.sum()
     p = q ** alpha
     return p / p.sum()
@@ -100,27 +108,30 @@ def n_stream_batches(n_tokens, batch_size, bptt):
 
 
 def get_batch(ids, i, batch_size, bptt):
-    """Batch i of XLM's stream layout, batch-first (batch_size, bptt) int64. XLM left-pads the corpus (`</s>` after
-    every sentence) with `</s>` to a multiple of batch_size * bptt, lays it out as batch_size contiguous columns
-    with one extra `</s>` row on top, and batch i is rows [i*bptt, (i+1)*bptt): no <pad>, sentences cut wherever
-    the window ends. The indices are computed, so a Wikipedia-size memmap is never copied."""
+    """Batch i of XLM's stream layout, batch-first (batch_size, bptt) int64. XLM left-pads the
+    corpus (`</s>` after every sentence) with `</s>` to a multiple of batch_size * bptt, lays it out
+    as batch_size contiguous columns with one extra `</s>` row on top, and batch i is rows
+    [i*bptt, (i+1)*bptt): no <pad>, sentences cut wherever the window ends. The indices are
+    computed, so a Wikipedia-size memmap is never copied."""
     n = len(ids)
     L = n_stream_batches(n, batch_size, bptt) * bptt
     pad = L * batch_size - n
-    rows = np.arange(i * bptt, (i + 1) * bptt)                     # rows of XLM's `data`
-    k = np.arange(batch_size)[:, None] * L + rows[None, :] - 1      # index into the padded buffer
-    is_eos = (rows[None, :] == 0) | (k < pad)                       # the top row or the left padding
+    rows = np.arange(i * bptt, (i + 1) * bptt)                 # rows of XLM's `data`
+    k = np.arange(batch_size)[:, None] * L + rows[None, :] - 1  # index into the padded buffer
+    is_eos = (rows[None, :] == 0) | (k < pad)                   # the top row or the left padding
     out = np.asarray(ids[np.clip(k - pad, 0, n - 1)], dtype=np.int64)
     out[is_eos] = EOS_ID
     return out
 
 
 class StreamSampler:
-    """Next (language drawn with `probs`, batch index from that language's current permutation, a fresh one each
-    pass as XLM shuffles), from its own seeded RNG: every rank draws independently; state_dict() resumes it."""
+    """Next (language drawn with `probs`, batch index from that language's current permutation, a
+    fresh one each pass as XLM shuffles), from its own seeded RNG: every rank draws independently;
+    state_dict() resumes it."""
 
     def __init__(self, n_batches, probs, seed):
-        self.n_batches, self.probs = list(n_batches), np.asarray(probs, dtype=np.float64)
+        self.n_batches = list(n_batches)
+        self.probs = np.asarray(probs, dtype=np.float64)
         self.rng = np.random.default_rng(seed)
         self.order = [np.zeros(0, dtype=np.int64) for _ in self.n_batches]
         self.pos = [0 for _ in self.n_batches]
@@ -136,8 +147,8 @@ class StreamSampler:
 
     def state_dict(self):
         # no copy of the permutations: next() replaces an order, it never changes one in place
-        return {"rng": self.rng.bit_generator.state, "pos": list(self.pos),
-                "order": [torch.from_numpy(np.asarray(o, dtype=np.int64)) for o in self.order]}
+        order = [torch.from_numpy(np.asarray(o, dtype=np.int64)) for o in self.order]
+        return {"rng": self.rng.bit_generator.state, "pos": list(self.pos), "order": order}
 
     def load_state_dict(self, d):
         self.rng.bit_generator.state = d["rng"]
@@ -148,20 +159,28 @@ class StreamSampler:
 # evaluation (XLM evaluate_mlm: deterministic masking, all selected tokens -> MASK)
 
 @torch.no_grad()
-def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_forward=32):
-    """MLM perplexity of a dev stream (batch size 1 as XLM, windows stacked for speed), masking seeded with 0:
-    exp(sum CE / number of targets); inf when that overflows (a diverged model), NaN when the loss is NaN."""
-    was_training, g, total, count = model.training, torch.Generator().manual_seed(0), 0.0, 0
+def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, amp, windows_per_forward=32):
+    """MLM perplexity of a dev stream (batch size 1 as XLM, windows stacked for speed), masking
+    seeded with 0, under `amp` (autocast or nothing): exp(sum CE / number of targets); inf when that
+    overflows (a diverged model), NaN when the loss is NaN."""
+    was_training = model.training
+    g = torch.Generator().manual_seed(0)
+    total = 0.0
+    count = 0
     model.eval()
     n = n_stream_batches(len(ids), 1, bptt)
-    for start in tqdm(range(0, n, windows_per_forward), desc=f"eval lang {lang}", leave=False, mininterval=2,
-                      disable=not sys.stderr.isatty()):  # stderr, on a terminal only
-        x = np.concatenate([get_batch(ids, i, 1, bptt) for i in range(start, min(n, start + windows_per_forward))])
-        inputs, targets = mask_tokens(torch.from_numpy(x), vocab_size, g, probs=(1.0, 0.0, 0.0), at_least_one=True)
+    # a progress bar on stderr, on a terminal only
+    for start in tqdm(range(0, n, windows_per_forward), desc=f"eval lang {lang}", leave=False,
+                      mininterval=2, disable=not sys.stderr.isatty()):
+        windows = range(start, min(n, start + windows_per_forward))
+        x = np.concatenate([get_batch(ids, i, 1, bptt) for i in windows])
+        inputs, targets = mask_tokens(torch.from_numpy(x), vocab_size, g, probs=(1.0, 0.0, 0.0),
+                                      at_least_one=True)
         k = int((targets != -1).sum())
-        with ctx:
+        with amp:
             _, loss = model(inputs.to(device), lang, targets.to(device))
-        total, count = total + float(loss) * k, count + k
+        total += float(loss) * k
+        count += k
     model.train(was_training)
     mean = total / count  # above ~709.8 nats math.exp overflows: a diverged model
     return float("inf") if mean > math.log(sys.float_info.max) else math.exp(mean)
@@ -169,309 +188,525 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, ctx, windows_per_fo
 # -----------------------------------------------------------------------------
 # the presets: the paper's values by default; --toy swaps in a CPU-sized one; an explicit flag wins
 
-PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1, batch_size=96,
-             bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200, max_steps=10**12, eval_every=0,
-             log_every=100, accumulate=1, schedule="inverse_sqrt", pos_offsets=0, pos_offsets_from=0)
-# chosen on the Default model (RESULTS.md, "Calibrating the --toy preset"); streams at random offsets in positions 0..47
-# train every position a toy fine-tuning input uses, from update 2,000 on: before, 16 positions leave the plateau sooner
-TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, pos_offsets=48, pos_offsets_from=2000,
-           lr=2e-3, warmup=500, schedule="linear", epoch_size=32000, max_steps=8000, log_every=500, threads=1)
-MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language for separate/prefixed)
+PAPER = dict(n_layers=8, dim=768, n_heads=12, ffn_dim=3072, dropout=0.1, attention_dropout=0.1,
+             batch_size=96, bptt=256, lr=1e-4, warmup=30000, epoch_size=200000, epochs=200,
+             max_steps=10**12, eval_every=0, log_every=100, accumulate=1, schedule="inverse_sqrt",
+             pos_offsets=0, pos_offsets_from=0)
+# chosen on the Default model (RESULTS.md, "Calibrating the --toy preset"); streams at random
+# offsets in positions 0..47 train every position a toy fine-tuning input uses, from update 2,000
+# on: before, 16 positions leave the plateau sooner
+TOY = dict(n_layers=8, dim=64, n_heads=4, ffn_dim=256, batch_size=64, bptt=16, pos_offsets=48,
+           pos_offsets_from=2000, lr=2e-3, warmup=500, schedule="linear", epoch_size=32000,
+           max_steps=8000, log_every=500, threads=1)
+MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language: separate/prefixed)
 
 # -----------------------------------------------------------------------------
-# the run: its state, the next micro-batch, one update, the training loop
+# the run's state, the next micro-batch, one update
 
 @dataclass(slots=True)  # slots: an attribute not declared here cannot be set
 class Run:
-    """Everything a run holds, declared here only: the setup below the ruler fills it in, train() moves it on and
-    checkpoint.pt keeps what --resume needs."""
+    """Everything a run holds, declared here only: the setup below the ruler fills it in, train()
+    moves it on and checkpoint.pt keeps what --resume needs."""
     args: argparse.Namespace            # the flags, presets filled in (get_args)
-    langs: list                         # --langs; the first is "English": it selects best.pt (paper §3.1)
+    langs: list                         # --langs; the first, "English", selects best.pt
     rank: int = 0                       # torchrun's RANK and WORLD_SIZE
     world_size: int = 1
     ddp: bool = False                   # under torchrun
     device: str = "cpu"                 # cuda:LOCAL_RANK, cpu or mps
     stop: "StopSignal" = None           # SIGTERM / Ctrl-C: finish the update, save, exit
-    data_dir: str = None                # bpe.prepare's folder: tokenizer.json, {lang}.{train,dev}.bin
+    data_dir: str = None                # bpe.prepare's folder
     tok: Tokenizer = None
     train_ids: list = None              # per language: the memory-mapped token ids
     dev_ids: list = None
-    vocab_sizes: list = None            # per language (its own with --sep emb, else all the same)
+    vocab_sizes: list = None            # per language (its own with --sep emb)
     n_tokens: list = None               # training tokens per language
-    raw_model: MLM = None               # the model itself: checkpoints, evaluation, --sep's parameters
-    model: torch.nn.Module = None       # what trains: raw_model, in DDP and/or torch.compile
-    ddp_model: DDP = None               # under torchrun: its gradient sync is switched per micro-batch
+    raw_model: MLM = None               # the model itself: checkpoints, evaluation
+    model: torch.nn.Module = None       # what trains: raw_model in DDP / torch.compile
+    ddp_model: DDP = None               # its gradient sync is switched per micro-batch
     params: list = None
     optimizer: torch.optim.Optimizer = None
-    ctx: object = None                  # autocast (model.autocast)
+    amp: object = None                  # the autocast context (model.autocast)
     scaler: torch.amp.GradScaler = None  # enabled for float16 only
-    sampler: StreamSampler = None       # this rank's language and batch order (p ∝ n^0.7)
-    mask_gen: torch.Generator = None    # this rank's masking and --pos-offsets
+    sampler: StreamSampler = None       # this rank's language and batch order
+    mask_rng: torch.Generator = None    # this rank's masking and --pos-offsets
     step: int = 0                       # updates done
-    epoch: int = 0
+    epoch: int = 0                      # epochs done
     n_streams: int = 0                  # streams of this epoch, on this rank
     best_ppl: float = math.inf          # the best English dev perplexity so far
-    count_ppl: dict = None              # the master's count models of each dev set (count_baselines)
-    saved_step: int = None              # the step checkpoint.pt holds (None: not written by this run)
-    next_batch: tuple = None            # the micro-batch drawn ahead (next_micro_batch)
-    rng_before_next: tuple = None       # the sampler's and masking's states from before it, for checkpoint.pt
+    best_step: int = None               # the update that had it
+    left_plateau_at: int = None         # the first update below the left bigram
+    count_models: dict = None           # the master's count models of the dev sets
+    saved_step: int = None              # the step checkpoint.pt holds (None: none)
+    next_batch: tuple = None            # the micro-batch drawn ahead
+    rng_before_next: tuple = None       # the RNG states from before it
     warned_slow_save: bool = False
     master = property(lambda self: self.rank == 0)
     device_type = property(lambda self: torch.device(self.device).type)  # cuda, cpu or mps
     ckpt_path = property(lambda self: os.path.join(self.args.out, "checkpoint.pt"))
     log_path = property(lambda self: os.path.join(self.args.out, "log.jsonl"))
+    tokens_per_update = property(lambda self: self.args.batch_size * self.args.bptt
+                                 * self.args.accumulate * self.world_size)
+    # the epoch (from 1) of the last update: an epoch's last update sets n_streams back to 0
+    current_epoch = property(lambda self: self.epoch + int(self.n_streams > 0))
 
-    def log(self, *a, **k):  # the master's lines: the progress bar is cleared first and drawn again after
+    def log(self, *a, **k):  # the master's lines, the progress bar cleared first
         if self.master:
             with tqdm.external_write_mode(file=k.get("file")):
                 print(*a, **k)
 
 
-def next_micro_batch(run, update):
-    """The host side of the next micro-batch, for `update` (0-based): its language and stream batch (the sampler),
-    the masking, the --pos-offsets start, then on the device (pinned on a GPU: the copy does not wait), drawn during
-    the backward before it. -> (lang, (inputs, targets, target positions, offset or None))."""
+def next_micro_batch(run, update_index):
+    """The next micro-batch, for update `update_index` (0-based): its language and stream batch
+    (the sampler), the masking and the --pos-offsets start on the host, then on the device (pinned
+    on a GPU: the copy does not wait), drawn during the backward before it.
+    -> (lang, (inputs, targets, target positions, offset or None))."""
     args = run.args
-    run.rng_before_next = (run.sampler.state_dict(), run.mask_gen.get_state())  # for checkpoint.pt (save_checkpoint)
+    # the sampler's and the masking's states before this draw, for checkpoint.pt
+    run.rng_before_next = (run.sampler.state_dict(), run.mask_rng.get_state())
     lang, i = run.sampler.next()
     x = torch.from_numpy(get_batch(run.train_ids[lang], i, args.batch_size, args.bptt))
-    inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_gen)
-    where = (targets.view(-1) != -1).nonzero().squeeze(1)  # on the host: MLM.forward need not ask the GPU
-    offset = (torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,), generator=run.mask_gen)
-              if args.pos_offsets > args.bptt and update >= args.pos_offsets_from else None)  # or 0
+    inputs, targets = mask_tokens(x, run.vocab_sizes[lang], run.mask_rng)
+    # found on the host: MLM.forward need not ask the GPU
+    where = (targets.view(-1) != -1).nonzero().squeeze(1)
+    offset = None  # every stream at position 0
+    if args.pos_offsets > args.bptt and update_index >= args.pos_offsets_from:
+        offset = torch.randint(args.pos_offsets - args.bptt + 1, (args.batch_size,),
+                               generator=run.mask_rng)
     pin = run.device_type == "cuda"
-    return lang, tuple(t if t is None else (t.pin_memory() if pin else t).to(run.device, non_blocking=True)
-                       for t in (inputs, targets, where, offset))
+    batch = []
+    for t in (inputs, targets, where, offset):
+        if t is not None:
+            t = (t.pin_memory() if pin else t).to(run.device, non_blocking=True)
+        batch.append(t)
+    return lang, tuple(batch)
+
+
+def zero_term(model, lang):
+    """0 x the other languages' own parameters (--sep): added to a loss, DDP sees them used, so it
+    needs no find_unused_parameters."""
+    others = [p for j in range(model.config.n_langs) if j != lang
+              for p in model.lang_specific_parameters(j)]
+    return sum(p.view(-1)[0] for p in others) * 0.0
+
+
+class Step(NamedTuple):
+    """What one update did. A float16 overflow is neither stepped nor non_finite: the scaler skips
+    that step itself and lowers its scale."""
+    loss: float         # the mean over micro-batches and ranks
+    grad_norm: float    # before clipping
+    langs: list         # this rank's micro-batches' languages
+    stop: int           # SIGTERM, SIGINT or 0: a signal on any rank
+    stepped: bool       # Adam moved the weights
+    non_finite: bool    # skipped: the loss (or norm) was NaN or inf
 
 
 def update(run):
-    """One update (XLM mlm_step): `accumulate` micro-batches of one language each, forward and backward (DDP syncs
-    the gradients on the last); the update's one host-device sync, under torchrun its one all_reduce, of the loss,
-    the languages any rank's micro-batches were in, a stop signal on any rank and the gradient norm (DDP made it the
-    same on every rank); clipping at --clip and Adam, skipped when the loss or the norm is not finite.
-    -> (mean loss, grad norm, the micro-batches' languages, SIGTERM / SIGINT / 0, stepped, skipped)."""
-    args, n, fp16 = run.args, len(run.langs), run.scaler.is_enabled()
-    loss_sum, flags, seen = torch.zeros((), device=run.device), torch.zeros(n + 2), []
+    """One update (XLM mlm_step): `accumulate` micro-batches of one language each, forward and
+    backward (DDP syncs the gradients on the last); one host-device sync, under torchrun one
+    all_reduce; clipping at --clip and Adam, skipped when the loss or the norm is not finite."""
+    args = run.args
+    n_langs = len(run.langs)
+    loss_sum = torch.zeros((), device=run.device)
+    langs = []
     for micro in range(args.accumulate):
         lang, (inputs, targets, where, offset) = run.next_batch
-        seen.append(lang)
+        langs.append(lang)
+        is_last_micro = micro == args.accumulate - 1
         if run.ddp:  # sync gradients only on the last micro-batch
-            run.ddp_model.require_backward_grad_sync = micro == args.accumulate - 1
-        with run.ctx:
+            run.ddp_model.require_backward_grad_sync = is_last_micro
+        with run.amp:
             _, loss = run.model(inputs, lang, targets, pos_offset=offset, target_index=where)
-            if run.ddp and run.raw_model.has_lang_specific():  # + 0 x the other languages' own parameters: DDP
-                others = [p for j in range(n) if j != lang for p in run.raw_model.lang_specific_parameters(j)]
-                loss = loss + sum(p.view(-1)[0] for p in others) * 0.0  # sees them used (no find_unused_parameters)
+            if run.ddp:
+                loss = loss + zero_term(run.raw_model, lang)
         run.scaler.scale(loss / args.accumulate).backward()
-        run.next_batch = next_micro_batch(run, run.step + (micro == args.accumulate - 1))  # one ahead, the end too
+        # drawn while the backward runs; after the last micro-batch, the next update's first
+        run.next_batch = next_micro_batch(run, run.step + int(is_last_micro))
         loss_sum += loss.detach().float()
         run.n_streams += args.batch_size
-    flags[seen] = 1.0
+
+    # one read (under torchrun one all_reduce) of the mean loss, the languages any rank's
+    # micro-batches were in, a stop signal on any rank and the gradient norm (the same on every
+    # rank: DDP averaged the gradients)
+    flags = torch.zeros(n_langs + 2)  # the languages, then SIGINT, SIGTERM
+    flags[langs] = 1.0
     if run.stop.signum:
-        flags[n + (run.stop.signum == signal.SIGTERM)] = 1.0
+        flags[n_langs + (run.stop.signum == signal.SIGTERM)] = 1.0
     norm = torch.nn.utils.get_total_norm([p.grad for p in run.params if p.grad is not None])
-    packed = torch.cat([(loss_sum / args.accumulate).view(1), flags.to(run.device, non_blocking=True),
-                        norm.view(1).float()])
+    mean_loss = (loss_sum / args.accumulate).view(1)
+    packed = torch.cat([mean_loss, flags.to(run.device, non_blocking=True), norm.view(1).float()])
     if run.ddp:
-        dist.all_reduce(packed[:n + 3])  # a sum: the loss is divided by the number of ranks below
+        dist.all_reduce(packed[:n_langs + 3])  # a sum: the loss is divided by the ranks below
     values = packed.tolist()  # the sync
-    loss, used, grad_norm = values[0] / run.world_size, values[1:n + 1], values[n + 3]
-    stop = signal.SIGTERM if values[n + 2] else signal.SIGINT if values[n + 1] else 0
-    for j in range(n) if run.raw_model.has_lang_specific() else ():  # --sep: the own parameters of a language that
-        for p in run.raw_model.lang_specific_parameters(j) if not used[j] else ():  # no rank's micro-batch was in get
-            p.grad = None  # no gradient, not DDP's zero one: Adam's momentum would move them (XLM: only their updates)
-    scale, step = run.scaler.get_scale(), math.isfinite(loss) and (math.isfinite(grad_norm) or fp16)
-    if step and fp16:  # float16: unscale_ only once the loss is known finite, as it must be followed by the scaler's
-        run.scaler.unscale_(run.optimizer)  # step (which skips an overflow itself and lowers the scale)
-        norm, grad_norm = norm / scale, grad_norm / scale  # the norm was taken of the scaled gradients
-    if step:
-        torch.nn.utils.clip_grads_with_norm_(run.params, args.clip if args.clip > 0 else math.inf, norm)
+    loss = values[0] / run.world_size
+    used = values[1:n_langs + 1]
+    grad_norm = values[n_langs + 3]
+    stop = 0
+    if values[n_langs + 1]:
+        stop = signal.SIGINT
+    if values[n_langs + 2]:
+        stop = signal.SIGTERM
+
+    # --sep: a language that no rank's micro-batch was in gets no gradient on its own parameters.
+    # DDP would give them a zero one, which Adam's momentum still moves; XLM updates only what the
+    # batch used.
+    if run.raw_model.has_lang_specific():
+        for lang_id in range(n_langs):
+            if not used[lang_id]:
+                for p in run.raw_model.lang_specific_parameters(lang_id):
+                    p.grad = None
+
+    # clip and step, unless the loss (or, without float16's scaler, the norm) is not finite
+    fp16 = run.scaler.is_enabled()
+    scale = run.scaler.get_scale()
+    finite = math.isfinite(loss) and (math.isfinite(grad_norm) or fp16)
+    if finite and fp16:
+        # float16: unscale_ only once the loss is known finite, as it must be followed by the
+        # scaler's step (which skips an overflow itself and lowers the scale); the norm was taken
+        # of the scaled gradients
+        run.scaler.unscale_(run.optimizer)
+        norm = norm / scale
+        grad_norm = grad_norm / scale
+    if finite:
+        max_norm = args.clip if args.clip > 0 else math.inf
+        torch.nn.utils.clip_grads_with_norm_(run.params, max_norm, norm)
         run.scaler.step(run.optimizer)
         run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
-    return loss, grad_norm, seen, stop, step and run.scaler.get_scale() >= scale, not step
+    stepped = finite and run.scaler.get_scale() >= scale
+    return Step(loss, grad_norm, langs, stop, stepped, non_finite=not finite)
+
+# ==================================================================================================
+# The plumbing: the training loop, flags, the run directory and signals, count models,
+# checkpoints and log, setup, main
+
+# -----------------------------------------------------------------------------
+# the training loop
+
+class Ending(NamedTuple):
+    """How train() ended."""
+    by: str         # "--max-steps", "--epochs", "SIGTERM", "SIGINT" or "divergence"
+    signum: int     # the stopping signal, or 0
+    diverged: str   # why it diverged (non-finite losses, dev ppl), or None
+
+
+def total_updates(args):  # the updates --max-steps and --epochs allow
+    updates_per_epoch = math.ceil(args.epoch_size / (args.batch_size * args.accumulate))
+    return min(args.max_steps, args.epochs * updates_per_epoch)
 
 
 def train(run):
-    """The training loop: get_lr, one update, the progress line; an evaluation (best.pt) at the end of an epoch and of
-    the run, every --eval-every and at --snapshots, checkpoint.pt then (--save-every permitting) and when a signal
-    stops the run. -> (the stopping signal or 0, why it diverged: --max-bad-steps non-finite losses, or dev ppl)."""
-    args, bad_steps, stopped_by, diverged, t0, step0 = run.args, 0, 0, None, time.time(), run.step
-    tokens_per_update = args.batch_size * args.bptt * args.accumulate * run.world_size
-    updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
-    bar = tqdm(total=updates, initial=run.step, unit="update", desc="pretrain", mininterval=1,
-               disable=not run.master or not sys.stderr.isatty())  # stderr, on a terminal only
-    run.stop.training, run.next_batch = True, next_micro_batch(run, run.step)
+    """The training loop: get_lr, one update, the progress line; an evaluation (best.pt) at the end
+    of an epoch and of the run, every --eval-every and at --snapshots, checkpoint.pt then
+    (--save-every permitting) and when a signal stops the run. -> Ending."""
+    args = run.args
+    bad_steps = 0      # non-finite losses in a row
+    stopped_by = 0     # the signal that stops the run
+    diverged = None
+    t0 = time.time()   # the time and step of the last progress line
+    step0 = run.step
+    bar = tqdm(total=total_updates(args), initial=run.step, unit="update", desc="pretrain",
+               mininterval=1, disable=not run.master or not sys.stderr.isatty())  # on a terminal
+    run.stop.training = True
+    if not args.resume:
+        log_json(run, {"count_models": run.count_models})
+    run.next_batch = next_micro_batch(run, run.step)
     while run.step < args.max_steps and run.epoch < args.epochs and not stopped_by:
-        lr = get_lr(run.step, args.lr, args.warmup, schedule=args.schedule, max_steps=args.max_steps)
+        # the learning rate of this update
+        lr = get_lr(run.step, args.lr, args.warmup, schedule=args.schedule,
+                    max_steps=args.max_steps)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
-        loss, grad_norm, seen, stopped_by, stepped, skipped = update(run)
-        run.step, bad_steps = run.step + int(stepped), bad_steps + 1 if skipped else 0
-        bar.update(int(stepped))
-        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-        if skipped:
-            run.log(f"step {run.step}: non-finite loss {loss} / grad norm {grad_norm}, update skipped "
-                    f"({bad_steps} in a row)")
-            log_json(run, {"step": run.step, "skipped": True, "loss": loss, "grad_norm": grad_norm})
+
+        # forward, backward, clip, Adam
+        result = update(run)
+        stopped_by = result.stop
+        if result.stepped:
+            run.step += 1
+            bar.update(1)
+        bar.set_postfix(loss=f"{result.loss:.3f}", refresh=False)
+
+        # a non-finite loss skips the update; --max-bad-steps of them in a row end the run
+        bad_steps = bad_steps + 1 if result.non_finite else 0
+        if result.non_finite:
+            run.log(f"step {run.step}: non-finite loss {result.loss} / grad norm "
+                    f"{result.grad_norm}, update skipped ({bad_steps} in a row)")
+            log_json(run, {"step": run.step, "skipped": True, "loss": result.loss,
+                           "grad_norm": result.grad_norm})
             if bad_steps >= args.max_bad_steps:
                 diverged = f"{bad_steps} non-finite losses in a row at step {run.step}"
                 break
-        if stepped and run.step % args.log_every == 0:
-            tok_s, t0, step0 = tokens_per_update * (run.step - step0) / (time.time() - t0), time.time(), run.step
-            run.log(f"step {run.step} | epoch {run.epoch} | loss {loss:.4f} | lr {lr:.2e} | grad norm {grad_norm:.2f} "
-                    f"| {tok_s:,.0f} tok/s")
-            log_json(run, {"step": run.step, "epoch": run.epoch, "lang": ",".join(run.langs[j] for j in seen),
-                           "loss": loss, "lr": lr, "grad_norm": grad_norm, "tok_per_s": tok_s})
-        last = run.step >= args.max_steps or run.n_streams >= args.epoch_size and run.epoch + 1 >= args.epochs
-        due = (run.n_streams >= args.epoch_size or run.step >= args.max_steps
-               or stepped and (args.eval_every and run.step % args.eval_every == 0 or run.step in args.snapshots))
-        if run.n_streams >= args.epoch_size:  # the epoch counter moves on (XLM)
-            run.n_streams, run.epoch = 0, run.epoch + 1
-        if due and not evaluate(run):
-            run.log(f"warning: step {run.step}: dev ppl is not finite; checkpoint.pt and best.pt were not overwritten")
+
+        # the progress line
+        if result.stepped and run.step % args.log_every == 0:
+            tok_s = run.tokens_per_update * (run.step - step0) / (time.time() - t0)
+            t0 = time.time()
+            step0 = run.step
+            run.log(f"step {run.step} | epoch {run.current_epoch} | loss {result.loss:.4f} | "
+                    f"lr {lr:.2e} | grad norm {result.grad_norm:.2f} | {tok_s:,.0f} tok/s")
+            langs = ",".join(run.langs[j] for j in result.langs)
+            log_json(run, {"step": run.step, "epoch": run.current_epoch, "lang": langs,
+                           "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+                           "tok_per_s": tok_s})
+
+        # the end of an epoch (XLM's: --epoch-size streams on each rank) and of the run
+        epoch_ends = run.n_streams >= args.epoch_size
+        last = run.step >= args.max_steps or (epoch_ends and run.epoch + 1 >= args.epochs)
+        if epoch_ends:
+            run.n_streams = 0
+            run.epoch += 1
+
+        # evaluate (best.pt, snapshots) then, and every --eval-every, at --snapshots
+        on_schedule = args.eval_every > 0 and run.step % args.eval_every == 0
+        asked = result.stepped and (on_schedule or run.step in args.snapshots)
+        evaluate_now = epoch_ends or run.step >= args.max_steps or asked
+        if evaluate_now and not evaluate(run):
+            run.log(f"warning: step {run.step}: dev ppl is not finite; checkpoint.pt and best.pt "
+                    "were not overwritten")
             diverged = f"the dev perplexity is not finite at step {run.step}"
             break
-        if stopped_by or due and (last or run.step - (run.saved_step or 0) >= args.save_every):
+
+        # checkpoint.pt: at evaluations --save-every apart and at the end, or when a signal stops
+        save_due = last or run.step - (run.saved_step or 0) >= args.save_every
+        if stopped_by or (evaluate_now and save_due):
             save_checkpoint(run)
     bar.close()
-    return stopped_by, diverged
-
-# =====================================================================================================================
-# The plumbing: flags, the run directory and signals, count models, checkpoints and log, setup, main
+    ended_by = "--max-steps" if run.step >= args.max_steps else "--epochs"
+    if diverged:
+        ended_by = "divergence"
+    if stopped_by:  # main says so first, diverged or not
+        ended_by = signal.Signals(stopped_by).name
+    log_json(run, {"ended_by": ended_by, "step": run.step, "epoch": run.current_epoch})
+    return Ending(ended_by, stopped_by, diverged)
 
 # -----------------------------------------------------------------------------
-# flags (the presets above by default, each checked before any work); the run directory, its lock; signals, advice
+# flags (the presets above by default, each checked before any work); the run directory, its lock;
+# signals, advice
 
-RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every", "device", "compile",
-                     "workers", "threads", "out", "data", "train_files", "dev_files", "prep_dir", "overwrite", "lr",
-                     "warmup", "max_bad_steps", "save_every", "allow_overlap"}  # data: compared by their contents
-MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: a larger one is a typo, not a model
-DDP_TIMEOUT = timedelta(minutes=60)  # the other ranks wait while the master evaluates and saves (NCCL's 10 min: short)
+RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every",
+                     "device", "compile", "workers", "threads", "out", "data", "train_files",
+                     "dev_files", "prep_dir", "overwrite", "lr", "warmup", "max_bad_steps",
+                     "save_every", "allow_overlap"}  # data: compared by their contents
+MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: larger is a typo
+# the toy world's knobs when not given: they shape the world that --toy writes to OUT/toy
+TOY_WORLD = dict(toy_size="full", toy_overlap=0.0, toy_order="svo", toy_domain_shift=0.0,
+                 toy_cyrillic=False, toy_seed=0)
+# the other ranks wait while the master evaluates and saves (NCCL's 10 minutes are too short)
+DDP_TIMEOUT = timedelta(minutes=60)
+
+
+USAGE = ("pretrain.py --out DIR [--toy] [--data DIR | --train-files LANG=PATH,... --dev-files "
+         "LANG=PATH,...] [flags below]")
+
+
+class Help(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """bpe.py's --help (each flag's default), the description and the examples as written."""
 
 
 def build_parser():
-    count, natural, positions = number(1), number(0), number(1, MAX_POSITIONS, upto=True)
-    fraction, rate, seed = number(0, 1, float, upto=True), number(0, 1, float), number(0, 2 ** 32)  # seed*1000+rank+1
-    p = argparse.ArgumentParser("pretrain.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    a = p.add_argument
+    count = number(1)
+    natural = number(0)
+    positions = number(1, MAX_POSITIONS, upto=True)
+    fraction = number(0, 1, float, upto=True)
+    rate = number(0, 1, float)
+    seed = number(0, 2 ** 32)  # seed * 1000 + rank + 1 seeds the masking
+    p = argparse.ArgumentParser("pretrain.py", usage=USAGE, description=__doc__.split("\n\n")[0],
+                                epilog="examples:" + __doc__.split("Run:")[1], formatter_class=Help)
+    data = p.add_argument_group("data").add_argument
+    model = p.add_argument_group("model").add_argument
+    training = p.add_argument_group("training").add_argument
+    run = p.add_argument_group("run").add_argument
 
-    def preset(flag, typ, what, **kw):  # unset: PAPER's value, or TOY's with --toy
+    def preset(add, flag, typ, what, **kw):  # unset: PAPER's value, or TOY's with --toy
         k = flag[2:].replace("-", "_")
-        a(flag, type=typ, help=f"{what} (default: paper {PAPER[k]}{f'; --toy {TOY[k]}' if k in TOY else ''})", **kw)
+        toy = f"; --toy {TOY[k]}" if k in TOY else ""
+        add(flag, type=typ, help=f"{what} (default: paper {PAPER[k]}{toy})", **kw)
 
-    a("--out", required=True, metavar="DIR", help="run directory: checkpoint.pt, best.pt, log.jsonl...; required")
-    a("--toy", action="store_true", help="a switch: the CPU-sized presets, on --data's toy world (or a new OUT/toy)")
-    a("--data", metavar="DIR", help="{lang}.{train,dev}.txt (or mono/), or bpe.py's output (default: --toy's OUT/toy)")
-    a("--train-files", metavar="LANG=PATH,...", help="text per language instead of --data (with --dev-files)")
-    a("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
-    a("--allow-overlap", action="store_true", help="accept a dev set that is the training text")
-    a("--langs", default="en,fr", help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
-    a("--resume", action="store_true", help="continue from OUT/checkpoint.pt (--lr, --max-steps, ... may change)")
-    a("--overwrite", action="store_true", help="start a new run in an --out holding an earlier run's files")
-    a("--seed", type=seed, default=0, help="seed for init, data order, masking, dropout")
-    a("--bpe", choices=MODES, default="joint", help="joint: Default; separate: Default anchors; prefixed: No anchors")
-    a("--merges", type=count, help="BPE merges (default: paper 80000 joint, 40000 per language; --toy 2000 / 1000)")
-    a("--code-switch", metavar="DICT", help="MUSE dictionary (or toy) to code-switch the training text (default: none)")
-    a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15 style; off: the text as given)")
-    a("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
-    a("--workers", type=count, default=1, help="processes for binarising text")
-    a("--toy-size", choices=list(TOY_SIZES), default="full", help="toy world size (tiny is for tests)")
-    a("--toy-overlap", type=fraction, default=0.0, help="toy: fraction of shared word forms (anchors)")
-    a("--toy-order", default="svo", help="toy: word order of the second language, e.g. sov-na-post (toydata.py)")
-    a("--toy-domain-shift", type=fraction, default=0.0, help="toy: topic shift between the languages (Wiki-CC: 1.0)")
-    a("--toy-cyrillic", action="store_true", help="toy: write the second language in Cyrillic letters")
-    a("--toy-seed", type=natural, default=0, help="toy: world seed")
-    a("--sep", default="", help="language-specific parts, e.g. emb, 1-3, emb,1-6 (Table 1), tok, pos (default: none)")
-    a("--lang-emb", action="store_true", help="add language embeddings (the paper is silent; mBERT, XLM-17/100 have)")
-    for flag, typ, what in (("--n-layers", count, "layers"), ("--dim", count, "hidden size"),
-                            ("--n-heads", count, "attention heads"), ("--ffn-dim", count, "feed-forward size"),
-                            ("--dropout", rate, "dropout"), ("--bptt", positions, "tokens per stream"),
-                            ("--epochs", count, "epochs"), ("--log-every", count, "progress line every N updates")):
-        preset(flag, typ, what)
-    preset("--attention-dropout", rate, "attention dropout (as XLM's recipes; its flag's default is 0)")
-    preset("--batch-size", count, "streams of --bptt tokens per step, per GPU and micro-batch (x 8 GPUs: paper)")
-    preset("--pos-offsets", number(0, MAX_POSITIONS, upto=True), "N: streams start at random in [0, N - bptt]")
-    preset("--pos-offsets-from", natural, "--pos-offsets from update N on (before: each stream at 0)", metavar="N")
-    a("--accumulate", type=count, help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
-    preset("--lr", number(0, cast=float, above=True), "peak learning rate")
-    preset("--warmup", natural, "linear warm-up updates from 1e-7")
-    preset("--schedule", None, "after warm-up: inverse_sqrt (XLM) or linear to 0", choices=["inverse_sqrt", "linear"])
-    a("--clip", type=number(0, cast=float), default=5.0, help="gradient clipping norm, 0 = off (XLM's; paper: none)")
-    preset("--epoch-size", count, "examples (streams) per GPU per epoch, XLM's meaning of an epoch")
-    a("--max-steps", type=count, help="stop after this many updates (default: paper none; --toy 8000)")
-    a("--eval-every", type=natural, help="also evaluate and save every N updates (default 0: once per epoch)")
-    a("--snapshots", default="", metavar="STEP,...", help="also keep OUT/step{N}.pt at these updates (default: none)")
-    a("--save-every", type=natural, default=0, metavar="N", help="checkpoint.pt at evaluations N+ updates apart")
-    a("--max-bad-steps", type=count, default=5, help="stop after this many NaN/inf losses in a row")
-    a("--device", default="auto", help="auto, cpu, cuda (cuda:LOCAL_RANK under torchrun), cuda:N, mps")
-    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="autocast (auto: bf16 on "
-      "GPUs that have it, else fp16 with a GradScaler; fp32 on CPU and MPS)")
-    a("--compile", action="store_true", help="torch.compile the model")
-    a("--threads", type=count, help="CPU threads for torch (default torch's; --toy 1)")
+    data("--toy", action="store_true",
+         help="the CPU-sized presets, on --data's toy world (or a new OUT/toy)")
+    data("--data", metavar="DIR", help="{lang}.{train,dev}.txt (or mono/), or bpe.py's output; "
+         "required, unless --toy (OUT/toy) or --train-files")
+    data("--train-files", metavar="LANG=PATH,...",
+         help="text per language instead of --data (with --dev-files)")
+    data("--dev-files", metavar="LANG=PATH,...", help="dev text per language (with --train-files)")
+    data("--allow-overlap", action="store_true", help="accept a dev set that is the training text")
+    data("--langs", default="en,fr",
+         help="comma-separated; the first is 'English' (model selection, paper: en,xx)")
+    data("--bpe", choices=MODES, default="joint",
+         help="joint: Default; separate: Default anchors; prefixed: No anchors")
+    data("--merges", type=count,
+         help="BPE merges (default: paper 80000 joint, 40000 per language; --toy 2000 / 1000)")
+    data("--code-switch", metavar="DICT",
+         help="MUSE dictionary (or toy) to code-switch the training text (default: none)")
+    data("--lowercase", action="store_true",
+         help="lowercase and strip accents (XLM-15 style; off: the text as given)")
+    data("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
+    data("--workers", type=count, default=1, help="processes for binarising text")
+    # the toy world's knobs: None when not given (get_args), as they need a world --toy writes
+    data("--toy-size", choices=list(TOY_SIZES),
+         help="toy world size, tiny for tests (default: full)")
+    data("--toy-overlap", type=fraction,
+         help="toy: fraction of shared word forms, anchors (default: 0.0)")
+    data("--toy-order",
+         help="toy: word order of the second language, e.g. sov-na-post (default: svo)")
+    data("--toy-domain-shift", type=fraction,
+         help="toy: topic shift between the languages, Wiki-CC: 1.0 (default: 0.0)")
+    data("--toy-cyrillic", action="store_true", default=None,
+         help="toy: write the second language in Cyrillic letters")
+    data("--toy-seed", type=natural, help="toy: world seed (default: 0)")
+
+    model("--sep", default="", help="language-specific parts, e.g. emb, 1-3, emb,1-6 (Table 1), "
+          "tok, pos (default: none)")
+    model("--lang-emb", action="store_true",
+          help="add language embeddings (the paper is silent; mBERT, XLM-17/100 have)")
+    for flag, typ, what in (
+            ("--n-layers", count, "layers"),
+            ("--dim", count, "hidden size"),
+            ("--n-heads", count, "attention heads"),
+            ("--ffn-dim", count, "feed-forward size"),
+            ("--dropout", rate, "dropout"),
+            ("--attention-dropout", rate,
+             "attention dropout (as XLM's recipes; its flag's default is 0)")):
+        preset(model, flag, typ, what)
+
+    training("--seed", type=seed, default=0, help="seed for init, data order, masking, dropout")
+    for flag, typ, what in (
+            ("--bptt", positions, "tokens per stream"),
+            ("--batch-size", count,
+             "streams of --bptt tokens per step, per GPU and micro-batch (x 8 GPUs: paper)"),
+            ("--lr", number(0, cast=float, above=True), "peak learning rate"),
+            ("--warmup", natural, "linear warm-up updates from 1e-7"),
+            ("--epoch-size", count,
+             "examples (streams) per GPU per epoch, XLM's meaning of an epoch"),
+            ("--epochs", count, "epochs")):
+        preset(training, flag, typ, what)
+    preset(training, "--pos-offsets", number(0, MAX_POSITIONS, upto=True),
+           "N: streams start at random in [0, N - bptt]")
+    preset(training, "--pos-offsets-from", natural,
+           "--pos-offsets from update N on (before: each stream at 0)", metavar="N")
+    training("--accumulate", type=count,
+             help="micro-batches per update (default 1; on 1 GPU, 8 = the paper's 8 GPUs)")
+    preset(training, "--schedule", None, "after warm-up: inverse_sqrt (XLM) or linear to 0",
+           choices=["inverse_sqrt", "linear"])
+    training("--clip", type=number(0, cast=float), default=5.0,
+             help="gradient clipping norm, 0 = off (XLM's; paper: none)")
+    training("--max-steps", type=count,
+             help="stop after this many updates (default: paper none; --toy 8000)")
+    training("--max-bad-steps", type=count, default=5,
+             help="stop after this many NaN/inf losses in a row")
+
+    run("--out", required=True, metavar="DIR",
+        help="run directory: checkpoint.pt, best.pt, log.jsonl...; required")
+    run("--resume", action="store_true",
+        help="continue from OUT/checkpoint.pt (--lr, --max-steps, ... may change)")
+    run("--overwrite", action="store_true",
+        help="start a new run in an --out holding an earlier run's files")
+    preset(run, "--log-every", count, "progress line every N updates")
+    run("--eval-every", type=natural,
+        help="also evaluate and save every N updates (default 0: once per epoch)")
+    run("--snapshots", default="", metavar="STEP,...",
+        help="also keep OUT/step{N}.pt at these updates (default: none)")
+    run("--save-every", type=natural, default=0, metavar="N",
+        help="checkpoint.pt at evaluations N+ updates apart")
+    run("--device", default="auto",
+        help="auto, cpu, cuda (cuda:LOCAL_RANK under torchrun), cuda:N, mps")
+    run("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="autocast (auto: bf16 on GPUs that have it, else fp16 with a GradScaler; fp32 on CPU "
+        "and MPS)")
+    run("--compile", action="store_true", help="torch.compile the model")
+    run("--threads", type=count, help="CPU threads for torch (default torch's; --toy 1)")
     return p
 
 
 def get_args(argv=None, p=None):
     args = (p or build_parser()).parse_args(argv)
-    if {"RANK", "WORLD_SIZE"} & set(os.environ) and not {"LOCAL_RANK", "MASTER_ADDR"} <= set(os.environ):
-        raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun worker (no LOCAL_RANK "
-                         "and MASTER_ADDR): unset them, or launch with torchrun")
-    offsets_from_given = args.pos_offsets_from is not None  # on the command line, not the preset's
-    for k, v in {**PAPER, **(TOY if args.toy else {})}.items():
-        setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
+    env = set(os.environ)
+    if {"RANK", "WORLD_SIZE"} & env and not {"LOCAL_RANK", "MASTER_ADDR"} <= env:
+        raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun "
+                         "worker (no LOCAL_RANK and MASTER_ADDR): unset them, or launch with "
+                         "torchrun")
+    # on the command line, not the preset's
+    offsets_from_given = args.pos_offsets_from is not None
+    toy_flags = [f"--{k.replace('_', '-')}" for k in TOY_WORLD if getattr(args, k) is not None]
+    for k, v in {**PAPER, **(TOY if args.toy else {}), **TOY_WORLD}.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     args.merges = args.merges or MERGES["toy" if args.toy else "paper"][args.bpe != "joint"]
-    langs, snapshots = args.langs.split(","), args.snapshots.replace(",", " ").split()
-    updates = min(args.max_steps, args.epochs * math.ceil(args.epoch_size / (args.batch_size * args.accumulate)))
-    try:  # toydata.py's own check of --toy-order, before anything is written (its message lacks the flag's name)
+    langs = args.langs.split(",")
+    snapshots = args.snapshots.replace(",", " ").split()
+    updates = total_updates(args)
+    # toydata.py's own check of --toy-order, before anything is written (its message lacks the flag)
+    try:
         if args.toy:
             parse_order(args.toy_order)
     except ValueError as e:
         raise InputError(f"--toy-order: {e}", 2) from None
-    vars(args).update(parse_sep(args.sep, args.n_layers))  # sep_emb, sep_tok, sep_pos, sep_layers (or a usage line)
+    # sep_emb, sep_tok, sep_pos, sep_layers (or a usage line)
+    vars(args).update(parse_sep(args.sep, args.n_layers))
     if args.train_files and args.dev_files:  # both or neither (checked below)
         args.train_files = parse_lang_files("--train-files", args.train_files, langs)
         args.dev_files = parse_lang_files("--dev-files", args.dev_files, langs)
     args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
     args.toy_world = args.toy and args.data is None and not args.train_files
-    args.data = os.path.join(args.out, "toy") if args.toy_world else args.data
-    toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[-1]}.txt")  # written with the toy world
-    cs = args.code_switch = toy_dict if args.code_switch == "toy" else args.code_switch
+    if args.toy_world:
+        args.data = os.path.join(args.out, "toy")
+    # written with the toy world
+    toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[-1]}.txt")
+    if args.code_switch == "toy":
+        args.code_switch = toy_dict
+    cs = args.code_switch
+    bad_snapshots = not all(x.isdigit() and int(x) > 0 for x in snapshots)
+    last_snapshot = max((int(x) for x in snapshots if x.isdigit()), default=0)
     refused = [  # (when, the usage line)
-        (args.overwrite and args.resume, "--overwrite starts a new run; it cannot be combined with --resume"),
+        (args.overwrite and args.resume,
+         "--overwrite starts a new run; it cannot be combined with --resume"),
         (not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs),
          f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr"),
         (args.dim % args.n_heads, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}"),
-        (not all(x.isdigit() and int(x) > 0 for x in snapshots), f"--snapshots {args.snapshots}: expected 500,1000"),
-        (max((int(x) for x in snapshots if x.isdigit()), default=0) > updates, f"--snapshots {args.snapshots}: the "
-         f"run ends after {updates} updates (--max-steps, --epochs): a later snapshot would never be written"),
-        (args.bptt < 2, f"--bptt {args.bptt}: a stream's first token is never predicted; at least 2 are needed"),
+        (bad_snapshots, f"--snapshots {args.snapshots}: expected 500,1000"),
+        (last_snapshot > updates, f"--snapshots {args.snapshots}: the run ends after {updates} "
+         "updates (--max-steps, --epochs): a later snapshot would never be written"),
+        (args.bptt < 2,
+         f"--bptt {args.bptt}: a stream's first token is never predicted; at least 2 are needed"),
         (offsets_from_given and 0 < args.pos_offsets_from and args.pos_offsets <= args.bptt,
-         f"--pos-offsets-from {args.pos_offsets_from}: no offsets to start (--pos-offsets {args.pos_offsets} is not "
-         f"above --bptt {args.bptt})"),
-        ((args.train_files is None) != (args.dev_files is None), "--train-files and --dev-files go together"),
-        (args.train_files and args.data is not None, "give either --data or --train-files/--dev-files, not both"),
-        (args.toy_world and len(langs) > 2, f"--langs {args.langs}: the toy world is bilingual; give one or two"),
-        (args.data is None and not args.train_files, "--data (or --train-files/--dev-files, or --toy) is required"),
-        (cs and args.sep_tok, "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok"),
-        (cs and len(langs) != 2, "--code-switch needs exactly two --langs (the dictionary's source and target)"),
+         f"--pos-offsets-from {args.pos_offsets_from}: no offsets to start (--pos-offsets "
+         f"{args.pos_offsets} is not above --bptt {args.bptt})"),
+        ((args.train_files is None) != (args.dev_files is None),
+         "--train-files and --dev-files go together"),
+        (args.train_files and args.data is not None,
+         "give either --data or --train-files/--dev-files, not both"),
+        (args.toy_world and len(langs) > 2,
+         f"--langs {args.langs}: the toy world is bilingual; give one or two"),
+        (toy_flags and not args.toy_world, f"{' '.join(toy_flags)}: the --toy-* flags shape only "
+         "the world that --toy writes without --data or --train-files; here they would change "
+         "nothing: leave them out"),
+        (args.data is None and not args.train_files,
+         "--data (or --train-files/--dev-files, or --toy) is required"),
+        (cs and args.sep_tok,
+         "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok"),
+        (cs and len(langs) != 2,
+         "--code-switch needs exactly two --langs (the dictionary's source and target)"),
         (cs and not (os.path.isfile(cs) or args.toy_world and cs == toy_dict),
          f"--code-switch {cs}: no such file (for 'toy': --toy, or --data a toydata.py world)")]
-    for message in (m for bad, m in refused if bad):
-        raise InputError(message, 2)
+    for bad, message in refused:
+        if bad:
+            raise InputError(message, 2)
     args.snapshots = sorted({int(x) for x in snapshots})
     return args
 
+
 def run_files(out):
-    """An earlier run's files in --out (toy/, toy.json, data/, args.json are inputs, reused by every run in --out)."""
+    """An earlier run's files in --out (toy/, toy.json, data/, args.json are inputs, reused by every
+    run in --out)."""
     names = set(os.listdir(out)) if os.path.isdir(out) else set()
-    snapshots = sorted((f for f in names if re.fullmatch(r"step\d+\.pt", f)), key=lambda f: int(f[4:-3]))
+    snapshots = [f for f in names if re.fullmatch(r"step\d+\.pt", f)]
+    snapshots.sort(key=lambda f: int(f[4:-3]))
     return [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if f in names] + snapshots
 
 
 @contextmanager
 def locked(out, prep_dir, master):
-    """--out made, locked by the master for all ranks (OUT/.lock: its pid); a failed run's new empty dirs go again."""
+    """--out made, locked by the master for all ranks (OUT/.lock: its pid); a failed run's new
+    empty dirs go again."""
     new = set()
     for path in map(os.path.abspath, (out, prep_dir)):
         while not os.path.exists(path):
@@ -480,10 +715,12 @@ def locked(out, prep_dir, master):
     make_dir("--out", out)
     with open(os.path.join(out, ".lock") if master else os.devnull, "a+") as f:
         try:
-            master and fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if master:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise InputError(f"--out {out} is in use by another pretrain.py (pid {open(f.name).read().strip()} in "
-                             f"{f.name}); wait for it to end, or use another --out") from None
+            raise InputError(f"--out {out} is in use by another pretrain.py (pid "
+                             f"{open(f.name).read().strip()} in {f.name}); wait for it to end, or "
+                             "use another --out") from None
         if master:
             f.truncate(0)
             print(os.getpid(), file=f, flush=True)
@@ -492,59 +729,81 @@ def locked(out, prep_dir, master):
         finally:
             if master:
                 os.remove(f.name)
-            for d in sorted(new, key=len, reverse=True) if sys.exc_info()[0] else ():  # a child's path is longer
-                with suppress(OSError):  # not empty: kept
-                    os.rmdir(d)
+            if sys.exc_info()[0]:  # failed: remove the new dirs, a child (a longer path) first
+                for d in sorted(new, key=len, reverse=True):
+                    with suppress(OSError):  # not empty: kept
+                        os.rmdir(d)
 
 
 def command(argv, then, lr=None):
-    """ARGV made to go on (then="--resume") or start again ("--overwrite"), maybe at another --lr: all advice."""
-    drop, kept, skip_value = ("--resume", "--overwrite") + (("--lr",) if lr else ()), [], False
+    """ARGV made to go on (then="--resume") or start again ("--overwrite"), maybe at another --lr:
+    all advice."""
+    drop = ("--resume", "--overwrite", "--lr") if lr else ("--resume", "--overwrite")
+    kept = []
+    skip_value = False
     for a in argv:
         name = a.split("=", 1)[0]
-        hit = name.startswith("--") and len(name) > 2 and any(d.startswith(name) for d in drop)  # argparse prefixes
+        # argparse takes prefixes of a flag
+        hit = name.startswith("--") and len(name) > 2 and any(d.startswith(name) for d in drop)
         if not (hit or skip_value):
             kept.append(a)
         skip_value = hit and "=" not in a and "--lr".startswith(name)
     launcher = "torchrun ... pretrain.py" if "LOCAL_RANK" in os.environ else "python pretrain.py"
-    return f"{launcher} {shlex.join(kept + [then] + (['--lr', f'{lr:g}'] if lr else []))}"
+    new_lr = ["--lr", f"{lr:g}"] if lr else []
+    return f"{launcher} {shlex.join(kept + [then] + new_lr)}"
 
 
 def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
-    return ("nothing was saved; start again with " + command(argv, "--overwrite", lr) if saved_step is None else
-            f"{ckpt_path} holds step {saved_step}; go on with " + command(argv, "--resume", lr))
+    if saved_step is None:
+        return "nothing was saved; start again with " + command(argv, "--overwrite", lr)
+    return f"{ckpt_path} holds step {saved_step}; go on with " + command(argv, "--resume", lr)
 
 
 class StopSignal:
-    """SIGTERM, Ctrl-C: at once before training; in it, the update is finished, checkpoint.pt saved, exit 128+sig."""
+    """SIGTERM, Ctrl-C: at once before training; in it, the update is finished, checkpoint.pt
+    saved, exit 128+sig."""
 
     def __init__(self, advice):
-        self.signum, self.training, self.advice = None, False, advice  # advice(): how to go on, for a 2nd Ctrl-C
+        self.signum = None
+        self.training = False
+        self.advice = advice  # advice(): how to go on, for a 2nd Ctrl-C
         self.old = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def handle(self, signum, frame):
-        name = signal.Signals(signum).name
-        if not self.training:  # only inputs were written so far (toy/, data/), which the same command reuses
-            raise SystemExit(f"error: stopped by {name} before training started; run the same command")
-        self.signum, second = self.signum or signum, self.signum is not None
-        if second and signum == signal.SIGINT:  # a 2nd ^C aborts; a repeated SIGTERM (torchrun's own) cannot
+        if not self.training:  # only inputs (toy/, data/) so far: the same command reuses them
+            raise SystemExit(f"error: stopped by {signal.Signals(signum).name} before training "
+                             "started; run the same command")
+        second = self.signum is not None
+        self.signum = self.signum or signum
+        # a second Ctrl-C aborts; a repeated SIGTERM (torchrun's own) cannot
+        if second and signum == signal.SIGINT:
             raise SystemExit(f"error: stopped by a second SIGINT without saving; {self.advice()}")
 
 
-# a forked child (bpe.binarize's pool) gets the default handlers: pool.terminate()'s SIGTERM ends it, even asleep in C
-os.register_at_fork(after_in_child=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGINT)
-                                            if isinstance(getattr(signal.getsignal(s), "__self__", None), StopSignal)])
+def default_handlers():
+    """A forked child (bpe.binarize's pool) gets the default handlers: pool.terminate()'s SIGTERM
+    ends it, even asleep in C."""
+    for s in (signal.SIGTERM, signal.SIGINT):
+        if isinstance(getattr(signal.getsignal(s), "__self__", None), StopSignal):
+            signal.signal(s, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=default_handlers)
 
 # -----------------------------------------------------------------------------
-# count models of the dev sets (the plateau's measure); checkpoint.pt (a bit-exact --resume); log.jsonl, best.pt
+# count models of the dev sets (the plateau's measure); checkpoint.pt (a bit-exact --resume);
+# log.jsonl, best.pt
 
-def count_baselines(train, dev, max_tokens=20_000_000):  # fitted on at most max_tokens: a Wikipedia's would not fit
-    """Dev perplexities of unigram (add-one), left bigram and both-neighbour models (Witten-Bell, each on the last)."""
-    t, d = np.asarray(train[:max_tokens], dtype=np.int64), np.asarray(dev, dtype=np.int64)
+def count_baselines(train_ids, dev_ids, max_tokens=20_000_000):
+    """Dev perplexities of unigram (add-one), left bigram and both-neighbour models (Witten-Bell,
+    each on the last), fitted on at most max_tokens: a Wikipedia's would not fit."""
+    t = np.asarray(train_ids[:max_tokens], dtype=np.int64)
+    d = np.asarray(dev_ids, dtype=np.int64)
     V = int(max(t.max(), d.max())) + 1
     uni = (np.bincount(t, minlength=V) + 1.0) / (len(t) + V)  # add-one
 
-    def witten_bell(hist, word, q_hist, q_word, lower):  # p(w | h) = (c(h, w) + T(h) lower) / (c(h) + T(h)), or lower
+    def witten_bell(hist, word, q_hist, q_word, lower):
+        """p(w | h) = (c(h, w) + T(h) lower) / (c(h) + T(h)), or `lower` for an unseen h."""
         keys, counts = np.unique(hist * V + word, return_counts=True)
         hs, first = np.unique(keys // V, return_index=True)
         n_h = np.add.reduceat(counts, first).astype(np.float64)  # tokens after h
@@ -553,82 +812,114 @@ def count_baselines(train, dev, max_tokens=20_000_000):  # fitted on at most max
         i = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
         c = np.where(keys[i] == q, counts[i], 0)
         j = np.minimum(np.searchsorted(hs, q_hist), len(hs) - 1)
-        seen = hs[j] == q_hist
-        return np.where(seen, (c + t_h[j] * lower) / np.where(seen, n_h[j] + t_h[j], 1.0), lower)
+        known = hs[j] == q_hist
+        return np.where(known, (c + t_h[j] * lower) / np.where(known, n_h[j] + t_h[j], 1.0), lower)
 
-    (a, w, b), (qa, qw, qb) = (t[:-2], t[1:-1], t[2:]), (d[:-2], d[1:-1], d[2:])  # left, word, right
+    a, w, b = t[:-2], t[1:-1], t[2:]  # left, word, right
+    qa, qw, qb = d[:-2], d[1:-1], d[2:]
     p_left = witten_bell(a, w, qa, qw, uni[qw])
     p_both = witten_bell(a * V + b, w, qa * V + qb, qw, p_left)
     return tuple(float(np.exp(-np.log(p).mean())) for p in (uni[qw], p_left, p_both))
 
+
+# how far a run is, Run's fields in checkpoint.pt
+PROGRESS = ("step", "epoch", "n_streams", "best_ppl", "best_step", "left_plateau_at")
+
+
 def read_checkpoint(path, args, argv):
-    """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags; -> (it, what changed)"""
+    """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags;
+    -> (it, what changed)"""
     if not os.path.isfile(path):
         raise InputError(f"--resume: no checkpoint.pt to go on from in {args.out}")
     try:
         model, ckpt = load_model(path)
     except ValueError as e:  # load_model's InputError: the file and what is wrong with it
-        raise InputError(f"--resume: {e}; it cannot be continued: start again with {command(argv, '--overwrite')}")
+        raise InputError(f"--resume: {e}; it cannot be continued: start again with "
+                         f"{command(argv, '--overwrite')}")
     if not {"args", "optimizer", "rng"} <= set(ckpt):
         raise InputError(f"--resume: {path} is not a checkpoint written by pretrain.py")
-    old, new, ckpt["model"] = ckpt["args"], vars(args), model.state_dict()
-    old = {"pos_offsets_from": 0, **old}  # a checkpoint from before --pos-offsets-from drew offsets from update 0
+    if args.max_steps <= ckpt["step"]:
+        raise InputError(f"--resume: {path} is at step {ckpt['step']} already; --max-steps "
+                         f"{args.max_steps} would train nothing (give a larger one)")
+    ckpt["model"] = model.state_dict()
+    # a checkpoint from before --pos-offsets-from drew offsets from update 0
+    old = {"pos_offsets_from": 0, **ckpt["args"]}
+    new = vars(args)
     diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
                    for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
     if diff:
         raise InputError(f"--resume: {path} was made with different flags:{diff}")
-    return ckpt, ", ".join(f"--{k} {old.get(k)} -> {new[k]}" for k in ("lr", "warmup") if old.get(k) != new[k])
+    changed = [f"--{k} {old.get(k)} -> {new[k]}" for k in ("lr", "warmup") if old.get(k) != new[k]]
+    return ckpt, ", ".join(changed)
 
 
 def data_of(run):  # what --resume compares: other dev sets would have best.pt chosen across two
-    return {"n_tokens": run.n_tokens, "dev_sha1": [hashlib.sha1(np.asarray(d)).hexdigest() for d in run.dev_ids]}
+    dev_sha1 = [hashlib.sha1(np.asarray(d)).hexdigest() for d in run.dev_ids]
+    return {"n_tokens": run.n_tokens, "dev_sha1": dev_sha1}
 
 
 def restore_checkpoint(run, ckpt):
-    """Model, optimizer, progress, this rank's RNGs; log.jsonl cut back to the checkpoint's; a lost best.pt anew."""
-    if ckpt["tokenizer"] != run.tok.to_dict() or any(ckpt["data"].get(k, v) != v for k, v in data_of(run).items()):
-        raise InputError(f"--resume: the data in {run.data_dir} are not {run.ckpt_path}'s (training or dev sets)")
+    """Model, optimizer, progress, this rank's RNGs; log.jsonl cut back to the checkpoint's; a lost
+    best.pt anew."""
+    same_data = all(ckpt["data"].get(k, v) == v for k, v in data_of(run).items())
+    if ckpt["tokenizer"] != run.tok.to_dict() or not same_data:
+        raise InputError(f"--resume: the data in {run.data_dir} are not {run.ckpt_path}'s "
+                         "(training or dev sets)")
     if len(ckpt["rng"]) != run.world_size:  # every rank goes on from its own RNG states
-        raise InputError(f"--resume: {run.ckpt_path} goes on with {len(ckpt['rng'])} processes only")
+        raise InputError(f"--resume: {run.ckpt_path} goes on with {len(ckpt['rng'])} processes "
+                         "only")
     run.raw_model.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(ckpt["optimizer"])
     if ckpt["scaler"] and run.scaler.is_enabled():  # empty when the run was not fp16
         run.scaler.load_state_dict(ckpt["scaler"])
-    run.step, run.epoch, run.n_streams, run.best_ppl = ckpt["step"], ckpt["epoch"], ckpt["n_streams"], ckpt["best_ppl"]
+    for k in PROGRESS:  # a checkpoint from before best_step and left_plateau_at: its step
+        setattr(run, k, ckpt.get(k, ckpt["step"]))
     if not os.path.exists(os.path.join(run.args.out, "best.pt")) and run.best_ppl < math.inf:
-        run.log(f"note: no best.pt in {run.args.out} (its dev ppl: {run.best_ppl:.2f}); a new one from step {run.step}")
+        run.log(f"note: no best.pt in {run.args.out} (its {run.langs[0]} dev ppl: "
+                f"{run.best_ppl:.2f}); a new one from step {run.step}")
         run.best_ppl = math.inf
-    rng, run.saved_step = ckpt["rng"][run.rank], run.step
+    run.saved_step = run.step
+    rng = ckpt["rng"][run.rank]
     run.sampler.load_state_dict(rng["sampler"])
-    run.mask_gen.set_state(rng["mask"])
+    run.mask_rng.set_state(rng["mask"])
     torch.set_rng_state(rng["torch"])
     if run.device_type == "cuda" and rng.get("cuda") is not None:
         torch.cuda.set_rng_state(rng["cuda"])
-    if run.master and os.path.exists(run.log_path) and os.path.getsize(run.log_path) > ckpt["log_bytes"]:
+    log_exists = os.path.exists(run.log_path)
+    if run.master and log_exists and os.path.getsize(run.log_path) > ckpt["log_bytes"]:
         os.truncate(run.log_path, ckpt["log_bytes"])
-        run.log(f"{run.log_path}: records after step {run.step} dropped (they are redone from the checkpoint)")
+        run.log(f"{run.log_path}: records after step {run.step} dropped (they are redone from the "
+                "checkpoint)")
 
 
 def save_checkpoint(run):
-    """checkpoint.pt by the master, with every rank's RNGs from before the micro-batch drawn ahead (drawn again)."""
-    t0, mine = time.time(), dict(zip(("sampler", "mask"), run.rng_before_next), torch=torch.get_rng_state(),
-                                 cuda=torch.cuda.get_rng_state() if run.device_type == "cuda" else None)
-    rngs = [None] * run.world_size if run.ddp else [mine]
-    if run.ddp:
-        dist.all_gather_object(rngs, mine)  # every rank's
+    """checkpoint.pt by the master, with every rank's RNGs from before the micro-batch drawn ahead
+    (drawn again)."""
+    t0 = time.time()
+    cuda_rng = torch.cuda.get_rng_state() if run.device_type == "cuda" else None
+    mine = dict(zip(("sampler", "mask"), run.rng_before_next), torch=torch.get_rng_state(),
+                cuda=cuda_rng)
+    rngs = [mine]
+    if run.ddp:  # every rank's
+        rngs = [None] * run.world_size
+        dist.all_gather_object(rngs, mine)
     if run.master:
+        log_bytes = os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0
         checkpoint = {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
                       "scaler": run.scaler.state_dict(), "config": asdict(run.raw_model.config),
-                      "args": vars(run.args), "tokenizer": run.tok.to_dict(), "langs": run.langs, "step": run.step,
-                      "epoch": run.epoch, "n_streams": run.n_streams, "best_ppl": run.best_ppl, "rng": rngs,
-                      "count_ppl": run.count_ppl, "data": {"dir": run.data_dir, **data_of(run)},
-                      "log_bytes": os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0}
+                      "args": vars(run.args), "tokenizer": run.tok.to_dict(), "langs": run.langs,
+                      **{k: getattr(run, k) for k in PROGRESS}, "rng": rngs,
+                      "count_models": run.count_models,
+                      "data": {"dir": run.data_dir, **data_of(run)},
+                      "log_bytes": log_bytes}
         atomic_write(run.ckpt_path, lambda tmp: torch.save(checkpoint, tmp))
-    run.saved_step, seconds = run.step, time.time() - t0
+    run.saved_step = run.step
+    seconds = time.time() - t0
     if run.ddp and seconds > 10 and not run.warned_slow_save:
         run.warned_slow_save = True
-        run.log(f"warning: writing {run.ckpt_path} took {seconds:.0f} s: torchrun kills its workers 30 s after "
-                "forwarding a SIGTERM, so a stop may keep only the checkpoint before it (see --save-every)")
+        run.log(f"warning: writing {run.ckpt_path} took {seconds:.0f} s: torchrun kills its "
+                "workers 30 s after forwarding a SIGTERM, so a stop may keep only the checkpoint "
+                "before it (see --save-every)")
 
 
 def log_json(run, record):  # a line of log.jsonl, by the master, with the time
@@ -638,24 +929,43 @@ def log_json(run, record):  # a line of log.jsonl, by the master, with the time
 
 
 def evaluate(run):
-    """The dev perplexities; best.pt when English improves (§3.1), step{N}.pt; -> all finite (else nothing saved)."""
-    finite, args, en = True, run.args, run.langs[0]
+    """The dev perplexities; best.pt when English improves (§3.1), step{N}.pt; -> all finite (else
+    nothing saved)."""
+    args = run.args
+    en = run.langs[0]
+    finite = True
     if run.master:
-        ppl = {l: evaluate_ppl(run.raw_model, run.dev_ids[j], j, run.vocab_sizes[j], args.bptt, run.device, run.ctx)
-               for j, l in enumerate(run.langs)}
+        ppl = {}
+        for j, lang in enumerate(run.langs):
+            ppl[lang] = evaluate_ppl(run.raw_model, run.dev_ids[j], j, run.vocab_sizes[j],
+                                     args.bptt, run.device, run.amp)
         finite = all(math.isfinite(v) for v in ppl.values())
         improved = finite and ppl[en] < run.best_ppl
-        run.log(f"eval step {run.step} epoch {run.epoch}: dev ppl " + ", ".join(f"{l} {v:.2f}" for l, v in ppl.items())
-                + (" (best)" if improved else ""))
-        log_json(run, {"step": run.step, "epoch": run.epoch, "dev_ppl": ppl, "best": improved}  # before checkpoint.pt
-                 | ({"plateau": True} if ppl[en] > run.count_ppl[en]["left"] else {}))  # above the left bigram's
-        run.best_ppl = ppl[en] if improved else run.best_ppl
-        for name in ["best.pt"] * improved + [f"step{run.step}.pt"] * (finite and run.step in args.snapshots):
-            with write_errors(os.path.join(args.out, name)):  # save_model writes its own temp file, then renames it
-                save_model(os.path.join(args.out, name), run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
-                           args=vars(args), step=run.step, dev_ppl=ppl, count_ppl=run.count_ppl)
+        # on the unigram plateau: not below the left-bigram count model (README "Stalls")
+        plateau = not ppl[en] < run.count_models[en]["left"]
+        if not plateau and run.left_plateau_at is None:
+            run.left_plateau_at = run.step
+        listed = ", ".join(f"{lang} dev ppl {v:.2f}" for lang, v in ppl.items())
+        mark = " (best)" if improved else ""
+        run.log(f"eval step {run.step} | epoch {run.current_epoch} | {listed}{mark}")
+        log_json(run, {"step": run.step, "epoch": run.current_epoch, "dev_ppl": ppl,
+                       "best": improved, "plateau": plateau})  # before checkpoint.pt
+        names = []
+        if improved:
+            run.best_ppl = ppl[en]
+            run.best_step = run.step
+            names.append("best.pt")
+        if finite and run.step in args.snapshots:
+            names.append(f"step{run.step}.pt")
+        for name in names:
+            path = os.path.join(args.out, name)
+            with write_errors(path):  # save_model writes its own temp file, then renames it
+                save_model(path, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
+                           args=vars(args), step=run.step, dev_ppl=ppl,
+                           count_ppl=run.count_models, count_models=run.count_models)
     if run.ddp:  # the master's verdict: every rank stops after the same update
-        dist.all_reduce(flag := torch.tensor([float(not finite)], device=run.device))
+        flag = torch.tensor([float(not finite)], device=run.device)
+        dist.all_reduce(flag)
         finite = not flag.item()
     return finite
 
@@ -663,77 +973,100 @@ def evaluate(run):
 # setup: device, data (the toy world, bpe.prepare), model and optimizer, DDP; then main
 
 def write_toy_world(args, langs, master):
-    """The master writes OUT/toy once (OUT/toy.json: its knobs; other ones need --overwrite); the other ranks wait."""
-    knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], **TOY_SIZES[args.toy_size],
-             **{k: getattr(args, f"toy_{k}") for k in ("overlap", "order", "domain_shift", "cyrillic", "seed")}}
+    """The master writes OUT/toy once (OUT/toy.json: its knobs; other ones need --overwrite); the
+    other ranks wait."""
+    knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], **TOY_SIZES[args.toy_size]}
+    for k in ("overlap", "order", "domain_shift", "cyrillic", "seed"):
+        knobs[k] = getattr(args, f"toy_{k}")
     record = os.path.join(args.out, "toy.json")
-    read = lambda: json.loads(open(record).read()) if os.path.exists(record) else None  # noqa: E731
-    if master and read() not in (None, knobs) and not args.overwrite:
-        raise InputError(f"{args.data} was written with other --toy-* flags; add --overwrite, or use another --out")
-    for d in (args.data, os.path.join(args.out, "data")) if master and read() not in (None, knobs) else ():
-        shutil.rmtree(d, ignore_errors=True)  # --overwrite: the old world and its prepared data
+
+    def read():
+        return json.loads(open(record).read()) if os.path.exists(record) else None
+
+    if master and read() not in (None, knobs):
+        if not args.overwrite:
+            raise InputError(f"{args.data} was written with other --toy-* flags; add "
+                             "--overwrite, or use another --out")
+        for d in (args.data, os.path.join(args.out, "data")):  # the old world, its prepared data
+            shutil.rmtree(d, ignore_errors=True)
     if master and read() != knobs:
         print(f"writing the toy world to {args.data}")
         try:
             write_world(args.data, force=True, **knobs)
         except OSError as e:  # a full disk, an unwritable directory
-            raise SystemExit(f"error: cannot write the toy world: {e.filename or args.data}: {e.strerror or e}")
+            raise SystemExit(f"error: cannot write the toy world: {e.filename or args.data}: "
+                             f"{e.strerror or e}")
         write_text(record, json.dumps(knobs))
     while read() != knobs:  # the other ranks: until the master has written it
         time.sleep(2)
 
 
 def load_data(run):
-    args, langs = run.args, run.langs
-    files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs} if args.train_files else None
-    run.data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe, merges=args.merges,
-                           separate_vocab=args.sep_tok, lowercase=args.lowercase, seed=args.seed,
-                           code_switch=args.code_switch, workers=args.workers, master=run.master)
+    args = run.args
+    langs = run.langs
+    files = None
+    if args.train_files:
+        files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs}
+    run.data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe,
+                           merges=args.merges, separate_vocab=args.sep_tok,
+                           lowercase=args.lowercase, seed=args.seed, code_switch=args.code_switch,
+                           workers=args.workers, master=run.master)
     try:
         run.tok = Tokenizer.load(os.path.join(run.data_dir, "tokenizer.json"))
-        run.train_ids, meta = zip(*(load_bin(os.path.join(run.data_dir, f"{l}.train")) for l in langs))  # per lang
+        train = [load_bin(os.path.join(run.data_dir, f"{l}.train")) for l in langs]
+        run.train_ids = [ids for ids, _ in train]
         run.dev_ids = [load_bin(os.path.join(run.data_dir, f"{l}.dev"))[0] for l in langs]
         run.vocab_sizes = [run.tok.vocab_size(l) for l in langs]
     except (OSError, ValueError, KeyError) as e:  # KeyError: a tokenizer without one of --langs
         raise InputError(f"cannot read the prepared data in {run.data_dir}: {e}") from None
     run.n_tokens = [len(ids) for ids in run.train_ids]
-    (smallest, lang), same = min(zip(run.n_tokens, langs)), [l for l, t, d in zip(langs, run.train_ids, run.dev_ids)
-                                                             if np.array_equal(t, d)]
-    if same and not args.allow_overlap:  # --dev-files equal to --train-files, or a --data folder's copies
-        raise InputError(f"the {same[0]} dev set is its training text: the dev perplexity, and best.pt chosen on it, "
-                         "would measure what is trained on; give another dev set, or --allow-overlap if it is meant")
-    if args.batch_size * args.bptt > smallest:  # every batch would be mostly `</s>` padding (a 10^9 typo: no memory)
-        raise InputError(f"--batch-size {args.batch_size} x --bptt {args.bptt} is more than the {lang} training "
-                         f"data ({smallest} tokens); lower --batch-size")
-    run.sampler = StreamSampler([n_stream_batches(n, args.batch_size, args.bptt) for n in run.n_tokens],
-                                sampling_probs([m["n_sentences"] for m in meta]), seed=[args.seed, run.rank])
+    smallest, lang = min(zip(run.n_tokens, langs))
+    same = [l for l, t, d in zip(langs, run.train_ids, run.dev_ids) if np.array_equal(t, d)]
+    if same and not args.allow_overlap:  # --dev-files equal to --train-files, or copies in --data
+        raise InputError(f"the {same[0]} dev set is its training text: the dev perplexity, and "
+                         "best.pt chosen on it, would measure what is trained on; give another dev "
+                         "set, or --allow-overlap if it is meant")
+    if args.batch_size * args.bptt > smallest:  # every batch mostly `</s>` (a 10^9 typo: no memory)
+        raise InputError(f"--batch-size {args.batch_size} x --bptt {args.bptt} is more than the "
+                         f"{lang} training data ({smallest} tokens); lower --batch-size")
+    n_batches = [n_stream_batches(n, args.batch_size, args.bptt) for n in run.n_tokens]
+    probs = sampling_probs([meta["n_sentences"] for _, meta in train])
+    run.sampler = StreamSampler(n_batches, probs, seed=[args.seed, run.rank])
 
 
-def build_adam(params, lr, device_type):  # fused on the CPU too: the default's loop was 7 % of a --toy update
-    return torch.optim.Adam(params, lr=lr, fused=True if device_type in ("cuda", "cpu") else None, **ADAM)
+# fused on the CPU too: the default's loop was 7 % of a --toy update
+def build_adam(params, lr, device_type):
+    fused = True if device_type in ("cuda", "cpu") else None
+    return torch.optim.Adam(params, lr=lr, fused=fused, **ADAM)
 
 
 def build(run, dtype):
-    """Model (alike on every rank), Adam, autocast (and a GradScaler for fp16); per-rank masking and dropout seeds."""
-    torch.manual_seed(run.args.seed)
-    shape = {k: getattr(run.args, k) for k in ("n_layers", "n_heads", "dim", "ffn_dim", "dropout", "attention_dropout",
-                                               "lang_emb", "sep_emb", "sep_tok", "sep_pos", "sep_layers")}
-    config = ModelConfig(vocab_size=max(run.vocab_sizes), n_langs=len(run.langs), **shape, vocab_sizes=run.vocab_sizes
-                         if run.args.sep_tok else (), max_positions=max(512, run.args.bptt, run.args.pos_offsets))
-    run.raw_model = run.model = MLM(config).to(run.device)
+    """Model (alike on every rank), Adam, autocast (and a GradScaler for fp16); per-rank masking
+    and dropout seeds."""
+    args = run.args
+    torch.manual_seed(args.seed)
+    shape = {k: getattr(args, k) for k in ("n_layers", "n_heads", "dim", "ffn_dim", "dropout",
+                                           "attention_dropout", "lang_emb", "sep_emb", "sep_tok",
+                                           "sep_pos", "sep_layers")}
+    config = ModelConfig(vocab_size=max(run.vocab_sizes), n_langs=len(run.langs), **shape,
+                         vocab_sizes=run.vocab_sizes if args.sep_tok else (),
+                         max_positions=max(512, args.bptt, args.pos_offsets))
+    run.raw_model = MLM(config).to(run.device)
+    run.model = run.raw_model
     run.params = list(run.raw_model.parameters())
-    run.optimizer = build_adam(run.params, run.args.lr, run.device_type)
-    run.ctx = autocast(run.device, dtype)
+    run.optimizer = build_adam(run.params, args.lr, run.device_type)
+    run.amp = autocast(run.device, dtype)
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=(dtype == "float16"))
-    run.mask_gen = torch.Generator().manual_seed(run.args.seed * 1000 + run.rank + 1)
-    torch.manual_seed(run.args.seed * 1000 + run.rank + 2)
+    run.mask_rng = torch.Generator().manual_seed(args.seed * 1000 + run.rank + 1)
+    torch.manual_seed(args.seed * 1000 + run.rank + 2)
 
 
 def setup(args, argv):
     run = Run(args=args, langs=args.langs.split(","), rank=int(os.environ.get("RANK", 0)),
               world_size=int(os.environ.get("WORLD_SIZE", 1)), ddp="RANK" in os.environ)
-    local_rank = int(os.environ["LOCAL_RANK"]) if run.ddp else None  # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0)
-    run.device, dtype, backend = pick_device(args.device, args.dtype, local_rank)  # set_device and DDP need the index
+    # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
+    local_rank = int(os.environ["LOCAL_RANK"]) if run.ddp else None
+    run.device, dtype, backend = pick_device(args.device, args.dtype, local_rank)
     if run.device_type == "cuda":
         torch.cuda.set_device(run.device)
     if args.threads:
@@ -741,79 +1074,121 @@ def setup(args, argv):
     run.stop = StopSignal(lambda: how_to_go_on(run.ckpt_path, run.saved_step, argv))
     found = run_files(args.out)
     if found and not (args.resume or args.overwrite):
-        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass " + "--resume to continue "
-                         "it, " * ("checkpoint.pt" in found) + "--overwrite to start again, or another --out")
-    ckpt, changed = read_checkpoint(run.ckpt_path, args, argv) if args.resume else (None, "")
+        resume = "--resume to continue it, " if "checkpoint.pt" in found else ""
+        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass "
+                         f"{resume}--overwrite to start again, or another --out")
+    ckpt = None
+    if args.resume:
+        ckpt, changed = read_checkpoint(run.ckpt_path, args, argv)
     if args.toy_world:
         write_toy_world(args, run.langs, run.master)
     load_data(run)
     build(run, dtype)
     if ckpt:
         restore_checkpoint(run, ckpt)
-        run.log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.epoch}" + f" ({changed})" * bool(changed))
-    for name in found if run.master and args.overwrite else ():  # a new run: no file of the earlier one is mixed in
-        os.remove(os.path.join(args.out, name))
-    if run.master:  # the flags of this run; the count models of its dev sets (the plateau's measure)
-        atomic_write(os.path.join(args.out, "args.json"), lambda tmp: write_text(tmp, json.dumps(vars(args), indent=1)))
-        run.count_ppl = {l: dict(zip(("unigram", "left", "both"), count_baselines(t, d)))
-                         for l, t, d in zip(run.langs, run.train_ids, run.dev_ids)}
-        run.log("\n".join(f"count models of the dev set ({l}): unigram {c['unigram']:.1f}, left bigram "
-                          f"{c['left']:.1f}, both neighbours {c['both']:.1f}" for l, c in run.count_ppl.items()))
-    if run.ddp:  # the other ranks wait for the master's evaluation and checkpoint in their next collective
+        resumed = f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.current_epoch}"
+        if changed:
+            resumed += f" ({changed})"
+        run.log(resumed)
+    if run.master and args.overwrite:  # a new run: no file of the earlier one is mixed in
+        for name in found:
+            os.remove(os.path.join(args.out, name))
+    # the flags of this run; the count models of its dev sets (the plateau's measure)
+    if run.master:
+        args_json = json.dumps(vars(args), indent=1)
+        atomic_write(os.path.join(args.out, "args.json"), lambda tmp: write_text(tmp, args_json))
+        run.count_models = {}
+        for l, t, d in zip(run.langs, run.train_ids, run.dev_ids):
+            run.count_models[l] = dict(zip(("unigram", "left", "both"), count_baselines(t, d)))
+            c = run.count_models[l]
+            run.log(f"count models of the dev set ({l}): unigram {c['unigram']:.1f}, left bigram "
+                    f"{c['left']:.1f}, both neighbours {c['both']:.1f}")
+    if run.ddp:  # the other ranks wait for the master's evaluation and checkpoint in a collective
         dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
-        run.model = run.ddp_model = DDP(run.raw_model, device_ids=[local_rank] if run.device_type == "cuda" else None)
-        # DDP's gradient buckets follow the order of its first backward (--sep: the language drawn); one of language 0
-        # on <s> <s> (eval: no RNG; gradients dropped) fixes it, so a resumed run sums the ranks' gradients alike
-        x, others = torch.zeros((1, 2), dtype=torch.long, device=run.device), run.raw_model.lang_specific_parameters
+        device_ids = [local_rank] if run.device_type == "cuda" else None
+        run.ddp_model = DDP(run.raw_model, device_ids=device_ids)
+        run.model = run.ddp_model
+        # DDP's gradient buckets follow the order of its first backward (--sep: the language
+        # drawn); one of language 0 on <s> <s> (eval: no RNG; gradients dropped) fixes it, so a
+        # resumed run sums the ranks' gradients alike
+        x = torch.zeros((1, 2), dtype=torch.long, device=run.device)
         run.raw_model.eval()
-        (run.ddp_model(x, 0, x)[1] + sum(p.view(-1)[0] for j in range(1, len(run.langs)) for p in others(j)) * 0.0
-         ).backward()
+        (run.ddp_model(x, 0, x)[1] + zero_term(run.raw_model, 0)).backward()
         run.raw_model.train()
         run.optimizer.zero_grad(set_to_none=True)
-    if args.compile:  # after DDP: the graph is split at its gradient buckets, so their all-reduce overlaps backward
+    if args.compile:  # after DDP: the graph is split at its gradient buckets (all-reduce overlaps)
         run.model = torch.compile(run.model)
-    run.log(f"languages {run.langs} (sampling p = {np.round(run.sampler.probs, 3).tolist()}), vocab sizes "
-            f"{run.vocab_sizes}, train tokens {run.n_tokens}\nmodel: {sum(p.numel() for p in run.params):,} "
-            f"parameters, sep={args.sep or 'none'}, bpe={args.bpe}, dtype {dtype}, device {run.device}; "
-            f"{args.batch_size * args.bptt * args.accumulate * run.world_size:,} tokens per update ({args.batch_size} "
-            f"streams x {args.bptt} x {args.accumulate} accumulation x {run.world_size} processes)")
+    run.log(f"languages {run.langs} (sampling p = {np.round(run.sampler.probs, 3).tolist()}), "
+            f"vocab sizes {run.vocab_sizes}, train tokens {run.n_tokens}\n"
+            f"model: {sum(p.numel() for p in run.params):,} parameters, sep={args.sep or 'none'}, "
+            f"bpe={args.bpe}, dtype {dtype}, device {run.device}; {run.tokens_per_update:,} "
+            "tokens per update "
+            f"({args.batch_size} streams x {args.bptt} x {args.accumulate} accumulation x "
+            f"{run.world_size} processes)")
     return run
 
 
+def say_verdict(run):
+    """Where the run ends against the count models of the English dev set (README "Stalls")."""
+    en = run.langs[0]
+    counts = run.count_models[en]
+    best = run.best_ppl
+    if best > counts["left"]:
+        run.log(f"warning: the MLM has not left the unigram plateau: {en} dev ppl {best:.2f} is "
+                f"above the left-bigram count model's {counts['left']:.1f} (unigram "
+                f"{counts['unigram']:.1f}); its scores would measure an unconverged model: train "
+                "longer (--max-steps) or try another --seed")
+        return
+    where = (f"left the unigram plateau at update {run.left_plateau_at:,}; {en} dev ppl {best:.2f} "
+             f"at {run.best_step:,}")
+    if best > counts["both"]:
+        run.log(f"note: {where}, above the both-neighbour count model's {counts['both']:.1f}: the "
+                "MLM has not yet used more than the two neighbours of a masked token")
+    else:
+        run.log(f"converged: {where}, below the both-neighbour model's {counts['both']:.1f}")
+
+
 def main(argv=None):
-    argv, t0, parser = sys.argv[1:] if argv is None else [str(a) for a in argv], time.time(), build_parser()
-    with reported(parser):  # a bad input: one `error: ...` line (a flag's: with the usage line, code 2)
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    t0 = time.time()
+    parser = build_parser()
+    # a bad input: one `error: ...` line (a flag's: after the usage line, code 2)
+    with reported(parser):
         args = get_args(argv, parser)
         with locked(args.out, args.prep_dir, int(os.environ.get("RANK", 0)) == 0):
             run = setup(args, argv)
-            stopped_by, diverged = train(run)
+            ending = train(run)
     for sig, handler in run.stop.old.items():  # the handlers from before the run
         signal.signal(sig, handler)
-    if run.ddp:  # the ranks' weights compared (a collective: no rank leaves before the master wrote checkpoint.pt)
+    if run.ddp:  # the ranks' weights compared (a collective: no rank leaves before checkpoint.pt)
         digests = [None] * run.world_size  # a checksum per tensor
-        dist.all_gather_object(digests, [float(t.double().sum()) for t in run.raw_model.state_dict().values()])
-        run.model = run.ddp_model = None  # its reducer holds gloo work: destroying the group first aborted 3 of 25 runs
+        mine = [float(t.double().sum()) for t in run.raw_model.state_dict().values()]
+        dist.all_gather_object(digests, mine)
+        # its reducer holds gloo work: destroying the group first aborted 3 of 25 runs
+        run.model = None
+        run.ddp_model = None
         gc.collect()
         dist.destroy_process_group()
-        if odd := [r for r, d in enumerate(digests) if d != digests[0]]:
-            raise SystemExit(1 if not run.master else f"error: ranks {odd} hold other weights than rank 0")
+        odd = [r for r, d in enumerate(digests) if d != digests[0]]
+        if odd:
+            message = f"error: ranks {odd} hold other weights than rank 0"
+            raise SystemExit(message if run.master else 1)
         run.log(f"ranks agree: the {run.world_size} processes hold the same weights")
-    if stopped_by:
-        run.log(f"stopped by {signal.Signals(stopped_by).name} after step {run.step}: saved {run.ckpt_path}; to go on, "
+    if ending.signum:
+        run.log(f"stopped by {ending.by} after step {run.step}: saved {run.ckpt_path}; to go on, "
                 f"run {command(argv, '--resume')}", file=sys.stderr)
-        sys.exit(128 + stopped_by)  # the shell's code for a process ended by that signal
-    if diverged:
-        raise SystemExit(1 if not run.master else f"error: {diverged}; "
-                         + how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=run.args.lr / 2))
-    en, best, c = run.langs[0], run.best_ppl, (run.count_ppl or {}).get(run.langs[0])
-    run.log(f"done: step {run.step}, epoch {run.epoch}, best {en} dev ppl {best:.2f}, in "
-            f"{timedelta(seconds=round(time.time() - t0))}; {', '.join(run_files(run.args.out))} in {run.args.out}")
-    if c and (best > c["left"] or best > c["both"]):  # the left bigram's: the stall rule (RESULTS.md); a note beyond
-        run.log(f"warning: the MLM has not left the unigram plateau: {en} dev ppl {best:.2f} is above the left-bigram "
-                f"count model's {c['left']:.1f} (unigram {c['unigram']:.1f}); its scores would measure an unconverged "
-                "model: train longer (--max-steps) or try another --seed" if best > c["left"] else
-                f"note: {en} dev ppl {best:.2f} is above the both-neighbour count model's {c['both']:.1f}: the MLM has "
-                "not yet used more than the two neighbours of a masked token")
+        sys.exit(128 + ending.signum)  # the shell's code for a process ended by that signal
+    if ending.diverged:
+        advice = how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=run.args.lr / 2)
+        raise SystemExit(f"error: {ending.diverged}; {advice}" if run.master else 1)
+    if run.master:
+        say_verdict(run)
+    out = run.args.out
+    inputs = [f for f in ("args.json", "toy.json", "toy/", "data/")
+              if os.path.exists(os.path.join(out, f))]
+    files = ", ".join(inputs + run_files(out))
+    run.log(f"done: {ending.by} reached at step {run.step}, epoch {run.current_epoch}, in "
+            f"{timedelta(seconds=round(time.time() - t0))}; {files} in {out}")
 
 
 if __name__ == "__main__":

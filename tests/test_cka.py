@@ -111,7 +111,7 @@ def test_cli_table_bilingual_monolingual_random(toy_world, tmp_path, capsys, mon
     # the paper's en-en': two models of one language on one file is a measurement; one model alone is not
     same = ["--src", "fr", "--tgt", "fr", "--src-file", args.src_file, "--tgt-file", args.src_file, "--max-sents", "50"]
     _, rows = cka.cka_table(cka.build_parser().parse_args(["--ckpt", paths["bi"], "--ckpt2", paths["fr"]] + same))
-    assert all(0 < r[2] < 1 for r in rows)   # the monolingual column: two different fr models
+    assert all(0 < r[1] < 1 for r in rows)   # the monolingual column: two different fr models
     with pytest.raises(ValueError, match="both 'fr' in one model"):
         cka.cka_table(cka.build_parser().parse_args(["--ckpt", paths["bi"]] + same))
     # the sentence encoding draws its bars on stderr when it is a terminal (and nothing otherwise, as above)
@@ -196,3 +196,55 @@ def test_bad_counts_are_refused_in_one_line(flag, value, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"argument {flag}: expected one integer in [" in err and repr(value) in err
+
+
+@pytest.fixture(scope="module")
+def pair_ckpts(toy_world, tmp_path_factory):
+    """Tiny random-init checkpoints with one en+fr tokenizer: two models of 2 layers, one of 3, and
+    the first one's weights again in another file (as best.pt and checkpoint.pt of one run)."""
+    import bpe
+    import model as M
+    mono = lambda l: str(toy_world / f"mono/{l}.train.txt")
+    tok = bpe.Tokenizer.build({"en": mono("en"), "fr": mono("fr")}, num_merges=200, verbose=False)
+    d = tmp_path_factory.mktemp("pair_ckpts")
+    paths = {}
+    for name, n_layers, seed in (("a", 2, 1), ("b", 2, 2), ("deep", 3, 3)):
+        torch.manual_seed(seed)
+        cfg = M.ModelConfig(vocab_size=tok.vocab_size("en"), n_layers=n_layers, n_heads=2, dim=16,
+                            ffn_dim=32, max_positions=64)
+        paths[name] = str(d / f"{name}.pt")
+        M.save_model(paths[name], M.MLM(cfg), tokenizer=tok.to_dict(), langs=["en", "fr"])
+    model, extra = M.load_model(paths["a"])
+    paths["a_again"] = str(d / "checkpoint.pt")
+    M.save_model(paths["a_again"], model, **extra, step=7)  # other bytes, the same weights
+    return paths
+
+
+def test_ckpt2_with_the_same_weights_in_another_file_is_refused(toy_world, pair_ckpts):
+    """Issue 48: --ckpt2 naming another file of the --ckpt model (best.pt and checkpoint.pt) passed
+    the file digest and compared a model with itself; the weights tell."""
+    argv = ["--toy", "--data", str(toy_world), "--ckpt", pair_ckpts["a"], "--max-sents", "20"]
+    with pytest.raises(SystemExit, match=r"^error: --ckpt2 \S*checkpoint\.pt holds the same weights "
+                       r"as --ckpt \S*a\.pt"):
+        cka.main(argv + ["--ckpt2", pair_ckpts["a_again"]])
+
+
+def test_models_of_different_depths_are_refused(toy_world, pair_ckpts):
+    """Issue 48: layer i of one model against layer i of the other needs as many layers (a 3-layer
+    --ckpt2 was paired by index with the first 3 of 4 rows, a shallower one was an IndexError)."""
+    argv = ["--toy", "--data", str(toy_world), "--max-sents", "20"]
+    for first, second, n in (("a", "deep", (2, 3)), ("deep", "a", (3, 2))):
+        with pytest.raises(SystemExit, match=rf"^error: --ckpt \S*{first}\.pt has {n[0]} layers but "
+                           rf"--ckpt2 \S*{second}\.pt {n[1]}"):
+            cka.main(argv + ["--ckpt", pair_ckpts[first], "--ckpt2", pair_ckpts[second]])
+
+
+def test_one_language_on_both_sides_has_no_bilingual_column(toy_world, pair_ckpts, capsys):
+    """Issue 48: with --src fr --tgt fr and two models the "bilingual" column encoded one text with
+    one model on both sides (1.000 everywhere); it is left out, with a note."""
+    fr = str(toy_world / "tatoeba/tatoeba.fr-en.fr")
+    header, rows = cka.main(["--ckpt", pair_ckpts["a"], "--ckpt2", pair_ckpts["b"], "--src", "fr",
+                             "--tgt", "fr", "--src-file", fr, "--tgt-file", fr, "--max-sents", "20"])
+    assert header == ["layer", "monolingual", "random"]
+    assert all(0 < r[1] < 1 for r in rows)
+    assert "no bilingual column" in capsys.readouterr().out

@@ -46,7 +46,7 @@ def one_update(batches, accumulate, rank=0, world_size=1):
     run = pretrain.Run(args=SimpleNamespace(accumulate=accumulate, batch_size=2, bptt=8, pos_offsets=0, clip=1.0),
                        langs=["en", "fr"], rank=rank, world_size=world_size, ddp=world_size > 1,
                        stop=SimpleNamespace(signum=None), raw_model=m, model=m, params=list(m.parameters()),
-                       optimizer=torch.optim.SGD(m.parameters(), lr=0.5), ctx=nullcontext(),
+                       optimizer=torch.optim.SGD(m.parameters(), lr=0.5), amp=nullcontext(),
                        scaler=torch.amp.GradScaler("cpu", enabled=False))
     if run.ddp:
         run.model = run.ddp_model = DDP(m)
@@ -109,7 +109,7 @@ def test_one_update_however_it_is_split(tmp_path):
         same(two_by_one, wrong)
 
 
-TINY8 = ["--toy", "--toy-size", "tiny", "--sep", "emb,1-3", "--n-layers", "4", "--dim", "32", "--n-heads", "2",
+TINY8 = ["--toy", "--sep", "emb,1-3", "--n-layers", "4", "--dim", "32", "--n-heads", "2",
          "--ffn-dim", "64", "--bptt", "32", "--batch-size", "8", "--merges", "500", "--threads", "1"]
 
 

@@ -100,26 +100,29 @@ def nan_ckpt(toy_ckpt):
 
 # (extra argv, expected message); argparse errors go to stderr as `finetune.py: error: argument --flag: ...`
 FT_BAD_FLAGS = [
-    (["--batch-size", "0"], "argument --batch-size: expected a comma list of integers in [1, inf), got '0'"),
-    (["--batch-size", ","], "argument --batch-size: expected a comma list of integers in [1, inf), got ','"),
-    (["--batch-size", "16,0.5"], "argument --batch-size: expected a comma list of integers in [1, inf), got '16,0.5'"),
+    (["--batch-size", "0"], "argument --batch-size: expected one integer in [1, inf), got '0'"),
+    (["--batch-sizes", ","], "argument --batch-sizes: expected a comma list of integers in [1, inf), got ','"),
+    (["--batch-sizes", "16,0.5"], "argument --batch-sizes: expected a comma list of integers in [1, inf), got '16,0.5'"),
     (["--epochs", "0"], "argument --epochs: expected one integer in [1, inf), got '0'"),
     (["--epochs", "-3"], "argument --epochs: expected one integer in [1, inf)"),
     (["--epochs", "2.5"], "argument --epochs: expected one integer in [1, inf), got '2.5'"),
     (["--epoch-size", "-1"], "argument --epoch-size: expected one integer in [0, inf)"),
-    (["--lr", ","], "argument --lr: expected a comma list of numbers in (0, inf), got ','"),
-    (["--lr=-1e-3"], "argument --lr: expected a comma list of numbers in (0, inf)"),
-    (["--lr", "nan"], "argument --lr: expected a comma list of numbers in (0, inf)"),
-    (["--lr", "inf"], "argument --lr: expected a comma list of numbers in (0, inf)"),
-    (["--lr", "1e-3,x"], "argument --lr: expected a comma list of numbers in (0, inf), got '1e-3,x'"),
-    (["--head-lr", ""], "argument --head-lr: expected a comma list of numbers in (0, inf)"),
+    (["--lrs", ","], "argument --lrs: expected a comma list of numbers in (0, inf), got ','"),
+    (["--lr=-1e-3"], "argument --lr: expected one number in (0, inf)"),
+    (["--lr", "nan"], "argument --lr: expected one number in (0, inf)"),
+    (["--lr", "inf"], "argument --lr: expected one number in (0, inf)"),
+    (["--lrs", "1e-3,x"], "argument --lrs: expected a comma list of numbers in (0, inf), got '1e-3,x'"),
+    (["--head-lr", ""], "argument --head-lr: expected one number in (0, inf)"),
     # issue 22: a learning rate of 0 trains nothing; a repeated value trains one set twice and counts it twice in
     # the mean of the best two; --seed -1 was refused by torch after the files were read (leaving an empty sets/)
-    (["--lr", "0"], "argument --lr: expected a comma list of numbers in (0, inf), got '0'"),
-    (["--lr", "1e-3,0"], "argument --lr: expected a comma list of numbers in (0, inf), got '1e-3,0'"),
-    (["--head-lr", "0"], "argument --head-lr: expected a comma list of numbers in (0, inf), got '0'"),
-    (["--batch-size", "16,16"], "argument --batch-size: '16,16' gives a value twice"),
-    (["--lr", "1e-3,0.001"], "argument --lr: '1e-3,0.001' gives a value twice"),
+    (["--lr", "0"], "argument --lr: expected one number in (0, inf), got '0'"),
+    (["--lrs", "1e-3,0"], "argument --lrs: expected a comma list of numbers in (0, inf), got '1e-3,0'"),
+    (["--head-lr", "0"], "argument --head-lr: expected one number in (0, inf), got '0'"),
+    (["--batch-sizes", "16,16"], "argument --batch-sizes: '16,16' gives a value twice"),
+    (["--lrs", "1e-3,0.001"], "argument --lrs: '1e-3,0.001' gives a value twice"),
+    # issue 47: a comma list in a one-value flag (deprecated) is refused; the grid flags take lists
+    (["--lr", "1e-3,3e-4"], "argument --lr: expected one number in (0, inf), got '1e-3,3e-4'"),
+    (["--batch-size", "8", "--batch-sizes", "16"], "argument --batch-sizes: not allowed with argument --batch-size"),
     (["--seed", "-1"], "argument --seed: expected one integer in [0, 4294967296), got '-1'"),
     (["--seed", str(10 ** 30)], "argument --seed: expected one integer in [0, 4294967296)"),
     (["--threads", "100000"], "argument --threads: expected one integer in [0, 1025)"),  # was libgomp's abort

@@ -410,6 +410,27 @@ def test_resolve_files_real_layout():
         ft.resolve_files("ner", DATA, "en", ["xx"])
 
 
+def test_help_shows_groups_required_flags_and_an_example():
+    """--help (issue 49): the flags in groups; the usage names the flags each kind of run requires, with
+    no deprecated spelling in it; the epilog's example parses; --align-layer says what it freezes and adds."""
+    import shlex
+    parser = ft.build_parser()
+    text = parser.format_help()
+    usage = text.split("\n\n")[0]
+    assert "--task {ner,parse,xnli} --ckpt CKPT --data DIR --out DIR" in usage
+    assert "--toy --data WORLD --ckpt CKPT --out DIR" in usage and "--table OUT_DIR" in usage
+    assert "[DIR]" not in usage and "--batch-size N" not in usage and "--lr LR" not in usage
+    for title, flags in (("data", ["--data", "--toy", "--eval-langs"]), ("model", ["--ckpt", "--align-layer"]),
+                         ("fine-tuning", ["--epochs", "--lrs", "--batch-size"]), ("run", ["--out", "--device"])):
+        group = next(g for g in parser._action_groups if g.title == title)
+        assert set(flags) <= {f for a in group._group_actions for f in a.option_strings}, title
+    example = next(line for line in text.splitlines() if line.strip().startswith("python finetune.py"))
+    args = parser.parse_args(shlex.split(example)[2:])
+    assert args.task == "ner" and args.ckpt and args.data and args.out
+    align = next(a.help for a in parser._actions if "--align-layer" in a.option_strings)
+    assert "0 = the embeddings" in align and "4 new Transformer layers" in align and "frozen" in align
+
+
 # -----------------------------------------------------------------------------
 # end to end on the toy world with a tiny random-init checkpoint (pretrain.py not needed)
 
@@ -486,7 +507,8 @@ def test_ner_long_sentences_and_frozen_lang_specific(toy_world, toy_ckpt):
     data = {"lang_id": 0, "train": (train, task.featurize(train, tok, "en", 24)),
             "dev": (dev, task.featurize(dev, tok, "en", 24)), "test": {}}
     assert len(data["dev"][1][-1][0]) > 3 * 24  # subwords of the long sentence
-    args = argparse.Namespace(seed=0, head_dropout=0.1, epoch_size=0, epochs=1, max_len=22, clip=5.0, bf16=False)
+    args = argparse.Namespace(seed=0, head_dropout=0.1, epoch_size=0, epochs=1, max_len=22, clip=5.0, bf16=False,
+                              train_lang="en")
     init = {k: v.clone() for k, v in m.state_dict().items()}
     rec = ft.finetune_one(task, m, init, data, {"batch_size": 16, "lr": 1e-3, "head_lr": None}, args, log=lambda s: None)
     assert rec["best_epoch"] == 1 and 0 <= rec["dev"]["f1"] <= 1
@@ -512,7 +534,8 @@ def test_progress_bar_only_on_a_terminal(toy_world, toy_ckpt, monkeypatch, tty):
     task = ft.NERTask(train, max_len=22)
     feats = task.featurize(train, tok, "en", 24)
     data = {"lang_id": 0, "train": (train, feats), "dev": (train[:8], feats[:8]), "test": {}}
-    args = argparse.Namespace(seed=0, head_dropout=0.1, epoch_size=0, epochs=2, max_len=22, clip=5.0, bf16=False)
+    args = argparse.Namespace(seed=0, head_dropout=0.1, epoch_size=0, epochs=2, max_len=22, clip=5.0, bf16=False,
+                              train_lang="en")
     err = _Terminal() if tty else io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
     init = {k: v.clone() for k, v in m.state_dict().items()}
@@ -549,9 +572,20 @@ def test_labels_unseen_in_english_train_are_named_and_scored_as_errors(toy_world
     test.write_text(test.read_text().replace("\tO\n", "\tB-MISC\n", 1))
     ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", "--data", str(tmp_path / "w"), "--epochs", "1",
              "--batch-size", "32", "--lr", "1e-3", "--out", str(tmp_path / "o")])
-    assert f"ner: {test}: labels never seen in the English train set: B-MISC" in capsys.readouterr().out
+    assert f"ner: {test}: labels never seen in the en train set: B-MISC" in capsys.readouterr().out
     res = json.loads((tmp_path / "o" / "results.json").read_text())
     assert "B-MISC" not in res["labels"] and 0 <= res["test"]["fr"]["recall"] < 1
+
+
+def test_the_dev_language_is_the_training_language(toy_world, toy_ckpt, tmp_path, capsys):
+    """--train-lang fr (issue 49): every epoch line and the selection line name fr dev, never en dev."""
+    ft.main(["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", "--data", str(toy_world), "--train-lang", "fr",
+             "--eval-langs", "en", "--epochs", "2", "--batch-size", "32", "--lrs", "1e-3,3e-4", "--out",
+             str(tmp_path / "o")])
+    text = capsys.readouterr().out
+    epochs = [line for line in text.splitlines() if line.strip().startswith("epoch ")]
+    assert len(epochs) == 4 and all("  fr dev f1 " in line for line in epochs)
+    assert "sets by fr dev" in text and "en dev" not in text
 
 
 def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy_ckpt, tmp_path, capsys):

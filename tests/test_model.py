@@ -4,6 +4,7 @@ Run: python -m pytest -q tests/test_model.py   (tiny configs; one paper-size mod
 """
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -472,6 +473,32 @@ def test_from_xlm_reports_missing_and_unknown_keys():
         MLM.from_xlm(sd, ModelConfig(**{**config.__dict__, "lang_emb": False}))
     with pytest.raises(ValueError, match="shapes"):
         MLM.from_xlm(sd, ModelConfig(**{**config.__dict__, "vocab_size": 40}))
+
+def test_from_xlm_names_the_tensor_whose_shape_does_not_fit(tmp_path):
+    """Issue 48: a weight of the wrong shape was a torch.cat traceback (q, k, v of one layer that do
+    not fit together) or torch's many-line size mismatch; now one line naming the key and shapes."""
+    sd = xlm_state_dict(41, 16, 24, 40, 2, 2)
+    config = ModelConfig(vocab_size=41, max_positions=16, dim=24, ffn_dim=40, n_layers=2, n_heads=3,
+                         lang_emb=True)
+    for key, shape in (("attentions.1.k_lin.weight", (24, 25)), ("ffns.0.lin1.weight", (40, 23))):
+        bad = {**sd, key: torch.zeros(shape)}
+        want = (shape[0], 24) if key.startswith("ffns") else (24, 24)
+        with pytest.raises(ValueError, match=rf"^from_xlm: shapes do not match the config: "
+                           rf"{re.escape(key)} is {re.escape(str(shape))}, the config's "
+                           rf"{re.escape(str(want))}$"):
+            MLM.from_xlm(bad, config)
+    # through load_model, a released XLM checkpoint: one InputError line naming the file
+    params = {"emb_dim": 24, "n_layers": 2, "n_heads": 3, "n_langs": 2, "id2lang": {0: "en", 1: "fr"}}
+    words = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
+    words += [f"w{i}" for i in range(41 - len(words))]
+    # XLM's checkpoints have an FFN of 4 x emb_dim
+    bad = {**xlm_state_dict(41, 16, 24, 96, 2, 2), "attentions.1.k_lin.weight": torch.zeros(24, 25)}
+    torch.save({"model": bad, "params": params, "dico_word2id": {w: i for i, w in enumerate(words)}},
+               tmp_path / "x.pth")
+    with pytest.raises(ValueError, match=r"x\.pth: from_xlm: shapes do not match the config: "
+                       r"attentions\.1\.k_lin\.weight is \(24, 25\)") as e:
+        load_model(str(tmp_path / "x.pth"))
+    assert "\n" not in str(e.value)
 
 # -----------------------------------------------------------------------------
 # checkpoints

@@ -21,8 +21,10 @@ from pretrain import StreamSampler, get_batch, get_lr, mask_tokens, n_stream_bat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-# the canonical smoke flags (README uses the same): tiny world, tiny model, a few steps
-TINY = SMOKE + ["--toy-size", "tiny", "--batch-size", "4", "--merges", "300", "--log-every", "1"]
+# the canonical smoke flags (README uses the same): tiny model, a few steps; TINY_WORLD: a tiny toy world
+# written to OUT/toy (the --toy-* flags are refused with --data)
+TINY = SMOKE + ["--batch-size", "4", "--merges", "300", "--log-every", "1"]
+TINY_WORLD = TINY + ["--toy-size", "tiny"]
 
 # -----------------------------------------------------------------------------
 # masking (paper §3.1, BERT; XLM src/trainer.py mask_out)
@@ -181,7 +183,7 @@ def read_log(out):
 def world(tmp_path_factory):
     """A tiny toy world (raw text) and its joint-BPE preparation (left by a 1-update run), shared by the runs below."""
     out = tmp_path_factory.mktemp("prep")
-    run(TINY + ["--out", out, "--max-steps", 1])
+    run(TINY_WORLD + ["--out", out, "--max-steps", 1])
     (prepared,) = [d for d in (out / "data").iterdir() if d.is_dir()]
     return {"raw": out / "toy", "joint": prepared, "cache": out / "data"}
 
@@ -301,19 +303,103 @@ def test_a_run_on_the_unigram_plateau_says_so(world, tmp_path, capsys):
     lines = printed.splitlines()
     assert re.search(r"^count models of the dev set \(en\): unigram [\d.]+, left bigram [\d.]+, both neighbours",
                      printed, re.M)
-    assert re.fullmatch(r"done: step 2, epoch 0, best en dev ppl [\d.]+, in 0:00:\d\d; checkpoint.pt, best.pt, "
-                        r"log.jsonl in .*", lines[-2])
-    assert lines[-1].startswith("warning: the MLM has not left the unigram plateau: en dev ppl ")
-    assert lines[-1].endswith("train longer (--max-steps) or try another --seed")
+    assert re.fullmatch(r"done: --max-steps reached at step 2, epoch 1, in 0:00:\d\d; args.json, checkpoint.pt, "
+                        r"best.pt, log.jsonl in .*", lines[-1])
+    assert lines[-2].startswith("warning: the MLM has not left the unigram plateau: en dev ppl ")
+    assert lines[-2].endswith("train longer (--max-steps) or try another --seed")
     log = read_log(out)
     assert [r.get("plateau") for r in log if "dev_ppl" in r] == [True, True]
     assert all(isinstance(r["time"], float) and abs(r["time"] - time.time()) < 600 for r in log)
     count = load_model(out / "best.pt")[1]["count_ppl"]
     assert set(count) == {"en", "fr"} and set(count["en"]) == {"unigram", "left", "both"}
-    assert torch.load(out / "checkpoint.pt", weights_only=True)["count_ppl"] == count
-    assert log[-1]["dev_ppl"]["en"] > count["en"]["left"]
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["count_models"] == count
+    assert [r for r in log if "dev_ppl" in r][-1]["dev_ppl"]["en"] > count["en"]["left"]
     with open(out / "args.json") as f:
         assert json.load(f)["max_steps"] == 2
+
+
+@pytest.mark.parametrize("best, verdict", [
+    (30.0, "warning: the MLM has not left the unigram plateau: en dev ppl 30.00 is above the left-bigram "
+           "count model's 24.3 (unigram 155.9); its scores would measure an unconverged model"),
+    (12.5, "note: left the unigram plateau at update 2,500; en dev ppl 12.50 at 8,000, above the "
+           "both-neighbour count model's 11.4: the MLM has not yet used more than the two neighbours"),
+    (9.44, "converged: left the unigram plateau at update 2,500; en dev ppl 9.44 at 8,000, below the "
+           "both-neighbour model's 11.4")])
+def test_the_verdict_places_the_run_against_its_count_models(capsys, best, verdict):
+    """Every run ends with a verdict: above the left bigram (still on the unigram plateau), between it and the
+    both-neighbour model, or below both (converged), with the update that left the plateau and the best one."""
+    from types import SimpleNamespace
+    from pretrain import Run, say_verdict
+    counts = {"en": {"unigram": 155.9, "left": 24.3, "both": 11.4}}
+    say_verdict(Run(args=SimpleNamespace(), langs=["en", "fr"], best_ppl=best, best_step=8000,
+                    left_plateau_at=2500, count_models=counts))
+    assert capsys.readouterr().out.startswith(verdict)
+
+
+def test_count_models_record_plateau_at_every_evaluation_and_a_converged_run(world, tmp_path, monkeypatch,
+                                                                             capsys):
+    """log.jsonl opens with one record of the count models (the keys a plot reads), written once: a resumed run
+    adds none; every evaluation says "plateau" true or false; the update that left the plateau (the first
+    evaluation below the left bigram) survives --resume. Count models made huge here: every evaluation is
+    below them."""
+    import pretrain
+    from model import load_model
+    monkeypatch.setattr(pretrain, "count_baselines", lambda t, d: (3e9, 2e9, 1e9))
+    out = tmp_path / "run"
+    flags = TINY + ["--data", world["joint"], "--out", out, "--eval-every", 2]
+    run(flags + ["--max-steps", 2])
+    run(flags + ["--max-steps", 5, "--resume"])
+    lines = capsys.readouterr().out.splitlines()
+    log = read_log(out)
+    models = {"unigram": 3e9, "left": 2e9, "both": 1e9}
+    assert set(log[0]) == {"count_models", "time"} and log[0]["count_models"] == {"en": models, "fr": models}
+    assert [r for r in log if "count_models" in r] == log[:1]
+    assert [(r["step"], r["plateau"]) for r in log if "dev_ppl" in r] == [(2, False), (4, False), (5, False)]
+    assert re.fullmatch(r"converged: left the unigram plateau at update 2; en dev ppl [\d.]+ at [245], below "
+                        r"the both-neighbour model's 1000000000.0", lines[-2]), lines[-2]
+    assert load_model(out / "best.pt")[1]["count_models"] == {"en": models, "fr": models}
+
+
+def test_one_epoch_numbering_the_end_record_and_the_last_line(tmp_path, capsys):
+    """Epochs are counted from 1, alike in the progress line, the evaluation line and log.jsonl for the same
+    update (an epoch's last update is in it); the evaluation names each perplexity's language; log.jsonl ends
+    with what ended the run; the last line names the limit and every file written in --out (the toy world's
+    too)."""
+    out = tmp_path / "toy"
+    run(TINY_WORLD + ["--out", out, "--epochs", 2, "--epoch-size", 12, "--log-every", 1, "--eval-every", 1])
+    printed = capsys.readouterr().out.splitlines()
+    progress, evals = {}, {}
+    for line in printed:
+        if m := re.match(r"step (\d+) \| epoch (\d+) \| loss", line):
+            progress[int(m[1])] = int(m[2])
+        if m := re.fullmatch(r"eval step (\d+) \| epoch (\d+) \| en dev ppl [\d.]+, fr dev ppl [\d.]+( \(best\))?",
+                             line):
+            evals[int(m[1])] = int(m[2])
+    assert progress == evals == {1: 1, 2: 1, 3: 1, 4: 2, 5: 2, 6: 2}  # 3 updates of 4 streams an epoch
+    log = read_log(out)
+    assert {r["step"]: r["epoch"] for r in log if "loss" in r} == progress
+    assert {r["step"]: r["epoch"] for r in log if "dev_ppl" in r} == progress
+    assert {k: v for k, v in log[-1].items() if k != "time"} == {"ended_by": "--epochs", "step": 6, "epoch": 2}
+    assert re.fullmatch(r"done: --epochs reached at step 6, epoch 2, in 0:\d\d:\d\d; args.json, toy.json, toy/, "
+                        r"data/, checkpoint.pt, best.pt, log.jsonl in " + re.escape(str(out)), printed[-1])
+
+
+def test_help_groups_every_flag_and_shows_the_commands():
+    """--help for a newcomer: the required --out first in the usage line, every flag in one of four groups, the
+    toy command and the paper's torchrun command at the end."""
+    import pretrain
+    parser = pretrain.build_parser()
+    groups = {g.title: [a.option_strings[-1] for a in g._group_actions] for g in parser._action_groups}
+    assert [t for t, flags in groups.items() if flags] == ["options", "data", "model", "training", "run"]
+    assert groups["options"] == ["--help"]
+    assert {"--toy", "--data", "--langs", "--bpe", "--toy-overlap"} <= set(groups["data"])
+    assert {"--sep", "--n-layers", "--dim", "--dropout"} <= set(groups["model"])
+    assert {"--lr", "--warmup", "--batch-size", "--max-steps", "--epochs"} <= set(groups["training"])
+    assert {"--out", "--resume", "--device", "--snapshots"} <= set(groups["run"])
+    text = parser.format_help()
+    assert text.startswith("usage: pretrain.py --out DIR [--toy] [--data DIR | --train-files")
+    assert "\n  python pretrain.py --toy --out runs/toy " in text
+    assert "\n  torchrun --standalone --nproc_per_node 8 pretrain.py --data DIR --langs en,fr --sep emb,1-3" in text
 
 
 # paper Table 1, one row = one set of flags (README lists the same)
@@ -350,7 +436,7 @@ def test_progress_bar_only_on_a_terminal(world, tmp_path, monkeypatch, capsys, t
     monkeypatch.setattr("sys.stderr", err)
     run(TINY + ["--data", world["joint"], "--out", tmp_path / "bar", "--max-steps", 3, "--log-every", 2])
     bar, out = err.getvalue(), capsys.readouterr().out
-    assert "step 2 | epoch 0 | loss" in out and "pretrain" not in out and "eval lang" not in out
+    assert "step 2 | epoch 1 | loss" in out and "pretrain" not in out and "eval lang" not in out
     if tty:
         assert "pretrain: 100%" in bar and "3/3" in bar and "update/s" in bar and "loss=" in bar
         assert "eval lang 0" in bar
@@ -402,7 +488,7 @@ def test_pos_offsets_train_position_rows_beyond_bptt(world, tmp_path):
 @pytest.mark.parametrize("row", list(TABLE1))
 def test_table1_row_builds_and_trains(world, tmp_path, row):
     flags = [str(world["raw"] / "dict" / "en-fr.txt") if f == "DICT" else f for f in TABLE1[row]]
-    data = [] if row in OWN_WORLD else ["--data", world["raw"], "--prep-dir", world["cache"]]
+    data = ["--toy-size", "tiny"] if row in OWN_WORLD else ["--data", world["raw"], "--prep-dir", world["cache"]]
     out = tmp_path / row
     run(TINY + data + flags + ["--n-layers", 6, "--out", out, "--max-steps", 2])
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
@@ -538,10 +624,10 @@ def tiny_run(clip=5.0, sep=False):
     ids = np.arange(14, 40).repeat(3)
     run = Run(args=SimpleNamespace(accumulate=1, batch_size=2, bptt=8, pos_offsets=0, clip=clip), langs=["en", "fr"],
               stop=SimpleNamespace(signum=None), raw_model=m, model=m, params=list(m.parameters()),
-              optimizer=torch.optim.Adam(m.parameters(), lr=1e-2), ctx=nullcontext(),
+              optimizer=torch.optim.Adam(m.parameters(), lr=1e-2), amp=nullcontext(),
               scaler=torch.amp.GradScaler("cpu", enabled=False), train_ids=[ids, ids], vocab_sizes=[40, 40],
               sampler=StreamSampler([n_stream_batches(len(ids), 2, 8)] * 2, [0.5, 0.5], seed=0),
-              mask_gen=torch.Generator().manual_seed(0))
+              mask_rng=torch.Generator().manual_seed(0))
     run.next_batch = next_micro_batch(run, run.step)
     return run
 
