@@ -177,7 +177,7 @@ def test_the_epoch_is_chosen_by_the_best_english_dev_score():
     feats = [([20 + k, 21, 22], 0) for k in range(4)]
     data = {"lang_id": 0, "train": (feats, feats), "dev": (feats, feats), "test": {}}
     hp = {"batch_size": 2, "lr": 1e-2, "head_lr": None}
-    args = argparse.Namespace(seed=0, head_dropout=0.0, epoch_size=0, epochs=3, bf16=False,
+    args = argparse.Namespace(seed=0, train_lang="en", head_dropout=0.0, epoch_size=0, epochs=3, bf16=False,
                               clip=0.0)
     init = dict(model.state_dict())
     record = ft.finetune_one(task, model, init, data, hp, args, log=lambda *a: None)
@@ -279,7 +279,7 @@ def test_random_ids_under_sep_emb_come_from_the_batch_languages_own_vocabulary(m
     args = argparse.Namespace(batch_size=32, bptt=16, pos_offsets=0, pos_offsets_from=0)
     run = pretrain.Run(args=args, langs=["en", "fr"])
     run.sampler = pretrain.StreamSampler([8, 8], [0.0, 1.0], seed=0)
-    run.mask_gen = torch.Generator().manual_seed(0)
+    run.mask_rng = torch.Generator().manual_seed(0)
     run.train_ids = [rng.integers(14, n, size=4096) for n in sizes]
     run.vocab_sizes = sizes
     masked = []
@@ -313,12 +313,12 @@ def test_accumulated_micro_batches_give_the_mean_gradient(monkeypatch):
     run.model = model
     run.params = list(model.parameters())
     run.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    run.ctx = contextlib.nullcontext()
+    run.amp = contextlib.nullcontext()
     run.scaler = torch.amp.GradScaler("cpu", enabled=False)
     run.train_ids = [ids, ids]
     run.vocab_sizes = [40, 40]
     run.sampler = pretrain.StreamSampler([4, 4], [0.5, 0.5], seed=0)
-    run.mask_gen = torch.Generator().manual_seed(0)
+    run.mask_rng = torch.Generator().manual_seed(0)
     drawn = []
     next_micro_batch = pretrain.next_micro_batch
 
