@@ -582,8 +582,8 @@ def load_model(path, map_location="cpu"):
 
 
 def load_encoder(path, device, checkpoint_tokenizer, xlm_codes=None):
-    """load_model, then bpe.checkpoint_tokenizer (passed in) -> (model, tokenizer, codes, the other
-    entries)."""
+    """load_model, then bpe.checkpoint_tokenizer (passed in) -> (model, tokenizer, its languages,
+    the other entries)."""
     model, extra = load_model(path, device)
     return (model, *checkpoint_tokenizer(extra, path, xlm_codes), extra)
 
@@ -838,7 +838,8 @@ def plot_curve(run_dir, path=None):
         for key, (name, style) in COUNT_MODELS.items():
             if key in counts:
                 ax.axhline(counts[key], color=f"C{i}", linestyle=style, label=f"{lang} {name}")
-    title = f"{os.path.abspath(run_dir)}: dev perplexity"  # the run's name: _save_figure
+    # _save_figure keeps the run directory's own name
+    title = f"{os.path.abspath(run_dir)}: dev perplexity"
     if not curve.count_models:
         title += " (no count models in this log)"
     ax.set(xlabel="updates", ylabel="dev perplexity", yscale="log")
