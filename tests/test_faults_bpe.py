@@ -167,7 +167,7 @@ BPE_CASES = [
 def test_bpe_prepare_mistake_is_one_line(toy_world, inputs, prep, tmp_path, capsys, argv, message):
     fill = lambda s: s.format(w=toy_world, i=inputs, p=prep)  # noqa: E731
     code, line, _ = call(bpe.main, ["prepare"] + [fill(a) for a in argv] + ["--merges", MERGES] * (
-        "{p}" not in argv) + ["--out", tmp_path / "cache"], capsys)
+        "{p}" not in argv) + ["--prep-dir", tmp_path / "cache"], capsys)
     assert code in (1, 2) and fill(message) in line, line
     assert not (tmp_path / "cache").exists()
 
@@ -175,7 +175,7 @@ def test_bpe_prepare_mistake_is_one_line(toy_world, inputs, prep, tmp_path, caps
 def test_code_switching_says_how_many_words_it_switched(toy_world, tmp_path, capsys):
     """2. The count of switched words per language is printed and kept in the .json header."""
     code, _, out = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "100", "--code-switch",
-                                   toy_world / "dict" / "en-fr.txt", "--out", tmp_path], capsys)
+                                   toy_world / "dict" / "en-fr.txt", "--prep-dir", tmp_path], capsys)
     assert code == 0
     found = dict(re.findall(r"code-switching (en|fr): (\d+) of \d+ words", out))
     assert set(found) == {"en", "fr"} and all(int(n) > 0 for n in found.values())
@@ -188,7 +188,7 @@ def test_full_disk_in_prepare_names_the_folder_and_leaves_no_temp_file(toy_world
     def full(chunk):
         raise OSError(errno.ENOSPC, "No space left on device")  # as f.write raises it: no file name
     monkeypatch.setattr(bpe, "_encode_chunk", full)
-    code, line, _ = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "50", "--out", tmp_path], capsys)
+    code, line, _ = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "50", "--prep-dir", tmp_path], capsys)
     assert code == 1 and re.fullmatch(rf"error: data preparation failed: no space left writing in "
                                       rf"{re.escape(str(tmp_path))}/joint-50-\w+", line), line
     assert no_temp_files(tmp_path) and not list(tmp_path.rglob("done"))
