@@ -1220,15 +1220,19 @@ def _check_prepared(data, recipe, program):
 def _check_text(path, lang, split, held_out):
     """A text input of prepare, read whole before anything is written (a bad byte found late costs
     hours): one line."""
-    n = cr = han = letters = texts = words = 0
+    n = han = letters = texts = words = 0
     # read_lines and wikiextractor_files name the file (and line) at fault
     try:
         for n, line in enumerate(read_text(path), 1):
-            if "\0" in line:
+            # read_lines splits on \n only: a CR left inside a line ends a line of its own
+            if "\0" in line or "\r" in line:
                 where = path if isdir(path) else f"{path}:{n}"
-                raise ValueError(f"{where}: a NUL character, as in UTF-16 text (convert it to "
-                                 "UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
-            cr += line.count("\r")  # read_lines splits on \n only
+                if "\0" in line:
+                    raise ValueError(f"{where}: a NUL character, as in UTF-16 text (convert it to "
+                                     "UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
+                raise ValueError(f"{where}: a carriage return (CR) inside the line: lines that end "
+                                 "in CR alone (old Mac) would be read glued together; convert them "
+                                 f"first, e.g. tr '\\r' '\\n' < {path} > NEW")
             if line.strip():
                 texts += 1
             if words < MIN_DEV_WORDS:
@@ -1242,8 +1246,6 @@ def _check_text(path, lang, split, held_out):
         raise InputError(str(e)) from None
     min_texts = 10 if held_out else 1
     checks = [
-        (cr > n, f"its lines end in CR alone ({cr} CRs in {n} line(s)), so it would be read as {n} "
-                 f"line(s); convert it first, e.g. tr '\\r' '\\n' < {path} > NEW"),
         (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) "
                             f"under the language code '{lang}': only zh text is split into "
                             "characters (a Chinese line would be one word); give this language as "

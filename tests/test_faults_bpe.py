@@ -46,6 +46,13 @@ def inputs(toy_world, tmp_path_factory):
         for s in ("train", "dev"):
             (d / name / f"en.{s}.txt").write_text((mono / f"en.{s}.txt").read_text())
             (d / name / f"fr.{s}.txt").write_text(make((mono / f"fr.{s}.txt").read_text()), newline="")
+    # issue 48: Windows line ends with some CR-only ones among them (a file pasted together): line 3 ends in CR alone
+    lines = (mono / "fr.train.txt").read_text().split("\n")
+    (d / "crmix").mkdir()
+    for name in ("en.train.txt", "en.dev.txt", "fr.dev.txt"):
+        shutil.copy(mono / name, d / "crmix" / name)
+    (d / "crmix" / "fr.train.txt").write_text("".join(line + ("\r" if k % 3 == 2 else "\r\n")
+                                                      for k, line in enumerate(lines)), newline="")
     (d / "utf16").mkdir()
     for name in ("en.train.txt", "en.dev.txt", "fr.train.txt", "fr.dev.txt"):
         text = (mono / name).read_text()
@@ -153,7 +160,10 @@ BPE_CASES = [
     (["--data", "{p}", "--merges", "200", "--langs", "en"], "(--langs en,fr there, en here)"),
     # issue 37: CR-only line breaks (the file was one line); Han-script text under a code other than zh (a Chinese
     # line was one word)
-    (["--data", "{i}/cr"], "{i}/cr/fr.train.txt: its lines end in CR alone (1999 CRs in 1 line(s))"),
+    (["--data", "{i}/cr"], "{i}/cr/fr.train.txt:1: a carriage return (CR) inside the line: lines that end in "
+                           "CR alone (old Mac) would be read glued together"),
+    # issue 48: a mix of CR-LF and CR-only line ends was read with every CR-only line glued to the next one
+    (["--data", "{i}/crmix"], "{i}/crmix/fr.train.txt:3: a carriage return (CR) inside the line"),
     (["--data", "{i}/han"], "{i}/han/fr.train.txt: Han-script text (100 % of its letters) under the language code 'fr'"),
     # more of our own: ASCII text in UTF-16 (valid UTF-8, a NUL between letters); no text to hold dev lines out of
     # (both found after the English text was shuffled, or never)
