@@ -1090,6 +1090,12 @@ def setup(args, argv):
         if changed:
             resumed += f" ({changed})"
         run.log(resumed)
+        # --snapshots at updates passed without their file: they can no longer be written
+        missed = [f"step{n}.pt" for n in args.snapshots
+                  if n <= run.step and not os.path.exists(os.path.join(args.out, f"step{n}.pt"))]
+        if missed:
+            run.log(f"note: --snapshots: {run.ckpt_path} is at step {run.step}; "
+                    f"{', '.join(missed)} can no longer be written")
     if run.master and args.overwrite:  # a new run: no file of the earlier one is mixed in
         for name in found:
             os.remove(os.path.join(args.out, name))

@@ -350,6 +350,19 @@ def test_run_fault_is_one_line_and_changes_nothing(at_step_2, setup, flags, mess
     assert {f: (out / f).read_bytes() for f in os.listdir(out) if (out / f).is_file()} == before
 
 
+def test_resume_names_the_snapshots_it_can_no_longer_write(world, tmp_path, capsys):
+    """issue 48: --resume --snapshots listing an update already passed: one line names the snapshots not written
+    then (step1.pt was: not named); the later ones are still written."""
+    flags = flags_of(world) + ["--out", tmp_path]
+    run(flags + ["--max-steps", 2, "--snapshots", 1])
+    capsys.readouterr()
+    run(flags + ["--max-steps", 4, "--snapshots", "1,2,3", "--resume"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if "--snapshots" in line]
+    assert notes == [f"note: --snapshots: {tmp_path / 'checkpoint.pt'} is at step 2; step2.pt can no longer be "
+                     "written"]
+    assert sorted(p.name for p in tmp_path.glob("step*.pt")) == ["step1.pt", "step3.pt"]
+
+
 def test_overwrite_removes_every_file_of_the_earlier_run(at_step_2):
     out, flags, _ = at_step_2
     run(flags + ["--max-steps", 3, "--snapshots", "1,3", "--overwrite"])
