@@ -619,11 +619,12 @@ def build_parser():
 
 def get_args(argv=None, p=None):
     args = (p or build_parser()).parse_args(argv)
-    env = set(os.environ)
-    if {"RANK", "WORLD_SIZE"} & env and not {"LOCAL_RANK", "MASTER_ADDR"} <= env:
+    # a torchrun worker has all five; a part of them is a leftover (or a launcher's mistake)
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+               if k not in os.environ]
+    if {"RANK", "WORLD_SIZE"} & set(os.environ) and missing:
         raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun "
-                         "worker (no LOCAL_RANK and MASTER_ADDR): unset them, or launch with "
-                         "torchrun")
+                         f"worker (no {' and '.join(missing)}): unset them, or launch with torchrun")
     # on the command line, not the preset's
     offsets_from_given = args.pos_offsets_from is not None
     toy_flags = [f"--{k.replace('_', '-')}" for k in TOY_WORLD if getattr(args, k) is not None]

@@ -636,16 +636,18 @@ def test_workers_do_not_inherit_the_stop_handler(tmp_path):
 
 
 @pytest.mark.parametrize("env", [{"RANK": "0", "WORLD_SIZE": "2"}, {"WORLD_SIZE": "2"},  # the loss halved
-                                 {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"}])  # no LOCAL_RANK
+                                 {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"},  # no LOCAL_RANK
+                                 # issue 48: no MASTER_PORT (a torch.distributed traceback after the data)
+                                 {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost"}])
 def test_rank_in_the_environment_without_torchrun_is_one_line(world, tmp_path, monkeypatch, env):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    if "MASTER_ADDR" not in env:
-        monkeypatch.delenv("MASTER_ADDR", raising=False)
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for k in {"LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} - set(env):
+        monkeypatch.delenv(k, raising=False)
     with pytest.raises(SystemExit, match="^error: RANK / WORLD_SIZE are set in the environment.*unset them, or launch "
-                       "with torchrun$"):
+                       "with torchrun$") as e:
         run(flags_of(world) + ["--out", tmp_path / "run"])
+    assert "MASTER_PORT" in str(e.value.code)
     assert not (tmp_path / "run").exists()
 
 
