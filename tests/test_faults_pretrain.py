@@ -669,6 +669,29 @@ def test_dev_set_equal_to_the_training_text_is_refused_unless_allowed(world, tmp
         run(TINY + ["--data", data, "--out", tmp_path / "b", "--max-steps", 1])
 
 
+def test_dev_files_mostly_training_lines_are_refused_a_few_counted(world, tmp_path, capsys):
+    """issue 48: --dev-files compared line by line with the training text, both normalised (whitespace collapsed,
+    Unicode NFC): mostly training lines -> refused before any work (unless --allow-overlap); some -> a note with
+    their count."""
+    import unicodedata
+    mono = world["raw"] / "mono"
+    train = (mono / "fr.train.txt").read_text(encoding="utf-8").splitlines()
+    dev = (mono / "fr.dev.txt").read_text(encoding="utf-8").splitlines()
+    by_chance = len(set(dev) & set(train))  # the toy grammar repeats a short sentence now and then
+    spaced = [" " + unicodedata.normalize("NFD", line).replace(" ", " \t ") for line in train[:150]]
+    (tmp_path / "mostly.txt").write_text("\n".join(spaced + dev[:50]) + "\n", encoding="utf-8")
+    (tmp_path / "some.txt").write_text("\n".join(dev + train[:10]) + "\n", encoding="utf-8")
+    spec = lambda fr_dev: ["--train-files", f"en={mono / 'en.train.txt'},fr={mono / 'fr.train.txt'}",  # noqa: E731
+                           "--dev-files", f"en={mono / 'en.dev.txt'},fr={fr_dev}"]
+    shared = 150 + len(set(dev[:50]) & set(train))
+    with pytest.raises(SystemExit, match=rf"^error: the fr dev set is mostly its training text \({shared} of its 200 "
+                       r"lines are training lines, whitespace collapsed, Unicode NFC\).*--allow-overlap"):
+        run(TINY + spec(tmp_path / "mostly.txt") + ["--out", tmp_path / "a", "--max-steps", 1])
+    assert "learning BPE" not in capsys.readouterr().out and not (tmp_path / "a").exists()
+    run(TINY + spec(tmp_path / "some.txt") + ["--out", tmp_path / "b", "--max-steps", 1])
+    assert f"note: {by_chance + 10} of the {len(dev) + 10} fr dev lines are training lines too" in capsys.readouterr().out
+
+
 def test_resume_with_other_dev_files_is_refused(world, tmp_path):
     mono = world["raw"] / "mono"
     (tmp_path / "fr.dev.txt").write_text("".join((mono / "fr.dev.txt").read_text().splitlines(True)[:-3]))
