@@ -24,6 +24,7 @@ bpe.py, model.py and torch inside its functions:
 """
 import argparse
 import os
+import unicodedata
 from collections import Counter
 
 import numpy as np
@@ -376,7 +377,7 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # -------------------------------------------------------------------------------------------------
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
 
-def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
+def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size):
     """Contextual vector of every word token (left open by the paper: the mean of its subword
     states) -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows
     offsets[k]:offsets[k+1], NaN if past max_positions."""
@@ -395,8 +396,7 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
     return list(out), offsets
 
 
-def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, batch_size=32,
-                 max_vocab=200000):
+def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, max_vocab=200000):
     """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed
     lowercase as MUSE -> one (row name, words, vectors) per row of Fig. 4: the embedding rows of
     the words that are ONE subword (4a), then per layer the mean state of each word's tokens
@@ -534,7 +534,7 @@ def load_map(path, src, tgt, layer, digests=None):
     return maps[layer].astype(np.float32)
 
 
-def print_table(title, header, rows, plot=None):
+def print_table(title, header, rows, plot):
     """Markdown table to stdout (numbers as percentages with one decimal); --plot FILE.png draws
     it too."""
     import model
@@ -674,7 +674,11 @@ def cmd_sentences(args):
         if args.toy and args.train_src.startswith(args.data):
             overlap = ("training pairs repeat a test pair (the toy generator repeats short "
                        "sentences)")
-        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap)
+        # a pair is compared with whitespace collapsed, in Unicode NFC: a trailing space or a
+        # decomposed é is no other pair
+        normal = lambda pair: tuple(" ".join(unicodedata.normalize("NFC", s).split()) for s in pair)
+        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap,
+                                   normal)
 
     def encode(*texts):  # the sentence vectors of each side's lines, per layer
         return [model.pool_sentences(mdl, [tok.encode(s, lang) for s in lines], i, args.batch_size,
