@@ -24,6 +24,7 @@ bpe.py, model.py and torch inside its functions:
 """
 import argparse
 import os
+import unicodedata
 from collections import Counter
 
 import numpy as np
@@ -308,14 +309,13 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
         if it == n_iter - 1:
             break  # the final pass only decodes
         q = probs / np.bincount(tok, probs, minlength=n_tok)[tok]  # posterior over i per token
-        counts = np.bincount(pair_of_cell, q, minlength=len(pairs))
+        c = np.bincount(pair_of_cell, q, minlength=len(pairs)) + alpha  # expected counts + α
         # -o, from the second pass on; the posterior's h summed in corpus order
         if it > 0:
             posterior_h = np.cumsum(np.where(null, 0.0, h_prev * q))[-1] / n_tok
             for _ in range(8):
                 prior_h = np.sum(size_w * _model_h(size_j, size_m, size_n, lam)) / n_tok
                 lam = float(np.clip(lam + (posterior_h - prior_h) * 20.0, 0.1, 14.0))
-        c = counts + alpha
         tot = np.bincount(pair_e, c, minlength=len(e_id))[pair_e]
         theta = np.exp(digamma(c) - digamma(tot))
     # Viterbi decoding: per target word the most probable position; NULL (i = 0) wins ties, then
@@ -335,13 +335,13 @@ def grow_diag_final_and(fwd, rev):
 
     def unaligned(i, j):  # is source word i, is target word j still without a link?
         return i not in {a for a, _ in res}, j not in {b for _, b in res}
-    nbrs = [(di, dj) for di in (-1, 0, 1) for dj in (-1, 0, 1) if di or dj]  # 8-neighbourhood
     todo = sorted((set(fwd) | set(rev)) - res)
     grown = True
     while grown:
         grown = False
         for i, j in list(todo):
-            if any(unaligned(i, j)) and any((i + di, j + dj) in res for di, dj in nbrs):
+            # touching: an aligned point in the 8-neighbourhood ((i, j) itself is not aligned)
+            if any(unaligned(i, j)) and any(abs(i - a) <= 1 and abs(j - b) <= 1 for a, b in res):
                 res.add((i, j))
                 todo.remove((i, j))
                 grown = True
@@ -377,7 +377,7 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # -------------------------------------------------------------------------------------------------
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
 
-def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=32):
+def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size):
     """Contextual vector of every word token (left open by the paper: the mean of its subword
     states) -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows
     offsets[k]:offsets[k+1], NaN if past max_positions."""
@@ -396,11 +396,11 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size=
     return list(out), offsets
 
 
-def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, batch_size=32,
-                 max_vocab=200000):
+def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, max_vocab=200000):
     """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed
-    lowercase as MUSE -> one (words, vectors) per row of Fig. 4: the embedding rows of the words
-    that are ONE subword (4a), then per layer the mean state of each word's tokens (4b)."""
+    lowercase as MUSE -> one (row name, words, vectors) per row of Fig. 4: the embedding rows of
+    the words that are ONE subword (4a), then per layer the mean state of each word's tokens
+    (4b)."""
     import bpe
     sents = [tok.words(line.strip(), lang) for line in bpe.read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
@@ -424,8 +424,8 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents=None, batch_size=32
     np.add.at(S, (slice(None), which[counted]), np.stack(layers)[:, counted])
     means = (S[:, occurs] / n_occ[occurs, None]).astype(np.float32)
     with_states = [k for k, o in zip(keys, occurs) if o]
-    single_words = [k for k, _ in single]
-    return [(single_words, table[[i for _, i in single]])] + [(with_states, X) for X in means]
+    rows = [("emb (4a)", [k for k, _ in single], table[[i for _, i in single]])]
+    return rows + [(f"L{l} (4b)", with_states, X) for l, X in enumerate(means)]
 
 
 def _encoders(args):
@@ -442,11 +442,18 @@ def _encoders(args):
         mdl, tok, langs, _ = loaded[path]
         lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
         out.append((mdl, tok, lang_idx, lang))
-    # before any encoding
-    dims = [side[0].config.dim for side in out]
-    if dims[0] != dims[1]:
-        raise InputError(f"--ckpt {args.ckpt} has width {dims[0]} but --ckpt2 {args.ckpt2} "
-                         f"{dims[1]}: their vectors cannot be compared or mapped onto each other")
+    # before any encoding: the vectors of two widths cannot be compared, the layers of two depths
+    # cannot be paired (they were, as far as the shallower model went)
+    first = out[0][0].config
+    second = out[1][0].config
+    if first.dim != second.dim:
+        raise InputError(f"--ckpt {args.ckpt} has width {first.dim} but --ckpt2 "
+                         f"{args.ckpt2} {second.dim}: their vectors cannot be compared or mapped "
+                         "onto each other")
+    if first.n_layers != second.n_layers:
+        raise InputError(f"--ckpt {args.ckpt} has {first.n_layers} layers but --ckpt2 {args.ckpt2} "
+                         f"{second.n_layers}: the tables pair layer l of one model with layer l of "
+                         "the other; give two models of one depth")
     return out
 
 
@@ -527,7 +534,7 @@ def load_map(path, src, tgt, layer, digests=None):
     return maps[layer].astype(np.float32)
 
 
-def print_table(title, header, rows, plot=None):
+def print_table(title, header, rows, plot):
     """Markdown table to stdout (numbers as percentages with one decimal); --plot FILE.png draws
     it too."""
     import model
@@ -549,13 +556,12 @@ def cmd_words(args):
     train = without_test_pairs(train, test, names, args.allow_overlap, overlap,
                                lambda pair: pair[0])
     src, tgt = _encoders(args)
-    # per side: one (words, vectors) per row of the table
+    # per side: one (row name, words, vectors) per row of the table
     vs = word_vectors(*src, args.src_corpus, args.max_sents, args.batch_size)
     vt = word_vectors(*tgt, args.tgt_corpus, args.max_sents, args.batch_size)
-    row_names = ["emb (4a)"] + [f"L{l} (4b)" for l in range(len(vs) - 1)]
     rows = []
     errors = []
-    for name, (ws, Xs), (wt, Xt) in zip(row_names, vs, vt):
+    for (name, ws, Xs), (_, wt, Xt) in zip(vs, vt):
         try:
             tr = dictionary_indices(train, ws, wt, f"{args.train_dict} ({name})")
             te = dictionary_indices(test, ws, wt, f"{args.test_dict} ({name})")
@@ -668,7 +674,11 @@ def cmd_sentences(args):
         if args.toy and args.train_src.startswith(args.data):
             overlap = ("training pairs repeat a test pair (the toy generator repeats short "
                        "sentences)")
-        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap)
+        # a pair is compared with whitespace collapsed, in Unicode NFC: a trailing space or a
+        # decomposed é is no other pair
+        normal = lambda pair: tuple(" ".join(unicodedata.normalize("NFC", s).split()) for s in pair)
+        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap,
+                                   normal)
 
     def encode(*texts):  # the sentence vectors of each side's lines, per layer
         return [model.pool_sentences(mdl, [tok.encode(s, lang) for s in lines], i, args.batch_size,

@@ -1,11 +1,13 @@
 """Byte-pair encoding, vocabularies and binarisation for bilingual masked language models.
 
-Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language Models" (ACL 2020),
-§3 (the XLM set-up: BPE over the union of the languages) and §4.2 (anchor points: a joint vocabulary,
-language-specific vocabularies with and without shared strings, and code-switching as extra anchors).
+Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language Models" (ACL
+2020), §3 (the XLM set-up: BPE over the union of the languages) and §4.2 (anchor points: a joint
+vocabulary, language-specific vocabularies with and without shared strings, and code-switching as
+extra anchors).
 
-Above the `# ====` line, the paper's part: pre-tokenisation, BPE as Sennrich et al. state it and as subword-nmt
-applies it, §4.2's vocabulary regimes, code-switching, binarisation; below it, the plumbing (its first line says what).
+Above the `# ====` line, the paper's part: pre-tokenisation, BPE as Sennrich et al. state it and as
+subword-nmt applies it, §4.2's vocabulary regimes, code-switching, binarisation. Below it, the
+plumbing (its first line says what).
 Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --prep-dir runs/prep
 """
 
@@ -28,47 +30,57 @@ import sys
 import time
 import unicodedata
 from collections import Counter, defaultdict
+from os.path import abspath, basename, exists, getsize, isdir, isfile, join, relpath, samefile
+from typing import NamedTuple
 
 import numpy as np
 import regex
 from tqdm import tqdm
 
 # -----------------------------------------------------------------------------
-# XLM's special tokens (XLM src/data/dictionary.py): first in every vocabulary, shared by every regime
+# XLM's special tokens (XLM src/data/dictionary.py): first in every vocabulary, shared by every
+# regime
 
 SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
-EOS_ID, PAD_ID, UNK_ID = 1, 2, 3  # <s> (id 0) is never used: a stream starts with </s>
+# <s> (id 0) is never used: a stream starts with </s>
+EOS_ID, PAD_ID, UNK_ID = 1, 2, 3
 MASK_ID = 5  # <special1>; <special0> (id 4) is XLM's SEP
 N_SPECIAL = len(SPECIALS)  # 14: the first BPE token has id 14
-EOW = "</w>"  # end-of-word marker used while learning (attached to the last character: codes v0.2)
-CONTINUE = "@@"  # continuation marker written after every non-final piece of a word (subword-nmt, fastBPE)
-MODES = ("joint", "separate", "prefixed")  # the vocabulary regimes of paper §4.2 (Tokenizer)
+# the end-of-word marker used while learning, attached to the last character (codes v0.2)
+EOW = "</w>"
+# the continuation marker written after every non-final piece of a word (subword-nmt, fastBPE)
+CONTINUE = "@@"
+MODES = ("joint", "separate", "prefixed")  # the vocabulary regimes of paper §4.2
 
 # -----------------------------------------------------------------------------
 # 1. Pre-tokenisation
 
-# Whitespace = what str.isspace() calls whitespace. A word never contains any, which also keeps learn_bpe
-# equal to subword-nmt (its regex merge misbehaves on symbols that contain non-space whitespace).
+# Whitespace = what str.isspace() calls whitespace. A word never contains any, which also keeps
+# learn_bpe equal to subword-nmt (its regex merge misbehaves on symbols with non-space whitespace).
 _SPACE = r"\s\x1c-\x1f"
 _TOKEN = (
-    r"\p{N}+(?:[.,]\p{N}+)+"  # a number with separators: 1,000.50 stays one token
-    r"|[\p{L}\p{M}\p{N}]+(?:['’\-][\p{L}\p{M}\p{N}]+)*"  # a word; inner hyphens/apostrophes kept
-    rf"|(?![{_SPACE}])\X"  # anything else, one grapheme at a time: punctuation, symbols, emoji
+    r"\p{N}+(?:[.,]\p{N}+)+"  # a number with separators: 1,000.50
+    r"|[\p{L}\p{M}\p{N}]+(?:['’\-][\p{L}\p{M}\p{N}]+)*"  # a word; inner - and ' kept
+    rf"|(?![{_SPACE}])\X"  # else one grapheme: punctuation, symbols, emoji
 )
 TOKEN_RE = regex.compile(_TOKEN)
-# zh: every Han character is a token (the stand-in for the Stanford segmenter); other letters form words
-TOKEN_RE_ZH = regex.compile(r"(?V1)\p{Han}|" + _TOKEN.replace(r"[\p{L}\p{M}\p{N}]", r"[[\p{L}\p{M}\p{N}]--\p{Han}]"))
+# zh: every Han character is a token (the stand-in for the Stanford segmenter); other letters form
+# words
+TOKEN_RE_ZH = regex.compile(
+    r"(?V1)\p{Han}|" + _TOKEN.replace(r"[\p{L}\p{M}\p{N}]", r"[[\p{L}\p{M}\p{N}]--\p{Han}]"))
 SPACE_RE = regex.compile(rf"[{_SPACE}]")
 
 
 def lowercase_and_strip_accents(text):
-    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py); off by default, as XLM-17/100."""
+    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py).
+    Off by default, as in XLM-17/100."""
     text = unicodedata.normalize("NFD", text.lower())
     return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
 
 
 def pretokenize(line, lang):
-    """'Hello, world!' -> ['Hello', ',', 'world', '!']; zh: '我们2020年' -> ['我', '们', '2020', '年'].
+    """'Hello, world!' -> ['Hello', ',', 'world', '!'];
+    zh: '我们2020年' -> ['我', '们', '2020', '年'].
     The stand-in for Moses; '<s>' in the text becomes '<', 's', '>', never a special token."""
     return (TOKEN_RE_ZH if lang == "zh" else TOKEN_RE).findall(line)
 
@@ -76,15 +88,18 @@ def pretokenize(line, lang):
 # 2. Learning BPE (Sennrich et al. 2016; subword-nmt learn_bpe.py, codes version 0.2)
 
 def learn_bpe_simple(word_counts, num_merges, min_freq=2):
-    """BPE as Sennrich et al. (2016) state it: count every adjacent pair (weighted by word count), merge
-    the most frequent one everywhere, repeat until the best count is below `min_freq`. A word starts as
-    its characters, the last one carrying '</w>'; ties go to the largest pair (subword-nmt's max over
-    (count, pair)). Example (Sennrich et al. 2016, Fig. 1): {'low': 5, 'lower': 2, 'newest': 6, 'widest': 3}
-      step 1: (e,s) and (s,t</w>) tie at 9; 's' > 'e', so ('s', 't</w>')  -> n e w e st</w>, w i d e st</w>
-      step 2: (e,st</w>) = 9                                             -> n e w est</w>, w i d est</w>
-      step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2)        -> lo w</w>, lo w e r</w>
-      ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more cases)."""
-    words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}  # symbols -> count
+    """BPE as Sennrich et al. (2016) state it: count every adjacent pair (weighted by word count),
+    merge the most frequent one everywhere, repeat until the best count is below `min_freq`. A word
+    starts as its characters, the last one carrying '</w>'; ties go to the largest pair
+    (subword-nmt's max over (count, pair)).
+    Example (Sennrich et al. 2016, Fig. 1): {'low': 5, 'lower': 2, 'newest': 6, 'widest': 3}
+      step 1: (e,s) and (s,t</w>) tie at 9; 's' > 'e', so ('s', 't</w>')
+              -> n e w e st</w>, w i d e st</w>
+      step 2: (e,st</w>) = 9 -> n e w est</w>, w i d est</w>
+      step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2) -> lo w</w>, lo w e r</w>
+      ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more)."""
+    # symbols -> count
+    words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}
     merges = []
     for _ in range(num_merges):
         stats = Counter()  # (left, right) -> count
@@ -103,8 +118,11 @@ def learn_bpe_simple(word_counts, num_merges, min_freq=2):
 
 
 def merge_pair(symbols, a, b):
-    """Every (a, b) in `symbols` merged, left to right, non-overlapping: a a a with (a, a) -> aa a."""
-    out, i, n = [], 0, len(symbols)
+    """Every (a, b) in `symbols` merged, left to right, non-overlapping:
+    a a a with (a, a) -> aa a."""
+    out = []
+    i = 0
+    n = len(symbols)
     while i < n:
         if symbols[i] == a and i + 1 < n and symbols[i + 1] == b:
             out.append(a + b)
@@ -118,46 +136,56 @@ def merge_pair(symbols, a, b):
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
 
 class BPE:
-    """Merges -> segmentation. `BPE(merges)` with merges = [(left, right), ...] in learning order."""
+    """Merges -> segmentation. `BPE(merges)`: merges = [(left, right), ...] in learning order."""
 
     def __init__(self, merges):
         self.merges = [tuple(m) for m in merges]
-        # one string object per symbol (`canon`), shared by the keys of ranks and merged[rank] (the symbol a merge
-        # makes), so that _merge makes no new string per merge: its hash is known, a rank lookup matches by identity
-        self.ranks, canon = {}, {}  # a pair learned twice keeps its first (lowest) rank, as in subword-nmt
+        # One string object per symbol (`canon`), shared by the keys of ranks and by merged[rank]
+        # (the symbol a merge makes), so that _merge makes no new string per merge: its hash is
+        # known, and a rank lookup matches by identity. A pair learned twice keeps its first
+        # (lowest) rank, as in subword-nmt.
+        self.ranks = {}
+        canon = {}
         for i, pair in enumerate(self.merges):
-            if len(pair) != 2 or not pair[0] or not pair[1]:
+            if len(pair) != 2 or not all(pair):
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
             self.ranks.setdefault(tuple(canon.setdefault(s, s) for s in pair), i)
         self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
-        # per-word caches, filled as words are met: word -> pieces with '@@' (apply_words), -> them joined (apply)
-        self.cache, self.joined = {}, _Joined(self._merge)
-        self.none = len(self.merges)  # a rank above every merge's: the pair is no merge
+        # per-word caches, filled as words are met: word -> pieces with '@@' (apply_words),
+        # word -> them joined (apply)
+        self.cache = {}
+        self.joined = _Joined(self._merge)
+        self.no_merge = len(self.merges)  # a rank above every merge's: the pair is no merge
 
     def _merge(self, word):
-        """'lowest' -> ['lo', 'west</w>']: from characters (the last + '</w>'), merge the lowest-rank pair, every
-        occurrence left to right (subword-nmt's encode). rs[i] is the rank of the pair (w[i], w[i + 1]); a rank
-        names one pair, so the positions of the lowest rank are exactly that pair's occurrences."""
+        """'lowest' -> ['lo', 'west</w>']: from characters (the last + '</w>'), merge the
+        lowest-rank pair, every occurrence left to right (subword-nmt's encode). rs[i] is the rank
+        of the pair (w[i], w[i + 1]); a rank names one pair, so the positions of the lowest rank are
+        exactly that pair's occurrences."""
         if len(word) < 2:
             return [word + EOW]
         w = [*word[:-1], word[-1] + EOW]
-        get, none, merged = self.ranks.get, self.none, self.merged
-        rs = list(map(get, zip(w, w[1:]), itertools.repeat(none)))
-        while rs and (r := min(rs)) != none:
+        get = self.ranks.get
+        no_merge = self.no_merge
+        merged = self.merged
+        rs = list(map(get, zip(w, w[1:]), itertools.repeat(no_merge)))
+        while rs and (r := min(rs)) != no_merge:
             i = rs.index(r)
-            if rs.count(r) == 1:  # the usual case: one occurrence, and only its neighbours' pairs change
+            # the usual case: one occurrence, and only its neighbours' pairs change
+            if rs.count(r) == 1:
                 ab = merged[r]  # w[i] + w[i + 1]
                 del w[i + 1]
                 w[i] = ab
                 if i + 1 < len(w):
-                    rs[i] = get((ab, w[i + 1]), none)
+                    rs[i] = get((ab, w[i + 1]), no_merge)
                     del rs[i + 1]
                 else:
                     del rs[i]
                 if i:
-                    rs[i - 1] = get((w[i - 1], ab), none)
+                    rs[i - 1] = get((w[i - 1], ab), no_merge)
                 continue
-            new, n = w[:i], len(w)
+            new = w[:i]
+            n = len(w)
             while i < n:
                 if i < n - 1 and rs[i] == r:  # non-overlapping: a a a with (a, a) -> aa a
                     new.append(merged[r])
@@ -166,51 +194,62 @@ class BPE:
                     new.append(w[i])
                     i += 1
             w = new
-            rs = list(map(get, zip(w, w[1:]), itertools.repeat(none)))
+            rs = list(map(get, zip(w, w[1:]), itertools.repeat(no_merge)))
         return w
 
     def _pieces(self, word):
         """word -> its pieces with '@@' on non-final ones (cached): 'lowest' -> ('lo@@', 'west')."""
-        ps = self.cache.get(word)
-        if ps is None:
-            w = self._merge(word) if word else []
-            ps = self.cache[word] = tuple(p + CONTINUE for p in w[:-1]) + (w[-1][: -len(EOW)],) if w else ()
-        return ps
+        pieces = self.cache.get(word)
+        if pieces is None:
+            pieces = ()
+            if word:
+                *first, last = self._merge(word)
+                pieces = tuple(p + CONTINUE for p in first) + (last[: -len(EOW)],)
+            self.cache[word] = pieces
+        return pieces
 
     def segment(self, word):
         """'lowest' -> ['lo', 'west']: the pieces of one word, without '@@'."""
-        ps = self._pieces(word)
-        return [p[: -len(CONTINUE)] for p in ps[:-1]] + list(ps[-1:])
+        pieces = self._pieces(word)
+        return [p[: -len(CONTINUE)] for p in pieces[:-1]] + list(pieces[-1:])
 
     def apply_words(self, words):
-        """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces of every word, '@@' on non-final ones."""
+        """['lowest', 'new'] -> ['lo@@', 'west', 'new']: every word's pieces, '@@' on non-final
+        ones."""
         return [p for w in words for p in self._pieces(w)]
 
     def apply(self, line):
-        """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words are split on ' ' only."""
+        """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words split on ' ' only."""
         line = line.strip("\r\n ")
-        words = line.split(" ") if "  " not in line else [w for w in line.split(" ") if w]  # '' for runs of ' '
-        return " ".join(map(self.joined.__getitem__, words)) if line else ""  # a new word: _Joined.__missing__
+        if not line:
+            return ""
+        words = line.split(" ")
+        if "  " in line:  # runs of ' ' give '' words
+            words = [w for w in words if w]
+        # a word met for the first time is merged by _Joined.__missing__
+        return " ".join(map(self.joined.__getitem__, words))
 
     def save(self, path):  # a codes file of subword-nmt
         write_text(path, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
 
+    # subword-nmt's codes or fastBPE's (XLM's released models): read_codes, below the ruler
     @classmethod
-    def load(cls, path):  # subword-nmt's codes or fastBPE's (XLM's released models): read_codes, below the ruler
+    def load(cls, path):
         return cls(read_codes(path))
 
 # -----------------------------------------------------------------------------
 # 4. Vocabularies (XLM data/dictionary.py, fastBPE getvocab) and the three regimes of paper §4.2
 
 class Vocab:
-    """Token <-> id: `tokens` without the specials, which come first (tokens[0] gets id N_SPECIAL = 14)."""
+    """Token <-> id: `tokens` without the specials, which come first (tokens[0] gets id 14)."""
 
     def __init__(self, tokens, counts=None):
         self.tokens = SPECIALS + list(tokens)
         self.counts = [0] * N_SPECIAL + (list(counts) if counts is not None else [0] * len(tokens))
         self.index = {t: i for i, t in enumerate(self.tokens)}
         # one token per id, each fit for XLM's 'token count' dictionary files
-        if len(self.index) < len(self.tokens) or not all(t and not SPACE_RE.search(t) for t in self.tokens):
+        fit = all(t and not SPACE_RE.search(t) for t in self.tokens)
+        if len(self.index) < len(self.tokens) or not fit:
             raise ValueError("Vocab: a token is empty, contains whitespace or appears twice")
 
     def __len__(self):
@@ -218,69 +257,87 @@ class Vocab:
 
 
 class Tokenizer:
-    """Text -> ids for one run: pretokenize (+ lowercasing), BPE, language marks (prefixed), vocabulary.
+    """Text -> ids for one run: pretokenize (+ lowercasing), BPE, language marks (prefixed),
+    vocabulary.
 
     Regimes (paper §4.2, Table 1 "anchor points"):
-      joint     one BPE learned on all languages (equal numbers of lines per language), one vocabulary:
-                every identical string is one token (the default model, mBERT/XLM style)
-      separate  one BPE per language; the union of the per-language vocabularies: strings that happen
-                to be identical in both languages (digits, names, punctuation) are the only anchors
+      joint     one BPE learned on all languages (equal numbers of lines per language), one
+                vocabulary: every identical string is one token (the default model, mBERT/XLM style)
+      separate  one BPE per language; the union of the per-language vocabularies: strings that
+                happen to be identical in both languages (digits, names, punctuation) are the only
+                anchors
       prefixed  one BPE per language and every token marked with its language ('en:the', 'fr:le'):
                 no shared token except the 14 specials ("no anchors")
-    separate_vocab=True gives every language its own id space (for separate embeddings, `--sep emb`)."""
+    separate_vocab=True gives every language its own id space (separate embeddings, `--sep emb`)."""
 
     def __init__(self, langs, mode, bpes, vocabs, lowercase=False, separate_vocab=False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self.langs, self.mode, self.lowercase, self.separate_vocab = list(langs), mode, lowercase, separate_vocab
-        self.bpes, self.vocabs = bpes, vocabs  # lang -> BPE (one for all in joint mode), lang -> Vocab
-        self.anchors = None  # tokens seen in more than one language (identical strings); set by build()
+        self.langs = list(langs)
+        self.mode = mode
+        self.lowercase = lowercase
+        self.separate_vocab = separate_vocab
+        self.bpes = bpes  # lang -> BPE (one for all in joint mode)
+        self.vocabs = vocabs  # lang -> Vocab
+        self.anchors = None  # tokens seen in more than one language; set by build()
 
     @classmethod
     def build(cls, train_files, mode="joint", num_merges=80000, separate_vocab=False,
               lowercase=False, max_lines=None, min_freq=2, seed=0, verbose=True):
-        """Learn BPE and vocabularies from {lang: path} (paper: joint 80k merges, else 40k per language).
-        joint learns on the same number of lines from every language (XLM samples 10M lines each with
-        `shuf`): larger corpora are down-sampled, seeded. Vocabulary counts come from all lines."""
+        """Learn BPE and vocabularies from {lang: path} (paper: joint 80k merges, else 40k per
+        language). joint learns on the same number of lines from every language (XLM samples 10M
+        lines each with `shuf`): larger corpora are down-sampled, seeded. Vocabulary counts come
+        from all lines."""
         tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
         log = print if verbose else (lambda *args: None)
-        counts, n_lines = {}, {}
+        counts = {}  # lang -> Counter of words
+        n_lines = {}
         for lang in tok.langs:
-            c, n = Counter(), 0
+            words = Counter()
+            n = 0
             for n, line in enumerate(read_lines(train_files[lang], max_lines), 1):
-                c.update(tok.words(line, lang))
-            if not c:
+                words.update(tok.words(line, lang))
+            if not words:
                 raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
-            counts[lang], n_lines[lang] = c, n
+            counts[lang] = words
+            n_lines[lang] = n
 
         if mode == "joint":
-            n_min, learn_counts = min(n_lines.values()), Counter()
+            n_min = min(n_lines.values())
+            learn_counts = Counter()
             for k, lang in enumerate(tok.langs):
                 if n_lines[lang] == n_min:
                     learn_counts.update(counts[lang])
-                else:
-                    keep = set(np.random.default_rng([seed, k]).choice(n_lines[lang], n_min, replace=False).tolist())
-                    lines = enumerate(read_lines(train_files[lang], max_lines))
-                    learn_counts.update(w for n, line in lines if n in keep for w in tok.words(line, lang))
+                    continue
+                rng = np.random.default_rng([seed, k])
+                keep = set(rng.choice(n_lines[lang], n_min, replace=False).tolist())
+                for n, line in enumerate(read_lines(train_files[lang], max_lines)):
+                    if n in keep:
+                        learn_counts.update(tok.words(line, lang))
             log(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
-            tok.bpes = dict.fromkeys(tok.langs, BPE(learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)))
+            merges = learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)
+            tok.bpes = dict.fromkeys(tok.langs, BPE(merges))
         else:
             for lang in tok.langs:
                 log(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
                 tok.bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
-        token_counts = {lang: Counter() for lang in tok.langs}  # the pieces of every word x its count
+        # the pieces of every word x its count
+        token_counts = {lang: Counter() for lang in tok.langs}
         for lang in tok.langs:
             for word, c in counts[lang].items():
                 for piece in tok.pieces([word], lang):
                     token_counts[lang][piece] += c
 
-        def vocab(tc):  # fastBPE getvocab order: count descending, ties alphabetical
+        # fastBPE getvocab order: count descending, ties alphabetical
+        def vocab(tc):
             return Vocab(*zip(*sorted(tc.items(), key=lambda kv: (-kv[1], kv[0]))))
 
-        union = None if separate_vocab else vocab(sum(token_counts.values(), Counter()))
-        tok.vocabs = {lang: union or vocab(token_counts[lang]) for lang in tok.langs}
-        seen = Counter(t for tc in token_counts.values() for t in tc)
-        tok.anchors = {t for t, n in seen.items() if n > 1}
+        if separate_vocab:
+            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in tok.langs}
+        else:
+            tok.vocabs = dict.fromkeys(tok.langs, vocab(sum(token_counts.values(), Counter())))
+        n_langs_of = Counter(t for tc in token_counts.values() for t in tc)
+        tok.anchors = {t for t, n in n_langs_of.items() if n > 1}  # identical strings
         sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in tok.langs)
         log(f"vocabulary ({mode}{', separate ids' if separate_vocab else ''}): {sizes}; "
             f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
@@ -290,11 +347,15 @@ class Tokenizer:
         return len(self.vocabs[lang])
 
     def words(self, line, lang):
-        """Pretokenised (lowercased if the run lowercases) words of a raw line, cut to MAX_WORD chars (cap_words)."""
-        return cap_words(pretokenize(lowercase_and_strip_accents(line) if self.lowercase else line, lang))
+        """Pretokenised words of a raw line (lowercased if the run lowercases), cut to MAX_WORD
+        characters (cap_words)."""
+        if self.lowercase:
+            line = lowercase_and_strip_accents(line)
+        return cap_words(pretokenize(line, lang))
 
     def pieces(self, words, lang):
-        """Words -> vocabulary tokens: BPE pieces with '@@'; prefixed regime: 'hel@@' in en -> 'en:hel@@'."""
+        """Words -> vocabulary tokens: BPE pieces with '@@'.
+        prefixed: 'hel@@' in en -> 'en:hel@@'."""
         pieces = self.bpes[lang].apply_words(words)
         return [f"{lang}:{p}" for p in pieces] if self.mode == "prefixed" else pieces
 
@@ -307,23 +368,28 @@ class Tokenizer:
         return [self.vocabs[lang].index.get(p, UNK_ID) for p in self.tokenize(line, lang)]
 
     def encode_words(self, words, lang):
-        """Already-split words -> ids per word, as encode() gives them in context ([UNK_ID] for no piece)."""
+        """Already-split words -> ids per word, as encode() gives them in context ([UNK_ID] for no
+        piece)."""
         return [self.encode(word, lang) or [UNK_ID] for word in words]
 
     def to_dict(self):
-        """Plain types (for torch.load(weights_only=True)); a BPE or Vocab shared by languages is stored once."""
-        bpes = list({id(self.bpes[l]): self.bpes[l] for l in self.langs}.values())  # in language order
-        vocabs = list({id(self.vocabs[l]): self.vocabs[l] for l in self.langs}.values())
+        """Plain types (for torch.load(weights_only=True)); a BPE or Vocab shared by languages is
+        stored once."""
+        # in language order (a BPE or Vocab is its own key: by identity)
+        bpes = list(dict.fromkeys(self.bpes[l] for l in self.langs))
+        vocabs = list(dict.fromkeys(self.vocabs[l] for l in self.langs))
         return {"format": "bpe.Tokenizer/1", "langs": list(self.langs), "mode": self.mode,
                 "lowercase": bool(self.lowercase), "separate_vocab": bool(self.separate_vocab),
                 "bpes": [[list(m) for m in b.merges] for b in bpes],
                 "bpe_of": {l: bpes.index(self.bpes[l]) for l in self.langs},
-                "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]} for v in vocabs],
+                "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]}
+                           for v in vocabs],
                 "vocab_of": {l: vocabs.index(self.vocabs[l]) for l in self.langs}}
 
     @classmethod
     def from_dict(cls, d):
-        bpes, vocabs = [BPE(m) for m in d["bpes"]], [Vocab(v["tokens"], v["counts"]) for v in d["vocabs"]]
+        bpes = [BPE(m) for m in d["bpes"]]
+        vocabs = [Vocab(v["tokens"], v["counts"]) for v in d["vocabs"]]
         return cls(d["langs"], d["mode"], {l: bpes[d["bpe_of"][l]] for l in d["langs"]},
                    {l: vocabs[d["vocab_of"][l]] for l in d["langs"]}, d.get("lowercase", False),
                    d.get("separate_vocab", False))
@@ -332,16 +398,18 @@ class Tokenizer:
         write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
-    def load(cls, path):  # read_tokenizer, below the ruler, names the file of a bad one
+    def load(cls, path):  # read_tokenizer, below the ruler, names a bad file
         return read_tokenizer(cls, path)
 
 # -----------------------------------------------------------------------------
-# 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is prepared
+# 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is
+# prepared
 
 def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
-    """Extra anchors (paper §4.2): a word found in `dictionary` {word: [translations]} (else lowercased, as
-    MUSE; Titlecase stays Titlecase) is picked with probability p, floor(max_frac * len(words)) at most, and
-    replaced by one of its translations, uniformly. `rng`: random.Random or numpy Generator. Example:
+    """Extra anchors (paper §4.2): a word found in `dictionary` {word: [translations]} (else
+    lowercased, as MUSE; Titlecase stays Titlecase) is picked with probability p,
+    floor(max_frac * len(words)) at most, and replaced by one of its translations, uniformly.
+    `rng`: random.Random or numpy Generator. Example:
     ['the', 'cat', 'sleeps'], {'cat': ['chat']}, p=1, max_frac=1 -> ['the', 'chat', 'sleeps']."""
     picked = []  # (position, translations)
     for i, word in enumerate(words):
@@ -354,62 +422,87 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
         order = sorted(range(len(picked)), key=lambda k: rng.random())
         picked = [picked[k] for k in sorted(order[:cap])]
     out = list(words)
-    for i, tr in picked:
-        out[i] = tr[min(int(rng.random() * len(tr)), len(tr) - 1)]
+    for i, translations in picked:
+        k = min(int(rng.random() * len(translations)), len(translations) - 1)
+        out[i] = translations[k]
     return out
 
 # -----------------------------------------------------------------------------
 # 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
 
 CHUNK_LINES = 2000
-_WORKER = {}  # binarize's arguments, in this process and in each worker of its Pool (_pool)
+# binarize's arguments, in this process and in each worker of its Pool (_pool)
+_WORKER = {}
+
+
+class Encoded(NamedTuple):
+    """_encode_chunk's result for one chunk of lines."""
+    ids: np.ndarray  # uint32, EOS_ID after each line
+    n_lines: int
+    n_bytes: int
+    n_words: int
+    n_switched: int  # words code-switched
 
 
 def _encode_chunk(chunk):
-    """[(line number, line), ...] -> (uint32 ids with EOS after each line, n_lines, n_bytes)."""
-    w = _WORKER
-    tok, lang, ids, n_words, n_switched = w["tok"], w["lang"], [], 0, 0
+    """[(line number, line), ...] -> Encoded."""
+    opts = _WORKER
+    tok = opts["tok"]
+    lang = opts["lang"]
+    ids = []
+    n_words = 0
+    n_switched = 0
     for n, line in chunk:
         words = tok.words(line, lang)
         n_words += len(words)
-        if w["code_switch"] is None:
+        if opts["code_switch"] is None:
             pieces = tok.pieces(words, lang)
-        else:  # the rng depends only on (seed, line number): the output is the same for any --workers
-            rng = random.Random(w["seed"] * 1_000_003 + n)
-            switched = code_switch(words, w["code_switch"], rng, w["p"], w["max_frac"])
+        else:
+            # the rng depends only on (seed, line number): the output is the same for any --workers
+            rng = random.Random(opts["seed"] * 1_000_003 + n)
+            switched = code_switch(words, opts["code_switch"], rng, opts["p"], opts["max_frac"])
             n_switched += sum(a != b for a, b in zip(words, switched))
-            pieces = [p for a, b in zip(words, switched) for p in tok.pieces([b], lang if a == b else w["cs_lang"])]
+            pieces = [p for a, b in zip(words, switched)
+                      for p in tok.pieces([b], lang if a == b else opts["cs_lang"])]
         ids.extend(tok.vocabs[lang].index.get(p, UNK_ID) for p in pieces)
         ids.append(EOS_ID)
     n_bytes = sum(len(line.encode()) + 1 for _, line in chunk)
-    return np.array(ids, dtype=np.uint32), len(chunk), n_bytes, n_words, n_switched
+    return Encoded(np.array(ids, dtype=np.uint32), len(chunk), n_bytes, n_words, n_switched)
 
 
-def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15, seed=0, verbose=True):
-    """A text file -> `out_prefix.bin` (flat ids, EOS_ID after every line; uint16 if the vocabulary fits)
-    and `out_prefix.json`, streamed in chunks by `workers`. `code_switch`: a dictionary to code-switch the
-    text with (paper §4.2, done here once); a replaced word gets the BPE of the other language and `lang`'s vocabulary,
-    so this needs two languages and one shared id space."""
+def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15,
+             seed=0, verbose=True):
+    """A text file -> `out_prefix.bin` (flat ids, EOS_ID after every line; uint16 if the vocabulary
+    fits) and `out_prefix.json`, streamed in chunks by `workers`. `code_switch`: a dictionary to
+    code-switch the text with (paper §4.2, done here once); a replaced word gets the BPE of the
+    other language and `lang`'s vocabulary, so this needs two languages and one shared id space."""
     if code_switch is not None and (tok.separate_vocab or len(tok.langs) != 2):
-        raise ValueError("code-switching needs two languages and one shared vocabulary (separate_vocab=False)")
+        raise ValueError("code-switching needs two languages and one shared vocabulary "
+                         "(separate_vocab=False)")
     cs_lang = next((l for l in tok.langs if l != lang), None)  # the language of the translations
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
     lines = enumerate(read_lines(text_path), 1)
-    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])  # lists of (line number, line)
+    # lists of (line number, line)
+    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
     n_tokens = n_sentences = n_words = n_switched = 0
-    bar = tqdm(total=os.path.getsize(text_path), unit="B", unit_scale=True,
-               desc=f"binarize {os.path.basename(text_path)}", disable=not verbose or not sys.stderr.isatty())
-    _WORKER.update(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p, max_frac=max_frac, seed=seed)
-    pool = _pool(workers, dict(_WORKER)) if workers > 1 else None  # its workers leave signals to this process
+    bar = tqdm(total=getsize(text_path), unit="B", unit_scale=True,
+               desc=f"binarize {basename(text_path)}",
+               disable=not verbose or not sys.stderr.isatty())
+    _WORKER.update(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p,
+                   max_frac=max_frac, seed=seed)
+    # its workers leave signals to this process
+    pool = _pool(workers, dict(_WORKER)) if workers > 1 else None
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
         with atomic_path(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
-            for ids, n_lines, n_bytes, words, switched in results:
-                f.write(ids.astype(dtype).tobytes())
-                n_tokens, n_sentences = n_tokens + len(ids), n_sentences + n_lines
-                n_words, n_switched = n_words + words, n_switched + switched
-                bar.update(n_bytes)
+            for chunk in results:
+                f.write(chunk.ids.astype(dtype).tobytes())
+                n_tokens += len(chunk.ids)
+                n_sentences += chunk.n_lines
+                n_words += chunk.n_words
+                n_switched += chunk.n_switched
+                bar.update(chunk.n_bytes)
             if n_words == 0:  # blank lines alone would be a corpus of </s>
                 raise ValueError(f"{text_path}: empty corpus (no words in {n_sentences} lines)")
     finally:
@@ -417,63 +510,81 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
         _WORKER.clear()
         if pool:
             pool.terminate()
-    meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences, "n_words": n_words,
-            "vocab_size": vocab_size, "lang": lang}
+    meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
+            "n_words": n_words, "vocab_size": vocab_size, "lang": lang}
     if code_switch is not None:
         meta["n_switched"] = n_switched
     write_text(out_prefix + ".json", json.dumps(meta) + "\n")
     return meta
 
-# ======================================================================================================================
-# Plumbing: the fast learner, file formats, the command-line helpers every script shares, data preparation, bpe.py's CLI
+# ==================================================================================================
+# Plumbing: the fast learner, file formats, the command-line helpers every script shares, data
+# preparation, bpe.py's CLI
 
 # -----------------------------------------------------------------------------
 # Speed: learn_bpe (learn_bpe_simple's merges, fast) and BPE.apply's per-word cache
 
 def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
-    """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the pair
-    (`where`), and a heap of (-count, key(left), key(right), pair) finds the best one. An out-of-date entry
-    is re-pushed with its current count; counts only grow through a push, so a current top is the best."""
+    """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the
+    pair (`where`), and a heap of (-count, key(left), key(right), pair) finds the best one. An
+    out-of-date entry is re-pushed with its current count; counts only grow through a push, so a
+    current top is the best."""
     if num_merges < 1 or min_freq < 1:
-        raise ValueError(f"learn_bpe: num_merges and min_freq must be >= 1, got {num_merges} and {min_freq}")
-    if (w := next((w for w in word_counts if not w or SPACE_RE.search(w)), None)) is not None:
-        raise ValueError(f"learn_bpe: word {w!r} is empty or contains whitespace; split lines with pretokenize")
-    words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
+        raise ValueError(f"learn_bpe: num_merges and min_freq must be >= 1, got {num_merges} and "
+                         f"{min_freq}")
+    bad = [w for w in word_counts if not w or SPACE_RE.search(w)]
+    if bad:
+        raise ValueError(f"learn_bpe: word {bad[0]!r} is empty or contains whitespace; split lines "
+                         "with pretokenize")
+    # lists of symbols
+    words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
 
-    stats, where = defaultdict(int), defaultdict(set)
+    stats = defaultdict(int)  # pair -> count
+    where = defaultdict(set)  # pair -> indices of the words that have it
     for j, (w, f) in enumerate(zip(words, freqs)):
         for pair in zip(w, w[1:]):
             stats[pair] += f
             where[pair].add(j)
-    # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix last
-    # (negated code points, then 1): key('b') = (-98, 1) < key('ab') = (-97, -98, 1) < key('a') = (-97, 1)
+    # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix
+    # last (negated code points, then 1): key('b') = (-98, 1) < key('ab') = (-97, -98, 1)
+    # < key('a') = (-97, 1)
     key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
     heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
     heapq.heapify(heap)
 
     merges = []
-    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not sys.stderr.isatty(), mininterval=1)
+    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not sys.stderr.isatty(),
+               mininterval=1)
     while len(merges) < num_merges:
-        while heap:  # pop stale entries until the top one is current (lazy deletion)
+        # pop stale entries until the top one is current (lazy deletion)
+        while heap:
             negc, ka, kb, pair = heap[0]
             c = stats.get(pair, 0)
             if c == -negc:
                 break
-            heapq.heapreplace(heap, (-c, ka, kb, pair)) if c > 0 else heapq.heappop(heap)
+            if c > 0:
+                heapq.heapreplace(heap, (-c, ka, kb, pair))
+            else:
+                heapq.heappop(heap)
         if not heap or -heap[0][0] < min_freq:  # else `pair` is the current top: the best pair
             break
         merges.append(pair)
         bar.update(1)
-        (a, b), ab = pair, pair[0] + pair[1]
+        a, b = pair
+        ab = a + b
         grown = defaultdict(set)  # pair whose count went up -> the words that now have it
         for j in where.pop(pair):
-            # merge_pair, moving neighbour counts: x a b y -> x ab y turns (x, a), (b, y) into (x, ab), (ab, y);
-            # in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab) alone
-            w, f = words[j], freqs[j]
-            new, i, n = [], 0, len(w)
+            # merge_pair, moving neighbour counts: x a b y -> x ab y turns (x, a), (b, y) into
+            # (x, ab), (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab)
+            # alone
+            w = words[j]
+            f = freqs[j]
+            new = []
+            i = 0
+            n = len(w)
             while i < n:
                 if w[i] == a and i + 1 < n and w[i + 1] == b:
                     if new:
@@ -489,7 +600,8 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
                 else:
                     new.append(w[i])
                     i += 1
-            if len(new) < n:  # else a stale index entry: the word no longer contains the pair
+            # else a stale index entry: the word no longer contains the pair
+            if len(new) < n:
                 words[j] = new
         del stats[pair]
         for p, js in grown.items():  # pushed once, after all words are updated
@@ -499,18 +611,22 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     return merges
 
 
-MAX_WORD = 100  # characters; far above a real word's length (a long German compound has some 40)
+# characters; far above a real word's length (a long German compound has some 40)
+MAX_WORD = 100
 
 
 def cap_words(words):
-    """Words over MAX_WORD characters cut into words of MAX_WORD: BPE's time over a word grows with its length times
-    its merges (a 1 MB word stalled learning for minutes). subword-nmt, fastBPE and model.py's export cut nothing."""
-    return words if max(map(len, words), default=0) <= MAX_WORD else [
-        w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
+    """Words over MAX_WORD characters cut into words of MAX_WORD: BPE's time over a word grows with
+    its length times its merges (a 1 MB word stalled learning for minutes). subword-nmt, fastBPE
+    and model.py's export cut nothing."""
+    if max(map(len, words), default=0) <= MAX_WORD:
+        return words
+    return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
 
 
 def _pool(workers, opts):
-    """binarize's Pool; its workers ignore Ctrl-C (the parent stops them) and die of SIGTERM (pool.terminate's)."""
+    """binarize's Pool; its workers ignore Ctrl-C (the parent stops them) and die of SIGTERM
+    (pool.terminate's)."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
@@ -526,21 +642,25 @@ def _pool_worker(opts):
 
 
 class _Joined(dict):
-    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup (a line is one pass)."""
+    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup (a line is
+    one pass)."""
     def __init__(self, merge):
         super().__init__()
         self.merge = merge
 
-    def __missing__(self, word):  # the pieces joined by '@@ ', then the last one's '</w>' dropped
+    def __missing__(self, word):
+        # the pieces joined by '@@ ', then the last one's '</w>' dropped
         self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
         return self[word]
 
 # -----------------------------------------------------------------------------
-# Files: atomic writes, UTF-8 lines, parallel text, codes files, tokenizer.json, .bin headers, MUSE, checkpoints
+# Files: atomic writes, UTF-8 lines, parallel text, codes files, tokenizer.json, .bin headers, MUSE,
+# checkpoints
 
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yields path.PID.tmp to write (one per process), renamed to `path` at the end, removed by any failure."""
+    """Yields path.PID.tmp to write (one per process), renamed to `path` at the end, removed by any
+    failure."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         yield tmp
@@ -551,66 +671,85 @@ def atomic_path(path):
         raise
 
 
-def write_text(path, text):  # a UTF-8 text file (a string, or strings one after another), through atomic_path
+# a UTF-8 text file (a string, or strings one after another), through atomic_path
+def write_text(path, text):
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         f.writelines([text] if isinstance(text, str) else text)
 
 
 def read_lines(path, max_lines=None):
-    """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray \\r inside lines), a
-    byte order mark at its start dropped (Windows editors write one); a bad byte raises InputError naming file:line."""
+    """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray
+    \\r inside lines), a byte order mark at its start dropped (Windows editors write one); a bad
+    byte raises InputError naming file:line."""
     with open(path, "rb") as f:
         for n, raw in enumerate(itertools.islice(f, max_lines), 1):
             try:
                 yield raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
-                raise InputError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                raise InputError(f"{path}:{n}: not valid UTF-8 ({e.reason} at byte "
+                                 f"{e.start})") from None
 
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
-    """Two line-aligned UTF-8 files -> their first max_lines lines; InputError: unequal, empty, one file (same_ok)."""
-    if not same_ok and os.path.isfile(src_path) and os.path.isfile(tgt_path) and os.path.samefile(src_path, tgt_path):
-        raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both sides would be one text")
-    src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
-    if not src or len(src) != len(tgt):
-        raise InputError(f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
-                         if src or tgt else f"parallel files {src_path} and {tgt_path} are empty")
+    """Two line-aligned UTF-8 files -> their first max_lines lines; InputError if they are of
+    unequal length, empty, or one file (unless same_ok)."""
+    if not same_ok and isfile(src_path) and isfile(tgt_path):
+        if samefile(src_path, tgt_path):
+            raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both "
+                             "sides would be one text")
+    src = list(read_lines(src_path))
+    tgt = list(read_lines(tgt_path))
+    if not src and not tgt:
+        raise InputError(f"parallel files {src_path} and {tgt_path} are empty")
+    if len(src) != len(tgt):
+        raise InputError(f"parallel files differ in length: {src_path} has {len(src)} lines, "
+                         f"{tgt_path} has {len(tgt)}")
     return src[:max_lines or None], tgt[:max_lines or None]
 
 
 def read_codes(path):
-    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right count', no header:
-    XLM's codes_enfr) -> [(left, right), ...]: both put '</w>' on a word's last symbol, so one BPE serves both."""
-    try:  # as subword-nmt reads them: trailing newlines dropped, then one line per merge
+    """Codes of subword-nmt ('#version: 0.2', then 'left right' per line) or of fastBPE ('left right
+    count', no header: XLM's codes_enfr) -> [(left, right), ...]: both put '</w>' on a word's last
+    symbol, so one BPE serves both."""
+    # as subword-nmt reads them: trailing newlines dropped, then one line per merge
+    try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().rstrip("\n").split("\n")
     except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte {e.start})") from None
-    nmt = lines[0].split() in (["#version:", "0.2"], ["#version:", "0.2.0"])  # else fastBPE's, or an error
-    rows = [(n, line, line.strip("\r\n ").split(" ")) for n, line in enumerate(lines[nmt:], 1 + nmt)]
-    for n, line, parts in rows:
+        raise InputError(f"{path}: not a codes file (not valid UTF-8: {e.reason} at byte "
+                         f"{e.start})") from None
+    nmt = lines[0].split() in (["#version:", "0.2"], ["#version:", "0.2.0"])  # else fastBPE's
+    expected = "'left right'" if nmt else ("'left right count' (fastBPE) or a first line "
+                                           "'#version: 0.2' (subword-nmt)")
+    merges = []
+    for n, line in enumerate(lines[nmt:], 1 + nmt):
+        parts = line.strip("\r\n ").split(" ")
         if len(parts) != 3 - nmt or not all(parts) or not (nmt or parts[2].isdigit()):
-            raise InputError(f"{path}:{n}: expected " + ("'left right'" if nmt else "'left right count' (fastBPE) or a "
-                             "first line '#version: 0.2' (subword-nmt)") + f", got {line[:60]!r}")
-    return [(parts[0], parts[1]) for _, _, parts in rows]
+            raise InputError(f"{path}:{n}: expected {expected}, got {line[:60]!r}")
+        merges.append((parts[0], parts[1]))
+    return merges
 
 
 def read_tokenizer(cls, path):
-    """Tokenizer.load: a tokenizer.json written by Tokenizer.save; anything else raises ValueError naming the file."""
+    """Tokenizer.load: a tokenizer.json written by Tokenizer.save; anything else raises ValueError
+    naming the file."""
     try:
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
     except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
-        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ("
-                         f"{'not JSON' if isinstance(e, json.JSONDecodeError) else type(e).__name__}: {e})") from None
+        kind = "not JSON" if isinstance(e, json.JSONDecodeError) else type(e).__name__
+        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({kind}: {e})") from None
 
 
-def load_bin(out_prefix):  # -> (read-only np.memmap of the ids, meta dict) for files written by binarize()
+# -> (read-only np.memmap of the ids, meta dict) for files written by binarize()
+def load_bin(out_prefix):
+    path = out_prefix + ".json"
     try:
-        with open(path := out_prefix + ".json", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             meta = json.load(f)
-        if not (isinstance(meta, dict) and meta.get("dtype") in ("uint16", "uint32") and
-                isinstance(meta.get("n_tokens"), int) and isinstance(meta.get("n_sentences"), int)):
+        if not (isinstance(meta, dict) and meta.get("dtype") in ("uint16", "uint32")
+                and isinstance(meta.get("n_tokens"), int)
+                and isinstance(meta.get("n_sentences"), int)):
             raise ValueError("no dtype, n_tokens and n_sentences")
     except ValueError as e:  # not UTF-8, not JSON, other JSON
         raise ValueError(f"{path}: not a header written by bpe.binarize ({e})") from None
@@ -621,35 +760,48 @@ def load_bin(out_prefix):  # -> (read-only np.memmap of the ids, meta dict) for 
 
 
 def read_dictionary(path):
-    """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target), ...] in order."""
-    pairs = [(n, line.split()) for n, line in enumerate(read_lines(path), 1) if line.split()]
-    if bad := next(((n, parts) for n, parts in pairs if len(parts) != 2), None):
-        raise InputError(f"{path}:{bad[0]}: expected 'source target', got {' '.join(bad[1])!r}")
+    """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target),
+    ...] in order."""
+    pairs = []
+    for n, line in enumerate(read_lines(path), 1):
+        parts = line.split()
+        if parts and len(parts) != 2:
+            raise InputError(f"{path}:{n}: expected 'source target', got {' '.join(parts)!r}")
+        if parts:
+            pairs.append(tuple(parts))
     if not pairs:
         raise InputError(f"{path}: the dictionary is empty")
-    return [tuple(parts) for _, parts in pairs]
+    return pairs
 
 
 def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, langs) of a checkpoint's `extra`: best.pt's tokenizer, or an XLM dictionary with fastBPE codes."""
+    """(Tokenizer, langs) of a checkpoint's `extra`: best.pt's tokenizer, or an XLM dictionary with
+    fastBPE codes."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
-            raise InputError(f"{path}: an XLM checkpoint; give its fastBPE codes file with --xlm-codes (codes_enfr)")
-        words, langs = list(extra["xlm_vocab"])[N_SPECIAL:], list(extra["langs"])  # no upper case: lowercased (XLM-15)
-        codes, vocab, lowercase = BPE.load(xlm_codes), Vocab(words), all(w == w.lower() for w in words)  # one BPE
-        return Tokenizer(langs, "joint", dict.fromkeys(langs, codes), dict.fromkeys(langs, vocab), lowercase), langs
+            raise InputError(f"{path}: an XLM checkpoint; give its fastBPE codes file with "
+                             "--xlm-codes (codes_enfr)")
+        words = list(extra["xlm_vocab"])[N_SPECIAL:]
+        langs = list(extra["langs"])
+        lowercase = all(w == w.lower() for w in words)  # no upper case: lowercased (XLM-15)
+        codes = dict.fromkeys(langs, BPE.load(xlm_codes))  # one BPE
+        vocabs = dict.fromkeys(langs, Vocab(words))
+        return Tokenizer(langs, "joint", codes, vocabs, lowercase), langs
     if xlm_codes:
-        raise InputError(f"--xlm-codes {xlm_codes}: {path} is not an XLM checkpoint (its own tokenizer is inside)")
+        raise InputError(f"--xlm-codes {xlm_codes}: {path} is not an XLM checkpoint (its own "
+                         "tokenizer is inside)")
     if "tokenizer" not in extra or "langs" not in extra:
-        raise InputError(f"{path}: the checkpoint has no tokenizer and languages (use pretrain.py's best.pt)")
+        raise InputError(f"{path}: the checkpoint has no tokenizer and languages (use "
+                         "pretrain.py's best.pt)")
     return Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
-
 # -----------------------------------------------------------------------------
-# Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from here)
+# Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from
+# here)
 
 class InputError(ValueError):
-    """A bad input, the whole message: a flag's value (code 2: usage error) or a file and line (1); see reported."""
+    """A bad input, the whole message: a flag's value (code 2: usage error) or a file and line (1);
+    see reported."""
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
@@ -657,7 +809,8 @@ class InputError(ValueError):
 
 @contextlib.contextmanager
 def reported(parser):
-    """Each main's one place for a bad input: an InputError (or model.py's, cka.py's, toydata.py's) -> one line."""
+    """Each main's one place for a bad input: an InputError (or model.py's, cka.py's, toydata.py's)
+    -> one line."""
     try:
         yield
     except ValueError as e:
@@ -669,7 +822,8 @@ def reported(parser):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help: each flag's default after its help, unless its help says it or it is None or a switch (off)."""
+    """--help: each flag's default after its help, unless its help says it or it is None or a
+    switch (off)."""
     def _get_help_string(self, action):
         if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help
@@ -677,68 +831,83 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
-    """Every numeric flag's type: a finite number in [lo, hi) (`above`: (lo, `upto`: hi]), `many`: distinct ones 1,2."""
+    """Every numeric flag's type: a finite number in [lo, hi) (`above`: (lo, `upto`: hi]); `many`:
+    a comma list of distinct ones (1,2)."""
     def parse(s):
         try:
-            v = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
+            values = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
         except ValueError:
-            v = []
-        if not v or not all((lo < x if above else lo <= x) and (x <= hi if upto else x < hi) and math.isfinite(x)
-                            for x in v):
+            values = []
+        in_range = all((lo < x if above else lo <= x) and (x <= hi if upto else x < hi)
+                       and math.isfinite(x) for x in values)
+        if not values or not in_range:
             kind = "integer" if cast is int else "number"
-            raise argparse.ArgumentTypeError(f"expected {f'a comma list of {kind}s' if many else f'one {kind}'} in "
-                                             f"{'(' if above else '['}{lo}, {hi}{']' if upto else ')'}, got {s!r}")
-        if len(set(v)) < len(v):
-            raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of the grid")
-        return v if many else v[0]
+            raise argparse.ArgumentTypeError(
+                f"expected {f'a comma list of {kind}s' if many else f'one {kind}'} in "
+                f"{'(' if above else '['}{lo}, {hi}{']' if upto else ')'}, got {s!r}")
+        if len(set(values)) < len(values):
+            raise argparse.ArgumentTypeError(f"{s!r} gives a value twice: each value is one set of "
+                                             "the grid")
+        return values if many else values[0]
     return parse
 
 
-def deprecated(old, new):  # the spellings of the previous release still work, with this one line on stderr
+# the spellings of the previous release still work, with this one line on stderr
+def deprecated(old, new):
     print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
 
 
 def toy_data(args):
-    """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note -> the flag that gave the data."""
+    """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note -> the flag that
+    gave the data."""
     if not isinstance(args.toy, str):
         return "--data"
     deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
     if args.data is not None:
-        raise InputError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy --data DIR)")
-    args.data, args.toy = args.toy, True
+        raise InputError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy "
+                         "--data DIR)")
+    args.data = args.toy
+    args.toy = True
     return "--toy"
 
 
 def check_src_tgt(args):
-    """align.py and cka.py: --src and --tgt, codes of letters (a toy world's file names), differ unless --ckpt2."""
+    """align.py and cka.py: --src and --tgt, codes of letters (a toy world's file names), differ
+    unless --ckpt2."""
     for flag, code in (("--src", args.src), ("--tgt", args.tgt)):
         if not code.isalpha():
             raise InputError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
     if args.src == args.tgt and not args.ckpt2:
-        raise InputError(f"--src and --tgt are both {args.src!r} in one model: give two languages, or --ckpt2 (en-en')")
+        raise InputError(f"--src and --tgt are both {args.src!r} in one model: give two languages, "
+                         "or --ckpt2 (en-en')")
 
 
 def out_of_memory(e):
-    """Whether an exception is running out of memory (MemoryError, a GPU's OutOfMemoryError, the CPU allocator's)."""
+    """Whether an exception is running out of memory (MemoryError, a GPU's OutOfMemoryError, the
+    CPU allocator's)."""
     return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
 
 
 def encode_bar(lang):
-    """align.py's and cka.py's "encode {lang}" bar for model.pool_sentences: (iterable, total) -> iterable (a tty)."""
-    return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False, mininterval=1,
-                                  disable=not sys.stderr.isatty())
+    """align.py's and cka.py's "encode {lang}" bar for model.pool_sentences: (iterable, total) ->
+    iterable (on a terminal)."""
+    return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False,
+                                  mininterval=1, disable=not sys.stderr.isatty())
 
 
 def parse_langs(langs):
-    """'en,fr' or ['en', 'fr'] -> ['en', 'fr']: distinct codes of letters (not 'en/x' or ' fr'), else InputError."""
+    """'en,fr' or ['en', 'fr'] -> ['en', 'fr']: distinct codes of letters (not 'en/x' or ' fr'),
+    else InputError."""
     langs = langs.split(",") if isinstance(langs, str) else list(langs)
     if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
-        raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of letters, e.g. en", 2)
+        raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of "
+                         "letters, e.g. en", 2)
     return langs
 
 
 def parse_lang_files(flag, items, langs=None):
-    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (a PATH may be a WikiExtractor folder); errors: `flag`."""
+    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (a PATH may be a WikiExtractor folder);
+    errors name `flag`."""
     files = {}
     for item in items.split(","):
         lang, eq, path = item.partition("=")
@@ -747,18 +916,22 @@ def parse_lang_files(flag, items, langs=None):
             raise InputError(f"{flag}: expected LANG=PATH, got {item!r}", 2)
         if lang in files:
             raise InputError(f"{flag}: language '{lang}' given twice", 2)
-        if not os.path.isfile(path) and not os.path.isdir(path):  # a directory: WikiExtractor output
+        # a directory: WikiExtractor output
+        if not isfile(path) and not isdir(path):
             raise InputError(f"{flag} {item}: no such file", 2)
-        if same := [l for l, p in files.items() if os.path.samefile(p, path)]:
-            raise InputError(f"{flag}: {same[0]} and {lang} are the same file {path}", 2)
+        for other, other_path in files.items():
+            if samefile(other_path, path):
+                raise InputError(f"{flag}: {other} and {lang} are the same file {path}", 2)
         files[lang] = path
     if langs is not None and sorted(files) != sorted(langs):
-        raise InputError(f"{flag}: languages {','.join(sorted(files))} do not match --langs {','.join(langs)}", 2)
+        raise InputError(f"{flag}: languages {','.join(sorted(files))} do not match --langs "
+                         f"{','.join(langs)}", 2)
     return files
 
 
 def checkpoint_lang(langs, lang, head, tail=""):
-    """The index of `lang` in a checkpoint's `langs`, or InputError "{head} not one of the checkpoint's languages"."""
+    """The index of `lang` in a checkpoint's `langs`, or InputError "{head} not one of the
+    checkpoint's languages"."""
     if lang not in langs:
         raise InputError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
     return list(langs).index(lang)
@@ -766,78 +939,106 @@ def checkpoint_lang(langs, lang, head, tail=""):
 
 @contextlib.contextmanager
 def write_errors(path):
-    """A failed write of `path` stops the program in one line (full disk: ENOSPC, or torch.save's 'unexpected pos')."""
+    """A failed write of `path` stops the program in one line (full disk: ENOSPC, or torch.save's
+    'unexpected pos')."""
     try:
         yield
     except (OSError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and "unexpected pos" not in str(e):
             raise
-        raise SystemExit(f"error: no space left writing {path}" if isinstance(e, RuntimeError) or e.errno ==
-                         errno.ENOSPC else f"error: cannot write {path}: {e.strerror or e}") from None
+        if isinstance(e, RuntimeError) or e.errno == errno.ENOSPC:
+            raise SystemExit(f"error: no space left writing {path}") from None
+        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
 
 
 def atomic_write(path, write):
-    """write(tmp) writes `path` through atomic_path; a failure stops the program with one line (write_errors)."""
+    """write(tmp) writes `path` through atomic_path; a failure stops the program with one line
+    (write_errors)."""
     with write_errors(path), atomic_path(path) as tmp:
         write(tmp)
 
 
 def make_dir(flag, path):
-    """os.makedirs, or one line saying why the directory of `flag` (--out, --prep-dir) cannot be used."""
+    """os.makedirs, or one line saying why the directory of `flag` (--out, --prep-dir) cannot be
+    used."""
     try:
         os.makedirs(path, exist_ok=True)
-    except OSError as e:  # FileExistsError: a file, not a directory
-        raise InputError(f"{flag} {path}: " + ("exists and is not a directory" if isinstance(
-            e, FileExistsError) else f"cannot create the directory: {e.filename}: {e.strerror}")) from None
+    except FileExistsError:  # a file, not a directory
+        raise InputError(f"{flag} {path}: exists and is not a directory") from None
+    except OSError as e:
+        raise InputError(f"{flag} {path}: cannot create the directory: {e.filename}: "
+                         f"{e.strerror}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise InputError(f"{flag} {path}: the directory is not writable")
 
 
 # -----------------------------------------------------------------------------
-# Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits, cached; bpe.py's CLI
+# Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits,
+# cached; bpe.py's CLI
 
-# Wikipedia through WikiExtractor (XLM's get-data-wiki.sh): AA/wiki_00, ... of <doc> blocks, shuffled (XLM's shuf)
-DEV_LINES = 5000  # XLM holds out 5000 valid (and 5000 test) lines per language; at most a tenth of a small corpus
-SHUFFLE_SEED = 42  # XLM's `get_seeded_random 42`; fixed, whatever --seed is, so that every run sees the same split
-SHUFFLE_BUCKET_BYTES = 1 << 28  # the shuffle holds one bucket of about this many bytes in memory at a time
+# Wikipedia through WikiExtractor (XLM's get-data-wiki.sh): AA/wiki_00, ... of <doc> blocks,
+# shuffled (XLM's shuf).
+# XLM holds out 5000 valid (and 5000 test) lines per language; at most a tenth of a small corpus
+DEV_LINES = 5000
+# XLM's `get_seeded_random 42`; fixed, whatever --seed is, so that every run sees the same split
+SHUFFLE_SEED = 42
+# the shuffle holds one bucket of about this many bytes in memory at a time
+SHUFFLE_BUCKET_BYTES = 1 << 28
 
 
 def wikiextractor_files(path):
-    """The text files of a WikiExtractor output directory in sorted order (AA/wiki_00, AA/wiki_01, ..., AB/...)."""
-    found = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names if f.startswith("wiki_"))
-    if packed := [f for f in found if f.endswith(".bz2")]:
-        raise ValueError(f"{packed[0]}: compressed WikiExtractor output (--compress); unpack it with bunzip2 first")
+    """The text files of a WikiExtractor output directory in sorted order (AA/wiki_00, AA/wiki_01,
+    ..., AB/...)."""
+    found = sorted(join(d, f) for d, _, names in os.walk(path) for f in names
+                   if f.startswith("wiki_"))
+    packed = [f for f in found if f.endswith(".bz2")]
+    if packed:
+        raise ValueError(f"{packed[0]}: compressed WikiExtractor output (--compress); unpack it "
+                         "with bunzip2 first")
     if not found:
         raise ValueError(f"{path}: a directory without WikiExtractor files (AA/wiki_00, ...)")
     return found
 
 
 def read_wikiextractor(path):
-    """A WikiExtractor directory's lines but <doc>, </doc> and blank ones (XLM's get-data-wiki.sh); else ValueError."""
+    """A WikiExtractor directory's lines but <doc>, </doc> and blank ones (XLM's get-data-wiki.sh);
+    else ValueError."""
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
-            doc, end, text = line.startswith("<doc ") and line.endswith(">"), line == "</doc>", line.strip()
-            why = (f"<doc> inside the <doc> of line {start}" if doc and start else "</doc> without <doc ...>" if end
-                   and not start else "text outside <doc ...> ... </doc>" if text and not (doc or end or start) else "")
-            if why:
-                raise ValueError(f"{name}:{n}: {why} (not WikiExtractor output)" + f": {line[:60]!r}" * (
-                    not (doc or end)))
-            start = n if doc else None if end else start
-            if text and not (doc or end):
+            doc = line.startswith("<doc ") and line.endswith(">")
+            end = line == "</doc>"
+            text = line.strip() and not doc and not end
+            if doc and start:
+                raise ValueError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not "
+                                 "WikiExtractor output)")
+            if end and not start:
+                raise ValueError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor output)")
+            if text and not start:
+                raise ValueError(f"{name}:{n}: text outside <doc ...> ... </doc> (not "
+                                 f"WikiExtractor output): {line[:60]!r}")
+            if doc:
+                start = n
+            elif end:
+                start = None
+            elif text:
                 yield line
         if start:
             raise ValueError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
 
 
 def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
-    """Non-empty `lines` (~`size` bytes) shuffled in bucket files to train_path, min(DEV_LINES, n // 10) to dev_path."""
-    rng, n_buckets = np.random.default_rng(seed), 1 + size // SHUFFLE_BUCKET_BYTES
+    """Non-empty `lines` (~`size` bytes) shuffled in bucket files to train_path, min(DEV_LINES,
+    n // 10) of them to dev_path."""
+    rng = np.random.default_rng(seed)
+    n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
     os.makedirs(work_dir, exist_ok=True)
-    buckets, n = [os.path.join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)], 0
+    buckets = [join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)]
+    n = 0
     try:
         with contextlib.ExitStack() as files:
-            outs = [files.enter_context(open(b, "w", encoding="utf-8", newline="\n")) for b in buckets]
+            outs = [files.enter_context(open(b, "w", encoding="utf-8", newline="\n"))
+                    for b in buckets]
             lines = (line for line in lines if line.strip())
             for chunk in iter(lambda: list(itertools.islice(lines, 1 << 16)), []):
                 for line, k in zip(chunk, rng.integers(n_buckets, size=len(chunk)).tolist()):
@@ -860,301 +1061,443 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
     return n - n_dev, n_dev
 
 
-MIN_DEV_WORDS = 20  # a dev split with fewer words cannot measure a perplexity (best.pt is chosen on it)
-CS_SAMPLE_LINES = 20000  # lines per language read to check a --code-switch dictionary against the text
-CHECK_SCRIPT_LINES = 1000  # lines of each text whose letters are counted: Han-script text must be zh (_check_text)
-HAN_RE, LETTER_RE = regex.compile(r"\p{Han}"), regex.compile(r"\p{L}")
-# what a prepared folder records and a run must match: recipe key -> (pretrain.py's flag, bpe.py prepare's flag)
-RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"), "merges": ("--merges", "--merges"),
-                "separate_vocab": ("--sep emb/tok", "--separate-vocab"), "lowercase": ("--lowercase", "--lowercase"),
+# a dev split with fewer words cannot measure a perplexity (best.pt is chosen on it)
+MIN_DEV_WORDS = 20
+# lines per language read to check a --code-switch dictionary against the text
+CS_SAMPLE_LINES = 20000
+# lines of each text whose letters are counted: Han-script text must be zh (_check_text)
+CHECK_SCRIPT_LINES = 1000
+HAN_RE = regex.compile(r"\p{Han}")
+LETTER_RE = regex.compile(r"\p{L}")
+# what a prepared folder records and a run must match: recipe key -> (pretrain.py's flag, bpe.py
+# prepare's flag)
+RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"),
+                "merges": ("--merges", "--merges"),
+                "separate_vocab": ("--sep emb/tok", "--separate-vocab"),
+                "lowercase": ("--lowercase", "--lowercase"),
                 "code_switch_sha1": ("--code-switch", "--code-switch")}
 
 
-def file_sha1(path):  # of a --code-switch dictionary: a recipe names it by its contents
+# the sha1 of a --code-switch dictionary: a recipe names it by its contents
+def file_sha1(path):
     try:
         with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha1").hexdigest()
+    except FileNotFoundError:
+        raise InputError(f"--code-switch {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"--code-switch {path}: not a file") from None
     except OSError as e:
-        raise InputError(f"--code-switch {path}: " + ("no such file" if isinstance(e, FileNotFoundError) else
-                         "not a file" if isinstance(e, IsADirectoryError) else f"cannot read: {e.strerror}")) from None
+        raise InputError(f"--code-switch {path}: cannot read: {e.strerror}") from None
 
 
 def read_text(path, max_lines=None):  # the lines of a text file or of a WikiExtractor directory
-    return itertools.islice(read_wikiextractor(path), max_lines) if os.path.isdir(path) else read_lines(path, max_lines)
+    if isdir(path):
+        return itertools.islice(read_wikiextractor(path), max_lines)
+    return read_lines(path, max_lines)
 
 
-def prepared_files(langs):  # the files prepare writes in its folder (then `done`, last: the folder is complete)
-    return ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev")
-                                                for x in ("bin", "json")]
+# the files prepare writes in its folder (then `done`, last: the folder is complete)
+def prepared_files(langs):
+    splits = [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev") for x in ("bin", "json")]
+    return ["tokenizer.json", "recipe.json"] + splits
 
 
 def _missing(folder, langs):
-    """What a prepared folder lacks ([] if nothing): `done`, a file, or a .bin of another size than `done` records."""
-    if not os.path.isfile(done := os.path.join(folder, "done")):
+    """What a prepared folder lacks ([] if nothing): `done`, a file, or a .bin of another size than
+    `done` records."""
+    done_path = join(folder, "done")
+    if not isfile(done_path):
         return ["done"]
-    sizes = {}
-    with open(done, encoding="utf-8") as f, contextlib.suppress(ValueError, TypeError):  # one made by hand: no size
+    sizes = {}  # .bin file -> its size; a `done` made by hand records none
+    with open(done_path, encoding="utf-8") as f, contextlib.suppress(ValueError, TypeError):
         sizes = dict(json.loads(f.read().strip() or "{}"))
-    paths = {n: os.path.join(folder, n) for n in prepared_files(langs)}
-    return [n for n, p in paths.items() if not os.path.isfile(p)] + [
-        f"the {n} of {b} bytes it was written with ({os.path.getsize(paths[n])} now)" for n, b in sizes.items()
-        if os.path.isfile(paths.get(n, "")) and os.path.getsize(paths[n]) != b]
+    missing = []
+    for name in prepared_files(langs):
+        path = join(folder, name)
+        if not isfile(path):
+            missing.append(name)
+        elif name in sizes and getsize(path) != sizes[name]:
+            missing.append(f"the {name} of {sizes[name]} bytes it was written with "
+                           f"({getsize(path)} now)")
+    return missing
 
 
 @contextlib.contextmanager
-def _preparing(out, flag):
-    """prepare's flock on out/lock (naming this process; a second is refused); a failure removes the folder."""
-    make_dir(flag, out)
-    path = os.path.join(out, "lock")
-    while True:  # the holder removes the file before it lets go: then lock the new one
+def _preparing(out):
+    """prepare's flock on out/lock (naming this process; a second is refused); a failure removes
+    the folder."""
+    make_dir("--prep-dir", out)
+    path = join(out, "lock")
+    # the holder removes the file before it lets go: then lock the new one
+    while True:
         f = open(path, "a+", encoding="utf-8")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             with f:
                 f.seek(0)
-                raise InputError(f"{out} is being prepared by {f.read().strip() or 'another process'} (it holds "
-                                 f"{path}); wait for it to end, then run the same command: it uses that data") from None
+                holder = f.read().strip() or "another process"
+                raise InputError(f"{out} is being prepared by {holder} (it holds {path}); wait for "
+                                 "it to end, then run the same command: it uses that "
+                                 "data") from None
         if os.fstat(f.fileno()).st_nlink:
             break
         f.close()
-    for p in (os.path.join(out, n) for n in os.listdir(out) if n.endswith(".tmp")):  # what a killed process left
-        (shutil.rmtree if os.path.isdir(p) else os.remove)(p)
+    leftovers = [join(out, n) for n in os.listdir(out) if n.endswith(".tmp")]
+    for p in leftovers:  # what a killed process left
+        if isdir(p):
+            shutil.rmtree(p)
+        else:
+            os.remove(p)
     f.truncate(0)
     print(f"process {os.getpid()} on {os.uname().nodename}", file=f, flush=True)
     try:
-        yield True
+        yield
     except BaseException as e:
         shutil.rmtree(out, ignore_errors=True)
         if isinstance(e, InputError) or not isinstance(e, (ValueError, OSError)):
             raise
-        # a reader's ValueError names the file (and line); a full disk's OSError no file, or a temporary one, now gone
-        where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if isinstance(e, OSError) and e.filename else out
-        raise InputError("data preparation failed: " + (str(e) if isinstance(e, ValueError) else "no space left writing"
-                         f" in {where}" if e.errno == errno.ENOSPC else f"{where}: {e.strerror or e}")) from None
+        # a reader's ValueError names the file (and line); a full disk's OSError no file, or a
+        # temporary one, now gone
+        if isinstance(e, ValueError):
+            raise InputError(f"data preparation failed: {e}") from None
+        where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
+        if e.errno == errno.ENOSPC:
+            raise InputError(f"data preparation failed: no space left writing in {where}") from None
+        raise InputError(f"data preparation failed: {where}: {e.strerror or e}") from None
     finally:
         with contextlib.suppress(OSError):
             os.remove(path)
         f.close()
 
 
+def _show(key, value):
+    """A recipe's value as its flag gives it: 'en,fr', 'on', 'none', ..."""
+    if key == "langs":
+        return ",".join(value)
+    if key == "code_switch_sha1" and value:
+        return "a dictionary with sha1 " + value[:10]
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
 def _check_prepared(data, recipe, program):
-    """A --data directory written by prepare: every file there, a recipe equal to this run's choices; else one line."""
-    if missing := _missing(data, recipe["langs"]):
-        raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; prepare it again: bpe.py "
-                         "prepare on its text makes it anew (or give pretrain.py the text)")
+    """A --data directory written by prepare: every file there, a recipe equal to this run's
+    choices; else one line."""
+    missing = _missing(data, recipe["langs"])
+    if missing:
+        raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; prepare "
+                         "it again: bpe.py prepare on its text makes it anew (or give pretrain.py "
+                         "the text)")
+    path = join(data, "recipe.json")
     try:
-        with open(path := os.path.join(data, "recipe.json"), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             made = dict(json.load(f))  # else TypeError or ValueError: not a JSON object
     except (OSError, ValueError, TypeError) as e:
-        raise InputError(f"--data {data}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    if "code_switch_sha1" not in made and (cs := made.get("code_switch")):  # a recipe from before the digest: the
-        made["code_switch_sha1"] = file_sha1(cs[0]) if os.path.isfile(cs[0]) and [  # file it named, if unchanged
-            os.stat(cs[0]).st_size, os.stat(cs[0]).st_mtime_ns] == cs[1:] else "unknown"
-
-    def show(key, v):
-        return (",".join(v) if key == "langs" else "a dictionary with sha1 " + v[:10] if key == "code_switch_sha1"
-                and v else "none" if v is None else "on" if v is True else "off" if v is False else str(v))
-    if diff := [f"{RECIPE_FLAGS[key][program == 'bpe.py']} {show(key, made.get(key))} there, {show(key, recipe[key])} "
-                "here" for key in RECIPE_FLAGS if made.get(key) != recipe[key]]:  # the flags of the program that called
-        raise InputError(f"--data {data} was prepared with other choices ({'; '.join(diff)}): give the flags it "
-                         "was made with, or prepare the data for these flags (bpe.py prepare, or the text as --data)")
+        raise InputError(f"--data {data}: cannot read {path}: "
+                         f"{getattr(e, 'strerror', None) or e}") from None
+    cs = made.get("code_switch")
+    if "code_switch_sha1" not in made and cs:
+        # a recipe from before the digest: the file it named, if unchanged
+        unchanged = isfile(cs[0]) and _fingerprint(cs[0]) == cs
+        made["code_switch_sha1"] = file_sha1(cs[0]) if unchanged else "unknown"
+    diff = []
+    for key, flags in RECIPE_FLAGS.items():
+        if made.get(key) != recipe[key]:
+            # the flag of the program that called
+            diff.append(f"{flags[program == 'bpe.py']} {_show(key, made.get(key))} there, "
+                        f"{_show(key, recipe[key])} here")
+    if diff:
+        raise InputError(f"--data {data} was prepared with other choices ({'; '.join(diff)}): give "
+                         "the flags it was made with, or prepare the data for these flags (bpe.py "
+                         "prepare, or the text as --data)")
 
 
 def _check_text(path, lang, split, held_out):
-    """A text input of prepare, read whole before anything is written (a bad byte found late costs hours): one line."""
-    n = cr = han = letters = texts = words = 0
-    try:  # read_lines and wikiextractor_files name the file (and line) at fault
+    """A text input of prepare, read whole before anything is written (a bad byte found late costs
+    hours): one line."""
+    n = han = letters = texts = words = 0
+    # read_lines and wikiextractor_files name the file (and line) at fault
+    try:
         for n, line in enumerate(read_text(path), 1):
-            if "\0" in line:
-                raise ValueError(f"{path}{'' if os.path.isdir(path) else f':{n}'}: a NUL character, as in UTF-16 text "
-                                 "(convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
-            cr, texts = cr + line.count("\r"), texts + bool(line.strip())  # read_lines splits on \n only
-            words += len(pretokenize(line, lang)) if words < MIN_DEV_WORDS else 0
+            # read_lines splits on \n only: a CR left inside a line ends a line of its own
+            if "\0" in line or "\r" in line:
+                where = path if isdir(path) else f"{path}:{n}"
+                if "\0" in line:
+                    raise ValueError(f"{where}: a NUL character, as in UTF-16 text (convert it to "
+                                     "UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
+                raise ValueError(f"{where}: a carriage return (CR) inside the line: lines that end "
+                                 "in CR alone (old Mac) would be read glued together; convert them "
+                                 f"first, e.g. tr '\\r' '\\n' < {path} > NEW")
+            if line.strip():
+                texts += 1
+            if words < MIN_DEV_WORDS:
+                words += len(pretokenize(line, lang))
             if n <= CHECK_SCRIPT_LINES and lang != "zh":
-                han, letters = han + len(HAN_RE.findall(line)), letters + len(LETTER_RE.findall(line))
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot read {e.filename}: {e.strerror}" if isinstance(e, OSError) else str(e)) from None
-    for bad, why in ((cr > n, f"its lines end in CR alone ({cr} CRs in {n} line(s)), so it would be read as {n} "
-                               f"line(s); convert it first, e.g. tr '\\r' '\\n' < {path} > NEW"),
-                     (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) under the "
-                                         f"language code '{lang}': only zh text is split into characters (a Chinese "
-                                         "line would be one word); give this language as zh in --langs"),
-                     (split == "dev" and words < MIN_DEV_WORDS, f"a {lang} dev split of {words} words; at least "
-                                                                f"{MIN_DEV_WORDS} are needed to measure a perplexity"),
-                     (split == "train" and texts < 1 + 9 * held_out, f"{texts} line(s) of text, too few " + (
-                         "to hold out dev lines from (give a dev file)" if held_out else "for a corpus"))):
+                han += len(HAN_RE.findall(line))
+                letters += len(LETTER_RE.findall(line))
+    except OSError as e:
+        raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    min_texts = 10 if held_out else 1
+    checks = [
+        (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) "
+                            f"under the language code '{lang}': only zh text is split into "
+                            "characters (a Chinese line would be one word); give this language as "
+                            "zh in --langs"),
+        (split == "dev" and words < MIN_DEV_WORDS, f"a {lang} dev split of {words} words; at "
+                                                   f"least {MIN_DEV_WORDS} are needed to measure a "
+                                                   "perplexity"),
+        (split == "train" and texts < min_texts, f"{texts} line(s) of text, too few " + (
+            "to hold out dev lines from (give a dev file)" if held_out else "for a corpus")),
+    ]
+    for bad, why in checks:
         if bad:
             raise InputError(f"{path}: {why}")
 
 
 def _code_switching(code_switch, files, langs, lowercase):
-    """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it misses the text or is swapped."""
+    """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it misses the text
+    or is swapped."""
     switch = {langs[0]: {}, langs[1]: {}}
     try:
         for src, tgt in read_dictionary(code_switch):
             switch[langs[0]].setdefault(src, []).append(tgt)
     except ValueError as e:  # read_dictionary names the file and line
         raise InputError(f"--code-switch {e}") from None
-    for src, t in ((src, t) for src, tgts in switch[langs[0]].items() for t in tgts):  # the inverse, in that order
-        switch[langs[1]].setdefault(t, []).append(src)
-    hits, total = {}, {}  # lang -> [words found in its own column of the dictionary, in the other's]; words read
-    for l, o in zip(langs, langs[::-1]):  # o: the other language
-        lines = read_text(files[l]["train"], CS_SAMPLE_LINES)
-        words = [w for line in lines for w in pretokenize(lowercase_and_strip_accents(line) if lowercase else line, l)]
-        hits[l], total[l] = [sum(w in c or w.lower() in c for w in words) for c in (switch[l], switch[o])], len(words)
-    cover, swapped = (", ".join(f"{l} {100 * hits[l][k] / max(total[l], 1):.1f} %" for l in langs) for k in (0, 1))
+    for src, tgts in switch[langs[0]].items():  # the inverse, in that order
+        for tgt in tgts:
+            switch[langs[1]].setdefault(tgt, []).append(src)
+    # lang -> [words found in its own column of the dictionary, in the other's]
+    hits = {}
+    total = {}  # lang -> words read
+    for l, other in zip(langs, langs[::-1]):
+        words = []
+        for line in read_text(files[l]["train"], CS_SAMPLE_LINES):
+            if lowercase:
+                line = lowercase_and_strip_accents(line)
+            words += pretokenize(line, l)
+        hits[l] = [sum(w in c or w.lower() in c for w in words) for c in (switch[l], switch[other])]
+        total[l] = len(words)
+
+    # the share of the words found in the dictionary's `column`, per language
+    def found(column):
+        return ", ".join(f"{l} {100 * hits[l][column] / max(total[l], 1):.1f} %" for l in langs)
     if sum(hits[l][1] for l in langs) > sum(hits[l][0] for l in langs):
-        raise InputError(f"--code-switch {code_switch}: its columns look the wrong way round for --langs "
-                         f"{','.join(langs)} (words found as given: {cover}; swapped: {swapped}); it must be "
-                         f"'{langs[0]}-word {langs[1]}-word' per line")
-    for l in (l for l in langs if hits[l][0] < max(1, 0.001 * total[l])):
-        raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of {files[l]['train']} ({hits[l][0]}"
-                         f" of {total[l]} in its first {CS_SAMPLE_LINES} lines); is it a {'-'.join(langs)} dictionary?")
-    print(f"code-switching dictionary {code_switch}: words of the text found in it: {cover}")
+        raise InputError(f"--code-switch {code_switch}: its columns look the wrong way round for "
+                         f"--langs {','.join(langs)} (words found as given: {found(0)}; swapped: "
+                         f"{found(1)}); it must be '{langs[0]}-word {langs[1]}-word' per line")
+    for l in langs:
+        if hits[l][0] < max(1, 0.001 * total[l]):
+            raise InputError(f"--code-switch {code_switch}: matches almost no {l} word of "
+                             f"{files[l]['train']} ({hits[l][0]} of {total[l]} in its first "
+                             f"{CS_SAMPLE_LINES} lines); is it a {'-'.join(langs)} dictionary?")
+    print(f"code-switching dictionary {code_switch}: words of the text found in it: {found(0)}")
     return switch
 
 
-@reported(None)  # pretrain.py's main calls it too: there, as in bpe.py's, a bad input is one `error: ...` line
-def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000, separate_vocab=False,
-            lowercase=False, max_lines=None, seed=0, code_switch=None, workers=1, master=True, flag="--prep-dir",
-            program="pretrain.py"):
-    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, or in `data`) -> prep_dir/<mode>-<merges>-<hash>/
-    (tokenizer.json, {lang}.{train,dev}.bin), reused; a prepared `data` folder is used if its recipe matches."""
+def _text_file(data, name):
+    """--data DIR's text file `name`: DIR/name, or DIR/mono/name (a toy world), or None."""
+    paths = [join(data, name), join(data, "mono", name)]
+    return next(filter(isfile, paths), None)
+
+
+def _fingerprint(path):
+    """A recipe's record of an input: a file's path, size and time; a WikiExtractor directory's
+    path and the sha1 of its files' names, sizes and times."""
+    if path is None or not isdir(path):
+        return path and [abspath(path), os.stat(path).st_size, os.stat(path).st_mtime_ns]
+    stats = [[relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
+             for f in wikiextractor_files(path)]
+    return [abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
+
+
+def _text_splits(lang, splits, out):
+    """A language's text as files prepare reads: a WikiExtractor directory's lines, and a train
+    text without a dev file shuffled into train and held-out dev lines, written to
+    out/{lang}.{train,dev}.txt -> {"train": path, "dev": path}."""
+    prefix = join(out, lang)
+    paths = dict(splits)
+    train = splits["train"]
+    dev = splits["dev"]
+    if dev is not None and isdir(dev):  # a WikiExtractor dev directory: its lines in order
+        paths["dev"] = prefix + ".dev.txt"
+        write_text(paths["dev"], (line + "\n" for line in read_wikiextractor(dev)))
+    if isdir(train) or dev is None:
+        held_out = prefix + ".dev.txt" if dev is None else None
+        paths["train"] = prefix + ".train.txt"
+        paths["dev"] = held_out or paths["dev"]
+        size = sum(map(getsize, wikiextractor_files(train) if isdir(train) else [train]))
+        work_dir = join(out, f"shuffle.{os.getpid()}.tmp")
+        n_train, n_dev = shuffle_split(read_text(train), size, work_dir, paths["train"], held_out)
+        print(f"{lang}: {train}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
+              f"{f', {n_dev} dev lines held out' if held_out else ''}, in {out}")
+    return paths
+
+
+# pretrain.py's main calls it too: there, as in bpe.py's, a bad input is one line
+@reported(None)
+def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
+            separate_vocab=False, lowercase=False, max_lines=None, seed=0, code_switch=None,
+            workers=1, master=True, program="pretrain.py"):
+    """Raw text (`files` {lang: {"train": path, "dev": path or None}}, or in `data`) ->
+    prep_dir/<mode>-<merges>-<hash>/ (tokenizer.json, {lang}.{train,dev}.bin), reused; a prepared
+    `data` folder is used if its recipe matches."""
     langs = parse_langs(langs)
     recipe = {"langs": langs, "bpe": mode, "merges": merges, "separate_vocab": separate_vocab,
-              "lowercase": lowercase, "code_switch_sha1": file_sha1(code_switch) if code_switch else None}
+              "lowercase": lowercase,
+              "code_switch_sha1": file_sha1(code_switch) if code_switch else None}
     if not files:
-        if not os.path.isdir(data):
-            raise InputError(f"--data {data}: {'not a directory' if os.path.exists(data) else 'no such directory'}")
-        files = {l: {s: next((p for d in ("", "mono") if os.path.isfile(p := os.path.join(data, d, f"{l}.{s}.txt"))),
-                             None) for s in ("train", "dev")} for l in langs}  # DIR/en.train.txt, or DIR/mono/ (toy)
-        absent = [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'" for l in langs for s in ("train", "dev")
-                  if not files[l][s]]
-        made = [n for n in prepared_files(langs) + ["done"] if os.path.isfile(os.path.join(data, n))]
-        if made and (absent or not _missing(data, langs)):  # a prepared folder (with the text and stray files: text)
+        if not isdir(data):
+            why = "not a directory" if exists(data) else "no such directory"
+            raise InputError(f"--data {data}: {why}")
+        files = {l: {s: _text_file(data, f"{l}.{s}.txt") for s in ("train", "dev")} for l in langs}
+        absent = [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'" for l in langs
+                  for s in ("train", "dev") if not files[l][s]]
+        made = [n for n in prepared_files(langs) + ["done"]
+                if isfile(join(data, n))]
+        # a prepared folder (with the text and stray files: the text)
+        if made and (absent or not _missing(data, langs)):
             _check_prepared(data, recipe, program)
             return data
         if absent:
             raise InputError(f"--data {data}: {absent[0]}")
         if made:
-            print(f"note: --data {data}: {', '.join(made)} there but no complete prepared folder: its text is prepared")
-    for l, s, path in ((l, s, p) for l, v in files.items() for s, p in v.items() if p and master):
-        _check_text(path, l, s, files[l]["dev"] is None)
-    switch = _code_switching(code_switch, files, langs, lowercase) if code_switch and master else {}
-
-    def fingerprint(path):  # a file's size and time; a WikiExtractor directory's sha1 of its files' names, sizes, times
-        if path is None or not os.path.isdir(path):
-            return path and [os.path.abspath(path), os.stat(path).st_size, os.stat(path).st_mtime_ns]
-        stats = [[os.path.relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
-                 for f in wikiextractor_files(path)]
-        return [os.path.abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
-    recipe.update({"bpe_lines": max_lines, "seed": seed, "code_switch": fingerprint(code_switch),
-                   "sources": {l: {s: fingerprint(p) for s, p in v.items()} for l, v in files.items()}})
-    to_write = {l: v for l, v in files.items() if v["dev"] is None or any(map(os.path.isdir, v.values()))}
-    recipe.update(dict(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES) if to_write else {})  # shuffle_split's too
-    hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}  # the directory names of earlier versions
+            print(f"note: --data {data}: {', '.join(made)} there but no complete prepared folder: "
+                  "its text is prepared")
+    switch = {}  # lang -> {word: [translations]}
+    if master:
+        for l, splits in files.items():
+            for s, path in splits.items():
+                if path:
+                    _check_text(path, l, s, splits["dev"] is None)
+        if code_switch:
+            switch = _code_switching(code_switch, files, langs, lowercase)
+    recipe.update(bpe_lines=max_lines, seed=seed, code_switch=_fingerprint(code_switch),
+                  sources={l: {s: _fingerprint(p) for s, p in v.items()} for l, v in files.items()})
+    # shuffle_split's choices too, when it runs
+    if any(v["dev"] is None or any(map(isdir, v.values())) for v in files.values()):
+        recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
+    # the directory names of earlier versions: without the dictionary's digest
+    hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}
     digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
-    out = os.path.join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
+    out = join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
 
-    while not master and _missing(out, langs):  # the other DDP ranks wait for the master's data
-        time.sleep(2)
-    with _preparing(out, flag) if master and _missing(out, langs) else contextlib.nullcontext() as held:
-        if not held or not (missing := _missing(out, langs)):  # ready (or prepared meanwhile, by the lock's holder)
-            if master:
-                print(f"using prepared data in {out}")
+    if not master:
+        while _missing(out, langs):  # the other DDP ranks wait for the master's data
+            time.sleep(2)
+        return out
+    # a complete folder is read without the lock (many runs may use it at once)
+    with _preparing(out) if _missing(out, langs) else contextlib.nullcontext():
+        missing = _missing(out, langs)  # again, under the lock: its last holder may have made it
+        if not missing:
+            print(f"using prepared data in {out}")
             return out
-        if "done" not in missing:  # a damaged folder (a file deleted, or cut short): made again
-            print(f"note: {out}: a prepared folder without {', '.join(missing)}; preparing it again")
-        paths = {l: dict(v) for l, v in files.items()}
-        for l, v in to_write.items():  # WikiExtractor output, or text without a dev file: out/{lang}.{train,dev}.txt
-            dest = {s: os.path.join(out, f"{l}.{s}.txt") for s in ("train", "dev")}
-            if v["dev"] is not None and os.path.isdir(v["dev"]):  # a WikiExtractor dev directory: its lines in order
-                write_text(dest["dev"], (line + "\n" for line in read_wikiextractor(v["dev"])))
-                paths[l]["dev"] = dest["dev"]
-            if os.path.isdir(v["train"]) or v["dev"] is None:
-                held_out, wiki = dest["dev"] if v["dev"] is None else None, os.path.isdir(v["train"])
-                size = sum(map(os.path.getsize, wikiextractor_files(v["train"]) if wiki else [v["train"]]))
-                n_train, n_dev = shuffle_split(read_text(v["train"]), size, os.path.join(out, f"shuffle.{os.getpid()}"
-                                               ".tmp"), dest["train"], held_out)
-                print(f"{l}: {v['train']}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
-                      + (f", {n_dev} dev lines held out" if held_out else "") + f", in {out}")
-                paths[l] = {"train": dest["train"], "dev": held_out or paths[l]["dev"]}
+        # a damaged folder (a file deleted, or cut short): made again
+        if "done" not in missing:
+            print(f"note: {out}: a prepared folder without {', '.join(missing)}; preparing it "
+                  "again")
+        paths = {l: _text_splits(l, v, out) for l, v in files.items()}
         print(f"learning BPE ({mode}, {merges} merges) for {out}")
         tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode=mode, num_merges=merges,
-                              separate_vocab=separate_vocab, lowercase=lowercase, max_lines=max_lines, seed=seed)
+                              separate_vocab=separate_vocab, lowercase=lowercase,
+                              max_lines=max_lines, seed=seed)
         print(f"preparing data in {out}")
-        for s, l in itertools.product(("dev", "train"), langs):  # the small dev files first: a bad one found in seconds
-            meta = binarize(paths[l][s], tok, l, os.path.join(out, f"{l}.{s}"), workers=workers,
+        # the small dev files first: a bad one is found in seconds
+        for s, l in itertools.product(("dev", "train"), langs):
+            meta = binarize(paths[l][s], tok, l, join(out, f"{l}.{s}"), workers=workers,
                             code_switch=switch.get(l) if s == "train" else None, seed=seed)
             if "n_switched" in meta:
                 share = 100 * meta["n_switched"] / max(meta["n_words"], 1)
-                print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words ({share:.1f} %) replaced "
-                      f"by {[o for o in langs if o != l][0]} words")
-        tok.save(os.path.join(out, "tokenizer.json"))
-        write_text(os.path.join(out, "recipe.json"), json.dumps(recipe, indent=1))
-        sizes = {n: os.path.getsize(os.path.join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
-        write_text(os.path.join(out, "done"), json.dumps(sizes))  # last: the ids it holds (_missing checks them)
+                other = [o for o in langs if o != l][0]
+                print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words "
+                      f"({share:.1f} %) replaced by {other} words")
+        tok.save(join(out, "tokenizer.json"))
+        write_text(join(out, "recipe.json"), json.dumps(recipe, indent=1))
+        sizes = {n: getsize(join(out, n)) for n in prepared_files(langs)
+                 if n.endswith(".bin")}
+        # last: the ids it holds (_missing checks them)
+        write_text(join(out, "done"), json.dumps(sizes))
     return out
 
 
-def build_parser():  # bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)
-    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    parser.prepare = prep = parser.add_subparsers(dest="cmd", required=True).add_parser(
-        "prepare", help="tokenizer + binarised train/dev splits for pretrain.py", formatter_class=HelpFormatter)
+# bpe.py's flags (`prepare`); the prepare sub-parser is `parser.prepare` (its usage errors)
+def build_parser():
+    parser = argparse.ArgumentParser(prog="bpe.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=HelpFormatter)
+    prep = parser.add_subparsers(dest="cmd", required=True).add_parser(
+        "prepare", help="tokenizer + binarised train/dev splits for pretrain.py",
+        formatter_class=HelpFormatter)
+    parser.prepare = prep
     a = prep.add_argument
-    a("--data", metavar="DIR", help="holds {lang}.{train,dev}.txt (or toydata's mono/); required unless --train-files")
-    a("--train-files", metavar="LANG=PATH,...", help="required unless --data: training text per language, e.g. "
-      "en=a.txt,fr=b.txt: text files, or WikiExtractor output directories (shuffled with a fixed seed, <doc> dropped)")
-    a("--dev-files", metavar="LANG=PATH,...", help=f"dev text per language (with --train-files); without it, "
-      f"min({DEV_LINES}, a tenth) of each train text's shuffled lines are held out as dev")
-    a("--langs", default="en,fr", help="comma-separated language codes, the first is 'English'; zh text is split into "
+    a("--data", metavar="DIR",
+      help="holds {lang}.{train,dev}.txt (or toydata's mono/); required unless --train-files")
+    a("--train-files", metavar="LANG=PATH,...",
+      help="required unless --data: training text per language, e.g. en=a.txt,fr=b.txt: text "
+      "files, or WikiExtractor output directories (shuffled with a fixed seed, <doc> dropped)")
+    a("--dev-files", metavar="LANG=PATH,...",
+      help=f"dev text per language (with --train-files); without it, min({DEV_LINES}, a tenth) "
+      "of each train text's shuffled lines are held out as dev")
+    a("--langs", default="en,fr",
+      help="comma-separated language codes, the first is 'English'; zh text is split into "
       "characters, Han-script text under another code is refused")
     a("--mode", choices=MODES, default="joint", help="vocabulary regime (paper §4.2)")
-    a("--merges", type=number(1), help="BPE merge operations (default: the paper's 80000 joint, else 40000 per "
-      f"language); words over {MAX_WORD} characters are cut (BPE's time over a word grows with its length)")
-    a("--separate-vocab", action="store_true", help="one id space per language (separate embeddings)")
+    a("--merges", type=number(1),
+      help="BPE merge operations (default: the paper's 80000 joint, else 40000 per language); "
+      f"words over {MAX_WORD} characters are cut (BPE's time over a word grows with its length)")
+    a("--separate-vocab", action="store_true",
+      help="one id space per language (separate embeddings)")
     a("--lowercase", action="store_true", help="lowercase and strip accents (XLM-15)")
-    a("--max-lines", type=number(1), help="lines per file to learn BPE and vocabularies from (default: all)")
-    a("--seed", type=number(0), default=0, help="seed of the joint-BPE line sampling and code-switching")
-    a("--code-switch", metavar="DICT", help="MUSE dictionary: code-switch the training text (§4.2; default: none)")
+    a("--max-lines", type=number(1),
+      help="lines per file to learn BPE and vocabularies from (default: all)")
+    a("--seed", type=number(0), default=0,
+      help="seed of the joint-BPE line sampling and code-switching")
+    a("--code-switch", metavar="DICT",
+      help="MUSE dictionary: code-switch the training text (§4.2; default: none)")
     a("--workers", type=number(1), default=1, help="encoding processes")
-    a("--prep-dir", metavar="DIR", help="cache of prepared data (as pretrain.py --prep-dir): the prepared directory "
-      "inside it is printed; one process at a time prepares one (a second is refused); required")
-    a("--out", dest="old_out", metavar="DIR", help="deprecated spelling of --prep-dir")
+    a("--prep-dir", metavar="DIR", required=True,
+      help="cache of prepared data (as pretrain.py --prep-dir): the prepared directory inside it "
+      "is printed; one process at a time prepares one (a second is refused); required")
     return parser
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    with reported(parser.prepare):  # a bad flag: one line after prepare's usage (code 2), before any work
-        if args.old_out is not None:  # the previous release's spelling
-            deprecated("--out", f"--prep-dir {args.old_out}")
-        if (args.prep_dir is None) == (args.old_out is None):  # both, or neither
-            raise InputError("--out and --prep-dir: give one (--prep-dir)" if args.old_out is not None else
-                             "the following arguments are required: --prep-dir", 2)
-        flag, args.prep_dir = ("--prep-dir", args.prep_dir) if args.old_out is None else ("--out", args.old_out)
+    # a bad flag: one line after prepare's usage (code 2), before any work
+    with reported(parser.prepare):
         langs = parse_langs(args.langs)
         if args.dev_files and not args.train_files or bool(args.data) == bool(args.train_files):
-            raise InputError("give --data, or --train-files with --dev-files (or without: dev lines are held out)", 2)
+            raise InputError("give --data, or --train-files with --dev-files (or without: dev "
+                             "lines are held out)", 2)
         if args.code_switch and (args.separate_vocab or len(langs) != 2):
-            raise InputError("--code-switch needs two --langs and one shared vocabulary (no --separate-vocab)", 2)
-        train, dev = (parse_lang_files(f, v, langs) if v else {} for f, v in (("--train-files", args.train_files),
-                                                                             ("--dev-files", args.dev_files)))
-        files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs} if train else None
+            raise InputError("--code-switch needs two --langs and one shared vocabulary (no "
+                             "--separate-vocab)", 2)
+        files = None
+        if args.train_files:
+            train = parse_lang_files("--train-files", args.train_files, langs)
+            dev = {}
+            if args.dev_files:
+                dev = parse_lang_files("--dev-files", args.dev_files, langs)
+            files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
+        merges = args.merges or (80000 if args.mode == "joint" else 40000)
 
-        def stopped(signum, frame):  # SIGTERM as Ctrl-C: every temporary file is removed on the way out
+        def stopped(signum, frame):  # SIGTERM as Ctrl-C: every temporary file is removed
             raise KeyboardInterrupt(signal.Signals(signum).name)
         handler = signal.signal(signal.SIGTERM, stopped)
         try:
-            print(prepare(langs, args.prep_dir, args.data, files, args.mode, args.merges or (80000 if args.mode ==
-                          "joint" else 40000), args.separate_vocab, args.lowercase, args.max_lines, args.seed,
-                          args.code_switch, args.workers, flag=flag, program="bpe.py"))
+            print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges,
+                          args.separate_vocab, args.lowercase, args.max_lines, args.seed,
+                          args.code_switch, args.workers, program="bpe.py"))
         except KeyboardInterrupt as e:
             name = e.args[0] if e.args else "SIGINT"
-            print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same command to "
-                  "prepare the data", file=sys.stderr)
+            print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same "
+                  "command to prepare the data", file=sys.stderr)
             sys.exit(128 + signal.Signals[name])
         finally:
             signal.signal(signal.SIGTERM, handler)

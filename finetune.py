@@ -25,6 +25,7 @@ import shlex
 import signal
 import sys
 import time
+import unicodedata
 
 import numpy as np
 import torch
@@ -1101,9 +1102,18 @@ def maps_origin(args):
                              "fit them on these models")
 
 
+def content_key(example):
+    """An example's text, to find it in another file: each sentence's tokens joined, Unicode NFC,
+    whitespace collapsed (labels left out)."""
+    sentences = [example["words"]] if isinstance(example, dict) else example[:-1]
+    texts = [s if isinstance(s, str) else " ".join(s) for s in sentences]
+    return "\t".join(" ".join(unicodedata.normalize("NFC", t).split()) for t in texts)
+
+
 def prepare_task(task_name, files, model, encoders, args):
     """Read and featurise every file of one task before any training -> (task, data); encoders:
-    code -> (tokenizer, the model's language)."""
+    code -> (tokenizer, the model's language); data["notes"]: {"fr test": what makes its score mean
+    little}."""
     try:
         train = read_split(task_name, files["train"], args.train_lang)
         dev = read_split(task_name, files["dev"], args.train_lang)
@@ -1111,12 +1121,23 @@ def prepare_task(task_name, files, model, encoders, args):
         tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
     except (ValueError, OSError) as e:  # a reader's InputError, a file not UTF-8 or unreadable
         raise InputError(str(e)) from None
-    train_keys = set(map(repr, train))
     print(f"{task_name}: {args.train_lang} train {len(train)} from {files['train']}")
-    splits = [(f"{args.train_lang} dev", files["dev"], dev)]
-    splits += [(f"{code} test", files["test"][code], tests[code]) for code in tests]
-    for what, path, examples in splits:
-        shared = sum(repr(e) in train_keys for e in examples)
+    n_per_epoch = args.epoch_size or len(train)
+    if max(args.batch_size) > n_per_epoch:
+        raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} "
+                         f"{task_name} training examples of an epoch ({files['train']}): every "
+                         "update would be the whole epoch")
+
+    def featurize(examples, code):
+        return task.featurize(examples, encoders[code][0], code, model.config.max_positions)
+    data = {"lang_id": encoders[args.train_lang][1],
+            "train": (train, featurize(train, args.train_lang)), "test": {}, "notes": {}}
+    train_text = set(map(content_key, train))
+    splits = [(args.train_lang, "dev", files["dev"], dev)]
+    splits += [(code, "test", path, tests[code]) for code, path in files["test"].items()]
+    for code, split, path, examples in splits:
+        what = f"{code} {split}"
+        shared = sum(content_key(e) in train_text for e in examples)
         if 2 * shared > len(examples) and not args.allow_overlap:
             raise InputError(f"{task_name}: the train file {files['train']} holds {shared} of the "
                              f"{len(examples)} examples of the {what} file {path}: scores on "
@@ -1129,19 +1150,18 @@ def prepare_task(task_name, files, model, encoders, args):
             print(f"{task_name}: {path}: labels never seen in the {args.train_lang} train set: "
                   f"{', '.join(unseen)}")
         print(f"{task_name}: {what} {len(examples)} from {path}")
-    n_per_epoch = args.epoch_size or len(train)
-    if max(args.batch_size) > n_per_epoch:
-        raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} "
-                         f"{task_name} training examples of an epoch ({files['train']}): every "
-                         "update would be the whole epoch")
-
-    def featurize(examples, code):
-        return task.featurize(examples, encoders[code][0], code, model.config.max_positions)
-    return task, {"lang_id": encoders[args.train_lang][1],
-                  "train": (train, featurize(train, args.train_lang)),
-                  "dev": (dev, featurize(dev, args.train_lang)),
-                  "test": {code: (ex, featurize(ex, code), encoders[code][1])
-                           for code, ex in tests.items()}}
+        feats = featurize(examples, code)
+        if split == "dev":
+            data["dev"] = (examples, feats)
+        else:
+            data["test"][code] = (examples, feats, encoders[code][1])
+        # what makes the split's score mean little, printed beside it
+        notes = []
+        if shared:
+            notes.append(f"{shared} of its {len(examples)} examples are in the train file")
+        if notes:
+            data["notes"][what] = "; ".join(notes)
+    return task, data
 
 
 def chance_level(task, data):
@@ -1172,7 +1192,10 @@ def report(task, data, args, result, path):
     rows = [(args.train_lang, "dev", result["dev"])]
     rows += [(code, "test", scores) for code, scores in result["test"].items()]
     cells = [[code, split] + [f"{100 * s[k]:.2f}" for k in cols] for code, split, s in rows]
-    print(format_rows(["lang", "split"] + cols, cells))
+    lines = format_rows(["lang", "split"] + cols, cells).split("\n")
+    for k, (code, split, _) in enumerate(rows, 1):  # what makes a score mean little, beside it
+        lines[k] = f"{lines[k]}  {data['notes'].get(f'{code} {split}', '')}".rstrip()
+    print("\n".join(lines))
     print(chance_level(task, data) + f"\nwrote {path}")
 
 
@@ -1280,8 +1303,8 @@ def _main(args):
         result = run_task(task, model, data, task_args, os.path.join(out, "sets"), earlier, save)
         path = os.path.join(out, "results.json")
         write_json(path, {"task": task.name, "metric": task.metric, "files": files,
-                          "labels": task.labels, **result, "job": identity, "args": vars(task_args),
-                          "pretrain": pretrain})
+                          "labels": task.labels, **result, "notes": data["notes"], "job": identity,
+                          "args": vars(task_args), "pretrain": pretrain})
         report(task, data, task_args, result, path)
 
 

@@ -31,6 +31,7 @@ import shutil
 import signal
 import sys
 import time
+import unicodedata
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -43,8 +44,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, atomic_write,
-                 load_bin, make_dir, number, parse_lang_files, prepare, reported, write_errors,
-                 write_text)
+                 load_bin, make_dir, number, parse_lang_files, prepare, read_text, reported,
+                 write_errors, write_text)
 from model import MLM, ModelConfig, autocast, load_model, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
@@ -619,10 +620,12 @@ def build_parser():
 
 def get_args(argv=None, p=None):
     args = (p or build_parser()).parse_args(argv)
-    env = set(os.environ)
-    if {"RANK", "WORLD_SIZE"} & env and not {"LOCAL_RANK", "MASTER_ADDR"} <= env:
+    # a torchrun worker has all five; a part of them is a leftover (or a launcher's mistake)
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+               if k not in os.environ]
+    if {"RANK", "WORLD_SIZE"} & set(os.environ) and missing:
         raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun "
-                         "worker (no LOCAL_RANK and MASTER_ADDR): unset them, or launch with "
+                         f"worker (no {' and '.join(missing)}): unset them, or launch with "
                          "torchrun")
     # on the command line, not the preset's
     offsets_from_given = args.pos_offsets_from is not None
@@ -1001,12 +1004,45 @@ def write_toy_world(args, langs, master):
         time.sleep(2)
 
 
+OVERLAP = ("the dev perplexity, and best.pt chosen on it, would measure what is trained on; give "
+           "another dev set, or --allow-overlap if it is meant")
+
+
+def dev_lines_in_train(train_path, dev_path):
+    """-> (how many dev lines are training lines, dev lines), both normalised: whitespace
+    collapsed, Unicode NFC (a copy that differs only in spacing or in how its accents are
+    encoded is still the training text)."""
+    def normal(line):
+        return unicodedata.normalize("NFC", " ".join(line.split()))
+
+    dev = [normal(line) for line in read_text(dev_path) if line.strip()]
+    wanted = set(dev)
+    found = set()
+    for line in read_text(train_path):
+        key = normal(line)
+        if key in wanted:
+            found.add(key)
+    return sum(key in found for key in dev), len(dev)
+
+
 def load_data(run):
     args = run.args
     langs = run.langs
     files = None
     if args.train_files:
         files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs}
+    # --dev-files that are mostly training lines: refused before any work; a few: counted
+    if run.master and files:
+        for l in langs:
+            shared, n_dev = dev_lines_in_train(files[l]["train"], files[l]["dev"])
+            mostly = "" if shared == n_dev else "mostly "
+            if shared > n_dev / 2 and not args.allow_overlap:
+                raise InputError(f"the {l} dev set is {mostly}its training text ({shared} of its "
+                                 f"{n_dev} lines are training lines, whitespace collapsed, "
+                                 f"Unicode NFC): {OVERLAP}")
+            if shared:
+                run.log(f"note: {shared} of the {n_dev} {l} dev lines are training lines too "
+                        "(whitespace collapsed, Unicode NFC)")
     run.data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe,
                            merges=args.merges, separate_vocab=args.sep_tok,
                            lowercase=args.lowercase, seed=args.seed, code_switch=args.code_switch,
@@ -1023,9 +1059,7 @@ def load_data(run):
     smallest, lang = min(zip(run.n_tokens, langs))
     same = [l for l, t, d in zip(langs, run.train_ids, run.dev_ids) if np.array_equal(t, d)]
     if same and not args.allow_overlap:  # --dev-files equal to --train-files, or copies in --data
-        raise InputError(f"the {same[0]} dev set is its training text: the dev perplexity, and "
-                         "best.pt chosen on it, would measure what is trained on; give another dev "
-                         "set, or --allow-overlap if it is meant")
+        raise InputError(f"the {same[0]} dev set is its training text: {OVERLAP}")
     if args.batch_size * args.bptt > smallest:  # every batch mostly `</s>` (a 10^9 typo: no memory)
         raise InputError(f"--batch-size {args.batch_size} x --bptt {args.bptt} is more than the "
                          f"{lang} training data ({smallest} tokens); lower --batch-size")
@@ -1090,6 +1124,12 @@ def setup(args, argv):
         if changed:
             resumed += f" ({changed})"
         run.log(resumed)
+        # --snapshots at updates passed without their file: they can no longer be written
+        missed = [f"step{n}.pt" for n in args.snapshots
+                  if n <= run.step and not os.path.exists(os.path.join(args.out, f"step{n}.pt"))]
+        if missed:
+            run.log(f"note: --snapshots: {run.ckpt_path} is at step {run.step}; "
+                    f"{', '.join(missed)} can no longer be written")
     if run.master and args.overwrite:  # a new run: no file of the earlier one is mixed in
         for name in found:
             os.remove(os.path.join(args.out, name))

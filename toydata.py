@@ -153,9 +153,7 @@ class World:
         topics = lambda n: rng.integers(N_TOPICS, size=n).tolist()  # n random topics
 
         def pick(names, p=1.0):  # one of names with probability p, else nothing
-            if p == 1.0 or rng.random() < p:
-                return (int(rng.choice(names)),)
-            return ()
+            return (int(rng.choice(names)),) if p == 1.0 or rng.random() < p else ()
 
         # nouns: the first noun of a group is its hypernym ("animal"), which the NLI task never
         # swaps; it is a frequent word of its group (rank 3)
@@ -445,15 +443,14 @@ def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
             elif k == "punct":
                 w = FULL_STOPS[li]
             else:
-                # syllables: 1 for function words, 2-3 for names, 2 for frequent words, else 2-3
+                # syllables: 1 for function words, 2 for the frequent words, else 2 or 3 (3 with
+                # probability 0.5 for a name, 0.6 for another word)
                 if k in ("det", "adp"):
                     nsyl = 1
-                elif k == "name":
-                    nsyl = 2 + int(rng.random() < 0.5)
-                elif c in frequent:
-                    nsyl = 2
+                elif k == "name" or c not in frequent:
+                    nsyl = 2 + int(rng.random() < (0.5 if k == "name" else 0.6))
                 else:
-                    nsyl = 2 + int(rng.random() < 0.6)
+                    nsyl = 2
                 while True:
                     w = "".join(cons[rng.integers(len(cons))] + vows[rng.integers(len(vows))]
                                 for _ in range(nsyl))
@@ -508,8 +505,8 @@ def _add(world, rng, tree):
     """Neutral: one modifier the tree does not state added (an adjective, an oblique or an
     adverb)."""
     nouns = [i for i, n in enumerate(tree) if world.kind[n[0]] == "noun"]
-    rels = {n[2] for n in tree}
-    options = (["amod"] if nouns else []) + [r for r in ("obl", "advmod") if r not in rels]
+    options = [r for r in ("obl", "advmod") if r not in {n[2] for n in tree}]  # not stated yet
+    options = (["amod"] if nouns else []) + options
     if not options:
         return None
     choice = _choice(rng, options)
@@ -552,8 +549,7 @@ def _contradict(world, rng, tree):
     typ = world.name[old].split(".")[0]
     if sum(t == typ and len(p) == len(span) for t, p in world.entities) < 2:
         return None
-    parts = tuple(tree[j][0] for j in span)
-    new = parts
+    new = parts = tuple(tree[j][0] for j in span)
     while new == parts:
         new = world.entity_parts[-world.draw(rng, f"entity:{typ},{len(span)}") - 1]
     for j, c in zip(span, new):
@@ -573,8 +569,8 @@ def sample_nli(world, rng, label):
 
 def _new_concepts(p, h):
     """Concepts the hypothesis states that the premise does not (as a multiset difference)."""
-    stated = collections.Counter(n[0] for n in h) - collections.Counter(n[0] for n in p)
-    return list(stated.elements())
+    return list((collections.Counter(n[0] for n in h)
+                 - collections.Counter(n[0] for n in p)).elements())
 
 
 # -----------------------------------------------------------------------------
@@ -651,10 +647,12 @@ SIZES = {"tiny": (400, 60, 60, 60, 60, 30, 60),
          "full": (20000, 1000, 1000, 2000, 2000, 500, 1000),
          "paper": (20000, 1000, 1000, 2000, 1000, 300, 1000)}
 SIZES = {k: dict(zip(SIZE_KEYS, v)) for k, v in SIZES.items()}
-# what write_world writes (a folder ends in /): --force replaces an --out that holds nothing else,
-# no deeper folder
-WRITTEN = re.compile(r"(mono|dict|parallel|tatoeba|ner|ud|xnli)/([\w-]+\.[\w.-]+)?"
-                     r"|world\.json(\.tmp)?")
+# what write_world writes (a folder ends in /; .tmp: a write cut short): --force replaces an --out
+# that holds nothing else
+WRITTEN = re.compile(r"(mono|dict|parallel|tatoeba|ner|ud|xnli)/|((mono|ner|ud|xnli)/\w+\."
+                     r"(train|dev|test)\.(txt|tsv|conllu)|dict/\w+-\w+(\.train|\.test)?\.txt"
+                     r"|(parallel/\w+-\w+\.train|tatoeba/tatoeba\.\w+-\w+)\.\w+"
+                     r"|world\.json)(\.tmp)?")
 
 
 def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_shift=0.0,
@@ -674,7 +672,7 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
                                                    (written last)"""
     t0 = time.time()
     # every bad argument is an InputError naming the flag of `python toydata.py`, before any write
-    if not (len(langs) == 2 and langs[0] != langs[1] and all(map(str.isalpha, langs))):
+    if not (len(set(langs)) == len(langs) == 2 and all(map(str.isalpha, langs))):
         raise InputError(f"--langs {','.join(langs)}: expected two distinct codes of letters "
                          "(bilingual models), e.g. en,fr", 2)
     if seed < 0:
@@ -698,29 +696,31 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         if not force:
             raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it "
                                   "(write_world: force=True)")
-        # not a toy world (a file or folder this function does not write): nothing is removed
+        # a toy world only: every file and folder below out_dir is one this function writes, and
+        # none is a link (a mono/ that is a user's folder); else nothing is removed
         for top, dirs, files in os.walk(out_dir):
             for name in dirs + files:
-                found = os.path.relpath(os.path.join(top, name), out_dir)
-                if name in dirs:
-                    found += "/"
-                if not WRITTEN.fullmatch(found):
+                path = os.path.join(top, name)
+                found = os.path.relpath(path, out_dir) + ("/" if name in dirs else "")
+                if os.path.islink(path) or not WRITTEN.fullmatch(found):
                     raise FileExistsError(f"--force: {out_dir} is not a toy world (it holds "
-                                          f"{found}); nothing was removed")
-        # what an earlier run wrote, no more: no old file mixes in (a folder may not exist)
-        for d in ("mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli"):
-            shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
+                                          f"{found}{', a link' if os.path.islink(path) else ''}); "
+                                          "nothing was removed")
+        # what an earlier run wrote (no old file mixes in), world.json first: a world cut short
+        # from here on has none (it is written last), so it reads as incomplete
+        for name in ("world.json", "mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli"):
+            path = os.path.join(out_dir, name)
+            if os.path.isfile(path):
+                os.remove(path)
+            shutil.rmtree(path, ignore_errors=True)  # a folder, if it exists
 
     forms = make_lexicon(world, overlap, cyrillic, seed, name_overlap)
     orders = ("svo", order)
     sizes = {"train": n_train, "dev": n_dev, "test": n_test}
     task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
 
-    def sentence(tree, li):  # one line in language li
-        return " ".join(render(tree, forms[li], orders[li])[0])
-
-    def text(trees, li):  # one line per tree, in language li
-        return "".join(sentence(t, li) + "\n" for t in trees)
+    sentence = lambda tree, li: " ".join(render(tree, forms[li], orders[li])[0])  # in language li
+    text = lambda trees, li: "".join(sentence(t, li) + "\n" for t in trees)  # a line per tree
 
     # monolingual corpora: each language samples its own meanings with its own topic mix (domain
     # similarity, paper §4.1): uniform at domain_shift 0, only the language's own topics at 1
@@ -790,9 +790,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help: each flag's default after its help, unless its help says it or it is a switch."""
 
     def _get_help_string(self, action):
-        said = (action.default is None or action.default is False
-                or "(default" in (action.help or ""))
-        return action.help if said else super()._get_help_string(action)
+        if action.default is None or action.default is False or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def build_parser():

@@ -491,3 +491,29 @@ def test_maps_record_and_check_their_checkpoints(ckpts, toy_world, tmp_path, cap
     with pytest.raises(align.InputError, match="written without checkpoint digests"):
         align.load_map(str(tmp_path / "old.npz"), "en", "fr", 0, digests=bi)
     assert align.load_map(str(tmp_path / "old.npz"), "en", "fr", 0).shape == (2, 2)  # nothing asked, nothing checked
+
+
+def test_two_models_of_different_depths_are_refused_before_any_work(ckpts, toy_world, tmp_path):
+    """Issue 48: a --ckpt2 with another number of layers is one line before any encoding (its layers were paired
+    with the first model's as far as they went, or sentences ended in an IndexError after encoding everything)."""
+    import model as M
+    m, extra = M.load_model(ckpts["fr"])
+    deep = str(tmp_path / "deep.pt")
+    M.save_model(deep, M.MLM(M.replace(m.config, n_layers=3)), **extra)
+    for command in ("words", "contextual", "sentences"):
+        with pytest.raises(SystemExit, match=f"--ckpt .*bi.pt has 2 layers but --ckpt2 .*deep.pt 3: "):
+            align.main([command, "--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"], "--ckpt2", deep,
+                        "--max-sents", "20"])
+
+
+def test_train_pairs_that_are_test_pairs_but_for_spaces_or_unicode_form(ckpts, toy_world, tmp_path):
+    """Issue 48: a train pair that is a test pair after whitespace is collapsed and Unicode is NFC (a trailing
+    space, a decomposed é) is a test pair: a train set of nothing else is refused (it was fitted on)."""
+    import unicodedata
+    for l in ("en", "fr"):
+        tat = (toy_world / f"tatoeba/tatoeba.fr-en.{l}").read_text().splitlines()[:40]
+        (tmp_path / f"train.{l}").write_text("".join(unicodedata.normalize("NFD", t) + " \t\n" for t in tat))
+    assert "e\u0301" in (tmp_path / "train.fr").read_text()
+    with pytest.raises(SystemExit, match="train.en: all its pairs are in --test-src/--test-tgt"):
+        align.main(["sentences", "--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"], "--max-sents", "40",
+                    "--train-src", str(tmp_path / "train.en"), "--train-tgt", str(tmp_path / "train.fr")])

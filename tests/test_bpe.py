@@ -535,7 +535,5 @@ def test_cli_prepare(files, tmp_path):
     assert meta["n_sentences"] == len(FR) * 5
     assert list(ids[:len(tok.encode(FR[0], "fr")) + 1]) == tok.encode(FR[0], "fr") + [EOS_ID]
     assert r.stderr == ""  # not a terminal: no progress bar
-    old = cmd[:-2] + ["--out", str(tmp_path / "prep")]  # the previous release's spelling: the same, with a note
-    r = subprocess.run(old, capture_output=True, text=True, cwd=str(tmp_path))
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path))  # the same command reuses it
     assert r.returncode == 0 and "using prepared data" in r.stdout and r.stdout.strip().splitlines()[-1] == prepared
-    assert r.stderr == f"note: --out is deprecated and will be removed; use --prep-dir {tmp_path / 'prep'}\n"

@@ -100,10 +100,7 @@ def test_finetune_messages_name_the_flag_and_the_paths(tmp_path):
         ft.lang_index(["en", "fr"], "fe", "x.pt", "--eval-langs")
 
 
-def test_bpe_prepare_prep_dir_and_old_out(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        bpe.main(["prepare", "--data", str(tmp_path), "--out", "a", "--prep-dir", "b"])
-    assert "note: --out is deprecated" in capsys.readouterr().err
+def test_bpe_prepare_needs_prep_dir(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bpe.main(["prepare", "--data", str(tmp_path)])
     assert "required: --prep-dir" in capsys.readouterr().err

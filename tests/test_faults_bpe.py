@@ -46,6 +46,13 @@ def inputs(toy_world, tmp_path_factory):
         for s in ("train", "dev"):
             (d / name / f"en.{s}.txt").write_text((mono / f"en.{s}.txt").read_text())
             (d / name / f"fr.{s}.txt").write_text(make((mono / f"fr.{s}.txt").read_text()), newline="")
+    # issue 48: Windows line ends with some CR-only ones among them (a file pasted together): line 3 ends in CR alone
+    lines = (mono / "fr.train.txt").read_text().split("\n")
+    (d / "crmix").mkdir()
+    for name in ("en.train.txt", "en.dev.txt", "fr.dev.txt"):
+        shutil.copy(mono / name, d / "crmix" / name)
+    (d / "crmix" / "fr.train.txt").write_text("".join(line + ("\r" if k % 3 == 2 else "\r\n")
+                                                      for k, line in enumerate(lines)), newline="")
     (d / "utf16").mkdir()
     for name in ("en.train.txt", "en.dev.txt", "fr.train.txt", "fr.dev.txt"):
         text = (mono / name).read_text()
@@ -153,7 +160,10 @@ BPE_CASES = [
     (["--data", "{p}", "--merges", "200", "--langs", "en"], "(--langs en,fr there, en here)"),
     # issue 37: CR-only line breaks (the file was one line); Han-script text under a code other than zh (a Chinese
     # line was one word)
-    (["--data", "{i}/cr"], "{i}/cr/fr.train.txt: its lines end in CR alone (1999 CRs in 1 line(s))"),
+    (["--data", "{i}/cr"], "{i}/cr/fr.train.txt:1: a carriage return (CR) inside the line: lines that end in "
+                           "CR alone (old Mac) would be read glued together"),
+    # issue 48: a mix of CR-LF and CR-only line ends was read with every CR-only line glued to the next one
+    (["--data", "{i}/crmix"], "{i}/crmix/fr.train.txt:3: a carriage return (CR) inside the line"),
     (["--data", "{i}/han"], "{i}/han/fr.train.txt: Han-script text (100 % of its letters) under the language code 'fr'"),
     # more of our own: ASCII text in UTF-16 (valid UTF-8, a NUL between letters); no text to hold dev lines out of
     # (both found after the English text was shuffled, or never)
@@ -167,7 +177,7 @@ BPE_CASES = [
 def test_bpe_prepare_mistake_is_one_line(toy_world, inputs, prep, tmp_path, capsys, argv, message):
     fill = lambda s: s.format(w=toy_world, i=inputs, p=prep)  # noqa: E731
     code, line, _ = call(bpe.main, ["prepare"] + [fill(a) for a in argv] + ["--merges", MERGES] * (
-        "{p}" not in argv) + ["--out", tmp_path / "cache"], capsys)
+        "{p}" not in argv) + ["--prep-dir", tmp_path / "cache"], capsys)
     assert code in (1, 2) and fill(message) in line, line
     assert not (tmp_path / "cache").exists()
 
@@ -175,7 +185,7 @@ def test_bpe_prepare_mistake_is_one_line(toy_world, inputs, prep, tmp_path, caps
 def test_code_switching_says_how_many_words_it_switched(toy_world, tmp_path, capsys):
     """2. The count of switched words per language is printed and kept in the .json header."""
     code, _, out = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "100", "--code-switch",
-                                   toy_world / "dict" / "en-fr.txt", "--out", tmp_path], capsys)
+                                   toy_world / "dict" / "en-fr.txt", "--prep-dir", tmp_path], capsys)
     assert code == 0
     found = dict(re.findall(r"code-switching (en|fr): (\d+) of \d+ words", out))
     assert set(found) == {"en", "fr"} and all(int(n) > 0 for n in found.values())
@@ -188,7 +198,7 @@ def test_full_disk_in_prepare_names_the_folder_and_leaves_no_temp_file(toy_world
     def full(chunk):
         raise OSError(errno.ENOSPC, "No space left on device")  # as f.write raises it: no file name
     monkeypatch.setattr(bpe, "_encode_chunk", full)
-    code, line, _ = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "50", "--out", tmp_path], capsys)
+    code, line, _ = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "50", "--prep-dir", tmp_path], capsys)
     assert code == 1 and re.fullmatch(rf"error: data preparation failed: no space left writing in "
                                       rf"{re.escape(str(tmp_path))}/joint-50-\w+", line), line
     assert no_temp_files(tmp_path) and not list(tmp_path.rglob("done"))

@@ -350,6 +350,19 @@ def test_run_fault_is_one_line_and_changes_nothing(at_step_2, setup, flags, mess
     assert {f: (out / f).read_bytes() for f in os.listdir(out) if (out / f).is_file()} == before
 
 
+def test_resume_names_the_snapshots_it_can_no_longer_write(world, tmp_path, capsys):
+    """issue 48: --resume --snapshots listing an update already passed: one line names the snapshots not written
+    then (step1.pt was: not named); the later ones are still written."""
+    flags = flags_of(world) + ["--out", tmp_path]
+    run(flags + ["--max-steps", 2, "--snapshots", 1])
+    capsys.readouterr()
+    run(flags + ["--max-steps", 4, "--snapshots", "1,2,3", "--resume"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if "--snapshots" in line]
+    assert notes == [f"note: --snapshots: {tmp_path / 'checkpoint.pt'} is at step 2; step2.pt can no longer be "
+                     "written"]
+    assert sorted(p.name for p in tmp_path.glob("step*.pt")) == ["step1.pt", "step3.pt"]
+
+
 def test_overwrite_removes_every_file_of_the_earlier_run(at_step_2):
     out, flags, _ = at_step_2
     run(flags + ["--max-steps", 3, "--snapshots", "1,3", "--overwrite"])
@@ -623,16 +636,18 @@ def test_workers_do_not_inherit_the_stop_handler(tmp_path):
 
 
 @pytest.mark.parametrize("env", [{"RANK": "0", "WORLD_SIZE": "2"}, {"WORLD_SIZE": "2"},  # the loss halved
-                                 {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"}])  # no LOCAL_RANK
+                                 {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"},  # no LOCAL_RANK
+                                 # issue 48: no MASTER_PORT (a torch.distributed traceback after the data)
+                                 {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost"}])
 def test_rank_in_the_environment_without_torchrun_is_one_line(world, tmp_path, monkeypatch, env):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    if "MASTER_ADDR" not in env:
-        monkeypatch.delenv("MASTER_ADDR", raising=False)
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for k in {"LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} - set(env):
+        monkeypatch.delenv(k, raising=False)
     with pytest.raises(SystemExit, match="^error: RANK / WORLD_SIZE are set in the environment.*unset them, or launch "
-                       "with torchrun$"):
+                       "with torchrun$") as e:
         run(flags_of(world) + ["--out", tmp_path / "run"])
+    assert "MASTER_PORT" in str(e.value.code)
     assert not (tmp_path / "run").exists()
 
 
@@ -652,6 +667,29 @@ def test_dev_set_equal_to_the_training_text_is_refused_unless_allowed(world, tmp
     shutil.copy(data / "en.train.txt", data / "en.dev.txt")
     with pytest.raises(SystemExit, match="^error: the en dev set is its training text"):
         run(TINY + ["--data", data, "--out", tmp_path / "b", "--max-steps", 1])
+
+
+def test_dev_files_mostly_training_lines_are_refused_a_few_counted(world, tmp_path, capsys):
+    """issue 48: --dev-files compared line by line with the training text, both normalised (whitespace collapsed,
+    Unicode NFC): mostly training lines -> refused before any work (unless --allow-overlap); some -> a note with
+    their count."""
+    import unicodedata
+    mono = world["raw"] / "mono"
+    train = (mono / "fr.train.txt").read_text(encoding="utf-8").splitlines()
+    dev = (mono / "fr.dev.txt").read_text(encoding="utf-8").splitlines()
+    by_chance = len(set(dev) & set(train))  # the toy grammar repeats a short sentence now and then
+    spaced = [" " + unicodedata.normalize("NFD", line).replace(" ", " \t ") for line in train[:150]]
+    (tmp_path / "mostly.txt").write_text("\n".join(spaced + dev[:50]) + "\n", encoding="utf-8")
+    (tmp_path / "some.txt").write_text("\n".join(dev + train[:10]) + "\n", encoding="utf-8")
+    spec = lambda fr_dev: ["--train-files", f"en={mono / 'en.train.txt'},fr={mono / 'fr.train.txt'}",  # noqa: E731
+                           "--dev-files", f"en={mono / 'en.dev.txt'},fr={fr_dev}"]
+    shared = 150 + len(set(dev[:50]) & set(train))
+    with pytest.raises(SystemExit, match=rf"^error: the fr dev set is mostly its training text \({shared} of its 200 "
+                       r"lines are training lines, whitespace collapsed, Unicode NFC\).*--allow-overlap"):
+        run(TINY + spec(tmp_path / "mostly.txt") + ["--out", tmp_path / "a", "--max-steps", 1])
+    assert "learning BPE" not in capsys.readouterr().out and not (tmp_path / "a").exists()
+    run(TINY + spec(tmp_path / "some.txt") + ["--out", tmp_path / "b", "--max-steps", 1])
+    assert f"note: {by_chance + 10} of the {len(dev) + 10} fr dev lines are training lines too" in capsys.readouterr().out
 
 
 def test_resume_with_other_dev_files_is_refused(world, tmp_path):

@@ -588,6 +588,28 @@ def test_the_dev_language_is_the_training_language(toy_world, toy_ckpt, tmp_path
     assert "sets by fr dev" in text and "en dev" not in text
 
 
+def test_overlap_with_the_train_file_is_found_by_content(toy_world, toy_ckpt, tmp_path, capsys):
+    """Issue 48: an English test file that is the train file with a space after each token was not seen
+    (examples compared by repr): it is refused now. A partial overlap (40 % of the fr test sentences taken from
+    English train) runs, its count printed beside the scores and kept in results.json."""
+    world = tmp_path / "w"
+    shutil.copytree(toy_world / "ner", world / "ner")
+    train = (world / "ner/en.train.tsv").read_text().strip().split("\n\n")
+    spaced = ["\n".join(line.replace("\t", " \t") for line in block.split("\n")) for block in train]
+    (world / "ner/en.test.tsv").write_text("\n\n".join(spaced) + "\n")
+    argv = ["--task", "ner", "--ckpt", str(toy_ckpt), "--toy", "--data", str(world), "--epochs", "1",
+            "--batch-size", "32", "--lr", "1e-3"]
+    with pytest.raises(SystemExit, match="holds 300 of the 300 examples of the en test file"):
+        ft.main(argv + ["--eval-langs", "en", "--out", str(tmp_path / "a")])
+    fr = (world / "ner/fr.test.tsv").read_text().strip().split("\n\n")
+    (world / "ner/fr.test.tsv").write_text("\n\n".join(fr[:72] + spaced[:48]) + "\n")
+    ft.main(argv + ["--eval-langs", "fr", "--out", str(tmp_path / "b")])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("fr "))
+    assert row.endswith("48 of its 120 examples are in the train file")
+    res = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert res["notes"] == {"fr test": "48 of its 120 examples are in the train file"}
+
+
 def test_aligned_transfer_routes_target_through_its_model_and_map(toy_world, toy_ckpt, tmp_path, capsys):
     """--align-layer 1 with a "target model" that is the same weights with language 0 renamed fr, an
     identity map, and the ENGLISH dev file copied as the fr test file: the fr input then takes exactly the

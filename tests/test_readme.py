@@ -127,8 +127,6 @@ def old_spelling(script, args):
             return "--toy needs --data WORLD"
     if script == "pretrain.py" and not (args.data or args.train_files or args.toy):
         return "pretrain.py needs --data, --train-files/--dev-files or --toy"
-    if script == "bpe.py" and (args.old_out is not None or args.prep_dir is None):
-        return "bpe.py prepare: --prep-dir (--out is deprecated)"
     return ""
 
 

@@ -134,6 +134,34 @@ def test_force_refuses_a_folder_that_is_not_a_toy_world(tmp_path, stray):
     assert (tmp_path / stray).read_text() == "keep me\n" and (tmp_path / "ud" / "en.train.conllu").exists()
 
 
+def test_force_replaces_only_what_it_wrote_follows_no_link_and_marks_a_cut_world(tmp_path, monkeypatch):
+    """Issue 48: --force refuses a toy world whose mono/ is a link to a user's folder (it wrote into that folder)
+    or that holds a file of another shape (mono/notes.txt was deleted); an interrupted rewrite leaves no world.json
+    (the old one said the world was complete)."""
+    small = dict(n_train=20, n_dev=5, n_test=5, n_parallel=5, n_tatoeba=5, n_task_train=6, n_task_eval=6)
+    world = tmp_path / "w"
+    toydata.write_world(world, **small)
+    (world / "mono" / "notes.txt").write_text("keep me\n")
+    with pytest.raises(FileExistsError, match="it holds mono/notes.txt"):
+        toydata.write_world(world, force=True, **small)
+    (world / "mono" / "notes.txt").unlink()
+    user = tmp_path / "user"
+    (world / "mono").rename(user)
+    (world / "mono").symlink_to(user, target_is_directory=True)
+    before = {p.name: p.read_bytes() for p in user.iterdir()}
+    with pytest.raises(SystemExit, match="is not a toy world .it holds mono/, a link.; nothing was removed"):
+        toydata.main(["--out", str(world), "--size", "tiny", "--force"])
+    assert {p.name: p.read_bytes() for p in user.iterdir()} == before and (world / "world.json").exists()
+    (world / "mono").unlink()
+
+    def cut(out_dir, name, text):  # Ctrl-C at the first file
+        raise KeyboardInterrupt
+    monkeypatch.setattr(toydata, "_write", cut)
+    with pytest.raises(KeyboardInterrupt):
+        toydata.write_world(world, force=True, **small)
+    assert not (world / "world.json").exists()
+
+
 @pytest.mark.parametrize("flag, value", [("--overlap", "1.5"), ("--order", "xyz"), ("--domain-shift", "-0.1"),
                                          ("--langs", "en"), ("--langs", "en,"), ("--langs", "en,fr,de"),
                                          ("--size", "huge"), ("--overlap", "abc")])
