@@ -135,6 +135,19 @@ def merge_pair(symbols, a, b):
 # -----------------------------------------------------------------------------
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
 
+class _Joined(dict):
+    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup (a line is
+    one pass)."""
+    def __init__(self, merge):
+        super().__init__()
+        self.merge = merge
+
+    def __missing__(self, word):
+        # the pieces joined by '@@ ', then the last one's '</w>' dropped
+        self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
+        return self[word]
+
+
 class BPE:
     """Merges -> segmentation. `BPE(merges)`: merges = [(left, right), ...] in learning order."""
 
@@ -640,18 +653,6 @@ def _pool_worker(opts):
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     _WORKER.update(opts)
 
-
-class _Joined(dict):
-    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup (a line is
-    one pass)."""
-    def __init__(self, merge):
-        super().__init__()
-        self.merge = merge
-
-    def __missing__(self, word):
-        # the pieces joined by '@@ ', then the last one's '</w>' dropped
-        self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
-        return self[word]
 
 # -----------------------------------------------------------------------------
 # Files: atomic writes, UTF-8 lines, parallel text, codes files, tokenizer.json, .bin headers, MUSE,
