@@ -64,9 +64,9 @@ def _world(tmp_path):
     world = tmp_path / "w"
     (world / "tatoeba").mkdir(parents=True)
     (world / "parallel").mkdir()
-    for side in ("en", "fr"):
-        (world / f"tatoeba/tatoeba.fr-en.{side}").write_text("a b\nc d\n")
-        (world / f"parallel/en-fr.train.{side}").write_text("a b\nc d\n")
+    for side, text in (("en", "a b\nc d\n"), ("fr", "e f\ng h\n")):
+        (world / f"tatoeba/tatoeba.fr-en.{side}").write_text(text)
+        (world / f"parallel/en-fr.train.{side}").write_text(text)
     (tmp_path / "x.pt").write_bytes(b"")
     return world, str(tmp_path / "x.pt")
 
