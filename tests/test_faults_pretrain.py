@@ -575,21 +575,21 @@ def bpe_cli(cwd, *argv):
 
 
 BPE_MISTAKES = [
-    (["prepare", "--train-files", "en=en.txt,en=fr.txt", "--dev-files", "en=en.txt", "--out", "p"],
+    (["prepare", "--train-files", "en=en.txt,en=fr.txt", "--dev-files", "en=en.txt", "--prep-dir", "p"],
      "--train-files: language 'en' given twice"),
-    (["prepare", "--train-files", "en=nope.txt,fr=fr.txt", "--dev-files", "en=en.txt,fr=fr.txt", "--out", "p"],
+    (["prepare", "--train-files", "en=nope.txt,fr=fr.txt", "--dev-files", "en=en.txt,fr=fr.txt", "--prep-dir", "p"],
      "--train-files en=nope.txt: no such file"),
-    (["prepare", "--data", ".", "--merges", "-5", "--out", "p"],
+    (["prepare", "--data", ".", "--merges", "-5", "--prep-dir", "p"],
      "argument --merges: expected one integer in [1, inf), got '-5'"),
-    (["prepare", "--data", ".", "--workers", "0", "--out", "p"],
+    (["prepare", "--data", ".", "--workers", "0", "--prep-dir", "p"],
      "argument --workers: expected one integer in [1, inf), got '0'"),
-    (["prepare", "--data", ".", "--max-lines", "-1", "--out", "p"],
+    (["prepare", "--data", ".", "--max-lines", "-1", "--prep-dir", "p"],
      "argument --max-lines: expected one integer in [1, inf)"),
-    (["prepare", "--out", "p"], "give --data, or --train-files with --dev-files"),
-    (["prepare", "--data", ".", "--code-switch", "en.txt", "--separate-vocab", "--out", "p"],
+    (["prepare", "--prep-dir", "p"], "give --data, or --train-files with --dev-files"),
+    (["prepare", "--data", ".", "--code-switch", "en.txt", "--separate-vocab", "--prep-dir", "p"],
      "--code-switch needs two --langs and one shared vocabulary"),
-    (["prepare", "--train-files", "en=en.txt,fr=fr.txt", "--dev-files", "en=en.txt,fr=fr.txt", "--out", "en.txt"],
-     "--out en.txt/joint-80000-"),  # a file, not a directory: named by bpe.py's flag (pretrain.py's is --prep-dir)
+    (["prepare", "--train-files", "en=en.txt,fr=fr.txt", "--dev-files", "en=en.txt,fr=fr.txt", "--prep-dir", "en.txt"],
+     "--prep-dir en.txt/joint-80000-"),  # a file, not a directory: named by its flag
 ]
 
 
