@@ -539,7 +539,7 @@ def test_table1_row_builds_and_trains(world, tmp_path, row):
 def test_bpe_prepare_cli_is_pretrains_preparation(world, capsys):
     """`python bpe.py prepare` with pretrain.py's flags finds the very directory pretrain.py prepared (same recipe)."""
     import bpe
-    bpe.main(["prepare", "--data", str(world["raw"]), "--merges", "300", "--out", str(world["cache"])])
+    bpe.main(["prepare", "--data", str(world["raw"]), "--merges", "300", "--prep-dir", str(world["cache"])])
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(world["joint"])
 
 
