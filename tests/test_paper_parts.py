@@ -3,8 +3,10 @@
 Each test is written against a plausible one-line bug that the other test files let through; its
 docstring names the bug. CPU only, a few seconds in all."""
 import argparse
+import collections
 import contextlib
 import math
+import random
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ import align
 import bpe
 import finetune as ft
 import pretrain
+import toydata
 from bpe import EOS_ID, MASK_ID, Tokenizer
 from model import MLM, AlignedEncoder, ModelConfig, encode_batch
 
@@ -66,8 +69,9 @@ def test_biaffine_scores_head_j_for_dependent_i():
     arc = arc[..., 0]
     assert not torch.allclose(arc, arc.transpose(1, 2)), "the check needs asymmetric scores"
     # column j is a head: a head that is no candidate scores -inf
-    torch.testing.assert_close(s_arc, arc.masked_fill(~mask[:, None, :], float("-inf")))
-    torch.testing.assert_close(s_rel, rel)
+    expected_arc = arc.masked_fill(~mask[:, None, :], float("-inf"))
+    torch.testing.assert_close(s_arc, expected_arc, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(s_rel, rel, rtol=1e-4, atol=1e-5)
 
 
 def test_label_loss_is_taken_at_the_gold_head():
@@ -188,6 +192,18 @@ def test_the_epoch_is_chosen_by_the_best_english_dev_score():
     epoch_3 = task.seen[2]
     assert not all(torch.equal(a, b) for a, b in zip(epoch_2, epoch_3)), "the weights must move"
     assert all(torch.equal(a, b) for a, b in zip(epoch_2, model.parameters()))
+
+def test_language_specific_parts_stay_frozen_in_fine_tuning():
+    """§4.3 models (Sep Emb, Sep L1): every language's own parameters are frozen, the shared ones
+    are trained, and exactly those are returned to the optimiser."""
+    model = tiny_model(sep_emb=True, sep_layers=(1,))
+    trainable = ft.freeze_lang_specific(model)
+    own = {id(p) for lang in (0, 1) for p in model.lang_specific_parameters(lang)}
+    shared = {id(p) for p in model.parameters()} - own
+    assert own and shared
+    assert {id(p) for p in trainable} == shared
+    assert all(p.requires_grad == (id(p) in shared) for p in model.parameters())
+
 
 # -----------------------------------------------------------------------------
 # model.py: §5.1.2's aligned encoder maps the target's layer i by x @ W
@@ -395,3 +411,37 @@ def test_csls_uses_k_10_neighbours_by_default():
     expected = csls_dense(X, Y, 10)
     assert (expected != csls_dense(X, Y, 5)).any(), "the check needs data on which k matters"
     assert (align.csls_knn(X, Y) == expected).all()
+
+# -----------------------------------------------------------------------------
+# toydata.py: each language's word order; the NLI entailment edit
+
+
+@pytest.mark.parametrize("order, surface", [
+    ("svo", (2, 3, 1, 0, 4, 5)),
+    ("sov", (2, 3, 1, 4, 0, 5)),
+    ("vso", (0, 2, 3, 1, 4, 5)),
+    ("svo-na", (2, 1, 3, 0, 4, 5)),
+])
+def test_linearize_puts_the_farther_dependents_farther_from_their_head(order, surface):
+    """Nodes: 0 verb (root), 1 subject noun, 2 its determiner, 3 its adjective, 4 object, 5 full
+    stop. Before the noun the determiner comes first (farther), then the adjective; in SOV the
+    subject is farther from the verb than the object."""
+    shape = ((-1, "root"), (0, "nsubj"), (1, "det"), (1, "amod"), (0, "obj"), (0, "punct"))
+    assert toydata.linearize(shape, order) == surface
+
+
+def test_entailment_drops_a_modifier_with_its_whole_subtree():
+    """The entailed hypothesis is the premise less one modifier and everything under it: still
+    one tree (one root, every dependent after its head), its concepts a part of the premise's."""
+    world = toydata.World(seed=0)
+    rng = random.Random(0)
+    sizes = []
+    for _ in range(50):
+        premise, hypothesis = toydata.sample_nli(world, rng, "entailment")
+        heads = [h for _, h, _ in hypothesis]
+        assert heads[0] == -1 and heads.count(-1) == 1
+        assert all(0 <= h < k for k, h in enumerate(heads) if k)
+        kept = collections.Counter(c for c, _, _ in hypothesis)
+        assert not kept - collections.Counter(c for c, _, _ in premise)
+        sizes.append(len(premise) - len(hypothesis))
+    assert max(sizes) > 1, "the check needs a dropped modifier with dependents"
