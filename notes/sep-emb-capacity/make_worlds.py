@@ -6,7 +6,7 @@ world-x4, world-x16: the same world with 4 and 16 times the monolingual training
           so their first 20,000 training lines are world's, and their dev, test, dictionary and
           task files are world's.
 
-    python notes/sep-emb-capacity/make_worlds.py OUT_DIR
+    PYTHONPATH=. python notes/sep-emb-capacity/make_worlds.py OUT_DIR
 """
 import sys
 

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # The runs of the Sep Emb capacity study (notes/sep-emb-capacity.md), two at a time, one core
-# each. Run from the repository root:  bash notes/sep-emb-capacity/run.sh OUT_DIR
+# each. Run from the repository root:  bash notes/sep-emb-capacity/run.sh OUT_DIR [NAME-sSEED ...]
+# With names, only those rows of the queue run (e.g. p3-default-s1 p3-sep-emb-s1).
 # Each line of the queue: NAME SEED WORLD [pretrain.py flags]. A run pretrains with --toy,
 # then fine-tunes the three tasks with finetune.py --toy (seed = the pretraining seed).
 set -euo pipefail
 export T=$1
+shift
+export ONLY="$*"
 mkdir -p "$T"
-[ -d "$T/world-x16" ] || python notes/sep-emb-capacity/make_worlds.py "$T"
+[ -d "$T/world-x16" ] || PYTHONPATH=. python notes/sep-emb-capacity/make_worlds.py "$T"
 
 row() {
   name=$1
   seed=$2
   world=$3
   shift 3
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name-s$seed "* ]]; then
+    return 0
+  fi
   python pretrain.py --toy --data "$T/$world" --seed "$seed" --out "$T/pt/$name-s$seed" \
     --prep-dir "$T/prep" "$@" \
     > "$T/$name-s$seed.log" 2>&1
