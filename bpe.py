@@ -973,6 +973,38 @@ def make_dir(flag, path):
         raise InputError(f"{flag} {path}: the directory is not writable")
 
 
+@contextlib.contextmanager
+def locked(out, prog, made_too=(), master=True):
+    """--out made and locked by one process of `prog` (OUT/.lock: its pid; under DDP the master's,
+    for all ranks); on failure the empty dirs it made (--out, made_too) go again."""
+    new = set()
+    for path in map(abspath, [out, *made_too]):
+        while not os.path.exists(path):
+            new.add(path)
+            path = os.path.dirname(path)
+    make_dir("--out", out)
+    with open(join(out, ".lock") if master else os.devnull, "a+") as f:
+        try:
+            if master:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"--out {out} is in use by another {prog} (pid "
+                             f"{open(f.name).read().strip()} in {f.name}); wait for it to end, or "
+                             "use another --out") from None
+        if master:
+            f.truncate(0)
+            print(os.getpid(), file=f, flush=True)
+        try:
+            yield
+        finally:
+            if master:
+                os.remove(f.name)
+            if sys.exc_info()[0]:  # failed: remove the new dirs, a child (a longer path) first
+                for d in sorted(new, key=len, reverse=True):
+                    with contextlib.suppress(OSError):  # not empty: kept
+                        os.rmdir(d)
+
+
 # -----------------------------------------------------------------------------
 # Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits,
 # cached; bpe.py's CLI

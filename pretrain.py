@@ -19,7 +19,6 @@ Run:
 """
 
 import argparse
-import fcntl
 import gc
 import hashlib
 import json
@@ -32,7 +31,6 @@ import signal
 import sys
 import time
 import unicodedata
-from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import NamedTuple
@@ -44,8 +42,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, atomic_write,
-                 load_bin, make_dir, number, parse_lang_files, prepare, read_text, reported,
-                 write_errors, write_text)
+                 load_bin, locked, number, parse_lang_files, prepare, read_text,
+                 reported, write_errors, write_text)
 from model import MLM, ModelConfig, autocast, load_model, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
@@ -706,37 +704,6 @@ def run_files(out):
     return [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if f in names] + snapshots
 
 
-@contextmanager
-def locked(out, prep_dir, master):
-    """--out made, locked by the master for all ranks (OUT/.lock: its pid); a failed run's new
-    empty dirs go again."""
-    new = set()
-    for path in map(os.path.abspath, (out, prep_dir)):
-        while not os.path.exists(path):
-            new.add(path)
-            path = os.path.dirname(path)
-    make_dir("--out", out)
-    with open(os.path.join(out, ".lock") if master else os.devnull, "a+") as f:
-        try:
-            if master:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError(f"--out {out} is in use by another pretrain.py (pid "
-                             f"{open(f.name).read().strip()} in {f.name}); wait for it to end, or "
-                             "use another --out") from None
-        if master:
-            f.truncate(0)
-            print(os.getpid(), file=f, flush=True)
-        try:
-            yield
-        finally:
-            if master:
-                os.remove(f.name)
-            if sys.exc_info()[0]:  # failed: remove the new dirs, a child (a longer path) first
-                for d in sorted(new, key=len, reverse=True):
-                    with suppress(OSError):  # not empty: kept
-                        os.rmdir(d)
-
 
 def command(argv, then, lr=None):
     """ARGV made to go on (then="--resume") or start again ("--overwrite"), maybe at another --lr:
@@ -1195,7 +1162,8 @@ def main(argv=None):
     # a bad input: one `error: ...` line (a flag's: after the usage line, code 2)
     with reported(parser):
         args = get_args(argv, parser)
-        with locked(args.out, args.prep_dir, int(os.environ.get("RANK", 0)) == 0):
+        master = int(os.environ.get("RANK", 0)) == 0
+        with locked(args.out, "pretrain.py", [args.prep_dir], master):
             run = setup(args, argv)
             ending = train(run)
     for sig, handler in run.stop.old.items():  # the handlers from before the run
