@@ -3,8 +3,9 @@ and the figure figures/sep-emb-capacity.png (with matplotlib).
 
     python notes/sep-emb-capacity/summarize.py OUT_DIR     # OUT_DIR of run.sh
 
-P1's rows are Table 1's runs (RESULTS.md, measured with the same preset on the same world); they
-are typed in below from that table's per-seed line, not re-read.
+P1's rows are Table 1's runs (RESULTS.md, measured with the same preset on the same world), and
+the first session's P3 / P5 runs are typed in below (their folders were not kept); OUT_DIR's runs
+are read and added to them.
 """
 import glob
 import json
@@ -22,6 +23,14 @@ P1 = {
     "sep-tok": [[53.0, 23.2, 68.8]],
 }
 P1_PER_TOKEN = 525913 / 380172
+# the first session's converged runs at P3 and P5 (2026-11-28, the first Results table of
+# notes/sep-emb-capacity.md; their folders were not kept), typed in: fr XNLI / NER / LAS per seed
+EARLIER = {
+    "p3": {"default": [[73.2, 92.5, 83.2]], "sep-emb": [[34.5, 5.6, 6.9]]},
+    "p5": {"default": [[66.8, 81.0, 92.8], [68.5, 93.5, 91.5]],
+           "sep-emb": [[36.2, 4.8, 3.5], [33.7, 0.0, 3.5]]},
+}
+EARLIER_PER_TOKEN = {"p3": 525783 / 1524653, "p5": 525913 / 6104786}
 POINTS = {"p1": "x1", "p3": "x4", "p5": "x16", "p2": "x1, d=32", "p4": "x4, d=32"}
 
 
@@ -77,7 +86,9 @@ def main(out):
 
     # the gaps: Default - model, per point, over the converged runs
     table = {"p1": dict(P1)}
-    per_token = {"p1": P1_PER_TOKEN}
+    per_token = {"p1": P1_PER_TOKEN, **EARLIER_PER_TOKEN}
+    for point, models in EARLIER.items():
+        table[point] = {model: list(rows) for model, rows in models.items()}
     for r in runs:
         if r["scores"] is None or not r["converged"]:
             continue
