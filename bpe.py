@@ -498,7 +498,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     lines = enumerate(read_lines(text_path), 1)
     # lists of (line number, line)
     chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
-    n_tokens = n_sentences = n_words = n_switched = 0
+    n_tokens = n_sentences = n_words = n_switched = n_unk = 0
     bar = tqdm(total=getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {basename(text_path)}",
                disable=not verbose or not sys.stderr.isatty())
@@ -515,6 +515,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
                 n_sentences += chunk.n_lines
                 n_words += chunk.n_words
                 n_switched += chunk.n_switched
+                n_unk += int(np.count_nonzero(chunk.ids == UNK_ID))
                 bar.update(chunk.n_bytes)
             if n_words == 0:  # blank lines alone would be a corpus of </s>
                 raise ValueError(f"{text_path}: empty corpus (no words in {n_sentences} lines)")
@@ -524,7 +525,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
         if pool:
             pool.terminate()
     meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
-            "n_words": n_words, "vocab_size": vocab_size, "lang": lang}
+            "n_words": n_words, "n_unk": n_unk, "vocab_size": vocab_size, "lang": lang}
     if code_switch is not None:
         meta["n_switched"] = n_switched
     write_text(out_prefix + ".json", json.dumps(meta) + "\n")
@@ -621,6 +622,9 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
             where[p] |= js
             heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
     bar.close()
+    if verbose and len(merges) < num_merges:
+        print(f"note: {len(merges)} merges learned, not the {num_merges} asked: no pair of symbols "
+              f"is left that occurs {min_freq} times or more (min_freq)")
     return merges
 
 
@@ -1294,6 +1298,27 @@ def _check_text(path, lang, split, held_out):
             raise InputError(f"{path}: {why}")
 
 
+def _dev_in_train(lang, splits, allow_overlap):
+    """A dev text compared with its training text by content (whitespace collapsed, Unicode NFC):
+    refused when most of its lines are training lines (unless allow_overlap); some are counted."""
+    def normal(line):
+        return unicodedata.normalize("NFC", " ".join(line.split()))
+
+    dev = [normal(line) for line in read_text(splits["dev"]) if line.strip()]
+    wanted = set(dev)
+    found = {key for key in map(normal, read_text(splits["train"])) if key in wanted}
+    shared = sum(key in found for key in dev)
+    mostly = "" if shared == len(dev) else "mostly "
+    if shared > len(dev) / 2 and not allow_overlap:
+        raise InputError(f"the {lang} dev set is {mostly}its training text ({shared} of its "
+                         f"{len(dev)} lines are training lines, whitespace collapsed, Unicode "
+                         "NFC): the dev perplexity, and best.pt chosen on it, would measure what is "
+                         "trained on; give another dev set, or --allow-overlap if it is meant")
+    if shared:
+        print(f"note: {shared} of the {len(dev)} {lang} dev lines are training lines too "
+              "(whitespace collapsed, Unicode NFC)")
+
+
 def _code_switching(code_switch, files, langs, lowercase):
     """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it misses the text
     or is swapped."""
@@ -1377,7 +1402,7 @@ def _text_splits(lang, splits, out):
 @reported(None)
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
             separate_vocab=False, lowercase=False, max_lines=None, seed=0, code_switch=None,
-            workers=1, master=True, program="pretrain.py"):
+            workers=1, master=True, program="pretrain.py", allow_overlap=False):
     """Raw text (`files` {lang: {"train": path, "dev": path or None}}, or in `data`) ->
     prep_dir/<mode>-<merges>-<hash>/ (tokenizer.json, {lang}.{train,dev}.bin), reused; a prepared
     `data` folder is used if its recipe matches."""
@@ -1409,6 +1434,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
             for s, path in splits.items():
                 if path:
                     _check_text(path, l, s, splits["dev"] is None)
+            if splits["dev"]:
+                _dev_in_train(l, splits, allow_overlap)
         if code_switch:
             switch = _code_switching(code_switch, files, langs, lowercase)
     recipe.update(bpe_lines=max_lines, seed=seed, code_switch=_fingerprint(code_switch),
@@ -1441,16 +1468,24 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                               separate_vocab=separate_vocab, lowercase=lowercase,
                               max_lines=max_lines, seed=seed)
         print(f"preparing data in {out}")
+        unk_percent = {l: {} for l in langs}  # recorded in recipe.json
         # the small dev files first: a bad one is found in seconds
         for s, l in itertools.product(("dev", "train"), langs):
             meta = binarize(paths[l][s], tok, l, join(out, f"{l}.{s}"), workers=workers,
                             code_switch=switch.get(l) if s == "train" else None, seed=seed)
+            unk = 100 * meta["n_unk"] / max(meta["n_tokens"] - meta["n_sentences"], 1)
+            unk_percent[l][s] = round(unk, 2)
+            if unk > 5:
+                print(f"note: {unk:.1f} % of the {l} {s} tokens are <unk> (the vocabulary was "
+                      "learned on other text, or on too few lines); a model trained or measured "
+                      "on them means little")
             if "n_switched" in meta:
                 share = 100 * meta["n_switched"] / max(meta["n_words"], 1)
                 other = [o for o in langs if o != l][0]
                 print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words "
                       f"({share:.1f} %) replaced by {other} words")
         tok.save(join(out, "tokenizer.json"))
+        recipe["unk_percent"] = unk_percent
         write_text(join(out, "recipe.json"), json.dumps(recipe, indent=1))
         sizes = {n: getsize(join(out, n)) for n in prepared_files(langs)
                  if n.endswith(".bin")}
@@ -1493,6 +1528,9 @@ def build_parser():
     a("--code-switch", metavar="DICT",
       help="MUSE dictionary: code-switch the training text (§4.2; default: none)")
     a("--workers", type=number(1), default=1, help="encoding processes")
+    a("--allow-overlap", action="store_true",
+      help="accept a dev text that is mostly training lines (refused: its perplexity measures "
+      "what is trained on)")
     a("--prep-dir", metavar="DIR", required=True,
       help="cache of prepared data (as pretrain.py --prep-dir): the prepared directory inside it "
       "is printed; one process at a time prepares one (a second is refused); required")
@@ -1520,20 +1558,28 @@ def main(argv=None):
             files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
         merges = args.merges or (80000 if args.mode == "joint" else 40000)
 
-        def stopped(signum, frame):  # SIGTERM as Ctrl-C: every temporary file is removed
+        # SIGTERM as Ctrl-C, once: a second one (Ctrl-C twice) cannot cut the removal of the
+        # temporary files short
+        signals = (signal.SIGINT, signal.SIGTERM)
+
+        def stopped(signum, frame):
+            for s in signals:
+                signal.signal(s, signal.SIG_IGN)
             raise KeyboardInterrupt(signal.Signals(signum).name)
-        handler = signal.signal(signal.SIGTERM, stopped)
+        handlers = {s: signal.signal(s, stopped) for s in signals}
         try:
             print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges,
                           args.separate_vocab, args.lowercase, args.max_lines, args.seed,
-                          args.code_switch, args.workers, program="bpe.py"))
+                          args.code_switch, args.workers, program="bpe.py",
+                          allow_overlap=args.allow_overlap))
         except KeyboardInterrupt as e:
             name = e.args[0] if e.args else "SIGINT"
             print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same "
                   "command to prepare the data", file=sys.stderr)
             sys.exit(128 + signal.Signals[name])
         finally:
-            signal.signal(signal.SIGTERM, handler)
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
 
 
 if __name__ == "__main__":
