@@ -2,12 +2,9 @@
 
 Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language Models" (ACL
 2020), §3 (the XLM set-up: BPE over the union of the languages) and §4.2 (anchor points: a joint
-vocabulary, language-specific vocabularies with and without shared strings, and code-switching as
-extra anchors).
-
+vocabulary, language-specific vocabularies with and without shared strings, code-switching).
 Above the `# ====` line, the paper's part: pre-tokenisation, BPE as Sennrich et al. state it and as
-subword-nmt applies it, §4.2's vocabulary regimes, code-switching, binarisation. Below it, the
-plumbing (its first line says what).
+subword-nmt applies it, §4.2's vocabulary regimes, code-switching, binarisation; below, plumbing.
 Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --prep-dir runs/prep
 """
 
@@ -38,9 +35,7 @@ import regex
 from tqdm import tqdm
 
 # -----------------------------------------------------------------------------
-# XLM's special tokens (XLM src/data/dictionary.py): first in every vocabulary, shared by every
-# regime
-
+# XLM's special tokens (XLM src/data/dictionary.py): first in every vocabulary, in every regime
 SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
 # <s> (id 0) is never used: a stream starts with </s>
 EOS_ID, PAD_ID, UNK_ID = 1, 2, 3
@@ -64,23 +59,20 @@ _TOKEN = (
     rf"|(?![{_SPACE}])\X"  # else one grapheme: punctuation, symbols, emoji
 )
 TOKEN_RE = regex.compile(_TOKEN)
-# zh: every Han character is a token (the stand-in for the Stanford segmenter); other letters form
-# words
+# zh: every Han character is a token (the stand-in for the Stanford segmenter)
 TOKEN_RE_ZH = regex.compile(
     r"(?V1)\p{Han}|" + _TOKEN.replace(r"[\p{L}\p{M}\p{N}]", r"[[\p{L}\p{M}\p{N}]--\p{Han}]"))
 SPACE_RE = regex.compile(rf"[{_SPACE}]")
 
 
 def lowercase_and_strip_accents(text):
-    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py).
-    Off by default, as in XLM-17/100."""
+    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py; off by default)."""
     text = unicodedata.normalize("NFD", text.lower())
     return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
 
 
 def pretokenize(line, lang):
-    """'Hello, world!' -> ['Hello', ',', 'world', '!'];
-    zh: '我们2020年' -> ['我', '们', '2020', '年'].
+    """'Hello, world!' -> ['Hello', ',', 'world', '!']; zh: '我们2020年' -> ['我', '们', '2020', '年'].
     The stand-in for Moses; '<s>' in the text becomes '<', 's', '>', never a special token."""
     return (TOKEN_RE_ZH if lang == "zh" else TOKEN_RE).findall(line)
 
@@ -118,8 +110,7 @@ def learn_bpe_simple(word_counts, num_merges, min_freq=2):
 
 
 def merge_pair(symbols, a, b):
-    """Every (a, b) in `symbols` merged, left to right, non-overlapping:
-    a a a with (a, a) -> aa a."""
+    """Every (a, b) in `symbols` merged, left to right, non-overlapping: a a a with (a, a) -> aa a."""
     out = []
     i = 0
     n = len(symbols)
@@ -136,8 +127,7 @@ def merge_pair(symbols, a, b):
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
 
 class _Joined(dict):
-    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup (a line is
-    one pass)."""
+    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup."""
     def __init__(self, merge):
         super().__init__()
         self.merge = merge
@@ -153,10 +143,9 @@ class BPE:
 
     def __init__(self, merges):
         self.merges = [tuple(m) for m in merges]
-        # One string object per symbol (`canon`), shared by the keys of ranks and by merged[rank]
-        # (the symbol a merge makes), so that _merge makes no new string per merge: its hash is
-        # known, and a rank lookup matches by identity. A pair learned twice keeps its first
-        # (lowest) rank, as in subword-nmt.
+        # One string object per symbol (`canon`), in the keys of ranks and in merged[rank] (the
+        # symbol a merge makes): _merge makes no new string, a rank lookup matches by identity.
+        # A pair learned twice keeps its first (lowest) rank, as in subword-nmt.
         self.ranks = {}
         canon = {}
         for i, pair in enumerate(self.merges):
@@ -164,17 +153,15 @@ class BPE:
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
             self.ranks.setdefault(tuple(canon.setdefault(s, s) for s in pair), i)
         self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
-        # per-word caches, filled as words are met: word -> pieces with '@@' (apply_words),
-        # word -> them joined (apply)
+        # per-word caches: word -> pieces with '@@' (apply_words), word -> them joined (apply)
         self.cache = {}
         self.joined = _Joined(self._merge)
         self.no_merge = len(self.merges)  # a rank above every merge's: the pair is no merge
 
     def _merge(self, word):
         """'lowest' -> ['lo', 'west</w>']: from characters (the last + '</w>'), merge the
-        lowest-rank pair, every occurrence left to right (subword-nmt's encode). rs[i] is the rank
-        of the pair (w[i], w[i + 1]); a rank names one pair, so the positions of the lowest rank are
-        exactly that pair's occurrences."""
+        lowest-rank pair, every occurrence left to right (subword-nmt's encode). rs[i]: the rank of
+        (w[i], w[i + 1]); a rank names one pair, so the lowest rank's positions are its occurrences."""
         if len(word) < 2:
             return [word + EOW]
         w = [*word[:-1], word[-1] + EOW]
@@ -227,19 +214,16 @@ class BPE:
         return [p[: -len(CONTINUE)] for p in pieces[:-1]] + list(pieces[-1:])
 
     def apply_words(self, words):
-        """['lowest', 'new'] -> ['lo@@', 'west', 'new']: every word's pieces, '@@' on non-final
-        ones."""
+        """['lowest', 'new'] -> ['lo@@', 'west', 'new']: the words' pieces, '@@' on non-final ones."""
         return [p for w in words for p in self._pieces(w)]
 
     def apply(self, line):
         """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words split on ' ' only."""
         line = line.strip("\r\n ")
-        if not line:
-            return ""
         words = line.split(" ")
         if "  " in line:  # runs of ' ' give '' words
             words = [w for w in words if w]
-        # a word met for the first time is merged by _Joined.__missing__
+        # a word met for the first time is merged by _Joined.__missing__ ('' gives '')
         return " ".join(map(self.joined.__getitem__, words))
 
     def save(self, path):  # a codes file of subword-nmt
@@ -857,17 +841,13 @@ def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
     return parse
 
 
-# the spellings of the previous release still work, with this one line on stderr
-def deprecated(old, new):
-    print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
-
-
 def toy_data(args):
     """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note -> the flag that
     gave the data."""
     if not isinstance(args.toy, str):
         return "--data"
-    deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
+    print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}",
+          file=sys.stderr)
     if args.data is not None:
         raise InputError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy "
                          "--data DIR)")
@@ -1104,8 +1084,7 @@ MIN_DEV_WORDS = 20
 CS_SAMPLE_LINES = 20000
 # lines of each text whose letters are counted: Han-script text must be zh (_check_text)
 CHECK_SCRIPT_LINES = 1000
-HAN_RE = regex.compile(r"\p{Han}")
-LETTER_RE = regex.compile(r"\p{L}")
+
 # what a prepared folder records and a run must match: recipe key -> (pretrain.py's flag, bpe.py
 # prepare's flag)
 RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"),
@@ -1120,12 +1099,9 @@ def file_sha1(path):
     try:
         with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha1").hexdigest()
-    except FileNotFoundError:
-        raise InputError(f"--code-switch {path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"--code-switch {path}: not a file") from None
     except OSError as e:
-        raise InputError(f"--code-switch {path}: cannot read: {e.strerror}") from None
+        why = {errno.ENOENT: "no such file", errno.EISDIR: "not a file"}.get(e.errno)
+        raise InputError(f"--code-switch {path}: {why or 'cannot read: ' + e.strerror}") from None
 
 
 def read_text(path, max_lines=None):  # the lines of a text file or of a WikiExtractor directory
@@ -1215,10 +1191,8 @@ def _show(key, value):
         return ",".join(value)
     if key == "code_switch_sha1" and value:
         return "a dictionary with sha1 " + value[:10]
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "on" if value else "off"
+    if value is None or isinstance(value, bool):
+        return {None: "none", True: "on", False: "off"}[value]
     return str(value)
 
 
@@ -1275,8 +1249,8 @@ def _check_text(path, lang, split, held_out):
             if words < MIN_DEV_WORDS:
                 words += len(pretokenize(line, lang))
             if n <= CHECK_SCRIPT_LINES and lang != "zh":
-                han += len(HAN_RE.findall(line))
-                letters += len(LETTER_RE.findall(line))
+                han += len(regex.findall(r"\p{Han}", line))
+                letters += len(regex.findall(r"\p{L}", line))
     except OSError as e:
         raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
     except ValueError as e:
@@ -1359,11 +1333,6 @@ def _code_switching(code_switch, files, langs, lowercase):
     return switch
 
 
-def _text_file(data, name):
-    """--data DIR's text file `name`: DIR/name, or DIR/mono/name (a toy world), or None."""
-    paths = [join(data, name), join(data, "mono", name)]
-    return next(filter(isfile, paths), None)
-
 
 def _fingerprint(path):
     """A recipe's record of an input: a file's path, size and time; a WikiExtractor directory's
@@ -1414,7 +1383,10 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
         if not isdir(data):
             why = "not a directory" if exists(data) else "no such directory"
             raise InputError(f"--data {data}: {why}")
-        files = {l: {s: _text_file(data, f"{l}.{s}.txt") for s in ("train", "dev")} for l in langs}
+        # DIR/l.s.txt, or DIR/mono/l.s.txt (a toy world)
+        files = {l: {s: next(filter(isfile, [join(data, f"{l}.{s}.txt"),
+                                             join(data, "mono", f"{l}.{s}.txt")]), None)
+                     for s in ("train", "dev")} for l in langs}
         absent = [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'" for l in langs
                   for s in ("train", "dev") if not files[l][s]]
         made = [n for n in prepared_files(langs) + ["done"]
