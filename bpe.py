@@ -1228,10 +1228,14 @@ def _check_prepared(data, recipe, program):
                          "prepare, or the text as --data)")
 
 
-def _check_text(path, lang, split, held_out):
+def _check_text(path, lang, split, dev=None, allow_overlap=False):
     """A text input of prepare, read whole before anything is written (a bad byte found late costs
-    hours): one line."""
+    hours): one line. Its lines as content (whitespace collapsed, Unicode NFC) -> a dev text's
+    non-blank ones; a train text with a `dev` is refused when it holds most of them (unless
+    allow_overlap), and the shared ones counted."""
     n = han = letters = texts = words = 0
+    found = []
+    wanted = set(dev or ())
     # read_lines and wikiextractor_files name the file (and line) at fault
     try:
         for n, line in enumerate(read_text(path), 1):
@@ -1244,8 +1248,14 @@ def _check_text(path, lang, split, held_out):
                 raise ValueError(f"{where}: a carriage return (CR) inside the line: lines that end "
                                  "in CR alone (old Mac) would be read glued together; convert them "
                                  f"first, e.g. tr '\\r' '\\n' < {path} > NEW")
-            if line.strip():
-                texts += 1
+            if not line.strip():
+                continue
+            texts += 1
+            # as content (a dev text, or a train text compared with one)
+            if split == "dev" or wanted:
+                key = unicodedata.normalize("NFC", " ".join(line.split()))
+                if split == "dev" or key in wanted:
+                    found.append(key)
             if words < MIN_DEV_WORDS:
                 words += len(pretokenize(line, lang))
             if n <= CHECK_SCRIPT_LINES and lang != "zh":
@@ -1255,6 +1265,7 @@ def _check_text(path, lang, split, held_out):
         raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
     except ValueError as e:
         raise InputError(str(e)) from None
+    held_out = dev is None  # a train text: its dev lines are held out of it
     min_texts = 10 if held_out else 1
     checks = [
         (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) "
@@ -1270,17 +1281,9 @@ def _check_text(path, lang, split, held_out):
     for bad, why in checks:
         if bad:
             raise InputError(f"{path}: {why}")
-
-
-def _dev_in_train(lang, splits, allow_overlap):
-    """A dev text compared with its training text by content (whitespace collapsed, Unicode NFC):
-    refused when most of its lines are training lines (unless allow_overlap); some are counted."""
-    def normal(line):
-        return unicodedata.normalize("NFC", " ".join(line.split()))
-
-    dev = [normal(line) for line in read_text(splits["dev"]) if line.strip()]
-    wanted = set(dev)
-    found = {key for key in map(normal, read_text(splits["train"])) if key in wanted}
+    if not dev:  # a dev text, or a train text to hold dev lines out of
+        return found
+    found = set(found)
     shared = sum(key in found for key in dev)
     mostly = "" if shared == len(dev) else "mostly "
     if shared > len(dev) / 2 and not allow_overlap:
@@ -1402,12 +1405,10 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                   "its text is prepared")
     switch = {}  # lang -> {word: [translations]}
     if master:
+        # the small dev text first: the train text is compared with it
         for l, splits in files.items():
-            for s, path in splits.items():
-                if path:
-                    _check_text(path, l, s, splits["dev"] is None)
-            if splits["dev"]:
-                _dev_in_train(l, splits, allow_overlap)
+            dev = splits["dev"] and _check_text(splits["dev"], l, "dev")
+            _check_text(splits["train"], l, "train", dev, allow_overlap)
         if code_switch:
             switch = _code_switching(code_switch, files, langs, lowercase)
     recipe.update(bpe_lines=max_lines, seed=seed, code_switch=_fingerprint(code_switch),

@@ -46,7 +46,8 @@ def inputs(toy_world, tmp_path_factory):
         (d / name).mkdir()
         for s in ("train", "dev"):
             (d / name / f"en.{s}.txt").write_text((mono / f"en.{s}.txt").read_text())
-            (d / name / f"fr.{s}.txt").write_text(make((mono / f"fr.{s}.txt").read_text()), newline="")
+            text = (mono / f"fr.{s}.txt").read_text()  # the train text at fault (the dev text is read first)
+            (d / name / f"fr.{s}.txt").write_text(make(text) if s == "train" else text, newline="")
     # issue 48: Windows line ends with some CR-only ones among them (a file pasted together): line 3 ends in CR alone
     lines = (mono / "fr.train.txt").read_text().split("\n")
     (d / "crmix").mkdir()
