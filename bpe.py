@@ -957,6 +957,23 @@ def make_dir(flag, path):
         raise InputError(f"{flag} {path}: the directory is not writable")
 
 
+def _flock(path, busy):
+    """`path` opened, flocked by this process and emptied; else InputError(busy(what it holds)).
+    A holder removes the file before it lets go: a file removed so is locked anew."""
+    while True:
+        f = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with f:
+                f.seek(0)
+                raise InputError(busy(f.read().strip())) from None
+        if os.fstat(f.fileno()).st_nlink:
+            f.truncate(0)
+            return f
+        f.close()
+
+
 @contextlib.contextmanager
 def locked(out, prog, made_too=(), master=True):
     """--out made and locked by one process of `prog` (OUT/.lock: its pid; under DDP the master's,
@@ -967,22 +984,15 @@ def locked(out, prog, made_too=(), master=True):
             new.add(path)
             path = os.path.dirname(path)
     make_dir("--out", out)
-    with open(join(out, ".lock") if master else os.devnull, "a+") as f:
-        try:
-            if master:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError(f"--out {out} is in use by another {prog} (pid "
-                             f"{open(f.name).read().strip()} in {f.name}); wait for it to end, or "
-                             "use another --out") from None
-        if master:
-            f.truncate(0)
-            print(os.getpid(), file=f, flush=True)
+    lock = join(out, ".lock")
+    with _flock(lock, lambda pid: f"--out {out} is in use by another {prog} (pid {pid} in {lock}); "
+                "wait for it to end, or use another --out") if master else open(os.devnull, "w") as f:
+        print(os.getpid(), file=f, flush=True)
         try:
             yield
         finally:
             if master:
-                os.remove(f.name)
+                os.remove(lock)
             if sys.exc_info()[0]:  # failed: remove the new dirs, a child (a longer path) first
                 for d in sorted(new, key=len, reverse=True):
                     with contextlib.suppress(OSError):  # not empty: kept
@@ -1124,7 +1134,7 @@ def _missing(folder, langs):
         return ["done"]
     sizes = {}  # .bin file -> its size; a `done` made by hand records none
     with open(done_path, encoding="utf-8") as f, contextlib.suppress(ValueError, TypeError):
-        sizes = dict(json.loads(f.read().strip() or "{}"))
+        sizes = dict(json.load(f))
     missing = []
     for name in prepared_files(langs):
         path = join(folder, name)
@@ -1142,28 +1152,14 @@ def _preparing(out):
     the folder."""
     make_dir("--prep-dir", out)
     path = join(out, "lock")
-    # the holder removes the file before it lets go: then lock the new one
-    while True:
-        f = open(path, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            with f:
-                f.seek(0)
-                holder = f.read().strip() or "another process"
-                raise InputError(f"{out} is being prepared by {holder} (it holds {path}); wait for "
-                                 "it to end, then run the same command: it uses that "
-                                 "data") from None
-        if os.fstat(f.fileno()).st_nlink:
-            break
-        f.close()
+    f = _flock(path, lambda holder: f"{out} is being prepared by {holder or 'another process'} (it "
+               f"holds {path}); wait for it to end, then run the same command: it uses that data")
     leftovers = [join(out, n) for n in os.listdir(out) if n.endswith(".tmp")]
     for p in leftovers:  # what a killed process left
         if isdir(p):
             shutil.rmtree(p)
         else:
             os.remove(p)
-    f.truncate(0)
     print(f"process {os.getpid()} on {os.uname().nodename}", file=f, flush=True)
     try:
         yield
@@ -1341,9 +1337,8 @@ def _fingerprint(path):
     """A recipe's record of an input: a file's path, size and time; a WikiExtractor directory's
     path and the sha1 of its files' names, sizes and times."""
     if path is None or not isdir(path):
-        return path and [abspath(path), os.stat(path).st_size, os.stat(path).st_mtime_ns]
-    stats = [[relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
-             for f in wikiextractor_files(path)]
+        return path and [abspath(path), getsize(path), os.stat(path).st_mtime_ns]
+    stats = [[relpath(f, path), getsize(f), os.stat(f).st_mtime_ns] for f in wikiextractor_files(path)]
     return [abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
 
 
@@ -1355,7 +1350,7 @@ def _text_splits(lang, splits, out):
     paths = dict(splits)
     train = splits["train"]
     dev = splits["dev"]
-    if dev is not None and isdir(dev):  # a WikiExtractor dev directory: its lines in order
+    if dev and isdir(dev):  # a WikiExtractor dev directory: its lines in order
         paths["dev"] = prefix + ".dev.txt"
         write_text(paths["dev"], (line + "\n" for line in read_wikiextractor(dev)))
     if isdir(train) or dev is None:
@@ -1392,8 +1387,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                      for s in ("train", "dev")} for l in langs}
         absent = [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'" for l in langs
                   for s in ("train", "dev") if not files[l][s]]
-        made = [n for n in prepared_files(langs) + ["done"]
-                if isfile(join(data, n))]
+        made = [n for n in prepared_files(langs) + ["done"] if isfile(join(data, n))]
         # a prepared folder (with the text and stray files: the text)
         if made and (absent or not _missing(data, langs)):
             _check_prepared(data, recipe, program)
@@ -1441,27 +1435,24 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                               separate_vocab=separate_vocab, lowercase=lowercase,
                               max_lines=max_lines, seed=seed)
         print(f"preparing data in {out}")
-        unk_percent = {l: {} for l in langs}  # recorded in recipe.json
+        recipe["unk_percent"] = {l: {} for l in langs}
         # the small dev files first: a bad one is found in seconds
         for s, l in itertools.product(("dev", "train"), langs):
             meta = binarize(paths[l][s], tok, l, join(out, f"{l}.{s}"), workers=workers,
                             code_switch=switch.get(l) if s == "train" else None, seed=seed)
             unk = 100 * meta["n_unk"] / max(meta["n_tokens"] - meta["n_sentences"], 1)
-            unk_percent[l][s] = round(unk, 2)
+            recipe["unk_percent"][l][s] = round(unk, 2)
             if unk > 5:
                 print(f"note: {unk:.1f} % of the {l} {s} tokens are <unk> (the vocabulary was "
                       "learned on other text, or on too few lines); a model trained or measured "
                       "on them means little")
             if "n_switched" in meta:
                 share = 100 * meta["n_switched"] / max(meta["n_words"], 1)
-                other = [o for o in langs if o != l][0]
                 print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words "
-                      f"({share:.1f} %) replaced by {other} words")
+                      f"({share:.1f} %) replaced by {langs[1 - langs.index(l)]} words")
         tok.save(join(out, "tokenizer.json"))
-        recipe["unk_percent"] = unk_percent
         write_text(join(out, "recipe.json"), json.dumps(recipe, indent=1))
-        sizes = {n: getsize(join(out, n)) for n in prepared_files(langs)
-                 if n.endswith(".bin")}
+        sizes = {n: getsize(join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
         # last: the ids it holds (_missing checks them)
         write_text(join(out, "done"), json.dumps(sizes))
     return out
@@ -1525,9 +1516,7 @@ def main(argv=None):
         files = None
         if args.train_files:
             train = parse_lang_files("--train-files", args.train_files, langs)
-            dev = {}
-            if args.dev_files:
-                dev = parse_lang_files("--dev-files", args.dev_files, langs)
+            dev = parse_lang_files("--dev-files", args.dev_files, langs) if args.dev_files else {}
             files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
         merges = args.merges or (80000 if args.mode == "joint" else 40000)
 
@@ -1546,7 +1535,7 @@ def main(argv=None):
                           args.code_switch, args.workers, program="bpe.py",
                           allow_overlap=args.allow_overlap))
         except KeyboardInterrupt as e:
-            name = e.args[0] if e.args else "SIGINT"
+            name = str(e) or "SIGINT"
             print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same "
                   "command to prepare the data", file=sys.stderr)
             sys.exit(128 + signal.Signals[name])
