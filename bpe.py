@@ -66,14 +66,14 @@ SPACE_RE = regex.compile(rf"[{_SPACE}]")
 
 
 def lowercase_and_strip_accents(text):
-    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py; off by default)."""
+    """'Été à Noël' -> 'ete a noel' (XLM's lowercase_and_remove_accent.py; off by default)."""
     text = unicodedata.normalize("NFD", text.lower())
     return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
 
 
 def pretokenize(line, lang):
-    """'Hello, world!' -> ['Hello', ',', 'world', '!']; zh: '我们2020年' -> ['我', '们', '2020', '年'].
-    The stand-in for Moses; '<s>' in the text becomes '<', 's', '>', never a special token."""
+    """'Hello, world!' -> ['Hello', ',', 'world', '!']; zh: '我们2020年' -> ['我', '们', '2020',
+    '年']. The stand-in for Moses; '<s>' in the text becomes '<', 's', '>', never a special token."""
     return (TOKEN_RE_ZH if lang == "zh" else TOKEN_RE).findall(line)
 
 # -----------------------------------------------------------------------------
@@ -110,7 +110,7 @@ def learn_bpe_simple(word_counts, num_merges, min_freq=2):
 
 
 def merge_pair(symbols, a, b):
-    """Every (a, b) in `symbols` merged, left to right, non-overlapping: a a a with (a, a) -> aa a."""
+    """Every (a, b) in `symbols` merged, left to right, non-overlapping: a a a, (a, a) -> aa a."""
     out = []
     i = 0
     n = len(symbols)
@@ -161,7 +161,7 @@ class BPE:
     def _merge(self, word):
         """'lowest' -> ['lo', 'west</w>']: from characters (the last + '</w>'), merge the
         lowest-rank pair, every occurrence left to right (subword-nmt's encode). rs[i]: the rank of
-        (w[i], w[i + 1]); a rank names one pair, so the lowest rank's positions are its occurrences."""
+        (w[i], w[i + 1]); a rank names one pair: the lowest rank's positions are its occurrences."""
         if len(word) < 2:
             return [word + EOW]
         w = [*word[:-1], word[-1] + EOW]
@@ -214,7 +214,7 @@ class BPE:
         return [p[: -len(CONTINUE)] for p in pieces[:-1]] + list(pieces[-1:])
 
     def apply_words(self, words):
-        """['lowest', 'new'] -> ['lo@@', 'west', 'new']: the words' pieces, '@@' on non-final ones."""
+        """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces, '@@' on non-final ones."""
         return [p for w in words for p in self._pieces(w)]
 
     def apply(self, line):
@@ -344,15 +344,13 @@ class Tokenizer:
         return len(self.vocabs[lang])
 
     def words(self, line, lang):
-        """Pretokenised words of a raw line (lowercased if the run lowercases), cut to MAX_WORD
-        characters (cap_words)."""
+        """Pretokenised words of a raw line (lowercased if so), cut by cap_words."""
         if self.lowercase:
             line = lowercase_and_strip_accents(line)
         return cap_words(pretokenize(line, lang))
 
     def pieces(self, words, lang):
-        """Words -> vocabulary tokens: BPE pieces with '@@'.
-        prefixed: 'hel@@' in en -> 'en:hel@@'."""
+        """Words -> BPE pieces with '@@'; prefixed: 'hel@@' in en -> 'en:hel@@'."""
         pieces = self.bpes[lang].apply_words(words)
         return [f"{lang}:{p}" for p in pieces] if self.mode == "prefixed" else pieces
 
@@ -365,13 +363,11 @@ class Tokenizer:
         return [self.vocabs[lang].index.get(p, UNK_ID) for p in self.tokenize(line, lang)]
 
     def encode_words(self, words, lang):
-        """Already-split words -> ids per word, as encode() gives them in context ([UNK_ID] for no
-        piece)."""
+        """Already-split words -> ids per word, as encode gives them ([UNK_ID] for none)."""
         return [self.encode(word, lang) or [UNK_ID] for word in words]
 
     def to_dict(self):
-        """Plain types (for torch.load(weights_only=True)); a BPE or Vocab shared by languages is
-        stored once."""
+        """Plain types (torch.load(weights_only=True)); a shared BPE or Vocab is stored once."""
         # in language order (a BPE or Vocab is its own key: by identity)
         bpes = list(dict.fromkeys(self.bpes[l] for l in self.langs))
         vocabs = list(dict.fromkeys(self.vocabs[l] for l in self.langs))
@@ -626,8 +622,7 @@ def cap_words(words):
 
 
 def _pool(workers, opts):
-    """binarize's Pool; its workers ignore Ctrl-C (the parent stops them) and die of SIGTERM
-    (pool.terminate's)."""
+    """binarize's Pool: its workers ignore Ctrl-C and die of SIGTERM (pool.terminate's)."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
@@ -648,8 +643,7 @@ def _pool_worker(opts):
 
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yields path.PID.tmp to write (one per process), renamed to `path` at the end, removed by any
-    failure."""
+    """Yields path.PID.tmp to write, renamed to `path` at the end, removed by any failure."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         yield tmp
@@ -680,8 +674,7 @@ def read_lines(path, max_lines=None):
 
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
-    """Two line-aligned UTF-8 files -> their first max_lines lines; InputError if they are of
-    unequal length, empty, or one file (unless same_ok)."""
+    """Two line-aligned files -> their first max_lines lines; unequal, empty, one file: refused."""
     if not same_ok and isfile(src_path) and isfile(tgt_path):
         if samefile(src_path, tgt_path):
             raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both "
@@ -720,8 +713,7 @@ def read_codes(path):
 
 
 def read_tokenizer(cls, path):
-    """Tokenizer.load: a tokenizer.json written by Tokenizer.save; anything else raises ValueError
-    naming the file."""
+    """Tokenizer.load: a tokenizer.json of Tokenizer.save; else ValueError naming the file."""
     try:
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
@@ -749,8 +741,7 @@ def load_bin(out_prefix):
 
 
 def read_dictionary(path):
-    """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target),
-    ...] in order."""
+    """A MUSE dictionary ('source target' per line) -> [(source, target), ...] in order."""
     pairs = []
     for n, line in enumerate(read_lines(path), 1):
         parts = line.split()
@@ -764,8 +755,7 @@ def read_dictionary(path):
 
 
 def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, langs) of a checkpoint's `extra`: best.pt's tokenizer, or an XLM dictionary with
-    fastBPE codes."""
+    """(Tokenizer, langs) of a checkpoint: best.pt's, or an XLM dictionary with fastBPE codes."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
             raise InputError(f"{path}: an XLM checkpoint; give its fastBPE codes file with "
@@ -789,8 +779,7 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
 # here)
 
 class InputError(ValueError):
-    """A bad input, the whole message: a flag's value (code 2: usage error) or a file and line (1);
-    see reported."""
+    """A bad input, the whole message: a flag's value (code 2: usage) or a file and line (1)."""
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
@@ -798,8 +787,7 @@ class InputError(ValueError):
 
 @contextlib.contextmanager
 def reported(parser):
-    """Each main's one place for a bad input: an InputError (or model.py's, cka.py's, toydata.py's)
-    -> one line."""
+    """Each main's one place for a bad input: an InputError (any file's) -> one line."""
     try:
         yield
     except ValueError as e:
@@ -811,8 +799,7 @@ def reported(parser):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help: each flag's default after its help, unless its help says it or it is None or a
-    switch (off)."""
+    """--help: each flag's default after its help, unless its help says it, or None, or off."""
     def _get_help_string(self, action):
         if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help
@@ -820,8 +807,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
-    """Every numeric flag's type: a finite number in [lo, hi) (`above`: (lo, `upto`: hi]); `many`:
-    a comma list of distinct ones (1,2)."""
+    """A finite number in [lo, hi) (`above`: (lo, `upto`: hi]); `many`: a comma list of them."""
     def parse(s):
         try:
             values = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
@@ -842,8 +828,7 @@ def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
 
 
 def toy_data(args):
-    """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note -> the flag that
-    gave the data."""
+    """`--toy DIR` (deprecated) becomes `--toy --data DIR`, with a note -> the flag of the data."""
     if not isinstance(args.toy, str):
         return "--data"
     print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}",
@@ -857,8 +842,7 @@ def toy_data(args):
 
 
 def check_src_tgt(args):
-    """align.py and cka.py: --src and --tgt, codes of letters (a toy world's file names), differ
-    unless --ckpt2."""
+    """align.py and cka.py: --src and --tgt, codes of letters, differ unless --ckpt2."""
     for flag, code in (("--src", args.src), ("--tgt", args.tgt)):
         if not code.isalpha():
             raise InputError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
@@ -868,21 +852,18 @@ def check_src_tgt(args):
 
 
 def out_of_memory(e):
-    """Whether an exception is running out of memory (MemoryError, a GPU's OutOfMemoryError, the
-    CPU allocator's)."""
+    """Whether an exception is running out of memory (CPU or GPU)."""
     return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
 
 
 def encode_bar(lang):
-    """align.py's and cka.py's "encode {lang}" bar for model.pool_sentences: (iterable, total) ->
-    iterable (on a terminal)."""
+    """The "encode {lang}" bar for model.pool_sentences: (iterable, total) -> iterable."""
     return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False,
                                   mininterval=1, disable=not sys.stderr.isatty())
 
 
 def parse_langs(langs):
-    """'en,fr' or ['en', 'fr'] -> ['en', 'fr']: distinct codes of letters (not 'en/x' or ' fr'),
-    else InputError."""
+    """'en,fr' or ['en', 'fr'] -> ['en', 'fr']: distinct codes of letters, else InputError."""
     langs = langs.split(",") if isinstance(langs, str) else list(langs)
     if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
         raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of "
@@ -891,8 +872,7 @@ def parse_langs(langs):
 
 
 def parse_lang_files(flag, items, langs=None):
-    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (a PATH may be a WikiExtractor folder);
-    errors name `flag`."""
+    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}; errors name `flag`."""
     files = {}
     for item in items.split(","):
         lang, eq, path = item.partition("=")
@@ -915,8 +895,7 @@ def parse_lang_files(flag, items, langs=None):
 
 
 def checkpoint_lang(langs, lang, head, tail=""):
-    """The index of `lang` in a checkpoint's `langs`, or InputError "{head} not one of the
-    checkpoint's languages"."""
+    """The index of `lang` in a checkpoint's `langs`, or InputError "{head} not one of ..."."""
     if lang not in langs:
         raise InputError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
     return list(langs).index(lang)
@@ -924,8 +903,7 @@ def checkpoint_lang(langs, lang, head, tail=""):
 
 @contextlib.contextmanager
 def write_errors(path):
-    """A failed write of `path` stops the program in one line (full disk: ENOSPC, or torch.save's
-    'unexpected pos')."""
+    """A failed write of `path` (a full disk too) stops the program in one line."""
     try:
         yield
     except (OSError, RuntimeError) as e:
@@ -937,15 +915,13 @@ def write_errors(path):
 
 
 def atomic_write(path, write):
-    """write(tmp) writes `path` through atomic_path; a failure stops the program with one line
-    (write_errors)."""
+    """write(tmp) writes `path` through atomic_path; a failure is one line (write_errors)."""
     with write_errors(path), atomic_path(path) as tmp:
         write(tmp)
 
 
 def make_dir(flag, path):
-    """os.makedirs, or one line saying why the directory of `flag` (--out, --prep-dir) cannot be
-    used."""
+    """os.makedirs, or one line saying why the directory of `flag` cannot be used."""
     try:
         os.makedirs(path, exist_ok=True)
     except FileExistsError:  # a file, not a directory
@@ -985,8 +961,11 @@ def locked(out, prog, made_too=(), master=True):
             path = os.path.dirname(path)
     make_dir("--out", out)
     lock = join(out, ".lock")
-    with _flock(lock, lambda pid: f"--out {out} is in use by another {prog} (pid {pid} in {lock}); "
-                "wait for it to end, or use another --out") if master else open(os.devnull, "w") as f:
+    def busy(pid):
+        return (f"--out {out} is in use by another {prog} (pid {pid} in {lock}); wait for it to "
+                "end, or use another --out")
+
+    with _flock(lock, busy) if master else open(os.devnull, "w") as f:
         print(os.getpid(), file=f, flush=True)
         try:
             yield
@@ -1014,8 +993,7 @@ SHUFFLE_BUCKET_BYTES = 1 << 28
 
 
 def wikiextractor_files(path):
-    """The text files of a WikiExtractor output directory in sorted order (AA/wiki_00, AA/wiki_01,
-    ..., AB/...)."""
+    """The text files of a WikiExtractor directory in order (AA/wiki_00, AA/wiki_01, ...)."""
     found = sorted(join(d, f) for d, _, names in os.walk(path) for f in names
                    if f.startswith("wiki_"))
     packed = [f for f in found if f.endswith(".bz2")]
@@ -1028,8 +1006,7 @@ def wikiextractor_files(path):
 
 
 def read_wikiextractor(path):
-    """A WikiExtractor directory's lines but <doc>, </doc> and blank ones (XLM's get-data-wiki.sh);
-    else ValueError."""
+    """A WikiExtractor directory's lines but <doc>, </doc> and blank ones (get-data-wiki.sh)."""
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
@@ -1127,8 +1104,7 @@ def prepared_files(langs):
 
 
 def _missing(folder, langs):
-    """What a prepared folder lacks ([] if nothing): `done`, a file, or a .bin of another size than
-    `done` records."""
+    """What a prepared folder lacks: `done`, a file, or a .bin of the size `done` records."""
     done_path = join(folder, "done")
     if not isfile(done_path):
         return ["done"]
@@ -1148,8 +1124,7 @@ def _missing(folder, langs):
 
 @contextlib.contextmanager
 def _preparing(out):
-    """prepare's flock on out/lock (naming this process; a second is refused); a failure removes
-    the folder."""
+    """prepare's lock on out/lock (a second process is refused); a failure removes the folder."""
     make_dir("--prep-dir", out)
     path = join(out, "lock")
     f = _flock(path, lambda holder: f"{out} is being prepared by {holder or 'another process'} (it "
@@ -1193,8 +1168,7 @@ def _show(key, value):
 
 
 def _check_prepared(data, recipe, program):
-    """A --data directory written by prepare: every file there, a recipe equal to this run's
-    choices; else one line."""
+    """A prepared --data folder: every file there, its recipe this run's choices; else one line."""
     missing = _missing(data, recipe["langs"])
     if missing:
         raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; prepare "
@@ -1285,16 +1259,15 @@ def _check_text(path, lang, split, dev=None, allow_overlap=False):
     if shared > len(dev) / 2 and not allow_overlap:
         raise InputError(f"the {lang} dev set is {mostly}its training text ({shared} of its "
                          f"{len(dev)} lines are training lines, whitespace collapsed, Unicode "
-                         "NFC): the dev perplexity, and best.pt chosen on it, would measure what is "
-                         "trained on; give another dev set, or --allow-overlap if it is meant")
+                         "NFC): the dev perplexity, and best.pt chosen on it, would measure what "
+                         "is trained on; give another dev set, or --allow-overlap if it is meant")
     if shared:
         print(f"note: {shared} of the {len(dev)} {lang} dev lines are training lines too "
               "(whitespace collapsed, Unicode NFC)")
 
 
 def _code_switching(code_switch, files, langs, lowercase):
-    """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it misses the text
-    or is swapped."""
+    """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it is wrong."""
     switch = {langs[0]: {}, langs[1]: {}}
     try:
         for src, tgt in read_dictionary(code_switch):
@@ -1338,7 +1311,8 @@ def _fingerprint(path):
     path and the sha1 of its files' names, sizes and times."""
     if path is None or not isdir(path):
         return path and [abspath(path), getsize(path), os.stat(path).st_mtime_ns]
-    stats = [[relpath(f, path), getsize(f), os.stat(f).st_mtime_ns] for f in wikiextractor_files(path)]
+    stats = [[relpath(f, path), getsize(f), os.stat(f).st_mtime_ns]
+             for f in wikiextractor_files(path)]
     return [abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
 
 
