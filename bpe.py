@@ -395,8 +395,7 @@ class Tokenizer:
         return read_tokenizer(cls, path)
 
 # -----------------------------------------------------------------------------
-# 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is
-# prepared
+# 5. Code-switching: extra anchors (paper §4.2), applied once, when the training text is prepared
 
 def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
     """Extra anchors (paper §4.2): a word found in `dictionary` {word: [translations]} (else
@@ -512,8 +511,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     return meta
 
 # ==================================================================================================
-# Plumbing: the fast learner, file formats, the command-line helpers every script shares, data
-# preparation, bpe.py's CLI
+# Plumbing: the fast learner, files, the command-line helpers of every script, data preparation
 
 # -----------------------------------------------------------------------------
 # Speed: learn_bpe (learn_bpe_simple's merges, fast) and BPE.apply's per-word cache
@@ -543,8 +541,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
             stats[pair] += f
             where[pair].add(j)
     # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix
-    # last (negated code points, then 1): key('b') = (-98, 1) < key('ab') = (-97, -98, 1)
-    # < key('a') = (-97, 1)
+    # last: key('b') = (-98, 1) < key('ab') = (-97, -98, 1) < key('a') = (-97, 1)
     key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
     heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
     heapq.heapify(heap)
@@ -572,8 +569,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         grown = defaultdict(set)  # pair whose count went up -> the words that now have it
         for j in where.pop(pair):
             # merge_pair, moving neighbour counts: x a b y -> x ab y turns (x, a), (b, y) into
-            # (x, ab), (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab)
-            # alone
+            # (x, ab), (ab, y); in a b a b -> ab ab, the second turns (b, a) into (ab, ab) alone
             w = words[j]
             f = freqs[j]
             new = []
@@ -614,8 +610,7 @@ MAX_WORD = 100
 
 def cap_words(words):
     """Words over MAX_WORD characters cut into words of MAX_WORD: BPE's time over a word grows with
-    its length times its merges (a 1 MB word stalled learning for minutes). subword-nmt, fastBPE
-    and model.py's export cut nothing."""
+    its length times its merges. subword-nmt, fastBPE and model.py's export cut nothing."""
     if max(map(len, words), default=0) <= MAX_WORD:
         return words
     return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
@@ -638,8 +633,7 @@ def _pool_worker(opts):
 
 
 # -----------------------------------------------------------------------------
-# Files: atomic writes, UTF-8 lines, parallel text, codes files, tokenizer.json, .bin headers, MUSE,
-# checkpoints
+# Files: atomic writes, UTF-8 lines, parallel text, codes, tokenizer.json, .bin headers, MUSE
 
 @contextlib.contextmanager
 def atomic_path(path):
@@ -775,8 +769,7 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
     return Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 # -----------------------------------------------------------------------------
-# Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from
-# here)
+# Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py
 
 class InputError(ValueError):
     """A bad input, the whole message: a flag's value (code 2: usage) or a file and line (1)."""
@@ -979,11 +972,9 @@ def locked(out, prog, made_too=(), master=True):
 
 
 # -----------------------------------------------------------------------------
-# Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits,
-# cached; bpe.py's CLI
+# Data preparation for pretrain.py (nanoGPT's prepare.py): tokenizer + binarised splits; the CLI
 
-# Wikipedia through WikiExtractor (XLM's get-data-wiki.sh): AA/wiki_00, ... of <doc> blocks,
-# shuffled (XLM's shuf).
+# Wikipedia through WikiExtractor (XLM's get-data-wiki.sh): <doc> blocks, shuffled (XLM's shuf).
 # XLM holds out 5000 valid (and 5000 test) lines per language; at most a tenth of a small corpus
 DEV_LINES = 5000
 # XLM's `get_seeded_random 42`; fixed, whatever --seed is, so that every run sees the same split
@@ -1072,8 +1063,7 @@ CS_SAMPLE_LINES = 20000
 # lines of each text whose letters are counted: Han-script text must be zh (_check_text)
 CHECK_SCRIPT_LINES = 1000
 
-# what a prepared folder records and a run must match: recipe key -> (pretrain.py's flag, bpe.py
-# prepare's flag)
+# what a prepared folder records and a run must match: key -> (pretrain.py's flag, bpe.py's)
 RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"),
                 "merges": ("--merges", "--merges"),
                 "separate_vocab": ("--sep emb/tok", "--separate-vocab"),
@@ -1142,8 +1132,7 @@ def _preparing(out):
         shutil.rmtree(out, ignore_errors=True)
         if isinstance(e, InputError) or not isinstance(e, (ValueError, OSError)):
             raise
-        # a reader's ValueError names the file (and line); a full disk's OSError no file, or a
-        # temporary one, now gone
+        # a reader's ValueError names the file; a full disk's OSError none, or a temporary one
         if isinstance(e, ValueError):
             raise InputError(f"data preparation failed: {e}") from None
         where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
@@ -1199,10 +1188,9 @@ def _check_prepared(data, recipe, program):
 
 
 def _check_text(path, lang, split, dev=None, allow_overlap=False):
-    """A text input of prepare, read whole before anything is written (a bad byte found late costs
-    hours): one line. Its lines as content (whitespace collapsed, Unicode NFC) -> a dev text's
-    non-blank ones; a train text with a `dev` is refused when it holds most of them (unless
-    allow_overlap), and the shared ones counted."""
+    """A text input of prepare, read whole before anything is written: one line. As content
+    (whitespace collapsed, Unicode NFC) -> a dev text's lines; a train text holding most of `dev`
+    is refused (unless allow_overlap), some are counted."""
     n = han = letters = texts = words = 0
     found = []
     wanted = set(dev or ())
@@ -1317,9 +1305,8 @@ def _fingerprint(path):
 
 
 def _text_splits(lang, splits, out):
-    """A language's text as files prepare reads: a WikiExtractor directory's lines, and a train
-    text without a dev file shuffled into train and held-out dev lines, written to
-    out/{lang}.{train,dev}.txt -> {"train": path, "dev": path}."""
+    """A language's text as files: a WikiExtractor directory's lines, a train text without a dev
+    file shuffled into train and held-out dev lines, in out/ -> {"train": path, "dev": path}."""
     prefix = join(out, lang)
     paths = dict(splits)
     train = splits["train"]
@@ -1494,8 +1481,7 @@ def main(argv=None):
             files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
         merges = args.merges or (80000 if args.mode == "joint" else 40000)
 
-        # SIGTERM as Ctrl-C, once: a second one (Ctrl-C twice) cannot cut the removal of the
-        # temporary files short
+        # SIGTERM as Ctrl-C, once: a second one cannot cut the clean-up short
         signals = (signal.SIGINT, signal.SIGTERM)
 
         def stopped(signum, frame):
