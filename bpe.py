@@ -1500,8 +1500,10 @@ def main(argv=None):
                   "command to prepare the data", file=sys.stderr)
             sys.exit(128 + signal.Signals[name])
         finally:
-            for s, handler in handlers.items():
-                signal.signal(s, handler)
+            # restored for a caller in this process; once stopped, ignored until the exit
+            if signal.getsignal(signal.SIGINT) is stopped:
+                for s, handler in handlers.items():
+                    signal.signal(s, handler)
 
 
 if __name__ == "__main__":

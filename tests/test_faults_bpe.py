@@ -452,7 +452,7 @@ def test_dev_text_that_is_the_training_text_by_content_is_refused(toy_world, tmp
 
 
 CTRL_C_TWICE = """
-import os, shutil, signal, sys, time
+import atexit, os, shutil, signal, sys, time
 import bpe
 def learn(*args, **kwargs):  # Ctrl-C while BPE is learned
     os.kill(os.getpid(), signal.SIGINT)
@@ -462,7 +462,11 @@ def again(*args, **kwargs):  # and again while the half-prepared folder is remov
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.2)
     rmtree(*args, **kwargs)
+def late():  # and once more as the program exits (multiprocessing's and tqdm's clean-up)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
 bpe.learn_bpe, shutil.rmtree = learn, again
+atexit.register(late)
 bpe.main(sys.argv[1:])
 """
 
