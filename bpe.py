@@ -242,7 +242,7 @@ class Vocab:
 
     def __init__(self, tokens, counts=None):
         self.tokens = SPECIALS + list(tokens)
-        self.counts = [0] * N_SPECIAL + (list(counts) if counts is not None else [0] * len(tokens))
+        self.counts = [0] * N_SPECIAL + list(counts or [0] * len(tokens))
         self.index = {t: i for i, t in enumerate(self.tokens)}
         # one token per id, each fit for XLM's 'token count' dictionary files
         fit = all(t and not SPACE_RE.search(t) for t in self.tokens)
@@ -739,10 +739,10 @@ def read_dictionary(path):
     pairs = []
     for n, line in enumerate(read_lines(path), 1):
         parts = line.split()
-        if parts and len(parts) != 2:
-            raise InputError(f"{path}:{n}: expected 'source target', got {' '.join(parts)!r}")
-        if parts:
+        if len(parts) == 2:
             pairs.append(tuple(parts))
+        elif parts:
+            raise InputError(f"{path}:{n}: expected 'source target', got {' '.join(parts)!r}")
     if not pairs:
         raise InputError(f"{path}: the dictionary is empty")
     return pairs
@@ -1256,7 +1256,7 @@ def _check_text(path, lang, split, dev=None, allow_overlap=False):
 
 def _code_switching(code_switch, files, langs, lowercase):
     """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it is wrong."""
-    switch = {langs[0]: {}, langs[1]: {}}
+    switch = {l: {} for l in langs}
     try:
         for src, tgt in read_dictionary(code_switch):
             switch[langs[0]].setdefault(src, []).append(tgt)
