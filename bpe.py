@@ -954,6 +954,7 @@ def locked(out, prog, made_too=(), master=True):
             path = os.path.dirname(path)
     make_dir("--out", out)
     lock = join(out, ".lock")
+
     def busy(pid):
         return (f"--out {out} is in use by another {prog} (pid {pid} in {lock}); wait for it to "
                 "end, or use another --out")
