@@ -990,10 +990,10 @@ def wikiextractor_files(path):
                    if f.startswith("wiki_"))
     packed = [f for f in found if f.endswith(".bz2")]
     if packed:
-        raise ValueError(f"{packed[0]}: compressed WikiExtractor output (--compress); unpack it "
+        raise InputError(f"{packed[0]}: compressed WikiExtractor output (--compress); unpack it "
                          "with bunzip2 first")
     if not found:
-        raise ValueError(f"{path}: a directory without WikiExtractor files (AA/wiki_00, ...)")
+        raise InputError(f"{path}: a directory without WikiExtractor files (AA/wiki_00, ...)")
     return found
 
 
@@ -1006,12 +1006,12 @@ def read_wikiextractor(path):
             end = line == "</doc>"
             text = line.strip() and not doc and not end
             if doc and start:
-                raise ValueError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not "
+                raise InputError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not "
                                  "WikiExtractor output)")
             if end and not start:
-                raise ValueError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor output)")
+                raise InputError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor output)")
             if text and not start:
-                raise ValueError(f"{name}:{n}: text outside <doc ...> ... </doc> (not "
+                raise InputError(f"{name}:{n}: text outside <doc ...> ... </doc> (not "
                                  f"WikiExtractor output): {line[:60]!r}")
             if doc:
                 start = n
@@ -1020,7 +1020,7 @@ def read_wikiextractor(path):
             elif text:
                 yield line
         if start:
-            raise ValueError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
+            raise InputError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
 
 
 def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
@@ -1202,9 +1202,9 @@ def _check_text(path, lang, split, dev=None, allow_overlap=False):
             if "\0" in line or "\r" in line:
                 where = path if isdir(path) else f"{path}:{n}"
                 if "\0" in line:
-                    raise ValueError(f"{where}: a NUL character, as in UTF-16 text (convert it to "
+                    raise InputError(f"{where}: a NUL character, as in UTF-16 text (convert it to "
                                      "UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
-                raise ValueError(f"{where}: a carriage return (CR) inside the line: lines that end "
+                raise InputError(f"{where}: a carriage return (CR) inside the line: lines that end "
                                  "in CR alone (old Mac) would be read glued together; convert them "
                                  f"first, e.g. tr '\\r' '\\n' < {path} > NEW")
             if not line.strip():
@@ -1222,8 +1222,6 @@ def _check_text(path, lang, split, dev=None, allow_overlap=False):
                 letters += len(regex.findall(r"\p{L}", line))
     except OSError as e:
         raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
-    except ValueError as e:
-        raise InputError(str(e)) from None
     held_out = dev is None  # a train text: its dev lines are held out of it
     min_texts = 10 if held_out else 1
     checks = [
