@@ -1063,7 +1063,6 @@ MIN_DEV_WORDS = 20
 CS_SAMPLE_LINES = 20000
 # lines of each text whose letters are counted: Han-script text must be zh (_check_text)
 CHECK_SCRIPT_LINES = 1000
-
 # what a prepared folder records and a run must match: key -> (pretrain.py's flag, bpe.py's)
 RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"),
                 "merges": ("--merges", "--merges"),
