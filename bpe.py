@@ -1291,7 +1291,6 @@ def _code_switching(code_switch, files, langs, lowercase):
     return switch
 
 
-
 def _fingerprint(path):
     """A recipe's record of an input: a file's path, size and time; a WikiExtractor directory's
     path and the sha1 of its files' names, sizes and times."""
