@@ -377,16 +377,18 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # -------------------------------------------------------------------------------------------------
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
 
-def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size):
+def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size, notes=None):
     """Contextual vector of every word token (left open by the paper: the mean of its subword
     states) -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows
-    offsets[k]:offsets[k+1], NaN if past max_positions."""
+    offsets[k]:offsets[k+1], NaN if past max_positions. `notes` gets the note of many <unk>."""
     import bpe
     import model as M
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
     offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
     out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, np.float32)
-    states = M.iter_states(model, [sum(w, []) for w in per_word], lang_idx, batch_size)
+    ids = [sum(w, []) for w in per_word]
+    unk_note(notes, ids, lang_code)
+    states = M.iter_states(model, ids, lang_idx, batch_size)
     for k, H in bpe.encode_bar(lang_code)(states, len(per_word)):
         pos = 1  # position 0 is </s>
         for w, ids in enumerate(per_word[k]):
@@ -396,7 +398,8 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size)
     return list(out), offsets
 
 
-def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, max_vocab=200000):
+def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=None,
+                 max_vocab=200000):
     """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed
     lowercase as MUSE -> one (row name, words, vectors) per row of Fig. 4: the embedding rows of
     the words that are ONE subword (4a), then per layer the mean state of each word's tokens
@@ -413,7 +416,7 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, max_vo
     key_ids = tok.encode_words([form[k] for k in keys], lang)
     single = [(k, ids[0]) for k, ids in zip(keys, key_ids)
               if len(ids) == 1 and ids[0] != bpe.UNK_ID]
-    layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size)
+    layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size, notes)
     row = {k: i for i, k in enumerate(keys)}
     which = np.array([row.get(w.lower(), -1) for w in words], dtype=np.int64)
     counted = (which >= 0) & ~np.isnan(layers[0][:, 0])  # a kept word type, a token with states
@@ -433,6 +436,7 @@ def _encoders(args):
     --ckpt2 (if given) or --ckpt, --tgt."""
     import bpe
     import model
+    import torch
     out = []
     loaded = {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
@@ -442,6 +446,14 @@ def _encoders(args):
         mdl, tok, langs, _ = loaded[path]
         lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
         out.append((mdl, tok, lang_idx, lang))
+    # a model whose MLM stalled: English dev ppl above the left-bigram count model (finetune.py's)
+    for path, (*_, extra) in loaded.items():
+        ppl = extra.get("dev_ppl") or {}
+        en = next(iter(ppl), None)
+        left = (extra.get("count_models") or {}).get(en, {}).get("left")
+        if isinstance(left, (int, float)) and ppl[en] > left:
+            args.notes.append(f"{path}: its MLM stalled ({en} dev ppl {ppl[en]:.2f}, above the "
+                              f"left-bigram count model's {left:.2f}); the scores mean little")
     # before any encoding: the vectors of two widths cannot be compared, the layers of two depths
     # cannot be paired (they were, as far as the shallower model went)
     first = out[0][0].config
@@ -454,7 +466,35 @@ def _encoders(args):
         raise InputError(f"--ckpt {args.ckpt} has {first.n_layers} layers but --ckpt2 {args.ckpt2} "
                          f"{second.n_layers}: the tables pair layer l of one model with layer l of "
                          "the other; give two models of one depth")
+    # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
+    weights = [side[0].state_dict() for side in out]
+    if args.ckpt2 and weights[0].keys() == weights[1].keys() and all(
+            map(torch.equal, weights[0].values(), weights[1].values())):
+        raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt {args.ckpt}: a "
+                         "model compared with itself; give a second model or leave --ckpt2 out")
     return out
+
+
+# -------------------------------------------------------------------------------------------------
+# notes: a word beside a number that means little (after the table; kept in --save-maps)
+
+def unk_note(notes, ids, lang):
+    """More than 5 % <unk> among a side's tokens (id lists): a note with the rate."""
+    import bpe
+    n_tokens = sum(map(len, ids))
+    n_unk = sum(s.count(bpe.UNK_ID) for s in ids)
+    if notes is not None and n_unk > 0.05 * n_tokens:
+        notes.append(f"{100 * n_unk / n_tokens:.1f} % of the {lang} tokens are <unk> (the "
+                     "vocabulary was learned on other text); the score means little")
+
+
+def weak_notes(notes, where, n_fit, dim, n_test, items):
+    """A map fitted on fewer pairs than dimensions, a score on fewer than 50 items: notes."""
+    if n_fit is not None and n_fit < dim:
+        notes.append(f"{where}the map is fitted on {n_fit} pairs in {dim} dimensions: "
+                     "underdetermined (fewer pairs than dimensions); the mapped score means little")
+    if n_test < 50:
+        notes.append(f"{where}{n_test} {items} scored, fewer than 50: the score means little")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -496,15 +536,15 @@ def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair
     return kept
 
 
-def save_maps(path, maps, src, tgt, digests=("", "")):
-    """Write the per-layer maps (.npz) atomically, with digests: model.file_digest of the
-    checkpoints of src, tgt."""
+def save_maps(path, maps, src, tgt, digests=("", ""), notes=()):
+    """Write the per-layer maps (.npz) atomically, with digests (model.file_digest of the
+    checkpoints of src, tgt) and the notes printed beside their scores."""
     import bpe
     W = np.stack(maps)
     # the file is closed before the rename
     with bpe.write_errors(path), bpe.atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, src_to_tgt=W, tgt_to_src=W.transpose(0, 2, 1), src=src, tgt=tgt,
-                 src_ckpt_digest=digests[0], tgt_ckpt_digest=digests[1])
+                 src_ckpt_digest=digests[0], tgt_ckpt_digest=digests[1], notes=np.array(notes, str))
 
 
 def load_map(path, src, tgt, layer, digests=None):
@@ -534,14 +574,17 @@ def load_map(path, src, tgt, layer, digests=None):
     return maps[layer].astype(np.float32)
 
 
-def print_table(title, header, rows, plot):
-    """Markdown table to stdout (numbers as percentages with one decimal); --plot FILE.png draws
-    it too."""
+def print_table(title, header, rows, args):
+    """Markdown table to stdout (numbers as percentages with one decimal), args.notes below it;
+    --plot FILE.png draws it too."""
     import model
     pct = [[100 * v if isinstance(v, float) else v for v in r] for r in rows]
     print(f"\n{title}\n\n" + model.markdown_table(header, pct, "{:.1f}"))
-    if plot:
-        model.plot_layers(plot, title, header, pct, "P@1 (%)")
+    args.notes = list(dict.fromkeys(args.notes))  # each note once
+    for text in args.notes:
+        print(f"note: {text}")
+    if args.plot:
+        model.plot_layers(args.plot, title, header, pct, "P@1 (%)")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -557,8 +600,8 @@ def cmd_words(args):
                                lambda pair: pair[0])
     src, tgt = _encoders(args)
     # per side: one (row name, words, vectors) per row of the table
-    vs = word_vectors(*src, args.src_corpus, args.max_sents, args.batch_size)
-    vt = word_vectors(*tgt, args.tgt_corpus, args.max_sents, args.batch_size)
+    vs = word_vectors(*src, args.src_corpus, args.max_sents, args.batch_size, args.notes)
+    vt = word_vectors(*tgt, args.tgt_corpus, args.max_sents, args.batch_size, args.notes)
     rows = []
     errors = []
     for (name, ws, Xs), (_, wt, Xt) in zip(vs, vt):
@@ -575,13 +618,13 @@ def cmd_words(args):
         p_raw, n = word_translation_accuracy(Xs, Xt, *te)
         p_map, _ = word_translation_accuracy(Xs, Xt, *te, W=W)
         rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
+        weak_notes(args.notes, f"{name}: ", len(tr[0]), Xs.shape[1], n, "test words")
     if len(errors) == len(rows):
         raise errors[0]  # main reports it as an InputError
-    for e in errors:
-        print(f"note: {e}")
+    args.notes += map(str, errors)
     print_table(f"Word translation {args.src}->{args.tgt}: P@1 (CSLS) on {args.test_dict}",
                 ["vectors", "no map", "Procrustes", "train pairs", "test words", "vocab src/tgt"],
-                rows, args.plot)
+                rows, args)
     return rows
 
 
@@ -610,7 +653,8 @@ def cmd_contextual(args):
     states = []
     for (mdl, tok, lang_idx, lang), lines in zip(sides, texts):
         words.append([tok.words(line, lang) for line in lines])
-        states.append(encode_word_tokens(mdl, tok, words[-1], lang_idx, lang, args.batch_size))
+        states.append(encode_word_tokens(mdl, tok, words[-1], lang_idx, lang, args.batch_size,
+                                         args.notes))
     S, T = words
     (Hs, off_s), (Ht, off_t) = states
     pairs = [one_to_one_pairs(links, s, t) for links, s, t in zip(fast_align(S, T), S, T)]
@@ -631,6 +675,7 @@ def cmd_contextual(args):
     if len(fit) < 2 or len(ev) < 1 or len(cand) < 2:  # one candidate is always the nearest
         raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, "
                          f"{len(ev)} eval, {len(cand)} candidate tokens; at least 2, 1, 2)")
+    weak_notes(args.notes, "", len(fit), Hs[0].shape[1], len(ev), "held-out pairs")
     gold = np.searchsorted(cand, ev[:, 1])  # each eval pair's target among the candidates
     # x_src @ W ~ x_tgt
     maps = [procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]) for Xs, Xt in zip(Hs, Ht)]
@@ -642,9 +687,9 @@ def cmd_contextual(args):
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out "
                 f"fast_align pairs (last 20% of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"],
-                rows, args.plot)
+                rows, args)
     if args.save_maps:
-        save_maps(args.save_maps, maps, args.src, args.tgt, args.digests)
+        save_maps(args.save_maps, maps, args.src, args.tgt, args.digests, args.notes)
         print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ "
               f"x_{args.tgt}, x_{args.tgt} @ tgt_to_src[l] ~ x_{args.src} (l = 0 embeddings .. "
               f"{len(maps) - 1})")
@@ -681,9 +726,12 @@ def cmd_sentences(args):
                                    normal)
 
     def encode(*texts):  # the sentence vectors of each side's lines, per layer
-        return [model.pool_sentences(mdl, [tok.encode(s, lang) for s in lines], i, args.batch_size,
-                                 bpe.encode_bar(lang))
-                for (mdl, tok, i, lang), lines in zip(sides, texts)]
+        vectors = []
+        for (mdl, tok, i, lang), lines in zip(sides, texts):
+            ids = [tok.encode(s, lang) for s in lines]
+            unk_note(args.notes, ids, lang)
+            vectors.append(model.pool_sentences(mdl, ids, i, args.batch_size, bpe.encode_bar(lang)))
+        return vectors
 
     def acc(Q, C):  # P@1: query k's nearest candidate is candidate k
         return float(np.mean(nn_knn(Q, C) == np.arange(n)))
@@ -699,11 +747,12 @@ def cmd_sentences(args):
             row += [acc(es @ W, et), acc(et @ W.T, es)]
         header += [f"{h} mapped" for h in header[1:]]
         title += f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}"
-    print_table(title, header, rows, args.plot)
+    weak_notes(args.notes, "", len(train) if train else None, Es[0].shape[1], n, "test pairs")
     if args.ckpt2 and not train:
-        print("\nnote: the columns are without a map: two separately trained models' spaces are "
-              "not aligned, so they stay near chance; a map needs --train-src/--train-tgt (a "
-              "parallel corpus)")
+        args.notes.append("the columns are without a map: two separately trained models' spaces "
+                          "are not aligned, so they stay near chance; a map needs "
+                          "--train-src/--train-tgt (a parallel corpus)")
+    print_table(title, header, rows, args)
     return rows
 
 
@@ -796,8 +845,18 @@ def main(argv=None):
     import model
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.notes = []
+
+    # bpe.toy_data, then a world without world.json (toydata.py writes it last) is refused
+    def toy_data(args):
+        flag = bpe.toy_data(args)
+        world = os.path.join(args.data or "", "world.json")
+        if args.toy and os.path.isdir(args.data or "") and not os.path.isfile(world):
+            raise InputError(f"{flag} {args.data}: no world.json, not a whole toydata.py world "
+                             "(cut short? write it again with toydata.py --force)")
+        return flag
     with bpe.reported(parser), model.analysis_run(args, args.toy_paths, bpe.check_src_tgt,
-                                              bpe.toy_data, ("train_src", "train_tgt")):
+                                              toy_data, ("train_src", "train_tgt")):
         return args.func(args)
 
 
