@@ -27,12 +27,15 @@ Run:
 import argparse
 import bisect
 import collections
+import contextlib
+import fcntl
 import functools
 import json
 import os
 import random
 import re
 import shutil
+import signal
 import time
 
 import numpy as np
@@ -638,6 +641,25 @@ def _write(out_dir, name, text):
         raise
 
 
+@contextlib.contextmanager
+def _locked(out_dir):
+    """One writer per folder: out_dir/.lock (its pid) held by flock while the world is written."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, ".lock"), "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise InputError(f"--out {out_dir} is in use by another toydata.py (pid "
+                             f"{f.read().strip()}); wait for it to end, or use another --out")
+        f.truncate(0)
+        print(os.getpid(), file=f, flush=True)
+        try:
+            yield
+        finally:
+            os.remove(f.name)
+
+
 # Sentences per file (--size; pretrain.py --toy-size): tiny for tests; paper: full, 1,000 task
 # train, 300 per test set. SIZE_KEYS: write_world's arguments and --help's names for them
 SIZE_KEYS = dict(n_train="mono train", n_dev="dev", n_test="test", n_parallel="parallel",
@@ -652,7 +674,7 @@ SIZES = {k: dict(zip(SIZE_KEYS, v)) for k, v in SIZES.items()}
 WRITTEN = re.compile(r"(mono|dict|parallel|tatoeba|ner|ud|xnli)/|((mono|ner|ud|xnli)/\w+\."
                      r"(train|dev|test)\.(txt|tsv|conllu)|dict/\w+-\w+(\.train|\.test)?\.txt"
                      r"|(parallel/\w+-\w+\.train|tatoeba/tatoeba\.\w+-\w+)\.\w+"
-                     r"|world\.json)(\.tmp)?")
+                     r"|world\.json|\.lock)(\.tmp)?")
 
 
 def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_shift=0.0,
@@ -692,93 +714,96 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     parse_order(order)
     world = World(seed, scale=scale)
     l0, l1 = langs
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        if not force:
-            raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it "
-                                  "(write_world: force=True)")
-        # a toy world only: every file and folder below out_dir is one this function writes, and
-        # none is a link (a mono/ that is a user's folder); else nothing is removed
-        for top, dirs, files in os.walk(out_dir):
-            for name in dirs + files:
-                path = os.path.join(top, name)
-                found = os.path.relpath(path, out_dir) + ("/" if name in dirs else "")
-                if os.path.islink(path) or not WRITTEN.fullmatch(found):
-                    raise FileExistsError(f"--force: {out_dir} is not a toy world (it holds "
-                                          f"{found}{', a link' if os.path.islink(path) else ''}); "
-                                          "nothing was removed")
-        # what an earlier run wrote (no old file mixes in), world.json first: a world cut short
-        # from here on has none (it is written last), so it reads as incomplete
-        for name in ("world.json", "mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli"):
-            path = os.path.join(out_dir, name)
-            if os.path.isfile(path):
-                os.remove(path)
-            shutil.rmtree(path, ignore_errors=True)  # a folder, if it exists
+    with _locked(out_dir):
+        if set(os.listdir(out_dir)) - {".lock"}:
+            if not force:
+                raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it "
+                                      "(write_world: force=True)")
+            # a toy world only: every file and folder below out_dir is one this function writes, and
+            # none is a link (a mono/ that is a user's folder); else nothing is removed
+            for top, dirs, files in os.walk(out_dir):
+                for name in dirs + files:
+                    path = os.path.join(top, name)
+                    found = os.path.relpath(path, out_dir) + ("/" if name in dirs else "")
+                    link = ", a link" if os.path.islink(path) else ""
+                    if link or not WRITTEN.fullmatch(found):
+                        raise FileExistsError(f"--force: {out_dir} is not a toy world (it holds "
+                                              f"{found}{link}); nothing was removed")
+            # what an earlier run wrote (no old file mixes in), world.json first: a world cut short
+            # from here on has none (it is written last), so it reads as incomplete
+            for name in ("world.json", "mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli"):
+                path = os.path.join(out_dir, name)
+                if os.path.isfile(path):
+                    os.remove(path)
+                shutil.rmtree(path, ignore_errors=True)  # a folder, if it exists
 
-    forms = make_lexicon(world, overlap, cyrillic, seed, name_overlap)
-    orders = ("svo", order)
-    sizes = {"train": n_train, "dev": n_dev, "test": n_test}
-    task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
+        forms = make_lexicon(world, overlap, cyrillic, seed, name_overlap)
+        orders = ("svo", order)
+        sizes = {"train": n_train, "dev": n_dev, "test": n_test}
+        task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
 
-    sentence = lambda tree, li: " ".join(render(tree, forms[li], orders[li])[0])  # in language li
-    text = lambda trees, li: "".join(sentence(t, li) + "\n" for t in trees)  # a line per tree
+        # a tree in language li; trees, a line each
+        sentence = lambda tree, li: " ".join(render(tree, forms[li], orders[li])[0])
+        text = lambda trees, li: "".join(sentence(t, li) + "\n" for t in trees)
 
-    # monolingual corpora: each language samples its own meanings with its own topic mix (domain
-    # similarity, paper §4.1): uniform at domain_shift 0, only the language's own topics at 1
-    for li, lang in enumerate(langs):
-        mix = np.full(N_TOPICS, (1 - domain_shift) / N_TOPICS)
-        mix[li::2] += domain_shift / (N_TOPICS // 2)  # own topics: l0 the even, l1 the odd ones
-        for split, n in sizes.items():
-            trees = _sample_trees(world, f"{seed}/mono/{lang}/{split}", n, mix)
-            _write(out_dir, f"mono/{lang}.{split}.txt", text(trees, li))
-
-    # the rest is the same meanings in both languages, sampled without a topic. The dictionary:
-    # one line per concept, most frequent first; its test split is 20 % of the content words
-    by_freq = sorted(range(world.n_concepts), key=lambda c: -world.weight[c])  # stable: ties by c
-    content = [c for c in by_freq if world.kind[c] in CONTENT_KINDS]
-    test_rng = np.random.default_rng([seed, 3])
-    test = set(test_rng.choice(content, size=len(content) // 5, replace=False).tolist())
-    parts = {"": by_freq, ".train": [c for c in by_freq if c not in test],
-             ".test": [c for c in by_freq if c in test]}
-    for part, concepts in parts.items():
-        _write(out_dir, f"dict/{l0}-{l1}{part}.txt",
-               "".join(f"{forms[0][c]} {forms[1][c]}\n" for c in concepts))
-    par = _sample_trees(world, f"{seed}/parallel", n_parallel)
-    tat = _sample_trees(world, f"{seed}/tatoeba", n_tatoeba)
-    for li, lang in enumerate(langs):
-        _write(out_dir, f"parallel/{l0}-{l1}.train.{lang}", text(par, li))
-        _write(out_dir, f"tatoeba/tatoeba.{l1}-{l0}.{lang}", text(tat, li))
-
-    # task sets: UD trees, NER (every sentence has an entity, as in PAN-X), NLI (balanced labels)
-    for split, n in task_sizes.items():
-        ud = _sample_trees(world, f"{seed}/ud/{split}", n)
-        ner = _sample_trees(world, f"{seed}/ner/{split}", n, need_entity=True)
-        rng = random.Random(f"{seed}/xnli/{split}")
-        labels = [LABELS[i % 3] for i in range(n)]
-        rng.shuffle(labels)
-        nli = [(sample_nli(world, rng, lab), lab) for lab in labels]
+        # monolingual corpora: each language samples its own meanings with its own topic mix (domain
+        # similarity, paper §4.1): uniform at domain_shift 0, only the language's own topics at 1
         for li, lang in enumerate(langs):
-            _write(out_dir, f"ud/{lang}.{split}.conllu",
-                   "".join(conllu_block(world, t, forms[li], orders[li], f"{split}-{k + 1}")
-                           for k, t in enumerate(ud)))
-            _write(out_dir, f"ner/{lang}.{split}.tsv",
-                   "".join(ner_block(world, t, forms[li], orders[li]) for t in ner))
-            _write(out_dir, f"xnli/{lang}.{split}.tsv",
-                   "".join(f"{sentence(p, li)}\t{sentence(h, li)}\t{lab}\n" for (p, h), lab in nli))
+            mix = np.full(N_TOPICS, (1 - domain_shift) / N_TOPICS)
+            mix[li::2] += domain_shift / (N_TOPICS // 2)  # own topics: l0 the even, l1 the odd ones
+            for split, n in sizes.items():
+                trees = _sample_trees(world, f"{seed}/mono/{lang}/{split}", n, mix)
+                _write(out_dir, f"mono/{lang}.{split}.txt", text(trees, li))
 
-    # world.json: no path or time in it, so that the same seed gives the same bytes
-    summary = dict(
-        langs=[l0, l1], seed=seed, overlap=overlap, order=order, domain_shift=domain_shift,
-        cyrillic=cyrillic,
-        sizes={"mono": sizes, "parallel": n_parallel, "tatoeba": n_tatoeba, "task": task_sizes},
-        n_concepts=world.n_concepts, n_entities=len(world.entities),
-        vocab_sizes={lang: len(set(forms[li])) for li, lang in enumerate(langs)},
-        shared=len(set(forms[0]) & set(forms[1])), dict_test_words=len(test))
-    # name_overlap and scale are recorded only when set, so that older worlds keep their bytes
-    if name_overlap is not None:
-        summary["name_overlap"] = name_overlap
-    if scale != 1:
-        summary["scale"] = scale
-    _write(out_dir, "world.json", json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+        # the rest is the same meanings in both languages, sampled without a topic. The dictionary:
+        # one line per concept, most frequent first; its test split is 20 % of the content words
+        # stable: ties by c
+        by_freq = sorted(range(world.n_concepts), key=lambda c: -world.weight[c])
+        content = [c for c in by_freq if world.kind[c] in CONTENT_KINDS]
+        test_rng = np.random.default_rng([seed, 3])
+        test = set(test_rng.choice(content, size=len(content) // 5, replace=False).tolist())
+        parts = {"": by_freq, ".train": [c for c in by_freq if c not in test],
+                 ".test": [c for c in by_freq if c in test]}
+        for part, concepts in parts.items():
+            _write(out_dir, f"dict/{l0}-{l1}{part}.txt",
+                   "".join(f"{forms[0][c]} {forms[1][c]}\n" for c in concepts))
+        par = _sample_trees(world, f"{seed}/parallel", n_parallel)
+        tat = _sample_trees(world, f"{seed}/tatoeba", n_tatoeba)
+        for li, lang in enumerate(langs):
+            _write(out_dir, f"parallel/{l0}-{l1}.train.{lang}", text(par, li))
+            _write(out_dir, f"tatoeba/tatoeba.{l1}-{l0}.{lang}", text(tat, li))
+
+        # task sets: UD trees, NER (each sentence has an entity, as in PAN-X), NLI (balanced labels)
+        for split, n in task_sizes.items():
+            ud = _sample_trees(world, f"{seed}/ud/{split}", n)
+            ner = _sample_trees(world, f"{seed}/ner/{split}", n, need_entity=True)
+            rng = random.Random(f"{seed}/xnli/{split}")
+            labels = [LABELS[i % 3] for i in range(n)]
+            rng.shuffle(labels)
+            nli = [(sample_nli(world, rng, lab), lab) for lab in labels]
+            for li, lang in enumerate(langs):
+                _write(out_dir, f"ud/{lang}.{split}.conllu",
+                       "".join(conllu_block(world, t, forms[li], orders[li], f"{split}-{k + 1}")
+                               for k, t in enumerate(ud)))
+                _write(out_dir, f"ner/{lang}.{split}.tsv",
+                       "".join(ner_block(world, t, forms[li], orders[li]) for t in ner))
+                pairs = [f"{sentence(p, li)}\t{sentence(h, li)}\t{lab}\n" for (p, h), lab in nli]
+                _write(out_dir, f"xnli/{lang}.{split}.tsv", "".join(pairs))
+
+        # world.json: no path or time in it, so that the same seed gives the same bytes
+        summary = dict(
+            langs=[l0, l1], seed=seed, overlap=overlap, order=order, domain_shift=domain_shift,
+            cyrillic=cyrillic,
+            sizes={"mono": sizes, "parallel": n_parallel, "tatoeba": n_tatoeba, "task": task_sizes},
+            n_concepts=world.n_concepts, n_entities=len(world.entities),
+            vocab_sizes={lang: len(set(forms[li])) for li, lang in enumerate(langs)},
+            shared=len(set(forms[0]) & set(forms[1])), dict_test_words=len(test))
+        # name_overlap and scale are recorded only when set, so that older worlds keep their bytes
+        if name_overlap is not None:
+            summary["name_overlap"] = name_overlap
+        if scale != 1:
+            summary["scale"] = scale
+        _write(out_dir, "world.json", json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     return {**summary, "out_dir": str(out_dir), "seconds": round(time.time() - t0, 2)}
 
 
@@ -827,6 +852,7 @@ def build_parser():
 def main(argv=None):
     ap = build_parser()
     args = vars(ap.parse_args(argv))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill is a Ctrl-C: one line
     try:
         s = write_world(**SIZES[args.pop("size")], **args)  # size is popped before args unpacks
     # bpe.reported's copy: a flag's value (2) with the usage line
