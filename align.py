@@ -14,15 +14,14 @@ References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translati
 parallel data" (MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al.
 2013 (fast_align), Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
-Only numpy at module level, so the file copies alone; the command line below the ruler imports
-bpe.py, model.py and torch inside its functions:
-
+Only numpy at module level (the file copies alone); the command line imports the rest inside:
     python align.py words      --toy --data WORLD --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy --data WORLD --ckpt RUN/best.pt --save-maps maps.npz
     python align.py sentences  --ckpt RUN/best.pt
                                --test-src tatoeba.fra-eng.eng --test-tgt tatoeba.fra-eng.fra
 """
 import argparse
+import math
 import os
 import unicodedata
 from collections import Counter
@@ -31,8 +30,7 @@ import numpy as np
 
 
 class InputError(ValueError):
-    """A bad input (a file, a flag), the whole message: the command line prints it as one `error:`
-    line. The twin of bpe.py's, so that this file copies alone."""
+    """A bad input (a file, a flag), the whole message, one `error:` line (bpe.py's, copied)."""
 
 
 # -------------------------------------------------------------------------------------------------
@@ -72,14 +70,13 @@ def procrustes(X, Y):
 
 
 def normalize_rows(X, eps=1e-8):
-    """x <- x / (||x||₂ + eps) for every row (so a zero row stays zero)."""
+    """x <- x / (||x||₂ + eps) for every row (a zero row stays zero)."""
     return X / (np.linalg.norm(X, axis=1, keepdims=True) + eps)
 
 
 def iterative_normalize(X, n_iter=5):
-    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`): unit length AND zero mean. Each
-    step breaks the other's property, so both are repeated, ending on unit length. One language
-    at a time."""
+    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`), one language at a time: unit
+    length AND zero mean; each step breaks the other's property, so both repeat, ending on unit."""
     X = _as_matrix(X, "X").astype(np.float64)
     for _ in range(n_iter):
         X = normalize_rows(X)
@@ -140,8 +137,7 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
 # §5.1.1 word translation (MUSE `word_translation.py`): dictionary pairs, P@1, any gold right
 
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
-    """The pairs whose two words both own a row of src_words / tgt_words -> (src_idx, tgt_idx);
-    none: InputError."""
+    """The pairs whose words both own a row of src_words / tgt_words -> (src_idx, tgt_idx)."""
     src_row = {w: i for i, w in enumerate(src_words)}
     tgt_row = {w: i for i, w in enumerate(tgt_words)}
     kept = [(src_row[s], tgt_row[t]) for s, t in pairs if s in src_row and t in tgt_row]
@@ -196,8 +192,8 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
 # line (U+00A0 or U+202F, which French text has before punctuation, stay inside a word).
 
 def digamma(x):
-    """ψ(x) for x > 0 as fast_align computes it: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the
-    asymptotic series of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
+    """ψ(x), x > 0, as fast_align: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the asymptotic series
+    of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
     x = np.array(x, dtype=np.float64)
     out = np.zeros_like(x)
     while (small := x < 7).any():
@@ -211,8 +207,7 @@ def digamma(x):
 
 
 def _h(i, j, m, n):
-    """Diagonal feature of source position i and target position j (1-based) in a pair of lengths
-    n, m."""
+    """Diagonal feature of source position i, target position j (1-based), lengths n, m."""
     return -np.abs(i / n - j / m)
 
 
@@ -250,8 +245,7 @@ def _model_h(j, m, n, lam):
 
 
 def _split_words(s):
-    """A sentence as fast_align reads it: a string splits on ASCII spaces and tabs; a word list
-    stays."""
+    """A sentence as fast_align reads it (split on ASCII spaces and tabs); a word list stays."""
     return [w for w in s.replace("\t", " ").split(" ") if w] if isinstance(s, str) else list(s)
 
 
@@ -352,9 +346,8 @@ def grow_diag_final_and(fwd, rev):
 
 
 def fast_align(src_sents, tgt_sents):
-    """Word alignment of parallel sentences -> one sorted list of (i, j) links per pair: forward
-    (ibm2_align) and reverse (`fast_align -r`) directions symmetrised by grow-diag-final-and (the
-    paper's recipe)."""
+    """Word alignment of parallel sentences -> sorted (i, j) links per pair: forward and reverse
+    (`fast_align -r`) ibm2_align symmetrised by grow-diag-final-and (the paper's recipe)."""
     fwd = ibm2_align(src_sents, tgt_sents)
     rev = ibm2_align(tgt_sents, src_sents)
     return [grow_diag_final_and(f, [(i, j) for j, i in r]) for f, r in zip(fwd, rev)]
@@ -362,8 +355,7 @@ def fast_align(src_sents, tgt_sents):
 
 def one_to_one_pairs(links, src_words, tgt_words):
     """Links whose two words are each linked once, minus identical strings (shijie-wu/
-    crosslingual-nlp `_process_align`): copies say nothing about the alignment of the two
-    spaces."""
+    crosslingual-nlp `_process_align`): copies say nothing about how the spaces align."""
     src_links = Counter(i for i, _ in links)
     tgt_links = Counter(j for _, j in links)
     return [(i, j) for i, j in links
@@ -378,17 +370,17 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
 
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size, notes=None):
-    """Contextual vector of every word token (left open by the paper: the mean of its subword
-    states) -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows
-    offsets[k]:offsets[k+1], NaN if past max_positions. `notes` gets the note of many <unk>."""
+    """Contextual vector of every word token (the mean of its subword states; the paper leaves it
+    open) -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows
+    offsets[k]:offsets[k+1], NaN past max_positions. `notes` gets a note of many <unk>."""
     import bpe
     import model as M
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
     offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
     out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, np.float32)
-    ids = [sum(w, []) for w in per_word]
-    unk_note(notes, ids, lang_code)
-    states = M.iter_states(model, ids, lang_idx, batch_size)
+    sent_ids = [sum(w, []) for w in per_word]
+    unk_note(notes, sent_ids, lang_code)
+    states = M.iter_states(model, sent_ids, lang_idx, batch_size)
     for k, H in bpe.encode_bar(lang_code)(states, len(per_word)):
         pos = 1  # position 0 is </s>
         for w, ids in enumerate(per_word[k]):
@@ -400,10 +392,9 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size,
 
 def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=None,
                  max_vocab=200000):
-    """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed
-    lowercase as MUSE -> one (row name, words, vectors) per row of Fig. 4: the embedding rows of
-    the words that are ONE subword (4a), then per layer the mean state of each word's tokens
-    (4b)."""
+    """Word vectors (the paper leaves them open) of a corpus's word types, most frequent first,
+    lowercase as MUSE -> (row name, words, vectors) per row of Fig. 4: the embedding rows of the
+    words that are ONE subword (4a), then per layer the mean state of each word's tokens (4b)."""
     import bpe
     sents = [tok.words(line.strip(), lang) for line in bpe.read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
@@ -432,8 +423,8 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=
 
 
 def _encoders(args):
-    """(model, tokenizer, language index, language code) of each side: --ckpt encodes --src;
-    --ckpt2 (if given) or --ckpt, --tgt."""
+    """(model, tokenizer, language index, code) per side: --ckpt's --src, --ckpt2's (or --ckpt's)
+    --tgt."""
     import bpe
     import model
     import torch
@@ -448,16 +439,14 @@ def _encoders(args):
         out.append((mdl, tok, lang_idx, lang))
     # a model whose MLM stalled: English dev ppl above the left-bigram count model (finetune.py's)
     for path, (*_, extra) in loaded.items():
-        ppl = extra.get("dev_ppl") or {}
-        en = next(iter(ppl), None)
-        left = (extra.get("count_models") or {}).get(en, {}).get("left")
-        if isinstance(left, (int, float)) and ppl[en] > left:
+        ppl = extra.get("dev_ppl") or {None: 0}
+        en = next(iter(ppl))
+        left = extra.get("count_models", {}).get(en, {}).get("left", math.inf)
+        if ppl[en] > left:
             args.notes.append(f"{path}: its MLM stalled ({en} dev ppl {ppl[en]:.2f}, above the "
                               f"left-bigram count model's {left:.2f}); the scores mean little")
-    # before any encoding: the vectors of two widths cannot be compared, the layers of two depths
-    # cannot be paired (they were, as far as the shallower model went)
-    first = out[0][0].config
-    second = out[1][0].config
+    # before any encoding: vectors of two widths cannot be compared, layers of two depths paired
+    first, second = (side[0].config for side in out)
     if first.dim != second.dim:
         raise InputError(f"--ckpt {args.ckpt} has width {first.dim} but --ckpt2 "
                          f"{args.ckpt2} {second.dim}: their vectors cannot be compared or mapped "
@@ -475,7 +464,6 @@ def _encoders(args):
     return out
 
 
-# -------------------------------------------------------------------------------------------------
 # notes: a word beside a number that means little (after the table; kept in --save-maps)
 
 def unk_note(notes, ids, lang):
@@ -497,20 +485,17 @@ def weak_notes(notes, where, n_fit, dim, n_test, items):
         notes.append(f"{where}{n_test} {items} scored, fewer than 50: the score means little")
 
 
-# -------------------------------------------------------------------------------------------------
 # files: dictionaries, parallel sides, maps
 
 def read_muse_dictionary(path):
-    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> pairs in file
-    order, read by bpe.read_dictionary (same format, same errors), lowercased as MUSE's embeddings
-    are."""
+    """MUSE dictionary `src tgt` per line -> pairs in file order (bpe.read_dictionary), lowercased
+    as MUSE's embeddings are."""
     import bpe
     return [(s.lower(), t.lower()) for s, t in bpe.read_dictionary(path)]
 
 
 def read_sides(args, src, tgt):
-    """bpe.read_parallel under --max-sents; a copy of one text on both sides is refused too, unless
-    --ckpt2."""
+    """bpe.read_parallel under --max-sents; one text on both sides is refused unless --ckpt2."""
     import bpe
     texts = bpe.read_parallel(src, tgt, args.max_sents, same_ok=bool(args.ckpt2))
     if texts[0] == texts[1] and not args.ckpt2:
@@ -520,9 +505,8 @@ def read_sides(args, src, tgt):
 
 
 def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair):
-    """Unless `allow` (--allow-overlap): train pairs whose key is a test pair's are left out of the
-    fit with a note, "N of the M {overlap}" (MUSE's en-fr.txt holds its test pairs), a train set of
-    test pairs only (the test file, a copy) is refused."""
+    """Unless `allow`: train pairs whose key is a test pair's are left out of the fit with a note
+    "N of the M {overlap}" (MUSE's en-fr.txt holds its test pairs); test pairs only: refused."""
     tested = {key(pair) for pair in test}
     kept = [pair for pair in train if key(pair) not in tested]
     if allow or len(kept) == len(train):
@@ -548,9 +532,8 @@ def save_maps(path, maps, src, tgt, digests=("", ""), notes=()):
 
 
 def load_map(path, src, tgt, layer, digests=None):
-    """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) ->
-    float32 (dim, dim). If given, `digests` (src's and tgt's file_digest; one string: one model
-    for both) must be the file's; InputError."""
+    """The layer's map W, x_src @ W ~ x_tgt, from a save_maps file (either direction) -> float32
+    (dim, dim); `digests` (src's and tgt's file_digest; a string: both) must be the file's."""
     try:
         with np.load(path) as z:
             pair = str(z["src"]), str(z["tgt"])
@@ -575,19 +558,16 @@ def load_map(path, src, tgt, layer, digests=None):
 
 
 def print_table(title, header, rows, args):
-    """Markdown table to stdout (numbers as percentages with one decimal), args.notes below it;
-    --plot FILE.png draws it too."""
+    """Markdown table (percentages, one decimal), args.notes below it; --plot draws it too."""
     import model
     pct = [[100 * v if isinstance(v, float) else v for v in r] for r in rows]
     print(f"\n{title}\n\n" + model.markdown_table(header, pct, "{:.1f}"))
-    args.notes = list(dict.fromkeys(args.notes))  # each note once
     for text in args.notes:
         print(f"note: {text}")
     if args.plot:
         model.plot_layers(args.plot, title, header, pct, "P@1 (%)")
 
 
-# -------------------------------------------------------------------------------------------------
 # the sub-commands
 
 def cmd_words(args):
@@ -629,16 +609,14 @@ def cmd_words(args):
 
 
 def cmd_contextual(args):
-    """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out
-    pairs."""
+    """§5.1.2: per-layer maps from fast_align pairs of parallel sentences, CSLS P@1 held out."""
     # --save-maps is checked before any work
     if args.save_maps:
         folder = os.path.dirname(os.path.abspath(args.save_maps))
-        if os.path.isdir(args.save_maps):
-            raise InputError(f"--save-maps {args.save_maps}: cannot write there (is a directory)")
-        if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-            raise InputError(f"--save-maps {args.save_maps}: cannot write there ({folder} is not a "
-                             "writable directory)")
+        why = f"{folder} is not a writable directory"
+        if os.path.isdir(args.save_maps) or not os.access(folder, os.W_OK):
+            why = "is a directory" if os.path.isdir(args.save_maps) else why
+            raise InputError(f"--save-maps {args.save_maps}: cannot write there ({why})")
         if os.path.exists(args.save_maps) and not args.overwrite:
             raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, "
                              "perhaps of another checkpoint); pass --overwrite to replace it, or "
@@ -647,8 +625,7 @@ def cmd_contextual(args):
         raise InputError("--overwrite goes with --save-maps (it replaces that file)")
     sides = _encoders(args)
     texts = read_sides(args, args.src_file, args.tgt_file)
-    # per side: the words of each sentence; the states of the word tokens (and where each
-    # sentence's words start)
+    # per side: the words of each sentence; the states of the word tokens, where sentences start
     words = []
     states = []
     for (mdl, tok, lang_idx, lang), lines in zip(sides, texts):
@@ -662,7 +639,6 @@ def cmd_contextual(args):
     if not 0 < n_fit < len(S):
         raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a "
                          "held-out part")
-
     # (source row, target row) of the word pairs of sentences ks whose two words have states
     def token_pairs(ks):
         rows = [(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]]
@@ -697,8 +673,7 @@ def cmd_contextual(args):
 
 
 def cmd_sentences(args):
-    """Fig. 6: Tatoeba-style retrieval P@1 per layer of mean-pooled sentence vectors, without and
-    with a map."""
+    """Fig. 6: Tatoeba-style retrieval P@1 per layer of mean-pooled sentence vectors, ± a map."""
     import bpe
     import model
     if (args.train_src is None) != (args.train_tgt is None):
@@ -756,7 +731,6 @@ def cmd_sentences(args):
     return rows
 
 
-# -------------------------------------------------------------------------------------------------
 # flags and main
 
 def build_parser():
@@ -767,31 +741,24 @@ def build_parser():
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
     a = common.add_argument
-    a("--ckpt",
-      help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2); required")
-    a("--ckpt2",
-      help="second (monolingual) checkpoint encoding --tgt (default: none, --ckpt encodes both)")
+    a("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt); required")
+    a("--ckpt2", help="second (monolingual) checkpoint encoding --tgt (default: none, --ckpt)")
     a("--xlm-codes", metavar="CODES",
       help="fastBPE codes of a released XLM checkpoint given as --ckpt/--ckpt2 (e.g. codes_enfr; "
       "default: none, pretrain.py checkpoints)")
     a("--src", default="en", help="source language code as in the checkpoint")
     a("--tgt", default="fr", help="target language code as in the checkpoint")
     a("--toy", nargs="?", const=True, default=False, metavar="DIR",
-      help="the data are the toy world given by --data. The old spelling --toy DIR "
-      "(= --toy --data DIR) is deprecated")
+      help="the data are --data's toy world (--toy DIR = --toy --data DIR: deprecated)")
     a("--data", metavar="DIR",
       help="with --toy: a toydata.py world, whose files fill in every data path not given")
     a("--max-sents", type=bpe.number(1), metavar="N",
-      help="read at most the first N sentences (lines) of each text file, N pairs of parallel "
-      "files (default: all)")
-    a("--batch-size", type=bpe.number(1), default=32,
-      help="examples (sentences) per step (forward pass)")
+      help="read the first N lines of each text file, N pairs of parallel files (default: all)")
+    a("--batch-size", type=bpe.number(1), default=32, help="sentences per forward pass")
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     a("--dtype", default="auto", choices=("auto",) + model.DTYPES,
       help="autocast of the encoders, as in pretrain.py")
-    a("--plot", metavar="FILE.png",
-      help="also draw the per-layer table (needs matplotlib; default: no plot)")
-
+    a("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib; default: none)")
     # paths: data flag -> (help, its file in a --toy --data DIR world)
     def command(name, func, summary, paths):
         p = sub.add_parser(name, parents=[common], help=summary, formatter_class=bpe.HelpFormatter)
@@ -803,33 +770,23 @@ def build_parser():
 
     words = command("words", cmd_words,
                     "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
-        "train_dict": ("MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)",
-                       "dict/{l0}-{l1}.train.txt"),
-        "test_dict": ("MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)",
-                      "dict/{l0}-{l1}.test.txt"),
-        "src_corpus": ("source-language text: vocabulary and contextual averages",
-                       "mono/{l0}.train.txt"),
-        "tgt_corpus": ("target-language text: vocabulary and contextual averages",
-                       "mono/{l1}.train.txt")})
+        "train_dict": ("MUSE dictionary, fit (en-fr.0-5000.txt)", "dict/{l0}-{l1}.train.txt"),
+        "test_dict": ("MUSE dictionary, test (en-fr.5000-6500.txt)", "dict/{l0}-{l1}.test.txt"),
+        "src_corpus": ("source text: vocabulary, contextual averages", "mono/{l0}.train.txt"),
+        "tgt_corpus": ("target text: vocabulary, contextual averages", "mono/{l1}.train.txt")})
     p = command("contextual", cmd_contextual,
                 "§5.1.2: contextual word alignment from fast_align pairs", {
-        "src_file": ("parallel sentences, source side (one per line)",
-                     "parallel/{l0}-{l1}.train.{l0}"),
-        "tgt_file": ("parallel sentences, target side (line k translates line k)",
-                     "parallel/{l0}-{l1}.train.{l1}")})
+        "src_file": ("parallel sentences, source side", "parallel/{l0}-{l1}.train.{l0}"),
+        "tgt_file": ("parallel sentences, target side", "parallel/{l0}-{l1}.train.{l1}")})
     p.add_argument("--save-maps", help="write the per-layer maps here (.npz; finetune.py "
                    "--align-maps; default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
     sentences = command("sentences", cmd_sentences,
                         "Fig. 6: Tatoeba-style sentence retrieval per layer", {
-        "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)",
-                     "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
-        "test_tgt": ("test pairs, target side (e.g. tatoeba.fra-eng.fra)",
-                     "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
-        "train_src": ("Procrustes fit pairs, source side (optional)",
-                      "parallel/{l0}-{l1}.train.{l0}"),
-        "train_tgt": ("Procrustes fit pairs, target side (with --train-src)",
-                      "parallel/{l0}-{l1}.train.{l1}")})
+        "test_src": ("test pairs, source (tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
+        "test_tgt": ("test pairs, target (tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
+        "train_src": ("fit pairs, source (optional)", "parallel/{l0}-{l1}.train.{l0}"),
+        "train_tgt": ("fit pairs, target (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")})
     for p, which in ((words, "train pairs of a tested source word"),
                      (sentences, "train pairs that are test pairs")):
         p.add_argument("--allow-overlap", action="store_true",
@@ -839,8 +796,7 @@ def build_parser():
 
 
 def main(argv=None):
-    """Flags, files and the device checked before any work (model.analysis_run), then the
-    sub-command."""
+    """Flags, files and the device checked before any work (model.analysis_run); the sub-command."""
     import bpe
     import model
     parser = build_parser()
