@@ -403,7 +403,7 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=
     keys = [w for w, _ in Counter(w.lower() for w in words).most_common(max_vocab)]
     form = {w.lower(): w for w in reversed(words)}  # the first surface form is encoded
     tables = model.tok_emb
-    table = tables[lang_idx if len(tables) > 1 else 0].weight.detach().float().cpu().numpy()
+    table = tables[lang_idx % len(tables)].weight.detach().float().cpu().numpy()
     key_ids = tok.encode_words([form[k] for k in keys], lang)
     single = [(k, ids[0]) for k, ids in zip(keys, key_ids)
               if len(ids) == 1 and ids[0] != bpe.UNK_ID]
@@ -428,6 +428,10 @@ def _encoders(args):
     import bpe
     import model
     import torch
+    # toydata.py writes world.json last: a world without it was cut short
+    if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
+        raise InputError(f"--data {args.data}: no world.json, not a whole toydata.py world (cut "
+                         "short? write it again with toydata.py --force)")
     out = []
     loaded = {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
@@ -700,23 +704,23 @@ def cmd_sentences(args):
         train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap,
                                    normal)
 
-    def encode(*texts):  # the sentence vectors of each side's lines, per layer
+    def encode(part, *texts):  # the sentence vectors of each side's lines, per layer
         vectors = []
         for (mdl, tok, i, lang), lines in zip(sides, texts):
             ids = [tok.encode(s, lang) for s in lines]
-            unk_note(args.notes, ids, lang)
+            unk_note(args.notes, ids, f"{lang} {part}")
             vectors.append(model.pool_sentences(mdl, ids, i, args.batch_size, bpe.encode_bar(lang)))
         return vectors
 
     def acc(Q, C):  # P@1: query k's nearest candidate is candidate k
         return float(np.mean(nn_knn(Q, C) == np.arange(n)))
-    Es, Et = encode(*tests)
+    Es, Et = encode("test", *tests)
     rows = [[f"L{l}", acc(es, et), acc(et, es)] for l, (es, et) in enumerate(zip(Es, Et))]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
     title = (f"Sentence retrieval P@1 in % (cosine NN; chance 100/{n} = {100 / n:.2g}%) on {n} "
              f"pairs of {args.test_src}")
     if train:
-        Fs, Ft = encode(*zip(*train))
+        Fs, Ft = encode("fit", *zip(*train))
         for row, es, et, fs, ft in zip(rows, Es, Et, Fs, Ft):
             W = procrustes(fs, ft)  # x_src @ W ~ x_tgt
             row += [acc(es @ W, et), acc(et @ W.T, es)]
@@ -802,17 +806,8 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     args.notes = []
-
-    # bpe.toy_data, then a world without world.json (toydata.py writes it last) is refused
-    def toy_data(args):
-        flag = bpe.toy_data(args)
-        world = os.path.join(args.data or "", "world.json")
-        if args.toy and os.path.isdir(args.data or "") and not os.path.isfile(world):
-            raise InputError(f"{flag} {args.data}: no world.json, not a whole toydata.py world "
-                             "(cut short? write it again with toydata.py --force)")
-        return flag
     with bpe.reported(parser), model.analysis_run(args, args.toy_paths, bpe.check_src_tgt,
-                                              toy_data, ("train_src", "train_tgt")):
+                                              bpe.toy_data, ("train_src", "train_tgt")):
         return args.func(args)
 
 

@@ -87,10 +87,9 @@ perceive: person animal | animal food plant vehicle building person event | in n
 shape: person organisation | material plant food | with in for
 """)
 
-# fixed weights, like the/a/this/every
-DETERMINERS = {"def": 0.5, "indef": 0.3, "dem": 0.12, "quant": 0.08}
+DETERMINERS = {"def": 0.5, "indef": 0.3, "dem": 0.12, "quant": 0.08}  # the/a/this/every
 
-# universal POS tags
+# the universal POS tags of the kinds
 KIND_UPOS = {"noun": "NOUN", "name": "PROPN", "verb": "VERB", "adj": "ADJ", "adv": "ADV",
              "adp": "ADP", "det": "DET", "punct": "PUNCT"}
 CONTENT_KINDS = ("noun", "name", "verb", "adj", "adv")
@@ -133,8 +132,7 @@ class World:
         topics = lambda n: rng.integers(N_TOPICS, size=n).tolist()  # n random topics
         def pick(names, p=1.0):  # one of names with probability p, else nothing
             return (int(rng.choice(names)),) if p == 1.0 or rng.random() < p else ()
-        # nouns: the first noun of a group is its hypernym ("animal"), which the NLI task never
-        # swaps; it is a frequent word of its group (rank 3)
+        # nouns: a group's first is its hypernym ("animal", rank 3), which NLI never swaps
         self.group_nouns = {}
         self.noun_group = {}
         for g in GROUPS:
@@ -227,12 +225,8 @@ class World:
         except KeyError:
             kind, _, arg = key.partition(":")
             args = arg.split(",")
-            if kind == "verb":
-                items = list(self.verb_frame)
-            elif kind == "adv":
-                items = self.advs
-            elif kind == "det":
-                items = self.dets
+            if kind in ("verb", "adv", "det"):
+                items = {"verb": list(self.verb_frame), "adv": self.advs, "det": self.dets}[kind]
             elif kind == "adj":  # the adjectives that fit one group
                 items = self.group_adjs[arg]
             elif kind == "noun":  # common nouns of one group, hypernym excluded
@@ -312,8 +306,7 @@ def sample_tree(world, rng, topic=-1):
 
 
 # -----------------------------------------------------------------------------
-# Word order: each deprel goes before (-1) or after (+1) its head, with a priority (higher =
-# farther)
+# Word order: each deprel goes before (-1) or after (+1) its head, a priority (higher: farther)
 
 ORDER_RE = re.compile(r"^(svo|sov|vso|vos|osv|ovs)(?:-(an|na))?(?:-(pre|post))?$")
 ORDER_HELP = ("CLAUSE[-ADJ][-ADP]: CLAUSE svo/sov/vso/vos/osv/ovs, ADJ an (adjective first, "
@@ -405,8 +398,7 @@ def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
             elif k == "punct":
                 w = FULL_STOPS[li]
             else:
-                # syllables: 1 for function words, 2 for the frequent words, else 2 or 3 (3 with
-                # probability 0.5 for a name, 0.6 for another word)
+                # syllables: function words 1, frequent words 2, else 3 with p 0.5 (name), 0.6 or 2
                 if k in ("det", "adp"):
                     nsyl = 1
                 elif k == "name" or c not in frequent:
@@ -554,8 +546,7 @@ def _sample_trees(world, stream, n, mixture=None, need_entity=False):
 
 
 # =============================================================================
-# Below: write_world writes the world in the real data formats (as ../data: CoNLL-U, PAN-X, XNLI,
-# MUSE, Tatoeba); CLI
+# Below: write_world, the world in the real data formats (CoNLL-U, PAN-X, XNLI, MUSE, Tatoeba); CLI
 
 def conllu_block(world, tree, forms, order, sent_id):
     words, ids = render(tree, forms, order)
@@ -583,8 +574,7 @@ def _write(out_dir, name, text):
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
-    # a full disk, Ctrl-C: no temporary file is left behind
-    except BaseException as e:
+    except BaseException as e:  # a full disk, Ctrl-C: no temporary file is left
         if os.path.exists(tmp):
             os.remove(tmp)
         # it names `path` (a failed write names no file, a failed open the .tmp)
@@ -595,7 +585,7 @@ def _write(out_dir, name, text):
 
 @contextlib.contextmanager
 def _locked(out_dir):
-    """One writer per folder: out_dir/.lock (its pid) held by flock while the world is written."""
+    """One writer per folder: out_dir/.lock (its pid), held by flock while the world is written."""
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, ".lock"), "a+") as f:
         try:
@@ -687,8 +677,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
         # a tree in language li; trees, a line each
         sentence = lambda tree, li: " ".join(render(tree, forms[li], orders[li])[0])
         text = lambda trees, li: "".join(sentence(t, li) + "\n" for t in trees)
-        # monolingual corpora: each language samples its own meanings with its own topic mix (domain
-        # similarity, paper §4.1): uniform at domain_shift 0, only the language's own topics at 1
+        # monolingual corpora, each language's own topic mix (domain similarity, §4.1): uniform at
+        # domain_shift 0, only the language's own topics at 1
         for li, lang in enumerate(langs):
             mix = np.full(N_TOPICS, (1 - domain_shift) / N_TOPICS)
             mix[li::2] += domain_shift / (N_TOPICS // 2)  # own topics: l0 the even, l1 the odd ones
@@ -727,7 +717,7 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
                        "".join(ner_block(world, t, forms[li], orders[li]) for t in ner))
                 pairs = [f"{sentence(p, li)}\t{sentence(h, li)}\t{lab}\n" for (p, h), lab in nli]
                 _write(out_dir, f"xnli/{lang}.{split}.tsv", "".join(pairs))
-        # world.json: no path or time in it, so that the same seed gives the same bytes
+        # world.json: no path or time, so that the same seed gives the same bytes
         summary = dict(
             langs=[l0, l1], seed=seed, overlap=overlap, order=order, domain_shift=domain_shift,
             cyrillic=cyrillic,
@@ -758,18 +748,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     add = ap.add_argument  # every flag but --size is an argument of write_world
-    add("--out", dest="out_dir", metavar="DIR", required=True,
-        help="required; empty or absent unless --force")
-    add("--langs", type=lambda s: s.split(","), default="en,fr",
-        help="the two language codes; the first is the source")
-    add("--overlap", type=float, default=0.0,
-        help="fraction of identical word forms (anchor points, paper §4.2)")
+    add("--out", dest="out_dir", metavar="DIR", required=True, help="required; empty, or --force")
+    add("--langs", type=lambda s: s.split(","), default="en,fr", help="two codes, the source first")
+    add("--overlap", type=float, default=0.0, help="fraction of shared word forms (§4.2)")
     add("--name-overlap", type=float,
         help="fraction of identical entity name parts, drawn apart from --overlap (default: as "
         "--overlap gives)")
     add("--order", default="svo", help="word order of the second language, " + ORDER_HELP)
-    add("--domain-shift", type=float, default=0.0,
-        help="0 = one topic mix, 1 = disjoint topics (paper §4.1)")
+    add("--domain-shift", type=float, default=0.0, help="0: one topic mix, 1: disjoint (§4.1)")
     add("--cyrillic", action="store_true", help="write the second language in Cyrillic letters")
     add("--scale", type=int, default=1,
         help="multiply the open word classes (nouns, verbs, adjectives, adverbs, names, entities) "
@@ -779,8 +765,7 @@ def build_parser():
     add("--size", choices=SIZES, default="full",
         help=f"sentences (or pairs) per language and file (paper: Table 1's world): {sizes}")
     add("--seed", type=int, default=0, help="random seed (same seed, same files)")
-    add("--force", action="store_true",
-        help="replace a toy world in --out (a folder holding other files: refused)")
+    add("--force", action="store_true", help="replace a toy world in --out (nothing else)")
     return ap
 
 

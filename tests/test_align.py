@@ -565,8 +565,8 @@ def test_a_note_on_many_unk_tokens(ckpts, toy_world, tmp_path, capsys):
     (tmp_path / "cyr.fr").write_text(fr)
     files = ["--test-src", str(toy_world / "tatoeba/tatoeba.fr-en.en"), "--test-tgt", str(tmp_path / "cyr.fr")]
     rows, out = run_cli(["sentences", "--ckpt", ckpts["bi"], "--max-sents", "60"] + files, capsys)
-    assert "% of the fr tokens are <unk> (the vocabulary was learned on other text)" in out
-    assert "of the en tokens are <unk>" not in out
+    assert "% of the fr test tokens are <unk> (the vocabulary was learned on other text)" in out
+    assert "of the en test tokens are <unk>" not in out
 
 
 def test_a_note_on_a_stalled_checkpoint(ckpts, toy_world, tmp_path, capsys):
