@@ -366,7 +366,6 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # The command line: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as
 # XLM's `</s> w1 ... wn </s>`. bpe.py, model.py and torch are imported inside the functions.
 
-# -------------------------------------------------------------------------------------------------
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
 
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size, notes=None):
@@ -423,8 +422,7 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=
 
 
 def _encoders(args):
-    """(model, tokenizer, language index, code) per side: --ckpt's --src, --ckpt2's (or --ckpt's)
-    --tgt."""
+    """(model, tokenizer, language index, code) per side: --ckpt's --src, --ckpt2's --tgt."""
     import bpe
     import model
     import torch
@@ -445,16 +443,15 @@ def _encoders(args):
     for path, (*_, extra) in loaded.items():
         ppl = extra.get("dev_ppl") or {None: 0}
         en = next(iter(ppl))
-        left = extra.get("count_models", {}).get(en, {}).get("left", math.inf)
+        left = (extra.get("count_models") or {}).get(en, {}).get("left", math.inf)
         if ppl[en] > left:
             args.notes.append(f"{path}: its MLM stalled ({en} dev ppl {ppl[en]:.2f}, above the "
                               f"left-bigram count model's {left:.2f}); the scores mean little")
     # before any encoding: vectors of two widths cannot be compared, layers of two depths paired
     first, second = (side[0].config for side in out)
     if first.dim != second.dim:
-        raise InputError(f"--ckpt {args.ckpt} has width {first.dim} but --ckpt2 "
-                         f"{args.ckpt2} {second.dim}: their vectors cannot be compared or mapped "
-                         "onto each other")
+        raise InputError(f"--ckpt {args.ckpt} has width {first.dim} but --ckpt2 {args.ckpt2} "
+                         f"{second.dim}: their vectors cannot be compared or mapped")
     if first.n_layers != second.n_layers:
         raise InputError(f"--ckpt {args.ckpt} has {first.n_layers} layers but --ckpt2 {args.ckpt2} "
                          f"{second.n_layers}: the tables pair layer l of one model with layer l of "
@@ -691,18 +688,14 @@ def cmd_sentences(args):
     train = None
     if args.train_src:
         train = list(zip(*bpe.read_parallel(args.train_src, args.train_tgt, args.max_sents)))
-        names = (f"--train-src/--train-tgt {args.train_src}",
-                 f"--test-src/--test-tgt {args.test_src}")
+        names = (f"--train-src/--train-tgt {args.train_src}", f"--test-src/--test-tgt {args.test_src}")
         overlap = f"pairs of {names[0]} are test pairs of {names[1]}"
         # a toy world's own parallel text: its generator repeats short sentences
         if args.toy and args.train_src.startswith(args.data):
-            overlap = ("training pairs repeat a test pair (the toy generator repeats short "
-                       "sentences)")
-        # a pair is compared with whitespace collapsed, in Unicode NFC: a trailing space or a
-        # decomposed é is no other pair
+            overlap = "training pairs repeat a test pair (the toy generator repeats short sentences)"
+        # pairs compared with whitespace collapsed, in Unicode NFC (a trailing space, a decomposed é)
         normal = lambda pair: tuple(" ".join(unicodedata.normalize("NFC", s).split()) for s in pair)
-        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap,
-                                   normal)
+        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap, normal)
 
     def encode(part, *texts):  # the sentence vectors of each side's lines, per layer
         vectors = []
