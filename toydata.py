@@ -13,11 +13,8 @@ and Tatoeba. This file builds a stand-in world whose ground truth is known, in t
   vocabularies are disjoint unless `--overlap` makes a fraction of the forms identical (anchors,
   §4.2), and the languages share only *statistics* (they are isomorphic), as the paper studies;
 - `--domain-shift` gives each language its own topic mix (domain similarity, paper §4.1).
-
-Run:
-    python toydata.py --out out/toy                           # en + fr, disjoint vocabularies
-    python toydata.py --out out/toy2 --overlap 0.3 --order sov-na --domain-shift 0.5 --cyrillic
-    python toydata.py --out out/tiny --size tiny                # the tests' small world
+Run: python toydata.py --out out/toy  (en + fr, disjoint vocabularies; --size tiny: the tests')
+     python toydata.py --out out/toy2 --overlap 0.3 --order sov-na --domain-shift 0.5 --cyrillic
 """
 import argparse
 import bisect
@@ -38,7 +35,6 @@ import numpy as np
 
 class InputError(ValueError):
     """A bad argument, the whole message (code 2: a flag's usage error); bpe.py's, copied."""
-
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
@@ -111,7 +107,6 @@ class World:
     """The concept inventory. Concepts are ints, each with a kind, a name, a weight and a topic;
     entities are tuples of name-part concepts (given name + surname) typed PER/LOC/ORG. `scale`
     multiplies every open class (name parts too); closed classes and grammar stay."""
-
     def __init__(self, seed=0, scale=1):
         nouns_per_group = 36 * scale
         verbs_per_class = 12 * scale
@@ -152,8 +147,7 @@ class World:
                 s = tuple(g for g in subj if len(subj) == 1 or rng.random() > 0.25) or subj[:1]
                 o = tuple(g for g in obj if rng.random() > 0.3) or obj[:1]
                 t = int(rng.integers(N_TOPICS))
-                # the pair's two verbs: rank 2p is +, rank 2p + 1 is -
-                for k, sign in enumerate("+-", 2 * p):
+                for k, sign in enumerate("+-", 2 * p):  # rank 2p is +, rank 2p + 1 is -
                     v = add("verb", f"{vc}.{p:02d}{sign}", w[k], t)
                     self.verb_frame[v] = (s, o, obl, vc)
         # adjectives: each fits 1-3 noun groups (a few fit all); every group gets some
@@ -166,8 +160,7 @@ class World:
                    else rng.choice(GROUPS, size=int(rng.integers(1, 4)), replace=False))
             for g in fit:
                 self.group_adjs[g].append(c)
-        # guarantee a handful of adjectives per group
-        for g in GROUPS:
+        for g in GROUPS:  # a handful of adjectives per group at least
             while len(self.group_adjs[g]) < 6:
                 c = add("adj", f"adj.{g}.{len(self.group_adjs[g])}", 0.05,
                         int(rng.integers(N_TOPICS)))
@@ -209,8 +202,7 @@ class World:
             for c in p:
                 self.weight[c] += self.entity_weight[i]
         self.n_concepts = len(self.kind)
-        self._cdfs = {}  # slot key -> topic -> (items, cumulative weights)
-        # the grammar's slot keys
+        self._cdfs = {}  # slot key -> topic -> (items, cdf); then the keys
         self.np_key = {p: "np:" + ",".join(obj) for p, (obj, _) in PREPOSITIONS.items()}
         preps_of = lambda g: [p for p, (_, mod) in PREPOSITIONS.items() if g in mod]
         self.nmod_key = {g: "prep:" + ",".join(preps_of(g)) for g in GROUPS}
@@ -237,8 +229,7 @@ class World:
                 items = [c for g in args for c in self.group_nouns[g]]
                 items += [-(e + 1) for e, (t, _) in enumerate(self.entities)
                           if ENTITY_GROUP[t] in args]
-            # 'entity:TYPE,LENGTH': entities of one type and length (NLI argument changes)
-            else:
+            else:  # 'entity:TYPE,LENGTH' (NLI argument changes)
                 items = [-(e + 1) for e, (t, p) in enumerate(self.entities)
                          if t == args[0] and len(p) == int(args[1])]
             w = [self.entity_weight[-i - 1] if i < 0 else self.weight[i] for i in items]
@@ -289,8 +280,7 @@ def add_obl(world, rng, tree, topic=-1):
 
 
 def sample_tree(world, rng, topic=-1):
-    """One sentence meaning: verb (root), subject, object if transitive, maybe an oblique and an
-    adverb."""
+    """One sentence meaning: verb (root), subject, object if transitive, maybe oblique, adverb."""
     v = world.draw(rng, "verb", topic)
     subj, obj, _ = world.frame_keys[v]
     tree = [[v, -1, "root"]]
@@ -369,10 +359,9 @@ FULL_STOPS = (".", "。")  # the full stop of the first and of the second langua
 
 
 def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
-    """forms[l][c] = the word form of concept c in language l (0 or 1), unique in a language. A
-    random `overlap` fraction of the concepts keep language 0's form in language 1 (anchors), all
-    others differ; frequent words are shorter (Zipf's law of abbreviation). `name_overlap` (not
-    None) redraws the anchors among the entity name parts alone."""
+    """forms[l][c]: concept c's word form in language l (0, 1), unique in a language; an `overlap`
+    fraction keep language 0's form (anchors; `name_overlap`: redrawn among entity name parts);
+    frequent words are shorter (Zipf's law of abbreviation)."""
     rng = np.random.default_rng([seed, 2])
     n = world.n_concepts
     shared = set(rng.choice(n, size=int(round(overlap * n)), replace=False).tolist())
@@ -421,11 +410,10 @@ def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
 
 
 # -----------------------------------------------------------------------------
-# NLI pairs: premise and hypothesis trees whose label follows from the meaning *and* from how the
-# two sentences line up, structure a shared encoder can carry to another language (the words of
-# the hypothesis against the words and roles of the premise), not single-word lexical relations
-# (an antonym verb shares its frame with the verb: an MLM cannot tell them apart). Entailment drops
-# a modifier, neutral adds one, contradiction swaps subject and object or changes an argument; an
+# NLI pairs: the label follows from the meaning *and* from how premise and hypothesis line up
+# (structure a shared encoder carries across languages), not from single-word relations (an
+# antonym verb shares its verb's frame: an MLM cannot tell them apart). Entailment drops a
+# modifier, neutral adds one, contradiction swaps subject and object or changes an argument; an
 # edit gets a copy of the premise -> the hypothesis, or None where it does not apply.
 
 # the generator's order (example i gets LABELS[i % 3]); finetune.py maps them to XLM's ids by name
@@ -531,8 +519,8 @@ def render(tree, forms, order):
 
 
 def _sample_trees(world, stream, n, mixture=None, need_entity=False):
-    """n trees, each about a topic drawn from `mixture` (None: no topic); need_entity keeps those
-    with a name. `stream` names the sample (e.g. '0/parallel'): it seeds its random.Random."""
+    """n trees about topics drawn from `mixture` (None: none), with a name if need_entity; `stream`
+    (e.g. '0/parallel') seeds its random.Random."""
     rng = random.Random(stream)
     cdf = np.cumsum(mixture).tolist() if mixture is not None else None
     trees = []
@@ -549,8 +537,7 @@ def _sample_trees(world, stream, n, mixture=None, need_entity=False):
 # Below: write_world, the world in the real data formats (CoNLL-U, PAN-X, XNLI, MUSE, Tatoeba); CLI
 
 def conllu_block(world, tree, forms, order, sent_id):
-    words, ids = render(tree, forms, order)
-    # node -> 1-based position; the root's head is 0
+    words, ids = render(tree, forms, order)  # node -> 1-based position; the root's head is 0
     pos = {-1: 0} | {i: k + 1 for k, i in enumerate(ids)}
     rows = [f"{k + 1}\t{words[k]}\t{words[k]}\t{KIND_UPOS[world.kind[c]]}\t_\t_\t{pos[h]}\t"
             f"{rel}\t_\t_" for k, (c, h, rel) in enumerate(tree[i] for i in ids)]
@@ -577,9 +564,8 @@ def _write(out_dir, name, text):
     except BaseException as e:  # a full disk, Ctrl-C: no temporary file is left
         if os.path.exists(tmp):
             os.remove(tmp)
-        # it names `path` (a failed write names no file, a failed open the .tmp)
         if isinstance(e, OSError):
-            e.filename = path
+            e.filename = path  # not the .tmp, or no file at all
         raise
 
 
@@ -775,15 +761,12 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill is a Ctrl-C: one line
     try:
         s = write_world(**SIZES[args.pop("size")], **args)  # size is popped before args unpacks
-    # bpe.reported's copy: a flag's value (2) with the usage line
-    except (InputError, FileExistsError) as e:
+    except (InputError, FileExistsError) as e:  # bpe.reported's copy: a flag's (2) with usage
         if getattr(e, "code", 1) == 2:
             ap.error(str(e))
         raise SystemExit(f"error: {e}") from None
-    # a full disk, a read-only folder: _write leaves no temporary file, names its file
-    except OSError as e:
-        raise SystemExit(f"toydata.py: error: cannot write {e.filename or args['out_dir']}: "
-                         f"{e.strerror or e}")
+    except OSError as e:  # a full disk, a read-only folder: _write named its file
+        raise SystemExit(f"toydata.py: error: cannot write {e.filename or args['out_dir']}: {e.strerror or e}")
     except KeyboardInterrupt:
         raise SystemExit(f"toydata.py: interrupted; {args['out_dir']} is incomplete (write it "
                          "again with --force)")
