@@ -3,15 +3,13 @@
 The paper (Conneau et al., ACL 2020, §3-§5) pretrains bilingual MLMs on Wikipedia and evaluates
 zero-shot transfer on XNLI, WikiAnn NER and UD parsing, plus word/sentence alignment against MUSE
 and Tatoeba. This file builds a stand-in world whose ground truth is known, in those formats:
-- one language-independent meaning space: nouns in semantic groups, named entities typed
-  PER/LOC/ORG (often several tokens), verbs with selectional restrictions (subject and object
-  groups, the prepositions of their obliques), adjectives that fit noun groups, prepositions,
-  adverbs, determiners; Zipfian frequencies in every class, a few topics reweight content words;
+- one language-independent meaning space: nouns in semantic groups, named entities (PER/LOC/ORG,
+  often several tokens), verbs with selectional restrictions, adjectives fitting noun groups,
+  prepositions, adverbs, determiners; Zipfian frequencies, a few topics reweight content words;
 - a small probabilistic grammar samples a dependency tree over concepts (UPOS, universal deprels);
-- each language renders each concept with its own pronounceable random word form (its own
-  letters, Cyrillic on request) and linearises the tree in its own word order (`--order`): the
-  vocabularies are disjoint unless `--overlap` makes a fraction of the forms identical (anchors,
-  §4.2), and the languages share only *statistics* (they are isomorphic), as the paper studies;
+- each language renders each concept as its own pronounceable random word (its own letters,
+  Cyrillic on request) in its own order (`--order`): vocabularies are disjoint unless `--overlap`
+  makes some forms identical (anchors, §4.2); the languages share only *statistics* (isomorphic);
 - `--domain-shift` gives each language its own topic mix (domain similarity, paper §4.1).
 Run: python toydata.py --out out/toy  (en + fr, disjoint vocabularies; --size tiny: the tests')
      python toydata.py --out out/toy2 --overlap 0.3 --order sov-na --domain-shift 0.5 --cyrillic
@@ -42,7 +40,6 @@ class InputError(ValueError):
 
 # -----------------------------------------------------------------------------
 # The meaning space: semantic groups, verb frames, prepositions (language independent)
-
 GROUPS = tuple("person animal food plant tool vehicle building place organisation document event "
                "material".split())
 ENTITY_GROUP = {"PER": "person", "LOC": "place", "ORG": "organisation"}
@@ -243,7 +240,6 @@ class World:
 # -----------------------------------------------------------------------------
 # The grammar: a dependency tree over concepts, a list of nodes [concept, head, deprel] (head -1:
 # the root), every dependent after its head; each language chooses the surface order later.
-
 def add_np(world, rng, tree, key, head, rel, prep=None, topic=-1, depth=0):
     """Append a noun phrase (or named entity) for slot `key` ('np:g1,g2') to `tree` -> its index."""
     item = world.draw(rng, key, topic)
@@ -297,7 +293,6 @@ def sample_tree(world, rng, topic=-1):
 
 # -----------------------------------------------------------------------------
 # Word order: each deprel goes before (-1) or after (+1) its head, a priority (higher: farther)
-
 ORDER_RE = re.compile(r"^(svo|sov|vso|vos|osv|ovs)(?:-(an|na))?(?:-(pre|post))?$")
 ORDER_HELP = ("CLAUSE[-ADJ][-ADP]: CLAUSE svo/sov/vso/vos/osv/ovs, ADJ an (adjective first, "
               "default) or na, ADP pre (prepositions, default) or post (postpositions, genitive "
@@ -350,7 +345,6 @@ def linearize(shape, order):
 
 # -----------------------------------------------------------------------------
 # Word forms: pronounceable random strings from a language-specific letter inventory
-
 # (onset consonants, vowels, final consonants) of a syllable
 LETTERS_L0 = ("ptkbdgmnlrsfwh", "aeiou", "nsrtl")
 LETTERS_L1 = ("bdfgjklmnprstvz", "aeiouéà", "rls")
@@ -415,7 +409,6 @@ def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
 # antonym verb shares its verb's frame: an MLM cannot tell them apart). Entailment drops a
 # modifier, neutral adds one, contradiction swaps subject and object or changes an argument; an
 # edit gets a copy of the premise -> the hypothesis, or None where it does not apply.
-
 # the generator's order (example i gets LABELS[i % 3]); finetune.py maps them to XLM's ids by name
 LABELS = ("entailment", "neutral", "contradiction")
 
@@ -511,7 +504,6 @@ def _new_concepts(p, h):
 
 # -----------------------------------------------------------------------------
 # Sentences: trees sampled about a topic, rendered in one language
-
 def render(tree, forms, order):
     """(surface words, surface order) of a tree in one language."""
     ids = linearize(tuple((h, r) for _, h, r in tree), order)
@@ -535,7 +527,6 @@ def _sample_trees(world, stream, n, mixture=None, need_entity=False):
 
 # =============================================================================
 # Below: write_world, the world in the real data formats (CoNLL-U, PAN-X, XNLI, MUSE, Tatoeba); CLI
-
 def conllu_block(world, tree, forms, order, sent_id):
     words, ids = render(tree, forms, order)  # node -> 1-based position; the root's head is 0
     pos = {-1: 0} | {i: k + 1 for k, i in enumerate(ids)}
@@ -591,8 +582,7 @@ def _locked(out_dir):
 # Sentences per file (--size; pretrain.py --toy-size), by write_world's arguments (--help's names)
 SIZE_KEYS = dict(n_train="mono train", n_dev="dev", n_test="test", n_parallel="parallel",
                  n_task_train="task train", n_task_eval="task dev/test", n_tatoeba="Tatoeba")
-SIZES = {"tiny": (400, 60, 60, 60, 60, 30, 60),
-         "small": (5000, 300, 300, 500, 500, 200, 300),
+SIZES = {"tiny": (400, 60, 60, 60, 60, 30, 60), "small": (5000, 300, 300, 500, 500, 200, 300),
          "full": (20000, 1000, 1000, 2000, 2000, 500, 1000),
          "paper": (20000, 1000, 1000, 2000, 1000, 300, 1000)}
 SIZES = {k: dict(zip(SIZE_KEYS, v)) for k, v in SIZES.items()}
@@ -722,7 +712,6 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
 
 # -----------------------------------------------------------------------------
 # CLI: bpe.py's HelpFormatter, copied in short (toydata.py copies alone)
-
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help: each flag's default after its help, unless its help says it or it is a switch."""
     def _get_help_string(self, action):
