@@ -35,7 +35,6 @@ class InputError(ValueError):
 
 # -------------------------------------------------------------------------------------------------
 # §5.1 (MUSE): orthogonal Procrustes and iterative normalisation
-
 def _as_matrix(X, name):
     """X as a float 2-D array, checked by every function below: a clear error, not silent NaNs."""
     X = np.asarray(X)
@@ -88,7 +87,6 @@ def iterative_normalize(X, n_iter=5):
 # §5.1 retrieval: nearest neighbour by cosine and CSLS (Conneau et al. 2018), in chunks. Queries
 # X (n, d), candidates Y (m, d) -> index of the best row of Y for every row of X. Similarities are
 # computed block by block, memory O(chunk * m): 200k x 200k float32 similarities would be 160 GB.
-
 CHUNK_BYTES = 128 * 2**20  # ~128 MB a block (float32: 671 rows x 50k)
 
 
@@ -135,7 +133,6 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
 
 # -------------------------------------------------------------------------------------------------
 # §5.1.1 word translation (MUSE `word_translation.py`): dictionary pairs, P@1, any gold right
-
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
     """The pairs whose words both own a row of src_words / tgt_words -> (src_idx, tgt_idx)."""
     src_row = {w: i for i, w in enumerate(src_words)}
@@ -149,8 +146,7 @@ def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
 
 def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
     """P@1 of CSLS retrieval among ALL rows of X_tgt for the unique source words of the pairs
-    (src_idx, tgt_idx), X_src mapped by W if given; right if ANY gold translation is retrieved
-    (MUSE) -> (p_at_1, n_source_words)."""
+    (src_idx, tgt_idx), X_src @ W if W; right if ANY gold is retrieved (MUSE) -> (p@1, n words)."""
     X_src = _as_matrix(X_src, "X_src")
     X_tgt = _as_matrix(X_tgt, "X_tgt")
     gold = {}  # source row -> its gold target rows
@@ -190,7 +186,6 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
 # fra-eng pairs, leaving out the first alone changes 91 pairs' links, the second alone 430); the
 # rest only change rounding. Words are split on ASCII spaces and tabs only, as fast_align reads a
 # line (U+00A0 or U+202F, which French text has before punctuation, stay inside a word).
-
 def digamma(x):
     """ψ(x), x > 0, as fast_align: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the asymptotic series
     of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
@@ -346,8 +341,8 @@ def grow_diag_final_and(fwd, rev):
 
 
 def fast_align(src_sents, tgt_sents):
-    """Word alignment of parallel sentences -> sorted (i, j) links per pair: forward and reverse
-    (`fast_align -r`) ibm2_align symmetrised by grow-diag-final-and (the paper's recipe)."""
+    """Links of parallel sentences: forward and reverse (`fast_align -r`) ibm2_align symmetrised
+    by grow-diag-final-and (the paper's recipe) -> sorted (i, j) links per pair."""
     fwd = ibm2_align(src_sents, tgt_sents)
     rev = ibm2_align(tgt_sents, src_sents)
     return [grow_diag_final_and(f, [(i, j) for j, i in r]) for f, r in zip(fwd, rev)]
@@ -365,13 +360,11 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # =================================================================================================
 # The command line: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as
 # XLM's `</s> w1 ... wn </s>`. bpe.py, model.py and torch are imported inside the functions.
-
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
-
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size, notes=None):
-    """Contextual vector of every word token (the mean of its subword states; the paper leaves it
-    open) -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows
-    offsets[k]:offsets[k+1], NaN past max_positions. `notes` gets a note of many <unk>."""
+    """Every word token's vector, the mean of its subword states (the paper leaves it open) ->
+    (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows offsets[k]:
+    offsets[k+1], NaN past max_positions; `notes` gets a note of many <unk>."""
     import bpe
     import model as M
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
@@ -392,8 +385,8 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size,
 def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=None,
                  max_vocab=200000):
     """Word vectors (the paper leaves them open) of a corpus's word types, most frequent first,
-    lowercase as MUSE -> (row name, words, vectors) per row of Fig. 4: the embedding rows of the
-    words that are ONE subword (4a), then per layer the mean state of each word's tokens (4b)."""
+    lowercase (MUSE) -> (row name, words, vectors) per row of Fig. 4: embedding rows of ONE-subword
+    words (4a), then per layer the mean state of each word's tokens (4b)."""
     import bpe
     sents = [tok.words(line.strip(), lang) for line in bpe.read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
@@ -466,7 +459,6 @@ def _encoders(args):
 
 
 # notes: a word beside a number that means little (after the table; kept in --save-maps)
-
 def unk_note(notes, ids, lang):
     """More than 5 % <unk> among a side's tokens (id lists): a note with the rate."""
     import bpe
@@ -487,10 +479,8 @@ def weak_notes(notes, where, n_fit, dim, n_test, items):
 
 
 # files: dictionaries, parallel sides, maps
-
 def read_muse_dictionary(path):
-    """MUSE dictionary `src tgt` per line -> pairs in file order (bpe.read_dictionary), lowercased
-    as MUSE's embeddings are."""
+    """MUSE dictionary `src tgt` per line -> pairs in file order, lowercased (as MUSE's vectors)."""
     import bpe
     return [(s.lower(), t.lower()) for s, t in bpe.read_dictionary(path)]
 
@@ -522,8 +512,7 @@ def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair
 
 
 def save_maps(path, maps, src, tgt, digests=("", ""), notes=()):
-    """Write the per-layer maps (.npz) atomically, with digests (model.file_digest of the
-    checkpoints of src, tgt) and the notes printed beside their scores."""
+    """The per-layer maps (.npz), atomically, with the checkpoints' digests and the notes."""
     import bpe
     W = np.stack(maps)
     # the file is closed before the rename
@@ -570,7 +559,6 @@ def print_table(title, header, rows, args):
 
 
 # the sub-commands
-
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     train = read_muse_dictionary(args.train_dict)
@@ -729,7 +717,6 @@ def cmd_sentences(args):
 
 
 # flags and main
-
 def build_parser():
     import bpe
     import model
