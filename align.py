@@ -382,8 +382,7 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size,
     return list(out), offsets
 
 
-def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=None,
-                 max_vocab=200000):
+def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=None):
     """Word vectors (the paper leaves them open) of a corpus's word types, most frequent first,
     lowercase (MUSE) -> (row name, words, vectors) per row of Fig. 4: embedding rows of ONE-subword
     words (4a), then per layer the mean state of each word's tokens (4b)."""
@@ -392,7 +391,7 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=
     words = [w for ws in sents for w in ws]
     if not words:
         raise InputError(f"{path}: no words")
-    keys = [w for w, _ in Counter(w.lower() for w in words).most_common(max_vocab)]
+    keys = [w for w, _ in Counter(w.lower() for w in words).most_common(200000)]  # MUSE's
     form = {w.lower(): w for w in reversed(words)}  # the first surface form is encoded
     tables = model.tok_emb
     table = tables[lang_idx % len(tables)].weight.detach().float().cpu().numpy()
@@ -419,10 +418,6 @@ def _encoders(args):
     import bpe
     import model
     import torch
-    # toydata.py writes world.json last: a world without it was cut short
-    if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
-        raise InputError(f"--data {args.data}: no world.json, not a whole toydata.py world (cut "
-                         "short? write it again with toydata.py --force)")
     out = []
     loaded = {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
@@ -432,6 +427,10 @@ def _encoders(args):
         mdl, tok, langs, _ = loaded[path]
         lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
         out.append((mdl, tok, lang_idx, lang))
+    # toydata.py writes world.json last: a world without it was cut short
+    if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
+        raise InputError(f"--data {args.data}: no world.json, not a whole toydata.py world (cut "
+                         "short? write it again with toydata.py --force)")
     # a model whose MLM stalled: English dev ppl above the left-bigram count model (finetune.py's)
     for path, (*_, extra) in loaded.items():
         ppl = extra.get("dev_ppl") or {None: 0}
