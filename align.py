@@ -360,6 +360,7 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # =================================================================================================
 # The command line: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as
 # XLM's `</s> w1 ... wn </s>`. bpe.py, model.py and torch are imported inside the functions.
+
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size, notes=None):
     """Every word token's vector, the mean of its subword states (the paper leaves it open) ->
@@ -391,13 +392,12 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=
     words = [w for ws in sents for w in ws]
     if not words:
         raise InputError(f"{path}: no words")
-    keys = [w for w, _ in Counter(w.lower() for w in words).most_common(200000)]  # MUSE's
+    keys = [w for w, _ in Counter(w.lower() for w in words).most_common(200000)]  # MUSE's 200k
     form = {w.lower(): w for w in reversed(words)}  # the first surface form is encoded
     tables = model.tok_emb
     table = tables[lang_idx % len(tables)].weight.detach().float().cpu().numpy()
     key_ids = tok.encode_words([form[k] for k in keys], lang)
-    single = [(k, ids[0]) for k, ids in zip(keys, key_ids)
-              if len(ids) == 1 and ids[0] != bpe.UNK_ID]
+    single = {k: ids[0] for k, ids in zip(keys, key_ids) if len(ids) == 1 and ids[0] != bpe.UNK_ID}
     layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size, notes)
     row = {k: i for i, k in enumerate(keys)}
     which = np.array([row.get(w.lower(), -1) for w in words], dtype=np.int64)
@@ -409,7 +409,7 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=
     np.add.at(S, (slice(None), which[counted]), np.stack(layers)[:, counted])
     means = (S[:, occurs] / n_occ[occurs, None]).astype(np.float32)
     with_states = [k for k, o in zip(keys, occurs) if o]
-    rows = [("emb (4a)", [k for k, _ in single], table[[i for _, i in single]])]
+    rows = [("emb (4a)", list(single), table[list(single.values())])]
     return rows + [(f"L{l} (4b)", with_states, X) for l, X in enumerate(means)]
 
 
