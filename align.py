@@ -742,6 +742,7 @@ def build_parser():
     a("--dtype", default="auto", choices=("auto",) + model.DTYPES,
       help="autocast of the encoders, as in pretrain.py")
     a("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib; default: none)")
+
     # paths: data flag -> (help, its file in a --toy --data DIR world)
     def command(name, func, summary, paths):
         p = sub.add_parser(name, parents=[common], help=summary, formatter_class=bpe.HelpFormatter)
