@@ -14,15 +14,14 @@ References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translati
 parallel data" (MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al.
 2013 (fast_align), Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
-Only numpy at module level, so the file copies alone; the command line below the ruler imports
-bpe.py, model.py and torch inside its functions:
-
+Only numpy at module level (the file copies alone); the command line imports the rest inside:
     python align.py words      --toy --data WORLD --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy --data WORLD --ckpt RUN/best.pt --save-maps maps.npz
     python align.py sentences  --ckpt RUN/best.pt
                                --test-src tatoeba.fra-eng.eng --test-tgt tatoeba.fra-eng.fra
 """
 import argparse
+import math
 import os
 import unicodedata
 from collections import Counter
@@ -31,13 +30,11 @@ import numpy as np
 
 
 class InputError(ValueError):
-    """A bad input (a file, a flag), the whole message: the command line prints it as one `error:`
-    line. The twin of bpe.py's, so that this file copies alone."""
+    """A bad input (a file, a flag), the whole message, one `error:` line (bpe.py's, copied)."""
 
 
 # -------------------------------------------------------------------------------------------------
 # §5.1 (MUSE): orthogonal Procrustes and iterative normalisation
-
 def _as_matrix(X, name):
     """X as a float 2-D array, checked by every function below: a clear error, not silent NaNs."""
     X = np.asarray(X)
@@ -72,14 +69,13 @@ def procrustes(X, Y):
 
 
 def normalize_rows(X, eps=1e-8):
-    """x <- x / (||x||₂ + eps) for every row (so a zero row stays zero)."""
+    """x <- x / (||x||₂ + eps) for every row (a zero row stays zero)."""
     return X / (np.linalg.norm(X, axis=1, keepdims=True) + eps)
 
 
 def iterative_normalize(X, n_iter=5):
-    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`): unit length AND zero mean. Each
-    step breaks the other's property, so both are repeated, ending on unit length. One language
-    at a time."""
+    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`), one language at a time: unit
+    length AND zero mean; each step breaks the other's property, so both repeat, ending on unit."""
     X = _as_matrix(X, "X").astype(np.float64)
     for _ in range(n_iter):
         X = normalize_rows(X)
@@ -91,7 +87,6 @@ def iterative_normalize(X, n_iter=5):
 # §5.1 retrieval: nearest neighbour by cosine and CSLS (Conneau et al. 2018), in chunks. Queries
 # X (n, d), candidates Y (m, d) -> index of the best row of Y for every row of X. Similarities are
 # computed block by block, memory O(chunk * m): 200k x 200k float32 similarities would be 160 GB.
-
 CHUNK_BYTES = 128 * 2**20  # ~128 MB a block (float32: 671 rows x 50k)
 
 
@@ -138,10 +133,8 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
 
 # -------------------------------------------------------------------------------------------------
 # §5.1.1 word translation (MUSE `word_translation.py`): dictionary pairs, P@1, any gold right
-
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
-    """The pairs whose two words both own a row of src_words / tgt_words -> (src_idx, tgt_idx);
-    none: InputError."""
+    """The pairs whose words both own a row of src_words / tgt_words -> (src_idx, tgt_idx)."""
     src_row = {w: i for i, w in enumerate(src_words)}
     tgt_row = {w: i for i, w in enumerate(tgt_words)}
     kept = [(src_row[s], tgt_row[t]) for s, t in pairs if s in src_row and t in tgt_row]
@@ -153,8 +146,7 @@ def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
 
 def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
     """P@1 of CSLS retrieval among ALL rows of X_tgt for the unique source words of the pairs
-    (src_idx, tgt_idx), X_src mapped by W if given; right if ANY gold translation is retrieved
-    (MUSE) -> (p_at_1, n_source_words)."""
+    (src_idx, tgt_idx), X_src @ W if W; right if ANY gold is retrieved (MUSE) -> (p@1, n words)."""
     X_src = _as_matrix(X_src, "X_src")
     X_tgt = _as_matrix(X_tgt, "X_tgt")
     gold = {}  # source row -> its gold target rows
@@ -194,10 +186,9 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
 # fra-eng pairs, leaving out the first alone changes 91 pairs' links, the second alone 430); the
 # rest only change rounding. Words are split on ASCII spaces and tabs only, as fast_align reads a
 # line (U+00A0 or U+202F, which French text has before punctuation, stay inside a word).
-
 def digamma(x):
-    """ψ(x) for x > 0 as fast_align computes it: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the
-    asymptotic series of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
+    """ψ(x), x > 0, as fast_align: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the asymptotic series
+    of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
     x = np.array(x, dtype=np.float64)
     out = np.zeros_like(x)
     while (small := x < 7).any():
@@ -211,8 +202,7 @@ def digamma(x):
 
 
 def _h(i, j, m, n):
-    """Diagonal feature of source position i and target position j (1-based) in a pair of lengths
-    n, m."""
+    """Diagonal feature of source position i, target position j (1-based), lengths n, m."""
     return -np.abs(i / n - j / m)
 
 
@@ -250,8 +240,7 @@ def _model_h(j, m, n, lam):
 
 
 def _split_words(s):
-    """A sentence as fast_align reads it: a string splits on ASCII spaces and tabs; a word list
-    stays."""
+    """A sentence as fast_align reads it (split on ASCII spaces and tabs); a word list stays."""
     return [w for w in s.replace("\t", " ").split(" ") if w] if isinstance(s, str) else list(s)
 
 
@@ -352,9 +341,8 @@ def grow_diag_final_and(fwd, rev):
 
 
 def fast_align(src_sents, tgt_sents):
-    """Word alignment of parallel sentences -> one sorted list of (i, j) links per pair: forward
-    (ibm2_align) and reverse (`fast_align -r`) directions symmetrised by grow-diag-final-and (the
-    paper's recipe)."""
+    """Links of parallel sentences: forward and reverse (`fast_align -r`) ibm2_align symmetrised
+    by grow-diag-final-and (the paper's recipe) -> sorted (i, j) links per pair."""
     fwd = ibm2_align(src_sents, tgt_sents)
     rev = ibm2_align(tgt_sents, src_sents)
     return [grow_diag_final_and(f, [(i, j) for j, i in r]) for f, r in zip(fwd, rev)]
@@ -362,8 +350,7 @@ def fast_align(src_sents, tgt_sents):
 
 def one_to_one_pairs(links, src_words, tgt_words):
     """Links whose two words are each linked once, minus identical strings (shijie-wu/
-    crosslingual-nlp `_process_align`): copies say nothing about the alignment of the two
-    spaces."""
+    crosslingual-nlp `_process_align`): copies say nothing about how the spaces align."""
     src_links = Counter(i for i, _ in links)
     tgt_links = Counter(j for _, j in links)
     return [(i, j) for i, j in links
@@ -374,19 +361,19 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # The command line: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as
 # XLM's `</s> w1 ... wn </s>`. bpe.py, model.py and torch are imported inside the functions.
 
-# -------------------------------------------------------------------------------------------------
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
-
-def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size):
-    """Contextual vector of every word token (left open by the paper: the mean of its subword
-    states) -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows
-    offsets[k]:offsets[k+1], NaN if past max_positions."""
+def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size, notes=None):
+    """Every word token's vector, the mean of its subword states (the paper leaves it open) ->
+    (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows offsets[k]:
+    offsets[k+1], NaN past max_positions; `notes` gets a note of many <unk>."""
     import bpe
     import model as M
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
     offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
     out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, np.float32)
-    states = M.iter_states(model, [sum(w, []) for w in per_word], lang_idx, batch_size)
+    sent_ids = [sum(w, []) for w in per_word]
+    unk_note(notes, sent_ids, lang_code)
+    states = M.iter_states(model, sent_ids, lang_idx, batch_size)
     for k, H in bpe.encode_bar(lang_code)(states, len(per_word)):
         pos = 1  # position 0 is </s>
         for w, ids in enumerate(per_word[k]):
@@ -396,24 +383,22 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size)
     return list(out), offsets
 
 
-def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, max_vocab=200000):
-    """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed
-    lowercase as MUSE -> one (row name, words, vectors) per row of Fig. 4: the embedding rows of
-    the words that are ONE subword (4a), then per layer the mean state of each word's tokens
-    (4b)."""
+def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=None):
+    """Word vectors (the paper leaves them open) of a corpus's word types, most frequent first,
+    lowercase (MUSE) -> (row name, words, vectors) per row of Fig. 4: embedding rows of ONE-subword
+    words (4a), then per layer the mean state of each word's tokens (4b)."""
     import bpe
     sents = [tok.words(line.strip(), lang) for line in bpe.read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
     if not words:
         raise InputError(f"{path}: no words")
-    keys = [w for w, _ in Counter(w.lower() for w in words).most_common(max_vocab)]
+    keys = [w for w, _ in Counter(w.lower() for w in words).most_common(200000)]  # MUSE's 200k
     form = {w.lower(): w for w in reversed(words)}  # the first surface form is encoded
     tables = model.tok_emb
-    table = tables[lang_idx if len(tables) > 1 else 0].weight.detach().float().cpu().numpy()
+    table = tables[lang_idx % len(tables)].weight.detach().float().cpu().numpy()
     key_ids = tok.encode_words([form[k] for k in keys], lang)
-    single = [(k, ids[0]) for k, ids in zip(keys, key_ids)
-              if len(ids) == 1 and ids[0] != bpe.UNK_ID]
-    layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size)
+    single = {k: ids[0] for k, ids in zip(keys, key_ids) if len(ids) == 1 and ids[0] != bpe.UNK_ID}
+    layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size, notes)
     row = {k: i for i, k in enumerate(keys)}
     which = np.array([row.get(w.lower(), -1) for w in words], dtype=np.int64)
     counted = (which >= 0) & ~np.isnan(layers[0][:, 0])  # a kept word type, a token with states
@@ -424,15 +409,15 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, max_vo
     np.add.at(S, (slice(None), which[counted]), np.stack(layers)[:, counted])
     means = (S[:, occurs] / n_occ[occurs, None]).astype(np.float32)
     with_states = [k for k, o in zip(keys, occurs) if o]
-    rows = [("emb (4a)", [k for k, _ in single], table[[i for _, i in single]])]
+    rows = [("emb (4a)", list(single), table[list(single.values())])]
     return rows + [(f"L{l} (4b)", with_states, X) for l, X in enumerate(means)]
 
 
 def _encoders(args):
-    """(model, tokenizer, language index, language code) of each side: --ckpt encodes --src;
-    --ckpt2 (if given) or --ckpt, --tgt."""
+    """(model, tokenizer, language index, code) per side: --ckpt's --src, --ckpt2's --tgt."""
     import bpe
     import model
+    import torch
     out = []
     loaded = {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
@@ -442,35 +427,65 @@ def _encoders(args):
         mdl, tok, langs, _ = loaded[path]
         lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
         out.append((mdl, tok, lang_idx, lang))
-    # before any encoding: the vectors of two widths cannot be compared, the layers of two depths
-    # cannot be paired (they were, as far as the shallower model went)
-    first = out[0][0].config
-    second = out[1][0].config
+    # toydata.py writes world.json last: a world without it was cut short
+    if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
+        raise InputError(f"--data {args.data}: no world.json, not a whole toydata.py world (cut "
+                         "short? write it again with toydata.py --force)")
+    # a model whose MLM stalled: English dev ppl above the left-bigram count model (finetune.py's)
+    for path, (*_, extra) in loaded.items():
+        ppl = extra.get("dev_ppl") or {None: 0}
+        en = next(iter(ppl))
+        left = (extra.get("count_models") or {}).get(en, {}).get("left", math.inf)
+        if ppl[en] > left:
+            args.notes.append(f"{path}: its MLM stalled ({en} dev ppl {ppl[en]:.2f}, above the "
+                              f"left-bigram count model's {left:.2f}); the scores mean little")
+    # before any encoding: vectors of two widths cannot be compared, layers of two depths paired
+    first, second = (side[0].config for side in out)
     if first.dim != second.dim:
-        raise InputError(f"--ckpt {args.ckpt} has width {first.dim} but --ckpt2 "
-                         f"{args.ckpt2} {second.dim}: their vectors cannot be compared or mapped "
-                         "onto each other")
+        raise InputError(f"--ckpt {args.ckpt} has width {first.dim} but --ckpt2 {args.ckpt2} "
+                         f"{second.dim}: their vectors cannot be compared or mapped")
     if first.n_layers != second.n_layers:
         raise InputError(f"--ckpt {args.ckpt} has {first.n_layers} layers but --ckpt2 {args.ckpt2} "
                          f"{second.n_layers}: the tables pair layer l of one model with layer l of "
                          "the other; give two models of one depth")
+    # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
+    weights = [side[0].state_dict() for side in out]
+    if args.ckpt2 and weights[0].keys() == weights[1].keys() and all(
+            map(torch.equal, weights[0].values(), weights[1].values())):
+        raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt {args.ckpt}: a "
+                         "model compared with itself; give a second model or leave --ckpt2 out")
     return out
 
 
-# -------------------------------------------------------------------------------------------------
-# files: dictionaries, parallel sides, maps
+# notes: a word beside a number that means little (after the table; kept in --save-maps)
+def unk_note(notes, ids, lang):
+    """More than 5 % <unk> among a side's tokens (id lists): a note with the rate."""
+    import bpe
+    n_tokens = sum(map(len, ids))
+    n_unk = sum(s.count(bpe.UNK_ID) for s in ids)
+    if notes is not None and n_unk > 0.05 * n_tokens:
+        notes.append(f"{100 * n_unk / n_tokens:.1f} % of the {lang} tokens are <unk> (the "
+                     "vocabulary was learned on other text); the score means little")
 
+
+def weak_notes(notes, where, n_fit, dim, n_test, items):
+    """A map fitted on fewer pairs than dimensions, a score on fewer than 50 items: notes."""
+    if n_fit is not None and n_fit < dim:
+        notes.append(f"{where}the map is fitted on {n_fit} pairs in {dim} dimensions: "
+                     "underdetermined (fewer pairs than dimensions); the mapped score means little")
+    if n_test < 50:
+        notes.append(f"{where}{n_test} {items} scored, fewer than 50: the score means little")
+
+
+# files: dictionaries, parallel sides, maps
 def read_muse_dictionary(path):
-    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> pairs in file
-    order, read by bpe.read_dictionary (same format, same errors), lowercased as MUSE's embeddings
-    are."""
+    """MUSE dictionary `src tgt` per line -> pairs in file order, lowercased (as MUSE's vectors)."""
     import bpe
     return [(s.lower(), t.lower()) for s, t in bpe.read_dictionary(path)]
 
 
 def read_sides(args, src, tgt):
-    """bpe.read_parallel under --max-sents; a copy of one text on both sides is refused too, unless
-    --ckpt2."""
+    """bpe.read_parallel under --max-sents; one text on both sides is refused unless --ckpt2."""
     import bpe
     texts = bpe.read_parallel(src, tgt, args.max_sents, same_ok=bool(args.ckpt2))
     if texts[0] == texts[1] and not args.ckpt2:
@@ -480,9 +495,8 @@ def read_sides(args, src, tgt):
 
 
 def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair):
-    """Unless `allow` (--allow-overlap): train pairs whose key is a test pair's are left out of the
-    fit with a note, "N of the M {overlap}" (MUSE's en-fr.txt holds its test pairs), a train set of
-    test pairs only (the test file, a copy) is refused."""
+    """Unless `allow`: train pairs whose key is a test pair's are left out of the fit with a note
+    "N of the M {overlap}" (MUSE's en-fr.txt holds its test pairs); test pairs only: refused."""
     tested = {key(pair) for pair in test}
     kept = [pair for pair in train if key(pair) not in tested]
     if allow or len(kept) == len(train):
@@ -496,21 +510,19 @@ def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair
     return kept
 
 
-def save_maps(path, maps, src, tgt, digests=("", "")):
-    """Write the per-layer maps (.npz) atomically, with digests: model.file_digest of the
-    checkpoints of src, tgt."""
+def save_maps(path, maps, src, tgt, digests=("", ""), notes=()):
+    """The per-layer maps (.npz), atomically, with the checkpoints' digests and the notes."""
     import bpe
     W = np.stack(maps)
     # the file is closed before the rename
     with bpe.write_errors(path), bpe.atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, src_to_tgt=W, tgt_to_src=W.transpose(0, 2, 1), src=src, tgt=tgt,
-                 src_ckpt_digest=digests[0], tgt_ckpt_digest=digests[1])
+                 src_ckpt_digest=digests[0], tgt_ckpt_digest=digests[1], notes=np.array(notes, str))
 
 
 def load_map(path, src, tgt, layer, digests=None):
-    """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) ->
-    float32 (dim, dim). If given, `digests` (src's and tgt's file_digest; one string: one model
-    for both) must be the file's; InputError."""
+    """The layer's map W, x_src @ W ~ x_tgt, from a save_maps file (either direction) -> float32
+    (dim, dim); `digests` (src's and tgt's file_digest; a string: both) must be the file's."""
     try:
         with np.load(path) as z:
             pair = str(z["src"]), str(z["tgt"])
@@ -534,19 +546,18 @@ def load_map(path, src, tgt, layer, digests=None):
     return maps[layer].astype(np.float32)
 
 
-def print_table(title, header, rows, plot):
-    """Markdown table to stdout (numbers as percentages with one decimal); --plot FILE.png draws
-    it too."""
+def print_table(title, header, rows, args):
+    """Markdown table (percentages, one decimal), args.notes below it; --plot draws it too."""
     import model
     pct = [[100 * v if isinstance(v, float) else v for v in r] for r in rows]
     print(f"\n{title}\n\n" + model.markdown_table(header, pct, "{:.1f}"))
-    if plot:
-        model.plot_layers(plot, title, header, pct, "P@1 (%)")
+    for text in args.notes:
+        print(f"note: {text}")
+    if args.plot:
+        model.plot_layers(args.plot, title, header, pct, "P@1 (%)")
 
 
-# -------------------------------------------------------------------------------------------------
 # the sub-commands
-
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     train = read_muse_dictionary(args.train_dict)
@@ -557,8 +568,8 @@ def cmd_words(args):
                                lambda pair: pair[0])
     src, tgt = _encoders(args)
     # per side: one (row name, words, vectors) per row of the table
-    vs = word_vectors(*src, args.src_corpus, args.max_sents, args.batch_size)
-    vt = word_vectors(*tgt, args.tgt_corpus, args.max_sents, args.batch_size)
+    vs = word_vectors(*src, args.src_corpus, args.max_sents, args.batch_size, args.notes)
+    vt = word_vectors(*tgt, args.tgt_corpus, args.max_sents, args.batch_size, args.notes)
     rows = []
     errors = []
     for (name, ws, Xs), (_, wt, Xt) in zip(vs, vt):
@@ -575,27 +586,25 @@ def cmd_words(args):
         p_raw, n = word_translation_accuracy(Xs, Xt, *te)
         p_map, _ = word_translation_accuracy(Xs, Xt, *te, W=W)
         rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
+        weak_notes(args.notes, f"{name}: ", len(tr[0]), Xs.shape[1], n, "test words")
     if len(errors) == len(rows):
         raise errors[0]  # main reports it as an InputError
-    for e in errors:
-        print(f"note: {e}")
+    args.notes += map(str, errors)
     print_table(f"Word translation {args.src}->{args.tgt}: P@1 (CSLS) on {args.test_dict}",
                 ["vectors", "no map", "Procrustes", "train pairs", "test words", "vocab src/tgt"],
-                rows, args.plot)
+                rows, args)
     return rows
 
 
 def cmd_contextual(args):
-    """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out
-    pairs."""
+    """§5.1.2: per-layer maps from fast_align pairs of parallel sentences, CSLS P@1 held out."""
     # --save-maps is checked before any work
     if args.save_maps:
         folder = os.path.dirname(os.path.abspath(args.save_maps))
-        if os.path.isdir(args.save_maps):
-            raise InputError(f"--save-maps {args.save_maps}: cannot write there (is a directory)")
-        if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-            raise InputError(f"--save-maps {args.save_maps}: cannot write there ({folder} is not a "
-                             "writable directory)")
+        why = f"{folder} is not a writable directory"
+        if os.path.isdir(args.save_maps) or not os.access(folder, os.W_OK):
+            why = "is a directory" if os.path.isdir(args.save_maps) else why
+            raise InputError(f"--save-maps {args.save_maps}: cannot write there ({why})")
         if os.path.exists(args.save_maps) and not args.overwrite:
             raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, "
                              "perhaps of another checkpoint); pass --overwrite to replace it, or "
@@ -604,13 +613,13 @@ def cmd_contextual(args):
         raise InputError("--overwrite goes with --save-maps (it replaces that file)")
     sides = _encoders(args)
     texts = read_sides(args, args.src_file, args.tgt_file)
-    # per side: the words of each sentence; the states of the word tokens (and where each
-    # sentence's words start)
+    # per side: the words of each sentence; the states of the word tokens, where sentences start
     words = []
     states = []
     for (mdl, tok, lang_idx, lang), lines in zip(sides, texts):
         words.append([tok.words(line, lang) for line in lines])
-        states.append(encode_word_tokens(mdl, tok, words[-1], lang_idx, lang, args.batch_size))
+        states.append(encode_word_tokens(mdl, tok, words[-1], lang_idx, lang, args.batch_size,
+                                         args.notes))
     S, T = words
     (Hs, off_s), (Ht, off_t) = states
     pairs = [one_to_one_pairs(links, s, t) for links, s, t in zip(fast_align(S, T), S, T)]
@@ -618,7 +627,6 @@ def cmd_contextual(args):
     if not 0 < n_fit < len(S):
         raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a "
                          "held-out part")
-
     # (source row, target row) of the word pairs of sentences ks whose two words have states
     def token_pairs(ks):
         rows = [(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]]
@@ -631,6 +639,7 @@ def cmd_contextual(args):
     if len(fit) < 2 or len(ev) < 1 or len(cand) < 2:  # one candidate is always the nearest
         raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, "
                          f"{len(ev)} eval, {len(cand)} candidate tokens; at least 2, 1, 2)")
+    weak_notes(args.notes, "", len(fit), Hs[0].shape[1], len(ev), "held-out pairs")
     gold = np.searchsorted(cand, ev[:, 1])  # each eval pair's target among the candidates
     # x_src @ W ~ x_tgt
     maps = [procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]) for Xs, Xt in zip(Hs, Ht)]
@@ -642,9 +651,9 @@ def cmd_contextual(args):
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out "
                 f"fast_align pairs (last 20% of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"],
-                rows, args.plot)
+                rows, args)
     if args.save_maps:
-        save_maps(args.save_maps, maps, args.src, args.tgt, args.digests)
+        save_maps(args.save_maps, maps, args.src, args.tgt, args.digests, args.notes)
         print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ "
               f"x_{args.tgt}, x_{args.tgt} @ tgt_to_src[l] ~ x_{args.src} (l = 0 embeddings .. "
               f"{len(maps) - 1})")
@@ -652,8 +661,7 @@ def cmd_contextual(args):
 
 
 def cmd_sentences(args):
-    """Fig. 6: Tatoeba-style retrieval P@1 per layer of mean-pooled sentence vectors, without and
-    with a map."""
+    """Fig. 6: Tatoeba-style retrieval P@1 per layer of mean-pooled sentence vectors, ± a map."""
     import bpe
     import model
     if (args.train_src is None) != (args.train_tgt is None):
@@ -667,49 +675,47 @@ def cmd_sentences(args):
     train = None
     if args.train_src:
         train = list(zip(*bpe.read_parallel(args.train_src, args.train_tgt, args.max_sents)))
-        names = (f"--train-src/--train-tgt {args.train_src}",
-                 f"--test-src/--test-tgt {args.test_src}")
+        names = (f"--train-src/--train-tgt {args.train_src}", f"--test-src/--test-tgt {args.test_src}")
         overlap = f"pairs of {names[0]} are test pairs of {names[1]}"
         # a toy world's own parallel text: its generator repeats short sentences
         if args.toy and args.train_src.startswith(args.data):
-            overlap = ("training pairs repeat a test pair (the toy generator repeats short "
-                       "sentences)")
-        # a pair is compared with whitespace collapsed, in Unicode NFC: a trailing space or a
-        # decomposed é is no other pair
+            overlap = "training pairs repeat a test pair (the toy generator repeats short sentences)"
+        # pairs compared with whitespace collapsed, in Unicode NFC (a trailing space, a decomposed é)
         normal = lambda pair: tuple(" ".join(unicodedata.normalize("NFC", s).split()) for s in pair)
-        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap,
-                                   normal)
+        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap, normal)
 
-    def encode(*texts):  # the sentence vectors of each side's lines, per layer
-        return [model.pool_sentences(mdl, [tok.encode(s, lang) for s in lines], i, args.batch_size,
-                                 bpe.encode_bar(lang))
-                for (mdl, tok, i, lang), lines in zip(sides, texts)]
+    def encode(part, *texts):  # the sentence vectors of each side's lines, per layer
+        vectors = []
+        for (mdl, tok, i, lang), lines in zip(sides, texts):
+            ids = [tok.encode(s, lang) for s in lines]
+            unk_note(args.notes, ids, f"{lang} {part}")
+            vectors.append(model.pool_sentences(mdl, ids, i, args.batch_size, bpe.encode_bar(lang)))
+        return vectors
 
     def acc(Q, C):  # P@1: query k's nearest candidate is candidate k
         return float(np.mean(nn_knn(Q, C) == np.arange(n)))
-    Es, Et = encode(*tests)
+    Es, Et = encode("test", *tests)
     rows = [[f"L{l}", acc(es, et), acc(et, es)] for l, (es, et) in enumerate(zip(Es, Et))]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
     title = (f"Sentence retrieval P@1 in % (cosine NN; chance 100/{n} = {100 / n:.2g}%) on {n} "
              f"pairs of {args.test_src}")
     if train:
-        Fs, Ft = encode(*zip(*train))
+        Fs, Ft = encode("fit", *zip(*train))
         for row, es, et, fs, ft in zip(rows, Es, Et, Fs, Ft):
             W = procrustes(fs, ft)  # x_src @ W ~ x_tgt
             row += [acc(es @ W, et), acc(et @ W.T, es)]
         header += [f"{h} mapped" for h in header[1:]]
         title += f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}"
-    print_table(title, header, rows, args.plot)
+    weak_notes(args.notes, "", len(train) if train else None, Es[0].shape[1], n, "test pairs")
     if args.ckpt2 and not train:
-        print("\nnote: the columns are without a map: two separately trained models' spaces are "
-              "not aligned, so they stay near chance; a map needs --train-src/--train-tgt (a "
-              "parallel corpus)")
+        args.notes.append("the columns are without a map: two separately trained models' spaces "
+                          "are not aligned, so they stay near chance; a map needs "
+                          "--train-src/--train-tgt (a parallel corpus)")
+    print_table(title, header, rows, args)
     return rows
 
 
-# -------------------------------------------------------------------------------------------------
 # flags and main
-
 def build_parser():
     import bpe
     import model
@@ -718,30 +724,24 @@ def build_parser():
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
     a = common.add_argument
-    a("--ckpt",
-      help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2); required")
-    a("--ckpt2",
-      help="second (monolingual) checkpoint encoding --tgt (default: none, --ckpt encodes both)")
+    a("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt); required")
+    a("--ckpt2", help="second (monolingual) checkpoint encoding --tgt (default: none, --ckpt)")
     a("--xlm-codes", metavar="CODES",
       help="fastBPE codes of a released XLM checkpoint given as --ckpt/--ckpt2 (e.g. codes_enfr; "
       "default: none, pretrain.py checkpoints)")
     a("--src", default="en", help="source language code as in the checkpoint")
     a("--tgt", default="fr", help="target language code as in the checkpoint")
     a("--toy", nargs="?", const=True, default=False, metavar="DIR",
-      help="the data are the toy world given by --data. The old spelling --toy DIR "
-      "(= --toy --data DIR) is deprecated")
+      help="the data are --data's toy world (--toy DIR = --toy --data DIR: deprecated)")
     a("--data", metavar="DIR",
       help="with --toy: a toydata.py world, whose files fill in every data path not given")
     a("--max-sents", type=bpe.number(1), metavar="N",
-      help="read at most the first N sentences (lines) of each text file, N pairs of parallel "
-      "files (default: all)")
-    a("--batch-size", type=bpe.number(1), default=32,
-      help="examples (sentences) per step (forward pass)")
+      help="read the first N lines of each text file, N pairs of parallel files (default: all)")
+    a("--batch-size", type=bpe.number(1), default=32, help="sentences per forward pass")
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     a("--dtype", default="auto", choices=("auto",) + model.DTYPES,
       help="autocast of the encoders, as in pretrain.py")
-    a("--plot", metavar="FILE.png",
-      help="also draw the per-layer table (needs matplotlib; default: no plot)")
+    a("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib; default: none)")
 
     # paths: data flag -> (help, its file in a --toy --data DIR world)
     def command(name, func, summary, paths):
@@ -754,33 +754,23 @@ def build_parser():
 
     words = command("words", cmd_words,
                     "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
-        "train_dict": ("MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)",
-                       "dict/{l0}-{l1}.train.txt"),
-        "test_dict": ("MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)",
-                      "dict/{l0}-{l1}.test.txt"),
-        "src_corpus": ("source-language text: vocabulary and contextual averages",
-                       "mono/{l0}.train.txt"),
-        "tgt_corpus": ("target-language text: vocabulary and contextual averages",
-                       "mono/{l1}.train.txt")})
+        "train_dict": ("MUSE dictionary, fit (en-fr.0-5000.txt)", "dict/{l0}-{l1}.train.txt"),
+        "test_dict": ("MUSE dictionary, test (en-fr.5000-6500.txt)", "dict/{l0}-{l1}.test.txt"),
+        "src_corpus": ("source text: vocabulary, contextual averages", "mono/{l0}.train.txt"),
+        "tgt_corpus": ("target text: vocabulary, contextual averages", "mono/{l1}.train.txt")})
     p = command("contextual", cmd_contextual,
                 "§5.1.2: contextual word alignment from fast_align pairs", {
-        "src_file": ("parallel sentences, source side (one per line)",
-                     "parallel/{l0}-{l1}.train.{l0}"),
-        "tgt_file": ("parallel sentences, target side (line k translates line k)",
-                     "parallel/{l0}-{l1}.train.{l1}")})
+        "src_file": ("parallel sentences, source side", "parallel/{l0}-{l1}.train.{l0}"),
+        "tgt_file": ("parallel sentences, target side", "parallel/{l0}-{l1}.train.{l1}")})
     p.add_argument("--save-maps", help="write the per-layer maps here (.npz; finetune.py "
                    "--align-maps; default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
     sentences = command("sentences", cmd_sentences,
                         "Fig. 6: Tatoeba-style sentence retrieval per layer", {
-        "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)",
-                     "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
-        "test_tgt": ("test pairs, target side (e.g. tatoeba.fra-eng.fra)",
-                     "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
-        "train_src": ("Procrustes fit pairs, source side (optional)",
-                      "parallel/{l0}-{l1}.train.{l0}"),
-        "train_tgt": ("Procrustes fit pairs, target side (with --train-src)",
-                      "parallel/{l0}-{l1}.train.{l1}")})
+        "test_src": ("test pairs, source (tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
+        "test_tgt": ("test pairs, target (tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
+        "train_src": ("fit pairs, source (optional)", "parallel/{l0}-{l1}.train.{l0}"),
+        "train_tgt": ("fit pairs, target (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")})
     for p, which in ((words, "train pairs of a tested source word"),
                      (sentences, "train pairs that are test pairs")):
         p.add_argument("--allow-overlap", action="store_true",
@@ -790,12 +780,12 @@ def build_parser():
 
 
 def main(argv=None):
-    """Flags, files and the device checked before any work (model.analysis_run), then the
-    sub-command."""
+    """Flags, files and the device checked before any work (model.analysis_run); the sub-command."""
     import bpe
     import model
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.notes = []
     with bpe.reported(parser), model.analysis_run(args, args.toy_paths, bpe.check_src_tgt,
                                               bpe.toy_data, ("train_src", "train_tgt")):
         return args.func(args)
