@@ -16,6 +16,7 @@ import collections
 import fnmatch
 import functools
 import glob
+import hashlib
 import itertools
 import json
 import math
@@ -37,7 +38,7 @@ import align
 import bpe
 from bpe import EOS_ID, UNK_ID, InputError, number, read_lines
 from model import (DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states,
-                   file_digest, load_model, pick_device)
+                   file_digest, load_encoder, load_model, pick_device)
 
 
 # -----------------------------------------------------------------------------
@@ -435,11 +436,8 @@ class ParseTask(Task):
                                    rels.to(mask.device))
 
     def score(self, examples, preds):
-        gold_heads = [s["heads"] for s in examples]
-        gold_rels = [s["rels"] for s in examples]
-        pred_heads = [heads for heads, _ in preds]
-        pred_rels = [rels for _, rels in preds]
-        return attachment_scores(gold_heads, gold_rels, pred_heads, pred_rels)._asdict()
+        gold = [[s["heads"] for s in examples], [s["rels"] for s in examples]]
+        return attachment_scores(*gold, *zip(*preds))._asdict()
 
 
 TASKS = {task.name: task for task in (XNLITask, NERTask, ParseTask)}
@@ -1040,11 +1038,9 @@ Checkpoint = collections.namedtuple("Checkpoint", "model tok langs extra")
 def load_ckpt(path, flag, device, xlm_codes=None):
     """pretrain.py's best.pt or XLM's .pth (--xlm-codes); an error names `flag`."""
     try:
-        model, extra = load_model(path, device)
-        tok, langs = bpe.checkpoint_tokenizer(extra, path, xlm_codes)
+        return Checkpoint(*load_encoder(path, device, bpe.checkpoint_tokenizer, xlm_codes))
     except (KeyError, TypeError, ValueError, OSError) as e:
         raise InputError(f"{flag}: {e}") from None
-    return Checkpoint(model, tok, langs, extra)
 
 
 def lang_index(langs, code, ckpt, flag):  # a language the checkpoint lacks names `flag`
@@ -1129,7 +1125,7 @@ def prepare_task(task_name, files, model, encoders, args):
                          "update would be the whole epoch")
 
     def featurize(examples, code):
-        return task.featurize(examples, encoders[code][0], code, model.config.max_positions)
+        return task.featurize(examples, encoders[code][0], code, args.positions)
     data = {"lang_id": encoders[args.train_lang][1],
             "train": (train, featurize(train, args.train_lang)), "test": {}, "notes": {}}
     train_text = set(map(content_key, train))
@@ -1156,9 +1152,14 @@ def prepare_task(task_name, files, model, encoders, args):
         else:
             data["test"][code] = (examples, feats, encoders[code][1])
         # what makes the split's score mean little, printed beside it
-        notes = []
-        if shared:
-            notes.append(f"{shared} of its {len(examples)} examples are in the train file")
+        notes = [f"{shared} of its {len(examples)} examples are in the train file"] if shared else []
+        ids = [i for f in feats for i in f[0] if i != EOS_ID]
+        unk = 100 * ids.count(UNK_ID) / max(1, len(ids))
+        if unk > 5:
+            notes.append(f"{unk:.1f} % of the {what} tokens are <unk> (the vocabulary was learned "
+                         "on other text); the score means little")
+        if len(examples) < 50:
+            notes.append(f"{len(examples)} examples only (fewer than 50); the score means little")
         if notes:
             data["notes"][what] = "; ".join(notes)
     return task, data
@@ -1195,6 +1196,8 @@ def report(task, data, args, result, path):
     lines = format_rows(["lang", "split"] + cols, cells).split("\n")
     for k, (code, split, _) in enumerate(rows, 1):  # what makes a score mean little, beside it
         lines[k] = f"{lines[k]}  {data['notes'].get(f'{code} {split}', '')}".rstrip()
+    if "checkpoint" in data["notes"]:
+        lines.append(f"note: {data['notes']['checkpoint']}")
     print("\n".join(lines))
     print(chance_level(task, data) + f"\nwrote {path}")
 
@@ -1215,7 +1218,7 @@ def _main(args):
     if args.table:
         print(results_table(args.table, args.with_stalled))
         if args.plot:
-            plot_curves(args.plot, args.table)
+            plot_curves(args.plot, args.table, args.with_stalled)
         return
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
@@ -1267,7 +1270,13 @@ def _main(args):
         raise InputError(f"--max-len {args.max_len}: the checkpoint has "
                          f"{model.config.max_positions} positions, a window at most {most} "
                          "subwords")
+    # XNLI: a pair cut to --max-len subwords besides its three </s> (default: the positions)
+    args.positions = model.config.max_positions
+    if args.max_len:
+        args.positions = min(args.max_len + 3, args.positions)
     args.max_len = min(args.max_len or 128, most)
+    # what --table reads of the checkpoint, before --align-layer replaces the model
+    pretrain, stall = pretrain_record(args.ckpt, extra, model)
     if args.align_layer is not None:
         model, encoders = setup_aligned(model, tok, langs, args)
         maps_origin(args)
@@ -1275,37 +1284,40 @@ def _main(args):
         flags = ["--train-lang"] + ["--eval-langs"] * len(args.eval_langs)
         encoders = {c: (tok, lang_index(langs, c, args.ckpt, flag))
                     for c, flag in zip([args.train_lang] + args.eval_langs, flags)}
-    bpe.make_dir("--out", args.out)
-    plans = []
-    # every file of every task is read before the first set trains
-    for name in tasks:
-        preset = TASKS[name].toy if args.toy else TASKS[name].paper
-        unset = {k: v for k, v in preset.items() if vars(args)[k] is None}  # grid flags not given
-        task_args = argparse.Namespace(**{**vars(args), **unset})
-        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file,
-                              treebanks if name == "parse" else None, args.data_flag)
-        out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
-        identity = run_identity(name, files, task_args)
-        earlier = earlier_sets(out, identity, name, task_args)
-        task, data = prepare_task(name, files, model, encoders, task_args)
-        plans.append((task, data, files, task_args, out, identity, earlier))
-    # every task's earlier files, once every check passed
-    for *_, out, _, _ in plans:
-        old = glob.glob(os.path.join(out, "sets", "*"))
-        old += glob.glob(os.path.join(out, "results.json"))
+    # one finetune.py in --out, from its earlier sets to results.json
+    with bpe.locked(args.out, "finetune.py"):
+        plans = []
+        # every file of every task is read before the first set trains
+        for name in tasks:
+            preset = TASKS[name].toy if args.toy else TASKS[name].paper
+            unset = {k: v for k, v in preset.items() if vars(args)[k] is None}  # grid flags unset
+            task_args = argparse.Namespace(**{**vars(args), **unset})
+            files = resolve_files(name, args.data, args.train_lang, args.eval_langs,
+                                  args.train_file, treebanks if name == "parse" else None,
+                                  args.data_flag)
+            out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
+            identity = run_identity(name, files, task_args)
+            earlier = earlier_sets(out, identity, name, task_args)
+            task, data = prepare_task(name, files, model, encoders, task_args)
+            if stall:
+                data["notes"]["checkpoint"] = stall
+            plans.append((task, data, files, task_args, out, identity, earlier))
+        # every task's earlier files go, once every check passed
         if args.overwrite:
-            for path in old:
-                os.remove(path)
-    # what --table reads of the checkpoint: its dev perplexity, and the count models' (stalls)
-    pretrain = {k: extra.get(k) for k in ("step", "dev_ppl", "count_ppl")}
-    for task, data, files, task_args, out, identity, earlier in plans:
-        save = functools.partial(save_set, identity)
-        result = run_task(task, model, data, task_args, os.path.join(out, "sets"), earlier, save)
-        path = os.path.join(out, "results.json")
-        write_json(path, {"task": task.name, "metric": task.metric, "files": files,
-                          "labels": task.labels, **result, "notes": data["notes"], "job": identity,
-                          "args": vars(task_args), "pretrain": pretrain})
-        report(task, data, task_args, result, path)
+            for *_, out, _, _ in plans:
+                for path in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(
+                        os.path.join(out, "results.json")):
+                    os.remove(path)
+        for task, data, files, task_args, out, identity, earlier in plans:
+            sets = os.path.join(out, "sets")
+            result = run_task(task, model, data, task_args, sets, earlier,
+                              lambda path, record: write_json(path, {"job": identity,
+                                                                     "record": record}))
+            path = os.path.join(out, "results.json")
+            write_json(path, {"task": task.name, "metric": task.metric, "files": files,
+                              "labels": task.labels, **result, "notes": data["notes"],
+                              "job": identity, "args": vars(task_args), "pretrain": pretrain})
+            report(task, data, task_args, result, path)
 
 
 def main(argv=None):
@@ -1325,17 +1337,16 @@ def main(argv=None):
     except KeyboardInterrupt:
         # Ctrl-C, SIGTERM: the set in progress is lost, the finished ones are on disk (sets/)
         kept = glob.glob(os.path.join(args.out or "", "**", "sets", "*.json"), recursive=True)
-        if not kept:
-            print("finetune.py: interrupted before any set finished; nothing was kept",
-                  file=sys.stderr)
-            raise SystemExit(130) from None
         if argv is None:
             argv = sys.argv[1:]
         # without --overwrite: it would remove what was kept
-        again = shlex.join(["python", "finetune.py"] + [str(a) for a in argv if a != "--overwrite"])
-        print(f"finetune.py: interrupted; {len(kept)} finished hyper-parameter set(s) kept in "
-              f"{args.out} (the set in progress starts again); to go on, run {again}",
-              file=sys.stderr)
+        again = [str(a) for a in argv if a != "--overwrite"]
+        what = "interrupted before any set finished; nothing was kept"
+        if kept:
+            what = (f"interrupted; {len(kept)} finished hyper-parameter set(s) kept in {args.out} "
+                    "(the set in progress starts again); to go on, run "
+                    + shlex.join(["python", "finetune.py"] + again))
+        print(f"finetune.py: {what}", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
         signal.signal(signal.SIGTERM, before)
@@ -1346,15 +1357,12 @@ def main(argv=None):
 # goes on from them
 
 def write_json(path, obj):
-    """Through bpe.atomic_path: never half a file at `path`; a full disk is one line."""
+    """Through bpe.atomic_path (its folder made): never half a file at `path`; a full disk is one
+    line."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with bpe.write_errors(path), bpe.atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=1, ensure_ascii=False)
-
-
-def save_set(identity, path, record):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_json(path, {"job": identity, "record": record})
 
 
 def read_json(path, flag):
@@ -1425,7 +1433,7 @@ def good_record(record, task_name, args):
 
 
 # -----------------------------------------------------------------------------
-# --table: Table 1's layout over --out dirs, and --plot: the learning curves over -stepN dirs
+# --table: Table 1's layout over --out dirs, and --plot: the learning curves over snapshots
 
 def format_rows(header, rows):
     """The first column left-aligned, the others right-aligned."""
@@ -1452,17 +1460,47 @@ def is_score(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def stalled_ppl(entries):
+    """(the first language's dev ppl, its left-bigram count model's) of a checkpoint's entries or
+    results.json's "pretrain" when the first is above: the MLM stalled on the unigram plateau."""
+    try:
+        first, ppl = next(iter(entries["dev_ppl"].items()))
+        left = entries["count_ppl"][first]["left"]
+    except (KeyError, TypeError, AttributeError, StopIteration):
+        return None
+    if is_score(left) and is_score(ppl) and ppl > left:
+        return ppl, left
+    return None
+
+
+def pretrain_record(path, entries, model):
+    """-> (results.json's "pretrain": the checkpoint's step, dev and count-model perplexities, "run":
+    its weights' digest, "snapshot": written at one of its run's --snapshots, "stalled": its run's
+    MLM, judged at the run's end (a snapshot by the run's best.pt beside it); a note on a stall)."""
+    weights = b"".join(v.cpu().numpy().tobytes() for v in model.state_dict().values())
+    snapshots = (entries.get("args") or {}).get("snapshots")
+    record = {k: entries.get(k) for k in ("step", "dev_ppl", "count_ppl")}
+    record["run"] = "sha256:" + hashlib.sha256(weights).hexdigest()[:16]
+    record["snapshot"] = isinstance(snapshots, list) and record["step"] in snapshots
+    best = os.path.join(os.path.dirname(path), "best.pt")
+    end = entries
+    if record["snapshot"]:
+        end = load_model(best)[1] if os.path.isfile(best) else {}
+    stall = stalled_ppl(end)
+    record["stalled"] = stall is not None
+    if not stall:
+        return record, None
+    return record, (f"the checkpoint's run stalled: its dev ppl {stall[0]:.2f} is above the "
+                    f"left-bigram count model's {stall[1]:.2f}; the scores mean little")
+
+
 def table_cells(results, path):
-    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl}; another shape is
-    refused."""
+    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl, "stalled"};
+    another shape is refused."""
     task = results["task"]
     metric = TASKS[task].metric
     pretrain = results.get("pretrain") or {}
-    ppl = None  # pretrain not a dict: refused
-    count = None
-    if isinstance(pretrain, dict):
-        ppl = pretrain.get("dev_ppl") or {}
-        count = pretrain.get("count_ppl")
+    ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
     valid = (results.get("metric") == metric and results["test"]
              and all(isinstance(s, dict) and is_score(s.get(metric))
                      for s in results["test"].values())
@@ -1472,72 +1510,89 @@ def table_cells(results, path):
         raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a {task} "
                          f"test {metric} or a dev perplexity is missing or not a number); run the "
                          "fine-tuning again")
-    # the checkpoint's first language (English): its dev ppl against the count model's
-    first = next(iter(ppl), None)
-    counts = count.get(first) if isinstance(count, dict) else None
-    left = counts.get("left") if isinstance(counts, dict) else None
     cells = {(task, lang): 100 * s[metric] for lang, s in results["test"].items()}
     cells.update({("ppl", lang): v for lang, v in ppl.items()})
-    cells["stalled"] = is_score(left) and ppl[first] > left
+    # recorded at the run's end; an older finetune.py's: the checkpoint itself
+    cells["stalled"] = pretrain.get("stalled", stalled_ppl(pretrain) is not None)
     return cells
 
 
-# the columns (("ppl" or task, lang)) and {(NAME, N): [table_cells of each seed]}, in order
-Table = collections.namedtuple("Table", "cols groups")
+# the columns (("ppl" or task, lang)), {(row, N): [the cells of each pretraining run]} in order,
+# and the notes they need
+Table = collections.namedtuple("Table", "cols groups notes")
 
 
 def read_table(run_dirs):
-    """--table's dirs NAME[-sSEED][-stepN] (N: pretrain.py --snapshots) -> Table."""
-    groups = {}
+    """--table's dirs -> Table. A row: a dir's name less -sSEED and -stepN, marked when not
+    zero-shot; its seeds: the pretraining runs its results record (run_origin), each one's
+    fine-tuning --seeds averaged; N: the step of a --snapshots checkpoint (none: the run's end).
+    An older finetune.py's results record no run: the dir is one, N its name's -stepN."""
+    runs = {}  # (row, N) -> {run: {fine-tuning seed: cells}}
+    seen = {}  # (run, N, task, fine-tuning seed, marks) -> its results.json
     given = {}
-    dir_of = {}  # (NAME, N, (checkpoint, seed)) -> its dir
+    marked = False
     for d in run_dirs:
         if os.path.realpath(d) in given:
             raise InputError(f"--table: {d} is given twice (as {given[os.path.realpath(d)]}); a "
                              "run counts once")
         given[os.path.realpath(d)] = d
         base = os.path.basename(os.path.normpath(d))
-        name, step = re.fullmatch(r"(.+?)(?:-s\d+)?(?:-step(\d+))?", base).groups()
-        cells = {}
-        seeds = set()  # a seed is its checkpoint and fine-tuning seed
+        name_step = re.search(r"-step(\d+)(?=-|$)", base)
+        ckpts = set()
         found = glob.glob("results.json", root_dir=d) + glob.glob("*/results.json", root_dir=d)
-        for path in sorted(found):
-            results = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's
+        for path in sorted(os.path.join(d, p) for p in found):
+            results = read_json(path, "--table")  # one task's, or one of --toy's
             if not (isinstance(results, dict) and results.get("task") in TASKS
                     and isinstance(results.get("test"), dict)):
                 continue
-            # ./results.json and ./TASK/results.json
-            if any(col[0] == results["task"] for col in cells):
-                raise InputError(f"--table: {d} holds two {results['task']} results.json; a seed "
-                                 "has one")
-            cells.update(table_cells(results, os.path.join(d, path)))
-            identity = results.get("job") if isinstance(results.get("job"), dict) else {}
-            seeds.add((identity.get("ckpt"), identity.get("seed")))
-        if not cells:
+            cells = table_cells(results, path)
+            pretrain = results.get("pretrain") or {}
+            job = results.get("job") if isinstance(results.get("job"), dict) else {}
+            args = results.get("args") if isinstance(results.get("args"), dict) else {}
+            ckpts.add(job.get("ckpt"))
+            run = pretrain.get("run")
+            step = pretrain.get("step") if pretrain.get("snapshot") else None
+            if run is None:
+                run = job.get("ckpt") or d
+                step = int(name_step[1]) if name_step else None
+            row = re.sub(r"-s(tep)?\d+(?=-|$)", "", base)
+            if str(args.get("train_lang")) in results["test"] or args.get("allow_overlap"):
+                row += " (not zero-shot)"
+                marked = True
+            key = (run, step, results["task"], job.get("seed"), row)
+            if key in seen:
+                raise InputError(f"--table: {seen[key]} and {path} hold the same run (one "
+                                 "pretraining run at one step, one task and --seed); it would be "
+                                 "counted twice")
+            seen[key] = path
+            by_seed = runs.setdefault((row, step), {}).setdefault(run, {})
+            by_seed.setdefault(job.get("seed"), {}).update(cells)
+        if not ckpts:
             raise InputError(f"--table: no results.json under {d}")
-        if len(ckpts := {c for c, _ in seeds if c}) > 1:
-            raise InputError(f"--table: {d} holds the results of {len(ckpts)} checkpoints; a seed "
-                             "is one model")
-        for seed in seeds:
-            twin = dir_of.get((name, step, seed))
-            if twin and seed != (None, None):
-                raise InputError(f"--table: {twin} and {d} hold the same run (the same checkpoint "
-                                 "and --seed); it would be counted as two seeds")
-        dir_of.update({(name, step, seed): d for seed in seeds})
-        groups.setdefault((name, step), []).append(cells)
-    cols = {c for runs in groups.values() for cells in runs for c in cells if c != "stalled"}
+        if len(ckpts - {None}) > 1:
+            raise InputError(f"--table: {d} holds the results of {len(ckpts - {None})} "
+                             "checkpoints; a seed is one model")
+    names = list(dict.fromkeys(row for row, _ in runs))
+    groups = {}
+    # a run's fine-tuning seeds averaged
+    for point in sorted(runs, key=lambda k: (names.index(k[0]), k[1] or 0)):
+        groups[point] = [{c: np.mean([s[c] for s in seeds.values() if c in s])
+                          for c in set().union(*seeds.values())} for seeds in runs[point].values()]
+    cols = {c for point in groups.values() for cells in point for c in cells if c != "stalled"}
     cols = sorted(cols, key=lambda c: (list(COLUMN_NAMES).index(c[0]), c[1]))
-    names = list(dict.fromkeys(name for name, _ in groups))
-    order = sorted(groups, key=lambda k: (names.index(k[0]), int(k[1] or 0)))
-    return Table(cols, {k: groups[k] for k in order})
+    notes = []
+    if marked:
+        notes.append("(not zero-shot): fine-tuned on a test language (--train-lang) or with "
+                     "--allow-overlap")
+    return Table(cols, groups, notes)
 
 
 def results_table(run_dirs, with_stalled=False):
-    """Table 1: a row per NAME (and N), dev ppl if known, test scores in %, their avg and Δ against
+    """Table 1: a row per model (and N), dev ppl if known, test scores in %, their avg and Δ against
     the first row (the paper's Default), mean ± std over seeds. Seeds whose MLM stalled (English dev
     ppl above pretrain.py's left-bigram count model) are left out of the means unless with_stalled;
     a cell over fewer seeds than its row's is marked *."""
-    cols, groups = read_table(run_dirs)
+    cols, groups, notes = read_table(run_dirs)
     scores = [c for c in cols if c[0] != "ppl"]
     steps = any(step for _, step in groups)
     lines = []
@@ -1545,17 +1600,17 @@ def results_table(run_dirs, with_stalled=False):
     n_stalled = 0
     thin = False  # a cell over fewer seeds than its row's
     for (name, step), runs in groups.items():
-        stalled = [cells for cells in runs if cells.get("stalled")]
+        stalled = [cells for cells in runs if cells["stalled"]]
         n_stalled += len(stalled)
         if not with_stalled:
-            runs = [cells for cells in runs if not cells.get("stalled")]
+            runs = [cells for cells in runs if not cells["stalled"]]
         avgs = [np.mean([cells[c] for c in scores]) for cells in runs
                 if all(c in cells for c in scores)]
         if first is None:
             first = avgs
         line = [name]
         if steps:
-            line.append(step or "-")
+            line.append(str(step or "-"))
         line += [str(len(runs)), str(len(stalled))]
         for v in [[cells[c] for cells in runs if c in cells] for c in cols] + [avgs]:
             line.append(mean_std(v))
@@ -1567,7 +1622,7 @@ def results_table(run_dirs, with_stalled=False):
     header = ["model", "updates"] if steps else ["model"]
     header += ["seeds", "stalled"]
     header += [f"{COLUMN_NAMES[t]} {lang}" for t, lang in cols] + ["avg", "Δ"]
-    notes = ["chance: " + ", ".join(CHANCE[t] for t in dict.fromkeys(t for t, _ in scores))]
+    notes.insert(0, "chance: " + ", ".join(CHANCE[t] for t in dict.fromkeys(t for t, _ in scores)))
     if n_stalled:
         counted = ("are in the means (--with-stalled)" if with_stalled else
                    "are left out (--with-stalled counts them)")
@@ -1577,20 +1632,25 @@ def results_table(run_dirs, with_stalled=False):
     return format_rows(header, lines) + "".join("\n" + n for n in notes)
 
 
-def plot_curves(path, run_dirs):
-    """--plot: a panel per column of the table, a line per NAME over N updates (log), mean ± std
-    over seeds."""
+def plot_curves(path, run_dirs, with_stalled=False):
+    """--plot: a panel per column of the table, a line per model over N updates (log), mean ± std
+    over the seeds the table counts."""
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     from matplotlib.ticker import NullFormatter, ScalarFormatter
-    cols, groups = read_table(run_dirs)
-    if not any(step for _, step in groups):
-        raise InputError("--plot: the --table dirs have no -stepN suffix, so there is no curve")
+    cols, groups, _ = read_table(run_dirs)
+    steps = sorted({step for _, step in groups if step})
+    if not steps:
+        raise InputError("--plot: no --table dir holds a snapshot's results (pretrain.py "
+                         "--snapshots; of an older finetune.py: a -stepN dir), so there is no curve")
     fig = Figure(figsize=(3.2 * len(cols), 3.4))
-    steps = sorted({int(step) for _, step in groups if step})
     for ax, col in zip(fig.subplots(1, len(cols), squeeze=False)[0], cols):
         for name in dict.fromkeys(n for n, _ in groups):
-            points = [(int(step), v) for (n, step), runs in groups.items() if n == name and step
-                      and (v := [cells[col] for cells in runs if col in cells])]
+            points = []
+            for (n, step), runs in groups.items():
+                v = [cells[col] for cells in runs
+                     if col in cells and (with_stalled or not cells["stalled"])]
+                if n == name and step and v:
+                    points.append((step, v))
             if points:
                 xs, vs = zip(*points)
                 ax.errorbar(xs, [np.mean(v) for v in vs], yerr=[np.std(v) for v in vs], marker="o",
