@@ -614,16 +614,13 @@ def run_task(task, model, data, args, sets_dir, earlier, save):
 
 
 # =============================================================================
-# The plumbing, not part of the paper: official file formats, the data directory, CLI, resume,
-# --table / --plot
+# The plumbing, not part of the paper: file formats, data directory, CLI, resume, --table/--plot
 
 # -----------------------------------------------------------------------------
-# Official formats: reader(path, lang) -> examples; `lang` picks XNLI 1.0's rows, checks raw PAN-X's
-# prefixes
+# Official formats: reader(path, lang) -> examples (`lang`: XNLI 1.0's rows, raw PAN-X's prefix)
 
 def nli_example(where, premise, hypothesis, label, column="XNLI label"):
-    """One (premise, hypothesis, label) at `where` (path:line), checked: a known label (`column`),
-    two sentences."""
+    """One (premise, hypothesis, label) at `where` (path:line): a known label, two sentences."""
     if label not in XNLI_LABELS:
         raise InputError(f"{where}: unknown {column} {label!r} (expected entailment, neutral, "
                          "contradiction)")
@@ -676,8 +673,7 @@ read_xnli = functools.partial(read_nli_tsv, cols=("premise", "hypothesis", "labe
 read_xnli_1_0 = functools.partial(
     read_nli_tsv, cols=("sentence1", "sentence2", "gold_label", "language"),
     header_name="XNLI 1.0 header (columns gold_label, language, sentence1, sentence2)")
-# XNLI-MT 1.0 (`XNLI-MT-1.0.zip`: `multinli/multinli.train.{lang}.tsv`, MultiNLI train and its
-# translations)
+# XNLI-MT 1.0 (`XNLI-MT-1.0.zip`: `multinli/multinli.train.{lang}.tsv`, translated MultiNLI)
 read_xnli_mt = functools.partial(read_nli_tsv, cols=("premise", "hypo", "label"),
                                  header_name="XNLI-MT header premise<TAB>hypo<TAB>label",
                                  column="XNLI-MT label")
@@ -755,8 +751,7 @@ read_panx = functools.partial(read_ner, raw=True)  # panx_dataset/{lang}/{split}
 
 
 def read_conllu(path, lang=None):
-    """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}; each must be a tree
-    (`conll18_ud_eval.py`)."""
+    """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}; each must be a tree."""
     sentences = []
     rows = []
     start = None
@@ -808,9 +803,8 @@ def read_conllu(path, lang=None):
 # -----------------------------------------------------------------------------
 # Data files: where --data holds each split of each task, and the reader of each file
 
-# --data: where each split is looked for, the first layout with the file wins: (pattern, reader,
-# its splits, the only languages it holds or None). {panx_split}: our test split is
-# `heldout-from-dev` (XTREME's PAN-X test is unlabelled)
+# --data: each split's layouts (pattern, reader, splits, its only languages), the first found wins;
+# {panx_split}: our test split is `heldout-from-dev` (XTREME's PAN-X test is unlabelled)
 Layout = collections.namedtuple("Layout", "pattern reader splits langs", defaults=(None,))
 LAYOUTS = {
     "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli, "train dev test"),  # toydata.py
@@ -830,8 +824,7 @@ LAYOUTS = {
               Layout("ud-treebanks-v2.3/UD_*/{lang}_*-ud-{split}.conllu", read_conllu,
                      "train dev test")],
 }
-# the UD treebank of each language in the paper (§3.2); another one of the language: --treebank
-# LANG=NAME
+# the UD treebank of each language in the paper (§3.2); another one: --treebank LANG=NAME
 PAPER_TREEBANKS = {"en": "EWT", "fr": "GSD", "ru": "GSD", "zh": "GSD"}
 
 
@@ -840,8 +833,7 @@ def treebank_name(path):  # .../UD_French-GSD/fr_gsd-ud-test.conllu -> GSD
 
 
 def pick_treebank(hits, lang, treebanks, data_dir):
-    """`hits` of one treebank (`UD_Language-NAME`): --treebank's, else the paper's, else the only
-    one."""
+    """`hits` of one treebank (`UD_Language-NAME`): --treebank's, the paper's, or the only one."""
     found = sorted(set(map(treebank_name, hits)))
     want = treebanks.get(lang) or PAPER_TREEBANKS.get(lang)
     if want is None and len(found) > 1:
@@ -903,8 +895,8 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
 
 
 def read_split(task, path, lang):
-    """A file's examples by its layout's reader (a --train-file of another name: XNLI-MT, MultiNLI,
-    or the first)."""
+    """A file's examples by its layout's reader (another --train-file: XNLI-MT, MultiNLI, or the
+    first)."""
     parts = os.path.normpath(path).split(os.sep)
     for layout in LAYOUTS[task]:
         pattern = layout.pattern.format(lang="*", split="*", panx_split="*").split("/")
@@ -924,8 +916,7 @@ def read_split(task, path, lang):
 # -----------------------------------------------------------------------------
 # CLI: the flags, the checkpoints, main(argv): every flag and file checked, then each task's grid
 
-# --help: what each kind of run requires (--table runs without --ckpt, so argparse cannot mark
-# them required), and an example
+# --help: what each kind of run requires (argparse cannot: --table needs no --ckpt), an example
 USAGE = """%(prog)s --task {ner,parse,xnli} --ckpt CKPT --data DIR --out DIR [options]
        %(prog)s --toy --data WORLD --ckpt CKPT --out DIR [options]    (the three tasks)
        %(prog)s --table OUT_DIR [OUT_DIR ...] [--plot FILE.png] [--with-stalled]"""
@@ -946,8 +937,6 @@ def build_parser():
 
     def one(parse):  # a flag of one value: a grid of one
         return lambda s: [parse(s)]
-    lrs = number(0, cast=float, many=True, above=True)  # a learning rate of 0 trains nothing
-    one_lr = one(number(0, cast=float, above=True))
     add = p.add_argument_group("data").add_argument
     add("--task", choices=sorted(TASKS),
         help="the task (default: all three with --toy, else required)")
@@ -986,24 +975,24 @@ def build_parser():
         help="epochs per set (default: paper 10 NER/parsing, 200 XNLI; --toy 4, 10)")
     add("--epoch-size", type=number(0),
         help="examples per epoch, 0 = one pass (default: 0; paper's XNLI 20000)")
-    pair = group.add_mutually_exclusive_group().add_argument
-    pair("--batch-size", type=one(number(1)), metavar="N",
-         help="examples per step: one value (default: the grid of --batch-sizes)")
-    pair("--batch-sizes", dest="batch_size", type=number(1, many=True), metavar="N,...",
-         help="grid of examples per step (default: paper 16,32, XNLI 4,8; --toy 16)")
-    pair = group.add_mutually_exclusive_group().add_argument
-    pair("--lr", type=one_lr, metavar="LR",
-         help="encoder learning rate: one value (default: --lrs)")
-    pair("--lrs", dest="lr", type=lrs, metavar="LR,...",
-         help="grid of encoder learning rates (default: paper 2e-5,3e-5,5e-5, XNLI "
-         "1.25e-6,2.5e-6,5e-6; --toy 3e-4,1e-3, XNLI 2e-4,5e-4)")
-    pair = group.add_mutually_exclusive_group().add_argument
-    pair("--head-lr", type=one_lr, metavar="LR", help="XNLI head lr: one (default: --head-lrs)")
-    pair("--head-lrs", dest="head_lr", type=lrs, metavar="LR,...",
-         help="grid of XNLI classifier learning rates (default: paper 5e-6,2.5e-5,1.25e-4; --toy "
-         "1e-3)")
+    # one value, or a grid (--lrs); a learning rate of 0 trains nothing
+    rate = dict(lo=0, cast=float, above=True)
+    grids = [("batch-size", "N", dict(lo=1), "examples per step: one value (default: the grid of "
+              "--batch-sizes)", "grid of examples per step (default: paper 16,32, XNLI 4,8; --toy "
+              "16)"),
+             ("lr", "LR", rate, "encoder learning rate: one value (default: --lrs)", "grid of "
+              "encoder learning rates (default: paper 2e-5,3e-5,5e-5, XNLI 1.25e-6,2.5e-6,5e-6; "
+              "--toy 3e-4,1e-3, XNLI 2e-4,5e-4)"),
+             ("head-lr", "LR", rate, "XNLI head lr: one (default: --head-lrs)", "grid of XNLI "
+              "classifier learning rates (default: paper 5e-6,2.5e-5,1.25e-4; --toy 1e-3)")]
+    for name, metavar, kind, one_help, grid_help in grids:
+        pair = group.add_mutually_exclusive_group().add_argument
+        pair(f"--{name}", type=one(number(**kind)), metavar=metavar, help=one_help)
+        pair(f"--{name}s", dest=name.replace("-", "_"), type=number(**kind, many=True),
+             metavar=metavar + ",...", help=grid_help)
     add("--max-len", type=number(2),
-        help="NER/parsing: subwords per window (default: 128, at most positions - 2)")
+        help="NER/parsing: subwords per window (default: 128, at most positions - 2); XNLI: at "
+        "most N subwords in a pair besides its three </s> (default: the positions)")
     add("--head-dropout", type=number(0, 1, float), default=0.1,
         help="dropout before the XNLI/NER head")
     add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping, 0 = off")
@@ -1023,9 +1012,10 @@ def build_parser():
         help="CPU threads, 0 = torch's choice (default: 1 with --toy, else 0)")
     add = p.add_argument_group("Table 1 of finished runs").add_argument
     add("--table", nargs="+", metavar="OUT_DIR",
-        help="only print Table 1 of dirs NAME[-sSEED][-stepN] (default: off)")
+        help="only print Table 1 of dirs NAME[-sSEED][-stepN] (default: off): a row per NAME, "
+        "its seeds the pretraining runs, a snapshot at its step (as results.json records them)")
     add("--plot", metavar="FILE.png",
-        help="with --table over -stepN dirs: the learning curves too (needs matplotlib)")
+        help="with --table over snapshots: the learning curves too (needs matplotlib)")
     add("--with-stalled", action="store_true",
         help="with --table: the seeds whose MLM stalled count in the means too")
     return p
@@ -1081,8 +1071,7 @@ def setup_aligned(model, tok, langs, args):
 
 
 def maps_origin(args):
-    """--align-maps must be fitted on --ckpt and --target-ckpt, by the digests align.py records (or
-    a note if none)."""
+    """--align-maps fitted on --ckpt and --target-ckpt, by the digests align.py records."""
     with np.load(args.align_maps) as z:  # setup_aligned read it already
         sides = {str(z[s]): str(z[f"{s}_ckpt_digest"]) for s in ("src", "tgt")
                  if f"{s}_ckpt_digest" in z.files}
@@ -1099,17 +1088,15 @@ def maps_origin(args):
 
 
 def content_key(example):
-    """An example's text, to find it in another file: each sentence's tokens joined, Unicode NFC,
-    whitespace collapsed (labels left out)."""
+    """An example's text (no label) as another file holds it: Unicode NFC, whitespace collapsed."""
     sentences = [example["words"]] if isinstance(example, dict) else example[:-1]
     texts = [s if isinstance(s, str) else " ".join(s) for s in sentences]
     return "\t".join(" ".join(unicodedata.normalize("NFC", t).split()) for t in texts)
 
 
 def prepare_task(task_name, files, model, encoders, args):
-    """Read and featurise every file of one task before any training -> (task, data); encoders:
-    code -> (tokenizer, the model's language); data["notes"]: {"fr test": what makes its score mean
-    little}."""
+    """Read and featurise every file of one task -> (task, data); encoders: code -> (tokenizer, the
+    model's language); data["notes"]: {"fr test": what makes its score mean little}."""
     try:
         train = read_split(task_name, files["train"], args.train_lang)
         dev = read_split(task_name, files["dev"], args.train_lang)
@@ -1152,7 +1139,9 @@ def prepare_task(task_name, files, model, encoders, args):
         else:
             data["test"][code] = (examples, feats, encoders[code][1])
         # what makes the split's score mean little, printed beside it
-        notes = [f"{shared} of its {len(examples)} examples are in the train file"] if shared else []
+        notes = []
+        if shared:
+            notes.append(f"{shared} of its {len(examples)} examples are in the train file")
         ids = [i for f in feats for i in f[0] if i != EOS_ID]
         unk = 100 * ids.count(UNK_ID) / max(1, len(ids))
         if unk > 5:
@@ -1166,8 +1155,7 @@ def prepare_task(task_name, files, model, encoders, args):
 
 
 def chance_level(task, data):
-    """A guess's score: XNLI, the majority label's share of each split (33.3 if balanced); span F1
-    and LAS, about 0."""
+    """A guess's score: XNLI, the majority label's share of each split; span F1 and LAS, about 0."""
     if task.name != "xnli":
         return f"chance: {task.metric} of a guess is about 0"
     splits = [("dev", data["dev"][0])]
@@ -1203,7 +1191,7 @@ def report(task, data, args, result, path):
 
 
 def _main(args):
-    for k, why in (("plot", "it draws the curves of -stepN dirs"),
+    for k, why in (("plot", "it draws the curves of snapshots"),
                    ("with_stalled", "it counts stalled seeds")):
         if vars(args)[k] and not args.table:
             raise InputError(f"--{k.replace('_', '-')} goes with --table ({why})")
@@ -1281,9 +1269,8 @@ def _main(args):
         model, encoders = setup_aligned(model, tok, langs, args)
         maps_origin(args)
     else:
-        flags = ["--train-lang"] + ["--eval-langs"] * len(args.eval_langs)
-        encoders = {c: (tok, lang_index(langs, c, args.ckpt, flag))
-                    for c, flag in zip([args.train_lang] + args.eval_langs, flags)}
+        flags = [(args.train_lang, "--train-lang")] + [(c, "--eval-langs") for c in args.eval_langs]
+        encoders = {c: (tok, lang_index(langs, c, args.ckpt, flag)) for c, flag in flags}
     # one finetune.py in --out, from its earlier sets to results.json
     with bpe.locked(args.out, "finetune.py"):
         plans = []
@@ -1353,12 +1340,10 @@ def main(argv=None):
 
 
 # -----------------------------------------------------------------------------
-# Resume: each finished set is OUT/sets/*.json, tagged with the run's identity: the same command
-# goes on from them
+# Resume: each finished set is OUT/sets/*.json, tagged with the run's identity
 
 def write_json(path, obj):
-    """Through bpe.atomic_path (its folder made): never half a file at `path`; a full disk is one
-    line."""
+    """Through bpe.atomic_path (its folder made): never half a file; a full disk is one line."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with bpe.write_errors(path), bpe.atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -1392,8 +1377,7 @@ def run_identity(task_name, files, args):
 
 
 def earlier_sets(out, identity, task_name, args):
-    """{set file: record} of the sets the same run finished in `out` earlier (the same command
-    resumes); another run's results or sets: refused, naming why."""
+    """{set file: record} of the sets the same run finished in `out`; another run's: refused."""
     if args.overwrite:  # _main removes them
         return {}
     sets = {}
@@ -1416,20 +1400,18 @@ def earlier_sets(out, identity, task_name, args):
 
 
 def good_record(record, task_name, args):
-    """A sets/*.json record: the set's hyper-parameters, and a failure or the scores that run_task
-    averages."""
+    """A sets/*.json record: its hyper-parameters, and a failure or the scores run_task averages."""
     metric = TASKS[task_name].metric
-    if not isinstance(record, dict):
+    try:
+        hp = {k: record[k] for k in ("batch_size", "lr", "head_lr")}
+        if "failed" in record:
+            return hp in grid(task_name, args)
+        scores = [record["dev"], *record["test"].values()]
+        return (hp in grid(task_name, args) and sorted(record["test"]) == sorted(args.eval_langs)
+                and type(record["best_epoch"]) is int
+                and all(is_score(s[metric]) and all(map(is_score, s.values())) for s in scores))
+    except (KeyError, TypeError, AttributeError):  # not a dict, a score missing
         return False
-    if {k: record.get(k) for k in ("batch_size", "lr", "head_lr")} not in grid(task_name, args):
-        return False
-    if "failed" in record:
-        return True
-    test = record["test"] if isinstance(record.get("test"), dict) else {}
-    scores = [record.get("dev")] + list(test.values())
-    return (sorted(test) == sorted(args.eval_langs) and type(record.get("best_epoch")) is int
-            and all(isinstance(s, dict) and metric in s and all(is_score(v) for v in s.values())
-                    for s in scores))
 
 
 # -----------------------------------------------------------------------------
@@ -1474,9 +1456,9 @@ def stalled_ppl(entries):
 
 
 def pretrain_record(path, entries, model):
-    """-> (results.json's "pretrain": the checkpoint's step, dev and count-model perplexities, "run":
-    its weights' digest, "snapshot": written at one of its run's --snapshots, "stalled": its run's
-    MLM, judged at the run's end (a snapshot by the run's best.pt beside it); a note on a stall)."""
+    """-> (results.json's "pretrain": the checkpoint's step, dev and count-model perplexities,
+    "run": its weights' digest, "snapshot": written at one of its run's --snapshots, "stalled": its
+    run's MLM, judged at the run's end (a snapshot by the run's best.pt beside it); its note)."""
     weights = b"".join(v.cpu().numpy().tobytes() for v in model.state_dict().values())
     snapshots = (entries.get("args") or {}).get("snapshots")
     record = {k: entries.get(k) for k in ("step", "dev_ppl", "count_ppl")}
@@ -1494,48 +1476,25 @@ def pretrain_record(path, entries, model):
                     f"left-bigram count model's {stall[1]:.2f}; the scores mean little")
 
 
-def table_cells(results, path):
-    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl, "stalled"};
-    another shape is refused."""
-    task = results["task"]
-    metric = TASKS[task].metric
-    pretrain = results.get("pretrain") or {}
-    ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
-    valid = (results.get("metric") == metric and results["test"]
-             and all(isinstance(s, dict) and is_score(s.get(metric))
-                     for s in results["test"].values())
-             and isinstance(ppl, dict)
-             and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
-    if not valid:
-        raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a {task} "
-                         f"test {metric} or a dev perplexity is missing or not a number); run the "
-                         "fine-tuning again")
-    cells = {(task, lang): 100 * s[metric] for lang, s in results["test"].items()}
-    cells.update({("ppl", lang): v for lang, v in ppl.items()})
-    # recorded at the run's end; an older finetune.py's: the checkpoint itself
-    cells["stalled"] = pretrain.get("stalled", stalled_ppl(pretrain) is not None)
-    return cells
-
-
-# the columns (("ppl" or task, lang)), {(row, N): [the cells of each pretraining run]} in order,
-# and the notes they need
+# the columns (("ppl" or task, lang)), {(row, N): [each pretraining run's cells]}, the notes
 Table = collections.namedtuple("Table", "cols groups notes")
 
 
 def read_table(run_dirs):
     """--table's dirs -> Table. A row: a dir's name less -sSEED and -stepN, marked when not
-    zero-shot; its seeds: the pretraining runs its results record (run_origin), each one's
-    fine-tuning --seeds averaged; N: the step of a --snapshots checkpoint (none: the run's end).
-    An older finetune.py's results record no run: the dir is one, N its name's -stepN."""
+    zero-shot; its seeds: the pretraining runs (weights) its results record, each one's fine-tuning
+    --seeds averaged; N: the step of a --snapshots checkpoint (none: the run's end). An older
+    finetune.py's results record no run: the dir is one, N its name's -stepN. Cells: {(task, lang):
+    test score in %, ("ppl", lang): dev ppl, "stalled"}."""
     runs = {}  # (row, N) -> {run: {fine-tuning seed: cells}}
     seen = {}  # (run, N, task, fine-tuning seed, marks) -> its results.json
     given = {}
     marked = False
     for d in run_dirs:
-        if os.path.realpath(d) in given:
-            raise InputError(f"--table: {d} is given twice (as {given[os.path.realpath(d)]}); a "
-                             "run counts once")
-        given[os.path.realpath(d)] = d
+        real = os.path.realpath(d)
+        if real in given:
+            raise InputError(f"--table: {d} is given twice (as {given[real]}); a run counts once")
+        given[real] = d
         base = os.path.basename(os.path.normpath(d))
         name_step = re.search(r"-step(\d+)(?=-|$)", base)
         ckpts = set()
@@ -1545,8 +1504,23 @@ def read_table(run_dirs):
             if not (isinstance(results, dict) and results.get("task") in TASKS
                     and isinstance(results.get("test"), dict)):
                 continue
-            cells = table_cells(results, path)
+            task = results["task"]
+            metric = TASKS[task].metric
             pretrain = results.get("pretrain") or {}
+            ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
+            valid = (results.get("metric") == metric and results["test"]
+                     and all(isinstance(s, dict) and is_score(s.get(metric))
+                             for s in results["test"].values())
+                     and isinstance(ppl, dict)
+                     and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
+            if not valid:
+                raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a "
+                                 f"{task} test {metric} or a dev perplexity is missing or not a "
+                                 "number); run the fine-tuning again")
+            cells = {(task, lang): 100 * s[metric] for lang, s in results["test"].items()}
+            cells.update({("ppl", lang): v for lang, v in ppl.items()})
+            # recorded at the run's end; an older finetune.py's: the checkpoint itself
+            cells["stalled"] = pretrain.get("stalled", stalled_ppl(pretrain) is not None)
             job = results.get("job") if isinstance(results.get("job"), dict) else {}
             args = results.get("args") if isinstance(results.get("args"), dict) else {}
             ckpts.add(job.get("ckpt"))
@@ -1559,7 +1533,7 @@ def read_table(run_dirs):
             if str(args.get("train_lang")) in results["test"] or args.get("allow_overlap"):
                 row += " (not zero-shot)"
                 marked = True
-            key = (run, step, results["task"], job.get("seed"), row)
+            key = (run, step, task, job.get("seed"), row)
             if key in seen:
                 raise InputError(f"--table: {seen[key]} and {path} hold the same run (one "
                                  "pretraining run at one step, one task and --seed); it would be "
@@ -1633,15 +1607,15 @@ def results_table(run_dirs, with_stalled=False):
 
 
 def plot_curves(path, run_dirs, with_stalled=False):
-    """--plot: a panel per column of the table, a line per model over N updates (log), mean ± std
-    over the seeds the table counts."""
+    """--plot: a panel per column, a line per model over N updates, the seeds the table counts."""
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     from matplotlib.ticker import NullFormatter, ScalarFormatter
     cols, groups, _ = read_table(run_dirs)
     steps = sorted({step for _, step in groups if step})
     if not steps:
         raise InputError("--plot: no --table dir holds a snapshot's results (pretrain.py "
-                         "--snapshots; of an older finetune.py: a -stepN dir), so there is no curve")
+                         "--snapshots; an older finetune.py's: a -stepN dir), so there is no "
+                         "curve")
     fig = Figure(figsize=(3.2 * len(cols), 3.4))
     for ax, col in zip(fig.subplots(1, len(cols), squeeze=False)[0], cols):
         for name in dict.fromkeys(n for n, _ in groups):
