@@ -1562,10 +1562,8 @@ def read_table(run_dirs):
 
 
 def results_table(run_dirs, with_stalled=False):
-    """Table 1: a row per model (and N), dev ppl if known, test scores in %, their avg and Δ against
-    the first row (the paper's Default), mean ± std over seeds. Seeds whose MLM stalled (English dev
-    ppl above pretrain.py's left-bigram count model) are left out of the means unless with_stalled;
-    a cell over fewer seeds than its row's is marked *."""
+    """Table 1: a row per model (and N), dev ppl, test scores in %, avg, Δ against the first row,
+    mean ± std over seeds; stalled seeds out unless with_stalled; * a cell over fewer seeds."""
     cols, groups, notes = read_table(run_dirs)
     scores = [c for c in cols if c[0] != "ppl"]
     steps = any(step for _, step in groups)
