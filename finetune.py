@@ -1160,9 +1160,10 @@ def chance_level(task, data):
         return f"chance: {task.metric} of a guess is about 0"
     splits = [("dev", data["dev"][0])]
     splits += [(f"{c} test", ex) for c, (ex, _, _) in data["test"].items()]
-    majority = [max(collections.Counter(label for *_, label in ex).values()) for _, ex in splits]
+    shares = [(what, max(collections.Counter(y for *_, y in ex).values()) / len(ex))
+              for what, ex in splits]
     return "chance (always the majority label): " + ", ".join(
-        f"{what} {100 * n / len(ex):.1f}" for (what, ex), n in zip(splits, majority))
+        f"{what} {100 * share:.1f}" for what, share in shares)
 
 
 def report(task, data, args, result, path):
@@ -1253,15 +1254,13 @@ def _main(args):
         raise InputError(f"--eval-langs {given!r}: no target language ({args.ckpt}: {langs})")
     if len(set(args.eval_langs)) < len(args.eval_langs):
         raise InputError(f"--eval-langs {given}: a language is given twice")
-    most = max(2, model.config.max_positions - 2)  # <s> and </s> around each window
+    positions = model.config.max_positions
+    most = max(2, positions - 2)  # <s> and </s> around each window
     if (args.max_len or 0) > most:
-        raise InputError(f"--max-len {args.max_len}: the checkpoint has "
-                         f"{model.config.max_positions} positions, a window at most {most} "
-                         "subwords")
+        raise InputError(f"--max-len {args.max_len}: the checkpoint has {positions} positions, a "
+                         f"window at most {most} subwords")
     # XNLI: a pair cut to --max-len subwords besides its three </s> (default: the positions)
-    args.positions = model.config.max_positions
-    if args.max_len:
-        args.positions = min(args.max_len + 3, args.positions)
+    args.positions = min(args.max_len + 3, positions) if args.max_len else positions
     args.max_len = min(args.max_len or 128, most)
     # what --table reads of the checkpoint, before --align-layer replaces the model
     pretrain, stall = pretrain_record(args.ckpt, extra, model)
@@ -1381,6 +1380,7 @@ def earlier_sets(out, identity, task_name, args):
     if args.overwrite:  # _main removes them
         return {}
     sets = {}
+    metric = TASKS[task_name].metric
     results = os.path.join(out, "results.json")
     for path in glob.glob(results) + sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
         saved = read_json(path, "--out")
@@ -1391,27 +1391,24 @@ def earlier_sets(out, identity, task_name, args):
             diff = ", ".join(k for k in keys if old.get(k) != identity.get(k))
             raise InputError(f"{path} already exists, from another run (other {diff}); rerun with "
                              "the same flags, pass --overwrite to replace it, or use another --out")
+        if path == results:
+            continue
+        # a set's hyper-parameters, and a failure or the scores that run_task averages
         record = saved.get("record")
-        if path != results and not good_record(record, task_name, args):
+        try:
+            hp = {k: record[k] for k in ("batch_size", "lr", "head_lr")}
+            scores = [record["dev"], *record["test"].values()] if "failed" not in record else []
+            done = "failed" in record or (sorted(record["test"]) == sorted(args.eval_langs)
+                                          and type(record["best_epoch"]) is int)
+            done = done and all(is_score(s[metric]) and all(map(is_score, s.values()))
+                                for s in scores)
+        except (KeyError, TypeError, AttributeError):  # not a dict, a score missing
+            done = False
+        if not (done and hp in grid(task_name, args)):
             raise InputError(f"{path}: not a finished set as finetune.py writes it (edited or "
                              "damaged); remove it to train that set again, or pass --overwrite")
         sets[path] = record
     return sets
-
-
-def good_record(record, task_name, args):
-    """A sets/*.json record: its hyper-parameters, and a failure or the scores run_task averages."""
-    metric = TASKS[task_name].metric
-    try:
-        hp = {k: record[k] for k in ("batch_size", "lr", "head_lr")}
-        if "failed" in record:
-            return hp in grid(task_name, args)
-        scores = [record["dev"], *record["test"].values()]
-        return (hp in grid(task_name, args) and sorted(record["test"]) == sorted(args.eval_langs)
-                and type(record["best_epoch"]) is int
-                and all(is_score(s[metric]) and all(map(is_score, s.values())) for s in scores))
-    except (KeyError, TypeError, AttributeError):  # not a dict, a score missing
-        return False
 
 
 # -----------------------------------------------------------------------------
@@ -1616,17 +1613,16 @@ def plot_curves(path, run_dirs, with_stalled=False):
                          "curve")
     fig = Figure(figsize=(3.2 * len(cols), 3.4))
     for ax, col in zip(fig.subplots(1, len(cols), squeeze=False)[0], cols):
-        for name in dict.fromkeys(n for n, _ in groups):
-            points = []
-            for (n, step), runs in groups.items():
-                v = [cells[col] for cells in runs
-                     if col in cells and (with_stalled or not cells["stalled"])]
-                if n == name and step and v:
-                    points.append((step, v))
-            if points:
-                xs, vs = zip(*points)
-                ax.errorbar(xs, [np.mean(v) for v in vs], yerr=[np.std(v) for v in vs], marker="o",
-                            ms=3, capsize=2, label=name)
+        lines = collections.defaultdict(dict)  # a model's {N: the values the table counts}
+        for (name, step), runs in groups.items():
+            v = [cells[col] for cells in runs
+                 if col in cells and (with_stalled or not cells["stalled"])]
+            if step and v:
+                lines[name][step] = v
+        for name, points in lines.items():
+            ax.errorbar(list(points), [np.mean(v) for v in points.values()],
+                        yerr=[np.std(v) for v in points.values()], marker="o", ms=3, capsize=2,
+                        label=name)
         title = f"{COLUMN_NAMES[col[0]]} {col[1]}"
         if col[0] != "ppl":
             title += " (test, %)"
