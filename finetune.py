@@ -1484,7 +1484,7 @@ def read_table(run_dirs):
     finetune.py's results record no run: the dir is one, N its name's -stepN. Cells: {(task, lang):
     test score in %, ("ppl", lang): dev ppl, "stalled"}."""
     runs = {}  # (row, N) -> {run: {fine-tuning seed: cells}}
-    seen = {}  # (run, N, task, fine-tuning seed, marks) -> its results.json
+    seen = {}  # (run, N, task, fine-tuning seed, row) -> its results.json
     given = {}
     marked = False
     for d in run_dirs:
