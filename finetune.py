@@ -1187,8 +1187,7 @@ def report(task, data, args, result, path):
         lines[k] = f"{lines[k]}  {data['notes'].get(f'{code} {split}', '')}".rstrip()
     if "checkpoint" in data["notes"]:
         lines.append(f"note: {data['notes']['checkpoint']}")
-    print("\n".join(lines))
-    print(chance_level(task, data) + f"\nwrote {path}")
+    print("\n".join(lines + [chance_level(task, data), f"wrote {path}"]))
 
 
 def _main(args):
