@@ -16,6 +16,7 @@ import collections
 import fnmatch
 import functools
 import glob
+import hashlib
 import itertools
 import json
 import math
@@ -37,7 +38,7 @@ import align
 import bpe
 from bpe import EOS_ID, UNK_ID, InputError, number, read_lines
 from model import (DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states,
-                   file_digest, load_model, pick_device)
+                   file_digest, load_encoder, load_model, pick_device)
 
 
 # -----------------------------------------------------------------------------
@@ -435,11 +436,8 @@ class ParseTask(Task):
                                    rels.to(mask.device))
 
     def score(self, examples, preds):
-        gold_heads = [s["heads"] for s in examples]
-        gold_rels = [s["rels"] for s in examples]
-        pred_heads = [heads for heads, _ in preds]
-        pred_rels = [rels for _, rels in preds]
-        return attachment_scores(gold_heads, gold_rels, pred_heads, pred_rels)._asdict()
+        gold = [[s["heads"] for s in examples], [s["rels"] for s in examples]]
+        return attachment_scores(*gold, *zip(*preds))._asdict()
 
 
 TASKS = {task.name: task for task in (XNLITask, NERTask, ParseTask)}
@@ -616,16 +614,13 @@ def run_task(task, model, data, args, sets_dir, earlier, save):
 
 
 # =============================================================================
-# The plumbing, not part of the paper: official file formats, the data directory, CLI, resume,
-# --table / --plot
+# The plumbing, not part of the paper: file formats, data directory, CLI, resume, --table/--plot
 
 # -----------------------------------------------------------------------------
-# Official formats: reader(path, lang) -> examples; `lang` picks XNLI 1.0's rows, checks raw PAN-X's
-# prefixes
+# Official formats: reader(path, lang) -> examples (`lang`: XNLI 1.0's rows, raw PAN-X's prefix)
 
 def nli_example(where, premise, hypothesis, label, column="XNLI label"):
-    """One (premise, hypothesis, label) at `where` (path:line), checked: a known label (`column`),
-    two sentences."""
+    """One (premise, hypothesis, label) at `where` (path:line): a known label, two sentences."""
     if label not in XNLI_LABELS:
         raise InputError(f"{where}: unknown {column} {label!r} (expected entailment, neutral, "
                          "contradiction)")
@@ -678,8 +673,7 @@ read_xnli = functools.partial(read_nli_tsv, cols=("premise", "hypothesis", "labe
 read_xnli_1_0 = functools.partial(
     read_nli_tsv, cols=("sentence1", "sentence2", "gold_label", "language"),
     header_name="XNLI 1.0 header (columns gold_label, language, sentence1, sentence2)")
-# XNLI-MT 1.0 (`XNLI-MT-1.0.zip`: `multinli/multinli.train.{lang}.tsv`, MultiNLI train and its
-# translations)
+# XNLI-MT 1.0 (`XNLI-MT-1.0.zip`: `multinli/multinli.train.{lang}.tsv`, translated MultiNLI)
 read_xnli_mt = functools.partial(read_nli_tsv, cols=("premise", "hypo", "label"),
                                  header_name="XNLI-MT header premise<TAB>hypo<TAB>label",
                                  column="XNLI-MT label")
@@ -757,8 +751,7 @@ read_panx = functools.partial(read_ner, raw=True)  # panx_dataset/{lang}/{split}
 
 
 def read_conllu(path, lang=None):
-    """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}; each must be a tree
-    (`conll18_ud_eval.py`)."""
+    """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}; each must be a tree."""
     sentences = []
     rows = []
     start = None
@@ -810,9 +803,8 @@ def read_conllu(path, lang=None):
 # -----------------------------------------------------------------------------
 # Data files: where --data holds each split of each task, and the reader of each file
 
-# --data: where each split is looked for, the first layout with the file wins: (pattern, reader,
-# its splits, the only languages it holds or None). {panx_split}: our test split is
-# `heldout-from-dev` (XTREME's PAN-X test is unlabelled)
+# --data: each split's layouts (pattern, reader, splits, its only languages), the first found wins;
+# {panx_split}: our test split is `heldout-from-dev` (XTREME's PAN-X test is unlabelled)
 Layout = collections.namedtuple("Layout", "pattern reader splits langs", defaults=(None,))
 LAYOUTS = {
     "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli, "train dev test"),  # toydata.py
@@ -832,8 +824,7 @@ LAYOUTS = {
               Layout("ud-treebanks-v2.3/UD_*/{lang}_*-ud-{split}.conllu", read_conllu,
                      "train dev test")],
 }
-# the UD treebank of each language in the paper (§3.2); another one of the language: --treebank
-# LANG=NAME
+# the UD treebank of each language in the paper (§3.2); another one: --treebank LANG=NAME
 PAPER_TREEBANKS = {"en": "EWT", "fr": "GSD", "ru": "GSD", "zh": "GSD"}
 
 
@@ -842,8 +833,7 @@ def treebank_name(path):  # .../UD_French-GSD/fr_gsd-ud-test.conllu -> GSD
 
 
 def pick_treebank(hits, lang, treebanks, data_dir):
-    """`hits` of one treebank (`UD_Language-NAME`): --treebank's, else the paper's, else the only
-    one."""
+    """`hits` of one treebank (`UD_Language-NAME`): --treebank's, the paper's, or the only one."""
     found = sorted(set(map(treebank_name, hits)))
     want = treebanks.get(lang) or PAPER_TREEBANKS.get(lang)
     if want is None and len(found) > 1:
@@ -905,8 +895,8 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
 
 
 def read_split(task, path, lang):
-    """A file's examples by its layout's reader (a --train-file of another name: XNLI-MT, MultiNLI,
-    or the first)."""
+    """A file's examples by its layout's reader (another --train-file: XNLI-MT, MultiNLI, or the
+    first)."""
     parts = os.path.normpath(path).split(os.sep)
     for layout in LAYOUTS[task]:
         pattern = layout.pattern.format(lang="*", split="*", panx_split="*").split("/")
@@ -926,8 +916,7 @@ def read_split(task, path, lang):
 # -----------------------------------------------------------------------------
 # CLI: the flags, the checkpoints, main(argv): every flag and file checked, then each task's grid
 
-# --help: what each kind of run requires (--table runs without --ckpt, so argparse cannot mark
-# them required), and an example
+# --help: what each kind of run requires (argparse cannot: --table needs no --ckpt), an example
 USAGE = """%(prog)s --task {ner,parse,xnli} --ckpt CKPT --data DIR --out DIR [options]
        %(prog)s --toy --data WORLD --ckpt CKPT --out DIR [options]    (the three tasks)
        %(prog)s --table OUT_DIR [OUT_DIR ...] [--plot FILE.png] [--with-stalled]"""
@@ -948,8 +937,6 @@ def build_parser():
 
     def one(parse):  # a flag of one value: a grid of one
         return lambda s: [parse(s)]
-    lrs = number(0, cast=float, many=True, above=True)  # a learning rate of 0 trains nothing
-    one_lr = one(number(0, cast=float, above=True))
     add = p.add_argument_group("data").add_argument
     add("--task", choices=sorted(TASKS),
         help="the task (default: all three with --toy, else required)")
@@ -988,24 +975,24 @@ def build_parser():
         help="epochs per set (default: paper 10 NER/parsing, 200 XNLI; --toy 4, 10)")
     add("--epoch-size", type=number(0),
         help="examples per epoch, 0 = one pass (default: 0; paper's XNLI 20000)")
-    pair = group.add_mutually_exclusive_group().add_argument
-    pair("--batch-size", type=one(number(1)), metavar="N",
-         help="examples per step: one value (default: the grid of --batch-sizes)")
-    pair("--batch-sizes", dest="batch_size", type=number(1, many=True), metavar="N,...",
-         help="grid of examples per step (default: paper 16,32, XNLI 4,8; --toy 16)")
-    pair = group.add_mutually_exclusive_group().add_argument
-    pair("--lr", type=one_lr, metavar="LR",
-         help="encoder learning rate: one value (default: --lrs)")
-    pair("--lrs", dest="lr", type=lrs, metavar="LR,...",
-         help="grid of encoder learning rates (default: paper 2e-5,3e-5,5e-5, XNLI "
-         "1.25e-6,2.5e-6,5e-6; --toy 3e-4,1e-3, XNLI 2e-4,5e-4)")
-    pair = group.add_mutually_exclusive_group().add_argument
-    pair("--head-lr", type=one_lr, metavar="LR", help="XNLI head lr: one (default: --head-lrs)")
-    pair("--head-lrs", dest="head_lr", type=lrs, metavar="LR,...",
-         help="grid of XNLI classifier learning rates (default: paper 5e-6,2.5e-5,1.25e-4; --toy "
-         "1e-3)")
+    # one value, or a grid (--lrs); a learning rate of 0 trains nothing
+    rate = dict(lo=0, cast=float, above=True)
+    grids = [("batch-size", "N", dict(lo=1), "examples per step: one value (default: the grid of "
+              "--batch-sizes)", "grid of examples per step (default: paper 16,32, XNLI 4,8; --toy "
+              "16)"),
+             ("lr", "LR", rate, "encoder learning rate: one value (default: --lrs)", "grid of "
+              "encoder learning rates (default: paper 2e-5,3e-5,5e-5, XNLI 1.25e-6,2.5e-6,5e-6; "
+              "--toy 3e-4,1e-3, XNLI 2e-4,5e-4)"),
+             ("head-lr", "LR", rate, "XNLI head lr: one (default: --head-lrs)", "grid of XNLI "
+              "classifier learning rates (default: paper 5e-6,2.5e-5,1.25e-4; --toy 1e-3)")]
+    for name, metavar, kind, one_help, grid_help in grids:
+        pair = group.add_mutually_exclusive_group().add_argument
+        pair(f"--{name}", type=one(number(**kind)), metavar=metavar, help=one_help)
+        pair(f"--{name}s", dest=name.replace("-", "_"), type=number(**kind, many=True),
+             metavar=metavar + ",...", help=grid_help)
     add("--max-len", type=number(2),
-        help="NER/parsing: subwords per window (default: 128, at most positions - 2)")
+        help="NER/parsing: subwords per window (default: 128, at most positions - 2); XNLI: at "
+        "most N subwords in a pair besides its three </s> (default: the positions)")
     add("--head-dropout", type=number(0, 1, float), default=0.1,
         help="dropout before the XNLI/NER head")
     add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping, 0 = off")
@@ -1025,9 +1012,10 @@ def build_parser():
         help="CPU threads, 0 = torch's choice (default: 1 with --toy, else 0)")
     add = p.add_argument_group("Table 1 of finished runs").add_argument
     add("--table", nargs="+", metavar="OUT_DIR",
-        help="only print Table 1 of dirs NAME[-sSEED][-stepN] (default: off)")
+        help="only print Table 1 of dirs NAME[-sSEED][-stepN] (default: off): a row per NAME, "
+        "its seeds the pretraining runs, a snapshot at its step (as results.json records them)")
     add("--plot", metavar="FILE.png",
-        help="with --table over -stepN dirs: the learning curves too (needs matplotlib)")
+        help="with --table over snapshots: the learning curves too (needs matplotlib)")
     add("--with-stalled", action="store_true",
         help="with --table: the seeds whose MLM stalled count in the means too")
     return p
@@ -1040,11 +1028,9 @@ Checkpoint = collections.namedtuple("Checkpoint", "model tok langs extra")
 def load_ckpt(path, flag, device, xlm_codes=None):
     """pretrain.py's best.pt or XLM's .pth (--xlm-codes); an error names `flag`."""
     try:
-        model, extra = load_model(path, device)
-        tok, langs = bpe.checkpoint_tokenizer(extra, path, xlm_codes)
+        return Checkpoint(*load_encoder(path, device, bpe.checkpoint_tokenizer, xlm_codes))
     except (KeyError, TypeError, ValueError, OSError) as e:
         raise InputError(f"{flag}: {e}") from None
-    return Checkpoint(model, tok, langs, extra)
 
 
 def lang_index(langs, code, ckpt, flag):  # a language the checkpoint lacks names `flag`
@@ -1085,8 +1071,7 @@ def setup_aligned(model, tok, langs, args):
 
 
 def maps_origin(args):
-    """--align-maps must be fitted on --ckpt and --target-ckpt, by the digests align.py records (or
-    a note if none)."""
+    """--align-maps fitted on --ckpt and --target-ckpt, by the digests align.py records."""
     with np.load(args.align_maps) as z:  # setup_aligned read it already
         sides = {str(z[s]): str(z[f"{s}_ckpt_digest"]) for s in ("src", "tgt")
                  if f"{s}_ckpt_digest" in z.files}
@@ -1103,17 +1088,15 @@ def maps_origin(args):
 
 
 def content_key(example):
-    """An example's text, to find it in another file: each sentence's tokens joined, Unicode NFC,
-    whitespace collapsed (labels left out)."""
+    """An example's text (no label) as another file holds it: Unicode NFC, whitespace collapsed."""
     sentences = [example["words"]] if isinstance(example, dict) else example[:-1]
     texts = [s if isinstance(s, str) else " ".join(s) for s in sentences]
     return "\t".join(" ".join(unicodedata.normalize("NFC", t).split()) for t in texts)
 
 
 def prepare_task(task_name, files, model, encoders, args):
-    """Read and featurise every file of one task before any training -> (task, data); encoders:
-    code -> (tokenizer, the model's language); data["notes"]: {"fr test": what makes its score mean
-    little}."""
+    """Read and featurise every file of one task -> (task, data); encoders: code -> (tokenizer, the
+    model's language); data["notes"]: {"fr test": what makes its score mean little}."""
     try:
         train = read_split(task_name, files["train"], args.train_lang)
         dev = read_split(task_name, files["dev"], args.train_lang)
@@ -1129,7 +1112,7 @@ def prepare_task(task_name, files, model, encoders, args):
                          "update would be the whole epoch")
 
     def featurize(examples, code):
-        return task.featurize(examples, encoders[code][0], code, model.config.max_positions)
+        return task.featurize(examples, encoders[code][0], code, args.positions)
     data = {"lang_id": encoders[args.train_lang][1],
             "train": (train, featurize(train, args.train_lang)), "test": {}, "notes": {}}
     train_text = set(map(content_key, train))
@@ -1159,21 +1142,28 @@ def prepare_task(task_name, files, model, encoders, args):
         notes = []
         if shared:
             notes.append(f"{shared} of its {len(examples)} examples are in the train file")
+        ids = [i for f in feats for i in f[0] if i != EOS_ID]
+        unk = 100 * ids.count(UNK_ID) / max(1, len(ids))
+        if unk > 5:
+            notes.append(f"{unk:.1f} % of the {what} tokens are <unk> (the vocabulary was learned "
+                         "on other text); the score means little")
+        if len(examples) < 50:
+            notes.append(f"{len(examples)} examples only (fewer than 50); the score means little")
         if notes:
             data["notes"][what] = "; ".join(notes)
     return task, data
 
 
 def chance_level(task, data):
-    """A guess's score: XNLI, the majority label's share of each split (33.3 if balanced); span F1
-    and LAS, about 0."""
+    """A guess's score: XNLI, the majority label's share of each split; span F1 and LAS, about 0."""
     if task.name != "xnli":
         return f"chance: {task.metric} of a guess is about 0"
     splits = [("dev", data["dev"][0])]
     splits += [(f"{c} test", ex) for c, (ex, _, _) in data["test"].items()]
-    majority = [max(collections.Counter(label for *_, label in ex).values()) for _, ex in splits]
+    shares = [(what, max(collections.Counter(y for *_, y in ex).values()) / len(ex))
+              for what, ex in splits]
     return "chance (always the majority label): " + ", ".join(
-        f"{what} {100 * n / len(ex):.1f}" for (what, ex), n in zip(splits, majority))
+        f"{what} {100 * share:.1f}" for what, share in shares)
 
 
 def report(task, data, args, result, path):
@@ -1195,12 +1185,13 @@ def report(task, data, args, result, path):
     lines = format_rows(["lang", "split"] + cols, cells).split("\n")
     for k, (code, split, _) in enumerate(rows, 1):  # what makes a score mean little, beside it
         lines[k] = f"{lines[k]}  {data['notes'].get(f'{code} {split}', '')}".rstrip()
-    print("\n".join(lines))
-    print(chance_level(task, data) + f"\nwrote {path}")
+    if "checkpoint" in data["notes"]:
+        lines.append(f"note: {data['notes']['checkpoint']}")
+    print("\n".join(lines + [chance_level(task, data), f"wrote {path}"]))
 
 
 def _main(args):
-    for k, why in (("plot", "it draws the curves of -stepN dirs"),
+    for k, why in (("plot", "it draws the curves of snapshots"),
                    ("with_stalled", "it counts stalled seeds")):
         if vars(args)[k] and not args.table:
             raise InputError(f"--{k.replace('_', '-')} goes with --table ({why})")
@@ -1215,7 +1206,7 @@ def _main(args):
     if args.table:
         print(results_table(args.table, args.with_stalled))
         if args.plot:
-            plot_curves(args.plot, args.table)
+            plot_curves(args.plot, args.table, args.with_stalled)
         return
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
@@ -1262,50 +1253,56 @@ def _main(args):
         raise InputError(f"--eval-langs {given!r}: no target language ({args.ckpt}: {langs})")
     if len(set(args.eval_langs)) < len(args.eval_langs):
         raise InputError(f"--eval-langs {given}: a language is given twice")
-    most = max(2, model.config.max_positions - 2)  # <s> and </s> around each window
+    positions = model.config.max_positions
+    most = max(2, positions - 2)  # <s> and </s> around each window
     if (args.max_len or 0) > most:
-        raise InputError(f"--max-len {args.max_len}: the checkpoint has "
-                         f"{model.config.max_positions} positions, a window at most {most} "
-                         "subwords")
+        raise InputError(f"--max-len {args.max_len}: the checkpoint has {positions} positions, a "
+                         f"window at most {most} subwords")
+    # XNLI: a pair cut to --max-len subwords besides its three </s> (default: the positions)
+    args.positions = min(args.max_len + 3, positions) if args.max_len else positions
     args.max_len = min(args.max_len or 128, most)
+    # what --table reads of the checkpoint, before --align-layer replaces the model
+    pretrain, stall = pretrain_record(args.ckpt, extra, model)
     if args.align_layer is not None:
         model, encoders = setup_aligned(model, tok, langs, args)
         maps_origin(args)
     else:
-        flags = ["--train-lang"] + ["--eval-langs"] * len(args.eval_langs)
-        encoders = {c: (tok, lang_index(langs, c, args.ckpt, flag))
-                    for c, flag in zip([args.train_lang] + args.eval_langs, flags)}
-    bpe.make_dir("--out", args.out)
-    plans = []
-    # every file of every task is read before the first set trains
-    for name in tasks:
-        preset = TASKS[name].toy if args.toy else TASKS[name].paper
-        unset = {k: v for k, v in preset.items() if vars(args)[k] is None}  # grid flags not given
-        task_args = argparse.Namespace(**{**vars(args), **unset})
-        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file,
-                              treebanks if name == "parse" else None, args.data_flag)
-        out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
-        identity = run_identity(name, files, task_args)
-        earlier = earlier_sets(out, identity, name, task_args)
-        task, data = prepare_task(name, files, model, encoders, task_args)
-        plans.append((task, data, files, task_args, out, identity, earlier))
-    # every task's earlier files, once every check passed
-    for *_, out, _, _ in plans:
-        old = glob.glob(os.path.join(out, "sets", "*"))
-        old += glob.glob(os.path.join(out, "results.json"))
+        flags = [(args.train_lang, "--train-lang")] + [(c, "--eval-langs") for c in args.eval_langs]
+        encoders = {c: (tok, lang_index(langs, c, args.ckpt, flag)) for c, flag in flags}
+    # one finetune.py in --out, from its earlier sets to results.json
+    with bpe.locked(args.out, "finetune.py"):
+        plans = []
+        # every file of every task is read before the first set trains
+        for name in tasks:
+            preset = TASKS[name].toy if args.toy else TASKS[name].paper
+            unset = {k: v for k, v in preset.items() if vars(args)[k] is None}  # grid flags unset
+            task_args = argparse.Namespace(**{**vars(args), **unset})
+            files = resolve_files(name, args.data, args.train_lang, args.eval_langs,
+                                  args.train_file, treebanks if name == "parse" else None,
+                                  args.data_flag)
+            out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
+            identity = run_identity(name, files, task_args)
+            earlier = earlier_sets(out, identity, name, task_args)
+            task, data = prepare_task(name, files, model, encoders, task_args)
+            if stall:
+                data["notes"]["checkpoint"] = stall
+            plans.append((task, data, files, task_args, out, identity, earlier))
+        # every task's earlier files go, once every check passed
         if args.overwrite:
-            for path in old:
-                os.remove(path)
-    # what --table reads of the checkpoint: its dev perplexity, and the count models' (stalls)
-    pretrain = {k: extra.get(k) for k in ("step", "dev_ppl", "count_ppl")}
-    for task, data, files, task_args, out, identity, earlier in plans:
-        save = functools.partial(save_set, identity)
-        result = run_task(task, model, data, task_args, os.path.join(out, "sets"), earlier, save)
-        path = os.path.join(out, "results.json")
-        write_json(path, {"task": task.name, "metric": task.metric, "files": files,
-                          "labels": task.labels, **result, "notes": data["notes"], "job": identity,
-                          "args": vars(task_args), "pretrain": pretrain})
-        report(task, data, task_args, result, path)
+            for *_, out, _, _ in plans:
+                for path in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(
+                        os.path.join(out, "results.json")):
+                    os.remove(path)
+        for task, data, files, task_args, out, identity, earlier in plans:
+            sets = os.path.join(out, "sets")
+            result = run_task(task, model, data, task_args, sets, earlier,
+                              lambda path, record: write_json(path, {"job": identity,
+                                                                     "record": record}))
+            path = os.path.join(out, "results.json")
+            write_json(path, {"task": task.name, "metric": task.metric, "files": files,
+                              "labels": task.labels, **result, "notes": data["notes"],
+                              "job": identity, "args": vars(task_args), "pretrain": pretrain})
+            report(task, data, task_args, result, path)
 
 
 def main(argv=None):
@@ -1325,36 +1322,30 @@ def main(argv=None):
     except KeyboardInterrupt:
         # Ctrl-C, SIGTERM: the set in progress is lost, the finished ones are on disk (sets/)
         kept = glob.glob(os.path.join(args.out or "", "**", "sets", "*.json"), recursive=True)
-        if not kept:
-            print("finetune.py: interrupted before any set finished; nothing was kept",
-                  file=sys.stderr)
-            raise SystemExit(130) from None
         if argv is None:
             argv = sys.argv[1:]
         # without --overwrite: it would remove what was kept
-        again = shlex.join(["python", "finetune.py"] + [str(a) for a in argv if a != "--overwrite"])
-        print(f"finetune.py: interrupted; {len(kept)} finished hyper-parameter set(s) kept in "
-              f"{args.out} (the set in progress starts again); to go on, run {again}",
-              file=sys.stderr)
+        again = [str(a) for a in argv if a != "--overwrite"]
+        what = "interrupted before any set finished; nothing was kept"
+        if kept:
+            what = (f"interrupted; {len(kept)} finished hyper-parameter set(s) kept in {args.out} "
+                    "(the set in progress starts again); to go on, run "
+                    + shlex.join(["python", "finetune.py"] + again))
+        print(f"finetune.py: {what}", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
         signal.signal(signal.SIGTERM, before)
 
 
 # -----------------------------------------------------------------------------
-# Resume: each finished set is OUT/sets/*.json, tagged with the run's identity: the same command
-# goes on from them
+# Resume: each finished set is OUT/sets/*.json, tagged with the run's identity
 
 def write_json(path, obj):
-    """Through bpe.atomic_path: never half a file at `path`; a full disk is one line."""
+    """Through bpe.atomic_path (its folder made): never half a file; a full disk is one line."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with bpe.write_errors(path), bpe.atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=1, ensure_ascii=False)
-
-
-def save_set(identity, path, record):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_json(path, {"job": identity, "record": record})
 
 
 def read_json(path, flag):
@@ -1384,11 +1375,11 @@ def run_identity(task_name, files, args):
 
 
 def earlier_sets(out, identity, task_name, args):
-    """{set file: record} of the sets the same run finished in `out` earlier (the same command
-    resumes); another run's results or sets: refused, naming why."""
+    """{set file: record} of the sets the same run finished in `out`; another run's: refused."""
     if args.overwrite:  # _main removes them
         return {}
     sets = {}
+    metric = TASKS[task_name].metric
     results = os.path.join(out, "results.json")
     for path in glob.glob(results) + sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
         saved = read_json(path, "--out")
@@ -1399,33 +1390,28 @@ def earlier_sets(out, identity, task_name, args):
             diff = ", ".join(k for k in keys if old.get(k) != identity.get(k))
             raise InputError(f"{path} already exists, from another run (other {diff}); rerun with "
                              "the same flags, pass --overwrite to replace it, or use another --out")
+        if path == results:
+            continue
+        # a set's hyper-parameters, and a failure or the scores that run_task averages
         record = saved.get("record")
-        if path != results and not good_record(record, task_name, args):
+        try:
+            hp = {k: record[k] for k in ("batch_size", "lr", "head_lr")}
+            scores = [record["dev"], *record["test"].values()] if "failed" not in record else []
+            done = "failed" in record or (sorted(record["test"]) == sorted(args.eval_langs)
+                                          and type(record["best_epoch"]) is int)
+            done = done and all(is_score(s[metric]) and all(map(is_score, s.values()))
+                                for s in scores)
+        except (KeyError, TypeError, AttributeError):  # not a dict, a score missing
+            done = False
+        if not (done and hp in grid(task_name, args)):
             raise InputError(f"{path}: not a finished set as finetune.py writes it (edited or "
                              "damaged); remove it to train that set again, or pass --overwrite")
         sets[path] = record
     return sets
 
 
-def good_record(record, task_name, args):
-    """A sets/*.json record: the set's hyper-parameters, and a failure or the scores that run_task
-    averages."""
-    metric = TASKS[task_name].metric
-    if not isinstance(record, dict):
-        return False
-    if {k: record.get(k) for k in ("batch_size", "lr", "head_lr")} not in grid(task_name, args):
-        return False
-    if "failed" in record:
-        return True
-    test = record["test"] if isinstance(record.get("test"), dict) else {}
-    scores = [record.get("dev")] + list(test.values())
-    return (sorted(test) == sorted(args.eval_langs) and type(record.get("best_epoch")) is int
-            and all(isinstance(s, dict) and metric in s and all(is_score(v) for v in s.values())
-                    for s in scores))
-
-
 # -----------------------------------------------------------------------------
-# --table: Table 1's layout over --out dirs, and --plot: the learning curves over -stepN dirs
+# --table: Table 1's layout over --out dirs, and --plot: the learning curves over snapshots
 
 def format_rows(header, rows):
     """The first column left-aligned, the others right-aligned."""
@@ -1452,92 +1438,129 @@ def is_score(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def table_cells(results, path):
-    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl}; another shape is
-    refused."""
-    task = results["task"]
-    metric = TASKS[task].metric
-    pretrain = results.get("pretrain") or {}
-    ppl = None  # pretrain not a dict: refused
-    count = None
-    if isinstance(pretrain, dict):
-        ppl = pretrain.get("dev_ppl") or {}
-        count = pretrain.get("count_ppl")
-    valid = (results.get("metric") == metric and results["test"]
-             and all(isinstance(s, dict) and is_score(s.get(metric))
-                     for s in results["test"].values())
-             and isinstance(ppl, dict)
-             and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
-    if not valid:
-        raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a {task} "
-                         f"test {metric} or a dev perplexity is missing or not a number); run the "
-                         "fine-tuning again")
-    # the checkpoint's first language (English): its dev ppl against the count model's
-    first = next(iter(ppl), None)
-    counts = count.get(first) if isinstance(count, dict) else None
-    left = counts.get("left") if isinstance(counts, dict) else None
-    cells = {(task, lang): 100 * s[metric] for lang, s in results["test"].items()}
-    cells.update({("ppl", lang): v for lang, v in ppl.items()})
-    cells["stalled"] = is_score(left) and ppl[first] > left
-    return cells
+def stalled_ppl(entries):
+    """(the first language's dev ppl, its left-bigram count model's) of a checkpoint's entries or
+    results.json's "pretrain" when the first is above: the MLM stalled on the unigram plateau."""
+    try:
+        first, ppl = next(iter(entries["dev_ppl"].items()))
+        left = entries["count_ppl"][first]["left"]
+    except (KeyError, TypeError, AttributeError, StopIteration):
+        return None
+    if is_score(left) and is_score(ppl) and ppl > left:
+        return ppl, left
+    return None
 
 
-# the columns (("ppl" or task, lang)) and {(NAME, N): [table_cells of each seed]}, in order
-Table = collections.namedtuple("Table", "cols groups")
+def pretrain_record(path, entries, model):
+    """-> (results.json's "pretrain": the checkpoint's step, dev and count-model perplexities,
+    "run": its weights' digest, "snapshot": written at one of its run's --snapshots, "stalled": its
+    run's MLM, judged at the run's end (a snapshot by the run's best.pt beside it); its note)."""
+    weights = b"".join(v.cpu().numpy().tobytes() for v in model.state_dict().values())
+    snapshots = (entries.get("args") or {}).get("snapshots")
+    record = {k: entries.get(k) for k in ("step", "dev_ppl", "count_ppl")}
+    record["run"] = "sha256:" + hashlib.sha256(weights).hexdigest()[:16]
+    record["snapshot"] = isinstance(snapshots, list) and record["step"] in snapshots
+    best = os.path.join(os.path.dirname(path), "best.pt")
+    end = entries
+    if record["snapshot"]:
+        end = load_model(best)[1] if os.path.isfile(best) else {}
+    stall = stalled_ppl(end)
+    record["stalled"] = stall is not None
+    if not stall:
+        return record, None
+    return record, (f"the checkpoint's run stalled: its dev ppl {stall[0]:.2f} is above the "
+                    f"left-bigram count model's {stall[1]:.2f}; the scores mean little")
+
+
+# the columns (("ppl" or task, lang)), {(row, N): [each pretraining run's cells]}, the notes
+Table = collections.namedtuple("Table", "cols groups notes")
 
 
 def read_table(run_dirs):
-    """--table's dirs NAME[-sSEED][-stepN] (N: pretrain.py --snapshots) -> Table."""
-    groups = {}
+    """--table's dirs -> Table. A row: a dir's name less -sSEED and -stepN, marked when not
+    zero-shot; its seeds: the pretraining runs (weights) its results record, each one's fine-tuning
+    --seeds averaged; N: the step of a --snapshots checkpoint (none: the run's end). An older
+    finetune.py's results record no run: the dir is one, N its name's -stepN. Cells: {(task, lang):
+    test score in %, ("ppl", lang): dev ppl, "stalled"}."""
+    runs = {}  # (row, N) -> {run: {fine-tuning seed: cells}}
+    seen = {}  # (run, N, task, fine-tuning seed, row) -> its results.json
     given = {}
-    dir_of = {}  # (NAME, N, (checkpoint, seed)) -> its dir
+    marked = False
     for d in run_dirs:
-        if os.path.realpath(d) in given:
-            raise InputError(f"--table: {d} is given twice (as {given[os.path.realpath(d)]}); a "
-                             "run counts once")
-        given[os.path.realpath(d)] = d
+        real = os.path.realpath(d)
+        if real in given:
+            raise InputError(f"--table: {d} is given twice (as {given[real]}); a run counts once")
+        given[real] = d
         base = os.path.basename(os.path.normpath(d))
-        name, step = re.fullmatch(r"(.+?)(?:-s\d+)?(?:-step(\d+))?", base).groups()
-        cells = {}
-        seeds = set()  # a seed is its checkpoint and fine-tuning seed
+        name_step = re.search(r"-step(\d+)(?=-|$)", base)
+        ckpts = set()
         found = glob.glob("results.json", root_dir=d) + glob.glob("*/results.json", root_dir=d)
-        for path in sorted(found):
-            results = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's
+        for path in sorted(os.path.join(d, p) for p in found):
+            results = read_json(path, "--table")  # one task's, or one of --toy's
             if not (isinstance(results, dict) and results.get("task") in TASKS
                     and isinstance(results.get("test"), dict)):
                 continue
-            # ./results.json and ./TASK/results.json
-            if any(col[0] == results["task"] for col in cells):
-                raise InputError(f"--table: {d} holds two {results['task']} results.json; a seed "
-                                 "has one")
-            cells.update(table_cells(results, os.path.join(d, path)))
-            identity = results.get("job") if isinstance(results.get("job"), dict) else {}
-            seeds.add((identity.get("ckpt"), identity.get("seed")))
-        if not cells:
+            task = results["task"]
+            metric = TASKS[task].metric
+            pretrain = results.get("pretrain") or {}
+            ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
+            valid = (results.get("metric") == metric and results["test"]
+                     and all(isinstance(s, dict) and is_score(s.get(metric))
+                             for s in results["test"].values())
+                     and isinstance(ppl, dict)
+                     and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
+            if not valid:
+                raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a "
+                                 f"{task} test {metric} or a dev perplexity is missing or not a "
+                                 "number); run the fine-tuning again")
+            cells = {(task, lang): 100 * s[metric] for lang, s in results["test"].items()}
+            cells.update({("ppl", lang): v for lang, v in ppl.items()})
+            # recorded at the run's end; an older finetune.py's: the checkpoint itself
+            cells["stalled"] = pretrain.get("stalled", stalled_ppl(pretrain) is not None)
+            job = results.get("job") if isinstance(results.get("job"), dict) else {}
+            args = results.get("args") if isinstance(results.get("args"), dict) else {}
+            ckpts.add(job.get("ckpt"))
+            run = pretrain.get("run")
+            step = pretrain.get("step") if pretrain.get("snapshot") else None
+            if run is None:
+                run = job.get("ckpt") or d
+                step = int(name_step[1]) if name_step else None
+            row = re.sub(r"-s(tep)?\d+(?=-|$)", "", base)
+            if str(args.get("train_lang")) in results["test"] or args.get("allow_overlap"):
+                row += " (not zero-shot)"
+                marked = True
+            key = (run, step, task, job.get("seed"), row)
+            if key in seen:
+                raise InputError(f"--table: {seen[key]} and {path} hold the same run (one "
+                                 "pretraining run at one step, one task and --seed); it would be "
+                                 "counted twice")
+            seen[key] = path
+            by_seed = runs.setdefault((row, step), {}).setdefault(run, {})
+            by_seed.setdefault(job.get("seed"), {}).update(cells)
+        if not ckpts:
             raise InputError(f"--table: no results.json under {d}")
-        if len(ckpts := {c for c, _ in seeds if c}) > 1:
-            raise InputError(f"--table: {d} holds the results of {len(ckpts)} checkpoints; a seed "
-                             "is one model")
-        for seed in seeds:
-            twin = dir_of.get((name, step, seed))
-            if twin and seed != (None, None):
-                raise InputError(f"--table: {twin} and {d} hold the same run (the same checkpoint "
-                                 "and --seed); it would be counted as two seeds")
-        dir_of.update({(name, step, seed): d for seed in seeds})
-        groups.setdefault((name, step), []).append(cells)
-    cols = {c for runs in groups.values() for cells in runs for c in cells if c != "stalled"}
+        if len(ckpts - {None}) > 1:
+            raise InputError(f"--table: {d} holds the results of {len(ckpts - {None})} "
+                             "checkpoints; a seed is one model")
+    names = list(dict.fromkeys(row for row, _ in runs))
+    groups = {}
+    # a run's fine-tuning seeds averaged
+    for point in sorted(runs, key=lambda k: (names.index(k[0]), k[1] or 0)):
+        groups[point] = [{c: np.mean([s[c] for s in seeds.values() if c in s])
+                          for c in set().union(*seeds.values())} for seeds in runs[point].values()]
+    cols = {c for point in groups.values() for cells in point for c in cells if c != "stalled"}
     cols = sorted(cols, key=lambda c: (list(COLUMN_NAMES).index(c[0]), c[1]))
-    names = list(dict.fromkeys(name for name, _ in groups))
-    order = sorted(groups, key=lambda k: (names.index(k[0]), int(k[1] or 0)))
-    return Table(cols, {k: groups[k] for k in order})
+    notes = []
+    if marked:
+        notes.append("(not zero-shot): fine-tuned on a test language (--train-lang) or with "
+                     "--allow-overlap")
+    return Table(cols, groups, notes)
 
 
 def results_table(run_dirs, with_stalled=False):
-    """Table 1: a row per NAME (and N), dev ppl if known, test scores in %, their avg and Δ against
-    the first row (the paper's Default), mean ± std over seeds. Seeds whose MLM stalled (English dev
-    ppl above pretrain.py's left-bigram count model) are left out of the means unless with_stalled;
-    a cell over fewer seeds than its row's is marked *."""
-    cols, groups = read_table(run_dirs)
+    """Table 1: a row per model (and N), dev ppl, test scores in %, avg, Δ against the first row,
+    mean ± std over seeds; stalled seeds out unless with_stalled; * a cell over fewer seeds."""
+    cols, groups, notes = read_table(run_dirs)
     scores = [c for c in cols if c[0] != "ppl"]
     steps = any(step for _, step in groups)
     lines = []
@@ -1545,17 +1568,17 @@ def results_table(run_dirs, with_stalled=False):
     n_stalled = 0
     thin = False  # a cell over fewer seeds than its row's
     for (name, step), runs in groups.items():
-        stalled = [cells for cells in runs if cells.get("stalled")]
+        stalled = [cells for cells in runs if cells["stalled"]]
         n_stalled += len(stalled)
         if not with_stalled:
-            runs = [cells for cells in runs if not cells.get("stalled")]
+            runs = [cells for cells in runs if not cells["stalled"]]
         avgs = [np.mean([cells[c] for c in scores]) for cells in runs
                 if all(c in cells for c in scores)]
         if first is None:
             first = avgs
         line = [name]
         if steps:
-            line.append(step or "-")
+            line.append(str(step or "-"))
         line += [str(len(runs)), str(len(stalled))]
         for v in [[cells[c] for cells in runs if c in cells] for c in cols] + [avgs]:
             line.append(mean_std(v))
@@ -1567,7 +1590,7 @@ def results_table(run_dirs, with_stalled=False):
     header = ["model", "updates"] if steps else ["model"]
     header += ["seeds", "stalled"]
     header += [f"{COLUMN_NAMES[t]} {lang}" for t, lang in cols] + ["avg", "Δ"]
-    notes = ["chance: " + ", ".join(CHANCE[t] for t in dict.fromkeys(t for t, _ in scores))]
+    notes.insert(0, "chance: " + ", ".join(CHANCE[t] for t in dict.fromkeys(t for t, _ in scores)))
     if n_stalled:
         counted = ("are in the means (--with-stalled)" if with_stalled else
                    "are left out (--with-stalled counts them)")
@@ -1577,24 +1600,28 @@ def results_table(run_dirs, with_stalled=False):
     return format_rows(header, lines) + "".join("\n" + n for n in notes)
 
 
-def plot_curves(path, run_dirs):
-    """--plot: a panel per column of the table, a line per NAME over N updates (log), mean ± std
-    over seeds."""
+def plot_curves(path, run_dirs, with_stalled=False):
+    """--plot: a panel per column, a line per model over N updates, the seeds the table counts."""
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     from matplotlib.ticker import NullFormatter, ScalarFormatter
-    cols, groups = read_table(run_dirs)
-    if not any(step for _, step in groups):
-        raise InputError("--plot: the --table dirs have no -stepN suffix, so there is no curve")
+    cols, groups, _ = read_table(run_dirs)
+    steps = sorted({step for _, step in groups if step})
+    if not steps:
+        raise InputError("--plot: no --table dir holds a snapshot's results (pretrain.py "
+                         "--snapshots; an older finetune.py's: a -stepN dir), so there is no "
+                         "curve")
     fig = Figure(figsize=(3.2 * len(cols), 3.4))
-    steps = sorted({int(step) for _, step in groups if step})
     for ax, col in zip(fig.subplots(1, len(cols), squeeze=False)[0], cols):
-        for name in dict.fromkeys(n for n, _ in groups):
-            points = [(int(step), v) for (n, step), runs in groups.items() if n == name and step
-                      and (v := [cells[col] for cells in runs if col in cells])]
-            if points:
-                xs, vs = zip(*points)
-                ax.errorbar(xs, [np.mean(v) for v in vs], yerr=[np.std(v) for v in vs], marker="o",
-                            ms=3, capsize=2, label=name)
+        lines = collections.defaultdict(dict)  # a model's {N: the values the table counts}
+        for (name, step), runs in groups.items():
+            v = [cells[col] for cells in runs
+                 if col in cells and (with_stalled or not cells["stalled"])]
+            if step and v:
+                lines[name][step] = v
+        for name, points in lines.items():
+            ax.errorbar(list(points), [np.mean(v) for v in points.values()],
+                        yerr=[np.std(v) for v in points.values()], marker="o", ms=3, capsize=2,
+                        label=name)
         title = f"{COLUMN_NAMES[col[0]]} {col[1]}"
         if col[0] != "ppl":
             title += " (test, %)"
