@@ -92,34 +92,45 @@ def cka_table(args):
       bilingual    --ckpt encodes both languages (if it knows both)
       monolingual  --ckpt encodes --src, --ckpt2 encodes --tgt (two monolingual models)
       random       an untrained model of the --tgt side's config (and tokenizer) encodes --tgt:
-                   the baseline to beat"""
+                   the baseline to beat
+    Notes under the table: a stalled checkpoint, many <unk>, few sentences."""
     import torch
 
     import model as M
-    from bpe import (InputError, check_src_tgt, checkpoint_lang, checkpoint_tokenizer, encode_bar,
-                     read_parallel, toy_data)
+    from bpe import (UNK_ID, InputError, check_src_tgt, checkpoint_lang, checkpoint_tokenizer,
+                     encode_bar, read_parallel, toy_data)
 
     # the toy world's files, l0 = --src
     world = {"src_file": "tatoeba/tatoeba.{l1}-{l0}.{l0}",
              "tgt_file": "tatoeba/tatoeba.{l1}-{l0}.{l1}"}
+    notes = {}  # each said once, in order
     # every flag and input file checked before any work
     with M.analysis_run(args, world, check_src_tgt, toy_data):
         src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents,
                                              same_ok=bool(args.ckpt2))
-        if len(src_lines) < 2:
-            raise InputError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got "
-                             f"{len(src_lines)}")
+        n = len(src_lines)
+        if n < 2:
+            raise InputError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {n}")
+        if n < 50:
+            notes[f"note: {n} sentence pairs: the CKA of fewer than 50 points means little"] = 1
 
-        def load(path):  # a side: (model, tokenizer, languages, path)
-            side = M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)
-            return (*side[:3], path)
+        def load(path):
+            """A side: (model, tokenizer, languages, path)."""
+            model, tok, langs, extra = M.load_encoder(path, args.device, checkpoint_tokenizer,
+                                                      args.xlm_codes)
+            notes[M.stall_note(path, extra)] = 1
+            return model, tok, langs, path
 
         def encode(side, lang, lines):
             """Sentence vectors per layer: the mean over subwords, </s> excluded."""
             model, tok, langs, path = side
             index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
-            return M.pool_sentences(model, [tok.encode(s, lang) for s in lines], index,
-                                    args.batch_size, encode_bar(lang))
+            ids = [tok.encode(s, lang) for s in lines]
+            unk = 100 * sum(row.count(UNK_ID) for row in ids) / max(sum(map(len, ids)), 1)
+            if unk > 5:
+                notes[f"note: {unk:.1f} % of the {lang} tokens are <unk> ({path}'s vocabulary was "
+                      "learned on other text); the CKA means little"] = 1
+            return M.pool_sentences(model, ids, index, args.batch_size, encode_bar(lang))
 
         if src_lines == tgt_lines and not args.ckpt2:  # a copy of one file (one model: CKA 1.000)
             raise InputError(f"parallel files {args.src_file} and {args.tgt_file} hold the same "
@@ -156,19 +167,19 @@ def cka_table(args):
         rand = M.MLM(tgt_side[0].config).to(args.device).eval()
         columns["random"] = encode((rand, *tgt_side[1:]), args.tgt, tgt_lines)
         header = ["layer"] + list(columns)
-        # zero variance (one vector for every sentence) or NaN states: the input's doing, CKA is
-        # undefined
+        # zero variance (one vector for every sentence) or NaN states: the input's doing
         try:
             rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()]
                     for l in range(len(E_src))]
         except ValueError as e:
             raise InputError(f"linear CKA of {args.src_file} (X) and {args.tgt_file} (Y): "
                              f"{e}") from None
-        rows.append(["avg"] + [float(np.mean([r[c] for r in rows])) for c in range(1, len(header))])
-        print(f"\nLinear CKA of mean-pooled parallel sentences ({len(src_lines)} pairs, {args.src} "
-              f"via {args.ckpt}, {args.tgt} via each column's model), from 0 to 1 (the same up to "
-              "a rotation and scale); the random column is the baseline to beat\n")
+        rows.append(["avg"] + [float(np.mean(column)) for column in list(zip(*rows))[1:]])
+        print(f"\nLinear CKA of mean-pooled parallel sentences ({n} pairs, {args.src} via "
+              f"{args.ckpt}, {args.tgt} via each column's model), from 0 to 1 (the same up to a "
+              "rotation and scale); the random column is the baseline to beat\n")
         print(M.markdown_table(header, rows, "{:.3f}"))
+        print("\n".join(filter(None, notes)))
         if args.plot:
             M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer", header,
                           rows[:-1], "linear CKA")

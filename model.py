@@ -584,6 +584,17 @@ def load_encoder(path, device, checkpoint_tokenizer, xlm_codes):
     return (model, *checkpoint_tokenizer(extra, path, xlm_codes), extra)
 
 
+def stall_note(path, extra):
+    """A note if pretrain.py's checkpoint (load_model's extra) has its MLM stalled: the English dev
+    perplexity above the left-bigram count model, as finetune.py judges; else None."""
+    ppl = extra.get("dev_ppl") or {}
+    en = next(iter(ppl), None)
+    left = (extra.get("count_models") or extra.get("count_ppl") or {}).get(en, {}).get("left")
+    if left and ppl[en] > left:
+        return (f"note: {path}: its MLM stalled ({en} dev ppl {ppl[en]:.2f} above the left-bigram "
+                f"count model's {left:.1f}); its scores measure an unconverged model")
+
+
 # XLM data/dictionary.py's special words, ids 0..13
 XLM_SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
 
