@@ -1,15 +1,12 @@
 """Linear CKA between layers of two encoders on parallel sentences (paper §5.2, Figure 7).
 
-Centered kernel alignment (Kornblith et al. 2019, "Similarity of neural network representations
-revisited") compares two sets of representations of the SAME n examples, X (n, d1) and Y (n, d2),
-and is invariant to orthogonal transforms and isotropic scaling of either side, but not to
-arbitrary linear maps. The paper uses it to show that layers of a bilingual model, and of two
-separately trained monolingual models, represent translations similarly, well above a
-random-encoder baseline.
+Centered kernel alignment (Kornblith et al. 2019) compares two sets of representations of the SAME
+n examples, X (n, d1) and Y (n, d2); it is invariant to orthogonal transforms and isotropic scaling
+of either side, not to arbitrary linear maps. The paper uses it to show that layers of a bilingual
+model, and of two monolingual models, represent translations similarly, well above a random encoder.
 
-The numpy part (`linear_cka`, `linear_cka_gram`) can be copied alone. The CLI imports torch,
-model.py (the padded-batch encoder) and bpe.py (the checkpoint's tokenizer) inside its functions,
-never align.py, and prints the per-layer Figure 7 table (--device and --dtype as in pretrain.py):
+The numpy part copies alone; the CLI imports torch, model.py and bpe.py inside its functions and
+prints the per-layer Figure 7 table (--device and --dtype as in pretrain.py):
 
     python cka.py --toy --data DIR --ckpt RUN/best.pt        # bilingual model, both languages
     python cka.py --toy --data DIR --ckpt RUN_EN/best.pt --ckpt2 RUN_FR/best.pt  # two models
@@ -27,7 +24,7 @@ import numpy as np
 def _check(X, Y):
     """Both inputs validated -> X and Y as float64, columns centred."""
     X, Y = np.asarray(X), np.asarray(Y)
-    for name, A in (("X", X), ("Y", Y)):
+    for name, A in zip("XY", (X, Y)):
         if A.ndim != 2 or A.shape[0] < 2 or A.shape[1] == 0:
             raise ValueError(f"{name} must be a 2-D array with at least 2 rows (examples), got "
                              f"shape {A.shape}")
@@ -39,7 +36,7 @@ def _check(X, Y):
                          "the same example")
     # centre the columns, in float64
     X, Y = [A.astype(np.float64) - A.mean(axis=0, dtype=np.float64) for A in (X, Y)]
-    for name, A in (("X", X), ("Y", Y)):
+    for name, A in zip("XY", (X, Y)):
         if not np.any(A):
             raise ValueError(f"{name} has zero variance (all rows identical): CKA is undefined")
     return X, Y
@@ -73,9 +70,8 @@ def _gram_cka(K, L):
 
 
 def linear_cka_gram(X, Y):
-    """Reference Gram form, O(n² d) time and O(n²) memory (Kornblith et al. eq. 3 / the CKA demo):
-    K = XXᵀ, L = YYᵀ (uncentred inputs), CKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)); the
-    1/(n-1)² factors cancel. For tests and the benchmark; use `linear_cka`."""
+    """Reference Gram form, O(n² d) time, O(n²) memory (Kornblith et al. eq. 3): K = XXᵀ, L = YYᵀ,
+    CKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)), the 1/(n-1)² cancelling. For tests."""
     _check(X, Y)  # validation only: here the centring happens on the Gram matrices (H K H)
     K, L = [A @ A.T for A in (np.asarray(X, np.float64), np.asarray(Y, np.float64))]
     # H K H, H = I - 11ᵀ/n, without forming H: column means off, then row means (the CKA demo)
@@ -87,24 +83,20 @@ def linear_cka_gram(X, Y):
 # CLI: the Figure 7 table (torch, model.py and bpe.py are imported inside; align.py is not needed)
 
 def cka_table(args):
-    """Per layer, CKA of mean-pooled parallel sentences (rows = sentence pairs) -> (header, rows +
-    avg row):
+    """Per layer, CKA of mean-pooled parallel sentences (rows = pairs) -> (header, rows + avg row):
       bilingual    --ckpt encodes both languages (if it knows both)
       monolingual  --ckpt encodes --src, --ckpt2 encodes --tgt (two monolingual models)
-      random       an untrained model of the --tgt side's config (and tokenizer) encodes --tgt:
-                   the baseline to beat
+      random       an untrained model of the --tgt side's config and tokenizer: the baseline
     Notes under the table: a stalled checkpoint, many <unk>, few sentences."""
     import torch
-
     import model as M
     from bpe import (UNK_ID, InputError, check_src_tgt, checkpoint_lang, checkpoint_tokenizer,
                      encode_bar, read_parallel, toy_data)
 
-    # the toy world's files, l0 = --src
+    notes = {}  # each said once, in order
+    # every flag and input file checked before any work; the toy world's files, l0 = --src
     world = {"src_file": "tatoeba/tatoeba.{l1}-{l0}.{l0}",
              "tgt_file": "tatoeba/tatoeba.{l1}-{l0}.{l1}"}
-    notes = {}  # each said once, in order
-    # every flag and input file checked before any work
     with M.analysis_run(args, world, check_src_tgt, toy_data):
         src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents,
                                              same_ok=bool(args.ckpt2))
@@ -114,15 +106,13 @@ def cka_table(args):
         if n < 50:
             notes[f"note: {n} sentence pairs: the CKA of fewer than 50 points means little"] = 1
 
-        def load(path):
-            """A side: (model, tokenizer, languages, path)."""
+        def load(path):  # a side: (model, tokenizer, languages, path)
             model, tok, langs, extra = M.load_encoder(path, args.device, checkpoint_tokenizer,
                                                       args.xlm_codes)
             notes[M.stall_note(path, extra)] = 1
             return model, tok, langs, path
 
-        def encode(side, lang, lines):
-            """Sentence vectors per layer: the mean over subwords, </s> excluded."""
+        def encode(side, lang, lines):  # per layer: the mean over subwords, </s> excluded
             model, tok, langs, path = side
             index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
             ids = [tok.encode(s, lang) for s in lines]
@@ -189,7 +179,6 @@ def cka_table(args):
 def build_parser():
     import model as M
     from bpe import HelpFormatter, number
-
     ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper "
                                  "§5.2, Fig. 7).", formatter_class=HelpFormatter)
     a = ap.add_argument
@@ -199,25 +188,20 @@ def build_parser():
       "--ckpt/--ckpt2 (e.g. codes_enfr; default: none, pretrain.py checkpoints)")
     a("--src", default="en", help="source language code")
     a("--tgt", default="fr", help="target language code")
-    a("--src-file", help="source side of the parallel sentences, e.g. tatoeba.fra-eng.eng "
-      "(default with --toy: --data's tatoeba/tatoeba.TGT-SRC.SRC)")
+    a("--src-file", help="source side of the parallel sentences, e.g. tatoeba.fra-eng.eng (default "
+      "with --toy: --data's tatoeba/tatoeba.TGT-SRC.SRC)")
     a("--tgt-file", help="target side, line k translating line k (default with --toy: --data's "
       "tatoeba/tatoeba.TGT-SRC.TGT)")
-    a("--toy", nargs="?", const=True, default=False, metavar="DIR",
-      help="the sentence files are the toy world's, given by --data (--toy DIR, deprecated, is "
-      "--toy --data DIR)")
-    a("--data", metavar="DIR", help="with --toy: a toydata.py world whose tatoeba/ pairs are the "
-      "default files")
+    a("--toy", nargs="?", const=True, default=False, metavar="DIR", help="the sentence files are "
+      "the toy world's, given by --data (--toy DIR, deprecated, is --toy --data DIR)")
+    a("--data", metavar="DIR", help="with --toy: a toydata.py world (its tatoeba/ pairs)")
     a("--max-sents", type=number(2), metavar="N", help="read at most the first N sentences (lines) "
       "of each file, i.e. N pairs, N >= 2 (default: all)")
-    a("--batch-size", type=number(1), default=32, help="examples (sentences) per step (forward "
-      "pass)")
+    a("--batch-size", type=number(1), default=32, help="sentences per forward pass")
     a("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast of the encoders (as "
-      "pretrain.py)")
+    a("--dtype", default="auto", choices=("auto",) + M.DTYPES, help="autocast (as pretrain.py)")
     a("--seed", type=number(0, 2 ** 32), default=0, help="seed of the random-encoder baseline")
-    a("--plot", metavar="FILE.png", help="also draw the per-layer table (needs matplotlib; "
-      "default: no plot)")
+    a("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib; default: none)")
     return ap
 
 
