@@ -42,7 +42,6 @@ PAD_ID = 2
 
 class InputError(ValueError):
     """bpe.InputError's twin (model.py copies alone): a bad input, one line; code 2 = a flag's."""
-
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
@@ -89,10 +88,9 @@ class ModelConfig:
 
 
 def parse_sep(spec, n_layers=8):
-    """--sep: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords
-    (or a usage InputError). "" -> all shared; "emb" -> token + position tables and softmax
-    (sep_emb); "1-3" -> layers 1, 2, 3 (1-based, as the paper); "tok" / "pos" -> the halves of
-    "emb". "emb,1-3,5" -> sep_emb, sep_tok, sep_pos True and sep_layers (1, 2, 3, 5)."""
+    """--sep: the language-specific parts (paper §4.3, Table 1) as ModelConfig keywords (or a
+    usage InputError). "" -> all shared; "emb" -> token + position tables and softmax; "1-3" ->
+    layers 1, 2, 3 (the paper's numbering); "tok" / "pos" -> the halves of "emb"."""
     parts = [p.strip() for p in spec.split(",")]
     tok = "emb" in parts or "tok" in parts
     pos = "emb" in parts or "pos" in parts
@@ -149,9 +147,8 @@ class SelfAttention(nn.Module):
         hs = C // nh
         p = self.attention_dropout if self.training else 0.0
         if p and mask is None and x.device.type == "cpu":
-            # training on the CPU: written out, since scaled_dot_product_attention with dropout
-            # falls back there to its unfused path (bernoulli_ masks, a copy of q, k and v each,
-            # a softmax guarded against empty rows)
+            # training on the CPU: written out; scaled_dot_product_attention with dropout falls
+            # back there to its slow unfused path (bernoulli_ masks, copies of q, k, v)
             q, k, v = (self.qkv(x).view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)
                        .reshape(3, B * nh, T, hs).unbind(0))
             att = torch.bmm(q, k.transpose(1, 2)).mul_(hs ** -0.5).softmax(-1)  # (B * nh, T, T)
@@ -197,9 +194,8 @@ class Block(nn.Module):
 
 
 def project(x, W, b, align=None):
-    """Logits x W^T + b over W's V rows, W and b padded with zero rows to a multiple of `align`
-    (on CUDA VOCAB_ALIGN: a V no multiple of 8 misses cuBLAS's best kernels; H200 step 42.5 ms
-    at V = 59,579, 36.6 at 59,584, RESULTS.md)."""
+    """Logits x W^T + b, W and b padded with zero rows to a multiple of `align` (CUDA: VOCAB_ALIGN;
+    a V no multiple of 8 misses cuBLAS's best kernels: H200 42.5 ms at V 59,579, 36.6 at 59,584)."""
     V = W.size(0)
     if align is None:
         align = VOCAB_ALIGN if x.is_cuda else 1
@@ -210,12 +206,10 @@ def project(x, W, b, align=None):
 
 
 class MLM(nn.Module):
-    """Sharing layout. Every part that can be language-specific lives in a ModuleList /
-    ParameterList indexed by language, with one entry when it is shared, n_langs when it is not:
-    tok_emb[l] and pred_bias[l] (by sep_tok), pos_emb[l] (by sep_pos), blocks[i][l] (layer i+1,
-    by sep_layers); so state_dict keys look like `blocks.0.1.attn.qkv.weight` (layer 1, language
-    1's copy). A batch of language A never uses language B's parameters
-    (`lang_specific_parameters`): pretrain.py's DDP update deals with that."""
+    """Sharing layout: each part that can be language-specific is a list by language, one entry
+    when shared, n_langs when not: tok_emb[l] and pred_bias[l] (sep_tok), pos_emb[l] (sep_pos),
+    blocks[i][l] (layer i+1, sep_layers), e.g. `blocks.0.1.attn.qkv.weight` (layer 1, language 1).
+    A batch of language A never uses B's parameters (`lang_specific_parameters`, for DDP)."""
 
     def __init__(self, config):
         super().__init__()
@@ -267,10 +261,10 @@ class MLM(nn.Module):
         return params
 
     def hidden_states(self, idx, lang, attn_mask=None, pos_offset=None):
-        """idx (B, T) token ids of language `lang` (an int); attn_mask optional bool (B, T), True at
-        real tokens -> n_layers + 1 tensors (B, T, dim): L0 = embeddings after their LayerNorm
-        (and dropout), L1..Ln = block outputs, as Figures 5-7 number layers; padding zeroed (XLM).
-        pos_offset: optional (B,), row b at positions pos_offset[b] .. + T - 1 (--pos-offsets)."""
+        """idx (B, T) ids of language `lang` (an int), attn_mask (B, T) True at real tokens ->
+        n_layers + 1 tensors (B, T, dim): L0 = embeddings after their LayerNorm (and dropout),
+        L1..Ln = block outputs, as Figures 5-7 number layers; padding zeroed (XLM). pos_offset:
+        (B,), row b at positions pos_offset[b] .. + T - 1 (--pos-offsets)."""
         B, T = idx.size()
         c = self.config
         if not 0 <= lang < c.n_langs:
@@ -292,10 +286,9 @@ class MLM(nn.Module):
         return hs
 
     def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None, target_index=None):
-        """With targets (B, T) (-1 = not a target): logits (N, V_lang) of the N target positions
-        only, in the order of targets[targets != -1] (as XLM: most of the softmax saved), and their
-        mean cross-entropy; without: logits (B, T, V_lang) and loss None. target_index: optional
-        (N,) flat positions of the targets (no boolean selection: the GPU need not count them)."""
+        """With targets (B, T) (-1 = not a target): logits (N, V_lang) of the N targets only, in
+        the order of targets[targets != -1] (as XLM), and their mean cross-entropy; without: logits
+        (B, T, V_lang), None. target_index: the targets' flat positions (the GPU need not count)."""
         x = self.hidden_states(idx, lang, attn_mask, pos_offset)[-1]
         W = self._pick(self.tok_emb, lang).weight
         b = self._pick(self.pred_bias, lang)
@@ -368,12 +361,10 @@ def xlm_names(config):
 # The encoder of §5.1.2 (Figure 5): two pretrained models cut at layer i, one mapped, 4 new layers
 
 class AlignedEncoder(nn.Module):
-    """The encoder of §5.1.2, with MLM.hidden_states' interface. English runs through the
-    pretrained English model up to layer i (frozen), then through 4 NEW Transformer layers trained
-    with the task head. A target language runs through its own monolingual model up to layer i,
-    is mapped into the English space by the orthogonal W (x_tgt @ W ~ x_en; align.py's
-    Procrustes), then through the same new layers. encoders[code] = (model, its language index,
-    W or None); `lang` is a code. finetune.py's --align-layer builds it (setup_aligned)."""
+    """§5.1.2's encoder, with MLM.hidden_states' interface: English runs through the frozen English
+    model up to layer i, then 4 NEW layers trained with the task head; a target language through
+    its own model up to layer i, mapped into English space by the orthogonal W (x_tgt @ W ~ x_en,
+    align.py's Procrustes), then the same new layers. encoders[code] = (model, index, W or None)."""
 
     def __init__(self, encoders, layer):
         super().__init__()
@@ -403,10 +394,9 @@ class AlignedEncoder(nn.Module):
 # padded batches: the one forward pass that align.py, cka.py and finetune.py share
 
 def encode_batch(model, rows, lang):
-    """Hidden states of B id lists in input form (XLM's `</s> ids </s>`, XNLI's
-    `</s> a </s> b </s>`), run as one right-padded batch -> (hs, mask): n_layers + 1 tensors
-    (B, T, dim), zeros at padding, and mask (B, T), True at real tokens; padding is masked out of
-    attention: row b's states are those of row b run alone."""
+    """B id lists in input form (`</s> ids </s>`, XNLI's `</s> a </s> b </s>`) as one right-padded
+    batch -> (hs, mask): n_layers + 1 tensors (B, T, dim), zeros at padding, mask (B, T) True at
+    real tokens; padding is masked out of attention (row b's states are row b's alone)."""
     device = next(model.parameters()).device
     T = max(len(r) for r in rows)
     idx = torch.tensor([list(r) + [PAD_ID] * (T - len(r)) for r in rows], dtype=torch.long,
@@ -639,8 +629,7 @@ def _from_xlm_checkpoint(path, ckpt):
     return model, {"langs": [id2lang[i] for i in range(n_langs)], "xlm_vocab": words}
 
 # -----------------------------------------------------------------------------
-# device and precision: --device and --dtype mean the same in pretrain.py, finetune.py, align.py,
-# cka.py
+# device and precision: --device and --dtype mean the same in every script
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -786,8 +775,7 @@ def plot_layers(path, title, header, rows, ylabel):
 # -----------------------------------------------------------------------------
 # python model.py curve RUN_DIR: a pretraining run's learning curve, from its log.jsonl
 
-# the count models pretrain.py logs before training ({"count_models": {lang: {key: ppl}}}): their
-# names in the figure and line styles
+# pretrain.py's {"count_models": {lang: {key: ppl}}} record: names in the figure, line styles
 COUNT_MODELS = {"unigram": ("unigram", ":"), "left": ("left bigram", "-."),
                 "both": ("both neighbours", "--")}
 
@@ -841,9 +829,8 @@ def plot_curve(run_dir, path=None):
 # -----------------------------------------------------------------------------
 # export to Hugging Face transformers: XLMWithLMHeadModel weights + a `tokenizers` tokenizer.json
 
-# bpe.pretokenize's regex (bpe.TOKEN_RE, TOKEN_RE_ZH) in Oniguruma's syntax, which `tokenizers`
-# runs: whitespace spelled out (what str.isspace() calls whitespace; \uHHHH, which both read), the
-# zh set difference as an intersection
+# bpe.pretokenize's regex in the Oniguruma syntax `tokenizers` runs: str.isspace()'s whitespace
+# spelled out (\uHHHH, which both read), the zh set difference as an intersection
 _HF_SPACE = r"\t-\r\x1c-\x20\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 _HF_TOKEN = r"\p{N}+(?:[.,]\p{N}+)+|WORD+(?:['’\-]WORD+)*|(?![" + _HF_SPACE + r"])\X"
 HF_PRETOKENIZE = {"": _HF_TOKEN.replace("WORD", r"[\p{L}\p{M}\p{N}]"),
@@ -862,9 +849,8 @@ HF_FILES = """{
  "special_tokens_map.json": {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>",
   "cls_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<special1>"}
 }"""
-# tokenizer.json, less what hf_tokenizer_json fills in (added_tokens from its entries, the
-# pattern, vocab, merges). The normalizer is bpe.lowercase_and_strip_accents (lower, NFD, no
-# non-spacing marks Mn, lower again); it goes when the text keeps its case.
+# tokenizer.json less what hf_tokenizer_json fills in; the normalizer, bpe.lowercase_and_strip_
+# accents (lower, NFD, no non-spacing marks Mn, lower), goes when the text keeps its case
 HF_TOKENIZER = r"""{
  "version": "1.0", "truncation": null, "padding": null,
  "added_tokens": {"single_word": false, "lstrip": false, "rstrip": false, "normalized": false,
@@ -934,7 +920,6 @@ def export_hf(ckpt_path, out_dir, lang=None):
            (c.ffn_dim != 4 * c.dim,
             f"{ckpt_path}: ffn_dim {c.ffn_dim}, but transformers' XLM has 4 x dim {c.dim}"),
            (lang not in langs, f"--lang {lang}: not one of the checkpoint's languages {langs}"),
-           # was "[Errno 17] File exists"
            (os.path.exists(out_dir) and not os.path.isdir(out_dir),
             f"{out_dir}: exists and is not a directory (the export's output directory)")])
     tok, n_extra = hf_tokenizer_json(record, lang, c.vocab_size)
@@ -950,8 +935,7 @@ def export_hf(ckpt_path, out_dir, lang=None):
     files["tokenizer.json"] = tok
     files["tokenizer_config.json"] |= files["special_tokens_map.json"]
     files["tokenizer_config.json"]["model_max_length"] = c.max_positions
-    # the weights under XLMWithLMHeadModel's names (float32 on the CPU, as load_model gives them);
-    # the n_extra token rows copy <unk>'s, their output bias is HF_UNUSED_BIAS
+    # XLMWithLMHeadModel's weights (float32); the n_extra rows copy <unk>'s, bias HF_UNUSED_BIAS
     sd = model.state_dict()
     emb = sd["tok_emb.0.weight"]
     bias = sd["pred_bias.0"]
@@ -983,8 +967,7 @@ def export_hf(ckpt_path, out_dir, lang=None):
             os.rmdir(out_dir)
         raise InputError(f"cannot write the export to {out_dir}: {_first_line(e)} (any earlier "
                          "export there is left as it was)") from None
-    # transformers could load these instead
-    other = os.path.join(out_dir, weights[1])
+    other = os.path.join(out_dir, weights[1])  # transformers could load it instead
     if os.path.exists(other):
         os.remove(other)
     return paths
