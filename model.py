@@ -6,9 +6,8 @@ parameter-sharing switches (§4.3, Figure 1, Table 1 "Parameter sharing").
   embedding LayerNorm, erf GELU, LayerNorm eps 1e-12, no final LayerNorm, output projection tied
   to the token embedding with its own bias, no BERT transform head;
 - `sep_emb`: every language has its own token table, position table and (tied) softmax;
-  `sep_layers=(1, 2, 3)`: every language has its own copy of layers 1-3. Everything else is
-  shared. Beyond the paper, the two halves of `sep_emb` can be switched alone: `sep_tok` (token
-  table and tied softmax) and `sep_pos` (position table), as in Dufter & Schütze (2020).
+  `sep_layers=(1, 2, 3)`: its own copy of layers 1-3; everything else is shared. Beyond the
+  paper, either half of `sep_emb` alone (Dufter & Schütze 2020): `sep_tok`, `sep_pos`.
 
 Only torch is imported, so this file can be copied alone:
 
@@ -18,9 +17,8 @@ Only torch is imported, so this file can be copied alone:
     layers = model.hidden_states(idx, lang=1)            # n_layers + 1 tensors (B, T, dim)
     hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # a padded batch
 
-Then §5.1.2's AlignedEncoder and the padded forward pass the scripts share; below the `# ====`
-line the plumbing and two commands: `python model.py export CKPT OUT_DIR` (for Hugging Face
-transformers) and `python model.py curve RUN_DIR` (RUN_DIR/curve.png, dev perplexity)."""
+Then §5.1.2's AlignedEncoder; below the `# ====` line the plumbing and two commands: `python
+model.py export CKPT OUT_DIR` (for transformers), `python model.py curve RUN_DIR` (curve.png)."""
 
 import hashlib
 import json
@@ -339,8 +337,7 @@ class MLM(nn.Module):
 
 
 def xlm_names(config):
-    """Our state-dict keys -> XLM's keys (no `transformer.` prefix), for MLM.from_xlm and
-    export_hf."""
+    """Our state-dict keys -> XLM's keys (no `transformer.` prefix): from_xlm's and export_hf's."""
     names = {"tok_emb.0.weight": ["embeddings.weight"],
              "pos_emb.0.weight": ["position_embeddings.weight"],
              "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
@@ -523,9 +520,8 @@ def file_digest(path):
 
 
 def load_model(path, map_location="cpu"):
-    """-> (model in eval mode on `map_location`, save_model's extra entries: best.pt's "tokenizer"
-    and "langs"); a released XLM checkpoint is read too. Every way a file can be wrong is one
-    InputError naming it."""
+    """-> (model in eval mode, save_model's extra entries), also of a released XLM checkpoint; any
+    way a file can be wrong is one InputError naming it."""
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         why = "empty file (0 bytes), not a checkpoint"
         if not os.path.exists(path):
@@ -575,11 +571,11 @@ def load_encoder(path, device, checkpoint_tokenizer, xlm_codes):
 
 
 def stall_note(path, extra):
-    """A note if pretrain.py's checkpoint (load_model's extra) has its MLM stalled: the English dev
-    perplexity above the left-bigram count model, as finetune.py judges; else None."""
+    """A note if load_model's extra says the MLM stalled (English dev ppl above pretrain.py's
+    left-bigram count model, finetune.py's rule); else None."""
     ppl = extra.get("dev_ppl") or {}
     en = next(iter(ppl), None)
-    left = (extra.get("count_models") or extra.get("count_ppl") or {}).get(en, {}).get("left")
+    left = (extra.get("count_ppl") or {}).get(en, {}).get("left")
     if left and ppl[en] > left:
         return (f"note: {path}: its MLM stalled ({en} dev ppl {ppl[en]:.2f} above the left-bigram "
                 f"count model's {left:.1f}); its scores measure an unconverged model")
@@ -590,8 +586,7 @@ XLM_SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in ran
 
 
 def _from_xlm_checkpoint(path, ckpt):
-    """An XLM train.py checkpoint -> (model configured as XLM reads params, {"langs": id2lang,
-    "xlm_vocab": the words in id order})."""
+    """An XLM train.py checkpoint -> (model, {"langs": id2lang, "xlm_vocab": words by id})."""
     params = ckpt["params"]
     word2id = ckpt["dico_word2id"]
     state = ckpt["model"]
@@ -681,9 +676,8 @@ def autocast(device, dtype):
 
 @contextmanager
 def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
-    """align.py's and cka.py's run. Before any work: the flags, and --toy --data DIR fills in each
-    unset flag of toy_paths ({flag: its file}); all but `optional` must name files. The work runs
-    under autocast; out of memory or a file's OSError becomes one InputError."""
+    """align.py's and cka.py's run: first the flags, --toy --data DIR filling each unset flag of
+    toy_paths ({flag: file}, all but `optional` needed); then the work under autocast."""
     try:
         check_src_tgt(args)  # one text on both sides measures nothing (P@1 100, CKA 1.000)
         args.device, args.dtype, _ = pick_device(args.device, args.dtype)
@@ -760,8 +754,7 @@ def _save_figure(ax, path, title):
 
 
 def plot_layers(path, title, header, rows, ylabel):
-    """Draw a per-layer table as a PNG (after check_plot): one line per column of floats, x the
-    layers."""
+    """A per-layer table as a PNG (after check_plot): one line per column of floats."""
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     ax = Figure(figsize=(7, 3.6)).subplots()
     for c in range(1, len(header)):
@@ -843,8 +836,7 @@ HF_FILES = """{
   "gelu_activation": true, "sinusoidal_embeddings": false, "causal": false, "asm": false,
   "is_encoder": true, "bos_token_id": 0, "unk_index": 3, "mask_index": 5, "mask_token_id": 5,
   "tie_word_embeddings": true},
- "tokenizer.json": null,
- "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast",
+ "tokenizer.json": null, "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast",
   "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": false},
  "special_tokens_map.json": {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>",
   "cls_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<special1>"}
@@ -852,19 +844,17 @@ HF_FILES = """{
 # tokenizer.json less what hf_tokenizer_json fills in; the normalizer, bpe.lowercase_and_strip_
 # accents (lower, NFD, no non-spacing marks Mn, lower), goes when the text keeps its case
 HF_TOKENIZER = r"""{
- "version": "1.0", "truncation": null, "padding": null,
- "added_tokens": {"single_word": false, "lstrip": false, "rstrip": false, "normalized": false,
-  "special": true},
+ "version": "1.0", "truncation": null, "padding": null, "added_tokens": {"single_word": false,
+  "lstrip": false, "rstrip": false, "normalized": false, "special": true},
  "normalizer": {"type": "Sequence", "normalizers": [{"type": "Lowercase"}, {"type": "NFD"},
   {"type": "Replace", "pattern": {"Regex": "\\p{Mn}"}, "content": ""}, {"type": "Lowercase"}]},
  "pre_tokenizer": {"type": "Split", "pattern": {"Regex": null}, "behavior": "Removed",
   "invert": true},
- "post_processor": {"type": "TemplateProcessing",
-  "single": [{"SpecialToken": {"id": "</s>", "type_id": 0}}, {"Sequence": {"id": "A",
-   "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}],
-  "pair": [{"SpecialToken": {"id": "</s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-   {"SpecialToken": {"id": "</s>", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 0}},
-   {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+ "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "</s>",
+  "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>",
+  "type_id": 0}}], "pair": [{"SpecialToken": {"id": "</s>", "type_id": 0}}, {"Sequence": {"id":
+  "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}, {"Sequence": {"id": "B",
+  "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}],
   "special_tokens": {"</s>": {"id": "</s>", "ids": [1], "tokens": ["</s>"]}}},
  "decoder": {"type": "BPEDecoder", "suffix": "</w>"},
  "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
@@ -902,8 +892,8 @@ def hf_tokenizer_json(record, lang, vocab_size):
 
 
 def export_hf(ckpt_path, out_dir, lang=None):
-    """best.pt as a directory that XLMWithLMHeadModel and PreTrainedTokenizerFast.from_pretrained
-    load with no code of ours (-> the files written); `lang`'s tokenizer (default: the first)."""
+    """best.pt as files that transformers loads with no code of ours (-> their paths); the
+    tokenizer is `lang`'s (default: the first)."""
     model, extra = load_model(ckpt_path)
     c = model.config
     record = extra.get("tokenizer")
