@@ -575,7 +575,8 @@ def stall_note(path, extra):
     left-bigram count model, finetune.py's rule); else None."""
     ppl = extra.get("dev_ppl") or {}
     en = next(iter(ppl), None)
-    left = (extra.get("count_ppl") or {}).get(en, {}).get("left")
+    counts = extra.get("count_models") or extra.get("count_ppl") or {}  # count_ppl: older
+    left = counts.get(en, {}).get("left")
     if left and ppl[en] > left:
         return (f"note: {path}: its MLM stalled ({en} dev ppl {ppl[en]:.2f} above the left-bigram "
                 f"count model's {left:.1f}); its scores measure an unconverged model")
