@@ -169,10 +169,11 @@ def cka_table(args):
               f"{args.ckpt}, {args.tgt} via each column's model), from 0 to 1 (the same up to a "
               "rotation and scale); the random column is the baseline to beat\n")
         print(M.markdown_table(header, rows, "{:.3f}"))
-        print("\n".join(filter(None, notes)))
-        if args.plot:
-            M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer", header,
-                          rows[:-1], "linear CKA")
+        notes = "\n".join(filter(None, notes))
+        print(notes)
+        if args.plot:  # the notes under the title
+            M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer\n{notes}".strip(),
+                          header, rows[:-1], "linear CKA")
         return header, rows
 
 

@@ -302,3 +302,17 @@ def test_fewer_than_50_sentences_get_a_note(toy_world, pair_ckpts, capsys):
     assert out.index("| avg |") < out.index("note: 49 sentence pairs")
     cka.main(argv + ["50"])
     assert "sentence pairs: the CKA" not in capsys.readouterr().out
+
+
+def test_the_notes_are_kept_in_the_figure(toy_world, pair_ckpts, tmp_path, monkeypatch):
+    """The --plot figure carries the notes printed under the table (under its title)."""
+    import model as M
+    drawn = []
+    monkeypatch.setattr(M, "check_plot", lambda path: None)  # matplotlib is not a requirement
+    monkeypatch.setattr(M, "plot_layers", lambda path, title, *rest: drawn.append(title))
+    argv = ["--toy", "--data", str(toy_world), "--ckpt", pair_ckpts["a"], "--ckpt2",
+            pair_ckpts["b"], "--plot", str(tmp_path / "c.png"), "--max-sents"]
+    cka.main(argv + ["20"])
+    cka.main(argv + ["50"])
+    assert drawn == ["Linear CKA en-fr per layer\nnote: 20 sentence pairs: the CKA of fewer than 50 "
+                     "points means little", "Linear CKA en-fr per layer"]
