@@ -129,13 +129,12 @@ def cka_table(args):
         if args.ckpt2:
             tgt_side = load(args.ckpt2)
             # layer i of one model against layer i of the other
-            depths = [side[0].config.n_layers for side in (src_side, tgt_side)]
-            if depths[0] != depths[1]:
-                raise InputError(f"--ckpt {args.ckpt} has {depths[0]} layers but --ckpt2 "
-                                 f"{args.ckpt2} {depths[1]}: CKA compares layer i of one model "
-                                 "with layer i of the other")
+            if src_side[0].config.n_layers != tgt_side[0].config.n_layers:
+                raise InputError(f"--ckpt {args.ckpt} has {src_side[0].config.n_layers} layers "
+                                 f"but --ckpt2 {args.ckpt2} {tgt_side[0].config.n_layers}: CKA "
+                                 "compares layer i of one model with layer i of the other")
             # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
-            weights = [side[0].state_dict().values() for side in (src_side, tgt_side)]
+            weights = src_side[0].state_dict().values(), tgt_side[0].state_dict().values()
             if all(map(torch.equal, *weights)):
                 raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt "
                                  f"{args.ckpt}: a model compared with itself (CKA 1.000 by "
@@ -156,7 +155,7 @@ def cka_table(args):
         torch.manual_seed(args.seed)
         rand = M.MLM(tgt_side[0].config).to(args.device).eval()
         columns["random"] = encode((rand, *tgt_side[1:]), args.tgt, tgt_lines)
-        header = ["layer"] + list(columns)
+        header = ["layer", *columns]
         # zero variance (one vector for every sentence) or NaN states: the input's doing
         try:
             rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()]

@@ -614,10 +614,9 @@ def _from_xlm_checkpoint(path, ckpt):
     try:
         dim = int(params["emb_dim"])
         drop = {k: float(params.get(k, 0.0)) for k in ("dropout", "attention_dropout")}
-        config = ModelConfig(vocab_size=len(words), n_langs=n_langs,
-                             n_layers=int(params["n_layers"]), **drop,
-                             n_heads=int(params["n_heads"]), dim=dim, ffn_dim=4 * dim,
-                             max_positions=pos.size(0),
+        config = ModelConfig(vocab_size=len(words), n_langs=n_langs, **drop, dim=dim,
+                             n_layers=int(params["n_layers"]), n_heads=int(params["n_heads"]),
+                             ffn_dim=4 * dim, max_positions=pos.size(0),
                              lang_emb=n_langs > 1 and bool(params.get("use_lang_emb", True)))
         model = MLM.from_xlm(state, config)
     except (KeyError, ValueError) as e:
@@ -640,8 +639,7 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
     n = torch.cuda.device_count() if cuda else 0
     i = int(index) if gpu and colon else (local_rank or 0)
     build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
-    refuse([(not gpu and device not in ("cpu", "mps"),
-            "expected auto, cpu, cuda, cuda:N or mps"),
+    refuse([(not gpu and device not in ("cpu", "mps"), "expected auto, cpu, cuda, cuda:N or mps"),
            (device == "mps" and not torch.backends.mps.is_available(),
             "MPS is not available on this machine; use --device cpu or auto"),
            (gpu and not cuda,
