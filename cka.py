@@ -168,10 +168,10 @@ def cka_table(args):
               f"{args.ckpt}, {args.tgt} via each column's model), from 0 to 1 (the same up to a "
               "rotation and scale); the random column is the baseline to beat\n")
         print(M.markdown_table(header, rows, "{:.3f}"))
-        notes = "\n".join(filter(None, notes))
-        print(notes)
+        said = "\n".join(filter(None, notes))
+        print(said)
         if args.plot:  # the notes under the title
-            M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer\n{notes}".strip(),
+            M.plot_layers(args.plot, f"Linear CKA {args.src}-{args.tgt} per layer\n{said}".strip(),
                           header, rows[:-1], "linear CKA")
         return header, rows
 
