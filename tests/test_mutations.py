@@ -1,0 +1,147 @@
+"""Tests written against one-line bugs of a mutation pass over the paper parts that the other test
+files let through; each docstring names the bug. Public functions only, CPU, tiny sizes."""
+import argparse
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import align
+import bpe
+import finetune as ft
+from bpe import EOS_ID
+from model import MLM, ModelConfig, encode_batch
+
+torch.set_num_threads(1)  # tiny tensors: extra threads only spin on a shared 2-core machine
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=40, n_layers=2, n_heads=2, dim=8, ffn_dim=16, max_positions=32)
+    return MLM(config).eval()
+
+# -----------------------------------------------------------------------------
+# bpe.py
+
+
+def test_a_merge_listed_twice_keeps_its_first_rank():
+    """Bug: a repeated pair takes its last rank. subword-nmt keeps the first: (b, c</w>) is merge
+    0, before (a, b), so 'abc' -> a + bc; by the last rank (2) it would be ab + c."""
+    codes = bpe.BPE([("b", "c</w>"), ("a", "b"), ("b", "c</w>")])
+    assert codes.segment("abc") == ["a", "bc"]
+
+
+def test_code_switching_cap_is_the_floor_of_the_fraction():
+    """Bug: the cap rounded (or ceiled), not floored: 10 words at max_frac 0.19 -> at most 1
+    replaced, although all 4 dictionary words are picked (p = 1)."""
+    words = ["a", "cat", "and", "a", "dog", "see", "the", "bird", "on", "fish"]
+    dictionary = {"cat": ["chat"], "dog": ["chien"], "bird": ["oiseau"], "fish": ["poisson"]}
+    for seed in range(5):
+        out = bpe.code_switch(words, dictionary, np.random.default_rng(seed), p=1.0, max_frac=0.19)
+        assert sum(a != b for a, b in zip(words, out)) == 1
+
+# -----------------------------------------------------------------------------
+# align.py
+
+
+def test_iterative_normalisation_length_normalises_before_centring():
+    """Bug: each round centres first, then length-normalises. Zhang et al. 2019 (Algorithm 1):
+    unit length, then zero mean; the result ends on unit length. One round on rows of very
+    different lengths: unit(centre(unit(X)))."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((40, 5)) * rng.uniform(0.1, 10, (40, 1)) + 2.0
+
+    def unit(A):
+        return A / np.linalg.norm(A, axis=1, keepdims=True)
+    U = unit(X)
+    expected = unit(U - U.mean(axis=0))
+    wrong = unit(X - X.mean(axis=0))
+    assert not np.allclose(expected, wrong, atol=1e-3), "the check needs rows of unequal length"
+    np.testing.assert_allclose(align.iterative_normalize(X, n_iter=1), expected, atol=1e-7)
+
+
+def csls_dense(X, Y, k):
+    """Conneau et al. 2018 eq. 6 written out: argmax_y 2 cos(x, y) - r_T(x) - r_S(y)."""
+    X = X / np.linalg.norm(X, axis=1, keepdims=True)
+    Y = Y / np.linalg.norm(Y, axis=1, keepdims=True)
+    S = X @ Y.T
+    r_T = -np.sort(-S, axis=1)[:, :k].mean(axis=1)
+    r_S = -np.sort(-S.T, axis=1)[:, :k].mean(axis=1)
+    return np.argmax(2 * S - r_T[:, None] - r_S[None, :], axis=1)
+
+
+def test_word_translation_retrieves_by_csls_not_nearest_neighbour():
+    """Bug: P@1 retrieved by plain cosine nearest neighbour. §5.1.1 (MUSE): CSLS. Gold = CSLS's own
+    choice on data with hubs, where the nearest neighbour chooses otherwise."""
+    rng = np.random.default_rng(5)
+    u = rng.standard_normal(6)
+    X = rng.standard_normal((60, 6)) + u
+    Y = rng.standard_normal((50, 6))
+    Y[:8] = u + 0.5 * rng.standard_normal((8, 6))  # hubs near every query
+    gold = csls_dense(X, Y, 10)
+    nearest = (X / np.linalg.norm(X, axis=1, keepdims=True)) @ Y.T
+    assert (nearest.argmax(axis=1) != gold).sum() > 5, "the check needs NN and CSLS to differ"
+    p_at_1 = align.word_translation_accuracy(X, Y, np.arange(60), gold)
+    assert p_at_1 == (1.0, 60)
+
+# -----------------------------------------------------------------------------
+# finetune.py
+
+
+class ScriptedTask(ft.Task):
+    """English dev scores scripted per epoch."""
+    name = "scripted"
+    metric = "acc"
+
+    def __init__(self, dev_scores):
+        super().__init__([])
+        self.dev_scores = list(dev_scores)
+        self.n_dev = 0
+
+    def label_set(self, train_examples):
+        return ["x"]
+
+    def run(self, model, head, batch, lang, predict=False):
+        h = encode_batch(model, [ids for ids, _ in batch], lang)[0][-1][:, 0]
+        if predict:
+            return [0] * len(batch)
+        return head(h).pow(2).mean()
+
+    def score(self, examples, preds):
+        self.n_dev += 1
+        return {"acc": self.dev_scores[self.n_dev - 1]}
+
+
+def test_of_tied_dev_scores_the_earliest_epoch_is_kept():
+    """Bug: `>=` in the epoch choice keeps the last of tied epochs; XLM keeps the first (a strict
+    improvement is needed): dev 0.5, 0.9, 0.9 -> epoch 2."""
+    model = tiny_model()
+    task = ScriptedTask([0.5, 0.9, 0.9])
+    feats = [([20 + k, 21, 22], 0) for k in range(4)]
+    data = {"lang_id": 0, "train": (feats, feats), "dev": (feats, feats), "test": {}}
+    hp = {"batch_size": 2, "lr": 1e-2, "head_lr": None}
+    args = argparse.Namespace(seed=0, train_lang="en", head_dropout=0.0, epoch_size=0, epochs=3,
+                              bf16=False, clip=0.0)
+    record = ft.finetune_one(task, model, dict(model.state_dict()), data, hp, args,
+                             log=lambda *a: None)
+    assert record["best_epoch"] == 2
+
+
+def test_xnli_head_reads_the_state_at_position_0():
+    """Bug: the XNLI classifier on the last position (padding in a padded batch, the closing </s>
+    otherwise), not on position 0, the first </s> (XLM's xnli.py)."""
+    model = tiny_model()
+    task = ft.XNLITask([])
+    torch.manual_seed(1)
+    head = task.head(8, 0.0).eval()
+    batch = [([EOS_ID, 20, 21, EOS_ID, 22, EOS_ID], 0),
+             ([EOS_ID, 23, EOS_ID, 24, 25, 26, EOS_ID], 2)]
+    with torch.no_grad():
+        states = encode_batch(model, [ids for ids, _ in batch], 0)[0][-1]
+        logits = head(states[:, 0])
+        loss = task.run(model, head, batch, 0)
+        preds = task.run(model, head, batch, 0, predict=True)
+    expected = F.cross_entropy(logits, torch.tensor([0, 2]))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert preds == logits.argmax(-1).tolist()
