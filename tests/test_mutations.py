@@ -1,6 +1,7 @@
 """Tests written against one-line bugs of a mutation pass over the paper parts that the other test
 files let through; each docstring names the bug. Public functions only, CPU, tiny sizes."""
 import argparse
+import contextlib
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 import align
 import bpe
 import finetune as ft
+import pretrain
 from bpe import EOS_ID
 from model import MLM, ModelConfig, encode_batch
 
@@ -40,6 +42,51 @@ def test_code_switching_cap_is_the_floor_of_the_fraction():
     for seed in range(5):
         out = bpe.code_switch(words, dictionary, np.random.default_rng(seed), p=1.0, max_frac=0.19)
         assert sum(a != b for a, b in zip(words, out)) == 1
+
+# -----------------------------------------------------------------------------
+# pretrain.py
+
+
+def test_random_replacements_are_uniform_over_the_whole_vocabulary():
+    """Bug: random ids from randint(vocab_size - 1), the last id never drawn. Every position but
+    0 selected and replaced (probs 0 / 0 / 1): ids uniform over [0, 20), the last one included."""
+    x = torch.full((200, 50), 7)
+    g = torch.Generator().manual_seed(0)
+    inputs, targets = pretrain.mask_tokens(x, 20, g, mask_prob=1.0, probs=(0.0, 0.0, 1.0))
+    assert (targets[:, 1:] == 7).all()
+    counts = torch.bincount(inputs[:, 1:].flatten(), minlength=20)
+    assert len(counts) == 20
+    assert counts.min() > 0.8 * counts.float().mean()
+
+
+def test_an_update_moves_the_own_parameters_of_the_batch_language():
+    """Bug: under --sep the gradients of the languages the batch WAS in are dropped (the test of
+    `used` inverted), so no language-specific table ever trains. Every batch is of language 1:
+    its own parameters move, language 0's stay."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=40, n_layers=1, n_heads=2, dim=8, ffn_dim=16, max_positions=32,
+                         sep_emb=True, dropout=0.0, attention_dropout=0.0)
+    model = MLM(config)
+    ids = np.arange(14, 40).repeat(3)
+    args = argparse.Namespace(accumulate=1, batch_size=2, bptt=8, pos_offsets=0,
+                              pos_offsets_from=0, clip=0.0)
+    run = pretrain.Run(args=args, langs=["en", "fr"], stop=argparse.Namespace(signum=None))
+    run.raw_model = model
+    run.model = model
+    run.params = list(model.parameters())
+    run.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    run.amp = contextlib.nullcontext()
+    run.scaler = torch.amp.GradScaler("cpu", enabled=False)
+    run.train_ids = [ids, ids]
+    run.vocab_sizes = [40, 40]
+    run.sampler = pretrain.StreamSampler([4, 4], [0.0, 1.0], seed=0)
+    run.mask_rng = torch.Generator().manual_seed(0)
+    run.next_batch = pretrain.next_micro_batch(run, 0)
+    own = [model.lang_specific_parameters(lang) for lang in (0, 1)]
+    before = [[p.detach().clone() for p in params] for params in own]
+    assert pretrain.update(run).stepped
+    assert all(torch.equal(b, p) for b, p in zip(before[0], own[0]))
+    assert all(not torch.equal(b, p) for b, p in zip(before[1], own[1]))
 
 # -----------------------------------------------------------------------------
 # align.py
@@ -126,6 +173,41 @@ def test_of_tied_dev_scores_the_earliest_epoch_is_kept():
     record = ft.finetune_one(task, model, dict(model.state_dict()), data, hp, args,
                              log=lambda *a: None)
     assert record["best_epoch"] == 2
+
+
+def test_fine_tuning_starts_every_set_from_the_pretrained_weights():
+    """Bug: finetune_one does not restore the pretrained weights first, so a set starts from the
+    one before it. The same set run twice on one model gives the same weights."""
+    model = tiny_model()
+    task = ScriptedTask([0.5, 0.5])
+    feats = [([20 + k, 21, 22], 0) for k in range(4)]
+    data = {"lang_id": 0, "train": (feats, feats), "dev": (feats, feats), "test": {}}
+    hp = {"batch_size": 2, "lr": 1e-2, "head_lr": None}
+    args = argparse.Namespace(seed=0, train_lang="en", head_dropout=0.0, epoch_size=0, epochs=1,
+                              bf16=False, clip=0.0)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    weights = []
+    for _ in range(2):
+        ft.finetune_one(task, model, init, data, hp, args, log=lambda *a: None)
+        weights.append({k: v.clone() for k, v in model.state_dict().items()})
+    assert not all(torch.equal(init[k], weights[0][k]) for k in init), "the weights must move"
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in init)
+
+
+def test_evaluation_switches_the_heads_dropout_off():
+    """Bug: evaluate puts the encoder in eval mode but not the head: its dropout (0.5 here) stays
+    on at test time. Labels = the predictions without dropout: accuracy 1."""
+    model = tiny_model()
+    task = ft.XNLITask([])
+    torch.manual_seed(2)
+    head = task.head(8, 0.5)
+    feats = [([EOS_ID, 14 + k % 20, 20 + k % 7, EOS_ID, 30 + k % 9, EOS_ID], 0) for k in range(60)]
+    with torch.no_grad():
+        states = encode_batch(model, [ids for ids, _ in feats], 0)[0][-1]
+        preds = head.eval()(states[:, 0]).argmax(-1).tolist()
+    examples = [("p", "h", ft.XNLI_LABELS[p]) for p in preds]
+    head.train()
+    assert ft.evaluate(task, model, head, feats, examples, 0) == {"acc": 1.0}
 
 
 def test_xnli_head_reads_the_state_at_position_0():
