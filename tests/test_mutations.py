@@ -43,6 +43,20 @@ def test_code_switching_cap_is_the_floor_of_the_fraction():
         out = bpe.code_switch(words, dictionary, np.random.default_rng(seed), p=1.0, max_frac=0.19)
         assert sum(a != b for a, b in zip(words, out)) == 1
 
+
+def test_joint_bpe_samples_the_larger_corpus_without_replacement(tmp_path):
+    """Bug: the down-sampled lines drawn with replacement (fewer distinct lines). en: 20 lines
+    'ab'; fr: 19 lines, 18 of them 'pq'. 19 distinct en lines: (a, b</w>) counts 19 against
+    (p, q</w>)'s 18 and is the first merge."""
+    en = tmp_path / "en.txt"
+    fr = tmp_path / "fr.txt"
+    en.write_text("ab\n" * 20)
+    fr.write_text("pq\n" * 18 + "zy\n")
+    for seed in range(3):
+        tok = bpe.Tokenizer.build({"en": str(en), "fr": str(fr)}, "joint", num_merges=1,
+                                  seed=seed, verbose=False)
+        assert tok.bpes["en"].merges == [("a", "b</w>")]
+
 # -----------------------------------------------------------------------------
 # pretrain.py
 
@@ -57,6 +71,28 @@ def test_random_replacements_are_uniform_over_the_whole_vocabulary():
     counts = torch.bincount(inputs[:, 1:].flatten(), minlength=20)
     assert len(counts) == 20
     assert counts.min() > 0.8 * counts.float().mean()
+
+
+class ModeMLM(torch.nn.Module):
+    """MLM.forward's signature; records whether each forward ran in training mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.modes = []
+
+    def forward(self, idx, lang, targets=None):
+        self.modes.append(self.training)
+        return None, torch.tensor(1.0)
+
+
+def test_dev_perplexity_is_measured_in_eval_mode():
+    """Bug: evaluate_ppl leaves the model in training mode (dropout on in evaluation). Every
+    forward in eval mode; the caller's mode restored."""
+    model = ModeMLM().train()
+    ids = np.random.default_rng(0).integers(14, 100, size=500)
+    pretrain.evaluate_ppl(model, ids, 0, 100, 16, "cpu", contextlib.nullcontext())
+    assert model.modes and not any(model.modes)
+    assert model.training
 
 
 def test_an_update_moves_the_own_parameters_of_the_batch_language():
