@@ -485,6 +485,9 @@ RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", 
                      "device", "compile", "workers", "threads", "out", "data", "train_files",
                      "dev_files", "prep_dir", "overwrite", "lr", "warmup", "max_bad_steps",
                      "save_every", "allow_overlap"}  # data: compared by their contents
+# the flags added since the first release, and the value a checkpoint from before each one meant
+LATER_FLAGS = {"toy_cyrillic": False, "schedule": "inverse_sqrt", "pos_offsets": 0,
+               "pos_offsets_from": 0}
 MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: larger is a typo
 # the toy world's knobs when not given: they shape the world that --toy writes to OUT/toy
 TOY_WORLD = dict(toy_size="full", toy_overlap=0.0, toy_order="svo", toy_domain_shift=0.0,
@@ -621,10 +624,17 @@ def get_args(argv=None, p=None):
     # a torchrun worker has all five; a part of them is a leftover (or a launcher's mistake)
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
                if k not in os.environ]
-    if {"RANK", "WORLD_SIZE"} & set(os.environ) and missing:
+    torchrun = {"RANK", "WORLD_SIZE"} & set(os.environ)
+    if torchrun and missing:
         raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun "
                          f"worker (no {' and '.join(missing)}): unset them, or launch with "
                          "torchrun")
+    # RANK 1 of WORLD_SIZE 1 would wait for the others for ever
+    ranks = [os.environ.get(k, "") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")]
+    if torchrun and (not all(map(str.isdigit, ranks)) or int(ranks[0]) >= int(ranks[2])):
+        raise InputError(f"RANK={ranks[0]} LOCAL_RANK={ranks[1]} WORLD_SIZE={ranks[2]} in the "
+                         "environment: expected whole numbers, RANK below WORLD_SIZE (as torchrun "
+                         "sets them)")
     # on the command line, not the preset's
     offsets_from_given = args.pos_offsets_from is not None
     toy_flags = [f"--{k.replace('_', '-')}" for k in TOY_WORLD if getattr(args, k) is not None]
@@ -797,7 +807,8 @@ PROGRESS = ("step", "epoch", "n_streams", "best_ppl", "best_step", "left_plateau
 
 
 def read_checkpoint(path, args, argv):
-    """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags;
+    """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags; a
+    flag not given is the checkpoint's (its release's preset; LATER_FLAGS: from before the flag)
     -> (it, what changed)"""
     if not os.path.isfile(path):
         raise InputError(f"--resume: no checkpoint.pt to go on from in {args.out}")
@@ -808,18 +819,34 @@ def read_checkpoint(path, args, argv):
                          f"{command(argv, '--overwrite')}")
     if not {"args", "optimizer", "rng"} <= set(ckpt):
         raise InputError(f"--resume: {path} is not a checkpoint written by pretrain.py")
-    if args.max_steps <= ckpt["step"]:
-        raise InputError(f"--resume: {path} is at step {ckpt['step']} already; --max-steps "
-                         f"{args.max_steps} would train nothing (give a larger one)")
+    for flag, value, key in (("--max-steps", args.max_steps, "step"),
+                             ("--epochs", args.epochs, "epoch")):
+        if value <= ckpt[key]:
+            raise InputError(f"--resume: {path} is at {key} {ckpt[key]} already; {flag} {value} "
+                             "would train nothing (give a larger one)")
     ckpt["model"] = model.state_dict()
-    # a checkpoint from before --pos-offsets-from drew offsets from update 0
-    old = {"pos_offsets_from": 0, **ckpt["args"]}
-    new = vars(args)
-    diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
-                   for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
+    saved = ckpt["args"]
+    old = {**parse_sep(saved["sep"], saved["n_layers"]), **LATER_FLAGS, **saved}
+    given = vars(build_parser().parse_args(argv))  # None: not on the command line
+    compared = [k for k in sorted(vars(args)) if k not in RESUME_MAY_CHANGE]
+    unknown = [f"--{k.replace('_', '-')}" for k in compared if k not in old]
+    if unknown:
+        raise InputError(f"--resume: {path} is of a pretrain.py from before {', '.join(unknown)}; "
+                         f"this one cannot go on from it: start again with "
+                         f"{command(argv, '--overwrite')}")
+    kept = []
+    for k in compared:
+        if given.get(k, "") is None and old[k] != getattr(args, k):
+            kept.append(f"--{k.replace('_', '-')} {old[k]}")
+            setattr(args, k, old[k])
+    diff = [f"--{k.replace('_', '-')} {old[k]!r} in the checkpoint, {getattr(args, k)!r} now"
+            for k in compared if old[k] != getattr(args, k)]
     if diff:
-        raise InputError(f"--resume: {path} was made with different flags:{diff}")
-    changed = [f"--{k} {old.get(k)} -> {new[k]}" for k in ("lr", "warmup") if old.get(k) != new[k]]
+        raise InputError(f"--resume: {path} was made with different flags: {'; '.join(diff)}")
+    changed = [f"--{k} {old[k]} -> {getattr(args, k)}" for k in ("lr", "warmup")
+               if old[k] != getattr(args, k)]
+    if kept:
+        changed.append(f"{', '.join(kept)} as in the checkpoint")
     return ckpt, ", ".join(changed)
 
 
@@ -855,9 +882,10 @@ def restore_checkpoint(run, ckpt):
     torch.set_rng_state(rng["torch"])
     if run.device_type == "cuda" and rng.get("cuda") is not None:
         torch.cuda.set_rng_state(rng["cuda"])
+    log_bytes = ckpt.get("log_bytes", math.inf)  # an earlier release's: the log as it is
     log_exists = os.path.exists(run.log_path)
-    if run.master and log_exists and os.path.getsize(run.log_path) > ckpt["log_bytes"]:
-        os.truncate(run.log_path, ckpt["log_bytes"])
+    if run.master and log_exists and os.path.getsize(run.log_path) > log_bytes:
+        os.truncate(run.log_path, log_bytes)
         run.log(f"{run.log_path}: records after step {run.step} dropped (they are redone from the "
                 "checkpoint)")
 
