@@ -546,10 +546,8 @@ def build_parser():
     model("--lang-emb", action="store_true",
           help="add language embeddings (the paper is silent; mBERT, XLM-17/100 have)")
     for flag, typ, what in (
-            ("--n-layers", count, "layers"),
-            ("--dim", count, "hidden size"),
-            ("--n-heads", count, "attention heads"),
-            ("--ffn-dim", count, "feed-forward size"),
+            ("--n-layers", count, "layers"), ("--dim", count, "hidden size"),
+            ("--n-heads", count, "attention heads"), ("--ffn-dim", count, "feed-forward size"),
             ("--dropout", rate, "dropout"),
             ("--attention-dropout", rate,
              "attention dropout (as XLM's recipes; its flag's default is 0)")):
@@ -806,7 +804,8 @@ def read_checkpoint(path, args, argv):
     saved = ckpt["args"]
     old = {**parse_sep(saved["sep"], saved["n_layers"]), **LATER_FLAGS, **saved}
     given = vars(build_parser().parse_args(argv))  # None: not on the command line
-    compared = [k for k in sorted(vars(args)) if k not in RESUME_MAY_CHANGE]
+    new = vars(args)  # args itself: a value set here is the run's
+    compared = [k for k in sorted(new) if k not in RESUME_MAY_CHANGE]
     unknown = [f"--{k.replace('_', '-')}" for k in compared if k not in old]
     if unknown:
         raise InputError(f"--resume: {path} is of a pretrain.py from before {', '.join(unknown)}; "
@@ -814,15 +813,14 @@ def read_checkpoint(path, args, argv):
                          f"{command(argv, '--overwrite')}")
     kept = []
     for k in compared:
-        if given.get(k, "") is None and old[k] != getattr(args, k):
+        if given.get(k, "") is None and old[k] != new[k]:
             kept.append(f"--{k.replace('_', '-')} {old[k]}")
-            setattr(args, k, old[k])
-    diff = [f"--{k.replace('_', '-')} {old[k]!r} in the checkpoint, {getattr(args, k)!r} now"
-            for k in compared if old[k] != getattr(args, k)]
+            new[k] = old[k]
+    diff = [f"--{k.replace('_', '-')} {old[k]!r} in the checkpoint, {new[k]!r} now"
+            for k in compared if old[k] != new[k]]
     if diff:
         raise InputError(f"--resume: {path} was made with different flags: {'; '.join(diff)}")
-    changed = [f"--{k} {old[k]} -> {getattr(args, k)}" for k in ("lr", "warmup")
-               if old[k] != getattr(args, k)]
+    changed = [f"--{k} {old[k]} -> {new[k]}" for k in ("lr", "warmup") if old[k] != new[k]]
     if kept:
         changed.append(f"{', '.join(kept)} as in the checkpoint")
     return ckpt, ", ".join(changed)
@@ -884,8 +882,7 @@ def save_checkpoint(run):
                       "args": vars(run.args), "tokenizer": run.tok.to_dict(), "langs": run.langs,
                       **{k: getattr(run, k) for k in PROGRESS}, "rng": rngs,
                       "count_models": run.count_models,
-                      "data": {"dir": run.data_dir, **data_of(run)},
-                      "log_bytes": log_bytes}
+                      "data": {"dir": run.data_dir, **data_of(run)}, "log_bytes": log_bytes}
         atomic_write(run.ckpt_path, lambda tmp: torch.save(checkpoint, tmp))
     run.saved_step = run.step
     seconds = time.time() - t0
