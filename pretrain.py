@@ -785,7 +785,7 @@ PROGRESS = ("step", "epoch", "n_streams", "best_ppl", "best_step", "left_plateau
 
 def read_checkpoint(path, args, argv):
     """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags; a
-    flag not given is the checkpoint's (its release's preset, or LATER_FLAGS'). -> (it, changes)"""
+    flag not given is the checkpoint's (its release's preset, or LATER_FLAGS') -> (it, changes)"""
     if not os.path.isfile(path):
         raise InputError(f"--resume: no checkpoint.pt to go on from in {args.out}")
     try:
@@ -823,7 +823,7 @@ def read_checkpoint(path, args, argv):
     changed = [f"--{k} {old[k]} -> {new[k]}" for k in ("lr", "warmup") if old[k] != new[k]]
     if kept:
         changed.append(f"{', '.join(kept)} as in the checkpoint")
-    return ckpt, ", ".join(changed)
+    return ckpt, f" ({', '.join(changed)})" if changed else ""
 
 
 def data_of(run):  # what --resume compares: other dev sets would have best.pt chosen across two
@@ -858,8 +858,7 @@ def restore_checkpoint(run, ckpt):
     if run.device_type == "cuda" and rng.get("cuda") is not None:
         torch.cuda.set_rng_state(rng["cuda"])
     log_bytes = ckpt.get("log_bytes", math.inf)  # an earlier release's: the log as it is
-    log_exists = os.path.exists(run.log_path)
-    if run.master and log_exists and os.path.getsize(run.log_path) > log_bytes:
+    if run.master and os.path.exists(run.log_path) and os.path.getsize(run.log_path) > log_bytes:
         os.truncate(run.log_path, log_bytes)
         run.log(f"{run.log_path}: records after step {run.step} dropped (they are redone from the "
                 "checkpoint)")
@@ -1075,10 +1074,8 @@ def setup(args, argv):
     build(run, dtype)
     if ckpt:
         restore_checkpoint(run, ckpt)
-        resumed = f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.current_epoch}"
-        if changed:
-            resumed += f" ({changed})"
-        run.log(resumed)
+        run.log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.current_epoch}"
+                f"{changed}")
         # --snapshots at updates passed without their file: they can no longer be written
         missed = [f"step{n}.pt" for n in args.snapshots
                   if n <= run.step and not os.path.exists(os.path.join(args.out, f"step{n}.pt"))]
