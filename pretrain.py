@@ -50,8 +50,7 @@ from toydata import SIZES as TOY_SIZES, parse_order, write_world
 MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
 PRED_PROBS = (0.8, 0.1, 0.1)  # of those: MASK, kept, random id (XLM word_mask_keep_rand)
 ALPHA = 0.7                   # language sampling exponent (XLM lg_sampling_factor)
-# XLM's adam_inverse_sqrt defaults: eps 1e-8, no weight decay (XLM's README BERT recipe has 1e-6
-# and decoupled 0.01)
+# XLM's adam_inverse_sqrt defaults (its README's BERT recipe: eps 1e-6, decoupled decay 0.01)
 ADAM = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
 # -----------------------------------------------------------------------------
@@ -204,8 +203,7 @@ MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language:
 
 @dataclass(slots=True)  # slots: an attribute not declared here cannot be set
 class Run:
-    """Everything a run holds, declared here only: the setup below the ruler fills it in, train()
-    moves it on and checkpoint.pt keeps what --resume needs."""
+    """Everything a run holds: set up below the ruler, moved on by train(), in checkpoint.pt."""
     args: argparse.Namespace            # the flags, presets filled in (get_args)
     langs: list                         # --langs; the first, "English", selects best.pt
     rank: int = 0                       # torchrun's RANK and WORLD_SIZE
@@ -255,10 +253,8 @@ class Run:
 
 
 def next_micro_batch(run, update_index):
-    """The next micro-batch, for update `update_index` (0-based): its language and stream batch
-    (the sampler), the masking and the --pos-offsets start on the host, then on the device (pinned
-    on a GPU: the copy does not wait), drawn during the backward before it.
-    -> (lang, (inputs, targets, target positions, offset or None))."""
+    """The micro-batch for update `update_index`, drawn on the host during the backward before it,
+    then on the device: -> (lang, (inputs, targets, target positions, offset start or None))."""
     args = run.args
     # the sampler's and the masking's states before this draw, for checkpoint.pt
     run.rng_before_next = (run.sampler.state_dict(), run.mask_rng.get_state())
@@ -281,16 +277,14 @@ def next_micro_batch(run, update_index):
 
 
 def zero_term(model, lang):
-    """0 x the other languages' own parameters (--sep): added to a loss, DDP sees them used, so it
-    needs no find_unused_parameters."""
+    """0 x the other languages' own parameters (--sep): DDP sees them used in the loss."""
     others = [p for j in range(model.config.n_langs) if j != lang
               for p in model.lang_specific_parameters(j)]
     return sum(p.view(-1)[0] for p in others) * 0.0
 
 
 class Step(NamedTuple):
-    """What one update did. A float16 overflow is neither stepped nor non_finite: the scaler skips
-    that step itself and lowers its scale."""
+    """What one update did (a float16 overflow is neither stepped nor non_finite)."""
     loss: float         # the mean over micro-batches and ranks
     grad_norm: float    # before clipping
     langs: list         # this rank's micro-batches' languages
@@ -301,8 +295,7 @@ class Step(NamedTuple):
 
 def update(run):
     """One update (XLM mlm_step): `accumulate` micro-batches of one language each, forward and
-    backward (DDP syncs the gradients on the last); one host-device sync, under torchrun one
-    all_reduce; clipping at --clip and Adam, skipped when the loss or the norm is not finite."""
+    backward; one host-device sync; clipping at --clip and Adam, unless the loss is not finite."""
     args = run.args
     n_langs = len(run.langs)
     loss_sum = torch.zeros((), device=run.device)
@@ -323,9 +316,8 @@ def update(run):
         loss_sum += loss.detach().float()
         run.n_streams += args.batch_size
 
-    # one read (under torchrun one all_reduce) of the mean loss, the languages any rank's
-    # micro-batches were in, a stop signal on any rank and the gradient norm (the same on every
-    # rank: DDP averaged the gradients)
+    # one read (under torchrun one all_reduce) of the mean loss, the languages any rank used, a
+    # stop signal on any rank and the gradient norm (the same on every rank)
     flags = torch.zeros(n_langs + 2)  # the languages, then SIGINT, SIGTERM
     flags[langs] = 1.0
     if run.stop.signum:
@@ -345,9 +337,8 @@ def update(run):
     if values[n_langs + 2]:
         stop = signal.SIGTERM
 
-    # --sep: a language that no rank's micro-batch was in gets no gradient on its own parameters.
-    # DDP would give them a zero one, which Adam's momentum still moves; XLM updates only what the
-    # batch used.
+    # --sep: a language no rank used gets no gradient on its own parameters (DDP's zero one would
+    # still move them through Adam's momentum; XLM updates only what the batch used)
     if run.raw_model.has_lang_specific():
         for lang_id in range(n_langs):
             if not used[lang_id]:
@@ -359,9 +350,8 @@ def update(run):
     scale = run.scaler.get_scale()
     finite = math.isfinite(loss) and (math.isfinite(grad_norm) or fp16)
     if finite and fp16:
-        # float16: unscale_ only once the loss is known finite, as it must be followed by the
-        # scaler's step (which skips an overflow itself and lowers the scale); the norm was taken
-        # of the scaled gradients
+        # float16: unscale_ (then the scaler's step, which skips an overflow) once the loss is
+        # known finite; the norm was taken of the scaled gradients
         run.scaler.unscale_(run.optimizer)
         norm = norm / scale
         grad_norm = grad_norm / scale
@@ -375,8 +365,7 @@ def update(run):
     return Step(loss, grad_norm, langs, stop, stepped, non_finite=not finite)
 
 # ==================================================================================================
-# The plumbing: the training loop, flags, the run directory and signals, count models,
-# checkpoints and log, setup, main
+# The plumbing: the loop, flags, signals, count models, checkpoints and log, setup, main
 
 # -----------------------------------------------------------------------------
 # the training loop
@@ -394,9 +383,8 @@ def total_updates(args):  # the updates --max-steps and --epochs allow
 
 
 def train(run):
-    """The training loop: get_lr, one update, the progress line; an evaluation (best.pt) at the end
-    of an epoch and of the run, every --eval-every and at --snapshots, checkpoint.pt then
-    (--save-every permitting) and when a signal stops the run. -> Ending."""
+    """The loop: get_lr, one update, the progress line; an evaluation at each epoch's end, every
+    --eval-every, at --snapshots and at the end; checkpoint.pt then and at a signal. -> Ending."""
     args = run.args
     bad_steps = 0      # non-finite losses in a row
     stopped_by = 0     # the signal that stops the run
@@ -478,21 +466,21 @@ def train(run):
     return Ending(ended_by, stopped_by, diverged)
 
 # -----------------------------------------------------------------------------
-# flags (the presets above by default, each checked before any work); the run directory, its lock;
-# signals, advice
+# flags (the presets above by default, each checked before any work); signals, advice
 
 RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every",
                      "device", "compile", "workers", "threads", "out", "data", "train_files",
                      "dev_files", "prep_dir", "overwrite", "lr", "warmup", "max_bad_steps",
                      "save_every", "allow_overlap"}  # data: compared by their contents
+# the flags added since the first release, and the value a checkpoint from before each one meant
+LATER_FLAGS = {"toy_cyrillic": False, "schedule": "inverse_sqrt", "pos_offsets": 0,
+               "pos_offsets_from": 0}
 MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: larger is a typo
 # the toy world's knobs when not given: they shape the world that --toy writes to OUT/toy
 TOY_WORLD = dict(toy_size="full", toy_overlap=0.0, toy_order="svo", toy_domain_shift=0.0,
                  toy_cyrillic=False, toy_seed=0)
 # the other ranks wait while the master evaluates and saves (NCCL's 10 minutes are too short)
 DDP_TIMEOUT = timedelta(minutes=60)
-
-
 USAGE = ("pretrain.py --out DIR [--toy] [--data DIR | --train-files LANG=PATH,... --dev-files "
          "LANG=PATH,...] [flags below]")
 
@@ -558,10 +546,8 @@ def build_parser():
     model("--lang-emb", action="store_true",
           help="add language embeddings (the paper is silent; mBERT, XLM-17/100 have)")
     for flag, typ, what in (
-            ("--n-layers", count, "layers"),
-            ("--dim", count, "hidden size"),
-            ("--n-heads", count, "attention heads"),
-            ("--ffn-dim", count, "feed-forward size"),
+            ("--n-layers", count, "layers"), ("--dim", count, "hidden size"),
+            ("--n-heads", count, "attention heads"), ("--ffn-dim", count, "feed-forward size"),
             ("--dropout", rate, "dropout"),
             ("--attention-dropout", rate,
              "attention dropout (as XLM's recipes; its flag's default is 0)")):
@@ -621,10 +607,17 @@ def get_args(argv=None, p=None):
     # a torchrun worker has all five; a part of them is a leftover (or a launcher's mistake)
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
                if k not in os.environ]
-    if {"RANK", "WORLD_SIZE"} & set(os.environ) and missing:
+    torchrun = {"RANK", "WORLD_SIZE"} & set(os.environ)
+    if torchrun and missing:
         raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun "
                          f"worker (no {' and '.join(missing)}): unset them, or launch with "
                          "torchrun")
+    # RANK 1 of WORLD_SIZE 1 would wait for the others for ever
+    ranks = [os.environ.get(k, "") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")]
+    if torchrun and (not all(map(str.isdigit, ranks)) or int(ranks[0]) >= int(ranks[2])):
+        raise InputError(f"RANK={ranks[0]} LOCAL_RANK={ranks[1]} WORLD_SIZE={ranks[2]} in the "
+                         "environment: expected whole numbers, RANK below WORLD_SIZE (as torchrun "
+                         "sets them)")
     # on the command line, not the preset's
     offsets_from_given = args.pos_offsets_from is not None
     toy_flags = [f"--{k.replace('_', '-')}" for k in TOY_WORLD if getattr(args, k) is not None]
@@ -696,18 +689,15 @@ def get_args(argv=None, p=None):
 
 
 def run_files(out):
-    """An earlier run's files in --out (toy/, toy.json, data/, args.json are inputs, reused by every
-    run in --out)."""
+    """An earlier run's files in --out (toy/, toy.json, data/, args.json: inputs, reused)."""
     names = set(os.listdir(out)) if os.path.isdir(out) else set()
     snapshots = [f for f in names if re.fullmatch(r"step\d+\.pt", f)]
     snapshots.sort(key=lambda f: int(f[4:-3]))
     return [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if f in names] + snapshots
 
 
-
 def command(argv, then, lr=None):
-    """ARGV made to go on (then="--resume") or start again ("--overwrite"), maybe at another --lr:
-    all advice."""
+    """ARGV made to go on (then="--resume") or start again ("--overwrite"), maybe at a new --lr."""
     drop = ("--resume", "--overwrite", "--lr") if lr else ("--resume", "--overwrite")
     kept = []
     skip_value = False
@@ -730,8 +720,7 @@ def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
 
 
 class StopSignal:
-    """SIGTERM, Ctrl-C: at once before training; in it, the update is finished, checkpoint.pt
-    saved, exit 128+sig."""
+    """SIGTERM, Ctrl-C: at once before training; in it, after the update and checkpoint.pt."""
 
     def __init__(self, advice):
         self.signum = None
@@ -751,8 +740,7 @@ class StopSignal:
 
 
 def default_handlers():
-    """A forked child (bpe.binarize's pool) gets the default handlers: pool.terminate()'s SIGTERM
-    ends it, even asleep in C."""
+    """A forked child (bpe.binarize's pool) gets the default handlers: pool.terminate() ends it."""
     for s in (signal.SIGTERM, signal.SIGINT):
         if isinstance(getattr(signal.getsignal(s), "__self__", None), StopSignal):
             signal.signal(s, signal.SIG_DFL)
@@ -761,12 +749,11 @@ def default_handlers():
 os.register_at_fork(after_in_child=default_handlers)
 
 # -----------------------------------------------------------------------------
-# count models of the dev sets (the plateau's measure); checkpoint.pt (a bit-exact --resume);
-# log.jsonl, best.pt
+# count models of the dev sets; checkpoint.pt (a bit-exact --resume); log.jsonl, best.pt
 
 def count_baselines(train_ids, dev_ids, max_tokens=20_000_000):
     """Dev perplexities of unigram (add-one), left bigram and both-neighbour models (Witten-Bell,
-    each on the last), fitted on at most max_tokens: a Wikipedia's would not fit."""
+    each on the last), fitted on at most max_tokens."""
     t = np.asarray(train_ids[:max_tokens], dtype=np.int64)
     d = np.asarray(dev_ids, dtype=np.int64)
     V = int(max(t.max(), d.max())) + 1
@@ -797,8 +784,8 @@ PROGRESS = ("step", "epoch", "n_streams", "best_ppl", "best_step", "left_plateau
 
 
 def read_checkpoint(path, args, argv):
-    """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags;
-    -> (it, what changed)"""
+    """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags; a
+    flag not given is the checkpoint's (its release's preset, or LATER_FLAGS') -> (it, changes)"""
     if not os.path.isfile(path):
         raise InputError(f"--resume: no checkpoint.pt to go on from in {args.out}")
     try:
@@ -808,19 +795,35 @@ def read_checkpoint(path, args, argv):
                          f"{command(argv, '--overwrite')}")
     if not {"args", "optimizer", "rng"} <= set(ckpt):
         raise InputError(f"--resume: {path} is not a checkpoint written by pretrain.py")
-    if args.max_steps <= ckpt["step"]:
-        raise InputError(f"--resume: {path} is at step {ckpt['step']} already; --max-steps "
-                         f"{args.max_steps} would train nothing (give a larger one)")
+    for flag, value, key in (("--max-steps", args.max_steps, "step"),
+                             ("--epochs", args.epochs, "epoch")):
+        if value <= ckpt[key]:
+            raise InputError(f"--resume: {path} is at {key} {ckpt[key]} already; {flag} {value} "
+                             "would train nothing (give a larger one)")
     ckpt["model"] = model.state_dict()
-    # a checkpoint from before --pos-offsets-from drew offsets from update 0
-    old = {"pos_offsets_from": 0, **ckpt["args"]}
-    new = vars(args)
-    diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
-                   for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
+    saved = ckpt["args"]
+    old = {**parse_sep(saved["sep"], saved["n_layers"]), **LATER_FLAGS, **saved}
+    given = vars(build_parser().parse_args(argv))  # None: not on the command line
+    new = vars(args)  # args itself: a value set here is the run's
+    compared = [k for k in sorted(new) if k not in RESUME_MAY_CHANGE]
+    unknown = [f"--{k.replace('_', '-')}" for k in compared if k not in old]
+    if unknown:
+        raise InputError(f"--resume: {path} is of a pretrain.py from before {', '.join(unknown)}; "
+                         f"this one cannot go on from it: start again with "
+                         f"{command(argv, '--overwrite')}")
+    kept = []
+    for k in compared:
+        if given.get(k, "") is None and old[k] != new[k]:
+            kept.append(f"--{k.replace('_', '-')} {old[k]}")
+            new[k] = old[k]
+    diff = [f"--{k.replace('_', '-')} {old[k]!r} in the checkpoint, {new[k]!r} now"
+            for k in compared if old[k] != new[k]]
     if diff:
-        raise InputError(f"--resume: {path} was made with different flags:{diff}")
-    changed = [f"--{k} {old.get(k)} -> {new[k]}" for k in ("lr", "warmup") if old.get(k) != new[k]]
-    return ckpt, ", ".join(changed)
+        raise InputError(f"--resume: {path} was made with different flags: {'; '.join(diff)}")
+    changed = [f"--{k} {old[k]} -> {new[k]}" for k in ("lr", "warmup") if old[k] != new[k]]
+    if kept:
+        changed.append(f"{', '.join(kept)} as in the checkpoint")
+    return ckpt, f" ({', '.join(changed)})" if changed else ""
 
 
 def data_of(run):  # what --resume compares: other dev sets would have best.pt chosen across two
@@ -829,8 +832,7 @@ def data_of(run):  # what --resume compares: other dev sets would have best.pt c
 
 
 def restore_checkpoint(run, ckpt):
-    """Model, optimizer, progress, this rank's RNGs; log.jsonl cut back to the checkpoint's; a lost
-    best.pt anew."""
+    """Model, optimizer, progress, this rank's RNGs; log.jsonl cut back to the checkpoint's."""
     same_data = all(ckpt["data"].get(k, v) == v for k, v in data_of(run).items())
     if ckpt["tokenizer"] != run.tok.to_dict() or not same_data:
         raise InputError(f"--resume: the data in {run.data_dir} are not {run.ckpt_path}'s "
@@ -855,16 +857,15 @@ def restore_checkpoint(run, ckpt):
     torch.set_rng_state(rng["torch"])
     if run.device_type == "cuda" and rng.get("cuda") is not None:
         torch.cuda.set_rng_state(rng["cuda"])
-    log_exists = os.path.exists(run.log_path)
-    if run.master and log_exists and os.path.getsize(run.log_path) > ckpt["log_bytes"]:
-        os.truncate(run.log_path, ckpt["log_bytes"])
+    log_bytes = ckpt.get("log_bytes", math.inf)  # an earlier release's: the log as it is
+    if run.master and os.path.exists(run.log_path) and os.path.getsize(run.log_path) > log_bytes:
+        os.truncate(run.log_path, log_bytes)
         run.log(f"{run.log_path}: records after step {run.step} dropped (they are redone from the "
                 "checkpoint)")
 
 
 def save_checkpoint(run):
-    """checkpoint.pt by the master, with every rank's RNGs from before the micro-batch drawn ahead
-    (drawn again)."""
+    """checkpoint.pt, with every rank's RNGs from before the micro-batch drawn ahead."""
     t0 = time.time()
     cuda_rng = torch.cuda.get_rng_state() if run.device_type == "cuda" else None
     mine = dict(zip(("sampler", "mask"), run.rng_before_next), torch=torch.get_rng_state(),
@@ -880,8 +881,7 @@ def save_checkpoint(run):
                       "args": vars(run.args), "tokenizer": run.tok.to_dict(), "langs": run.langs,
                       **{k: getattr(run, k) for k in PROGRESS}, "rng": rngs,
                       "count_models": run.count_models,
-                      "data": {"dir": run.data_dir, **data_of(run)},
-                      "log_bytes": log_bytes}
+                      "data": {"dir": run.data_dir, **data_of(run)}, "log_bytes": log_bytes}
         atomic_write(run.ckpt_path, lambda tmp: torch.save(checkpoint, tmp))
     run.saved_step = run.step
     seconds = time.time() - t0
@@ -899,16 +899,13 @@ def log_json(run, record):  # a line of log.jsonl, by the master, with the time
 
 
 def evaluate(run):
-    """The dev perplexities; best.pt when English improves (§3.1), step{N}.pt; -> all finite (else
-    nothing saved)."""
+    """The dev perplexities; best.pt when English improves (§3.1), step{N}.pt; -> all finite."""
     args = run.args
     en = run.langs[0]
     finite = True
     if run.master:
-        ppl = {}
-        for j, lang in enumerate(run.langs):
-            ppl[lang] = evaluate_ppl(run.raw_model, run.dev_ids[j], j, run.vocab_sizes[j],
-                                     args.bptt, run.device, run.amp)
+        ppl = {lang: evaluate_ppl(run.raw_model, run.dev_ids[j], j, run.vocab_sizes[j], args.bptt,
+                                  run.device, run.amp) for j, lang in enumerate(run.langs)}
         finite = all(math.isfinite(v) for v in ppl.values())
         improved = finite and ppl[en] < run.best_ppl
         # on the unigram plateau: not below the left-bigram count model (README "Stalls")
@@ -943,8 +940,7 @@ def evaluate(run):
 # setup: device, data (the toy world, bpe.prepare), model and optimizer, DDP; then main
 
 def write_toy_world(args, langs, master):
-    """The master writes OUT/toy once (OUT/toy.json: its knobs; other ones need --overwrite); the
-    other ranks wait."""
+    """The master writes OUT/toy once (OUT/toy.json: its knobs); the other ranks wait."""
     knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], **TOY_SIZES[args.toy_size]}
     for k in ("overlap", "order", "domain_shift", "cyrillic", "seed"):
         knobs[k] = getattr(args, f"toy_{k}")
@@ -975,21 +971,8 @@ OVERLAP = ("the dev perplexity, and best.pt chosen on it, would measure what is 
            "another dev set, or --allow-overlap if it is meant")
 
 
-def dev_lines_in_train(train_path, dev_path):
-    """-> (how many dev lines are training lines, dev lines), both normalised: whitespace
-    collapsed, Unicode NFC (a copy that differs only in spacing or in how its accents are
-    encoded is still the training text)."""
-    def normal(line):
-        return unicodedata.normalize("NFC", " ".join(line.split()))
-
-    dev = [normal(line) for line in read_text(dev_path) if line.strip()]
-    wanted = set(dev)
-    found = set()
-    for line in read_text(train_path):
-        key = normal(line)
-        if key in wanted:
-            found.add(key)
-    return sum(key in found for key in dev), len(dev)
+def normal_line(line):  # whitespace collapsed, Unicode NFC
+    return unicodedata.normalize("NFC", " ".join(line.split()))
 
 
 def load_data(run):
@@ -998,10 +981,15 @@ def load_data(run):
     files = None
     if args.train_files:
         files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs}
-    # --dev-files that are mostly training lines: refused before any work; a few: counted
+    # --dev-files that are mostly training lines, both normalised (a copy that differs in spacing
+    # or in how its accents are encoded is still the training text): refused; a few: counted
     if run.master and files:
         for l in langs:
-            shared, n_dev = dev_lines_in_train(files[l]["train"], files[l]["dev"])
+            dev = [normal_line(line) for line in read_text(files[l]["dev"]) if line.strip()]
+            wanted = set(dev)
+            found = {key for key in map(normal_line, read_text(files[l]["train"])) if key in wanted}
+            shared = sum(key in found for key in dev)
+            n_dev = len(dev)
             mostly = "" if shared == n_dev else "mostly "
             if shared > n_dev / 2 and not args.allow_overlap:
                 raise InputError(f"the {l} dev set is {mostly}its training text ({shared} of its "
@@ -1042,8 +1030,7 @@ def build_adam(params, lr, device_type):
 
 
 def build(run, dtype):
-    """Model (alike on every rank), Adam, autocast (and a GradScaler for fp16); per-rank masking
-    and dropout seeds."""
+    """Model (alike on every rank), Adam, autocast, GradScaler; per-rank masking, dropout seeds."""
     args = run.args
     torch.manual_seed(args.seed)
     shape = {k: getattr(args, k) for k in ("n_layers", "n_heads", "dim", "ffn_dim", "dropout",
@@ -1087,10 +1074,8 @@ def setup(args, argv):
     build(run, dtype)
     if ckpt:
         restore_checkpoint(run, ckpt)
-        resumed = f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.current_epoch}"
-        if changed:
-            resumed += f" ({changed})"
-        run.log(resumed)
+        run.log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.current_epoch}"
+                f"{changed}")
         # --snapshots at updates passed without their file: they can no longer be written
         missed = [f"step{n}.pt" for n in args.snapshots
                   if n <= run.step and not os.path.exists(os.path.join(args.out, f"step{n}.pt"))]
@@ -1106,8 +1091,8 @@ def setup(args, argv):
         atomic_write(os.path.join(args.out, "args.json"), lambda tmp: write_text(tmp, args_json))
         run.count_models = {}
         for l, t, d in zip(run.langs, run.train_ids, run.dev_ids):
-            run.count_models[l] = dict(zip(("unigram", "left", "both"), count_baselines(t, d)))
-            c = run.count_models[l]
+            c = dict(zip(("unigram", "left", "both"), count_baselines(t, d)))
+            run.count_models[l] = c
             run.log(f"count models of the dev set ({l}): unigram {c['unigram']:.1f}, left bigram "
                     f"{c['left']:.1f}, both neighbours {c['both']:.1f}")
     if run.ddp:  # the other ranks wait for the master's evaluation and checkpoint in a collective
@@ -1115,9 +1100,8 @@ def setup(args, argv):
         device_ids = [local_rank] if run.device_type == "cuda" else None
         run.ddp_model = DDP(run.raw_model, device_ids=device_ids)
         run.model = run.ddp_model
-        # DDP's gradient buckets follow the order of its first backward (--sep: the language
-        # drawn); one of language 0 on <s> <s> (eval: no RNG; gradients dropped) fixes it, so a
-        # resumed run sums the ranks' gradients alike
+        # DDP's gradient buckets follow its first backward (--sep: the language drawn): one of
+        # language 0 on <s> <s> (no RNG, gradients dropped) fixes them for a resumed run too
         x = torch.zeros((1, 2), dtype=torch.long, device=run.device)
         run.raw_model.eval()
         (run.ddp_model(x, 0, x)[1] + zero_term(run.raw_model, 0)).backward()
@@ -1128,10 +1112,9 @@ def setup(args, argv):
     run.log(f"languages {run.langs} (sampling p = {np.round(run.sampler.probs, 3).tolist()}), "
             f"vocab sizes {run.vocab_sizes}, train tokens {run.n_tokens}\n"
             f"model: {sum(p.numel() for p in run.params):,} parameters, sep={args.sep or 'none'}, "
-            f"bpe={args.bpe}, dtype {dtype}, device {run.device}; {run.tokens_per_update:,} "
-            "tokens per update "
-            f"({args.batch_size} streams x {args.bptt} x {args.accumulate} accumulation x "
-            f"{run.world_size} processes)")
+            f"bpe={args.bpe}, dtype {dtype}, device {run.device}; {run.tokens_per_update:,} tokens "
+            f"per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} accumulation"
+            f" x {run.world_size} processes)")
     return run
 
 
