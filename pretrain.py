@@ -30,7 +30,6 @@ import shutil
 import signal
 import sys
 import time
-import unicodedata
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import NamedTuple
@@ -42,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, atomic_write,
-                 load_bin, locked, number, parse_lang_files, prepare, read_text,
+                 load_bin, locked, number, parse_lang_files, prepare,
                  reported, write_errors, write_text)
 from model import MLM, ModelConfig, autocast, load_model, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
@@ -971,37 +970,17 @@ OVERLAP = ("the dev perplexity, and best.pt chosen on it, would measure what is 
            "another dev set, or --allow-overlap if it is meant")
 
 
-def normal_line(line):  # whitespace collapsed, Unicode NFC
-    return unicodedata.normalize("NFC", " ".join(line.split()))
-
-
 def load_data(run):
     args = run.args
     langs = run.langs
     files = None
     if args.train_files:
         files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs}
-    # --dev-files that are mostly training lines, both normalised (a copy that differs in spacing
-    # or in how its accents are encoded is still the training text): refused; a few: counted
-    if run.master and files:
-        for l in langs:
-            dev = [normal_line(line) for line in read_text(files[l]["dev"]) if line.strip()]
-            wanted = set(dev)
-            found = {key for key in map(normal_line, read_text(files[l]["train"])) if key in wanted}
-            shared = sum(key in found for key in dev)
-            n_dev = len(dev)
-            mostly = "" if shared == n_dev else "mostly "
-            if shared > n_dev / 2 and not args.allow_overlap:
-                raise InputError(f"the {l} dev set is {mostly}its training text ({shared} of its "
-                                 f"{n_dev} lines are training lines, whitespace collapsed, "
-                                 f"Unicode NFC): {OVERLAP}")
-            if shared:
-                run.log(f"note: {shared} of the {n_dev} {l} dev lines are training lines too "
-                        "(whitespace collapsed, Unicode NFC)")
     run.data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe,
                            merges=args.merges, separate_vocab=args.sep_tok,
                            lowercase=args.lowercase, seed=args.seed, code_switch=args.code_switch,
-                           workers=args.workers, master=run.master)
+                           workers=args.workers, master=run.master,
+                           allow_overlap=args.allow_overlap)
     try:
         run.tok = Tokenizer.load(os.path.join(run.data_dir, "tokenizer.json"))
         train = [load_bin(os.path.join(run.data_dir, f"{l}.train")) for l in langs]

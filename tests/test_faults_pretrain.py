@@ -588,7 +588,8 @@ BPE_MISTAKES = [
     (["prepare", "--prep-dir", "p"], "give --data, or --train-files with --dev-files"),
     (["prepare", "--data", ".", "--code-switch", "en.txt", "--separate-vocab", "--prep-dir", "p"],
      "--code-switch needs two --langs and one shared vocabulary"),
-    (["prepare", "--train-files", "en=en.txt,fr=fr.txt", "--dev-files", "en=en.txt,fr=fr.txt", "--prep-dir", "en.txt"],
+    (["prepare", "--train-files", "en=en.txt,fr=fr.txt", "--dev-files", "en=en.txt,fr=fr.txt",
+      "--allow-overlap", "--prep-dir", "en.txt"],
      "--prep-dir en.txt/joint-80000-"),  # a file, not a directory: named by its flag
 ]
 
