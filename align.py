@@ -21,7 +21,6 @@ Only numpy at module level (the file copies alone); the command line imports the
                                --test-src tatoeba.fra-eng.eng --test-tgt tatoeba.fra-eng.fra
 """
 import argparse
-import math
 import os
 import unicodedata
 from collections import Counter
@@ -364,12 +363,12 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size, notes=None):
     """Every word token's vector, the mean of its subword states (the paper leaves it open) ->
-    (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows offsets[k]:
+    (array (n_layers + 1, n_words, dim), offsets): sentence k's words are rows offsets[k]:
     offsets[k+1], NaN past max_positions; `notes` gets a note of many <unk>."""
     import bpe
     import model as M
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
-    offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
+    offsets = np.cumsum([0] + [len(w) for w in per_word])
     out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, np.float32)
     sent_ids = [sum(w, []) for w in per_word]
     unk_note(notes, sent_ids, lang_code)
@@ -380,7 +379,7 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size,
             if pos + len(ids) <= H.shape[1] - 1:
                 out[:, offsets[k] + w] = H[:, pos:pos + len(ids)].mean(axis=1)
             pos += len(ids)
-    return list(out), offsets
+    return out, offsets
 
 
 def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=None):
@@ -388,7 +387,7 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=
     lowercase (MUSE) -> (row name, words, vectors) per row of Fig. 4: embedding rows of ONE-subword
     words (4a), then per layer the mean state of each word's tokens (4b)."""
     import bpe
-    sents = [tok.words(line.strip(), lang) for line in bpe.read_lines(path, max_sents)]
+    sents = [tok.words(line, lang) for line in bpe.read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
     if not words:
         raise InputError(f"{path}: no words")
@@ -400,13 +399,13 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=
     single = {k: ids[0] for k, ids in zip(keys, key_ids) if len(ids) == 1 and ids[0] != bpe.UNK_ID}
     layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size, notes)
     row = {k: i for i, k in enumerate(keys)}
-    which = np.array([row.get(w.lower(), -1) for w in words], dtype=np.int64)
+    which = np.array([row.get(w.lower(), -1) for w in words])
     counted = (which >= 0) & ~np.isnan(layers[0][:, 0])  # a kept word type, a token with states
-    n_occ = np.bincount(which[counted], minlength=len(keys)).astype(np.float64)
+    n_occ = np.bincount(which[counted], minlength=len(keys))
     occurs = n_occ > 0
     # per layer, the sum over each word's tokens
-    S = np.zeros((len(layers), len(keys), layers[0].shape[1]))
-    np.add.at(S, (slice(None), which[counted]), np.stack(layers)[:, counted])
+    S = np.zeros((len(layers), len(keys), layers.shape[2]))
+    np.add.at(S, (slice(None), which[counted]), layers[:, counted])
     means = (S[:, occurs] / n_occ[occurs, None]).astype(np.float32)
     with_states = [k for k, o in zip(keys, occurs) if o]
     rows = [("emb (4a)", list(single), table[list(single.values())])]
@@ -423,7 +422,11 @@ def _encoders(args):
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
         if path not in loaded:
             loaded[path] = model.load_encoder(path, args.device, bpe.checkpoint_tokenizer,
-                                          args.xlm_codes)
+                                              args.xlm_codes)
+            # a model whose MLM stalled (model.py's rule)
+            note = model.stall_note(path, loaded[path][3])
+            if note:
+                args.notes.append(note.removeprefix("note: "))
         mdl, tok, langs, _ = loaded[path]
         lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
         out.append((mdl, tok, lang_idx, lang))
@@ -431,14 +434,6 @@ def _encoders(args):
     if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
         raise InputError(f"--data {args.data}: no world.json, not a whole toydata.py world (cut "
                          "short? write it again with toydata.py --force)")
-    # a model whose MLM stalled: English dev ppl above the left-bigram count model (finetune.py's)
-    for path, (*_, extra) in loaded.items():
-        ppl = extra.get("dev_ppl") or {None: 0}
-        en = next(iter(ppl))
-        left = (extra.get("count_models") or {}).get(en, {}).get("left", math.inf)
-        if ppl[en] > left:
-            args.notes.append(f"{path}: its MLM stalled ({en} dev ppl {ppl[en]:.2f}, above the "
-                              f"left-bigram count model's {left:.2f}); the scores mean little")
     # before any encoding: vectors of two widths cannot be compared, layers of two depths paired
     first, second = (side[0].config for side in out)
     if first.dim != second.dim:
@@ -449,9 +444,9 @@ def _encoders(args):
                          f"{second.n_layers}: the tables pair layer l of one model with layer l of "
                          "the other; give two models of one depth")
     # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
-    weights = [side[0].state_dict() for side in out]
-    if args.ckpt2 and weights[0].keys() == weights[1].keys() and all(
-            map(torch.equal, weights[0].values(), weights[1].values())):
+    mine, theirs = (side[0].state_dict() for side in out)
+    if args.ckpt2 and mine.keys() == theirs.keys() and all(
+            map(torch.equal, mine.values(), theirs.values())):
         raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt {args.ckpt}: a "
                          "model compared with itself; give a second model or leave --ckpt2 out")
     return out
@@ -598,63 +593,62 @@ def cmd_words(args):
 
 def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences, CSLS P@1 held out."""
+    path = args.save_maps
     # --save-maps is checked before any work
-    if args.save_maps:
-        folder = os.path.dirname(os.path.abspath(args.save_maps))
-        why = f"{folder} is not a writable directory"
-        if os.path.isdir(args.save_maps) or not os.access(folder, os.W_OK):
-            why = "is a directory" if os.path.isdir(args.save_maps) else why
-            raise InputError(f"--save-maps {args.save_maps}: cannot write there ({why})")
-        if os.path.exists(args.save_maps) and not args.overwrite:
-            raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, "
-                             "perhaps of another checkpoint); pass --overwrite to replace it, or "
-                             "another file")
+    if path:
+        folder = os.path.dirname(os.path.abspath(path))
+        why = "is a directory" if os.path.isdir(path) else f"{folder} is not a writable directory"
+        if os.path.isdir(path) or not os.access(folder, os.W_OK):
+            raise InputError(f"--save-maps {path}: cannot write there ({why})")
+        if os.path.exists(path) and not args.overwrite:
+            raise InputError(f"--save-maps {path}: exists (maps of an earlier run, perhaps of "
+                             "another checkpoint); pass --overwrite to replace it, or another file")
     elif args.overwrite:  # it would replace nothing
         raise InputError("--overwrite goes with --save-maps (it replaces that file)")
     sides = _encoders(args)
     texts = read_sides(args, args.src_file, args.tgt_file)
     # per side: the words of each sentence; the states of the word tokens, where sentences start
-    words = []
-    states = []
-    for (mdl, tok, lang_idx, lang), lines in zip(sides, texts):
-        words.append([tok.words(line, lang) for line in lines])
-        states.append(encode_word_tokens(mdl, tok, words[-1], lang_idx, lang, args.batch_size,
-                                         args.notes))
-    S, T = words
-    (Hs, off_s), (Ht, off_t) = states
+    S, T = ([tok.words(line, lang) for line in lines] for (_, tok, _, lang), lines in zip(sides, texts))
+    (Hs, off_s), (Ht, off_t) = (encode_word_tokens(mdl, tok, ws, i, lang, args.batch_size, args.notes)
+                                for (mdl, tok, i, lang), ws in zip(sides, (S, T)))
     pairs = [one_to_one_pairs(links, s, t) for links, s, t in zip(fast_align(S, T), S, T)]
     n_fit = int(round(len(S) * 0.8))  # the last 20 % of the sentences are held out
     if not 0 < n_fit < len(S):
         raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a "
                          "held-out part")
+    # the word tokens with states (none past max_positions)
+    has_s = ~np.isnan(Hs[0, :, 0])
+    has_t = ~np.isnan(Ht[0, :, 0])
+
     # (source row, target row) of the word pairs of sentences ks whose two words have states
     def token_pairs(ks):
         rows = [(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]]
         rows = np.array(rows, np.int64).reshape(-1, 2)
-        return rows[~np.isnan(Hs[0][rows[:, 0], 0]) & ~np.isnan(Ht[0][rows[:, 1], 0])]
+        return rows[has_s[rows[:, 0]] & has_t[rows[:, 1]]]
     fit = token_pairs(range(n_fit))
     ev = token_pairs(range(n_fit, len(S)))
     # the candidates: the target tokens of the eval sentences (with states)
-    cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))
+    cand = off_t[n_fit] + np.flatnonzero(has_t[off_t[n_fit]:])
     if len(fit) < 2 or len(ev) < 1 or len(cand) < 2:  # one candidate is always the nearest
         raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, "
                          f"{len(ev)} eval, {len(cand)} candidate tokens; at least 2, 1, 2)")
-    weak_notes(args.notes, "", len(fit), Hs[0].shape[1], len(ev), "held-out pairs")
+    weak_notes(args.notes, "", len(fit), Hs.shape[2], len(ev), "held-out pairs")
     gold = np.searchsorted(cand, ev[:, 1])  # each eval pair's target among the candidates
-    # x_src @ W ~ x_tgt
-    maps = [procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]) for Xs, Xt in zip(Hs, Ht)]
+    maps = []
     rows = []
-    for l, (Xs, Xt, W) in enumerate(zip(Hs, Ht, maps)):
+    for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
+        # x_src @ W ~ x_tgt
+        maps.append(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]))
         Q = Xs[ev[:, 0]]
-        acc = [float(np.mean(csls_knn(q, Xt[cand]) == gold)) for q in (Q, Q @ W)]
+        acc = [float(np.mean(csls_knn(q, Xt[cand]) == gold)) for q in (Q, Q @ maps[l])]
         rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out "
                 f"fast_align pairs (last 20% of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"],
                 rows, args)
-    if args.save_maps:
-        save_maps(args.save_maps, maps, args.src, args.tgt, args.digests, args.notes)
-        print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ "
+    if path:
+        save_maps(path, maps, args.src, args.tgt, args.digests, args.notes)
+        print(f"\nsaved {len(maps)} maps to {path}: x_{args.src} @ src_to_tgt[l] ~ "
               f"x_{args.tgt}, x_{args.tgt} @ tgt_to_src[l] ~ x_{args.src} (l = 0 embeddings .. "
               f"{len(maps) - 1})")
     return rows
