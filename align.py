@@ -140,7 +140,7 @@ def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
     if not kept:
         raise InputError(f"{name}: none of its {len(pairs)} pairs has both words in the "
                          f"vocabularies ({len(src_words)} source, {len(tgt_words)} target words)")
-    return tuple(np.array(kept, dtype=np.int64).T)
+    return tuple(np.array(kept).T)
 
 
 def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
@@ -210,7 +210,7 @@ def _diag_z(j, m, n, lam):
     integer arrays): geometric series of ratio exp(-λ/n) from below j·n/m down to 1 and from above
     it up to n. The upper one's length is an unsigned 32-bit difference (C++): j·n/m > n, only in
     _model_h's transposed call, wraps it (sum: the limit)."""
-    below = (j * n // m).astype(np.int64)
+    below = j * n // m
     n_above = ((n - below) % 2 ** 32).astype(np.float64)
     r = np.exp(-lam / n)
     above_sum = np.exp(_h(below + 1, j, m, n) * lam) * (1.0 - r ** n_above) / (1.0 - r)
@@ -222,7 +222,7 @@ def _model_h(j, m, n, lam):
     """The prior's expected h for target position j as fast_align's -o computes it:
     Σ_i h exp(λ h) (closed form, h falling by 1/n per step away from j·n/m) / Z_λ(j, n, m)
     (lengths swapped)."""
-    below = (j * n // m).astype(np.int64)
+    below = j * n // m
     n_above = n - below
     r = np.exp(-lam / n)
     d = -1.0 / n
@@ -250,8 +250,6 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     gets no links (fast_align stops there)."""
     if len(src_sents) != len(tgt_sents):
         raise ValueError(f"{len(src_sents)} source but {len(tgt_sents)} target sentences")
-    src = [_split_words(s) for s in src_sents]
-    tgt = [_split_words(s) for s in tgt_sents]
     e_id = {"<NULL>": 0}
     f_id = {}
     # per pair, of every cell: source word, target word, source position i, token
@@ -259,7 +257,7 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     tokens = []  # per pair: j (1-based), m, n of every target token
     blocks = []  # (pair, first cell, m, n): where its cells live
     n_tok = n_cell = 0
-    for k, (es, fs) in enumerate(zip(src, tgt)):
+    for k, (es, fs) in enumerate(zip(map(_split_words, src_sents), map(_split_words, tgt_sents))):
         n = len(es)
         m = len(fs)
         if n == 0 or m == 0:
@@ -272,7 +270,7 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
         blocks.append((k, n_cell, m, n))
         n_tok += m
         n_cell += m * (n + 1)
-    links = [[] for _ in src]
+    links = [[] for _ in src_sents]
     if not blocks:
         return links
     cell_e, cell_f, cell_i, tok = map(np.concatenate, zip(*cells))
@@ -400,14 +398,13 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=
     layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size, notes)
     row = {k: i for i, k in enumerate(keys)}
     which = np.array([row.get(w.lower(), -1) for w in words])
-    counted = (which >= 0) & ~np.isnan(layers[0][:, 0])  # a kept word type, a token with states
-    n_occ = np.bincount(which[counted], minlength=len(keys))
-    occurs = n_occ > 0
-    # per layer, the sum over each word's tokens
-    S = np.zeros((len(layers), len(keys), layers.shape[2]))
-    np.add.at(S, (slice(None), which[counted]), layers[:, counted])
-    means = (S[:, occurs] / n_occ[occurs, None]).astype(np.float32)
-    with_states = [k for k, o in zip(keys, occurs) if o]
+    counted = (which >= 0) & ~np.isnan(layers[0, :, 0])  # a kept word type, a token with states
+    # the word types with states, most frequent first: per layer, the mean over their tokens
+    kept, type_of, n_occ = np.unique(which[counted], return_inverse=True, return_counts=True)
+    S = np.zeros((len(layers), len(kept), layers.shape[2]))
+    np.add.at(S, (slice(None), type_of), layers[:, counted])
+    means = (S / n_occ[:, None]).astype(np.float32)
+    with_states = [keys[i] for i in kept]
     rows = [("emb (4a)", list(single), table[list(single.values())])]
     return rows + [(f"L{l} (4b)", with_states, X) for l, X in enumerate(means)]
 
@@ -428,8 +425,7 @@ def _encoders(args):
             if note:
                 args.notes.append(note.removeprefix("note: "))
         mdl, tok, langs, _ = loaded[path]
-        lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
-        out.append((mdl, tok, lang_idx, lang))
+        out.append((mdl, tok, bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is"), lang))
     # toydata.py writes world.json last: a world without it was cut short
     if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
         raise InputError(f"--data {args.data}: no world.json, not a whole toydata.py world (cut "
