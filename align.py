@@ -557,10 +557,9 @@ def cmd_words(args):
     overlap = f"pairs of {names[0]} share a source word with the test pairs of {names[1]}"
     train = without_test_pairs(train, test, names, args.allow_overlap, overlap,
                                lambda pair: pair[0])
-    src, tgt = _encoders(args)
     # per side: one (row name, words, vectors) per row of the table
-    vs = word_vectors(*src, args.src_corpus, args.max_sents, args.batch_size, args.notes)
-    vt = word_vectors(*tgt, args.tgt_corpus, args.max_sents, args.batch_size, args.notes)
+    vs, vt = (word_vectors(*side, path, args.max_sents, args.batch_size, args.notes)
+              for side, path in zip(_encoders(args), (args.src_corpus, args.tgt_corpus)))
     rows = []
     errors = []
     for (name, ws, Xs), (_, wt, Xt) in zip(vs, vt):
@@ -733,21 +732,28 @@ def build_parser():
       help="autocast of the encoders, as in pretrain.py")
     a("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib; default: none)")
 
-    # paths: data flag -> (help, its file in a --toy --data DIR world)
-    def command(name, func, summary, paths):
+    # paths: data flag -> (help, its file in a --toy --data DIR world); overlap: --allow-overlap's
+    def command(name, func, summary, paths, overlap=None):
         p = sub.add_parser(name, parents=[common], help=summary, formatter_class=bpe.HelpFormatter)
+        toy_paths = {}
         for f, (h, rel) in paths.items():
             flag_help = f"{h} (default with --toy: --data's {rel.format(l0='SRC', l1='TGT')})"
             p.add_argument("--" + f.replace("_", "-"), help=flag_help)
-        p.set_defaults(func=func, toy_paths={f: rel for f, (_, rel) in paths.items()})
+            toy_paths[f] = rel
+        p.set_defaults(func=func, toy_paths=toy_paths)
+        if overlap:
+            p.add_argument("--allow-overlap", action="store_true",
+                           help=f"fit the map on test pairs too (default: {overlap} are left out "
+                           "of the fit, and a train set with nothing else is refused)")
         return p
 
-    words = command("words", cmd_words,
+    command("words", cmd_words,
                     "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
         "train_dict": ("MUSE dictionary, fit (en-fr.0-5000.txt)", "dict/{l0}-{l1}.train.txt"),
         "test_dict": ("MUSE dictionary, test (en-fr.5000-6500.txt)", "dict/{l0}-{l1}.test.txt"),
         "src_corpus": ("source text: vocabulary, contextual averages", "mono/{l0}.train.txt"),
-        "tgt_corpus": ("target text: vocabulary, contextual averages", "mono/{l1}.train.txt")})
+        "tgt_corpus": ("target text: vocabulary, contextual averages", "mono/{l1}.train.txt")},
+            "train pairs of a tested source word")
     p = command("contextual", cmd_contextual,
                 "§5.1.2: contextual word alignment from fast_align pairs", {
         "src_file": ("parallel sentences, source side", "parallel/{l0}-{l1}.train.{l0}"),
@@ -755,17 +761,13 @@ def build_parser():
     p.add_argument("--save-maps", help="write the per-layer maps here (.npz; finetune.py "
                    "--align-maps; default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
-    sentences = command("sentences", cmd_sentences,
+    command("sentences", cmd_sentences,
                         "Fig. 6: Tatoeba-style sentence retrieval per layer", {
         "test_src": ("test pairs, source (tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
         "test_tgt": ("test pairs, target (tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
         "train_src": ("fit pairs, source (optional)", "parallel/{l0}-{l1}.train.{l0}"),
-        "train_tgt": ("fit pairs, target (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")})
-    for p, which in ((words, "train pairs of a tested source word"),
-                     (sentences, "train pairs that are test pairs")):
-        p.add_argument("--allow-overlap", action="store_true",
-                       help=f"fit the map on test pairs too (default: {which} are left out of the "
-                       "fit, and a train set with nothing else is refused)")
+        "train_tgt": ("fit pairs, target (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")},
+            "train pairs that are test pairs")
     return ap
 
 
