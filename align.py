@@ -252,7 +252,8 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
         raise ValueError(f"{len(src_sents)} source but {len(tgt_sents)} target sentences")
     e_id = {"<NULL>": 0}
     f_id = {}
-    # per pair, of every cell: source word, target word, source position i, token
+    # per pair, of every cell: source word, target word, source position i, token, diagonal
+    # feature h, and h with the 0-based j (-o's posterior)
     cells = []
     tokens = []  # per pair: j (1-based), m, n of every target token
     blocks = []  # (pair, first cell, m, n): where its cells live
@@ -264,8 +265,8 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
             continue
         e = np.array([0] + [e_id.setdefault(w, len(e_id)) for w in es])  # (n+1,) NULL first
         f = np.array([f_id.setdefault(w, len(f_id)) for w in fs])  # (m,)
-        cells.append((np.tile(e, m), np.repeat(f, n + 1), np.tile(np.arange(n + 1), m),
-                      np.repeat(n_tok + np.arange(m), n + 1)))
+        J, I = np.indices((m, n + 1)).reshape(2, -1)  # of every cell: 0-based j, i
+        cells.append((e[I], f[J], I, n_tok + J, _h(I, J + 1, m, n), _h(I, J, m, n)))
         tokens.append((np.arange(1, m + 1), np.full(m, m), np.full(m, n)))
         blocks.append((k, n_cell, m, n))
         n_tok += m
@@ -273,11 +274,8 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     links = [[] for _ in src_sents]
     if not blocks:
         return links
-    cell_e, cell_f, cell_i, tok = map(np.concatenate, zip(*cells))
+    cell_e, cell_f, cell_i, tok, h, h_prev = map(np.concatenate, zip(*cells))
     tok_j, tok_m, tok_n = map(np.concatenate, zip(*tokens))
-    # the diagonal feature of every cell, and the same with the 0-based j (-o's posterior)
-    h = _h(cell_i, tok_j[tok], tok_m[tok], tok_n[tok])
-    h_prev = _h(cell_i, tok_j[tok] - 1, tok_m[tok], tok_n[tok])
     null = cell_i == 0
     # one θ entry per co-occurring (e, f) pair: cell -> pair index, pair -> e
     pairs, pair_of_cell = np.unique(cell_e * len(f_id) + cell_f, return_inverse=True)
