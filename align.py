@@ -378,7 +378,7 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size,
     return out, offsets
 
 
-def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=None):
+def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes):
     """Word vectors (the paper leaves them open) of a corpus's word types, most frequent first,
     lowercase (MUSE) -> (row name, words, vectors) per row of Fig. 4: embedding rows of ONE-subword
     words (4a), then per layer the mean state of each word's tokens (4b)."""
@@ -483,7 +483,7 @@ def read_sides(args, src, tgt):
     return texts
 
 
-def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair):
+def without_test_pairs(train, test, names, allow, overlap, key):
     """Unless `allow`: train pairs whose key is a test pair's are left out of the fit with a note
     "N of the M {overlap}" (MUSE's en-fr.txt holds its test pairs); test pairs only: refused."""
     tested = {key(pair) for pair in test}
@@ -612,14 +612,13 @@ def cmd_contextual(args):
     # the word tokens with states (none past max_positions)
     has_s = ~np.isnan(Hs[0, :, 0])
     has_t = ~np.isnan(Ht[0, :, 0])
-
-    # (source row, target row) of the word pairs of sentences ks whose two words have states
-    def token_pairs(ks):
-        rows = [(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]]
-        rows = np.array(rows, np.int64).reshape(-1, 2)
-        return rows[has_s[rows[:, 0]] & has_t[rows[:, 1]]]
-    fit = token_pairs(range(n_fit))
-    ev = token_pairs(range(n_fit, len(S)))
+    # (source row, target row) of the word pairs whose two words have states, fit or held out
+    linked = [(off_s[k] + i, off_t[k] + j) for k, links in enumerate(pairs) for i, j in links]
+    linked = np.array(linked, np.int64).reshape(-1, 2)
+    linked = linked[has_s[linked[:, 0]] & has_t[linked[:, 1]]]
+    held_out = linked[:, 0] >= off_s[n_fit]
+    fit = linked[~held_out]
+    ev = linked[held_out]
     # the candidates: the target tokens of the eval sentences (with states)
     cand = off_t[n_fit] + np.flatnonzero(has_t[off_t[n_fit]:])
     if len(fit) < 2 or len(ev) < 1 or len(cand) < 2:  # one candidate is always the nearest
@@ -735,8 +734,8 @@ def build_parser():
         p = sub.add_parser(name, parents=[common], help=summary, formatter_class=bpe.HelpFormatter)
         toy_paths = {}
         for f, (h, rel) in paths.items():
-            flag_help = f"{h} (default with --toy: --data's {rel.format(l0='SRC', l1='TGT')})"
-            p.add_argument("--" + f.replace("_", "-"), help=flag_help)
+            p.add_argument("--" + f.replace("_", "-"),
+                           help=f"{h} (default with --toy: --data's {rel.format(l0='SRC', l1='TGT')})")
             toy_paths[f] = rel
         p.set_defaults(func=func, toy_paths=toy_paths)
         if overlap:
