@@ -370,11 +370,11 @@ def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size,
     unk_note(notes, sent_ids, lang_code)
     states = M.iter_states(model, sent_ids, lang_idx, batch_size)
     for k, H in bpe.encode_bar(lang_code)(states, len(per_word)):
-        pos = 1  # position 0 is </s>
+        end = 1  # position 0 is </s>, the last one too
         for w, ids in enumerate(per_word[k]):
-            if pos + len(ids) <= H.shape[1] - 1:
-                out[:, offsets[k] + w] = H[:, pos:pos + len(ids)].mean(axis=1)
-            pos += len(ids)
+            start, end = end, end + len(ids)
+            if end < H.shape[1]:
+                out[:, offsets[k] + w] = H[:, start:end].mean(axis=1)
     return out, offsets
 
 
@@ -458,8 +458,9 @@ def unk_note(notes, ids, lang):
 
 
 def weak_notes(notes, where, n_fit, dim, n_test, items):
-    """A map fitted on fewer pairs than dimensions, a score on fewer than 50 items: notes."""
-    if n_fit is not None and n_fit < dim:
+    """A map fitted on fewer pairs than dimensions (n_fit 0: no map), a score on fewer than 50
+    items: notes."""
+    if 0 < n_fit < dim:
         notes.append(f"{where}the map is fitted on {n_fit} pairs in {dim} dimensions: "
                      "underdetermined (fewer pairs than dimensions); the mapped score means little")
     if n_test < 50:
@@ -617,23 +618,23 @@ def cmd_contextual(args):
     linked = np.array(linked, np.int64).reshape(-1, 2)
     linked = linked[has_s[linked[:, 0]] & has_t[linked[:, 1]]]
     held_out = linked[:, 0] >= off_s[n_fit]
-    fit = linked[~held_out]
-    ev = linked[held_out]
+    fit_s, fit_t = linked[~held_out].T
+    ev_s, ev_t = linked[held_out].T
     # the candidates: the target tokens of the eval sentences (with states)
     cand = off_t[n_fit] + np.flatnonzero(has_t[off_t[n_fit]:])
-    if len(fit) < 2 or len(ev) < 1 or len(cand) < 2:  # one candidate is always the nearest
-        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, "
-                         f"{len(ev)} eval, {len(cand)} candidate tokens; at least 2, 1, 2)")
-    weak_notes(args.notes, "", len(fit), Hs.shape[2], len(ev), "held-out pairs")
-    gold = np.searchsorted(cand, ev[:, 1])  # each eval pair's target among the candidates
+    if len(fit_s) < 2 or len(ev_s) < 1 or len(cand) < 2:  # one candidate is always the nearest
+        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit_s)} fit, "
+                         f"{len(ev_s)} eval, {len(cand)} candidate tokens; at least 2, 1, 2)")
+    weak_notes(args.notes, "", len(fit_s), Hs.shape[2], len(ev_s), "held-out pairs")
+    gold = np.searchsorted(cand, ev_t)  # each eval pair's target among the candidates
     maps = []
     rows = []
     for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
         # x_src @ W ~ x_tgt
-        maps.append(procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]))
-        Q = Xs[ev[:, 0]]
+        maps.append(procrustes(Xs[fit_s], Xt[fit_t]))
+        Q = Xs[ev_s]
         acc = [float(np.mean(csls_knn(q, Xt[cand]) == gold)) for q in (Q, Q @ maps[l])]
-        rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
+        rows.append([f"L{l}", *acc, len(fit_s), len(ev_s), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out "
                 f"fast_align pairs (last 20% of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"],
@@ -658,7 +659,7 @@ def cmd_sentences(args):
     if n < 2:
         raise InputError(f"--test-src {args.test_src}: {n} test pair; retrieval needs at least 2 "
                          "candidates (one is always the nearest)")
-    train = None
+    train = []
     if args.train_src:
         train = list(zip(*bpe.read_parallel(args.train_src, args.train_tgt, args.max_sents)))
         names = (f"--train-src/--train-tgt {args.train_src}", f"--test-src/--test-tgt {args.test_src}")
@@ -692,7 +693,7 @@ def cmd_sentences(args):
             row += [acc(es @ W, et), acc(et @ W.T, es)]
         header += [f"{h} mapped" for h in header[1:]]
         title += f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}"
-    weak_notes(args.notes, "", len(train) if train else None, Es[0].shape[1], n, "test pairs")
+    weak_notes(args.notes, "", len(train), Es[0].shape[1], n, "test pairs")
     if args.ckpt2 and not train:
         args.notes.append("the columns are without a map: two separately trained models' spaces "
                           "are not aligned, so they stay near chance; a map needs "
