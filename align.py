@@ -255,19 +255,19 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     # per pair, of every cell: source word, target word, source position i, token, diagonal
     # feature h, and h with the 0-based j (-o's posterior)
     cells = []
-    tokens = []  # per pair: j (1-based), m, n of every target token
+    tokens = []  # per pair: m, n, j (1-based) of every target token
     blocks = []  # (pair, first cell, m, n): where its cells live
     n_tok = n_cell = 0
     for k, (es, fs) in enumerate(zip(map(_split_words, src_sents), map(_split_words, tgt_sents))):
+        if not es or not fs:
+            continue
         n = len(es)
         m = len(fs)
-        if n == 0 or m == 0:
-            continue
         e = np.array([0] + [e_id.setdefault(w, len(e_id)) for w in es])  # (n+1,) NULL first
         f = np.array([f_id.setdefault(w, len(f_id)) for w in fs])  # (m,)
         J, I = np.indices((m, n + 1)).reshape(2, -1)  # of every cell: 0-based j, i
         cells.append((e[I], f[J], I, n_tok + J, _h(I, J + 1, m, n), _h(I, J, m, n)))
-        tokens.append((np.arange(1, m + 1), np.full(m, m), np.full(m, n)))
+        tokens.append((np.full(m, m), np.full(m, n), np.arange(1, m + 1)))
         blocks.append((k, n_cell, m, n))
         n_tok += m
         n_cell += m * (n + 1)
@@ -275,7 +275,8 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     if not blocks:
         return links
     cell_e, cell_f, cell_i, tok, h, h_prev = map(np.concatenate, zip(*cells))
-    tok_j, tok_m, tok_n = map(np.concatenate, zip(*tokens))
+    tok_mnj = np.concatenate(tokens, axis=1)
+    tok_m, tok_n, tok_j = tok_mnj
     null = cell_i == 0
     # one θ entry per co-occurring (e, f) pair: cell -> pair index, pair -> e
     pairs, pair_of_cell = np.unique(cell_e * len(f_id) + cell_f, return_inverse=True)
@@ -283,8 +284,7 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     theta = np.full(len(pairs), 1e-9)  # fast_align's, before the first normalisation
     # -o's prior expectation sums over the distinct (m, n, j) of the target tokens, each weighted
     # by its count (the pairs of lengths m, n), in the order of (m, n, j)
-    (size_m, size_n, size_j), size_w = np.unique(np.stack([tok_m, tok_n, tok_j]), axis=1,
-                                                 return_counts=True)
+    (size_m, size_n, size_j), size_w = np.unique(tok_mnj, axis=1, return_counts=True)
     lam = tension
     for it in range(n_iter):
         az = _diag_z(tok_j, tok_m, tok_n, lam) / (1 - p0)  # per token
