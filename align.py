@@ -78,7 +78,7 @@ def iterative_normalize(X, n_iter=5):
     X = _as_matrix(X, "X").astype(np.float64)
     for _ in range(n_iter):
         X = normalize_rows(X)
-        X = X - X.mean(axis=0, keepdims=True)
+        X = X - X.mean(axis=0)
     return normalize_rows(X)
 
 
@@ -403,8 +403,8 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes)
     np.add.at(S, (slice(None), type_of), layers[:, counted])
     means = (S / n_occ[:, None]).astype(np.float32)
     with_states = [keys[i] for i in kept]
-    rows = [("emb (4a)", list(single), table[list(single.values())])]
-    return rows + [(f"L{l} (4b)", with_states, X) for l, X in enumerate(means)]
+    return [("emb (4a)", list(single), table[list(single.values())])] + [
+        (f"L{l} (4b)", with_states, X) for l, X in enumerate(means)]
 
 
 def _encoders(args):
@@ -605,16 +605,16 @@ def cmd_contextual(args):
     S, T = ([tok.words(line, lang) for line in lines] for (_, tok, _, lang), lines in zip(sides, texts))
     (Hs, off_s), (Ht, off_t) = (encode_word_tokens(mdl, tok, ws, i, lang, args.batch_size, args.notes)
                                 for (mdl, tok, i, lang), ws in zip(sides, (S, T)))
-    pairs = [one_to_one_pairs(links, s, t) for links, s, t in zip(fast_align(S, T), S, T)]
-    n_fit = int(round(len(S) * 0.8))  # the last 20 % of the sentences are held out
+    n_fit = round(len(S) * 0.8)  # the last 20 % of the sentences are held out
     if not 0 < n_fit < len(S):
         raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a "
                          "held-out part")
     # the word tokens with states (none past max_positions)
     has_s = ~np.isnan(Hs[0, :, 0])
     has_t = ~np.isnan(Ht[0, :, 0])
-    # (source row, target row) of the word pairs whose two words have states, fit or held out
-    linked = [(off_s[k] + i, off_t[k] + j) for k, links in enumerate(pairs) for i, j in links]
+    # (source row, target row) of the one-to-one fast_align pairs whose two words have states
+    linked = [(off_s[k] + i, off_t[k] + j) for k, links in enumerate(fast_align(S, T))
+              for i, j in one_to_one_pairs(links, S[k], T[k])]
     linked = np.array(linked, np.int64).reshape(-1, 2)
     linked = linked[has_s[linked[:, 0]] & has_t[linked[:, 1]]]
     held_out = linked[:, 0] >= off_s[n_fit]
@@ -745,13 +745,12 @@ def build_parser():
                            "of the fit, and a train set with nothing else is refused)")
         return p
 
-    command("words", cmd_words,
-                    "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
+    command("words", cmd_words, "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
         "train_dict": ("MUSE dictionary, fit (en-fr.0-5000.txt)", "dict/{l0}-{l1}.train.txt"),
         "test_dict": ("MUSE dictionary, test (en-fr.5000-6500.txt)", "dict/{l0}-{l1}.test.txt"),
         "src_corpus": ("source text: vocabulary, contextual averages", "mono/{l0}.train.txt"),
         "tgt_corpus": ("target text: vocabulary, contextual averages", "mono/{l1}.train.txt")},
-            "train pairs of a tested source word")
+        "train pairs of a tested source word")
     p = command("contextual", cmd_contextual,
                 "§5.1.2: contextual word alignment from fast_align pairs", {
         "src_file": ("parallel sentences, source side", "parallel/{l0}-{l1}.train.{l0}"),
@@ -759,13 +758,12 @@ def build_parser():
     p.add_argument("--save-maps", help="write the per-layer maps here (.npz; finetune.py "
                    "--align-maps; default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
-    command("sentences", cmd_sentences,
-                        "Fig. 6: Tatoeba-style sentence retrieval per layer", {
+    command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
         "test_src": ("test pairs, source (tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
         "test_tgt": ("test pairs, target (tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
         "train_src": ("fit pairs, source (optional)", "parallel/{l0}-{l1}.train.{l0}"),
         "train_tgt": ("fit pairs, target (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")},
-            "train pairs that are test pairs")
+        "train pairs that are test pairs")
     return ap
 
 
