@@ -125,7 +125,7 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
     # r_S as MUSE's `get_nn_avg_dist`, block by block
     r_S = np.empty(Y.shape[0])
     for rows, S in _blocks(Y, X, chunk_bytes):
-        r_S[rows] = np.partition(S, S.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
+        r_S[rows] = np.partition(S, -k, axis=1)[:, -k:].mean(axis=1)
     r_S = r_S.astype(X.dtype)
     return np.concatenate([(2 * S - r_S).argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
@@ -423,7 +423,8 @@ def _encoders(args):
             if note:
                 args.notes.append(note.removeprefix("note: "))
         mdl, tok, langs, _ = loaded[path]
-        out.append((mdl, tok, bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is"), lang))
+        lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
+        out.append((mdl, tok, lang_idx, lang))
     # toydata.py writes world.json last: a world without it was cut short
     if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
         raise InputError(f"--data {args.data}: no world.json, not a whole toydata.py world (cut "
@@ -602,9 +603,11 @@ def cmd_contextual(args):
     sides = _encoders(args)
     texts = read_sides(args, args.src_file, args.tgt_file)
     # per side: the words of each sentence; the states of the word tokens, where sentences start
-    S, T = ([tok.words(line, lang) for line in lines] for (_, tok, _, lang), lines in zip(sides, texts))
-    (Hs, off_s), (Ht, off_t) = (encode_word_tokens(mdl, tok, ws, i, lang, args.batch_size, args.notes)
-                                for (mdl, tok, i, lang), ws in zip(sides, (S, T)))
+    S, T = ([tok.words(line, lang) for line in lines]
+            for (_, tok, _, lang), lines in zip(sides, texts))
+    (Hs, off_s), (Ht, off_t) = (
+        encode_word_tokens(mdl, tok, ws, i, lang, args.batch_size, args.notes)
+        for (mdl, tok, i, lang), ws in zip(sides, (S, T)))
     n_fit = round(len(S) * 0.8)  # the last 20 % of the sentences are held out
     if not 0 < n_fit < len(S):
         raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a "
@@ -735,8 +738,8 @@ def build_parser():
         p = sub.add_parser(name, parents=[common], help=summary, formatter_class=bpe.HelpFormatter)
         toy_paths = {}
         for f, (h, rel) in paths.items():
-            p.add_argument("--" + f.replace("_", "-"),
-                           help=f"{h} (default with --toy: --data's {rel.format(l0='SRC', l1='TGT')})")
+            flag_help = f"{h} (default with --toy: --data's {rel.format(l0='SRC', l1='TGT')})"
+            p.add_argument("--" + f.replace("_", "-"), help=flag_help)
             toy_paths[f] = rel
         p.set_defaults(func=func, toy_paths=toy_paths)
         if overlap:
