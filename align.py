@@ -459,8 +459,7 @@ def unk_note(notes, ids, lang):
 
 
 def weak_notes(notes, where, n_fit, dim, n_test, items):
-    """A map fitted on fewer pairs than dimensions (n_fit 0: no map), a score on fewer than 50
-    items: notes."""
+    """Notes: a map fitted on fewer pairs than dimensions (n_fit 0: none), under 50 items scored."""
     if 0 < n_fit < dim:
         notes.append(f"{where}the map is fitted on {n_fit} pairs in {dim} dimensions: "
                      "underdetermined (fewer pairs than dimensions); the mapped score means little")
@@ -564,7 +563,7 @@ def cmd_words(args):
     errors = []
     for (name, ws, Xs), (_, wt, Xt) in zip(vs, vt):
         try:
-            tr = dictionary_indices(train, ws, wt, f"{args.train_dict} ({name})")
+            fit_s, fit_t = dictionary_indices(train, ws, wt, f"{args.train_dict} ({name})")
             te = dictionary_indices(test, ws, wt, f"{args.test_dict} ({name})")
         except InputError as e:  # e.g. few words are one subword (4a): an empty row
             errors.append(e)
@@ -572,11 +571,11 @@ def cmd_words(args):
             continue
         Xs = iterative_normalize(Xs)
         Xt = iterative_normalize(Xt)
-        W = procrustes(Xs[tr[0]], Xt[tr[1]])
+        W = procrustes(Xs[fit_s], Xt[fit_t])
         p_raw, n = word_translation_accuracy(Xs, Xt, *te)
         p_map, _ = word_translation_accuracy(Xs, Xt, *te, W=W)
-        rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
-        weak_notes(args.notes, f"{name}: ", len(tr[0]), Xs.shape[1], n, "test words")
+        rows.append([name, p_raw, p_map, len(fit_s), n, f"{len(ws)}/{len(wt)}"])
+        weak_notes(args.notes, f"{name}: ", len(fit_s), Xs.shape[1], n, "test words")
     if len(errors) == len(rows):
         raise errors[0]  # main reports it as an InputError
     args.notes += map(str, errors)
