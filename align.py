@@ -153,7 +153,7 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
         gold.setdefault(s, set()).add(t)
     queries = sorted(gold)  # as np.unique(src_idx)
     Q = X_src[queries] if W is None else X_src[queries] @ W
-    hits = [int(p) in gold[s] for s, p in zip(queries, csls_knn(Q, X_tgt, k))]
+    hits = [p in gold[s] for s, p in zip(queries, csls_knn(Q, X_tgt, k))]
     return float(np.mean(hits)), len(hits)
 
 
@@ -188,7 +188,7 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
 def digamma(x):
     """ψ(x), x > 0, as fast_align: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the asymptotic series
     of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
-    x = np.array(x, dtype=np.float64)
+    x = np.array(x, np.float64)
     out = np.zeros_like(x)
     while (small := x < 7).any():
         out[small] -= 1.0 / x[small]
@@ -299,7 +299,7 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
             posterior_h = np.cumsum(np.where(null, 0.0, h_prev * q))[-1] / n_tok
             for _ in range(8):
                 prior_h = np.sum(size_w * _model_h(size_j, size_m, size_n, lam)) / n_tok
-                lam = float(np.clip(lam + (posterior_h - prior_h) * 20.0, 0.1, 14.0))
+                lam = np.clip(lam + (posterior_h - prior_h) * 20.0, 0.1, 14.0)
         tot = np.bincount(pair_e, c, minlength=len(e_id))[pair_e]
         theta = np.exp(digamma(c) - digamma(tot))
     # Viterbi decoding: per target word the most probable position; NULL (i = 0) wins ties, then
