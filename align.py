@@ -21,7 +21,6 @@ Only numpy at module level (the file copies alone); the command line imports the
                                --test-src tatoeba.fra-eng.eng --test-tgt tatoeba.fra-eng.fra
 """
 import argparse
-import math
 import os
 import unicodedata
 from collections import Counter
@@ -79,7 +78,7 @@ def iterative_normalize(X, n_iter=5):
     X = _as_matrix(X, "X").astype(np.float64)
     for _ in range(n_iter):
         X = normalize_rows(X)
-        X = X - X.mean(axis=0, keepdims=True)
+        X = X - X.mean(axis=0)
     return normalize_rows(X)
 
 
@@ -126,7 +125,7 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
     # r_S as MUSE's `get_nn_avg_dist`, block by block
     r_S = np.empty(Y.shape[0])
     for rows, S in _blocks(Y, X, chunk_bytes):
-        r_S[rows] = np.partition(S, S.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
+        r_S[rows] = np.partition(S, -k, axis=1)[:, -k:].mean(axis=1)
     r_S = r_S.astype(X.dtype)
     return np.concatenate([(2 * S - r_S).argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
@@ -141,7 +140,7 @@ def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
     if not kept:
         raise InputError(f"{name}: none of its {len(pairs)} pairs has both words in the "
                          f"vocabularies ({len(src_words)} source, {len(tgt_words)} target words)")
-    return tuple(np.array(kept, dtype=np.int64).T)
+    return tuple(np.array(kept).T)
 
 
 def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
@@ -154,7 +153,7 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
         gold.setdefault(s, set()).add(t)
     queries = sorted(gold)  # as np.unique(src_idx)
     Q = X_src[queries] if W is None else X_src[queries] @ W
-    hits = [int(p) in gold[s] for s, p in zip(queries, csls_knn(Q, X_tgt, k))]
+    hits = [p in gold[s] for s, p in zip(queries, csls_knn(Q, X_tgt, k))]
     return float(np.mean(hits)), len(hits)
 
 
@@ -189,7 +188,7 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
 def digamma(x):
     """ψ(x), x > 0, as fast_align: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the asymptotic series
     of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
-    x = np.array(x, dtype=np.float64)
+    x = np.array(x, np.float64)
     out = np.zeros_like(x)
     while (small := x < 7).any():
         out[small] -= 1.0 / x[small]
@@ -211,7 +210,7 @@ def _diag_z(j, m, n, lam):
     integer arrays): geometric series of ratio exp(-λ/n) from below j·n/m down to 1 and from above
     it up to n. The upper one's length is an unsigned 32-bit difference (C++): j·n/m > n, only in
     _model_h's transposed call, wraps it (sum: the limit)."""
-    below = (j * n // m).astype(np.int64)
+    below = j * n // m
     n_above = ((n - below) % 2 ** 32).astype(np.float64)
     r = np.exp(-lam / n)
     above_sum = np.exp(_h(below + 1, j, m, n) * lam) * (1.0 - r ** n_above) / (1.0 - r)
@@ -223,7 +222,7 @@ def _model_h(j, m, n, lam):
     """The prior's expected h for target position j as fast_align's -o computes it:
     Σ_i h exp(λ h) (closed form, h falling by 1/n per step away from j·n/m) / Z_λ(j, n, m)
     (lengths swapped)."""
-    below = (j * n // m).astype(np.int64)
+    below = j * n // m
     n_above = n - below
     r = np.exp(-lam / n)
     d = -1.0 / n
@@ -251,36 +250,33 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     gets no links (fast_align stops there)."""
     if len(src_sents) != len(tgt_sents):
         raise ValueError(f"{len(src_sents)} source but {len(tgt_sents)} target sentences")
-    src = [_split_words(s) for s in src_sents]
-    tgt = [_split_words(s) for s in tgt_sents]
     e_id = {"<NULL>": 0}
     f_id = {}
-    # per pair, of every cell: source word, target word, source position i, token
+    # per pair, of every cell: source word, target word, source position i, token, diagonal
+    # feature h, and h with the 0-based j (-o's posterior)
     cells = []
-    tokens = []  # per pair: j (1-based), m, n of every target token
+    tokens = []  # per pair: m, n, j (1-based) of every target token
     blocks = []  # (pair, first cell, m, n): where its cells live
     n_tok = n_cell = 0
-    for k, (es, fs) in enumerate(zip(src, tgt)):
+    for k, (es, fs) in enumerate(zip(map(_split_words, src_sents), map(_split_words, tgt_sents))):
+        if not es or not fs:
+            continue
         n = len(es)
         m = len(fs)
-        if n == 0 or m == 0:
-            continue
         e = np.array([0] + [e_id.setdefault(w, len(e_id)) for w in es])  # (n+1,) NULL first
         f = np.array([f_id.setdefault(w, len(f_id)) for w in fs])  # (m,)
-        cells.append((np.tile(e, m), np.repeat(f, n + 1), np.tile(np.arange(n + 1), m),
-                      np.repeat(n_tok + np.arange(m), n + 1)))
-        tokens.append((np.arange(1, m + 1), np.full(m, m), np.full(m, n)))
+        J, I = np.indices((m, n + 1)).reshape(2, -1)  # of every cell: 0-based j, i
+        cells.append((e[I], f[J], I, n_tok + J, _h(I, J + 1, m, n), _h(I, J, m, n)))
+        tokens.append((np.full(m, m), np.full(m, n), np.arange(1, m + 1)))
         blocks.append((k, n_cell, m, n))
         n_tok += m
         n_cell += m * (n + 1)
-    links = [[] for _ in src]
+    links = [[] for _ in src_sents]
     if not blocks:
         return links
-    cell_e, cell_f, cell_i, tok = map(np.concatenate, zip(*cells))
-    tok_j, tok_m, tok_n = map(np.concatenate, zip(*tokens))
-    # the diagonal feature of every cell, and the same with the 0-based j (-o's posterior)
-    h = _h(cell_i, tok_j[tok], tok_m[tok], tok_n[tok])
-    h_prev = _h(cell_i, tok_j[tok] - 1, tok_m[tok], tok_n[tok])
+    cell_e, cell_f, cell_i, tok, h, h_prev = map(np.concatenate, zip(*cells))
+    tok_mnj = np.concatenate(tokens, axis=1)
+    tok_m, tok_n, tok_j = tok_mnj
     null = cell_i == 0
     # one θ entry per co-occurring (e, f) pair: cell -> pair index, pair -> e
     pairs, pair_of_cell = np.unique(cell_e * len(f_id) + cell_f, return_inverse=True)
@@ -288,8 +284,7 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     theta = np.full(len(pairs), 1e-9)  # fast_align's, before the first normalisation
     # -o's prior expectation sums over the distinct (m, n, j) of the target tokens, each weighted
     # by its count (the pairs of lengths m, n), in the order of (m, n, j)
-    (size_m, size_n, size_j), size_w = np.unique(np.stack([tok_m, tok_n, tok_j]), axis=1,
-                                                 return_counts=True)
+    (size_m, size_n, size_j), size_w = np.unique(tok_mnj, axis=1, return_counts=True)
     lam = tension
     for it in range(n_iter):
         az = _diag_z(tok_j, tok_m, tok_n, lam) / (1 - p0)  # per token
@@ -304,7 +299,7 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
             posterior_h = np.cumsum(np.where(null, 0.0, h_prev * q))[-1] / n_tok
             for _ in range(8):
                 prior_h = np.sum(size_w * _model_h(size_j, size_m, size_n, lam)) / n_tok
-                lam = float(np.clip(lam + (posterior_h - prior_h) * 20.0, 0.1, 14.0))
+                lam = np.clip(lam + (posterior_h - prior_h) * 20.0, 0.1, 14.0)
         tot = np.bincount(pair_e, c, minlength=len(e_id))[pair_e]
         theta = np.exp(digamma(c) - digamma(tot))
     # Viterbi decoding: per target word the most probable position; NULL (i = 0) wins ties, then
@@ -364,31 +359,31 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
 def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size, notes=None):
     """Every word token's vector, the mean of its subword states (the paper leaves it open) ->
-    (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows offsets[k]:
+    (array (n_layers + 1, n_words, dim), offsets): sentence k's words are rows offsets[k]:
     offsets[k+1], NaN past max_positions; `notes` gets a note of many <unk>."""
     import bpe
     import model as M
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
-    offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
+    offsets = np.cumsum([0] + [len(w) for w in per_word])
     out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, np.float32)
     sent_ids = [sum(w, []) for w in per_word]
     unk_note(notes, sent_ids, lang_code)
     states = M.iter_states(model, sent_ids, lang_idx, batch_size)
     for k, H in bpe.encode_bar(lang_code)(states, len(per_word)):
-        pos = 1  # position 0 is </s>
+        end = 1  # position 0 is </s>, the last one too
         for w, ids in enumerate(per_word[k]):
-            if pos + len(ids) <= H.shape[1] - 1:
-                out[:, offsets[k] + w] = H[:, pos:pos + len(ids)].mean(axis=1)
-            pos += len(ids)
-    return list(out), offsets
+            start, end = end, end + len(ids)
+            if end < H.shape[1]:
+                out[:, offsets[k] + w] = H[:, start:end].mean(axis=1)
+    return out, offsets
 
 
-def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=None):
+def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes):
     """Word vectors (the paper leaves them open) of a corpus's word types, most frequent first,
     lowercase (MUSE) -> (row name, words, vectors) per row of Fig. 4: embedding rows of ONE-subword
     words (4a), then per layer the mean state of each word's tokens (4b)."""
     import bpe
-    sents = [tok.words(line.strip(), lang) for line in bpe.read_lines(path, max_sents)]
+    sents = [tok.words(line, lang) for line in bpe.read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
     if not words:
         raise InputError(f"{path}: no words")
@@ -400,17 +395,16 @@ def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes=
     single = {k: ids[0] for k, ids in zip(keys, key_ids) if len(ids) == 1 and ids[0] != bpe.UNK_ID}
     layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size, notes)
     row = {k: i for i, k in enumerate(keys)}
-    which = np.array([row.get(w.lower(), -1) for w in words], dtype=np.int64)
-    counted = (which >= 0) & ~np.isnan(layers[0][:, 0])  # a kept word type, a token with states
-    n_occ = np.bincount(which[counted], minlength=len(keys)).astype(np.float64)
-    occurs = n_occ > 0
-    # per layer, the sum over each word's tokens
-    S = np.zeros((len(layers), len(keys), layers[0].shape[1]))
-    np.add.at(S, (slice(None), which[counted]), np.stack(layers)[:, counted])
-    means = (S[:, occurs] / n_occ[occurs, None]).astype(np.float32)
-    with_states = [k for k, o in zip(keys, occurs) if o]
-    rows = [("emb (4a)", list(single), table[list(single.values())])]
-    return rows + [(f"L{l} (4b)", with_states, X) for l, X in enumerate(means)]
+    which = np.array([row.get(w.lower(), -1) for w in words])
+    counted = (which >= 0) & ~np.isnan(layers[0, :, 0])  # a kept word type, a token with states
+    # the word types with states, most frequent first: per layer, the mean over their tokens
+    kept, type_of, n_occ = np.unique(which[counted], return_inverse=True, return_counts=True)
+    S = np.zeros((len(layers), len(kept), layers.shape[2]))
+    np.add.at(S, (slice(None), type_of), layers[:, counted])
+    means = (S / n_occ[:, None]).astype(np.float32)
+    with_states = [keys[i] for i in kept]
+    return [("emb (4a)", list(single), table[list(single.values())])] + [
+        (f"L{l} (4b)", with_states, X) for l, X in enumerate(means)]
 
 
 def _encoders(args):
@@ -423,7 +417,11 @@ def _encoders(args):
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
         if path not in loaded:
             loaded[path] = model.load_encoder(path, args.device, bpe.checkpoint_tokenizer,
-                                          args.xlm_codes)
+                                              args.xlm_codes)
+            # a model whose MLM stalled (model.py's rule)
+            note = model.stall_note(path, loaded[path][3])
+            if note:
+                args.notes.append(note.removeprefix("note: "))
         mdl, tok, langs, _ = loaded[path]
         lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
         out.append((mdl, tok, lang_idx, lang))
@@ -431,14 +429,6 @@ def _encoders(args):
     if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
         raise InputError(f"--data {args.data}: no world.json, not a whole toydata.py world (cut "
                          "short? write it again with toydata.py --force)")
-    # a model whose MLM stalled: English dev ppl above the left-bigram count model (finetune.py's)
-    for path, (*_, extra) in loaded.items():
-        ppl = extra.get("dev_ppl") or {None: 0}
-        en = next(iter(ppl))
-        left = (extra.get("count_models") or {}).get(en, {}).get("left", math.inf)
-        if ppl[en] > left:
-            args.notes.append(f"{path}: its MLM stalled ({en} dev ppl {ppl[en]:.2f}, above the "
-                              f"left-bigram count model's {left:.2f}); the scores mean little")
     # before any encoding: vectors of two widths cannot be compared, layers of two depths paired
     first, second = (side[0].config for side in out)
     if first.dim != second.dim:
@@ -449,9 +439,9 @@ def _encoders(args):
                          f"{second.n_layers}: the tables pair layer l of one model with layer l of "
                          "the other; give two models of one depth")
     # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
-    weights = [side[0].state_dict() for side in out]
-    if args.ckpt2 and weights[0].keys() == weights[1].keys() and all(
-            map(torch.equal, weights[0].values(), weights[1].values())):
+    mine, theirs = (side[0].state_dict() for side in out)
+    if args.ckpt2 and mine.keys() == theirs.keys() and all(
+            map(torch.equal, mine.values(), theirs.values())):
         raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt {args.ckpt}: a "
                          "model compared with itself; give a second model or leave --ckpt2 out")
     return out
@@ -469,8 +459,8 @@ def unk_note(notes, ids, lang):
 
 
 def weak_notes(notes, where, n_fit, dim, n_test, items):
-    """A map fitted on fewer pairs than dimensions, a score on fewer than 50 items: notes."""
-    if n_fit is not None and n_fit < dim:
+    """Notes: a map fitted on fewer pairs than dimensions (n_fit 0: none), under 50 items scored."""
+    if 0 < n_fit < dim:
         notes.append(f"{where}the map is fitted on {n_fit} pairs in {dim} dimensions: "
                      "underdetermined (fewer pairs than dimensions); the mapped score means little")
     if n_test < 50:
@@ -494,7 +484,7 @@ def read_sides(args, src, tgt):
     return texts
 
 
-def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair):
+def without_test_pairs(train, test, names, allow, overlap, key):
     """Unless `allow`: train pairs whose key is a test pair's are left out of the fit with a note
     "N of the M {overlap}" (MUSE's en-fr.txt holds its test pairs); test pairs only: refused."""
     tested = {key(pair) for pair in test}
@@ -566,15 +556,14 @@ def cmd_words(args):
     overlap = f"pairs of {names[0]} share a source word with the test pairs of {names[1]}"
     train = without_test_pairs(train, test, names, args.allow_overlap, overlap,
                                lambda pair: pair[0])
-    src, tgt = _encoders(args)
     # per side: one (row name, words, vectors) per row of the table
-    vs = word_vectors(*src, args.src_corpus, args.max_sents, args.batch_size, args.notes)
-    vt = word_vectors(*tgt, args.tgt_corpus, args.max_sents, args.batch_size, args.notes)
+    vs, vt = (word_vectors(*side, path, args.max_sents, args.batch_size, args.notes)
+              for side, path in zip(_encoders(args), (args.src_corpus, args.tgt_corpus)))
     rows = []
     errors = []
     for (name, ws, Xs), (_, wt, Xt) in zip(vs, vt):
         try:
-            tr = dictionary_indices(train, ws, wt, f"{args.train_dict} ({name})")
+            fit_s, fit_t = dictionary_indices(train, ws, wt, f"{args.train_dict} ({name})")
             te = dictionary_indices(test, ws, wt, f"{args.test_dict} ({name})")
         except InputError as e:  # e.g. few words are one subword (4a): an empty row
             errors.append(e)
@@ -582,11 +571,11 @@ def cmd_words(args):
             continue
         Xs = iterative_normalize(Xs)
         Xt = iterative_normalize(Xt)
-        W = procrustes(Xs[tr[0]], Xt[tr[1]])
+        W = procrustes(Xs[fit_s], Xt[fit_t])
         p_raw, n = word_translation_accuracy(Xs, Xt, *te)
         p_map, _ = word_translation_accuracy(Xs, Xt, *te, W=W)
-        rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
-        weak_notes(args.notes, f"{name}: ", len(tr[0]), Xs.shape[1], n, "test words")
+        rows.append([name, p_raw, p_map, len(fit_s), n, f"{len(ws)}/{len(wt)}"])
+        weak_notes(args.notes, f"{name}: ", len(fit_s), Xs.shape[1], n, "test words")
     if len(errors) == len(rows):
         raise errors[0]  # main reports it as an InputError
     args.notes += map(str, errors)
@@ -598,63 +587,63 @@ def cmd_words(args):
 
 def cmd_contextual(args):
     """§5.1.2: per-layer maps from fast_align pairs of parallel sentences, CSLS P@1 held out."""
+    path = args.save_maps
     # --save-maps is checked before any work
-    if args.save_maps:
-        folder = os.path.dirname(os.path.abspath(args.save_maps))
-        why = f"{folder} is not a writable directory"
-        if os.path.isdir(args.save_maps) or not os.access(folder, os.W_OK):
-            why = "is a directory" if os.path.isdir(args.save_maps) else why
-            raise InputError(f"--save-maps {args.save_maps}: cannot write there ({why})")
-        if os.path.exists(args.save_maps) and not args.overwrite:
-            raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, "
-                             "perhaps of another checkpoint); pass --overwrite to replace it, or "
-                             "another file")
+    if path:
+        folder = os.path.dirname(os.path.abspath(path))
+        why = "is a directory" if os.path.isdir(path) else f"{folder} is not a writable directory"
+        if os.path.isdir(path) or not os.access(folder, os.W_OK):
+            raise InputError(f"--save-maps {path}: cannot write there ({why})")
+        if os.path.exists(path) and not args.overwrite:
+            raise InputError(f"--save-maps {path}: exists (maps of an earlier run, perhaps of "
+                             "another checkpoint); pass --overwrite to replace it, or another file")
     elif args.overwrite:  # it would replace nothing
         raise InputError("--overwrite goes with --save-maps (it replaces that file)")
     sides = _encoders(args)
     texts = read_sides(args, args.src_file, args.tgt_file)
     # per side: the words of each sentence; the states of the word tokens, where sentences start
-    words = []
-    states = []
-    for (mdl, tok, lang_idx, lang), lines in zip(sides, texts):
-        words.append([tok.words(line, lang) for line in lines])
-        states.append(encode_word_tokens(mdl, tok, words[-1], lang_idx, lang, args.batch_size,
-                                         args.notes))
-    S, T = words
-    (Hs, off_s), (Ht, off_t) = states
-    pairs = [one_to_one_pairs(links, s, t) for links, s, t in zip(fast_align(S, T), S, T)]
-    n_fit = int(round(len(S) * 0.8))  # the last 20 % of the sentences are held out
+    S, T = ([tok.words(line, lang) for line in lines]
+            for (_, tok, _, lang), lines in zip(sides, texts))
+    (Hs, off_s), (Ht, off_t) = (
+        encode_word_tokens(mdl, tok, ws, i, lang, args.batch_size, args.notes)
+        for (mdl, tok, i, lang), ws in zip(sides, (S, T)))
+    n_fit = round(len(S) * 0.8)  # the last 20 % of the sentences are held out
     if not 0 < n_fit < len(S):
         raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a "
                          "held-out part")
-    # (source row, target row) of the word pairs of sentences ks whose two words have states
-    def token_pairs(ks):
-        rows = [(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]]
-        rows = np.array(rows, np.int64).reshape(-1, 2)
-        return rows[~np.isnan(Hs[0][rows[:, 0], 0]) & ~np.isnan(Ht[0][rows[:, 1], 0])]
-    fit = token_pairs(range(n_fit))
-    ev = token_pairs(range(n_fit, len(S)))
+    # the word tokens with states (none past max_positions)
+    has_s = ~np.isnan(Hs[0, :, 0])
+    has_t = ~np.isnan(Ht[0, :, 0])
+    # (source row, target row) of the one-to-one fast_align pairs whose two words have states
+    linked = [(off_s[k] + i, off_t[k] + j) for k, links in enumerate(fast_align(S, T))
+              for i, j in one_to_one_pairs(links, S[k], T[k])]
+    linked = np.array(linked, np.int64).reshape(-1, 2)
+    linked = linked[has_s[linked[:, 0]] & has_t[linked[:, 1]]]
+    held_out = linked[:, 0] >= off_s[n_fit]
+    fit_s, fit_t = linked[~held_out].T
+    ev_s, ev_t = linked[held_out].T
     # the candidates: the target tokens of the eval sentences (with states)
-    cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))
-    if len(fit) < 2 or len(ev) < 1 or len(cand) < 2:  # one candidate is always the nearest
-        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, "
-                         f"{len(ev)} eval, {len(cand)} candidate tokens; at least 2, 1, 2)")
-    weak_notes(args.notes, "", len(fit), Hs[0].shape[1], len(ev), "held-out pairs")
-    gold = np.searchsorted(cand, ev[:, 1])  # each eval pair's target among the candidates
-    # x_src @ W ~ x_tgt
-    maps = [procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]) for Xs, Xt in zip(Hs, Ht)]
+    cand = off_t[n_fit] + np.flatnonzero(has_t[off_t[n_fit]:])
+    if len(fit_s) < 2 or len(ev_s) < 1 or len(cand) < 2:  # one candidate is always the nearest
+        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit_s)} fit, "
+                         f"{len(ev_s)} eval, {len(cand)} candidate tokens; at least 2, 1, 2)")
+    weak_notes(args.notes, "", len(fit_s), Hs.shape[2], len(ev_s), "held-out pairs")
+    gold = np.searchsorted(cand, ev_t)  # each eval pair's target among the candidates
+    maps = []
     rows = []
-    for l, (Xs, Xt, W) in enumerate(zip(Hs, Ht, maps)):
-        Q = Xs[ev[:, 0]]
-        acc = [float(np.mean(csls_knn(q, Xt[cand]) == gold)) for q in (Q, Q @ W)]
-        rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
+    for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
+        # x_src @ W ~ x_tgt
+        maps.append(procrustes(Xs[fit_s], Xt[fit_t]))
+        Q = Xs[ev_s]
+        acc = [float(np.mean(csls_knn(q, Xt[cand]) == gold)) for q in (Q, Q @ maps[l])]
+        rows.append([f"L{l}", *acc, len(fit_s), len(ev_s), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out "
                 f"fast_align pairs (last 20% of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"],
                 rows, args)
-    if args.save_maps:
-        save_maps(args.save_maps, maps, args.src, args.tgt, args.digests, args.notes)
-        print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ "
+    if path:
+        save_maps(path, maps, args.src, args.tgt, args.digests, args.notes)
+        print(f"\nsaved {len(maps)} maps to {path}: x_{args.src} @ src_to_tgt[l] ~ "
               f"x_{args.tgt}, x_{args.tgt} @ tgt_to_src[l] ~ x_{args.src} (l = 0 embeddings .. "
               f"{len(maps) - 1})")
     return rows
@@ -672,7 +661,7 @@ def cmd_sentences(args):
     if n < 2:
         raise InputError(f"--test-src {args.test_src}: {n} test pair; retrieval needs at least 2 "
                          "candidates (one is always the nearest)")
-    train = None
+    train = []
     if args.train_src:
         train = list(zip(*bpe.read_parallel(args.train_src, args.train_tgt, args.max_sents)))
         names = (f"--train-src/--train-tgt {args.train_src}", f"--test-src/--test-tgt {args.test_src}")
@@ -706,7 +695,7 @@ def cmd_sentences(args):
             row += [acc(es @ W, et), acc(et @ W.T, es)]
         header += [f"{h} mapped" for h in header[1:]]
         title += f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}"
-    weak_notes(args.notes, "", len(train) if train else None, Es[0].shape[1], n, "test pairs")
+    weak_notes(args.notes, "", len(train), Es[0].shape[1], n, "test pairs")
     if args.ckpt2 and not train:
         args.notes.append("the columns are without a map: two separately trained models' spaces "
                           "are not aligned, so they stay near chance; a map needs "
@@ -743,21 +732,27 @@ def build_parser():
       help="autocast of the encoders, as in pretrain.py")
     a("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib; default: none)")
 
-    # paths: data flag -> (help, its file in a --toy --data DIR world)
-    def command(name, func, summary, paths):
+    # paths: data flag -> (help, its file in a --toy --data DIR world); overlap: --allow-overlap's
+    def command(name, func, summary, paths, overlap=None):
         p = sub.add_parser(name, parents=[common], help=summary, formatter_class=bpe.HelpFormatter)
+        toy_paths = {}
         for f, (h, rel) in paths.items():
             flag_help = f"{h} (default with --toy: --data's {rel.format(l0='SRC', l1='TGT')})"
             p.add_argument("--" + f.replace("_", "-"), help=flag_help)
-        p.set_defaults(func=func, toy_paths={f: rel for f, (_, rel) in paths.items()})
+            toy_paths[f] = rel
+        p.set_defaults(func=func, toy_paths=toy_paths)
+        if overlap:
+            p.add_argument("--allow-overlap", action="store_true",
+                           help=f"fit the map on test pairs too (default: {overlap} are left out "
+                           "of the fit, and a train set with nothing else is refused)")
         return p
 
-    words = command("words", cmd_words,
-                    "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
+    command("words", cmd_words, "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
         "train_dict": ("MUSE dictionary, fit (en-fr.0-5000.txt)", "dict/{l0}-{l1}.train.txt"),
         "test_dict": ("MUSE dictionary, test (en-fr.5000-6500.txt)", "dict/{l0}-{l1}.test.txt"),
         "src_corpus": ("source text: vocabulary, contextual averages", "mono/{l0}.train.txt"),
-        "tgt_corpus": ("target text: vocabulary, contextual averages", "mono/{l1}.train.txt")})
+        "tgt_corpus": ("target text: vocabulary, contextual averages", "mono/{l1}.train.txt")},
+        "train pairs of a tested source word")
     p = command("contextual", cmd_contextual,
                 "§5.1.2: contextual word alignment from fast_align pairs", {
         "src_file": ("parallel sentences, source side", "parallel/{l0}-{l1}.train.{l0}"),
@@ -765,17 +760,12 @@ def build_parser():
     p.add_argument("--save-maps", help="write the per-layer maps here (.npz; finetune.py "
                    "--align-maps; default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
-    sentences = command("sentences", cmd_sentences,
-                        "Fig. 6: Tatoeba-style sentence retrieval per layer", {
+    command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
         "test_src": ("test pairs, source (tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
         "test_tgt": ("test pairs, target (tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
         "train_src": ("fit pairs, source (optional)", "parallel/{l0}-{l1}.train.{l0}"),
-        "train_tgt": ("fit pairs, target (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")})
-    for p, which in ((words, "train pairs of a tested source word"),
-                     (sentences, "train pairs that are test pairs")):
-        p.add_argument("--allow-overlap", action="store_true",
-                       help=f"fit the map on test pairs too (default: {which} are left out of the "
-                       "fit, and a train set with nothing else is refused)")
+        "train_tgt": ("fit pairs, target (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")},
+        "train pairs that are test pairs")
     return ap
 
 

@@ -577,7 +577,8 @@ def test_a_note_on_a_stalled_checkpoint(ckpts, toy_world, tmp_path, capsys):
     M.save_model(stalled, m, **extra, dev_ppl={"en": 80.0, "fr": 75.0}, count_models={"en": {"left": 20.0}})
     rows, out = run_cli(["sentences", "--toy", "--data", str(toy_world), "--ckpt", stalled, "--max-sents", "60"],
                         capsys)
-    assert f"note: {stalled}: its MLM stalled (en dev ppl 80.00, above the left-bigram count model's 20.00)" in out
+    assert (f"note: {stalled}: its MLM stalled (en dev ppl 80.00 above the left-bigram count model's 20.0); its "
+            "scores measure an unconverged model") in out
 
 
 def test_a_world_cut_short_is_refused(ckpts, toy_world, tmp_path):
