@@ -38,7 +38,7 @@ import align
 import bpe
 from bpe import EOS_ID, UNK_ID, InputError, number, read_lines
 from model import (DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states,
-                   file_digest, load_encoder, load_model, pick_device)
+                   file_digest, load_encoder, load_model, pick_device, stall_note)
 
 
 # -----------------------------------------------------------------------------
@@ -476,7 +476,7 @@ def cpu_copy(module):
 
 
 @torch.no_grad()
-def evaluate(task, model, head, feats, examples, lang, batch_size=64, bf16=False):
+def evaluate(task, model, head, feats, examples, lang, batch_size=64, dtype="float32"):
     """Scores of one split, in batches of 64 in length order (less padding), under autocast."""
     model.eval()
     head.eval()
@@ -485,7 +485,7 @@ def evaluate(task, model, head, feats, examples, lang, batch_size=64, bf16=False
     device = next(model.parameters()).device
     for k in range(0, len(order), batch_size):
         chunk = order[k:k + batch_size]
-        with autocast(device, "bfloat16" if bf16 else "float32"):
+        with autocast(device, dtype):
             chunk_preds = task.run(model, head, [feats[i] for i in chunk], lang, predict=True)
         preds.update(zip(chunk, chunk_preds))
     return task.score(examples, [preds[i] for i in range(len(feats))])
@@ -496,6 +496,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     target with it. data: {"lang_id", "train"/"dev": (examples, feats), "test": {code: (examples,
     feats, lang_id)}}."""
     device = next(model.parameters()).device
+    dtype = "bfloat16" if args.bf16 else "float32"
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     model.load_state_dict(init_state)
@@ -521,7 +522,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         for k in range(0, n_per_epoch, hp["batch_size"]):
             size = min(hp["batch_size"], n_per_epoch - k)
             batch = [train[i] for i in itertools.islice(stream, size)]
-            with autocast(device, "bfloat16" if args.bf16 else "float32"):
+            with autocast(device, dtype):
                 loss = task.run(model, head, batch, lang)
             if not torch.isfinite(loss):  # diverged: run_task leaves the set out
                 bar.close()
@@ -529,7 +530,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
                 raise FloatingPointError(f"non-finite training loss ({loss.item()}) at epoch "
                                          f"{epoch}, {update}; try a lower --lr")
             for opt in opts:
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad()
             loss.backward()
             if args.clip > 0:
                 torch.nn.utils.clip_grad_norm_(params + list(head.parameters()), args.clip)
@@ -537,7 +538,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
                 o.step()
             total_loss += loss.item() * len(batch)
             bar.update()
-        dev = evaluate(task, model, head, dev_feats, dev_ex, lang, bf16=args.bf16)
+        dev = evaluate(task, model, head, dev_feats, dev_ex, lang, dtype=dtype)
         dev_curve.append(dev[task.metric])
         with tqdm.external_write_mode():  # the line above the bar
             log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  "
@@ -547,7 +548,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     bar.close()
     model.load_state_dict(best["state"])
     head.load_state_dict(best["head"])
-    test = {code: evaluate(task, model, head, feats, ex, lang_id, bf16=args.bf16)
+    test = {code: evaluate(task, model, head, feats, ex, lang_id, dtype=dtype)
             for code, (ex, feats, lang_id) in data["test"].items()}
     return {**hp, "best_epoch": best["epoch"], "dev_curve": dev_curve, "dev": best["dev"],
             "test": test}
@@ -576,8 +577,9 @@ def run_task(task, model, data, args, sets_dir, earlier, save):
     epoch chosen by English dev; the result is the mean of the best two sets by dev (a diverged set
     is left out): {"best_two": their indices, "dev", "test": the mean scores, "configs": every
     set's record}. A set an earlier run finished is earlier[path]; save(path, record) keeps one."""
-    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    init_state = cpu_copy(model)
     hps = grid(task.name, args)
+
     records = []
     took = []
     for i, hp in enumerate(hps, 1):
@@ -803,26 +805,28 @@ def read_conllu(path, lang=None):
 # -----------------------------------------------------------------------------
 # Data files: where --data holds each split of each task, and the reader of each file
 
-# --data: each split's layouts (pattern, reader, splits, its only languages), the first found wins;
-# {panx_split}: our test split is `heldout-from-dev` (XTREME's PAN-X test is unlabelled)
-Layout = collections.namedtuple("Layout", "pattern reader splits langs", defaults=(None,))
+# --data: each split's layouts (pattern, reader, its splits if not all three, its only languages),
+# the first found wins; {panx_split}: our test split is `heldout-from-dev` (XTREME's PAN-X test is
+# unlabelled)
+
+Layout = collections.namedtuple("Layout", "pattern reader splits langs",
+                                defaults=("train dev test", None))
 LAYOUTS = {
-    "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli, "train dev test"),  # toydata.py
+    "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli),  # toydata.py
              # our evaluation directory (XTREME names)
-             Layout("xnli/{split}-{lang}.tsv", read_xnli, "train dev test"),
+             Layout("xnli/{split}-{lang}.tsv", read_xnli),
              Layout("XNLI-1.0/xnli.{split}.tsv", read_xnli_1_0, "dev test"),  # XNLI 1.0
              Layout("XNLI-MT-1.0/multinli/multinli.train.{lang}.tsv", read_xnli_mt, "train"),
              Layout("multinli_1.0/multinli_1.0_train.jsonl", read_multinli, "train", "en")],
-    "ner": [Layout("ner/{lang}.{split}.tsv", read_ner, "train dev test"),
-            Layout("wikiann_panx/{panx_split}-{lang}.tsv", read_ner, "train dev test"),
+    "ner": [Layout("ner/{lang}.{split}.tsv", read_ner),
+            Layout("wikiann_panx/{panx_split}-{lang}.tsv", read_ner),
             # Rahimi et al. 2019, unpacked
-            Layout("panx_dataset/{lang}/{split}", read_panx, "train dev test"),
-            Layout("panx/{split}-{lang}.tsv", read_ner, "train dev test")],  # XTREME
-    "parse": [Layout("ud/{lang}.{split}.conllu", read_conllu, "train dev test"),
-              Layout("ud/UD_*/{lang}_*-ud-{split}*.conllu", read_conllu, "train dev test"),
+            Layout("panx_dataset/{lang}/{split}", read_panx),
+            Layout("panx/{split}-{lang}.tsv", read_ner)],  # XTREME
+    "parse": [Layout("ud/{lang}.{split}.conllu", read_conllu),
+              Layout("ud/UD_*/{lang}_*-ud-{split}*.conllu", read_conllu),
               # UD 2.3
-              Layout("ud-treebanks-v2.3/UD_*/{lang}_*-ud-{split}.conllu", read_conllu,
-                     "train dev test")],
+              Layout("ud-treebanks-v2.3/UD_*/{lang}_*-ud-{split}.conllu", read_conllu)],
 }
 # the UD treebank of each language in the paper (§3.2); another one: --treebank LANG=NAME
 PAPER_TREEBANKS = {"en": "EWT", "fr": "GSD", "ru": "GSD", "zh": "GSD"}
@@ -1186,7 +1190,7 @@ def report(task, data, args, result, path):
     for k, (code, split, _) in enumerate(rows, 1):  # what makes a score mean little, beside it
         lines[k] = f"{lines[k]}  {data['notes'].get(f'{code} {split}', '')}".rstrip()
     if "checkpoint" in data["notes"]:
-        lines.append(f"note: {data['notes']['checkpoint']}")
+        lines.append(data["notes"]["checkpoint"])
     print("\n".join(lines + [chance_level(task, data), f"wrote {path}"]))
 
 
@@ -1438,19 +1442,6 @@ def is_score(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def stalled_ppl(entries):
-    """(the first language's dev ppl, its left-bigram count model's) of a checkpoint's entries or
-    results.json's "pretrain" when the first is above: the MLM stalled on the unigram plateau."""
-    try:
-        first, ppl = next(iter(entries["dev_ppl"].items()))
-        left = entries["count_ppl"][first]["left"]
-    except (KeyError, TypeError, AttributeError, StopIteration):
-        return None
-    if is_score(left) and is_score(ppl) and ppl > left:
-        return ppl, left
-    return None
-
-
 def pretrain_record(path, entries, model):
     """-> (results.json's "pretrain": the checkpoint's step, dev and count-model perplexities,
     "run": its weights' digest, "snapshot": written at one of its run's --snapshots, "stalled": its
@@ -1460,16 +1451,12 @@ def pretrain_record(path, entries, model):
     record = {k: entries.get(k) for k in ("step", "dev_ppl", "count_ppl")}
     record["run"] = "sha256:" + hashlib.sha256(weights).hexdigest()[:16]
     record["snapshot"] = isinstance(snapshots, list) and record["step"] in snapshots
-    best = os.path.join(os.path.dirname(path), "best.pt")
-    end = entries
     if record["snapshot"]:
-        end = load_model(best)[1] if os.path.isfile(best) else {}
-    stall = stalled_ppl(end)
-    record["stalled"] = stall is not None
-    if not stall:
-        return record, None
-    return record, (f"the checkpoint's run stalled: its dev ppl {stall[0]:.2f} is above the "
-                    f"left-bigram count model's {stall[1]:.2f}; the scores mean little")
+        path = os.path.join(os.path.dirname(path), "best.pt")
+        entries = load_model(path)[1] if os.path.isfile(path) else {}
+    note = stall_note(path, entries)
+    record["stalled"] = note is not None
+    return record, note
 
 
 # the columns (("ppl" or task, lang)), {(row, N): [each pretraining run's cells]}, the notes
@@ -1516,7 +1503,11 @@ def read_table(run_dirs):
             cells = {(task, lang): 100 * s[metric] for lang, s in results["test"].items()}
             cells.update({("ppl", lang): v for lang, v in ppl.items()})
             # recorded at the run's end; an older finetune.py's: the checkpoint itself
-            cells["stalled"] = pretrain.get("stalled", stalled_ppl(pretrain) is not None)
+            try:
+                stalled = stall_note(path, pretrain) is not None
+            except (TypeError, AttributeError):  # a hand-edited count model
+                stalled = False
+            cells["stalled"] = pretrain.get("stalled", stalled)
             job = results.get("job") if isinstance(results.get("job"), dict) else {}
             args = results.get("args") if isinstance(results.get("args"), dict) else {}
             ckpts.add(job.get("ckpt"))
