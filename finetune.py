@@ -236,13 +236,13 @@ class NERTask(Task):
                 for words, tags in examples]
 
     def run(self, model, head, batch, lang, predict=False):
-        firsts = [f for _, f, _ in batch]
-        h, mask = word_states(model, [f[0] for f in batch], firsts, lang, self.max_len, False)
+        seqs, firsts, tags = zip(*batch)
+        h, mask = word_states(model, seqs, firsts, lang, self.max_len, False)
         if predict:
             best = head(h).argmax(-1).tolist()
             return [[self.labels[k] for k in best[b][:len(f)]] for b, f in enumerate(firsts)]
         # in the order of h[mask]
-        y = torch.tensor([t for _, _, tags in batch for t in tags], device=mask.device)
+        y = torch.tensor([t for ts in tags for t in ts], device=mask.device)
         return F.cross_entropy(head(h)[mask].float(), y)
 
     def score(self, examples, preds):
@@ -362,8 +362,8 @@ class BiaffineParser(nn.Module):
         super().__init__()
 
         def mlp(n):
-            layers = [nn.Linear(d_model, n), nn.LeakyReLU(LEAKY_SLOPE), nn.Dropout(dropout)]
-            return nn.Sequential(*layers)
+            return nn.Sequential(nn.Linear(d_model, n), nn.LeakyReLU(LEAKY_SLOPE),
+                                 nn.Dropout(dropout))
         self.arc_dep = mlp(arc_mlp)
         self.arc_head = mlp(arc_mlp)
         self.rel_dep = mlp(rel_mlp)
@@ -421,8 +421,8 @@ class ParseTask(Task):
                 for s in examples]
 
     def run(self, model, head, batch, lang, predict=False):
-        firsts = [f[1] for f in batch]
-        h, mask = word_states(model, [f[0] for f in batch], firsts, lang, self.max_len, True)
+        seqs, firsts, *_ = zip(*batch)
+        h, mask = word_states(model, seqs, firsts, lang, self.max_len, True)
         s_arc, s_rel = head(h, mask)
         if predict:
             heads, rels = BiaffineParser.decode(s_arc, s_rel, mask)
@@ -621,6 +621,11 @@ def run_task(task, model, data, args, sets_dir, earlier, save):
 # -----------------------------------------------------------------------------
 # Official formats: reader(path, lang) -> examples (`lang`: XNLI 1.0's rows, raw PAN-X's prefix)
 
+def numbered_lines(path):
+    """(line number, line) of a file, then (0, ""): a blank line ends its last sentence."""
+    return itertools.chain(enumerate(read_lines(path), 1), [(0, "")])
+
+
 def nli_example(where, premise, hypothesis, label, column="XNLI label"):
     """One (premise, hypothesis, label) at `where` (path:line): a known label, two sentences."""
     if label not in XNLI_LABELS:
@@ -641,8 +646,8 @@ def read_nli_tsv(path, lang=None, *, cols, header_name=None, column="XNLI label"
     """NLI tab-separated columns `cols` = (premise, hypothesis, label[, language]), in order or
     named by a header line (`header_name`) -> [(premise, hypothesis, label)] (`lang`'s rows);
     `contradictory` (XNLI-MT's) is contradiction."""
-    lines = enumerate(read_lines(path), 1)
-    header = next(lines, (1, ""))[1] if header_name else "\t".join(cols)
+    lines = numbered_lines(path)
+    header = next(lines)[1] if header_name else "\t".join(cols)
     names = [x.strip() for x in header.split("\t")]
     if not set(cols) <= set(names):
         raise InputError(f"{path}:1: expected the {header_name}, got {header[:80]!r}")
@@ -686,7 +691,7 @@ def read_multinli(path, lang=None):
     object a line, `sentence1`, `sentence2`, `gold_label`; pairs without a gold label (`-`, no
     annotator majority) are skipped."""
     examples = []
-    for n, line in enumerate(read_lines(path), 1):
+    for n, line in numbered_lines(path):
         if not line.strip():
             continue
         try:
@@ -711,9 +716,7 @@ def read_ner(path, lang=None, raw=False):
     sentences = []
     words = []
     tags = []
-    # a last blank line ends the last sentence
-    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])
-    for n, line in lines:
+    for n, line in numbered_lines(path):
         if not line.strip():
             if words:
                 sentences.append((words, tags))
@@ -742,7 +745,7 @@ def read_ner(path, lang=None, raw=False):
     prefix = re.match(r"[a-z]{2,3}:", words[0])
     if prefix and all(w.startswith(prefix[0]) for w in words):
         # the first token's line
-        n = next(n for n, line in enumerate(read_lines(path), 1) if line.strip())
+        n = next(n for n, line in numbered_lines(path) if line.strip())
         raise InputError(f"{path}:{n}: every token starts with {prefix[0]!r}: raw PAN-X, read "
                          f"from panx_dataset/{prefix[0][:-1]}/{{train,dev,test}} (the prefix is "
                          "stripped there)")
@@ -757,9 +760,7 @@ def read_conllu(path, lang=None):
     sentences = []
     rows = []
     start = None
-    # a last blank line ends the last sentence
-    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])
-    for n, line in lines:
+    for n, line in numbered_lines(path):
         # UD's validator: a pseudo-empty line (else read as a sentence's end)
         if line and not line.strip():
             raise InputError(f"{path}:{n}: a line of only spaces or tabs (CoNLL-U ends a sentence "
@@ -1101,11 +1102,13 @@ def content_key(example):
 def prepare_task(task_name, files, model, encoders, args):
     """Read and featurise every file of one task -> (task, data); encoders: code -> (tokenizer, the
     model's language); data["notes"]: {"fr test": what makes its score mean little}."""
+    splits = [(args.train_lang, "dev", files["dev"])]
+    splits += [(code, "test", path) for code, path in files["test"].items()]
     try:
         train = read_split(task_name, files["train"], args.train_lang)
-        dev = read_split(task_name, files["dev"], args.train_lang)
         task = TASKS[task_name](train, args.max_len)
-        tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
+        splits = [(code, split, path, read_split(task_name, path, code))
+                  for code, split, path in splits]
     except (ValueError, OSError) as e:  # a reader's InputError, a file not UTF-8 or unreadable
         raise InputError(str(e)) from None
     print(f"{task_name}: {args.train_lang} train {len(train)} from {files['train']}")
@@ -1114,14 +1117,11 @@ def prepare_task(task_name, files, model, encoders, args):
         raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} "
                          f"{task_name} training examples of an epoch ({files['train']}): every "
                          "update would be the whole epoch")
+    tok, lang_id = encoders[args.train_lang]
+    train_feats = task.featurize(train, tok, args.train_lang, args.positions)
+    data = {"lang_id": lang_id, "train": (train, train_feats), "test": {}, "notes": {}}
 
-    def featurize(examples, code):
-        return task.featurize(examples, encoders[code][0], code, args.positions)
-    data = {"lang_id": encoders[args.train_lang][1],
-            "train": (train, featurize(train, args.train_lang)), "test": {}, "notes": {}}
     train_text = set(map(content_key, train))
-    splits = [(args.train_lang, "dev", files["dev"], dev)]
-    splits += [(code, "test", path, tests[code]) for code, path in files["test"].items()]
     for code, split, path, examples in splits:
         what = f"{code} {split}"
         shared = sum(content_key(e) in train_text for e in examples)
@@ -1137,11 +1137,13 @@ def prepare_task(task_name, files, model, encoders, args):
             print(f"{task_name}: {path}: labels never seen in the {args.train_lang} train set: "
                   f"{', '.join(unseen)}")
         print(f"{task_name}: {what} {len(examples)} from {path}")
-        feats = featurize(examples, code)
+        tok, lang_id = encoders[code]
+        feats = task.featurize(examples, tok, code, args.positions)
         if split == "dev":
             data["dev"] = (examples, feats)
         else:
-            data["test"][code] = (examples, feats, encoders[code][1])
+            data["test"][code] = (examples, feats, lang_id)
+
         # what makes the split's score mean little, printed beside it
         notes = []
         if shared:
@@ -1390,8 +1392,7 @@ def earlier_sets(out, identity, task_name, args):
         is_ours = isinstance(saved, dict) and isinstance(saved.get("job"), dict)
         old = saved["job"] if is_ours else {}
         if old != identity:
-            keys = sorted(set(old) | set(identity))
-            diff = ", ".join(k for k in keys if old.get(k) != identity.get(k))
+            diff = ", ".join(k for k in sorted(old | identity) if old.get(k) != identity.get(k))
             raise InputError(f"{path} already exists, from another run (other {diff}); rerun with "
                              "the same flags, pass --overwrite to replace it, or use another --out")
         if path == results:
@@ -1488,19 +1489,19 @@ def read_table(run_dirs):
                     and isinstance(results.get("test"), dict)):
                 continue
             task = results["task"]
+            test = results["test"]
             metric = TASKS[task].metric
             pretrain = results.get("pretrain") or {}
             ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
-            valid = (results.get("metric") == metric and results["test"]
-                     and all(isinstance(s, dict) and is_score(s.get(metric))
-                             for s in results["test"].values())
+            valid = (results.get("metric") == metric and test
+                     and all(isinstance(s, dict) and is_score(s.get(metric)) for s in test.values())
                      and isinstance(ppl, dict)
                      and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
             if not valid:
                 raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a "
                                  f"{task} test {metric} or a dev perplexity is missing or not a "
                                  "number); run the fine-tuning again")
-            cells = {(task, lang): 100 * s[metric] for lang, s in results["test"].items()}
+            cells = {(task, lang): 100 * s[metric] for lang, s in test.items()}
             cells.update({("ppl", lang): v for lang, v in ppl.items()})
             # recorded at the run's end; an older finetune.py's: the checkpoint itself
             try:
@@ -1517,7 +1518,7 @@ def read_table(run_dirs):
                 run = job.get("ckpt") or d
                 step = int(name_step[1]) if name_step else None
             row = re.sub(r"-s(tep)?\d+(?=-|$)", "", base)
-            if str(args.get("train_lang")) in results["test"] or args.get("allow_overlap"):
+            if str(args.get("train_lang")) in test or args.get("allow_overlap"):
                 row += " (not zero-shot)"
                 marked = True
             key = (run, step, task, job.get("seed"), row)
