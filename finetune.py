@@ -468,11 +468,11 @@ def freeze_lang_specific(model):
               for p in model.lang_specific_parameters(lang)}
     for p in model.parameters():
         p.requires_grad_(id(p) not in frozen)
-    return [p for p in model.parameters() if id(p) not in frozen]
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def cpu_copy(module):
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+    return {k: v.to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
 @torch.no_grad()
@@ -863,8 +863,8 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
     treebanks = treebanks or {}
 
     def find(lang, split):
-        panx_split = "heldout-from-dev" if split == "test" else split
-        names = dict(lang=lang, split=split, panx_split=panx_split)
+        names = dict(lang=lang, split=split,
+                     panx_split="heldout-from-dev" if split == "test" else split)
         tried = []
         for layout in LAYOUTS[task]:
             if split not in layout.splits.split():
@@ -1054,7 +1054,7 @@ def setup_aligned(model, tok, langs, args):
     target = load_ckpt(args.target_ckpt, "--target-ckpt", args.device, args.xlm_codes)
     n = min(model.config.n_layers, target.model.config.n_layers)
     dim = model.config.dim
-    if not 0 <= layer <= n:
+    if layer > n:  # --align-layer is at least 0
         raise InputError(f"--align-layer {layer} outside 0..{n}")
     if target.model.config.dim != dim:
         raise InputError(f"--target-ckpt dim {target.model.config.dim} differs from --ckpt dim "
@@ -1083,9 +1083,8 @@ def maps_origin(args):
     if not sides:
         print(f"note: --align-maps {args.align_maps} records no checkpoint digests (an older "
               "align.py): unchecked")
-    checks = [(args.train_lang, "--ckpt", args.ckpt),
-              (args.eval_langs[0], "--target-ckpt", args.target_ckpt)]
-    for lang, flag, path in checks:
+    for lang, flag, path in ((args.train_lang, "--ckpt", args.ckpt),
+                             (args.eval_langs[0], "--target-ckpt", args.target_ckpt)):
         if lang in sides and sides[lang] != digest(path):
             raise InputError(f"--align-maps {args.align_maps}: its {lang} side was fitted on the "
                              f"checkpoint {sides[lang]}, not on {flag} {path} ({digest(path)}); "
@@ -1282,7 +1281,7 @@ def _main(args):
         for name in tasks:
             preset = TASKS[name].toy if args.toy else TASKS[name].paper
             unset = {k: v for k, v in preset.items() if vars(args)[k] is None}  # grid flags unset
-            task_args = argparse.Namespace(**{**vars(args), **unset})
+            task_args = argparse.Namespace(**(vars(args) | unset))
             files = resolve_files(name, args.data, args.train_lang, args.eval_langs,
                                   args.train_file, treebanks if name == "parse" else None,
                                   args.data_flag)
@@ -1330,10 +1329,10 @@ def main(argv=None):
         kept = glob.glob(os.path.join(args.out or "", "**", "sets", "*.json"), recursive=True)
         if argv is None:
             argv = sys.argv[1:]
-        # without --overwrite: it would remove what was kept
-        again = [str(a) for a in argv if a != "--overwrite"]
         what = "interrupted before any set finished; nothing was kept"
         if kept:
+            # without --overwrite: it would remove what was kept
+            again = [str(a) for a in argv if a != "--overwrite"]
             what = (f"interrupted; {len(kept)} finished hyper-parameter set(s) kept in {args.out} "
                     "(the set in progress starts again); to go on, run "
                     + shlex.join(["python", "finetune.py"] + again))
@@ -1401,11 +1400,13 @@ def earlier_sets(out, identity, task_name, args):
         record = saved.get("record")
         try:
             hp = {k: record[k] for k in ("batch_size", "lr", "head_lr")}
-            scores = [record["dev"], *record["test"].values()] if "failed" not in record else []
-            done = "failed" in record or (sorted(record["test"]) == sorted(args.eval_langs)
-                                          and type(record["best_epoch"]) is int)
-            done = done and all(is_score(s[metric]) and all(map(is_score, s.values()))
-                                for s in scores)
+            done = "failed" in record
+            if not done:
+                scores = [record["dev"], *record["test"].values()]
+                done = (sorted(record["test"]) == sorted(args.eval_langs)
+                        and type(record["best_epoch"]) is int
+                        and all(is_score(s[metric]) and all(map(is_score, s.values()))
+                                for s in scores))
         except (KeyError, TypeError, AttributeError):  # not a dict, a score missing
             done = False
         if not (done and hp in grid(task_name, args)):
@@ -1615,13 +1616,11 @@ def plot_curves(path, run_dirs, with_stalled=False):
                         yerr=[np.std(v) for v in points.values()], marker="o", ms=3, capsize=2,
                         label=name)
         title = f"{COLUMN_NAMES[col[0]]} {col[1]}"
-        if col[0] != "ppl":
-            title += " (test, %)"
-        ax.set(xscale="log", yscale="log" if col[0] == "ppl" else "linear", xlabel="updates",
-               title=title)
+        ax.set(xscale="log", xlabel="updates", title=title + " (test, %)")
         ax.set_xticks(steps, [str(x) for x in steps], rotation=45, fontsize=8)
         ax.xaxis.set_minor_formatter(NullFormatter())
         if col[0] == "ppl":
+            ax.set(yscale="log", title=title)
             ax.yaxis.set_major_formatter(ScalarFormatter())
             ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.grid(alpha=0.3)
