@@ -1362,6 +1362,10 @@ def read_json(path, flag):
         raise InputError(f"{flag}: cannot read {path}: {why}") from None
 
 
+def dict_or_empty(value):  # a JSON field an older or edited file may lack
+    return value if isinstance(value, dict) else {}
+
+
 # what a set's result depends on besides the checkpoints and data (not --device, --threads)
 JOB_FLAGS = ("train_lang", "batch_size", "lr", "head_lr", "epochs", "epoch_size", "max_len",
              "head_dropout", "clip", "seed", "bf16", "align_layer")
@@ -1388,8 +1392,7 @@ def earlier_sets(out, identity, task_name, args):
     results = os.path.join(out, "results.json")
     for path in glob.glob(results) + sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
         saved = read_json(path, "--out")
-        is_ours = isinstance(saved, dict) and isinstance(saved.get("job"), dict)
-        old = saved["job"] if is_ours else {}
+        old = dict_or_empty(saved.get("job")) if isinstance(saved, dict) else {}
         if old != identity:
             diff = ", ".join(k for k in sorted(old | identity) if old.get(k) != identity.get(k))
             raise InputError(f"{path} already exists, from another run (other {diff}); rerun with "
@@ -1405,8 +1408,7 @@ def earlier_sets(out, identity, task_name, args):
                 scores = [record["dev"], *record["test"].values()]
                 done = (sorted(record["test"]) == sorted(args.eval_langs)
                         and type(record["best_epoch"]) is int
-                        and all(is_score(s[metric]) and all(map(is_score, s.values()))
-                                for s in scores))
+                        and all(metric in s and all(map(is_score, s.values())) for s in scores))
         except (KeyError, TypeError, AttributeError):  # not a dict, a score missing
             done = False
         if not (done and hp in grid(task_name, args)):
@@ -1449,7 +1451,7 @@ def pretrain_record(path, entries, model):
     "run": its weights' digest, "snapshot": written at one of its run's --snapshots, "stalled": its
     run's MLM, judged at the run's end (a snapshot by the run's best.pt beside it); its note)."""
     weights = b"".join(v.cpu().numpy().tobytes() for v in model.state_dict().values())
-    snapshots = (entries.get("args") or {}).get("snapshots")
+    snapshots = dict_or_empty(entries.get("args")).get("snapshots")
     record = {k: entries.get(k) for k in ("step", "dev_ppl", "count_ppl")}
     record["run"] = "sha256:" + hashlib.sha256(weights).hexdigest()[:16]
     record["snapshot"] = isinstance(snapshots, list) and record["step"] in snapshots
@@ -1495,7 +1497,7 @@ def read_table(run_dirs):
             pretrain = results.get("pretrain") or {}
             ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
             valid = (results.get("metric") == metric and test
-                     and all(isinstance(s, dict) and is_score(s.get(metric)) for s in test.values())
+                     and all(is_score(dict_or_empty(s).get(metric)) for s in test.values())
                      and isinstance(ppl, dict)
                      and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
             if not valid:
@@ -1510,8 +1512,8 @@ def read_table(run_dirs):
             except (TypeError, AttributeError):  # a hand-edited count model
                 stalled = False
             cells["stalled"] = pretrain.get("stalled", stalled)
-            job = results.get("job") if isinstance(results.get("job"), dict) else {}
-            args = results.get("args") if isinstance(results.get("args"), dict) else {}
+            job = dict_or_empty(results.get("job"))
+            args = dict_or_empty(results.get("args"))
             ckpts.add(job.get("ckpt"))
             run = pretrain.get("run")
             step = pretrain.get("step") if pretrain.get("snapshot") else None
@@ -1561,10 +1563,9 @@ def results_table(run_dirs, with_stalled=False):
     n_stalled = 0
     thin = False  # a cell over fewer seeds than its row's
     for (name, step), runs in groups.items():
-        stalled = [cells for cells in runs if cells["stalled"]]
-        n_stalled += len(stalled)
-        if not with_stalled:
-            runs = [cells for cells in runs if not cells["stalled"]]
+        stalled = sum(1 for cells in runs if cells["stalled"])
+        n_stalled += stalled
+        runs = [cells for cells in runs if with_stalled or not cells["stalled"]]
         avgs = [np.mean([cells[c] for c in scores]) for cells in runs
                 if all(c in cells for c in scores)]
         if first is None:
@@ -1572,7 +1573,7 @@ def results_table(run_dirs, with_stalled=False):
         line = [name]
         if steps:
             line.append(str(step or "-"))
-        line += [str(len(runs)), str(len(stalled))]
+        line += [str(len(runs)), str(stalled)]
         for v in [[cells[c] for cells in runs if c in cells] for c in cols] + [avgs]:
             line.append(mean_std(v))
             if 0 < len(v) < len(runs):
@@ -1590,7 +1591,7 @@ def results_table(run_dirs, with_stalled=False):
         notes.append(f"{n_stalled} seed(s) whose MLM stalled on the unigram plateau {counted}")
     if thin:
         notes.append("* averaged over fewer seeds than the row's")
-    return format_rows(header, lines) + "".join("\n" + n for n in notes)
+    return "\n".join([format_rows(header, lines)] + notes)
 
 
 def plot_curves(path, run_dirs, with_stalled=False):
