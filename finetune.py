@@ -533,7 +533,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
                 opt.zero_grad()
             loss.backward()
             if args.clip > 0:
-                torch.nn.utils.clip_grad_norm_(params + list(head.parameters()), args.clip)
+                nn.utils.clip_grad_norm_(params + list(head.parameters()), args.clip)
             for o in opts + scheds:
                 o.step()
             total_loss += loss.item() * len(batch)
@@ -1423,9 +1423,10 @@ def earlier_sets(out, identity, task_name, args):
 
 def format_rows(header, rows):
     """The first column left-aligned, the others right-aligned."""
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    table = [header] + rows
+    widths = [max(map(len, column)) for column in zip(*table)]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(r, widths))) for r in [header] + rows)
+                               for i, (c, w) in enumerate(zip(r, widths))) for r in table)
 
 
 def mean_std(v):
