@@ -38,7 +38,7 @@ import align
 import bpe
 from bpe import EOS_ID, UNK_ID, InputError, number, read_lines
 from model import (DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states,
-                   file_digest, load_encoder, load_model, pick_device)
+                   file_digest, load_encoder, load_model, pick_device, stall_note)
 
 
 # -----------------------------------------------------------------------------
@@ -236,13 +236,13 @@ class NERTask(Task):
                 for words, tags in examples]
 
     def run(self, model, head, batch, lang, predict=False):
-        firsts = [f for _, f, _ in batch]
-        h, mask = word_states(model, [f[0] for f in batch], firsts, lang, self.max_len, False)
+        seqs, firsts, tags = zip(*batch)
+        h, mask = word_states(model, seqs, firsts, lang, self.max_len, False)
         if predict:
             best = head(h).argmax(-1).tolist()
             return [[self.labels[k] for k in best[b][:len(f)]] for b, f in enumerate(firsts)]
         # in the order of h[mask]
-        y = torch.tensor([t for _, _, tags in batch for t in tags], device=mask.device)
+        y = torch.tensor([t for ts in tags for t in ts], device=mask.device)
         return F.cross_entropy(head(h)[mask].float(), y)
 
     def score(self, examples, preds):
@@ -362,8 +362,8 @@ class BiaffineParser(nn.Module):
         super().__init__()
 
         def mlp(n):
-            layers = [nn.Linear(d_model, n), nn.LeakyReLU(LEAKY_SLOPE), nn.Dropout(dropout)]
-            return nn.Sequential(*layers)
+            return nn.Sequential(nn.Linear(d_model, n), nn.LeakyReLU(LEAKY_SLOPE),
+                                 nn.Dropout(dropout))
         self.arc_dep = mlp(arc_mlp)
         self.arc_head = mlp(arc_mlp)
         self.rel_dep = mlp(rel_mlp)
@@ -421,8 +421,8 @@ class ParseTask(Task):
                 for s in examples]
 
     def run(self, model, head, batch, lang, predict=False):
-        firsts = [f[1] for f in batch]
-        h, mask = word_states(model, [f[0] for f in batch], firsts, lang, self.max_len, True)
+        seqs, firsts, *_ = zip(*batch)
+        h, mask = word_states(model, seqs, firsts, lang, self.max_len, True)
         s_arc, s_rel = head(h, mask)
         if predict:
             heads, rels = BiaffineParser.decode(s_arc, s_rel, mask)
@@ -468,15 +468,15 @@ def freeze_lang_specific(model):
               for p in model.lang_specific_parameters(lang)}
     for p in model.parameters():
         p.requires_grad_(id(p) not in frozen)
-    return [p for p in model.parameters() if id(p) not in frozen]
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def cpu_copy(module):
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+    return {k: v.to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
 @torch.no_grad()
-def evaluate(task, model, head, feats, examples, lang, batch_size=64, bf16=False):
+def evaluate(task, model, head, feats, examples, lang, batch_size=64, dtype="float32"):
     """Scores of one split, in batches of 64 in length order (less padding), under autocast."""
     model.eval()
     head.eval()
@@ -485,7 +485,7 @@ def evaluate(task, model, head, feats, examples, lang, batch_size=64, bf16=False
     device = next(model.parameters()).device
     for k in range(0, len(order), batch_size):
         chunk = order[k:k + batch_size]
-        with autocast(device, "bfloat16" if bf16 else "float32"):
+        with autocast(device, dtype):
             chunk_preds = task.run(model, head, [feats[i] for i in chunk], lang, predict=True)
         preds.update(zip(chunk, chunk_preds))
     return task.score(examples, [preds[i] for i in range(len(feats))])
@@ -496,6 +496,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     target with it. data: {"lang_id", "train"/"dev": (examples, feats), "test": {code: (examples,
     feats, lang_id)}}."""
     device = next(model.parameters()).device
+    dtype = "bfloat16" if args.bf16 else "float32"
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     model.load_state_dict(init_state)
@@ -521,7 +522,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         for k in range(0, n_per_epoch, hp["batch_size"]):
             size = min(hp["batch_size"], n_per_epoch - k)
             batch = [train[i] for i in itertools.islice(stream, size)]
-            with autocast(device, "bfloat16" if args.bf16 else "float32"):
+            with autocast(device, dtype):
                 loss = task.run(model, head, batch, lang)
             if not torch.isfinite(loss):  # diverged: run_task leaves the set out
                 bar.close()
@@ -529,15 +530,15 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
                 raise FloatingPointError(f"non-finite training loss ({loss.item()}) at epoch "
                                          f"{epoch}, {update}; try a lower --lr")
             for opt in opts:
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad()
             loss.backward()
             if args.clip > 0:
-                torch.nn.utils.clip_grad_norm_(params + list(head.parameters()), args.clip)
+                nn.utils.clip_grad_norm_(params + list(head.parameters()), args.clip)
             for o in opts + scheds:
                 o.step()
             total_loss += loss.item() * len(batch)
             bar.update()
-        dev = evaluate(task, model, head, dev_feats, dev_ex, lang, bf16=args.bf16)
+        dev = evaluate(task, model, head, dev_feats, dev_ex, lang, dtype=dtype)
         dev_curve.append(dev[task.metric])
         with tqdm.external_write_mode():  # the line above the bar
             log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  "
@@ -547,7 +548,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     bar.close()
     model.load_state_dict(best["state"])
     head.load_state_dict(best["head"])
-    test = {code: evaluate(task, model, head, feats, ex, lang_id, bf16=args.bf16)
+    test = {code: evaluate(task, model, head, feats, ex, lang_id, dtype=dtype)
             for code, (ex, feats, lang_id) in data["test"].items()}
     return {**hp, "best_epoch": best["epoch"], "dev_curve": dev_curve, "dev": best["dev"],
             "test": test}
@@ -576,8 +577,9 @@ def run_task(task, model, data, args, sets_dir, earlier, save):
     epoch chosen by English dev; the result is the mean of the best two sets by dev (a diverged set
     is left out): {"best_two": their indices, "dev", "test": the mean scores, "configs": every
     set's record}. A set an earlier run finished is earlier[path]; save(path, record) keeps one."""
-    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    init_state = cpu_copy(model)
     hps = grid(task.name, args)
+
     records = []
     took = []
     for i, hp in enumerate(hps, 1):
@@ -619,6 +621,11 @@ def run_task(task, model, data, args, sets_dir, earlier, save):
 # -----------------------------------------------------------------------------
 # Official formats: reader(path, lang) -> examples (`lang`: XNLI 1.0's rows, raw PAN-X's prefix)
 
+def numbered_lines(path):
+    """(line number, line) of a file, then (0, ""): a blank line ends its last sentence."""
+    return itertools.chain(enumerate(read_lines(path), 1), [(0, "")])
+
+
 def nli_example(where, premise, hypothesis, label, column="XNLI label"):
     """One (premise, hypothesis, label) at `where` (path:line): a known label, two sentences."""
     if label not in XNLI_LABELS:
@@ -639,8 +646,8 @@ def read_nli_tsv(path, lang=None, *, cols, header_name=None, column="XNLI label"
     """NLI tab-separated columns `cols` = (premise, hypothesis, label[, language]), in order or
     named by a header line (`header_name`) -> [(premise, hypothesis, label)] (`lang`'s rows);
     `contradictory` (XNLI-MT's) is contradiction."""
-    lines = enumerate(read_lines(path), 1)
-    header = next(lines, (1, ""))[1] if header_name else "\t".join(cols)
+    lines = numbered_lines(path)
+    header = next(lines)[1] if header_name else "\t".join(cols)
     names = [x.strip() for x in header.split("\t")]
     if not set(cols) <= set(names):
         raise InputError(f"{path}:1: expected the {header_name}, got {header[:80]!r}")
@@ -684,7 +691,7 @@ def read_multinli(path, lang=None):
     object a line, `sentence1`, `sentence2`, `gold_label`; pairs without a gold label (`-`, no
     annotator majority) are skipped."""
     examples = []
-    for n, line in enumerate(read_lines(path), 1):
+    for n, line in numbered_lines(path):
         if not line.strip():
             continue
         try:
@@ -709,9 +716,7 @@ def read_ner(path, lang=None, raw=False):
     sentences = []
     words = []
     tags = []
-    # a last blank line ends the last sentence
-    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])
-    for n, line in lines:
+    for n, line in numbered_lines(path):
         if not line.strip():
             if words:
                 sentences.append((words, tags))
@@ -740,7 +745,7 @@ def read_ner(path, lang=None, raw=False):
     prefix = re.match(r"[a-z]{2,3}:", words[0])
     if prefix and all(w.startswith(prefix[0]) for w in words):
         # the first token's line
-        n = next(n for n, line in enumerate(read_lines(path), 1) if line.strip())
+        n = next(n for n, line in numbered_lines(path) if line.strip())
         raise InputError(f"{path}:{n}: every token starts with {prefix[0]!r}: raw PAN-X, read "
                          f"from panx_dataset/{prefix[0][:-1]}/{{train,dev,test}} (the prefix is "
                          "stripped there)")
@@ -755,9 +760,7 @@ def read_conllu(path, lang=None):
     sentences = []
     rows = []
     start = None
-    # a last blank line ends the last sentence
-    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])
-    for n, line in lines:
+    for n, line in numbered_lines(path):
         # UD's validator: a pseudo-empty line (else read as a sentence's end)
         if line and not line.strip():
             raise InputError(f"{path}:{n}: a line of only spaces or tabs (CoNLL-U ends a sentence "
@@ -803,26 +806,28 @@ def read_conllu(path, lang=None):
 # -----------------------------------------------------------------------------
 # Data files: where --data holds each split of each task, and the reader of each file
 
-# --data: each split's layouts (pattern, reader, splits, its only languages), the first found wins;
-# {panx_split}: our test split is `heldout-from-dev` (XTREME's PAN-X test is unlabelled)
-Layout = collections.namedtuple("Layout", "pattern reader splits langs", defaults=(None,))
+# --data: each split's layouts (pattern, reader, its splits if not all three, its only languages),
+# the first found wins; {panx_split}: our test split is `heldout-from-dev` (XTREME's PAN-X test is
+# unlabelled)
+
+Layout = collections.namedtuple("Layout", "pattern reader splits langs",
+                                defaults=("train dev test", None))
 LAYOUTS = {
-    "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli, "train dev test"),  # toydata.py
+    "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli),  # toydata.py
              # our evaluation directory (XTREME names)
-             Layout("xnli/{split}-{lang}.tsv", read_xnli, "train dev test"),
+             Layout("xnli/{split}-{lang}.tsv", read_xnli),
              Layout("XNLI-1.0/xnli.{split}.tsv", read_xnli_1_0, "dev test"),  # XNLI 1.0
              Layout("XNLI-MT-1.0/multinli/multinli.train.{lang}.tsv", read_xnli_mt, "train"),
              Layout("multinli_1.0/multinli_1.0_train.jsonl", read_multinli, "train", "en")],
-    "ner": [Layout("ner/{lang}.{split}.tsv", read_ner, "train dev test"),
-            Layout("wikiann_panx/{panx_split}-{lang}.tsv", read_ner, "train dev test"),
+    "ner": [Layout("ner/{lang}.{split}.tsv", read_ner),
+            Layout("wikiann_panx/{panx_split}-{lang}.tsv", read_ner),
             # Rahimi et al. 2019, unpacked
-            Layout("panx_dataset/{lang}/{split}", read_panx, "train dev test"),
-            Layout("panx/{split}-{lang}.tsv", read_ner, "train dev test")],  # XTREME
-    "parse": [Layout("ud/{lang}.{split}.conllu", read_conllu, "train dev test"),
-              Layout("ud/UD_*/{lang}_*-ud-{split}*.conllu", read_conllu, "train dev test"),
+            Layout("panx_dataset/{lang}/{split}", read_panx),
+            Layout("panx/{split}-{lang}.tsv", read_ner)],  # XTREME
+    "parse": [Layout("ud/{lang}.{split}.conllu", read_conllu),
+              Layout("ud/UD_*/{lang}_*-ud-{split}*.conllu", read_conllu),
               # UD 2.3
-              Layout("ud-treebanks-v2.3/UD_*/{lang}_*-ud-{split}.conllu", read_conllu,
-                     "train dev test")],
+              Layout("ud-treebanks-v2.3/UD_*/{lang}_*-ud-{split}.conllu", read_conllu)],
 }
 # the UD treebank of each language in the paper (§3.2); another one: --treebank LANG=NAME
 PAPER_TREEBANKS = {"en": "EWT", "fr": "GSD", "ru": "GSD", "zh": "GSD"}
@@ -858,8 +863,8 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
     treebanks = treebanks or {}
 
     def find(lang, split):
-        panx_split = "heldout-from-dev" if split == "test" else split
-        names = dict(lang=lang, split=split, panx_split=panx_split)
+        names = dict(lang=lang, split=split,
+                     panx_split="heldout-from-dev" if split == "test" else split)
         tried = []
         for layout in LAYOUTS[task]:
             if split not in layout.splits.split():
@@ -1049,7 +1054,7 @@ def setup_aligned(model, tok, langs, args):
     target = load_ckpt(args.target_ckpt, "--target-ckpt", args.device, args.xlm_codes)
     n = min(model.config.n_layers, target.model.config.n_layers)
     dim = model.config.dim
-    if not 0 <= layer <= n:
+    if layer > n:  # --align-layer is at least 0
         raise InputError(f"--align-layer {layer} outside 0..{n}")
     if target.model.config.dim != dim:
         raise InputError(f"--target-ckpt dim {target.model.config.dim} differs from --ckpt dim "
@@ -1078,9 +1083,8 @@ def maps_origin(args):
     if not sides:
         print(f"note: --align-maps {args.align_maps} records no checkpoint digests (an older "
               "align.py): unchecked")
-    checks = [(args.train_lang, "--ckpt", args.ckpt),
-              (args.eval_langs[0], "--target-ckpt", args.target_ckpt)]
-    for lang, flag, path in checks:
+    for lang, flag, path in ((args.train_lang, "--ckpt", args.ckpt),
+                             (args.eval_langs[0], "--target-ckpt", args.target_ckpt)):
         if lang in sides and sides[lang] != digest(path):
             raise InputError(f"--align-maps {args.align_maps}: its {lang} side was fitted on the "
                              f"checkpoint {sides[lang]}, not on {flag} {path} ({digest(path)}); "
@@ -1097,11 +1101,13 @@ def content_key(example):
 def prepare_task(task_name, files, model, encoders, args):
     """Read and featurise every file of one task -> (task, data); encoders: code -> (tokenizer, the
     model's language); data["notes"]: {"fr test": what makes its score mean little}."""
+    splits = [(args.train_lang, "dev", files["dev"])]
+    splits += [(code, "test", path) for code, path in files["test"].items()]
     try:
         train = read_split(task_name, files["train"], args.train_lang)
-        dev = read_split(task_name, files["dev"], args.train_lang)
         task = TASKS[task_name](train, args.max_len)
-        tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
+        splits = [(code, split, path, read_split(task_name, path, code))
+                  for code, split, path in splits]
     except (ValueError, OSError) as e:  # a reader's InputError, a file not UTF-8 or unreadable
         raise InputError(str(e)) from None
     print(f"{task_name}: {args.train_lang} train {len(train)} from {files['train']}")
@@ -1110,14 +1116,11 @@ def prepare_task(task_name, files, model, encoders, args):
         raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} "
                          f"{task_name} training examples of an epoch ({files['train']}): every "
                          "update would be the whole epoch")
+    tok, lang_id = encoders[args.train_lang]
+    train_feats = task.featurize(train, tok, args.train_lang, args.positions)
+    data = {"lang_id": lang_id, "train": (train, train_feats), "test": {}, "notes": {}}
 
-    def featurize(examples, code):
-        return task.featurize(examples, encoders[code][0], code, args.positions)
-    data = {"lang_id": encoders[args.train_lang][1],
-            "train": (train, featurize(train, args.train_lang)), "test": {}, "notes": {}}
     train_text = set(map(content_key, train))
-    splits = [(args.train_lang, "dev", files["dev"], dev)]
-    splits += [(code, "test", path, tests[code]) for code, path in files["test"].items()]
     for code, split, path, examples in splits:
         what = f"{code} {split}"
         shared = sum(content_key(e) in train_text for e in examples)
@@ -1133,11 +1136,13 @@ def prepare_task(task_name, files, model, encoders, args):
             print(f"{task_name}: {path}: labels never seen in the {args.train_lang} train set: "
                   f"{', '.join(unseen)}")
         print(f"{task_name}: {what} {len(examples)} from {path}")
-        feats = featurize(examples, code)
+        tok, lang_id = encoders[code]
+        feats = task.featurize(examples, tok, code, args.positions)
         if split == "dev":
             data["dev"] = (examples, feats)
         else:
-            data["test"][code] = (examples, feats, encoders[code][1])
+            data["test"][code] = (examples, feats, lang_id)
+
         # what makes the split's score mean little, printed beside it
         notes = []
         if shared:
@@ -1186,7 +1191,7 @@ def report(task, data, args, result, path):
     for k, (code, split, _) in enumerate(rows, 1):  # what makes a score mean little, beside it
         lines[k] = f"{lines[k]}  {data['notes'].get(f'{code} {split}', '')}".rstrip()
     if "checkpoint" in data["notes"]:
-        lines.append(f"note: {data['notes']['checkpoint']}")
+        lines.append(data["notes"]["checkpoint"])
     print("\n".join(lines + [chance_level(task, data), f"wrote {path}"]))
 
 
@@ -1276,7 +1281,7 @@ def _main(args):
         for name in tasks:
             preset = TASKS[name].toy if args.toy else TASKS[name].paper
             unset = {k: v for k, v in preset.items() if vars(args)[k] is None}  # grid flags unset
-            task_args = argparse.Namespace(**{**vars(args), **unset})
+            task_args = argparse.Namespace(**(vars(args) | unset))
             files = resolve_files(name, args.data, args.train_lang, args.eval_langs,
                                   args.train_file, treebanks if name == "parse" else None,
                                   args.data_flag)
@@ -1324,10 +1329,10 @@ def main(argv=None):
         kept = glob.glob(os.path.join(args.out or "", "**", "sets", "*.json"), recursive=True)
         if argv is None:
             argv = sys.argv[1:]
-        # without --overwrite: it would remove what was kept
-        again = [str(a) for a in argv if a != "--overwrite"]
         what = "interrupted before any set finished; nothing was kept"
         if kept:
+            # without --overwrite: it would remove what was kept
+            again = [str(a) for a in argv if a != "--overwrite"]
             what = (f"interrupted; {len(kept)} finished hyper-parameter set(s) kept in {args.out} "
                     "(the set in progress starts again); to go on, run "
                     + shlex.join(["python", "finetune.py"] + again))
@@ -1357,6 +1362,10 @@ def read_json(path, flag):
         raise InputError(f"{flag}: cannot read {path}: {why}") from None
 
 
+def dict_or_empty(value):  # a JSON field an older or edited file may lack
+    return value if isinstance(value, dict) else {}
+
+
 # what a set's result depends on besides the checkpoints and data (not --device, --threads)
 JOB_FLAGS = ("train_lang", "batch_size", "lr", "head_lr", "epochs", "epoch_size", "max_len",
              "head_dropout", "clip", "seed", "bf16", "align_layer")
@@ -1383,11 +1392,9 @@ def earlier_sets(out, identity, task_name, args):
     results = os.path.join(out, "results.json")
     for path in glob.glob(results) + sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
         saved = read_json(path, "--out")
-        is_ours = isinstance(saved, dict) and isinstance(saved.get("job"), dict)
-        old = saved["job"] if is_ours else {}
+        old = dict_or_empty(saved.get("job")) if isinstance(saved, dict) else {}
         if old != identity:
-            keys = sorted(set(old) | set(identity))
-            diff = ", ".join(k for k in keys if old.get(k) != identity.get(k))
+            diff = ", ".join(k for k in sorted(old | identity) if old.get(k) != identity.get(k))
             raise InputError(f"{path} already exists, from another run (other {diff}); rerun with "
                              "the same flags, pass --overwrite to replace it, or use another --out")
         if path == results:
@@ -1396,11 +1403,12 @@ def earlier_sets(out, identity, task_name, args):
         record = saved.get("record")
         try:
             hp = {k: record[k] for k in ("batch_size", "lr", "head_lr")}
-            scores = [record["dev"], *record["test"].values()] if "failed" not in record else []
-            done = "failed" in record or (sorted(record["test"]) == sorted(args.eval_langs)
-                                          and type(record["best_epoch"]) is int)
-            done = done and all(is_score(s[metric]) and all(map(is_score, s.values()))
-                                for s in scores)
+            done = "failed" in record
+            if not done:
+                scores = [record["dev"], *record["test"].values()]
+                done = (sorted(record["test"]) == sorted(args.eval_langs)
+                        and type(record["best_epoch"]) is int
+                        and all(metric in s and all(map(is_score, s.values())) for s in scores))
         except (KeyError, TypeError, AttributeError):  # not a dict, a score missing
             done = False
         if not (done and hp in grid(task_name, args)):
@@ -1415,9 +1423,10 @@ def earlier_sets(out, identity, task_name, args):
 
 def format_rows(header, rows):
     """The first column left-aligned, the others right-aligned."""
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    table = [header] + rows
+    widths = [max(map(len, column)) for column in zip(*table)]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(r, widths))) for r in [header] + rows)
+                               for i, (c, w) in enumerate(zip(r, widths))) for r in table)
 
 
 def mean_std(v):
@@ -1438,38 +1447,21 @@ def is_score(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def stalled_ppl(entries):
-    """(the first language's dev ppl, its left-bigram count model's) of a checkpoint's entries or
-    results.json's "pretrain" when the first is above: the MLM stalled on the unigram plateau."""
-    try:
-        first, ppl = next(iter(entries["dev_ppl"].items()))
-        left = entries["count_ppl"][first]["left"]
-    except (KeyError, TypeError, AttributeError, StopIteration):
-        return None
-    if is_score(left) and is_score(ppl) and ppl > left:
-        return ppl, left
-    return None
-
-
 def pretrain_record(path, entries, model):
     """-> (results.json's "pretrain": the checkpoint's step, dev and count-model perplexities,
     "run": its weights' digest, "snapshot": written at one of its run's --snapshots, "stalled": its
     run's MLM, judged at the run's end (a snapshot by the run's best.pt beside it); its note)."""
     weights = b"".join(v.cpu().numpy().tobytes() for v in model.state_dict().values())
-    snapshots = (entries.get("args") or {}).get("snapshots")
+    snapshots = dict_or_empty(entries.get("args")).get("snapshots")
     record = {k: entries.get(k) for k in ("step", "dev_ppl", "count_ppl")}
     record["run"] = "sha256:" + hashlib.sha256(weights).hexdigest()[:16]
     record["snapshot"] = isinstance(snapshots, list) and record["step"] in snapshots
-    best = os.path.join(os.path.dirname(path), "best.pt")
-    end = entries
     if record["snapshot"]:
-        end = load_model(best)[1] if os.path.isfile(best) else {}
-    stall = stalled_ppl(end)
-    record["stalled"] = stall is not None
-    if not stall:
-        return record, None
-    return record, (f"the checkpoint's run stalled: its dev ppl {stall[0]:.2f} is above the "
-                    f"left-bigram count model's {stall[1]:.2f}; the scores mean little")
+        path = os.path.join(os.path.dirname(path), "best.pt")
+        entries = load_model(path)[1] if os.path.isfile(path) else {}
+    note = stall_note(path, entries)
+    record["stalled"] = note is not None
+    return record, note
 
 
 # the columns (("ppl" or task, lang)), {(row, N): [each pretraining run's cells]}, the notes
@@ -1501,24 +1493,28 @@ def read_table(run_dirs):
                     and isinstance(results.get("test"), dict)):
                 continue
             task = results["task"]
+            test = results["test"]
             metric = TASKS[task].metric
             pretrain = results.get("pretrain") or {}
             ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
-            valid = (results.get("metric") == metric and results["test"]
-                     and all(isinstance(s, dict) and is_score(s.get(metric))
-                             for s in results["test"].values())
+            valid = (results.get("metric") == metric and test
+                     and all(is_score(dict_or_empty(s).get(metric)) for s in test.values())
                      and isinstance(ppl, dict)
                      and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
             if not valid:
                 raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a "
                                  f"{task} test {metric} or a dev perplexity is missing or not a "
                                  "number); run the fine-tuning again")
-            cells = {(task, lang): 100 * s[metric] for lang, s in results["test"].items()}
+            cells = {(task, lang): 100 * s[metric] for lang, s in test.items()}
             cells.update({("ppl", lang): v for lang, v in ppl.items()})
             # recorded at the run's end; an older finetune.py's: the checkpoint itself
-            cells["stalled"] = pretrain.get("stalled", stalled_ppl(pretrain) is not None)
-            job = results.get("job") if isinstance(results.get("job"), dict) else {}
-            args = results.get("args") if isinstance(results.get("args"), dict) else {}
+            try:
+                stalled = stall_note(path, pretrain) is not None
+            except (TypeError, AttributeError):  # a hand-edited count model
+                stalled = False
+            cells["stalled"] = pretrain.get("stalled", stalled)
+            job = dict_or_empty(results.get("job"))
+            args = dict_or_empty(results.get("args"))
             ckpts.add(job.get("ckpt"))
             run = pretrain.get("run")
             step = pretrain.get("step") if pretrain.get("snapshot") else None
@@ -1526,7 +1522,7 @@ def read_table(run_dirs):
                 run = job.get("ckpt") or d
                 step = int(name_step[1]) if name_step else None
             row = re.sub(r"-s(tep)?\d+(?=-|$)", "", base)
-            if str(args.get("train_lang")) in results["test"] or args.get("allow_overlap"):
+            if str(args.get("train_lang")) in test or args.get("allow_overlap"):
                 row += " (not zero-shot)"
                 marked = True
             key = (run, step, task, job.get("seed"), row)
@@ -1568,10 +1564,9 @@ def results_table(run_dirs, with_stalled=False):
     n_stalled = 0
     thin = False  # a cell over fewer seeds than its row's
     for (name, step), runs in groups.items():
-        stalled = [cells for cells in runs if cells["stalled"]]
-        n_stalled += len(stalled)
-        if not with_stalled:
-            runs = [cells for cells in runs if not cells["stalled"]]
+        stalled = sum(1 for cells in runs if cells["stalled"])
+        n_stalled += stalled
+        runs = [cells for cells in runs if with_stalled or not cells["stalled"]]
         avgs = [np.mean([cells[c] for c in scores]) for cells in runs
                 if all(c in cells for c in scores)]
         if first is None:
@@ -1579,7 +1574,7 @@ def results_table(run_dirs, with_stalled=False):
         line = [name]
         if steps:
             line.append(str(step or "-"))
-        line += [str(len(runs)), str(len(stalled))]
+        line += [str(len(runs)), str(stalled)]
         for v in [[cells[c] for cells in runs if c in cells] for c in cols] + [avgs]:
             line.append(mean_std(v))
             if 0 < len(v) < len(runs):
@@ -1597,7 +1592,7 @@ def results_table(run_dirs, with_stalled=False):
         notes.append(f"{n_stalled} seed(s) whose MLM stalled on the unigram plateau {counted}")
     if thin:
         notes.append("* averaged over fewer seeds than the row's")
-    return format_rows(header, lines) + "".join("\n" + n for n in notes)
+    return "\n".join([format_rows(header, lines)] + notes)
 
 
 def plot_curves(path, run_dirs, with_stalled=False):
@@ -1623,13 +1618,11 @@ def plot_curves(path, run_dirs, with_stalled=False):
                         yerr=[np.std(v) for v in points.values()], marker="o", ms=3, capsize=2,
                         label=name)
         title = f"{COLUMN_NAMES[col[0]]} {col[1]}"
-        if col[0] != "ppl":
-            title += " (test, %)"
-        ax.set(xscale="log", yscale="log" if col[0] == "ppl" else "linear", xlabel="updates",
-               title=title)
+        ax.set(xscale="log", xlabel="updates", title=title + " (test, %)")
         ax.set_xticks(steps, [str(x) for x in steps], rotation=45, fontsize=8)
         ax.xaxis.set_minor_formatter(NullFormatter())
         if col[0] == "ppl":
+            ax.set(yscale="log", title=title)
             ax.yaxis.set_major_formatter(ScalarFormatter())
             ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.grid(alpha=0.3)
