@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import re
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -231,11 +231,9 @@ class MLM(nn.Module):
             nn.Parameter(torch.empty(vocab[l]).uniform_(-d ** -0.5, d ** -0.5))
             for l in range(n_tok))
         # XLM init: embeddings N(0, d^-0.5), pad row zero; Linear and LayerNorm keep PyTorch's
-        tables = [*self.tok_emb, *self.pos_emb]
-        if config.lang_emb:
-            tables.append(self.lang_emb)
-        for emb in tables:
-            nn.init.normal_(emb.weight, mean=0.0, std=d ** -0.5)
+        for emb in self.modules():
+            if isinstance(emb, nn.Embedding):
+                nn.init.normal_(emb.weight, std=d ** -0.5)
         for emb in self.tok_emb:
             nn.init.zeros_(emb.weight[config.pad_id])
 
@@ -313,31 +311,30 @@ class MLM(nn.Module):
         # pred_layer.proj.weight is the tied embedding (saved twice by XLM); position_ids is HF's
         tied = sd.pop("pred_layer.proj.weight", None)
         sd.pop("position_ids", None)
-        # our key -> the XLM keys it is made of (q, k, v concatenated into our qkv)
-        names = xlm_names(config)
-        wanted = [n for v in names.values() for n in v]
-        missing = [n for n in wanted if n not in sd]
-        unexpected = sorted(set(sd) - set(wanted))
+        # XLM key -> the part of our weights it is (q, k, v: the thirds of our qkv)
+        parts = xlm_parts(config, model.state_dict())
+        missing = [n for n in parts if n not in sd]
+        unexpected = sorted(set(sd) - set(parts))
         if missing or unexpected:
             raise KeyError(f"from_xlm: state dict does not fit the config: missing {missing}, "
                            f"unexpected {unexpected}")
-        # every XLM tensor against its part of ours (before torch.cat could fail on q, k and v)
-        expected = model.state_dict()
-        for key, xlm_keys in names.items():
-            for name, part in zip(xlm_keys, expected[key].chunk(len(xlm_keys))):
-                if sd[name].shape != part.shape:
-                    raise InputError(f"from_xlm: shapes do not match the config: {name} is "
-                                     f"{tuple(sd[name].shape)}, the config's {tuple(part.shape)}")
-        ours = {k: torch.cat([sd[n] for n in v]) for k, v in names.items()}
-        if tied is not None and not torch.equal(tied, ours["tok_emb.0.weight"]):
+        # every XLM tensor against its part of ours, before any is copied
+        for name, part in parts.items():
+            if sd[name].shape != part.shape:
+                raise InputError(f"from_xlm: shapes do not match the config: {name} is "
+                                 f"{tuple(sd[name].shape)}, the config's {tuple(part.shape)}")
+        if tied is not None and not torch.equal(tied, sd["embeddings.weight"]):
             raise ValueError("from_xlm: pred_layer.proj.weight differs from embeddings.weight "
                              "(untied model)")
-        model.load_state_dict(ours)
+        # the parts are views of the model's own tensors
+        for name, part in parts.items():
+            part.copy_(sd[name])
         return model
 
 
-def xlm_names(config):
-    """Our state-dict keys -> XLM's keys (no `transformer.` prefix): from_xlm's and export_hf's."""
+def xlm_parts(config, state):
+    """A fully shared model's state dict -> {XLM's key (no `transformer.` prefix): the part of our
+    tensor it is}, views: from_xlm's and export_hf's."""
     names = {"tok_emb.0.weight": ["embeddings.weight"],
              "pos_emb.0.weight": ["position_embeddings.weight"],
              "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
@@ -352,7 +349,8 @@ def xlm_names(config):
         for w in ("weight", "bias"):
             for k, v in layer.items():
                 names[f"blocks.{i}.0.{k}.{w}"] = [f"{x.format(i=i)}.{w}" for x in v]
-    return names
+    return {n: t for ours, theirs in names.items()
+            for n, t in zip(theirs, state[ours].chunk(len(theirs)))}
 
 # -----------------------------------------------------------------------------
 # The encoder of §5.1.2 (Figure 5): two pretrained models cut at layer i, one mapped, 4 new layers
@@ -469,7 +467,7 @@ def pool_sentences(model, id_lists, lang, batch_size=32, progress=None):
     if progress:
         states = progress(states, len(id_lists))
     for k, H in states:
-        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
+        out[:, k] = (H[:, 1:-1] if H.shape[1] > 2 else H).mean(axis=1)
     return list(out)
 
 # -----------------------------------------------------------------------------
@@ -653,13 +651,13 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
     device = f"cuda:{i}" if gpu else device
     # native bfloat16 from compute capability 8.0 (A100), of the chosen GPU; not
     # torch.cuda.is_bf16_supported(), which also counts the emulated (slow) bf16 of a V100 or T4
-    cc = torch.cuda.get_device_capability(int(device[5:])) if gpu else None
+    cc = torch.cuda.get_device_capability(i) if gpu else None
     if dtype == "auto":
         dtype = "float32" if not gpu else "bfloat16" if cc >= (8, 0) else "float16"
     elif dtype not in DTYPES:
         raise InputError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
     elif dtype == "bfloat16" and gpu and cc < (8, 0):
-        raise InputError(f"--dtype bfloat16: GPU {device[5:]} has no native bfloat16 (compute "
+        raise InputError(f"--dtype bfloat16: GPU {i} has no native bfloat16 (compute "
                          f"capability {cc[0]}.{cc[1]}, 8.0 needed); use --dtype float16 or auto")
     return device, dtype, "nccl" if gpu else "gloo"
 
@@ -696,11 +694,11 @@ def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
             flag = "--" + f.replace("_", "-")
             if path is None and f not in ("ckpt2", "xlm_codes", *optional):
                 raise InputError(f"missing {flag} (or give --toy --data WORLD)")
-            # named by --src and --tgt, not given as a file
-            if f in from_world and not os.path.isfile(path):
-                raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: "
-                                 f"no such file {path}")
             if path is not None and not os.path.isfile(path):
+                # named by --src and --tgt, not given as a file
+                if f in from_world:
+                    raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt "
+                                     f"{args.tgt}: no such file {path}")
                 raise InputError(f"{flag} {path}: "
                                  f"{'not a file' if os.path.exists(path) else 'no such file'}")
             # the same model is told by its contents, not by its path (before the data's files)
@@ -713,7 +711,7 @@ def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
         with autocast(args.device, args.dtype):
             yield
     except (OSError, MemoryError, RuntimeError) as e:
-        if isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e):
+        if isinstance(e, MemoryError) or re.search("out of memory|allocate memory", str(e)):
             raise InputError("out of memory; try a smaller --batch-size (or --max-sents)") from None
         # a file's error (unreadable, missing, a directory, a full disk); any other is a bug
         if not (isinstance(e, OSError) and e.errno):
@@ -872,8 +870,8 @@ def hf_tokenizer_json(record, lang, vocab_size):
     vocab = {t: i for i, t in enumerate(XLM_SPECIALS)}
     for i, t in enumerate(tokens, len(XLM_SPECIALS)):
         if t.startswith(prefix):
-            piece = t[len(prefix):-2] if t.endswith("@@") else t[len(prefix):] + "</w>"
-            vocab[piece] = i
+            piece = t.removeprefix(prefix)
+            vocab[piece[:-2] if piece.endswith("@@") else piece + "</w>"] = i
     # the first rank counts
     merges = list(dict.fromkeys(tuple(m) for m in record["bpes"][record["bpe_of"][lang]]))
     symbols = dict.fromkeys(s for a, b in merges for s in (a, b, a + b))
@@ -885,8 +883,7 @@ def hf_tokenizer_json(record, lang, vocab_size):
     if not record.get("lowercase"):
         tok["normalizer"] = None
     tok["pre_tokenizer"]["pattern"]["Regex"] = HF_PRETOKENIZE["zh" if lang == "zh" else ""]
-    tok["model"]["vocab"] = vocab
-    tok["model"]["merges"] = [list(m) for m in merges]
+    tok["model"] |= {"vocab": vocab, "merges": [list(m) for m in merges]}
     return tok, len(extra)
 
 
@@ -920,19 +917,17 @@ def export_hf(ckpt_path, out_dir, lang=None):
         "max_position_embeddings": c.max_positions, "layer_norm_eps": LAYER_NORM_EPS,
         "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
         "lang_id": langs.index(lang), "lang2id": {l: i for i, l in enumerate(langs)},
-        "id2lang": {str(i): l for i, l in enumerate(langs)}}
+        "id2lang": dict(enumerate(langs))}  # keys written as strings
     files["tokenizer.json"] = tok
-    files["tokenizer_config.json"] |= files["special_tokens_map.json"]
-    files["tokenizer_config.json"]["model_max_length"] = c.max_positions
+    files["tokenizer_config.json"] |= {**files["special_tokens_map.json"],
+                                       "model_max_length": c.max_positions}
     # XLMWithLMHeadModel's weights (float32); the n_extra rows copy <unk>'s, bias HF_UNUSED_BIAS
     sd = model.state_dict()
     emb = sd["tok_emb.0.weight"]
-    bias = sd["pred_bias.0"]
     sd["tok_emb.0.weight"] = torch.cat([emb, emb[[3] * n_extra]])
-    sd["pred_bias.0"] = torch.cat([bias, bias.new_full((n_extra,), HF_UNUSED_BIAS)])
+    sd["pred_bias.0"] = F.pad(sd["pred_bias.0"], (0, n_extra), value=HF_UNUSED_BIAS)
     sd = {("" if n.startswith("pred_layer.") else "transformer.") + n: t.clone()
-          for ours, theirs in xlm_names(c).items()
-          for n, t in zip(theirs, sd[ours].chunk(len(theirs)))}
+          for n, t in xlm_parts(c, sd).items()}
     # the weights' file; an earlier export's file of the other format is removed
     weights = ["model.safetensors", "pytorch_model.bin"]
     try:
@@ -956,9 +951,9 @@ def export_hf(ckpt_path, out_dir, lang=None):
             os.rmdir(out_dir)
         raise InputError(f"cannot write the export to {out_dir}: {_first_line(e)} (any earlier "
                          "export there is left as it was)") from None
-    other = os.path.join(out_dir, weights[1])  # transformers could load it instead
-    if os.path.exists(other):
-        os.remove(other)
+    # transformers could load it instead
+    with suppress(FileNotFoundError):
+        os.remove(os.path.join(out_dir, weights[1]))
     return paths
 
 # -----------------------------------------------------------------------------
