@@ -433,10 +433,10 @@ def encode_states(model, seqs, lang, max_len):
     # (window row, window col, sentence row, sentence col) of every state kept
     moves = []
     for r, (b, (s, e, keep)) in enumerate(pieces):
-        # -1: the first window's </s>
-        ks = ([-1] if s == 0 else []) + list(range(keep, min(e, len(seqs[b]))))
+        # -1: the first window's </s> (the only window that keeps from 0)
+        ks = range(keep or -1, min(e, len(seqs[b])))
         moves += [(r, 1 + k - s, b, 1 + k) for k in ks]
-    rows = [[EOS_ID] + list(seqs[b][s:e]) + [EOS_ID] for b, (s, e, _) in pieces]
+    rows = [[EOS_ID, *seqs[b][s:e], EOS_ID] for b, (s, e, _) in pieces]
     h = encode_batch(model, rows, lang)[0][-1]
     m = torch.tensor(moves, device=h.device)  # (N, 4)
     out = h.new_zeros(len(seqs), 1 + max(len(ids) for ids in seqs), h.size(-1))
@@ -452,7 +452,7 @@ def iter_states(model, id_lists, lang, batch_size):
     for a in range(0, len(order), batch_size):
         ks = order[a:a + batch_size]
         longest = model.config.max_positions - 2
-        rows = [[EOS_ID] + list(id_lists[k][:longest]) + [EOS_ID] for k in ks]
+        rows = [[EOS_ID, *id_lists[k][:longest], EOS_ID] for k in ks]
         # (B, n_layers + 1, T, dim)
         hs = torch.stack(encode_batch(model, rows, lang)[0], dim=1).float().cpu().numpy()
         for k, row, H in zip(ks, rows, hs):
@@ -504,13 +504,6 @@ def _first_line(e):
     return type(e).__name__ + (f": {msg}" if msg else "")
 
 
-def refuse(checks, prefix=""):
-    """checks: (bad, message) pairs; the first bad one is an InputError prefix + message."""
-    for bad, message in checks:
-        if bad:
-            raise InputError(prefix + message)
-
-
 def file_digest(path):
     """A file's contents as 'sha256:' + 16 hex digits (align.py and finetune.py name models so)."""
     with open(path, "rb") as f:
@@ -554,8 +547,7 @@ def load_model(path, map_location="cpu"):
         if missing or unexpected:
             raise InputError(f"{mismatch} ({len(missing)} missing, {len(unexpected)} unexpected "
                              f"keys, e.g. {(missing + unexpected)[0]!r})")
-    bad = [k for k, v in model.state_dict().items()
-           if v.is_floating_point() and not torch.isfinite(v).all()]
+    bad = [k for k, v in model.state_dict().items() if not torch.isfinite(v).all()]
     if bad:
         raise InputError(f"{path}: weight {bad[0]!r} contains NaN or inf (a diverged run?); "
                          "refusing to use it")
@@ -598,17 +590,18 @@ def _from_xlm_checkpoint(path, ckpt):
     id2lang = {int(k): v for k, v in params["id2lang"].items()}
     n_langs = int(params["n_langs"])
     pos = next((v for k, v in state.items() if k.endswith("position_embeddings.weight")), None)
-    refuse([(not params.get("gelu_activation", True) or params.get("asm", False),
-            "XLM params with ReLU (gelu_activation false) or an adaptive softmax (asm): not "
-            "the architecture MLM reproduces"),
-           ([word2id[w] for w in words] != list(range(len(words)))
-            or words[:len(XLM_SPECIALS)] != XLM_SPECIALS,
-            f"dico_word2id is not an XLM dictionary (ids 0..n-1, {' '.join(XLM_SPECIALS[:5])} "
-            "... first)"),
-           (sorted(id2lang) != list(range(n_langs)),
-            f"the XLM params' id2lang {params['id2lang']} does not number its n_langs "
-            f"{n_langs} languages"),
-           (pos is None, "the XLM state dict has no position_embeddings.weight")], f"{path}: ")
+    if not params.get("gelu_activation", True) or params.get("asm", False):
+        raise InputError(f"{path}: XLM params with ReLU (gelu_activation false) or an adaptive "
+                         "softmax (asm): not the architecture MLM reproduces")
+    if ([word2id[w] for w in words] != list(range(len(words)))
+            or words[:len(XLM_SPECIALS)] != XLM_SPECIALS):
+        raise InputError(f"{path}: dico_word2id is not an XLM dictionary (ids 0..n-1, "
+                         f"{' '.join(XLM_SPECIALS[:5])} ... first)")
+    if sorted(id2lang) != list(range(n_langs)):
+        raise InputError(f"{path}: the XLM params' id2lang {params['id2lang']} does not number "
+                         f"its n_langs {n_langs} languages")
+    if pos is None:
+        raise InputError(f"{path}: the XLM state dict has no position_embeddings.weight")
     try:
         dim = int(params["emb_dim"])
         drop = {k: float(params.get(k, 0.0)) for k in ("dropout", "attention_dropout")}
@@ -637,17 +630,21 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
     n = torch.cuda.device_count() if cuda else 0
     i = int(index) if gpu and colon else (local_rank or 0)
     build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
-    refuse([(not gpu and device not in ("cpu", "mps"), "expected auto, cpu, cuda, cuda:N or mps"),
-           (device == "mps" and not torch.backends.mps.is_available(),
-            "MPS is not available on this machine; use --device cpu or auto"),
-           (gpu and not cuda,
-            f"CUDA is not available on this machine ({build}); use --device cpu or auto"),
-           (gpu and colon and local_rank is not None,
-            "under torchrun each process takes the GPU of its LOCAL_RANK; use --device cuda "
-            "(and CUDA_VISIBLE_DEVICES to choose GPUs)"),
-           (gpu and i >= n, f"GPU {i} does not exist ({n} visible)" if colon else
-            f"LOCAL_RANK {i} but only {n} GPU(s) visible; use --nproc_per_node {n} or less")],
-           f"--device {device}: ")
+    if not gpu and device not in ("cpu", "mps"):
+        raise InputError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise InputError("--device mps: MPS is not available on this machine; use --device cpu "
+                         "or auto")
+    if gpu and not cuda:
+        raise InputError(f"--device {device}: CUDA is not available on this machine ({build}); "
+                         "use --device cpu or auto")
+    if gpu and colon and local_rank is not None:
+        raise InputError(f"--device {device}: under torchrun each process takes the GPU of its "
+                         "LOCAL_RANK; use --device cuda (and CUDA_VISIBLE_DEVICES to choose GPUs)")
+    if gpu and i >= n:
+        raise InputError(f"--device {device}: GPU {i} does not exist ({n} visible)" if colon else
+                         f"--device {device}: LOCAL_RANK {i} but only {n} GPU(s) visible; use "
+                         f"--nproc_per_node {n} or less")
     device = f"cuda:{i}" if gpu else device
     # native bfloat16 from compute capability 8.0 (A100), of the chosen GPU; not
     # torch.cuda.is_bf16_supported(), which also counts the emulated (slow) bf16 of a V100 or T4
@@ -732,10 +729,9 @@ def check_plot(path):
 
 def markdown_table(header, rows, fmt):
     """A per-layer table in markdown: floats written with `fmt`, anything else with str()."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        cells = [fmt.format(v) if isinstance(v, float) else str(v) for v in r]
-        lines.append("| " + " | ".join(cells) + " |")
+    cells = [[fmt.format(v) if isinstance(v, float) else str(v) for v in r] for r in rows]
+    lines = ["| " + " | ".join(r) + " |" for r in [header, *cells]]
+    lines.insert(1, "|" + "---|" * len(header))
     return "\n".join(lines)
 
 
@@ -750,10 +746,14 @@ def _save_figure(ax, path, title):
     print(f"wrote {path}")
 
 
+def _axes():
+    from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
+    return Figure(figsize=(7, 3.6)).subplots()
+
+
 def plot_layers(path, title, header, rows, ylabel):
     """A per-layer table as a PNG (after check_plot): one line per column of floats."""
-    from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
-    ax = Figure(figsize=(7, 3.6)).subplots()
+    ax = _axes()
     for c in range(1, len(header)):
         points = [(str(r[0]), r[c]) for r in rows if isinstance(r[c], float)]
         if points:
@@ -801,8 +801,7 @@ def plot_curve(run_dir, path=None):
     path = path or os.path.join(run_dir, "curve.png")
     curve = read_curve(run_dir)
     check_plot(path)
-    from matplotlib.figure import Figure
-    ax = Figure(figsize=(7, 3.6)).subplots()
+    ax = _axes()
     for i, (lang, points) in enumerate(curve.dev_ppl.items()):
         ax.plot(*zip(*points), color=f"C{i}", label=f"{lang} dev")
         counts = curve.count_models.get(lang, {})
@@ -899,15 +898,18 @@ def export_hf(ckpt_path, out_dir, lang=None):
                          "best.pt has one)")
     lang = lang or langs[0]
     sep = ",".join(["tok"] * c.sep_tok + ["pos"] * c.sep_pos + [str(i) for i in c.sep_layers])
-    refuse([(model.has_lang_specific(),
-            f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no "
-            "transformers equivalent (XLM shares everything); only fully shared models are "
-            "exported"),
-           (c.ffn_dim != 4 * c.dim,
-            f"{ckpt_path}: ffn_dim {c.ffn_dim}, but transformers' XLM has 4 x dim {c.dim}"),
-           (lang not in langs, f"--lang {lang}: not one of the checkpoint's languages {langs}"),
-           (os.path.exists(out_dir) and not os.path.isdir(out_dir),
-            f"{out_dir}: exists and is not a directory (the export's output directory)")])
+    if model.has_lang_specific():
+        raise InputError(f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no "
+                         "transformers equivalent (XLM shares everything); only fully shared "
+                         "models are exported")
+    if c.ffn_dim != 4 * c.dim:
+        raise InputError(f"{ckpt_path}: ffn_dim {c.ffn_dim}, but transformers' XLM has 4 x dim "
+                         f"{c.dim}")
+    if lang not in langs:
+        raise InputError(f"--lang {lang}: not one of the checkpoint's languages {langs}")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"{out_dir}: exists and is not a directory (the export's output "
+                         "directory)")
     tok, n_extra = hf_tokenizer_json(record, lang, c.vocab_size)
     files = json.loads(HF_FILES)
     files["config.json"] |= {
