@@ -144,16 +144,15 @@ class SelfAttention(nn.Module):
         nh = self.n_heads
         hs = C // nh
         p = self.attention_dropout if self.training else 0.0
+        # (B, nh, T, hs) each
+        q, k, v = self.qkv(x).view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)
         if p and mask is None and x.device.type == "cpu":
             # training on the CPU: written out; scaled_dot_product_attention with dropout falls
             # back there to its slow unfused path (bernoulli_ masks, copies of q, k, v)
-            q, k, v = (self.qkv(x).view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)
-                       .reshape(3, B * nh, T, hs).unbind(0))
+            q, k, v = (t.reshape(B * nh, T, hs) for t in (q, k, v))
             att = torch.bmm(q, k.transpose(1, 2)).mul_(hs ** -0.5).softmax(-1)  # (B * nh, T, T)
             y = torch.bmm(dropout(att, p), v).view(B, nh, T, hs)
         else:
-            # (B, nh, T, hs) each
-            q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
             # softmax(q k^T / sqrt(hs)) v; mask (B, 1, 1, T): True at real keys (XLM: -inf else)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
@@ -242,7 +241,8 @@ class MLM(nn.Module):
         return copies[lang] if len(copies) > 1 else copies[0]
 
     def has_lang_specific(self):
-        return self.config.sep_tok or self.config.sep_pos or bool(self.config.sep_layers)
+        c = self.config
+        return c.sep_tok or c.sep_pos or bool(c.sep_layers)
 
     def lang_specific_parameters(self, lang):
         """Parameters only language `lang` uses (empty for a fully shared model)."""
@@ -364,11 +364,11 @@ class AlignedEncoder(nn.Module):
     def __init__(self, encoders, layer):
         super().__init__()
         self.encoders = encoders  # a plain dict: the frozen models are not submodules
-        for m, _, _ in encoders.values():
+        models = [m for m, _, _ in encoders.values()]
+        for m in models:
             m.eval().requires_grad_(False)
-        base = next(iter(encoders.values()))[0].config
-        max_positions = min(m.config.max_positions for m, _, _ in encoders.values())
-        self.config = replace(base, max_positions=max_positions)
+        base = models[0].config
+        self.config = replace(base, max_positions=min(m.config.max_positions for m in models))
         self.layer = layer
         self.blocks = nn.ModuleList(Block(base) for _ in range(4))  # §5.1.2: 4 new layers
 
@@ -396,7 +396,7 @@ def encode_batch(model, rows, lang):
     T = max(len(r) for r in rows)
     idx = torch.tensor([list(r) + [PAD_ID] * (T - len(r)) for r in rows], dtype=torch.long,
                        device=device)
-    mask = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in rows], device=device)
+    mask = torch.tensor([[t < len(r) for t in range(T)] for r in rows], device=device)
     return model.hidden_states(idx, lang, attn_mask=mask), mask
 
 # =============================================================================
@@ -407,9 +407,8 @@ def flops_per_token(config, seq_len, target_frac=0.15, lang=0):
     data"), a multiply-add as 2; the softmax at the target positions only (target_frac), over
     language `lang`'s vocabulary. Embeddings, LayerNorm, GELU and dropout: < 1 %."""
     d = config.dim
-    f = config.ffn_dim
     V = config.vocab_sizes[lang] if config.vocab_sizes else config.vocab_size
-    per_layer = 8 * d * d + 4 * d * f + 4 * seq_len * d
+    per_layer = 8 * d * d + 4 * d * config.ffn_dim + 4 * seq_len * d
     return 3 * (config.n_layers * per_layer + target_frac * 2 * d * V)
 
 # -----------------------------------------------------------------------------
@@ -430,17 +429,18 @@ def encode_states(model, seqs, lang, max_len):
     """Last-layer states (B, 1 + L, d) of id lists, L the longest, in windows of max_len subwords:
     position 0 = the leading </s> (the parser's ROOT), 1 + k = subword k, zeros after."""
     pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
+    rows = []
     # (window row, window col, sentence row, sentence col) of every state kept
     moves = []
     for r, (b, (s, e, keep)) in enumerate(pieces):
+        rows.append([EOS_ID, *seqs[b][s:e], EOS_ID])
         # -1: the first window's </s> (the only window that keeps from 0)
         ks = range(keep or -1, min(e, len(seqs[b])))
         moves += [(r, 1 + k - s, b, 1 + k) for k in ks]
-    rows = [[EOS_ID, *seqs[b][s:e], EOS_ID] for b, (s, e, _) in pieces]
     h = encode_batch(model, rows, lang)[0][-1]
-    m = torch.tensor(moves, device=h.device)  # (N, 4)
+    window, window_col, sentence, col = torch.tensor(moves, device=h.device).unbind(1)
     out = h.new_zeros(len(seqs), 1 + max(len(ids) for ids in seqs), h.size(-1))
-    return out.index_put((m[:, 2], m[:, 3]), h[m[:, 0], m[:, 1]])
+    return out.index_put((sentence, col), h[window, window_col])
 
 
 @torch.no_grad()
