@@ -26,6 +26,7 @@ import os
 import re
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -292,12 +293,11 @@ class MLM(nn.Module):
             return project(x, W, b).contiguous(), None
         if target_index is None:
             target_index = (targets.view(-1) != -1).nonzero().squeeze(1)
-        logits = project(x.reshape(-1, x.size(-1)).index_select(0, target_index), W, b)  # (N, V)
+        logits = project(x.flatten(0, 1).index_select(0, target_index), W, b)  # (N, V)
         # no target: zero loss, graph kept (the bias too: DDP sees every parameter used)
         if logits.size(0) == 0:
             return logits, (x.sum() + b.sum()) * 0.0
-        return logits, F.cross_entropy(logits.float(),
-                                       targets.view(-1).index_select(0, target_index))
+        return logits, F.cross_entropy(logits.float(), targets.view(-1)[target_index])
 
     @classmethod
     def from_xlm(cls, state_dict, config):
@@ -318,17 +318,15 @@ class MLM(nn.Module):
         if missing or unexpected:
             raise KeyError(f"from_xlm: state dict does not fit the config: missing {missing}, "
                            f"unexpected {unexpected}")
-        # every XLM tensor against its part of ours, before any is copied
+        # every XLM tensor against its part of ours, then copied into it (a view of the model's)
         for name, part in parts.items():
             if sd[name].shape != part.shape:
                 raise InputError(f"from_xlm: shapes do not match the config: {name} is "
                                  f"{tuple(sd[name].shape)}, the config's {tuple(part.shape)}")
+            part.copy_(sd[name])
         if tied is not None and not torch.equal(tied, sd["embeddings.weight"]):
             raise ValueError("from_xlm: pred_layer.proj.weight differs from embeddings.weight "
                              "(untied model)")
-        # the parts are views of the model's own tensors
-        for name, part in parts.items():
-            part.copy_(sd[name])
         return model
 
 
@@ -428,15 +426,15 @@ def windows(n, size):
 def encode_states(model, seqs, lang, max_len):
     """Last-layer states (B, 1 + L, d) of id lists, L the longest, in windows of max_len subwords:
     position 0 = the leading </s> (the parser's ROOT), 1 + k = subword k, zeros after."""
-    pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
     rows = []
     # (window row, window col, sentence row, sentence col) of every state kept
     moves = []
-    for r, (b, (s, e, keep)) in enumerate(pieces):
-        rows.append([EOS_ID, *seqs[b][s:e], EOS_ID])
-        # -1: the first window's </s> (the only window that keeps from 0)
-        ks = range(keep or -1, min(e, len(seqs[b])))
-        moves += [(r, 1 + k - s, b, 1 + k) for k in ks]
+    for b, ids in enumerate(seqs):
+        for s, e, keep in windows(max(len(ids), 1), max_len):
+            # -1: the first window's </s> (the only window that keeps from 0)
+            ks = range(keep or -1, min(e, len(ids)))
+            moves += [(len(rows), 1 + k - s, b, 1 + k) for k in ks]
+            rows.append([EOS_ID, *ids[s:e], EOS_ID])
     h = encode_batch(model, rows, lang)[0][-1]
     window, window_col, sentence, col = torch.tensor(moves, device=h.device).unbind(1)
     out = h.new_zeros(len(seqs), 1 + max(len(ids) for ids in seqs), h.size(-1))
@@ -593,7 +591,7 @@ def _from_xlm_checkpoint(path, ckpt):
     if not params.get("gelu_activation", True) or params.get("asm", False):
         raise InputError(f"{path}: XLM params with ReLU (gelu_activation false) or an adaptive "
                          "softmax (asm): not the architecture MLM reproduces")
-    if ([word2id[w] for w in words] != list(range(len(words)))
+    if (sorted(word2id.values()) != list(range(len(words)))
             or words[:len(XLM_SPECIALS)] != XLM_SPECIALS):
         raise InputError(f"{path}: dico_word2id is not an XLM dictionary (ids 0..n-1, "
                          f"{' '.join(XLM_SPECIALS[:5])} ... first)")
@@ -627,7 +625,7 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
         device = "cuda" if cuda else "cpu"
     kind, colon, index = device.partition(":")
     gpu = kind == "cuda" and (not colon or index.isdigit())  # cuda or cuda:N
-    n = torch.cuda.device_count() if cuda else 0
+    n = torch.cuda.device_count()
     i = int(index) if gpu and colon else (local_rank or 0)
     build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
     if not gpu and device not in ("cpu", "mps"):
@@ -934,10 +932,10 @@ def export_hf(ckpt_path, out_dir, lang=None):
     weights = ["model.safetensors", "pytorch_model.bin"]
     try:
         from safetensors.torch import save_file  # optional, as transformers prefers
-        write = lambda tmp: save_file(sd, tmp, metadata={"format": "pt"})  # noqa: E731
+        write = partial(save_file, sd, metadata={"format": "pt"})
     except ImportError:
         weights.reverse()
-        write = lambda tmp: torch.save(sd, tmp)  # noqa: E731
+        write = partial(torch.save, sd)
     paths = [os.path.join(out_dir, name) for name in [weights[0], *files]]
     new_dir = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
