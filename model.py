@@ -26,7 +26,6 @@ import os
 import re
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass, replace
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -932,10 +931,10 @@ def export_hf(ckpt_path, out_dir, lang=None):
     weights = ["model.safetensors", "pytorch_model.bin"]
     try:
         from safetensors.torch import save_file  # optional, as transformers prefers
-        write = partial(save_file, sd, metadata={"format": "pt"})
+        write = lambda tmp: save_file(sd, tmp, metadata={"format": "pt"})  # noqa: E731
     except ImportError:
         weights.reverse()
-        write = partial(torch.save, sd)
+        write = lambda tmp: torch.save(sd, tmp)  # noqa: E731
     paths = [os.path.join(out_dir, name) for name in [weights[0], *files]]
     new_dir = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
