@@ -184,7 +184,7 @@ class Block(nn.Module):
 
     def forward(self, x, attn_mask=None):
         # mask (B, 1, 1, T): over heads and queries
-        mask = None if attn_mask is None else attn_mask[:, None, None, :]
+        mask = None if attn_mask is None else attn_mask[:, None, None]
         x = self.ln1(x + dropout(self.attn(x, mask), self.p, self.training))
         x = self.ln2(x + dropout(self.ffn(x), self.p, self.training))
         return x if attn_mask is None else x * attn_mask.unsqueeze(-1).to(x.dtype)
@@ -200,6 +200,11 @@ def project(x, W, b, align=None):
     if not pad:
         return F.linear(x, W, b)
     return F.linear(x, F.pad(W, (0, 0, 0, pad)), F.pad(b, (0, pad)))[..., :V]
+
+
+def _pick(copies, lang):
+    """Language `lang`'s copy of a part (a list by language), or its one shared copy."""
+    return copies[lang] if len(copies) > 1 else copies[0]
 
 
 class MLM(nn.Module):
@@ -236,10 +241,6 @@ class MLM(nn.Module):
         for emb in self.tok_emb:
             nn.init.zeros_(emb.weight[config.pad_id])
 
-    @staticmethod
-    def _pick(copies, lang):
-        return copies[lang] if len(copies) > 1 else copies[0]
-
     def has_lang_specific(self):
         c = self.config
         return c.sep_tok or c.sep_pos or bool(c.sep_layers)
@@ -270,7 +271,7 @@ class MLM(nn.Module):
         pos = torch.arange(T, device=idx.device)  # (T,)
         if pos_offset is not None:  # the caller keeps offset + T <= max_positions
             pos = pos_offset.view(B, 1) + pos  # (B, T)
-        x = self._pick(self.tok_emb, lang)(idx) + self._pick(self.pos_emb, lang)(pos)  # (B, T, C)
+        x = _pick(self.tok_emb, lang)(idx) + _pick(self.pos_emb, lang)(pos)  # (B, T, C)
         if self.lang_emb is not None:
             x = x + self.lang_emb.weight[lang]
         x = dropout(self.ln_emb(x), c.dropout, self.training)
@@ -278,7 +279,7 @@ class MLM(nn.Module):
             x = x * attn_mask.unsqueeze(-1).to(x.dtype)  # padding zeroed, as after every block
         hs = [x]
         for copies in self.blocks:
-            hs.append(self._pick(copies, lang)(hs[-1], attn_mask))
+            hs.append(_pick(copies, lang)(hs[-1], attn_mask))
         return hs
 
     def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None, target_index=None):
@@ -286,8 +287,8 @@ class MLM(nn.Module):
         the order of targets[targets != -1] (as XLM), and their mean cross-entropy; without: logits
         (B, T, V_lang), None. target_index: the targets' flat positions (the GPU need not count)."""
         x = self.hidden_states(idx, lang, attn_mask, pos_offset)[-1]
-        W = self._pick(self.tok_emb, lang).weight
-        b = self._pick(self.pred_bias, lang)
+        W = _pick(self.tok_emb, lang).weight
+        b = _pick(self.pred_bias, lang)
         if targets is None:  # padded on CUDA, the logits are a view: made whole
             return project(x, W, b).contiguous(), None
         if target_index is None:
@@ -390,7 +391,7 @@ def encode_batch(model, rows, lang):
     batch -> (hs, mask): n_layers + 1 tensors (B, T, dim), zeros at padding, mask (B, T) True at
     real tokens; padding is masked out of attention (row b's states are row b's alone)."""
     device = next(model.parameters()).device
-    T = max(len(r) for r in rows)
+    T = max(map(len, rows))
     idx = torch.tensor([list(r) + [PAD_ID] * (T - len(r)) for r in rows], dtype=torch.long,
                        device=device)
     mask = torch.tensor([[t < len(r) for t in range(T)] for r in rows], device=device)
@@ -436,7 +437,7 @@ def encode_states(model, seqs, lang, max_len):
             rows.append([EOS_ID, *ids[s:e], EOS_ID])
     h = encode_batch(model, rows, lang)[0][-1]
     window, window_col, sentence, col = torch.tensor(moves, device=h.device).unbind(1)
-    out = h.new_zeros(len(seqs), 1 + max(len(ids) for ids in seqs), h.size(-1))
+    out = h.new_zeros(len(seqs), 1 + max(map(len, seqs)), h.size(-1))
     return out.index_put((sentence, col), h[window, window_col])
 
 
@@ -827,7 +828,8 @@ HF_UNUSED_BIAS = -1e4  # output bias of the BPE symbols our vocabulary lacks: ne
 HF_FILES = """{
  "config.json": {"architectures": ["XLMWithLMHeadModel"], "model_type": "xlm",
   "gelu_activation": true, "sinusoidal_embeddings": false, "causal": false, "asm": false,
-  "is_encoder": true, "bos_token_id": 0, "unk_index": 3, "mask_index": 5, "mask_token_id": 5,
+  "is_encoder": true, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "unk_index": 3,
+  "mask_index": 5, "mask_token_id": 5,
   "tie_word_embeddings": true},
  "tokenizer.json": null, "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast",
   "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": false},
@@ -914,7 +916,6 @@ def export_hf(ckpt_path, out_dir, lang=None):
         "n_heads": c.n_heads, "dropout": c.dropout, "attention_dropout": c.attention_dropout,
         "n_langs": c.n_langs, "use_lang_emb": c.lang_emb,
         "max_position_embeddings": c.max_positions, "layer_norm_eps": LAYER_NORM_EPS,
-        "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
         "lang_id": langs.index(lang), "lang2id": {l: i for i, l in enumerate(langs)},
         "id2lang": dict(enumerate(langs))}  # keys written as strings
     files["tokenizer.json"] = tok
