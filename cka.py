@@ -23,15 +23,15 @@ import numpy as np
 
 def _check(X, Y):
     """Both inputs validated -> X and Y as float64, columns centred."""
-    X, Y = np.asarray(X), np.asarray(Y)
+    X, Y = map(np.asarray, (X, Y))
     for name, A in zip("XY", (X, Y)):
-        if A.ndim != 2 or A.shape[0] < 2 or A.shape[1] == 0:
+        if A.ndim != 2 or len(A) < 2 or A.size == 0:
             raise ValueError(f"{name} must be a 2-D array with at least 2 rows (examples), got "
                              f"shape {A.shape}")
         if not np.isfinite(A).all():
             raise ValueError(f"{name} contains NaN or inf (first in row "
                              f"{int(np.argwhere(~np.isfinite(A))[0, 0])})")
-    if X.shape[0] != Y.shape[0]:
+    if len(X) != len(Y):
         raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}: row k of both must be "
                          "the same example")
     # centre the columns, in float64
@@ -57,7 +57,7 @@ def linear_cka(X, Y):
     0.55761
     """
     X, Y = _check(X, Y)
-    if X.shape[0] < max(X.shape[1], Y.shape[1]):
+    if len(X) < max(X.shape[1], Y.shape[1]):
         return _gram_cka(X @ X.T, Y @ Y.T)
     num = np.linalg.norm(Y.T @ X) ** 2  # ‖YᵀX‖²_F, (d2, d1) cross-covariance
     den = np.linalg.norm(X.T @ X) * np.linalg.norm(Y.T @ Y)
@@ -73,9 +73,10 @@ def linear_cka_gram(X, Y):
     """Reference Gram form, O(n² d) time, O(n²) memory (Kornblith et al. eq. 3): K = XXᵀ, L = YYᵀ,
     CKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)), the 1/(n-1)² cancelling. For tests."""
     _check(X, Y)  # validation only: here the centring happens on the Gram matrices (H K H)
-    K, L = [A @ A.T for A in (np.asarray(X, np.float64), np.asarray(Y, np.float64))]
+    X, Y = [np.asarray(A, np.float64) for A in (X, Y)]
+    K, L = X @ X.T, Y @ Y.T
     # H K H, H = I - 11ᵀ/n, without forming H: column means off, then row means (the CKA demo)
-    K, L = [G - G.mean(axis=0, keepdims=True) for G in (K, L)]
+    K, L = [G - G.mean(axis=0) for G in (K, L)]
     return _gram_cka(*[G - G.mean(axis=1, keepdims=True) for G in (K, L)])
 
 
@@ -99,7 +100,7 @@ def cka_table(args):
              "tgt_file": "tatoeba/tatoeba.{l1}-{l0}.{l1}"}
     with M.analysis_run(args, world, check_src_tgt, toy_data):
         src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents,
-                                             same_ok=bool(args.ckpt2))
+                                             same_ok=args.ckpt2)
         n = len(src_lines)
         if n < 2:
             raise InputError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {n}")
@@ -134,8 +135,8 @@ def cka_table(args):
                                  f"but --ckpt2 {args.ckpt2} {tgt_side[0].config.n_layers}: CKA "
                                  "compares layer i of one model with layer i of the other")
             # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
-            weights = src_side[0].state_dict().values(), tgt_side[0].state_dict().values()
-            if all(map(torch.equal, *weights)):
+            if all(map(torch.equal, src_side[0].state_dict().values(),
+                       tgt_side[0].state_dict().values())):
                 raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt "
                                  f"{args.ckpt}: a model compared with itself (CKA 1.000 by "
                                  "construction); give a second model or leave --ckpt2 out")
@@ -153,7 +154,7 @@ def cka_table(args):
                              "give --ckpt2")
         # untrained, the --tgt side's config and tokenizer
         torch.manual_seed(args.seed)
-        rand = M.MLM(tgt_side[0].config).to(args.device).eval()
+        rand = M.MLM(tgt_side[0].config).to(args.device)  # pool_sentences: eval mode
         columns["random"] = encode((rand, *tgt_side[1:]), args.tgt, tgt_lines)
         header = ["layer", *columns]
         # zero variance (one vector for every sentence) or NaN states: the input's doing
