@@ -23,15 +23,15 @@ import numpy as np
 
 def _check(X, Y):
     """Both inputs validated -> X and Y as float64, columns centred."""
-    X, Y = np.asarray(X), np.asarray(Y)
+    X, Y = map(np.asarray, (X, Y))
     for name, A in zip("XY", (X, Y)):
-        if A.ndim != 2 or A.shape[0] < 2 or A.shape[1] == 0:
+        if A.ndim != 2 or len(A) < 2 or A.size == 0:
             raise ValueError(f"{name} must be a 2-D array with at least 2 rows (examples), got "
                              f"shape {A.shape}")
         if not np.isfinite(A).all():
             raise ValueError(f"{name} contains NaN or inf (first in row "
                              f"{int(np.argwhere(~np.isfinite(A))[0, 0])})")
-    if X.shape[0] != Y.shape[0]:
+    if len(X) != len(Y):
         raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}: row k of both must be "
                          "the same example")
     # centre the columns, in float64
@@ -57,11 +57,10 @@ def linear_cka(X, Y):
     0.55761
     """
     X, Y = _check(X, Y)
-    if X.shape[0] < max(X.shape[1], Y.shape[1]):
+    if len(X) < max(X.shape[1], Y.shape[1]):
         return _gram_cka(X @ X.T, Y @ Y.T)
-    num = np.linalg.norm(Y.T @ X) ** 2  # ‖YᵀX‖²_F, (d2, d1) cross-covariance
-    den = np.linalg.norm(X.T @ X) * np.linalg.norm(Y.T @ Y)
-    return float(num / den)
+    # ‖YᵀX‖²_F / (‖XᵀX‖_F ‖YᵀY‖_F), YᵀX the (d2, d1) cross-covariance
+    return float(np.linalg.norm(Y.T @ X) ** 2 / (np.linalg.norm(X.T @ X) * np.linalg.norm(Y.T @ Y)))
 
 
 def _gram_cka(K, L):
@@ -73,9 +72,10 @@ def linear_cka_gram(X, Y):
     """Reference Gram form, O(n² d) time, O(n²) memory (Kornblith et al. eq. 3): K = XXᵀ, L = YYᵀ,
     CKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)), the 1/(n-1)² cancelling. For tests."""
     _check(X, Y)  # validation only: here the centring happens on the Gram matrices (H K H)
-    K, L = [A @ A.T for A in (np.asarray(X, np.float64), np.asarray(Y, np.float64))]
+    X, Y = [np.asarray(A, np.float64) for A in (X, Y)]
+    K, L = X @ X.T, Y @ Y.T
     # H K H, H = I - 11ᵀ/n, without forming H: column means off, then row means (the CKA demo)
-    K, L = [G - G.mean(axis=0, keepdims=True) for G in (K, L)]
+    K, L = [G - G.mean(axis=0) for G in (K, L)]
     return _gram_cka(*[G - G.mean(axis=1, keepdims=True) for G in (K, L)])
 
 
@@ -99,7 +99,7 @@ def cka_table(args):
              "tgt_file": "tatoeba/tatoeba.{l1}-{l0}.{l1}"}
     with M.analysis_run(args, world, check_src_tgt, toy_data):
         src_lines, tgt_lines = read_parallel(args.src_file, args.tgt_file, args.max_sents,
-                                             same_ok=bool(args.ckpt2))
+                                             same_ok=args.ckpt2)
         n = len(src_lines)
         if n < 2:
             raise InputError(f"{args.src_file}: CKA needs at least 2 sentence pairs, got {n}")
@@ -107,16 +107,16 @@ def cka_table(args):
             notes[f"note: {n} sentence pairs: the CKA of fewer than 50 points means little"] = 1
 
         def load(path):  # a side: (model, tokenizer, languages, path)
-            model, tok, langs, extra = M.load_encoder(path, args.device, checkpoint_tokenizer,
-                                                      args.xlm_codes)
+            *side, extra = M.load_encoder(path, args.device, checkpoint_tokenizer, args.xlm_codes)
             notes[M.stall_note(path, extra)] = 1
-            return model, tok, langs, path
+            return *side, path
 
-        def encode(side, lang, lines):  # per layer: the mean over subwords, </s> excluded
-            model, tok, langs, path = side
+        # per layer: the mean over subwords, </s> excluded
+        def encode(model, tok, langs, path, lang, lines):
             index = checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
             ids = [tok.encode(s, lang) for s in lines]
-            unk = 100 * sum(row.count(UNK_ID) for row in ids) / max(sum(map(len, ids)), 1)
+            flat = [t for row in ids for t in row]
+            unk = 100 * flat.count(UNK_ID) / max(len(flat), 1)
             if unk > 5:
                 notes[f"note: {unk:.1f} % of the {lang} tokens are <unk> ({path}'s vocabulary was "
                       "learned on other text); the CKA means little"] = 1
@@ -134,32 +134,32 @@ def cka_table(args):
                                  f"but --ckpt2 {args.ckpt2} {tgt_side[0].config.n_layers}: CKA "
                                  "compares layer i of one model with layer i of the other")
             # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
-            weights = src_side[0].state_dict().values(), tgt_side[0].state_dict().values()
-            if all(map(torch.equal, *weights)):
+            if all(map(torch.equal, src_side[0].parameters(), tgt_side[0].parameters())):
                 raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt "
                                  f"{args.ckpt}: a model compared with itself (CKA 1.000 by "
                                  "construction); give a second model or leave --ckpt2 out")
-        E_src = encode(src_side, args.src, src_lines)
-        columns = {}
+        E_src = encode(*src_side, args.src, src_lines)
+        # the side each column encodes --tgt with
+        sides = {}
         if args.src == args.tgt:
             print(f"note: no bilingual column: --src and --tgt are both {args.src!r} (one model "
                   "and one language on both sides: 1.000 on one text, no bilingual measure)")
         elif args.tgt in src_side[2]:
-            columns["bilingual"] = encode(src_side, args.tgt, tgt_lines)
+            sides["bilingual"] = src_side
         if args.ckpt2:
-            columns["monolingual"] = encode(tgt_side, args.tgt, tgt_lines)
-        if not columns:
+            sides["monolingual"] = tgt_side
+        if not sides:
             raise InputError(f"{args.ckpt}: no model for {args.tgt!r} (languages {src_side[2]}); "
                              "give --ckpt2")
-        # untrained, the --tgt side's config and tokenizer
+        # untrained (pool_sentences puts it in eval mode), the --tgt side's config and tokenizer
         torch.manual_seed(args.seed)
-        rand = M.MLM(tgt_side[0].config).to(args.device).eval()
-        columns["random"] = encode((rand, *tgt_side[1:]), args.tgt, tgt_lines)
+        sides["random"] = (M.MLM(tgt_side[0].config).to(args.device), *tgt_side[1:])
+        columns = {name: encode(*side, args.tgt, tgt_lines) for name, side in sides.items()}
         header = ["layer", *columns]
         # zero variance (one vector for every sentence) or NaN states: the input's doing
         try:
-            rows = [[f"L{l}"] + [linear_cka(E_src[l], E[l]) for E in columns.values()]
-                    for l in range(len(E_src))]
+            rows = [[f"L{l}"] + [linear_cka(X, E[l]) for E in columns.values()]
+                    for l, X in enumerate(E_src)]
         except ValueError as e:
             raise InputError(f"linear CKA of {args.src_file} (X) and {args.tgt_file} (Y): "
                              f"{e}") from None
@@ -179,8 +179,9 @@ def cka_table(args):
 def build_parser():
     import model as M
     from bpe import HelpFormatter, number
-    ap = argparse.ArgumentParser(description="Per-layer linear CKA of parallel sentences (paper "
-                                 "§5.2, Fig. 7).", formatter_class=HelpFormatter)
+    ap = argparse.ArgumentParser(
+        description="Per-layer linear CKA of parallel sentences (paper §5.2, Fig. 7).",
+        formatter_class=HelpFormatter)
     a = ap.add_argument
     a("--ckpt", help="pretrain.py best.pt encoding --src (and --tgt if it has it); required")
     a("--ckpt2", help="second checkpoint encoding --tgt (the monolingual column; default: none)")

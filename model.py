@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import re
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -144,16 +144,15 @@ class SelfAttention(nn.Module):
         nh = self.n_heads
         hs = C // nh
         p = self.attention_dropout if self.training else 0.0
+        # (B, nh, T, hs) each
+        q, k, v = self.qkv(x).view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)
         if p and mask is None and x.device.type == "cpu":
             # training on the CPU: written out; scaled_dot_product_attention with dropout falls
             # back there to its slow unfused path (bernoulli_ masks, copies of q, k, v)
-            q, k, v = (self.qkv(x).view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)
-                       .reshape(3, B * nh, T, hs).unbind(0))
+            q, k, v = (t.reshape(B * nh, T, hs) for t in (q, k, v))
             att = torch.bmm(q, k.transpose(1, 2)).mul_(hs ** -0.5).softmax(-1)  # (B * nh, T, T)
             y = torch.bmm(dropout(att, p), v).view(B, nh, T, hs)
         else:
-            # (B, nh, T, hs) each
-            q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
             # softmax(q k^T / sqrt(hs)) v; mask (B, 1, 1, T): True at real keys (XLM: -inf else)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
@@ -185,7 +184,7 @@ class Block(nn.Module):
 
     def forward(self, x, attn_mask=None):
         # mask (B, 1, 1, T): over heads and queries
-        mask = None if attn_mask is None else attn_mask[:, None, None, :]
+        mask = None if attn_mask is None else attn_mask[:, None, None]
         x = self.ln1(x + dropout(self.attn(x, mask), self.p, self.training))
         x = self.ln2(x + dropout(self.ffn(x), self.p, self.training))
         return x if attn_mask is None else x * attn_mask.unsqueeze(-1).to(x.dtype)
@@ -201,6 +200,11 @@ def project(x, W, b, align=None):
     if not pad:
         return F.linear(x, W, b)
     return F.linear(x, F.pad(W, (0, 0, 0, pad)), F.pad(b, (0, pad)))[..., :V]
+
+
+def _pick(copies, lang):
+    """Language `lang`'s copy of a part (a list by language), or its one shared copy."""
+    return copies[lang] if len(copies) > 1 else copies[0]
 
 
 class MLM(nn.Module):
@@ -231,20 +235,15 @@ class MLM(nn.Module):
             nn.Parameter(torch.empty(vocab[l]).uniform_(-d ** -0.5, d ** -0.5))
             for l in range(n_tok))
         # XLM init: embeddings N(0, d^-0.5), pad row zero; Linear and LayerNorm keep PyTorch's
-        tables = [*self.tok_emb, *self.pos_emb]
-        if config.lang_emb:
-            tables.append(self.lang_emb)
-        for emb in tables:
-            nn.init.normal_(emb.weight, mean=0.0, std=d ** -0.5)
+        for emb in self.modules():
+            if isinstance(emb, nn.Embedding):
+                nn.init.normal_(emb.weight, std=d ** -0.5)
         for emb in self.tok_emb:
             nn.init.zeros_(emb.weight[config.pad_id])
 
-    @staticmethod
-    def _pick(copies, lang):
-        return copies[lang] if len(copies) > 1 else copies[0]
-
     def has_lang_specific(self):
-        return self.config.sep_tok or self.config.sep_pos or bool(self.config.sep_layers)
+        c = self.config
+        return c.sep_tok or c.sep_pos or bool(c.sep_layers)
 
     def lang_specific_parameters(self, lang):
         """Parameters only language `lang` uses (empty for a fully shared model)."""
@@ -272,7 +271,7 @@ class MLM(nn.Module):
         pos = torch.arange(T, device=idx.device)  # (T,)
         if pos_offset is not None:  # the caller keeps offset + T <= max_positions
             pos = pos_offset.view(B, 1) + pos  # (B, T)
-        x = self._pick(self.tok_emb, lang)(idx) + self._pick(self.pos_emb, lang)(pos)  # (B, T, C)
+        x = _pick(self.tok_emb, lang)(idx) + _pick(self.pos_emb, lang)(pos)  # (B, T, C)
         if self.lang_emb is not None:
             x = x + self.lang_emb.weight[lang]
         x = dropout(self.ln_emb(x), c.dropout, self.training)
@@ -280,7 +279,7 @@ class MLM(nn.Module):
             x = x * attn_mask.unsqueeze(-1).to(x.dtype)  # padding zeroed, as after every block
         hs = [x]
         for copies in self.blocks:
-            hs.append(self._pick(copies, lang)(hs[-1], attn_mask))
+            hs.append(_pick(copies, lang)(hs[-1], attn_mask))
         return hs
 
     def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None, target_index=None):
@@ -288,18 +287,17 @@ class MLM(nn.Module):
         the order of targets[targets != -1] (as XLM), and their mean cross-entropy; without: logits
         (B, T, V_lang), None. target_index: the targets' flat positions (the GPU need not count)."""
         x = self.hidden_states(idx, lang, attn_mask, pos_offset)[-1]
-        W = self._pick(self.tok_emb, lang).weight
-        b = self._pick(self.pred_bias, lang)
+        W = _pick(self.tok_emb, lang).weight
+        b = _pick(self.pred_bias, lang)
         if targets is None:  # padded on CUDA, the logits are a view: made whole
             return project(x, W, b).contiguous(), None
         if target_index is None:
             target_index = (targets.view(-1) != -1).nonzero().squeeze(1)
-        logits = project(x.reshape(-1, x.size(-1)).index_select(0, target_index), W, b)  # (N, V)
+        logits = project(x.flatten(0, 1).index_select(0, target_index), W, b)  # (N, V)
         # no target: zero loss, graph kept (the bias too: DDP sees every parameter used)
         if logits.size(0) == 0:
             return logits, (x.sum() + b.sum()) * 0.0
-        return logits, F.cross_entropy(logits.float(),
-                                       targets.view(-1).index_select(0, target_index))
+        return logits, F.cross_entropy(logits.float(), targets.view(-1)[target_index])
 
     @classmethod
     def from_xlm(cls, state_dict, config):
@@ -313,31 +311,28 @@ class MLM(nn.Module):
         # pred_layer.proj.weight is the tied embedding (saved twice by XLM); position_ids is HF's
         tied = sd.pop("pred_layer.proj.weight", None)
         sd.pop("position_ids", None)
-        # our key -> the XLM keys it is made of (q, k, v concatenated into our qkv)
-        names = xlm_names(config)
-        wanted = [n for v in names.values() for n in v]
-        missing = [n for n in wanted if n not in sd]
-        unexpected = sorted(set(sd) - set(wanted))
+        # XLM key -> the part of our weights it is (q, k, v: the thirds of our qkv)
+        parts = xlm_parts(config, model.state_dict())
+        missing = [n for n in parts if n not in sd]
+        unexpected = sorted(set(sd) - set(parts))
         if missing or unexpected:
             raise KeyError(f"from_xlm: state dict does not fit the config: missing {missing}, "
                            f"unexpected {unexpected}")
-        # every XLM tensor against its part of ours (before torch.cat could fail on q, k and v)
-        expected = model.state_dict()
-        for key, xlm_keys in names.items():
-            for name, part in zip(xlm_keys, expected[key].chunk(len(xlm_keys))):
-                if sd[name].shape != part.shape:
-                    raise InputError(f"from_xlm: shapes do not match the config: {name} is "
-                                     f"{tuple(sd[name].shape)}, the config's {tuple(part.shape)}")
-        ours = {k: torch.cat([sd[n] for n in v]) for k, v in names.items()}
-        if tied is not None and not torch.equal(tied, ours["tok_emb.0.weight"]):
+        # every XLM tensor against its part of ours, then copied into it (a view of the model's)
+        for name, part in parts.items():
+            if sd[name].shape != part.shape:
+                raise InputError(f"from_xlm: shapes do not match the config: {name} is "
+                                 f"{tuple(sd[name].shape)}, the config's {tuple(part.shape)}")
+            part.copy_(sd[name])
+        if tied is not None and not torch.equal(tied, sd["embeddings.weight"]):
             raise ValueError("from_xlm: pred_layer.proj.weight differs from embeddings.weight "
                              "(untied model)")
-        model.load_state_dict(ours)
         return model
 
 
-def xlm_names(config):
-    """Our state-dict keys -> XLM's keys (no `transformer.` prefix): from_xlm's and export_hf's."""
+def xlm_parts(config, state):
+    """A fully shared model's state dict -> {XLM's key (no `transformer.` prefix): the part of our
+    tensor it is}, views: from_xlm's and export_hf's."""
     names = {"tok_emb.0.weight": ["embeddings.weight"],
              "pos_emb.0.weight": ["position_embeddings.weight"],
              "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
@@ -352,7 +347,8 @@ def xlm_names(config):
         for w in ("weight", "bias"):
             for k, v in layer.items():
                 names[f"blocks.{i}.0.{k}.{w}"] = [f"{x.format(i=i)}.{w}" for x in v]
-    return names
+    return {n: t for ours, theirs in names.items()
+            for n, t in zip(theirs, state[ours].chunk(len(theirs)))}
 
 # -----------------------------------------------------------------------------
 # The encoder of §5.1.2 (Figure 5): two pretrained models cut at layer i, one mapped, 4 new layers
@@ -366,11 +362,11 @@ class AlignedEncoder(nn.Module):
     def __init__(self, encoders, layer):
         super().__init__()
         self.encoders = encoders  # a plain dict: the frozen models are not submodules
-        for m, _, _ in encoders.values():
+        models = [m for m, _, _ in encoders.values()]
+        for m in models:
             m.eval().requires_grad_(False)
-        base = next(iter(encoders.values()))[0].config
-        max_positions = min(m.config.max_positions for m, _, _ in encoders.values())
-        self.config = replace(base, max_positions=max_positions)
+        base = models[0].config
+        self.config = replace(base, max_positions=min(m.config.max_positions for m in models))
         self.layer = layer
         self.blocks = nn.ModuleList(Block(base) for _ in range(4))  # §5.1.2: 4 new layers
 
@@ -395,10 +391,10 @@ def encode_batch(model, rows, lang):
     batch -> (hs, mask): n_layers + 1 tensors (B, T, dim), zeros at padding, mask (B, T) True at
     real tokens; padding is masked out of attention (row b's states are row b's alone)."""
     device = next(model.parameters()).device
-    T = max(len(r) for r in rows)
+    T = max(map(len, rows))
     idx = torch.tensor([list(r) + [PAD_ID] * (T - len(r)) for r in rows], dtype=torch.long,
                        device=device)
-    mask = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in rows], device=device)
+    mask = torch.tensor([[t < len(r) for t in range(T)] for r in rows], device=device)
     return model.hidden_states(idx, lang, attn_mask=mask), mask
 
 # =============================================================================
@@ -409,9 +405,8 @@ def flops_per_token(config, seq_len, target_frac=0.15, lang=0):
     data"), a multiply-add as 2; the softmax at the target positions only (target_frac), over
     language `lang`'s vocabulary. Embeddings, LayerNorm, GELU and dropout: < 1 %."""
     d = config.dim
-    f = config.ffn_dim
     V = config.vocab_sizes[lang] if config.vocab_sizes else config.vocab_size
-    per_layer = 8 * d * d + 4 * d * f + 4 * seq_len * d
+    per_layer = 8 * d * d + 4 * d * config.ffn_dim + 4 * seq_len * d
     return 3 * (config.n_layers * per_layer + target_frac * 2 * d * V)
 
 # -----------------------------------------------------------------------------
@@ -431,18 +426,19 @@ def windows(n, size):
 def encode_states(model, seqs, lang, max_len):
     """Last-layer states (B, 1 + L, d) of id lists, L the longest, in windows of max_len subwords:
     position 0 = the leading </s> (the parser's ROOT), 1 + k = subword k, zeros after."""
-    pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
+    rows = []
     # (window row, window col, sentence row, sentence col) of every state kept
     moves = []
-    for r, (b, (s, e, keep)) in enumerate(pieces):
-        # -1: the first window's </s>
-        ks = ([-1] if s == 0 else []) + list(range(keep, min(e, len(seqs[b]))))
-        moves += [(r, 1 + k - s, b, 1 + k) for k in ks]
-    rows = [[EOS_ID] + list(seqs[b][s:e]) + [EOS_ID] for b, (s, e, _) in pieces]
+    for b, ids in enumerate(seqs):
+        for s, e, keep in windows(max(len(ids), 1), max_len):
+            # -1: the first window's </s> (the only window that keeps from 0)
+            ks = range(keep or -1, min(e, len(ids)))
+            moves += [(len(rows), 1 + k - s, b, 1 + k) for k in ks]
+            rows.append([EOS_ID, *ids[s:e], EOS_ID])
     h = encode_batch(model, rows, lang)[0][-1]
-    m = torch.tensor(moves, device=h.device)  # (N, 4)
-    out = h.new_zeros(len(seqs), 1 + max(len(ids) for ids in seqs), h.size(-1))
-    return out.index_put((m[:, 2], m[:, 3]), h[m[:, 0], m[:, 1]])
+    window, window_col, sentence, col = torch.tensor(moves, device=h.device).unbind(1)
+    out = h.new_zeros(len(seqs), 1 + max(map(len, seqs)), h.size(-1))
+    return out.index_put((sentence, col), h[window, window_col])
 
 
 @torch.no_grad()
@@ -454,7 +450,7 @@ def iter_states(model, id_lists, lang, batch_size):
     for a in range(0, len(order), batch_size):
         ks = order[a:a + batch_size]
         longest = model.config.max_positions - 2
-        rows = [[EOS_ID] + list(id_lists[k][:longest]) + [EOS_ID] for k in ks]
+        rows = [[EOS_ID, *id_lists[k][:longest], EOS_ID] for k in ks]
         # (B, n_layers + 1, T, dim)
         hs = torch.stack(encode_batch(model, rows, lang)[0], dim=1).float().cpu().numpy()
         for k, row, H in zip(ks, rows, hs):
@@ -469,7 +465,7 @@ def pool_sentences(model, id_lists, lang, batch_size=32, progress=None):
     if progress:
         states = progress(states, len(id_lists))
     for k, H in states:
-        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
+        out[:, k] = (H[:, 1:-1] if H.shape[1] > 2 else H).mean(axis=1)
     return list(out)
 
 # -----------------------------------------------------------------------------
@@ -504,13 +500,6 @@ def _first_line(e):
     """`Type: first sentence` of an exception (torch's load errors run long)."""
     msg = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:100]
     return type(e).__name__ + (f": {msg}" if msg else "")
-
-
-def refuse(checks, prefix=""):
-    """checks: (bad, message) pairs; the first bad one is an InputError prefix + message."""
-    for bad, message in checks:
-        if bad:
-            raise InputError(prefix + message)
 
 
 def file_digest(path):
@@ -556,8 +545,7 @@ def load_model(path, map_location="cpu"):
         if missing or unexpected:
             raise InputError(f"{mismatch} ({len(missing)} missing, {len(unexpected)} unexpected "
                              f"keys, e.g. {(missing + unexpected)[0]!r})")
-    bad = [k for k, v in model.state_dict().items()
-           if v.is_floating_point() and not torch.isfinite(v).all()]
+    bad = [k for k, v in model.state_dict().items() if not torch.isfinite(v).all()]
     if bad:
         raise InputError(f"{path}: weight {bad[0]!r} contains NaN or inf (a diverged run?); "
                          "refusing to use it")
@@ -600,17 +588,18 @@ def _from_xlm_checkpoint(path, ckpt):
     id2lang = {int(k): v for k, v in params["id2lang"].items()}
     n_langs = int(params["n_langs"])
     pos = next((v for k, v in state.items() if k.endswith("position_embeddings.weight")), None)
-    refuse([(not params.get("gelu_activation", True) or params.get("asm", False),
-            "XLM params with ReLU (gelu_activation false) or an adaptive softmax (asm): not "
-            "the architecture MLM reproduces"),
-           ([word2id[w] for w in words] != list(range(len(words)))
-            or words[:len(XLM_SPECIALS)] != XLM_SPECIALS,
-            f"dico_word2id is not an XLM dictionary (ids 0..n-1, {' '.join(XLM_SPECIALS[:5])} "
-            "... first)"),
-           (sorted(id2lang) != list(range(n_langs)),
-            f"the XLM params' id2lang {params['id2lang']} does not number its n_langs "
-            f"{n_langs} languages"),
-           (pos is None, "the XLM state dict has no position_embeddings.weight")], f"{path}: ")
+    if not params.get("gelu_activation", True) or params.get("asm", False):
+        raise InputError(f"{path}: XLM params with ReLU (gelu_activation false) or an adaptive "
+                         "softmax (asm): not the architecture MLM reproduces")
+    if (sorted(word2id.values()) != list(range(len(words)))
+            or words[:len(XLM_SPECIALS)] != XLM_SPECIALS):
+        raise InputError(f"{path}: dico_word2id is not an XLM dictionary (ids 0..n-1, "
+                         f"{' '.join(XLM_SPECIALS[:5])} ... first)")
+    if sorted(id2lang) != list(range(n_langs)):
+        raise InputError(f"{path}: the XLM params' id2lang {params['id2lang']} does not number "
+                         f"its n_langs {n_langs} languages")
+    if pos is None:
+        raise InputError(f"{path}: the XLM state dict has no position_embeddings.weight")
     try:
         dim = int(params["emb_dim"])
         drop = {k: float(params.get(k, 0.0)) for k in ("dropout", "attention_dropout")}
@@ -636,30 +625,34 @@ def pick_device(device="auto", dtype="auto", local_rank=None):
         device = "cuda" if cuda else "cpu"
     kind, colon, index = device.partition(":")
     gpu = kind == "cuda" and (not colon or index.isdigit())  # cuda or cuda:N
-    n = torch.cuda.device_count() if cuda else 0
+    n = torch.cuda.device_count()
     i = int(index) if gpu and colon else (local_rank or 0)
     build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
-    refuse([(not gpu and device not in ("cpu", "mps"), "expected auto, cpu, cuda, cuda:N or mps"),
-           (device == "mps" and not torch.backends.mps.is_available(),
-            "MPS is not available on this machine; use --device cpu or auto"),
-           (gpu and not cuda,
-            f"CUDA is not available on this machine ({build}); use --device cpu or auto"),
-           (gpu and colon and local_rank is not None,
-            "under torchrun each process takes the GPU of its LOCAL_RANK; use --device cuda "
-            "(and CUDA_VISIBLE_DEVICES to choose GPUs)"),
-           (gpu and i >= n, f"GPU {i} does not exist ({n} visible)" if colon else
-            f"LOCAL_RANK {i} but only {n} GPU(s) visible; use --nproc_per_node {n} or less")],
-           f"--device {device}: ")
+    if not gpu and device not in ("cpu", "mps"):
+        raise InputError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise InputError("--device mps: MPS is not available on this machine; use --device cpu "
+                         "or auto")
+    if gpu and not cuda:
+        raise InputError(f"--device {device}: CUDA is not available on this machine ({build}); "
+                         "use --device cpu or auto")
+    if gpu and colon and local_rank is not None:
+        raise InputError(f"--device {device}: under torchrun each process takes the GPU of its "
+                         "LOCAL_RANK; use --device cuda (and CUDA_VISIBLE_DEVICES to choose GPUs)")
+    if gpu and i >= n:
+        raise InputError(f"--device {device}: GPU {i} does not exist ({n} visible)" if colon else
+                         f"--device {device}: LOCAL_RANK {i} but only {n} GPU(s) visible; use "
+                         f"--nproc_per_node {n} or less")
     device = f"cuda:{i}" if gpu else device
     # native bfloat16 from compute capability 8.0 (A100), of the chosen GPU; not
     # torch.cuda.is_bf16_supported(), which also counts the emulated (slow) bf16 of a V100 or T4
-    cc = torch.cuda.get_device_capability(int(device[5:])) if gpu else None
+    cc = torch.cuda.get_device_capability(i) if gpu else None
     if dtype == "auto":
         dtype = "float32" if not gpu else "bfloat16" if cc >= (8, 0) else "float16"
     elif dtype not in DTYPES:
         raise InputError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
     elif dtype == "bfloat16" and gpu and cc < (8, 0):
-        raise InputError(f"--dtype bfloat16: GPU {device[5:]} has no native bfloat16 (compute "
+        raise InputError(f"--dtype bfloat16: GPU {i} has no native bfloat16 (compute "
                          f"capability {cc[0]}.{cc[1]}, 8.0 needed); use --dtype float16 or auto")
     return device, dtype, "nccl" if gpu else "gloo"
 
@@ -696,11 +689,11 @@ def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
             flag = "--" + f.replace("_", "-")
             if path is None and f not in ("ckpt2", "xlm_codes", *optional):
                 raise InputError(f"missing {flag} (or give --toy --data WORLD)")
-            # named by --src and --tgt, not given as a file
-            if f in from_world and not os.path.isfile(path):
-                raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: "
-                                 f"no such file {path}")
             if path is not None and not os.path.isfile(path):
+                # named by --src and --tgt, not given as a file
+                if f in from_world:
+                    raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt "
+                                     f"{args.tgt}: no such file {path}")
                 raise InputError(f"{flag} {path}: "
                                  f"{'not a file' if os.path.exists(path) else 'no such file'}")
             # the same model is told by its contents, not by its path (before the data's files)
@@ -713,7 +706,7 @@ def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
         with autocast(args.device, args.dtype):
             yield
     except (OSError, MemoryError, RuntimeError) as e:
-        if isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e):
+        if isinstance(e, MemoryError) or re.search("out of memory|allocate memory", str(e)):
             raise InputError("out of memory; try a smaller --batch-size (or --max-sents)") from None
         # a file's error (unreadable, missing, a directory, a full disk); any other is a bug
         if not (isinstance(e, OSError) and e.errno):
@@ -734,10 +727,9 @@ def check_plot(path):
 
 def markdown_table(header, rows, fmt):
     """A per-layer table in markdown: floats written with `fmt`, anything else with str()."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        cells = [fmt.format(v) if isinstance(v, float) else str(v) for v in r]
-        lines.append("| " + " | ".join(cells) + " |")
+    cells = [[fmt.format(v) if isinstance(v, float) else str(v) for v in r] for r in rows]
+    lines = ["| " + " | ".join(r) + " |" for r in [header, *cells]]
+    lines.insert(1, "|" + "---|" * len(header))
     return "\n".join(lines)
 
 
@@ -752,10 +744,14 @@ def _save_figure(ax, path, title):
     print(f"wrote {path}")
 
 
+def _axes():
+    from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
+    return Figure(figsize=(7, 3.6)).subplots()
+
+
 def plot_layers(path, title, header, rows, ylabel):
     """A per-layer table as a PNG (after check_plot): one line per column of floats."""
-    from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
-    ax = Figure(figsize=(7, 3.6)).subplots()
+    ax = _axes()
     for c in range(1, len(header)):
         points = [(str(r[0]), r[c]) for r in rows if isinstance(r[c], float)]
         if points:
@@ -803,8 +799,7 @@ def plot_curve(run_dir, path=None):
     path = path or os.path.join(run_dir, "curve.png")
     curve = read_curve(run_dir)
     check_plot(path)
-    from matplotlib.figure import Figure
-    ax = Figure(figsize=(7, 3.6)).subplots()
+    ax = _axes()
     for i, (lang, points) in enumerate(curve.dev_ppl.items()):
         ax.plot(*zip(*points), color=f"C{i}", label=f"{lang} dev")
         counts = curve.count_models.get(lang, {})
@@ -833,7 +828,8 @@ HF_UNUSED_BIAS = -1e4  # output bias of the BPE symbols our vocabulary lacks: ne
 HF_FILES = """{
  "config.json": {"architectures": ["XLMWithLMHeadModel"], "model_type": "xlm",
   "gelu_activation": true, "sinusoidal_embeddings": false, "causal": false, "asm": false,
-  "is_encoder": true, "bos_token_id": 0, "unk_index": 3, "mask_index": 5, "mask_token_id": 5,
+  "is_encoder": true, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "unk_index": 3,
+  "mask_index": 5, "mask_token_id": 5,
   "tie_word_embeddings": true},
  "tokenizer.json": null, "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast",
   "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": false},
@@ -872,8 +868,8 @@ def hf_tokenizer_json(record, lang, vocab_size):
     vocab = {t: i for i, t in enumerate(XLM_SPECIALS)}
     for i, t in enumerate(tokens, len(XLM_SPECIALS)):
         if t.startswith(prefix):
-            piece = t[len(prefix):-2] if t.endswith("@@") else t[len(prefix):] + "</w>"
-            vocab[piece] = i
+            piece = t.removeprefix(prefix)
+            vocab[piece[:-2] if piece.endswith("@@") else piece + "</w>"] = i
     # the first rank counts
     merges = list(dict.fromkeys(tuple(m) for m in record["bpes"][record["bpe_of"][lang]]))
     symbols = dict.fromkeys(s for a, b in merges for s in (a, b, a + b))
@@ -885,8 +881,7 @@ def hf_tokenizer_json(record, lang, vocab_size):
     if not record.get("lowercase"):
         tok["normalizer"] = None
     tok["pre_tokenizer"]["pattern"]["Regex"] = HF_PRETOKENIZE["zh" if lang == "zh" else ""]
-    tok["model"]["vocab"] = vocab
-    tok["model"]["merges"] = [list(m) for m in merges]
+    tok["model"] |= {"vocab": vocab, "merges": [list(m) for m in merges]}
     return tok, len(extra)
 
 
@@ -902,15 +897,18 @@ def export_hf(ckpt_path, out_dir, lang=None):
                          "best.pt has one)")
     lang = lang or langs[0]
     sep = ",".join(["tok"] * c.sep_tok + ["pos"] * c.sep_pos + [str(i) for i in c.sep_layers])
-    refuse([(model.has_lang_specific(),
-            f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no "
-            "transformers equivalent (XLM shares everything); only fully shared models are "
-            "exported"),
-           (c.ffn_dim != 4 * c.dim,
-            f"{ckpt_path}: ffn_dim {c.ffn_dim}, but transformers' XLM has 4 x dim {c.dim}"),
-           (lang not in langs, f"--lang {lang}: not one of the checkpoint's languages {langs}"),
-           (os.path.exists(out_dir) and not os.path.isdir(out_dir),
-            f"{out_dir}: exists and is not a directory (the export's output directory)")])
+    if model.has_lang_specific():
+        raise InputError(f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no "
+                         "transformers equivalent (XLM shares everything); only fully shared "
+                         "models are exported")
+    if c.ffn_dim != 4 * c.dim:
+        raise InputError(f"{ckpt_path}: ffn_dim {c.ffn_dim}, but transformers' XLM has 4 x dim "
+                         f"{c.dim}")
+    if lang not in langs:
+        raise InputError(f"--lang {lang}: not one of the checkpoint's languages {langs}")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"{out_dir}: exists and is not a directory (the export's output "
+                         "directory)")
     tok, n_extra = hf_tokenizer_json(record, lang, c.vocab_size)
     files = json.loads(HF_FILES)
     files["config.json"] |= {
@@ -918,21 +916,18 @@ def export_hf(ckpt_path, out_dir, lang=None):
         "n_heads": c.n_heads, "dropout": c.dropout, "attention_dropout": c.attention_dropout,
         "n_langs": c.n_langs, "use_lang_emb": c.lang_emb,
         "max_position_embeddings": c.max_positions, "layer_norm_eps": LAYER_NORM_EPS,
-        "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
         "lang_id": langs.index(lang), "lang2id": {l: i for i, l in enumerate(langs)},
-        "id2lang": {str(i): l for i, l in enumerate(langs)}}
+        "id2lang": dict(enumerate(langs))}  # keys written as strings
     files["tokenizer.json"] = tok
-    files["tokenizer_config.json"] |= files["special_tokens_map.json"]
-    files["tokenizer_config.json"]["model_max_length"] = c.max_positions
+    files["tokenizer_config.json"] |= {**files["special_tokens_map.json"],
+                                       "model_max_length": c.max_positions}
     # XLMWithLMHeadModel's weights (float32); the n_extra rows copy <unk>'s, bias HF_UNUSED_BIAS
     sd = model.state_dict()
     emb = sd["tok_emb.0.weight"]
-    bias = sd["pred_bias.0"]
     sd["tok_emb.0.weight"] = torch.cat([emb, emb[[3] * n_extra]])
-    sd["pred_bias.0"] = torch.cat([bias, bias.new_full((n_extra,), HF_UNUSED_BIAS)])
+    sd["pred_bias.0"] = F.pad(sd["pred_bias.0"], (0, n_extra), value=HF_UNUSED_BIAS)
     sd = {("" if n.startswith("pred_layer.") else "transformer.") + n: t.clone()
-          for ours, theirs in xlm_names(c).items()
-          for n, t in zip(theirs, sd[ours].chunk(len(theirs)))}
+          for n, t in xlm_parts(c, sd).items()}
     # the weights' file; an earlier export's file of the other format is removed
     weights = ["model.safetensors", "pytorch_model.bin"]
     try:
@@ -956,9 +951,9 @@ def export_hf(ckpt_path, out_dir, lang=None):
             os.rmdir(out_dir)
         raise InputError(f"cannot write the export to {out_dir}: {_first_line(e)} (any earlier "
                          "export there is left as it was)") from None
-    other = os.path.join(out_dir, weights[1])  # transformers could load it instead
-    if os.path.exists(other):
-        os.remove(other)
+    # transformers could load it instead
+    with suppress(FileNotFoundError):
+        os.remove(os.path.join(out_dir, weights[1]))
     return paths
 
 # -----------------------------------------------------------------------------
