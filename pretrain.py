@@ -30,8 +30,9 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
+from os.path import exists, getsize, isdir, isfile, join
 from typing import NamedTuple
 
 import numpy as np
@@ -144,7 +145,7 @@ class StreamSampler:
 
     def state_dict(self):
         # no copy of the permutations: next() replaces an order, it never changes one in place
-        order = [torch.from_numpy(np.asarray(o, dtype=np.int64)) for o in self.order]
+        order = [torch.from_numpy(o) for o in self.order]
         return {"rng": self.rng.bit_generator.state, "pos": list(self.pos), "order": order}
 
     def load_state_dict(self, d):
@@ -238,8 +239,8 @@ class Run:
     warned_slow_save: bool = False
     master = property(lambda self: self.rank == 0)
     device_type = property(lambda self: torch.device(self.device).type)  # cuda, cpu or mps
-    ckpt_path = property(lambda self: os.path.join(self.args.out, "checkpoint.pt"))
-    log_path = property(lambda self: os.path.join(self.args.out, "log.jsonl"))
+    ckpt_path = property(lambda self: join(self.args.out, "checkpoint.pt"))
+    log_path = property(lambda self: join(self.args.out, "log.jsonl"))
     tokens_per_update = property(lambda self: self.args.batch_size * self.args.bptt
                                  * self.args.accumulate * self.world_size)
     # the epoch (from 1) of the last update: an epoch's last update sets n_streams back to 0
@@ -638,12 +639,12 @@ def get_args(argv=None, p=None):
     if args.train_files and args.dev_files:  # both or neither (checked below)
         args.train_files = parse_lang_files("--train-files", args.train_files, langs)
         args.dev_files = parse_lang_files("--dev-files", args.dev_files, langs)
-    args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
+    args.prep_dir = args.prep_dir or join(args.out, "data")
     args.toy_world = args.toy and args.data is None and not args.train_files
     if args.toy_world:
-        args.data = os.path.join(args.out, "toy")
+        args.data = join(args.out, "toy")
     # written with the toy world
-    toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[-1]}.txt")
+    toy_dict = join(args.data or "", "dict", f"{langs[0]}-{langs[-1]}.txt")
     if args.code_switch == "toy":
         args.code_switch = toy_dict
     cs = args.code_switch
@@ -678,7 +679,7 @@ def get_args(argv=None, p=None):
          "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok"),
         (cs and len(langs) != 2,
          "--code-switch needs exactly two --langs (the dictionary's source and target)"),
-        (cs and not (os.path.isfile(cs) or args.toy_world and cs == toy_dict),
+        (cs and not (isfile(cs) or args.toy_world and cs == toy_dict),
          f"--code-switch {cs}: no such file (for 'toy': --toy, or --data a toydata.py world)")]
     for bad, message in refused:
         if bad:
@@ -689,7 +690,7 @@ def get_args(argv=None, p=None):
 
 def run_files(out):
     """An earlier run's files in --out (toy/, toy.json, data/, args.json: inputs, reused)."""
-    names = set(os.listdir(out)) if os.path.isdir(out) else set()
+    names = set(os.listdir(out)) if isdir(out) else set()
     snapshots = [f for f in names if re.fullmatch(r"step\d+\.pt", f)]
     snapshots.sort(key=lambda f: int(f[4:-3]))
     return [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if f in names] + snapshots
@@ -762,8 +763,8 @@ def count_baselines(train_ids, dev_ids, max_tokens=20_000_000):
         """p(w | h) = (c(h, w) + T(h) lower) / (c(h) + T(h)), or `lower` for an unseen h."""
         keys, counts = np.unique(hist * V + word, return_counts=True)
         hs, first = np.unique(keys // V, return_index=True)
-        n_h = np.add.reduceat(counts, first).astype(np.float64)  # tokens after h
-        t_h = np.diff(np.append(first, len(keys))).astype(np.float64)  # distinct words after h
+        n_h = np.add.reduceat(counts, first)  # tokens after h
+        t_h = np.diff(np.append(first, len(keys)))  # distinct words after h
         q = q_hist * V + q_word
         i = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
         c = np.where(keys[i] == q, counts[i], 0)
@@ -785,7 +786,7 @@ PROGRESS = ("step", "epoch", "n_streams", "best_ppl", "best_step", "left_plateau
 def read_checkpoint(path, args, argv):
     """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags; a
     flag not given is the checkpoint's (its release's preset, or LATER_FLAGS') -> (it, changes)"""
-    if not os.path.isfile(path):
+    if not isfile(path):
         raise InputError(f"--resume: no checkpoint.pt to go on from in {args.out}")
     try:
         model, ckpt = load_model(path)
@@ -845,7 +846,7 @@ def restore_checkpoint(run, ckpt):
         run.scaler.load_state_dict(ckpt["scaler"])
     for k in PROGRESS:  # a checkpoint from before best_step and left_plateau_at: its step
         setattr(run, k, ckpt.get(k, ckpt["step"]))
-    if not os.path.exists(os.path.join(run.args.out, "best.pt")) and run.best_ppl < math.inf:
+    if not exists(join(run.args.out, "best.pt")) and run.best_ppl < math.inf:
         run.log(f"note: no best.pt in {run.args.out} (its {run.langs[0]} dev ppl: "
                 f"{run.best_ppl:.2f}); a new one from step {run.step}")
         run.best_ppl = math.inf
@@ -857,7 +858,7 @@ def restore_checkpoint(run, ckpt):
     if run.device_type == "cuda" and rng.get("cuda") is not None:
         torch.cuda.set_rng_state(rng["cuda"])
     log_bytes = ckpt.get("log_bytes", math.inf)  # an earlier release's: the log as it is
-    if run.master and os.path.exists(run.log_path) and os.path.getsize(run.log_path) > log_bytes:
+    if run.master and exists(run.log_path) and getsize(run.log_path) > log_bytes:
         os.truncate(run.log_path, log_bytes)
         run.log(f"{run.log_path}: records after step {run.step} dropped (they are redone from the "
                 "checkpoint)")
@@ -874,14 +875,14 @@ def save_checkpoint(run):
         rngs = [None] * run.world_size
         dist.all_gather_object(rngs, mine)
     if run.master:
-        log_bytes = os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0
-        checkpoint = {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
-                      "scaler": run.scaler.state_dict(), "config": asdict(run.raw_model.config),
-                      "args": vars(run.args), "tokenizer": run.tok.to_dict(), "langs": run.langs,
-                      **{k: getattr(run, k) for k in PROGRESS}, "rng": rngs,
-                      "count_models": run.count_models,
-                      "data": {"dir": run.data_dir, **data_of(run)}, "log_bytes": log_bytes}
-        atomic_write(run.ckpt_path, lambda tmp: torch.save(checkpoint, tmp))
+        log_bytes = getsize(run.log_path) if exists(run.log_path) else 0
+        with write_errors(run.ckpt_path):  # save_model: a temp file renamed, as best.pt
+            save_model(run.ckpt_path, run.raw_model, optimizer=run.optimizer.state_dict(),
+                       scaler=run.scaler.state_dict(), args=vars(run.args),
+                       tokenizer=run.tok.to_dict(), langs=run.langs,
+                       **{k: getattr(run, k) for k in PROGRESS}, rng=rngs,
+                       count_models=run.count_models, data={"dir": run.data_dir, **data_of(run)},
+                       log_bytes=log_bytes)
     run.saved_step = run.step
     seconds = time.time() - t0
     if run.ddp and seconds > 10 and not run.warned_slow_save:
@@ -924,7 +925,7 @@ def evaluate(run):
         if finite and run.step in args.snapshots:
             names.append(f"step{run.step}.pt")
         for name in names:
-            path = os.path.join(args.out, name)
+            path = join(args.out, name)
             with write_errors(path):  # save_model writes its own temp file, then renames it
                 save_model(path, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
                            args=vars(args), step=run.step, dev_ppl=ppl,
@@ -943,16 +944,16 @@ def write_toy_world(args, langs, master):
     knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], **TOY_SIZES[args.toy_size]}
     for k in ("overlap", "order", "domain_shift", "cyrillic", "seed"):
         knobs[k] = getattr(args, f"toy_{k}")
-    record = os.path.join(args.out, "toy.json")
+    record = join(args.out, "toy.json")
 
     def read():
-        return json.loads(open(record).read()) if os.path.exists(record) else None
+        return json.loads(open(record).read()) if exists(record) else None
 
     if master and read() not in (None, knobs):
         if not args.overwrite:
             raise InputError(f"{args.data} was written with other --toy-* flags; add "
                              "--overwrite, or use another --out")
-        for d in (args.data, os.path.join(args.out, "data")):  # the old world, its prepared data
+        for d in (args.data, join(args.out, "data")):  # the old world, its prepared data
             shutil.rmtree(d, ignore_errors=True)
     if master and read() != knobs:
         print(f"writing the toy world to {args.data}")
@@ -964,10 +965,6 @@ def write_toy_world(args, langs, master):
         write_text(record, json.dumps(knobs))
     while read() != knobs:  # the other ranks: until the master has written it
         time.sleep(2)
-
-
-OVERLAP = ("the dev perplexity, and best.pt chosen on it, would measure what is trained on; give "
-           "another dev set, or --allow-overlap if it is meant")
 
 
 def load_data(run):
@@ -982,10 +979,10 @@ def load_data(run):
                            workers=args.workers, master=run.master,
                            allow_overlap=args.allow_overlap)
     try:
-        run.tok = Tokenizer.load(os.path.join(run.data_dir, "tokenizer.json"))
-        train = [load_bin(os.path.join(run.data_dir, f"{l}.train")) for l in langs]
+        run.tok = Tokenizer.load(join(run.data_dir, "tokenizer.json"))
+        train = [load_bin(join(run.data_dir, f"{l}.train")) for l in langs]
         run.train_ids = [ids for ids, _ in train]
-        run.dev_ids = [load_bin(os.path.join(run.data_dir, f"{l}.dev"))[0] for l in langs]
+        run.dev_ids = [load_bin(join(run.data_dir, f"{l}.dev"))[0] for l in langs]
         run.vocab_sizes = [run.tok.vocab_size(l) for l in langs]
     except (OSError, ValueError, KeyError) as e:  # KeyError: a tokenizer without one of --langs
         raise InputError(f"cannot read the prepared data in {run.data_dir}: {e}") from None
@@ -993,7 +990,9 @@ def load_data(run):
     smallest, lang = min(zip(run.n_tokens, langs))
     same = [l for l, t, d in zip(langs, run.train_ids, run.dev_ids) if np.array_equal(t, d)]
     if same and not args.allow_overlap:  # --dev-files equal to --train-files, or copies in --data
-        raise InputError(f"the {same[0]} dev set is its training text: {OVERLAP}")
+        raise InputError(f"the {same[0]} dev set is its training text: the dev perplexity, and "
+                         "best.pt chosen on it, would measure what is trained on; give another dev "
+                         "set, or --allow-overlap if it is meant")
     if args.batch_size * args.bptt > smallest:  # every batch mostly `</s>` (a 10^9 typo: no memory)
         raise InputError(f"--batch-size {args.batch_size} x --bptt {args.bptt} is more than the "
                          f"{lang} training data ({smallest} tokens); lower --batch-size")
@@ -1028,9 +1027,8 @@ def build(run, dtype):
     torch.manual_seed(args.seed * 1000 + run.rank + 2)
 
 
-def setup(args, argv):
-    run = Run(args=args, langs=args.langs.split(","), rank=int(os.environ.get("RANK", 0)),
-              world_size=int(os.environ.get("WORLD_SIZE", 1)), ddp="RANK" in os.environ)
+def setup(run, argv):
+    args = run.args
     # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
     local_rank = int(os.environ["LOCAL_RANK"]) if run.ddp else None
     run.device, dtype, backend = pick_device(args.device, args.dtype, local_rank)
@@ -1057,17 +1055,17 @@ def setup(args, argv):
                 f"{changed}")
         # --snapshots at updates passed without their file: they can no longer be written
         missed = [f"step{n}.pt" for n in args.snapshots
-                  if n <= run.step and not os.path.exists(os.path.join(args.out, f"step{n}.pt"))]
+                  if n <= run.step and f"step{n}.pt" not in found]
         if missed:
             run.log(f"note: --snapshots: {run.ckpt_path} is at step {run.step}; "
                     f"{', '.join(missed)} can no longer be written")
     if run.master and args.overwrite:  # a new run: no file of the earlier one is mixed in
         for name in found:
-            os.remove(os.path.join(args.out, name))
+            os.remove(join(args.out, name))
     # the flags of this run; the count models of its dev sets (the plateau's measure)
     if run.master:
         args_json = json.dumps(vars(args), indent=1)
-        atomic_write(os.path.join(args.out, "args.json"), lambda tmp: write_text(tmp, args_json))
+        atomic_write(join(args.out, "args.json"), lambda tmp: write_text(tmp, args_json))
         run.count_models = {}
         for l, t, d in zip(run.langs, run.train_ids, run.dev_ids):
             c = dict(zip(("unigram", "left", "both"), count_baselines(t, d)))
@@ -1094,7 +1092,6 @@ def setup(args, argv):
             f"bpe={args.bpe}, dtype {dtype}, device {run.device}; {run.tokens_per_update:,} tokens "
             f"per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} accumulation"
             f" x {run.world_size} processes)")
-    return run
 
 
 def say_verdict(run):
@@ -1124,9 +1121,10 @@ def main(argv=None):
     # a bad input: one `error: ...` line (a flag's: after the usage line, code 2)
     with reported(parser):
         args = get_args(argv, parser)
-        master = int(os.environ.get("RANK", 0)) == 0
-        with locked(args.out, "pretrain.py", [args.prep_dir], master):
-            run = setup(args, argv)
+        run = Run(args=args, langs=args.langs.split(","), rank=int(os.environ.get("RANK", 0)),
+                  world_size=int(os.environ.get("WORLD_SIZE", 1)), ddp="RANK" in os.environ)
+        with locked(args.out, "pretrain.py", [args.prep_dir], run.master):
+            setup(run, argv)
             ending = train(run)
     for sig, handler in run.stop.old.items():  # the handlers from before the run
         signal.signal(sig, handler)
@@ -1154,8 +1152,7 @@ def main(argv=None):
     if run.master:
         say_verdict(run)
     out = run.args.out
-    inputs = [f for f in ("args.json", "toy.json", "toy/", "data/")
-              if os.path.exists(os.path.join(out, f))]
+    inputs = [f for f in ("args.json", "toy.json", "toy/", "data/") if exists(join(out, f))]
     files = ", ".join(inputs + run_files(out))
     run.log(f"done: {ending.by} reached at step {run.step}, epoch {run.current_epoch}, in "
             f"{timedelta(seconds=round(time.time() - t0))}; {files} in {out}")
