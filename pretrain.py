@@ -41,9 +41,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, atomic_write,
-                 load_bin, locked, number, parse_lang_files, prepare,
-                 reported, write_errors, write_text)
+from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, load_bin, locked,
+                 number, parse_lang_files, prepare, reported, write_errors, write_text)
 from model import MLM, ModelConfig, autocast, load_model, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
@@ -84,7 +83,7 @@ def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7, schedule="inverse_sqrt", m
         return init_lr + step * (lr - init_lr) / warmup
     if schedule == "linear":
         return lr * max(0.0, (max_steps - step) / max(max_steps - warmup, 1))
-    return lr * math.sqrt(warmup / max(step, 1)) if warmup > 0 else lr
+    return lr * math.sqrt(warmup / step) if warmup > 0 else lr
 
 
 def sampling_probs(sentence_counts, alpha=ALPHA):
@@ -151,7 +150,7 @@ class StreamSampler:
     def load_state_dict(self, d):
         self.rng.bit_generator.state = d["rng"]
         self.pos = list(d["pos"])
-        self.order = [o.numpy().astype(np.int64) for o in d["order"]]
+        self.order = [o.numpy() for o in d["order"]]
 
 # -----------------------------------------------------------------------------
 # evaluation (XLM evaluate_mlm: deterministic masking, all selected tokens -> MASK)
@@ -479,10 +478,6 @@ MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: large
 # the toy world's knobs when not given: they shape the world that --toy writes to OUT/toy
 TOY_WORLD = dict(toy_size="full", toy_overlap=0.0, toy_order="svo", toy_domain_shift=0.0,
                  toy_cyrillic=False, toy_seed=0)
-# the other ranks wait while the master evaluates and saves (NCCL's 10 minutes are too short)
-DDP_TIMEOUT = timedelta(minutes=60)
-USAGE = ("pretrain.py --out DIR [--toy] [--data DIR | --train-files LANG=PATH,... --dev-files "
-         "LANG=PATH,...] [flags below]")
 
 
 class Help(argparse.RawDescriptionHelpFormatter, HelpFormatter):
@@ -495,8 +490,9 @@ def build_parser():
     positions = number(1, MAX_POSITIONS, upto=True)
     fraction = number(0, 1, float, upto=True)
     rate = number(0, 1, float)
-    seed = number(0, 2 ** 32)  # seed * 1000 + rank + 1 seeds the masking
-    p = argparse.ArgumentParser("pretrain.py", usage=USAGE, description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser("pretrain.py", description=__doc__.split("\n\n")[0],
+                                usage="pretrain.py --out DIR [--toy] [--data DIR | --train-files "
+                                "LANG=PATH,... --dev-files LANG=PATH,...] [flags below]",
                                 epilog="examples:" + __doc__.split("Run:")[1], formatter_class=Help)
     data = p.add_argument_group("data").add_argument
     model = p.add_argument_group("model").add_argument
@@ -553,7 +549,9 @@ def build_parser():
              "attention dropout (as XLM's recipes; its flag's default is 0)")):
         preset(model, flag, typ, what)
 
-    training("--seed", type=seed, default=0, help="seed for init, data order, masking, dropout")
+    # seed * 1000 + rank + 1 seeds the masking
+    training("--seed", type=number(0, 2 ** 32), default=0,
+             help="seed for init, data order, masking, dropout")
     for flag, typ, what in (
             ("--bptt", positions, "tokens per stream"),
             ("--batch-size", count,
@@ -607,17 +605,17 @@ def get_args(argv=None, p=None):
     # a torchrun worker has all five; a part of them is a leftover (or a launcher's mistake)
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
                if k not in os.environ]
-    torchrun = {"RANK", "WORLD_SIZE"} & set(os.environ)
-    if torchrun and missing:
-        raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun "
-                         f"worker (no {' and '.join(missing)}): unset them, or launch with "
-                         "torchrun")
-    # RANK 1 of WORLD_SIZE 1 would wait for the others for ever
-    ranks = [os.environ.get(k, "") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")]
-    if torchrun and (not all(map(str.isdigit, ranks)) or int(ranks[0]) >= int(ranks[2])):
-        raise InputError(f"RANK={ranks[0]} LOCAL_RANK={ranks[1]} WORLD_SIZE={ranks[2]} in the "
-                         "environment: expected whole numbers, RANK below WORLD_SIZE (as torchrun "
-                         "sets them)")
+    if {"RANK", "WORLD_SIZE"} & set(os.environ):
+        if missing:
+            raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no "
+                             f"torchrun worker (no {' and '.join(missing)}): unset them, or launch "
+                             "with torchrun")
+        # RANK 1 of WORLD_SIZE 1 would wait for the others for ever
+        ranks = [os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")]
+        if not all(map(str.isdigit, ranks)) or int(ranks[0]) >= int(ranks[2]):
+            raise InputError(f"RANK={ranks[0]} LOCAL_RANK={ranks[1]} WORLD_SIZE={ranks[2]} in "
+                             "the environment: expected whole numbers, RANK below WORLD_SIZE (as "
+                             "torchrun sets them)")
     # on the command line, not the preset's
     offsets_from_given = args.pos_offsets_from is not None
     toy_flags = [f"--{k.replace('_', '-')}" for k in TOY_WORLD if getattr(args, k) is not None]
@@ -713,10 +711,11 @@ def command(argv, then, lr=None):
     return f"{launcher} {shlex.join(kept + [then] + new_lr)}"
 
 
-def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
-    if saved_step is None:
+def how_to_go_on(run, argv, lr=None):
+    if run.saved_step is None:
         return "nothing was saved; start again with " + command(argv, "--overwrite", lr)
-    return f"{ckpt_path} holds step {saved_step}; go on with " + command(argv, "--resume", lr)
+    go_on = command(argv, "--resume", lr)
+    return f"{run.ckpt_path} holds step {run.saved_step}; go on with {go_on}"
 
 
 class StopSignal:
@@ -876,13 +875,9 @@ def save_checkpoint(run):
         dist.all_gather_object(rngs, mine)
     if run.master:
         log_bytes = getsize(run.log_path) if exists(run.log_path) else 0
-        with write_errors(run.ckpt_path):  # save_model: a temp file renamed, as best.pt
-            save_model(run.ckpt_path, run.raw_model, optimizer=run.optimizer.state_dict(),
-                       scaler=run.scaler.state_dict(), args=vars(run.args),
-                       tokenizer=run.tok.to_dict(), langs=run.langs,
-                       **{k: getattr(run, k) for k in PROGRESS}, rng=rngs,
-                       count_models=run.count_models, data={"dir": run.data_dir, **data_of(run)},
-                       log_bytes=log_bytes)
+        save_run_file(run, run.ckpt_path, optimizer=run.optimizer.state_dict(),
+                      scaler=run.scaler.state_dict(), **{k: getattr(run, k) for k in PROGRESS},
+                      rng=rngs, data={"dir": run.data_dir, **data_of(run)}, log_bytes=log_bytes)
     run.saved_step = run.step
     seconds = time.time() - t0
     if run.ddp and seconds > 10 and not run.warned_slow_save:
@@ -890,6 +885,13 @@ def save_checkpoint(run):
         run.log(f"warning: writing {run.ckpt_path} took {seconds:.0f} s: torchrun kills its "
                 "workers 30 s after forwarding a SIGTERM, so a stop may keep only the checkpoint "
                 "before it (see --save-every)")
+
+
+def save_run_file(run, path, **extra):
+    """best.pt, step{N}.pt, checkpoint.pt: the model, its tokenizer, flags and count models."""
+    with write_errors(path):  # save_model writes its own temp file, then renames it
+        save_model(path, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
+                   args=vars(run.args), count_models=run.count_models, **extra)
 
 
 def log_json(run, record):  # a line of log.jsonl, by the master, with the time
@@ -925,11 +927,8 @@ def evaluate(run):
         if finite and run.step in args.snapshots:
             names.append(f"step{run.step}.pt")
         for name in names:
-            path = join(args.out, name)
-            with write_errors(path):  # save_model writes its own temp file, then renames it
-                save_model(path, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
-                           args=vars(args), step=run.step, dev_ppl=ppl,
-                           count_ppl=run.count_models, count_models=run.count_models)
+            save_run_file(run, join(args.out, name), step=run.step, dev_ppl=ppl,
+                          count_ppl=run.count_models)
     if run.ddp:  # the master's verdict: every rank stops after the same update
         flag = torch.tensor([float(not finite)], device=run.device)
         dist.all_reduce(flag)
@@ -947,7 +946,7 @@ def write_toy_world(args, langs, master):
     record = join(args.out, "toy.json")
 
     def read():
-        return json.loads(open(record).read()) if exists(record) else None
+        return json.load(open(record)) if exists(record) else None
 
     if master and read() not in (None, knobs):
         if not args.overwrite:
@@ -1007,9 +1006,28 @@ def build_adam(params, lr, device_type):
     return torch.optim.Adam(params, lr=lr, fused=fused, **ADAM)
 
 
-def build(run, dtype):
-    """Model (alike on every rank), Adam, autocast, GradScaler; per-rank masking, dropout seeds."""
+def setup(run, argv):
     args = run.args
+    # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
+    local_rank = int(os.environ["LOCAL_RANK"]) if run.ddp else None
+    run.device, dtype, backend = pick_device(args.device, args.dtype, local_rank)
+    if run.device_type == "cuda":
+        torch.cuda.set_device(run.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run.stop = StopSignal(lambda: how_to_go_on(run, argv))
+    found = run_files(args.out)
+    if found and not (args.resume or args.overwrite):
+        resume = "--resume to continue it, " if "checkpoint.pt" in found else ""
+        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass "
+                         f"{resume}--overwrite to start again, or another --out")
+    ckpt = None
+    if args.resume:
+        ckpt, changed = read_checkpoint(run.ckpt_path, args, argv)
+    if args.toy_world:
+        write_toy_world(args, run.langs, run.master)
+    load_data(run)
+    # the model (alike on every rank), Adam, autocast, GradScaler; per-rank masking, dropout seeds
     torch.manual_seed(args.seed)
     shape = {k: getattr(args, k) for k in ("n_layers", "n_heads", "dim", "ffn_dim", "dropout",
                                            "attention_dropout", "lang_emb", "sep_emb", "sep_tok",
@@ -1025,30 +1043,6 @@ def build(run, dtype):
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=(dtype == "float16"))
     run.mask_rng = torch.Generator().manual_seed(args.seed * 1000 + run.rank + 1)
     torch.manual_seed(args.seed * 1000 + run.rank + 2)
-
-
-def setup(run, argv):
-    args = run.args
-    # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
-    local_rank = int(os.environ["LOCAL_RANK"]) if run.ddp else None
-    run.device, dtype, backend = pick_device(args.device, args.dtype, local_rank)
-    if run.device_type == "cuda":
-        torch.cuda.set_device(run.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    run.stop = StopSignal(lambda: how_to_go_on(run.ckpt_path, run.saved_step, argv))
-    found = run_files(args.out)
-    if found and not (args.resume or args.overwrite):
-        resume = "--resume to continue it, " if "checkpoint.pt" in found else ""
-        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass "
-                         f"{resume}--overwrite to start again, or another --out")
-    ckpt = None
-    if args.resume:
-        ckpt, changed = read_checkpoint(run.ckpt_path, args, argv)
-    if args.toy_world:
-        write_toy_world(args, run.langs, run.master)
-    load_data(run)
-    build(run, dtype)
     if ckpt:
         restore_checkpoint(run, ckpt)
         run.log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.current_epoch}"
@@ -1064,8 +1058,9 @@ def setup(run, argv):
             os.remove(join(args.out, name))
     # the flags of this run; the count models of its dev sets (the plateau's measure)
     if run.master:
-        args_json = json.dumps(vars(args), indent=1)
-        atomic_write(join(args.out, "args.json"), lambda tmp: write_text(tmp, args_json))
+        args_path = join(args.out, "args.json")
+        with write_errors(args_path):  # write_text: a temp file, then renamed
+            write_text(args_path, json.dumps(vars(args), indent=1))
         run.count_models = {}
         for l, t, d in zip(run.langs, run.train_ids, run.dev_ids):
             c = dict(zip(("unigram", "left", "both"), count_baselines(t, d)))
@@ -1073,7 +1068,8 @@ def setup(run, argv):
             run.log(f"count models of the dev set ({l}): unigram {c['unigram']:.1f}, left bigram "
                     f"{c['left']:.1f}, both neighbours {c['both']:.1f}")
     if run.ddp:  # the other ranks wait for the master's evaluation and checkpoint in a collective
-        dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
+        # the other ranks wait while the master evaluates and saves (NCCL's 10 minutes: too short)
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=60))
         device_ids = [local_rank] if run.device_type == "cuda" else None
         run.ddp_model = DDP(run.raw_model, device_ids=device_ids)
         run.model = run.ddp_model
@@ -1139,15 +1135,15 @@ def main(argv=None):
         dist.destroy_process_group()
         odd = [r for r, d in enumerate(digests) if d != digests[0]]
         if odd:
-            message = f"error: ranks {odd} hold other weights than rank 0"
-            raise SystemExit(message if run.master else 1)
+            raise SystemExit(f"error: ranks {odd} hold other weights than rank 0" if run.master
+                             else 1)
         run.log(f"ranks agree: the {run.world_size} processes hold the same weights")
     if ending.signum:
         run.log(f"stopped by {ending.by} after step {run.step}: saved {run.ckpt_path}; to go on, "
                 f"run {command(argv, '--resume')}", file=sys.stderr)
         sys.exit(128 + ending.signum)  # the shell's code for a process ended by that signal
     if ending.diverged:
-        advice = how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=run.args.lr / 2)
+        advice = how_to_go_on(run, argv, lr=run.args.lr / 2)
         raise SystemExit(f"error: {ending.diverged}; {advice}" if run.master else 1)
     if run.master:
         say_verdict(run)
