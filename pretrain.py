@@ -127,7 +127,7 @@ class StreamSampler:
     state_dict() resumes it."""
 
     def __init__(self, n_batches, probs, seed):
-        self.n_batches = list(n_batches)
+        self.n_batches = n_batches
         self.probs = np.asarray(probs, dtype=np.float64)
         self.rng = np.random.default_rng(seed)
         self.order = [np.zeros(0, dtype=np.int64) for _ in self.n_batches]
@@ -180,7 +180,7 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, amp, windows_per_fo
         count += k
     model.train(was_training)
     mean = total / count  # above ~709.8 nats math.exp overflows: a diverged model
-    return float("inf") if mean > math.log(sys.float_info.max) else math.exp(mean)
+    return math.inf if mean > math.log(sys.float_info.max) else math.exp(mean)
 
 # -----------------------------------------------------------------------------
 # the presets: the paper's values by default; --toy swaps in a CPU-sized one; an explicit flag wins
@@ -487,7 +487,6 @@ class Help(argparse.RawDescriptionHelpFormatter, HelpFormatter):
 def build_parser():
     count = number(1)
     natural = number(0)
-    positions = number(1, MAX_POSITIONS, upto=True)
     fraction = number(0, 1, float, upto=True)
     rate = number(0, 1, float)
     p = argparse.ArgumentParser("pretrain.py", description=__doc__.split("\n\n")[0],
@@ -553,17 +552,17 @@ def build_parser():
     training("--seed", type=number(0, 2 ** 32), default=0,
              help="seed for init, data order, masking, dropout")
     for flag, typ, what in (
-            ("--bptt", positions, "tokens per stream"),
+            ("--bptt", number(1, MAX_POSITIONS, upto=True), "tokens per stream"),
             ("--batch-size", count,
              "streams of --bptt tokens per step, per GPU and micro-batch (x 8 GPUs: paper)"),
             ("--lr", number(0, cast=float, above=True), "peak learning rate"),
             ("--warmup", natural, "linear warm-up updates from 1e-7"),
             ("--epoch-size", count,
              "examples (streams) per GPU per epoch, XLM's meaning of an epoch"),
-            ("--epochs", count, "epochs")):
+            ("--epochs", count, "epochs"),
+            ("--pos-offsets", number(0, MAX_POSITIONS, upto=True),
+             "N: streams start at random in [0, N - bptt]")):
         preset(training, flag, typ, what)
-    preset(training, "--pos-offsets", number(0, MAX_POSITIONS, upto=True),
-           "N: streams start at random in [0, N - bptt]")
     preset(training, "--pos-offsets-from", natural,
            "--pos-offsets from update N on (before: each stream at 0)", metavar="N")
     training("--accumulate", type=count,
@@ -647,7 +646,7 @@ def get_args(argv=None, p=None):
         args.code_switch = toy_dict
     cs = args.code_switch
     bad_snapshots = not all(x.isdigit() and int(x) > 0 for x in snapshots)
-    last_snapshot = max((int(x) for x in snapshots if x.isdigit()), default=0)
+    snapshot_steps = sorted({int(x) for x in snapshots if x.isdigit()})
     refused = [  # (when, the usage line)
         (args.overwrite and args.resume,
          "--overwrite starts a new run; it cannot be combined with --resume"),
@@ -655,8 +654,9 @@ def get_args(argv=None, p=None):
          f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr"),
         (args.dim % args.n_heads, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}"),
         (bad_snapshots, f"--snapshots {args.snapshots}: expected 500,1000"),
-        (last_snapshot > updates, f"--snapshots {args.snapshots}: the run ends after {updates} "
-         "updates (--max-steps, --epochs): a later snapshot would never be written"),
+        (max(snapshot_steps, default=0) > updates, f"--snapshots {args.snapshots}: the run ends "
+         f"after {updates} updates (--max-steps, --epochs): a later snapshot would never be "
+         "written"),
         (args.bptt < 2,
          f"--bptt {args.bptt}: a stream's first token is never predicted; at least 2 are needed"),
         (offsets_from_given and 0 < args.pos_offsets_from and args.pos_offsets <= args.bptt,
@@ -682,7 +682,7 @@ def get_args(argv=None, p=None):
     for bad, message in refused:
         if bad:
             raise InputError(message, 2)
-    args.snapshots = sorted({int(x) for x in snapshots})
+    args.snapshots = snapshot_steps
     return args
 
 
@@ -854,7 +854,7 @@ def restore_checkpoint(run, ckpt):
     run.sampler.load_state_dict(rng["sampler"])
     run.mask_rng.set_state(rng["mask"])
     torch.set_rng_state(rng["torch"])
-    if run.device_type == "cuda" and rng.get("cuda") is not None:
+    if run.device_type == "cuda" and rng["cuda"] is not None:
         torch.cuda.set_rng_state(rng["cuda"])
     log_bytes = ckpt.get("log_bytes", math.inf)  # an earlier release's: the log as it is
     if run.master and exists(run.log_path) and getsize(run.log_path) > log_bytes:
@@ -1143,15 +1143,14 @@ def main(argv=None):
                 f"run {command(argv, '--resume')}", file=sys.stderr)
         sys.exit(128 + ending.signum)  # the shell's code for a process ended by that signal
     if ending.diverged:
-        advice = how_to_go_on(run, argv, lr=run.args.lr / 2)
+        advice = how_to_go_on(run, argv, lr=args.lr / 2)
         raise SystemExit(f"error: {ending.diverged}; {advice}" if run.master else 1)
     if run.master:
         say_verdict(run)
-    out = run.args.out
-    inputs = [f for f in ("args.json", "toy.json", "toy/", "data/") if exists(join(out, f))]
-    files = ", ".join(inputs + run_files(out))
+    inputs = [f for f in ("args.json", "toy.json", "toy/", "data/") if exists(join(args.out, f))]
+    files = ", ".join(inputs + run_files(args.out))
     run.log(f"done: {ending.by} reached at step {run.step}, epoch {run.current_epoch}, in "
-            f"{timedelta(seconds=round(time.time() - t0))}; {files} in {out}")
+            f"{timedelta(seconds=round(time.time() - t0))}; {files} in {args.out}")
 
 
 if __name__ == "__main__":
