@@ -338,11 +338,10 @@ def update(run):
 
     # --sep: a language no rank used gets no gradient on its own parameters (DDP's zero one would
     # still move them through Adam's momentum; XLM updates only what the batch used)
-    if run.raw_model.has_lang_specific():
-        for lang_id in range(n_langs):
-            if not used[lang_id]:
-                for p in run.raw_model.lang_specific_parameters(lang_id):
-                    p.grad = None
+    for lang_id in range(n_langs):
+        if not used[lang_id]:
+            for p in run.raw_model.lang_specific_parameters(lang_id):
+                p.grad = None
 
     # clip and step, unless the loss (or, without float16's scaler, the norm) is not finite
     fp16 = run.scaler.is_enabled()
@@ -524,7 +523,7 @@ def build_parser():
     data("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
     data("--workers", type=count, default=1, help="processes for binarising text")
     # the toy world's knobs: None when not given (get_args), as they need a world --toy writes
-    data("--toy-size", choices=list(TOY_SIZES),
+    data("--toy-size", choices=TOY_SIZES,
          help="toy world size, tiny for tests (default: full)")
     data("--toy-overlap", type=fraction,
          help="toy: fraction of shared word forms, anchors (default: 0.0)")
@@ -654,9 +653,9 @@ def get_args(argv=None, p=None):
          f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr"),
         (args.dim % args.n_heads, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}"),
         (bad_snapshots, f"--snapshots {args.snapshots}: expected 500,1000"),
-        (max(snapshot_steps, default=0) > updates, f"--snapshots {args.snapshots}: the run ends "
-         f"after {updates} updates (--max-steps, --epochs): a later snapshot would never be "
-         "written"),
+        (max(snapshot_steps, default=0) > updates,
+         f"--snapshots {args.snapshots}: the run ends after {updates} updates (--max-steps, "
+         "--epochs): a later snapshot would never be written"),
         (args.bptt < 2,
          f"--bptt {args.bptt}: a stream's first token is never predicted; at least 2 are needed"),
         (offsets_from_given and 0 < args.pos_offsets_from and args.pos_offsets <= args.bptt,
@@ -755,7 +754,7 @@ def count_baselines(train_ids, dev_ids, max_tokens=20_000_000):
     each on the last), fitted on at most max_tokens."""
     t = np.asarray(train_ids[:max_tokens], dtype=np.int64)
     d = np.asarray(dev_ids, dtype=np.int64)
-    V = int(max(t.max(), d.max())) + 1
+    V = max(t.max(), d.max()) + 1
     uni = (np.bincount(t, minlength=V) + 1.0) / (len(t) + V)  # add-one
 
     def witten_bell(hist, word, q_hist, q_word, lower):
