@@ -30,8 +30,9 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
+from os.path import exists, getsize, isdir, isfile, join
 from typing import NamedTuple
 
 import numpy as np
@@ -40,9 +41,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, atomic_write,
-                 load_bin, locked, number, parse_lang_files, prepare,
-                 reported, write_errors, write_text)
+from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, load_bin, locked,
+                 number, parse_lang_files, prepare, reported, write_errors, write_text)
 from model import MLM, ModelConfig, autocast, load_model, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
@@ -83,7 +83,7 @@ def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7, schedule="inverse_sqrt", m
         return init_lr + step * (lr - init_lr) / warmup
     if schedule == "linear":
         return lr * max(0.0, (max_steps - step) / max(max_steps - warmup, 1))
-    return lr * math.sqrt(warmup / max(step, 1)) if warmup > 0 else lr
+    return lr * math.sqrt(warmup / step) if warmup > 0 else lr
 
 
 def sampling_probs(sentence_counts, alpha=ALPHA):
@@ -127,7 +127,7 @@ class StreamSampler:
     state_dict() resumes it."""
 
     def __init__(self, n_batches, probs, seed):
-        self.n_batches = list(n_batches)
+        self.n_batches = n_batches
         self.probs = np.asarray(probs, dtype=np.float64)
         self.rng = np.random.default_rng(seed)
         self.order = [np.zeros(0, dtype=np.int64) for _ in self.n_batches]
@@ -144,13 +144,13 @@ class StreamSampler:
 
     def state_dict(self):
         # no copy of the permutations: next() replaces an order, it never changes one in place
-        order = [torch.from_numpy(np.asarray(o, dtype=np.int64)) for o in self.order]
+        order = [torch.from_numpy(o) for o in self.order]
         return {"rng": self.rng.bit_generator.state, "pos": list(self.pos), "order": order}
 
     def load_state_dict(self, d):
         self.rng.bit_generator.state = d["rng"]
         self.pos = list(d["pos"])
-        self.order = [o.numpy().astype(np.int64) for o in d["order"]]
+        self.order = [o.numpy() for o in d["order"]]
 
 # -----------------------------------------------------------------------------
 # evaluation (XLM evaluate_mlm: deterministic masking, all selected tokens -> MASK)
@@ -180,7 +180,7 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, amp, windows_per_fo
         count += k
     model.train(was_training)
     mean = total / count  # above ~709.8 nats math.exp overflows: a diverged model
-    return float("inf") if mean > math.log(sys.float_info.max) else math.exp(mean)
+    return math.inf if mean > math.log(sys.float_info.max) else math.exp(mean)
 
 # -----------------------------------------------------------------------------
 # the presets: the paper's values by default; --toy swaps in a CPU-sized one; an explicit flag wins
@@ -238,8 +238,8 @@ class Run:
     warned_slow_save: bool = False
     master = property(lambda self: self.rank == 0)
     device_type = property(lambda self: torch.device(self.device).type)  # cuda, cpu or mps
-    ckpt_path = property(lambda self: os.path.join(self.args.out, "checkpoint.pt"))
-    log_path = property(lambda self: os.path.join(self.args.out, "log.jsonl"))
+    ckpt_path = property(lambda self: join(self.args.out, "checkpoint.pt"))
+    log_path = property(lambda self: join(self.args.out, "log.jsonl"))
     tokens_per_update = property(lambda self: self.args.batch_size * self.args.bptt
                                  * self.args.accumulate * self.world_size)
     # the epoch (from 1) of the last update: an epoch's last update sets n_streams back to 0
@@ -338,11 +338,10 @@ def update(run):
 
     # --sep: a language no rank used gets no gradient on its own parameters (DDP's zero one would
     # still move them through Adam's momentum; XLM updates only what the batch used)
-    if run.raw_model.has_lang_specific():
-        for lang_id in range(n_langs):
-            if not used[lang_id]:
-                for p in run.raw_model.lang_specific_parameters(lang_id):
-                    p.grad = None
+    for lang_id in range(n_langs):
+        if not used[lang_id]:
+            for p in run.raw_model.lang_specific_parameters(lang_id):
+                p.grad = None
 
     # clip and step, unless the loss (or, without float16's scaler, the norm) is not finite
     fp16 = run.scaler.is_enabled()
@@ -478,10 +477,6 @@ MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: large
 # the toy world's knobs when not given: they shape the world that --toy writes to OUT/toy
 TOY_WORLD = dict(toy_size="full", toy_overlap=0.0, toy_order="svo", toy_domain_shift=0.0,
                  toy_cyrillic=False, toy_seed=0)
-# the other ranks wait while the master evaluates and saves (NCCL's 10 minutes are too short)
-DDP_TIMEOUT = timedelta(minutes=60)
-USAGE = ("pretrain.py --out DIR [--toy] [--data DIR | --train-files LANG=PATH,... --dev-files "
-         "LANG=PATH,...] [flags below]")
 
 
 class Help(argparse.RawDescriptionHelpFormatter, HelpFormatter):
@@ -491,11 +486,11 @@ class Help(argparse.RawDescriptionHelpFormatter, HelpFormatter):
 def build_parser():
     count = number(1)
     natural = number(0)
-    positions = number(1, MAX_POSITIONS, upto=True)
     fraction = number(0, 1, float, upto=True)
     rate = number(0, 1, float)
-    seed = number(0, 2 ** 32)  # seed * 1000 + rank + 1 seeds the masking
-    p = argparse.ArgumentParser("pretrain.py", usage=USAGE, description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser("pretrain.py", description=__doc__.split("\n\n")[0],
+                                usage="pretrain.py --out DIR [--toy] [--data DIR | --train-files "
+                                "LANG=PATH,... --dev-files LANG=PATH,...] [flags below]",
                                 epilog="examples:" + __doc__.split("Run:")[1], formatter_class=Help)
     data = p.add_argument_group("data").add_argument
     model = p.add_argument_group("model").add_argument
@@ -528,7 +523,7 @@ def build_parser():
     data("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
     data("--workers", type=count, default=1, help="processes for binarising text")
     # the toy world's knobs: None when not given (get_args), as they need a world --toy writes
-    data("--toy-size", choices=list(TOY_SIZES),
+    data("--toy-size", choices=TOY_SIZES,
          help="toy world size, tiny for tests (default: full)")
     data("--toy-overlap", type=fraction,
          help="toy: fraction of shared word forms, anchors (default: 0.0)")
@@ -552,19 +547,21 @@ def build_parser():
              "attention dropout (as XLM's recipes; its flag's default is 0)")):
         preset(model, flag, typ, what)
 
-    training("--seed", type=seed, default=0, help="seed for init, data order, masking, dropout")
+    # seed * 1000 + rank + 1 seeds the masking
+    training("--seed", type=number(0, 2 ** 32), default=0,
+             help="seed for init, data order, masking, dropout")
     for flag, typ, what in (
-            ("--bptt", positions, "tokens per stream"),
+            ("--bptt", number(1, MAX_POSITIONS, upto=True), "tokens per stream"),
             ("--batch-size", count,
              "streams of --bptt tokens per step, per GPU and micro-batch (x 8 GPUs: paper)"),
             ("--lr", number(0, cast=float, above=True), "peak learning rate"),
             ("--warmup", natural, "linear warm-up updates from 1e-7"),
             ("--epoch-size", count,
              "examples (streams) per GPU per epoch, XLM's meaning of an epoch"),
-            ("--epochs", count, "epochs")):
+            ("--epochs", count, "epochs"),
+            ("--pos-offsets", number(0, MAX_POSITIONS, upto=True),
+             "N: streams start at random in [0, N - bptt]")):
         preset(training, flag, typ, what)
-    preset(training, "--pos-offsets", number(0, MAX_POSITIONS, upto=True),
-           "N: streams start at random in [0, N - bptt]")
     preset(training, "--pos-offsets-from", natural,
            "--pos-offsets from update N on (before: each stream at 0)", metavar="N")
     training("--accumulate", type=count,
@@ -606,17 +603,17 @@ def get_args(argv=None, p=None):
     # a torchrun worker has all five; a part of them is a leftover (or a launcher's mistake)
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
                if k not in os.environ]
-    torchrun = {"RANK", "WORLD_SIZE"} & set(os.environ)
-    if torchrun and missing:
-        raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun "
-                         f"worker (no {' and '.join(missing)}): unset them, or launch with "
-                         "torchrun")
-    # RANK 1 of WORLD_SIZE 1 would wait for the others for ever
-    ranks = [os.environ.get(k, "") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")]
-    if torchrun and (not all(map(str.isdigit, ranks)) or int(ranks[0]) >= int(ranks[2])):
-        raise InputError(f"RANK={ranks[0]} LOCAL_RANK={ranks[1]} WORLD_SIZE={ranks[2]} in the "
-                         "environment: expected whole numbers, RANK below WORLD_SIZE (as torchrun "
-                         "sets them)")
+    if {"RANK", "WORLD_SIZE"} & set(os.environ):
+        if missing:
+            raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no "
+                             f"torchrun worker (no {' and '.join(missing)}): unset them, or launch "
+                             "with torchrun")
+        # RANK 1 of WORLD_SIZE 1 would wait for the others for ever
+        ranks = [os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")]
+        if not all(map(str.isdigit, ranks)) or int(ranks[0]) >= int(ranks[2]):
+            raise InputError(f"RANK={ranks[0]} LOCAL_RANK={ranks[1]} WORLD_SIZE={ranks[2]} in "
+                             "the environment: expected whole numbers, RANK below WORLD_SIZE (as "
+                             "torchrun sets them)")
     # on the command line, not the preset's
     offsets_from_given = args.pos_offsets_from is not None
     toy_flags = [f"--{k.replace('_', '-')}" for k in TOY_WORLD if getattr(args, k) is not None]
@@ -638,17 +635,17 @@ def get_args(argv=None, p=None):
     if args.train_files and args.dev_files:  # both or neither (checked below)
         args.train_files = parse_lang_files("--train-files", args.train_files, langs)
         args.dev_files = parse_lang_files("--dev-files", args.dev_files, langs)
-    args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
+    args.prep_dir = args.prep_dir or join(args.out, "data")
     args.toy_world = args.toy and args.data is None and not args.train_files
     if args.toy_world:
-        args.data = os.path.join(args.out, "toy")
+        args.data = join(args.out, "toy")
     # written with the toy world
-    toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[-1]}.txt")
+    toy_dict = join(args.data or "", "dict", f"{langs[0]}-{langs[-1]}.txt")
     if args.code_switch == "toy":
         args.code_switch = toy_dict
     cs = args.code_switch
     bad_snapshots = not all(x.isdigit() and int(x) > 0 for x in snapshots)
-    last_snapshot = max((int(x) for x in snapshots if x.isdigit()), default=0)
+    snapshot_steps = sorted({int(x) for x in snapshots if x.isdigit()})
     refused = [  # (when, the usage line)
         (args.overwrite and args.resume,
          "--overwrite starts a new run; it cannot be combined with --resume"),
@@ -656,8 +653,9 @@ def get_args(argv=None, p=None):
          f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr"),
         (args.dim % args.n_heads, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}"),
         (bad_snapshots, f"--snapshots {args.snapshots}: expected 500,1000"),
-        (last_snapshot > updates, f"--snapshots {args.snapshots}: the run ends after {updates} "
-         "updates (--max-steps, --epochs): a later snapshot would never be written"),
+        (max(snapshot_steps, default=0) > updates,
+         f"--snapshots {args.snapshots}: the run ends after {updates} updates (--max-steps, "
+         "--epochs): a later snapshot would never be written"),
         (args.bptt < 2,
          f"--bptt {args.bptt}: a stream's first token is never predicted; at least 2 are needed"),
         (offsets_from_given and 0 < args.pos_offsets_from and args.pos_offsets <= args.bptt,
@@ -678,18 +676,18 @@ def get_args(argv=None, p=None):
          "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok"),
         (cs and len(langs) != 2,
          "--code-switch needs exactly two --langs (the dictionary's source and target)"),
-        (cs and not (os.path.isfile(cs) or args.toy_world and cs == toy_dict),
+        (cs and not (isfile(cs) or args.toy_world and cs == toy_dict),
          f"--code-switch {cs}: no such file (for 'toy': --toy, or --data a toydata.py world)")]
     for bad, message in refused:
         if bad:
             raise InputError(message, 2)
-    args.snapshots = sorted({int(x) for x in snapshots})
+    args.snapshots = snapshot_steps
     return args
 
 
 def run_files(out):
     """An earlier run's files in --out (toy/, toy.json, data/, args.json: inputs, reused)."""
-    names = set(os.listdir(out)) if os.path.isdir(out) else set()
+    names = set(os.listdir(out)) if isdir(out) else set()
     snapshots = [f for f in names if re.fullmatch(r"step\d+\.pt", f)]
     snapshots.sort(key=lambda f: int(f[4:-3]))
     return [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if f in names] + snapshots
@@ -712,10 +710,11 @@ def command(argv, then, lr=None):
     return f"{launcher} {shlex.join(kept + [then] + new_lr)}"
 
 
-def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
-    if saved_step is None:
+def how_to_go_on(run, argv, lr=None):
+    if run.saved_step is None:
         return "nothing was saved; start again with " + command(argv, "--overwrite", lr)
-    return f"{ckpt_path} holds step {saved_step}; go on with " + command(argv, "--resume", lr)
+    go_on = command(argv, "--resume", lr)
+    return f"{run.ckpt_path} holds step {run.saved_step}; go on with {go_on}"
 
 
 class StopSignal:
@@ -755,15 +754,15 @@ def count_baselines(train_ids, dev_ids, max_tokens=20_000_000):
     each on the last), fitted on at most max_tokens."""
     t = np.asarray(train_ids[:max_tokens], dtype=np.int64)
     d = np.asarray(dev_ids, dtype=np.int64)
-    V = int(max(t.max(), d.max())) + 1
+    V = max(t.max(), d.max()) + 1
     uni = (np.bincount(t, minlength=V) + 1.0) / (len(t) + V)  # add-one
 
     def witten_bell(hist, word, q_hist, q_word, lower):
         """p(w | h) = (c(h, w) + T(h) lower) / (c(h) + T(h)), or `lower` for an unseen h."""
         keys, counts = np.unique(hist * V + word, return_counts=True)
         hs, first = np.unique(keys // V, return_index=True)
-        n_h = np.add.reduceat(counts, first).astype(np.float64)  # tokens after h
-        t_h = np.diff(np.append(first, len(keys))).astype(np.float64)  # distinct words after h
+        n_h = np.add.reduceat(counts, first)  # tokens after h
+        t_h = np.diff(np.append(first, len(keys)))  # distinct words after h
         q = q_hist * V + q_word
         i = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
         c = np.where(keys[i] == q, counts[i], 0)
@@ -785,7 +784,7 @@ PROGRESS = ("step", "epoch", "n_streams", "best_ppl", "best_step", "left_plateau
 def read_checkpoint(path, args, argv):
     """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags; a
     flag not given is the checkpoint's (its release's preset, or LATER_FLAGS') -> (it, changes)"""
-    if not os.path.isfile(path):
+    if not isfile(path):
         raise InputError(f"--resume: no checkpoint.pt to go on from in {args.out}")
     try:
         model, ckpt = load_model(path)
@@ -845,7 +844,7 @@ def restore_checkpoint(run, ckpt):
         run.scaler.load_state_dict(ckpt["scaler"])
     for k in PROGRESS:  # a checkpoint from before best_step and left_plateau_at: its step
         setattr(run, k, ckpt.get(k, ckpt["step"]))
-    if not os.path.exists(os.path.join(run.args.out, "best.pt")) and run.best_ppl < math.inf:
+    if not exists(join(run.args.out, "best.pt")) and run.best_ppl < math.inf:
         run.log(f"note: no best.pt in {run.args.out} (its {run.langs[0]} dev ppl: "
                 f"{run.best_ppl:.2f}); a new one from step {run.step}")
         run.best_ppl = math.inf
@@ -854,10 +853,10 @@ def restore_checkpoint(run, ckpt):
     run.sampler.load_state_dict(rng["sampler"])
     run.mask_rng.set_state(rng["mask"])
     torch.set_rng_state(rng["torch"])
-    if run.device_type == "cuda" and rng.get("cuda") is not None:
+    if run.device_type == "cuda" and rng["cuda"] is not None:
         torch.cuda.set_rng_state(rng["cuda"])
     log_bytes = ckpt.get("log_bytes", math.inf)  # an earlier release's: the log as it is
-    if run.master and os.path.exists(run.log_path) and os.path.getsize(run.log_path) > log_bytes:
+    if run.master and exists(run.log_path) and getsize(run.log_path) > log_bytes:
         os.truncate(run.log_path, log_bytes)
         run.log(f"{run.log_path}: records after step {run.step} dropped (they are redone from the "
                 "checkpoint)")
@@ -874,14 +873,10 @@ def save_checkpoint(run):
         rngs = [None] * run.world_size
         dist.all_gather_object(rngs, mine)
     if run.master:
-        log_bytes = os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0
-        checkpoint = {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
-                      "scaler": run.scaler.state_dict(), "config": asdict(run.raw_model.config),
-                      "args": vars(run.args), "tokenizer": run.tok.to_dict(), "langs": run.langs,
-                      **{k: getattr(run, k) for k in PROGRESS}, "rng": rngs,
-                      "count_models": run.count_models,
-                      "data": {"dir": run.data_dir, **data_of(run)}, "log_bytes": log_bytes}
-        atomic_write(run.ckpt_path, lambda tmp: torch.save(checkpoint, tmp))
+        log_bytes = getsize(run.log_path) if exists(run.log_path) else 0
+        save_run_file(run, run.ckpt_path, optimizer=run.optimizer.state_dict(),
+                      scaler=run.scaler.state_dict(), **{k: getattr(run, k) for k in PROGRESS},
+                      rng=rngs, data={"dir": run.data_dir, **data_of(run)}, log_bytes=log_bytes)
     run.saved_step = run.step
     seconds = time.time() - t0
     if run.ddp and seconds > 10 and not run.warned_slow_save:
@@ -889,6 +884,13 @@ def save_checkpoint(run):
         run.log(f"warning: writing {run.ckpt_path} took {seconds:.0f} s: torchrun kills its "
                 "workers 30 s after forwarding a SIGTERM, so a stop may keep only the checkpoint "
                 "before it (see --save-every)")
+
+
+def save_run_file(run, path, **extra):
+    """best.pt, step{N}.pt, checkpoint.pt: the model, its tokenizer, flags and count models."""
+    with write_errors(path):  # save_model writes its own temp file, then renames it
+        save_model(path, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
+                   args=vars(run.args), count_models=run.count_models, **extra)
 
 
 def log_json(run, record):  # a line of log.jsonl, by the master, with the time
@@ -924,11 +926,8 @@ def evaluate(run):
         if finite and run.step in args.snapshots:
             names.append(f"step{run.step}.pt")
         for name in names:
-            path = os.path.join(args.out, name)
-            with write_errors(path):  # save_model writes its own temp file, then renames it
-                save_model(path, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
-                           args=vars(args), step=run.step, dev_ppl=ppl,
-                           count_ppl=run.count_models, count_models=run.count_models)
+            save_run_file(run, join(args.out, name), step=run.step, dev_ppl=ppl,
+                          count_ppl=run.count_models)
     if run.ddp:  # the master's verdict: every rank stops after the same update
         flag = torch.tensor([float(not finite)], device=run.device)
         dist.all_reduce(flag)
@@ -943,16 +942,16 @@ def write_toy_world(args, langs, master):
     knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], **TOY_SIZES[args.toy_size]}
     for k in ("overlap", "order", "domain_shift", "cyrillic", "seed"):
         knobs[k] = getattr(args, f"toy_{k}")
-    record = os.path.join(args.out, "toy.json")
+    record = join(args.out, "toy.json")
 
     def read():
-        return json.loads(open(record).read()) if os.path.exists(record) else None
+        return json.load(open(record)) if exists(record) else None
 
     if master and read() not in (None, knobs):
         if not args.overwrite:
             raise InputError(f"{args.data} was written with other --toy-* flags; add "
                              "--overwrite, or use another --out")
-        for d in (args.data, os.path.join(args.out, "data")):  # the old world, its prepared data
+        for d in (args.data, join(args.out, "data")):  # the old world, its prepared data
             shutil.rmtree(d, ignore_errors=True)
     if master and read() != knobs:
         print(f"writing the toy world to {args.data}")
@@ -964,10 +963,6 @@ def write_toy_world(args, langs, master):
         write_text(record, json.dumps(knobs))
     while read() != knobs:  # the other ranks: until the master has written it
         time.sleep(2)
-
-
-OVERLAP = ("the dev perplexity, and best.pt chosen on it, would measure what is trained on; give "
-           "another dev set, or --allow-overlap if it is meant")
 
 
 def load_data(run):
@@ -982,10 +977,10 @@ def load_data(run):
                            workers=args.workers, master=run.master,
                            allow_overlap=args.allow_overlap)
     try:
-        run.tok = Tokenizer.load(os.path.join(run.data_dir, "tokenizer.json"))
-        train = [load_bin(os.path.join(run.data_dir, f"{l}.train")) for l in langs]
+        run.tok = Tokenizer.load(join(run.data_dir, "tokenizer.json"))
+        train = [load_bin(join(run.data_dir, f"{l}.train")) for l in langs]
         run.train_ids = [ids for ids, _ in train]
-        run.dev_ids = [load_bin(os.path.join(run.data_dir, f"{l}.dev"))[0] for l in langs]
+        run.dev_ids = [load_bin(join(run.data_dir, f"{l}.dev"))[0] for l in langs]
         run.vocab_sizes = [run.tok.vocab_size(l) for l in langs]
     except (OSError, ValueError, KeyError) as e:  # KeyError: a tokenizer without one of --langs
         raise InputError(f"cannot read the prepared data in {run.data_dir}: {e}") from None
@@ -993,7 +988,9 @@ def load_data(run):
     smallest, lang = min(zip(run.n_tokens, langs))
     same = [l for l, t, d in zip(langs, run.train_ids, run.dev_ids) if np.array_equal(t, d)]
     if same and not args.allow_overlap:  # --dev-files equal to --train-files, or copies in --data
-        raise InputError(f"the {same[0]} dev set is its training text: {OVERLAP}")
+        raise InputError(f"the {same[0]} dev set is its training text: the dev perplexity, and "
+                         "best.pt chosen on it, would measure what is trained on; give another dev "
+                         "set, or --allow-overlap if it is meant")
     if args.batch_size * args.bptt > smallest:  # every batch mostly `</s>` (a 10^9 typo: no memory)
         raise InputError(f"--batch-size {args.batch_size} x --bptt {args.bptt} is more than the "
                          f"{lang} training data ({smallest} tokens); lower --batch-size")
@@ -1008,9 +1005,28 @@ def build_adam(params, lr, device_type):
     return torch.optim.Adam(params, lr=lr, fused=fused, **ADAM)
 
 
-def build(run, dtype):
-    """Model (alike on every rank), Adam, autocast, GradScaler; per-rank masking, dropout seeds."""
+def setup(run, argv):
     args = run.args
+    # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
+    local_rank = int(os.environ["LOCAL_RANK"]) if run.ddp else None
+    run.device, dtype, backend = pick_device(args.device, args.dtype, local_rank)
+    if run.device_type == "cuda":
+        torch.cuda.set_device(run.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run.stop = StopSignal(lambda: how_to_go_on(run, argv))
+    found = run_files(args.out)
+    if found and not (args.resume or args.overwrite):
+        resume = "--resume to continue it, " if "checkpoint.pt" in found else ""
+        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass "
+                         f"{resume}--overwrite to start again, or another --out")
+    ckpt = None
+    if args.resume:
+        ckpt, changed = read_checkpoint(run.ckpt_path, args, argv)
+    if args.toy_world:
+        write_toy_world(args, run.langs, run.master)
+    load_data(run)
+    # the model (alike on every rank), Adam, autocast, GradScaler; per-rank masking, dropout seeds
     torch.manual_seed(args.seed)
     shape = {k: getattr(args, k) for k in ("n_layers", "n_heads", "dim", "ffn_dim", "dropout",
                                            "attention_dropout", "lang_emb", "sep_emb", "sep_tok",
@@ -1026,48 +1042,24 @@ def build(run, dtype):
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=(dtype == "float16"))
     run.mask_rng = torch.Generator().manual_seed(args.seed * 1000 + run.rank + 1)
     torch.manual_seed(args.seed * 1000 + run.rank + 2)
-
-
-def setup(args, argv):
-    run = Run(args=args, langs=args.langs.split(","), rank=int(os.environ.get("RANK", 0)),
-              world_size=int(os.environ.get("WORLD_SIZE", 1)), ddp="RANK" in os.environ)
-    # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
-    local_rank = int(os.environ["LOCAL_RANK"]) if run.ddp else None
-    run.device, dtype, backend = pick_device(args.device, args.dtype, local_rank)
-    if run.device_type == "cuda":
-        torch.cuda.set_device(run.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    run.stop = StopSignal(lambda: how_to_go_on(run.ckpt_path, run.saved_step, argv))
-    found = run_files(args.out)
-    if found and not (args.resume or args.overwrite):
-        resume = "--resume to continue it, " if "checkpoint.pt" in found else ""
-        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass "
-                         f"{resume}--overwrite to start again, or another --out")
-    ckpt = None
-    if args.resume:
-        ckpt, changed = read_checkpoint(run.ckpt_path, args, argv)
-    if args.toy_world:
-        write_toy_world(args, run.langs, run.master)
-    load_data(run)
-    build(run, dtype)
     if ckpt:
         restore_checkpoint(run, ckpt)
         run.log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.current_epoch}"
                 f"{changed}")
         # --snapshots at updates passed without their file: they can no longer be written
         missed = [f"step{n}.pt" for n in args.snapshots
-                  if n <= run.step and not os.path.exists(os.path.join(args.out, f"step{n}.pt"))]
+                  if n <= run.step and f"step{n}.pt" not in found]
         if missed:
             run.log(f"note: --snapshots: {run.ckpt_path} is at step {run.step}; "
                     f"{', '.join(missed)} can no longer be written")
     if run.master and args.overwrite:  # a new run: no file of the earlier one is mixed in
         for name in found:
-            os.remove(os.path.join(args.out, name))
+            os.remove(join(args.out, name))
     # the flags of this run; the count models of its dev sets (the plateau's measure)
     if run.master:
-        args_json = json.dumps(vars(args), indent=1)
-        atomic_write(os.path.join(args.out, "args.json"), lambda tmp: write_text(tmp, args_json))
+        args_path = join(args.out, "args.json")
+        with write_errors(args_path):  # write_text: a temp file, then renamed
+            write_text(args_path, json.dumps(vars(args), indent=1))
         run.count_models = {}
         for l, t, d in zip(run.langs, run.train_ids, run.dev_ids):
             c = dict(zip(("unigram", "left", "both"), count_baselines(t, d)))
@@ -1075,7 +1067,8 @@ def setup(args, argv):
             run.log(f"count models of the dev set ({l}): unigram {c['unigram']:.1f}, left bigram "
                     f"{c['left']:.1f}, both neighbours {c['both']:.1f}")
     if run.ddp:  # the other ranks wait for the master's evaluation and checkpoint in a collective
-        dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
+        # the other ranks wait while the master evaluates and saves (NCCL's 10 minutes: too short)
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=60))
         device_ids = [local_rank] if run.device_type == "cuda" else None
         run.ddp_model = DDP(run.raw_model, device_ids=device_ids)
         run.model = run.ddp_model
@@ -1094,7 +1087,6 @@ def setup(args, argv):
             f"bpe={args.bpe}, dtype {dtype}, device {run.device}; {run.tokens_per_update:,} tokens "
             f"per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} accumulation"
             f" x {run.world_size} processes)")
-    return run
 
 
 def say_verdict(run):
@@ -1124,9 +1116,10 @@ def main(argv=None):
     # a bad input: one `error: ...` line (a flag's: after the usage line, code 2)
     with reported(parser):
         args = get_args(argv, parser)
-        master = int(os.environ.get("RANK", 0)) == 0
-        with locked(args.out, "pretrain.py", [args.prep_dir], master):
-            run = setup(args, argv)
+        run = Run(args=args, langs=args.langs.split(","), rank=int(os.environ.get("RANK", 0)),
+                  world_size=int(os.environ.get("WORLD_SIZE", 1)), ddp="RANK" in os.environ)
+        with locked(args.out, "pretrain.py", [args.prep_dir], run.master):
+            setup(run, argv)
             ending = train(run)
     for sig, handler in run.stop.old.items():  # the handlers from before the run
         signal.signal(sig, handler)
@@ -1141,24 +1134,22 @@ def main(argv=None):
         dist.destroy_process_group()
         odd = [r for r, d in enumerate(digests) if d != digests[0]]
         if odd:
-            message = f"error: ranks {odd} hold other weights than rank 0"
-            raise SystemExit(message if run.master else 1)
+            raise SystemExit(f"error: ranks {odd} hold other weights than rank 0" if run.master
+                             else 1)
         run.log(f"ranks agree: the {run.world_size} processes hold the same weights")
     if ending.signum:
         run.log(f"stopped by {ending.by} after step {run.step}: saved {run.ckpt_path}; to go on, "
                 f"run {command(argv, '--resume')}", file=sys.stderr)
         sys.exit(128 + ending.signum)  # the shell's code for a process ended by that signal
     if ending.diverged:
-        advice = how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=run.args.lr / 2)
+        advice = how_to_go_on(run, argv, lr=args.lr / 2)
         raise SystemExit(f"error: {ending.diverged}; {advice}" if run.master else 1)
     if run.master:
         say_verdict(run)
-    out = run.args.out
-    inputs = [f for f in ("args.json", "toy.json", "toy/", "data/")
-              if os.path.exists(os.path.join(out, f))]
-    files = ", ".join(inputs + run_files(out))
+    inputs = [f for f in ("args.json", "toy.json", "toy/", "data/") if exists(join(args.out, f))]
+    files = ", ".join(inputs + run_files(args.out))
     run.log(f"done: {ending.by} reached at step {run.step}, epoch {run.current_epoch}, in "
-            f"{timedelta(seconds=round(time.time() - t0))}; {files} in {out}")
+            f"{timedelta(seconds=round(time.time() - t0))}; {files} in {args.out}")
 
 
 if __name__ == "__main__":
