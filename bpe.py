@@ -126,15 +126,14 @@ def merge_pair(symbols, a, b):
 # -----------------------------------------------------------------------------
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
 
-class _Joined(dict):
-    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup."""
-    def __init__(self, merge):
+class _Cache(dict):
+    """BPE's per-word caches, word -> make(word): a new word is made at its first lookup."""
+    def __init__(self, make):
         super().__init__()
-        self.merge = merge
+        self.make = make
 
     def __missing__(self, word):
-        # the pieces joined by '@@ ', then the last one's '</w>' dropped
-        self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
+        self[word] = self.make(word)
         return self[word]
 
 
@@ -154,8 +153,8 @@ class BPE:
             self.ranks.setdefault(tuple(canon.setdefault(s, s) for s in pair), i)
         self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
         # per-word caches: word -> pieces with '@@' (apply_words), word -> them joined (apply)
-        self.cache = {}
-        self.joined = _Joined(self._merge)
+        self.pieces = _Cache(self._pieces)
+        self.joined = _Cache(lambda word: " ".join(self.pieces[word]))
         self.no_merge = len(self.merges)  # a rank above every merge's: the pair is no merge
 
     def _merge(self, word):
@@ -168,7 +167,7 @@ class BPE:
         get = self.ranks.get
         no_merge = self.no_merge
         merged = self.merged
-        rs = list(map(get, zip(w, w[1:]), itertools.repeat(no_merge)))
+        rs = [get(pair, no_merge) for pair in zip(w, w[1:])]
         while rs and (r := min(rs)) != no_merge:
             i = rs.index(r)
             # the usual case: one occurrence, and only its neighbours' pairs change
@@ -194,28 +193,24 @@ class BPE:
                     new.append(w[i])
                     i += 1
             w = new
-            rs = list(map(get, zip(w, w[1:]), itertools.repeat(no_merge)))
+            rs = [get(pair, no_merge) for pair in zip(w, w[1:])]
         return w
 
     def _pieces(self, word):
-        """word -> its pieces with '@@' on non-final ones (cached): 'lowest' -> ('lo@@', 'west')."""
-        pieces = self.cache.get(word)
-        if pieces is None:
-            pieces = ()
-            if word:
-                *first, last = self._merge(word)
-                pieces = tuple(p + CONTINUE for p in first) + (last[: -len(EOW)],)
-            self.cache[word] = pieces
-        return pieces
+        """word -> its pieces with '@@' on non-final ones: 'lowest' -> ('lo@@', 'west')."""
+        if not word:
+            return ()
+        *first, last = self._merge(word)
+        return tuple(p + CONTINUE for p in first) + (last[: -len(EOW)],)
 
     def segment(self, word):
         """'lowest' -> ['lo', 'west']: the pieces of one word, without '@@'."""
-        pieces = self._pieces(word)
+        pieces = self.pieces[word]
         return [p[: -len(CONTINUE)] for p in pieces[:-1]] + list(pieces[-1:])
 
     def apply_words(self, words):
         """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces, '@@' on non-final ones."""
-        return [p for w in words for p in self._pieces(w)]
+        return [p for w in words for p in self.pieces[w]]
 
     def apply(self, line):
         """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words split on ' ' only."""
@@ -223,7 +218,7 @@ class BPE:
         words = line.split(" ")
         if "  " in line:  # runs of ' ' give '' words
             words = [w for w in words if w]
-        # a word met for the first time is merged by _Joined.__missing__ ('' gives '')
+        # a word met for the first time is merged by _Cache.__missing__ ('' gives '')
         return " ".join(map(self.joined.__getitem__, words))
 
     def save(self, path):  # a codes file of subword-nmt
@@ -286,10 +281,11 @@ class Tokenizer:
         lines each with `shuf`): larger corpora are down-sampled, seeded. Vocabulary counts come
         from all lines."""
         tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
+        langs = tok.langs
         log = print if verbose else (lambda *args: None)
         counts = {}  # lang -> Counter of words
         n_lines = {}
-        for lang in tok.langs:
+        for lang in langs:
             words = Counter()
             n = 0
             for n, line in enumerate(read_lines(train_files[lang], max_lines), 1):
@@ -302,7 +298,7 @@ class Tokenizer:
         if mode == "joint":
             n_min = min(n_lines.values())
             learn_counts = Counter()
-            for k, lang in enumerate(tok.langs):
+            for k, lang in enumerate(langs):
                 if n_lines[lang] == n_min:
                     learn_counts.update(counts[lang])
                     continue
@@ -313,14 +309,14 @@ class Tokenizer:
                         learn_counts.update(tok.words(line, lang))
             log(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
             merges = learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)
-            tok.bpes = dict.fromkeys(tok.langs, BPE(merges))
+            tok.bpes = dict.fromkeys(langs, BPE(merges))
         else:
-            for lang in tok.langs:
+            for lang in langs:
                 log(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
                 tok.bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
         # the pieces of every word x its count
-        token_counts = {lang: Counter() for lang in tok.langs}
-        for lang in tok.langs:
+        token_counts = {lang: Counter() for lang in langs}
+        for lang in langs:
             for word, c in counts[lang].items():
                 for piece in tok.pieces([word], lang):
                     token_counts[lang][piece] += c
@@ -330,12 +326,12 @@ class Tokenizer:
             return Vocab(*zip(*sorted(tc.items(), key=lambda kv: (-kv[1], kv[0]))))
 
         if separate_vocab:
-            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in tok.langs}
+            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in langs}
         else:
-            tok.vocabs = dict.fromkeys(tok.langs, vocab(sum(token_counts.values(), Counter())))
+            tok.vocabs = dict.fromkeys(langs, vocab(sum(token_counts.values(), Counter())))
         n_langs_of = Counter(t for tc in token_counts.values() for t in tc)
         tok.anchors = {t for t, n in n_langs_of.items() if n > 1}  # identical strings
-        sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in tok.langs)
+        sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in langs)
         log(f"vocabulary ({mode}{', separate ids' if separate_vocab else ''}): {sizes}; "
             f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
         return tok
@@ -368,23 +364,28 @@ class Tokenizer:
 
     def to_dict(self):
         """Plain types (torch.load(weights_only=True)); a shared BPE or Vocab is stored once."""
-        # in language order (a BPE or Vocab is its own key: by identity)
-        bpes = list(dict.fromkeys(self.bpes[l] for l in self.langs))
-        vocabs = list(dict.fromkeys(self.vocabs[l] for l in self.langs))
-        return {"format": "bpe.Tokenizer/1", "langs": list(self.langs), "mode": self.mode,
+        langs = self.langs
+
+        # the distinct values of {lang: value}, in language order (a BPE or Vocab is its own key: by
+        # identity), and the index of each language's
+        def stored_once(of):
+            distinct = list(dict.fromkeys(of[l] for l in langs))
+            return distinct, {l: distinct.index(of[l]) for l in langs}
+        bpes, bpe_of = stored_once(self.bpes)
+        vocabs, vocab_of = stored_once(self.vocabs)
+        return {"format": "bpe.Tokenizer/1", "langs": list(langs), "mode": self.mode,
                 "lowercase": bool(self.lowercase), "separate_vocab": bool(self.separate_vocab),
-                "bpes": [[list(m) for m in b.merges] for b in bpes],
-                "bpe_of": {l: bpes.index(self.bpes[l]) for l in self.langs},
+                "bpes": [[list(m) for m in b.merges] for b in bpes], "bpe_of": bpe_of,
                 "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]}
-                           for v in vocabs],
-                "vocab_of": {l: vocabs.index(self.vocabs[l]) for l in self.langs}}
+                           for v in vocabs], "vocab_of": vocab_of}
 
     @classmethod
     def from_dict(cls, d):
+        langs = d["langs"]
         bpes = [BPE(m) for m in d["bpes"]]
         vocabs = [Vocab(v["tokens"], v["counts"]) for v in d["vocabs"]]
-        return cls(d["langs"], d["mode"], {l: bpes[d["bpe_of"][l]] for l in d["langs"]},
-                   {l: vocabs[d["vocab_of"][l]] for l in d["langs"]}, d.get("lowercase", False),
+        return cls(langs, d["mode"], {l: bpes[d["bpe_of"][l]] for l in langs},
+                   {l: vocabs[d["vocab_of"][l]] for l in langs}, d.get("lowercase", False),
                    d.get("separate_vocab", False))
 
     def save(self, path):  # tokenizer.json: to_dict's record
@@ -430,10 +431,9 @@ _WORKER = {}
 class Encoded(NamedTuple):
     """_encode_chunk's result for one chunk of lines."""
     ids: np.ndarray  # uint32, EOS_ID after each line
-    n_lines: int
     n_bytes: int
-    n_words: int
-    n_switched: int  # words code-switched
+    # n_tokens, n_sentences, n_words, n_unk, n_switched (words code-switched)
+    counts: dict
 
 
 def _encode_chunk(chunk):
@@ -458,8 +458,11 @@ def _encode_chunk(chunk):
                       for p in tok.pieces([b], lang if a == b else opts["cs_lang"])]
         ids.extend(tok.vocabs[lang].index.get(p, UNK_ID) for p in pieces)
         ids.append(EOS_ID)
+    ids = np.array(ids, dtype=np.uint32)
     n_bytes = sum(len(line.encode()) + 1 for _, line in chunk)
-    return Encoded(np.array(ids, dtype=np.uint32), len(chunk), n_bytes, n_words, n_switched)
+    return Encoded(ids, n_bytes, {"n_tokens": len(ids), "n_sentences": len(chunk), "n_words": n_words,
+                                  "n_unk": int(np.count_nonzero(ids == UNK_ID)),
+                                  "n_switched": n_switched})
 
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15,
@@ -477,7 +480,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     lines = enumerate(read_lines(text_path), 1)
     # lists of (line number, line)
     chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
-    n_tokens = n_sentences = n_words = n_switched = n_unk = 0
+    totals = Counter()
     bar = tqdm(total=getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {basename(text_path)}",
                disable=not verbose or not sys.stderr.isatty())
@@ -490,21 +493,18 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
         with atomic_path(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
             for chunk in results:
                 f.write(chunk.ids.astype(dtype).tobytes())
-                n_tokens += len(chunk.ids)
-                n_sentences += chunk.n_lines
-                n_words += chunk.n_words
-                n_switched += chunk.n_switched
-                n_unk += int(np.count_nonzero(chunk.ids == UNK_ID))
+                totals.update(chunk.counts)
                 bar.update(chunk.n_bytes)
-            if n_words == 0:  # blank lines alone would be a corpus of </s>
-                raise ValueError(f"{text_path}: empty corpus (no words in {n_sentences} lines)")
+            if totals["n_words"] == 0:  # blank lines alone would be a corpus of </s>
+                raise ValueError(f"{text_path}: empty corpus (no words in {totals['n_sentences']} "
+                                 "lines)")
     finally:
         bar.close()
         _WORKER.clear()
         if pool:
             pool.terminate()
-    meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
-            "n_words": n_words, "n_unk": n_unk, "vocab_size": vocab_size, "lang": lang}
+    n_switched = totals.pop("n_switched")
+    meta = {"dtype": np.dtype(dtype).name, **totals, "vocab_size": vocab_size, "lang": lang}
     if code_switch is not None:
         meta["n_switched"] = n_switched
     write_text(out_prefix + ".json", json.dumps(meta) + "\n")
@@ -616,9 +616,13 @@ def cap_words(words):
     return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
 
 
+# Ctrl-C and `kill`: binarize's workers leave them to prepare, which stops cleanly on either
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _pool(workers, opts):
     """binarize's Pool: its workers ignore Ctrl-C and die of SIGTERM (pool.terminate's)."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
     finally:
@@ -628,7 +632,7 @@ def _pool(workers, opts):
 def _pool_worker(opts):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _WORKER.update(opts)
 
 
@@ -669,10 +673,9 @@ def read_lines(path, max_lines=None):
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
     """Two line-aligned files -> their first max_lines lines; unequal, empty, one file: refused."""
-    if not same_ok and isfile(src_path) and isfile(tgt_path):
-        if samefile(src_path, tgt_path):
-            raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both "
-                             "sides would be one text")
+    if not same_ok and isfile(src_path) and isfile(tgt_path) and samefile(src_path, tgt_path):
+        raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both sides "
+                         "would be one text")
     src = list(read_lines(src_path))
     tgt = list(read_lines(tgt_path))
     if not src and not tgt:
@@ -949,7 +952,7 @@ def locked(out, prog, made_too=(), master=True):
     for all ranks); on failure the empty dirs it made (--out, made_too) go again."""
     new = set()
     for path in map(abspath, [out, *made_too]):
-        while not os.path.exists(path):
+        while not exists(path):
             new.add(path)
             path = os.path.dirname(path)
     make_dir("--out", out)
@@ -1002,22 +1005,20 @@ def read_wikiextractor(path):
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
-            doc = line.startswith("<doc ") and line.endswith(">")
-            end = line == "</doc>"
-            text = line.strip() and not doc and not end
-            if doc and start:
-                raise InputError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not "
-                                 "WikiExtractor output)")
-            if end and not start:
-                raise InputError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor output)")
-            if text and not start:
-                raise InputError(f"{name}:{n}: text outside <doc ...> ... </doc> (not "
-                                 f"WikiExtractor output): {line[:60]!r}")
-            if doc:
+            if line.startswith("<doc ") and line.endswith(">"):
+                if start:
+                    raise InputError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not "
+                                     "WikiExtractor output)")
                 start = n
-            elif end:
+            elif line == "</doc>":
+                if not start:
+                    raise InputError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor "
+                                     "output)")
                 start = None
-            elif text:
+            elif line.strip():
+                if not start:
+                    raise InputError(f"{name}:{n}: text outside <doc ...> ... </doc> (not "
+                                     f"WikiExtractor output): {line[:60]!r}")
                 yield line
         if start:
             raise InputError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
@@ -1221,22 +1222,18 @@ def _check_text(path, lang, split, dev=None, allow_overlap=False):
                 letters += len(regex.findall(r"\p{L}", line))
     except OSError as e:
         raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
+    if han > letters / 2:
+        raise InputError(f"{path}: Han-script text ({100 * han // max(letters, 1)} % of its "
+                         f"letters) under the language code '{lang}': only zh text is split into "
+                         "characters (a Chinese line would be one word); give this language as zh "
+                         "in --langs")
+    if split == "dev" and words < MIN_DEV_WORDS:
+        raise InputError(f"{path}: a {lang} dev split of {words} words; at least {MIN_DEV_WORDS} "
+                         "are needed to measure a perplexity")
     held_out = dev is None  # a train text: its dev lines are held out of it
-    min_texts = 10 if held_out else 1
-    checks = [
-        (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) "
-                            f"under the language code '{lang}': only zh text is split into "
-                            "characters (a Chinese line would be one word); give this language as "
-                            "zh in --langs"),
-        (split == "dev" and words < MIN_DEV_WORDS, f"a {lang} dev split of {words} words; at "
-                                                   f"least {MIN_DEV_WORDS} are needed to measure a "
-                                                   "perplexity"),
-        (split == "train" and texts < min_texts, f"{texts} line(s) of text, too few " + (
-            "to hold out dev lines from (give a dev file)" if held_out else "for a corpus")),
-    ]
-    for bad, why in checks:
-        if bad:
-            raise InputError(f"{path}: {why}")
+    if split == "train" and texts < (10 if held_out else 1):
+        why = "to hold out dev lines from (give a dev file)" if held_out else "for a corpus"
+        raise InputError(f"{path}: {texts} line(s) of text, too few {why}")
     if not dev:  # a dev text, or a train text to hold dev lines out of
         return found
     found = set(found)
@@ -1389,9 +1386,8 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                   "again")
         paths = {l: _text_splits(l, v, out) for l, v in files.items()}
         print(f"learning BPE ({mode}, {merges} merges) for {out}")
-        tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode=mode, num_merges=merges,
-                              separate_vocab=separate_vocab, lowercase=lowercase,
-                              max_lines=max_lines, seed=seed)
+        tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode, merges, separate_vocab,
+                              lowercase, max_lines, seed=seed)
         print(f"preparing data in {out}")
         recipe["unk_percent"] = {l: {} for l in langs}
         # the small dev files first: a bad one is found in seconds
@@ -1479,13 +1475,11 @@ def main(argv=None):
         merges = args.merges or (80000 if args.mode == "joint" else 40000)
 
         # SIGTERM as Ctrl-C, once: a second one cannot cut the clean-up short
-        signals = (signal.SIGINT, signal.SIGTERM)
-
         def stopped(signum, frame):
-            for s in signals:
+            for s in STOP_SIGNALS:
                 signal.signal(s, signal.SIG_IGN)
             raise KeyboardInterrupt(signal.Signals(signum).name)
-        handlers = {s: signal.signal(s, stopped) for s in signals}
+        handlers = {s: signal.signal(s, stopped) for s in STOP_SIGNALS}
         try:
             print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges,
                           args.separate_vocab, args.lowercase, args.max_lines, args.seed,
