@@ -91,7 +91,7 @@ def learn_bpe_simple(word_counts, num_merges, min_freq=2):
       step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2) -> lo w</w>, lo w e r</w>
       ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more)."""
     # symbols -> count
-    words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}
+    words = {(*w[:-1], w[-1] + EOW): c for w, c in word_counts.items() if w}
     merges = []
     for _ in range(num_merges):
         stats = Counter()  # (left, right) -> count
@@ -155,7 +155,6 @@ class BPE:
         # per-word caches: word -> pieces with '@@' (apply_words), word -> them joined (apply)
         self.pieces = _Cache(self._pieces)
         self.joined = _Cache(lambda word: " ".join(self.pieces[word]))
-        self.no_merge = len(self.merges)  # a rank above every merge's: the pair is no merge
 
     def _merge(self, word):
         """'lowest' -> ['lo', 'west</w>']: from characters (the last + '</w>'), merge the
@@ -165,7 +164,7 @@ class BPE:
             return [word + EOW]
         w = [*word[:-1], word[-1] + EOW]
         get = self.ranks.get
-        no_merge = self.no_merge
+        no_merge = len(self.merges)  # a rank above every merge's: the pair is no merge
         merged = self.merged
         rs = [get(pair, no_merge) for pair in zip(w, w[1:])]
         while rs and (r := min(rs)) != no_merge:
@@ -529,7 +528,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         raise ValueError(f"learn_bpe: word {bad[0]!r} is empty or contains whitespace; split lines "
                          "with pretokenize")
     # lists of symbols
-    words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]
+    words = [[*w[:-1], w[-1] + EOW] for w, f in word_counts.items() if f > 0]
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
@@ -543,7 +542,10 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix
     # last: key('b') = (-98, 1) < key('ab') = (-97, -98, 1) < key('a') = (-97, 1)
     key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
-    heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
+
+    def entry(pair):  # the heap's entry for a pair, with its current count
+        return -stats[pair], key(pair[0]), key(pair[1]), pair
+    heap = list(map(entry, stats))
     heapq.heapify(heap)
 
     merges = []
@@ -552,12 +554,12 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     while len(merges) < num_merges:
         # pop stale entries until the top one is current (lazy deletion)
         while heap:
-            negc, ka, kb, pair = heap[0]
+            negc, _, _, pair = heap[0]
             c = stats.get(pair, 0)
             if c == -negc:
                 break
             if c > 0:
-                heapq.heapreplace(heap, (-c, ka, kb, pair))
+                heapq.heapreplace(heap, entry(pair))
             else:
                 heapq.heappop(heap)
         if not heap or -heap[0][0] < min_freq:  # else `pair` is the current top: the best pair
@@ -596,7 +598,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         del stats[pair]
         for p, js in grown.items():  # pushed once, after all words are updated
             where[p] |= js
-            heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
+            heapq.heappush(heap, entry(p))
     bar.close()
     if verbose and len(merges) < num_merges:
         print(f"note: {len(merges)} merges learned, not the {num_merges} asked: no pair of symbols "
@@ -658,6 +660,11 @@ def write_text(path, text):
         f.writelines([text] if isinstance(text, str) else text)
 
 
+def read_json(path):  # a UTF-8 JSON file's value
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def read_lines(path, max_lines=None):
     """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray
     \\r inside lines), a byte order mark at its start dropped (Windows editors write one); a bad
@@ -712,8 +719,7 @@ def read_codes(path):
 def read_tokenizer(cls, path):
     """Tokenizer.load: a tokenizer.json of Tokenizer.save; else ValueError naming the file."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        return cls.from_dict(read_json(path))
     except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
         kind = "not JSON" if isinstance(e, json.JSONDecodeError) else type(e).__name__
         raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({kind}: {e})") from None
@@ -723,8 +729,7 @@ def read_tokenizer(cls, path):
 def load_bin(out_prefix):
     path = out_prefix + ".json"
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = read_json(path)
         if not (isinstance(meta, dict) and meta.get("dtype") in ("uint16", "uint32")
                 and isinstance(meta.get("n_tokens"), int)
                 and isinstance(meta.get("n_sentences"), int)):
@@ -1100,8 +1105,8 @@ def _missing(folder, langs):
     if not isfile(done_path):
         return ["done"]
     sizes = {}  # .bin file -> its size; a `done` made by hand records none
-    with open(done_path, encoding="utf-8") as f, contextlib.suppress(ValueError, TypeError):
-        sizes = dict(json.load(f))
+    with contextlib.suppress(ValueError, TypeError):
+        sizes = dict(read_json(done_path))
     missing = []
     for name in prepared_files(langs):
         path = join(folder, name)
@@ -1166,8 +1171,7 @@ def _check_prepared(data, recipe, program):
                          "the text)")
     path = join(data, "recipe.json")
     try:
-        with open(path, encoding="utf-8") as f:
-            made = dict(json.load(f))  # else TypeError or ValueError: not a JSON object
+        made = dict(read_json(path))  # else TypeError or ValueError: not a JSON object
     except (OSError, ValueError, TypeError) as e:
         raise InputError(f"--data {data}: cannot read {path}: "
                          f"{getattr(e, 'strerror', None) or e}") from None
