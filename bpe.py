@@ -90,8 +90,7 @@ def learn_bpe_simple(word_counts, num_merges, min_freq=2):
       step 2: (e,st</w>) = 9 -> n e w est</w>, w i d est</w>
       step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2) -> lo w</w>, lo w e r</w>
       ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more)."""
-    # symbols -> count
-    words = {(*w[:-1], w[-1] + EOW): c for w, c in word_counts.items() if w}
+    words = {(*w[:-1], w[-1] + EOW): c for w, c in word_counts.items() if w}  # symbols -> count
     merges = []
     for _ in range(num_merges):
         stats = Counter()  # (left, right) -> count
@@ -142,8 +141,8 @@ class BPE:
 
     def __init__(self, merges):
         self.merges = [tuple(m) for m in merges]
-        # One string object per symbol (`canon`), in the keys of ranks and in merged[rank] (the
-        # symbol a merge makes): _merge makes no new string, a rank lookup matches by identity.
+        # One string object per symbol (`canon`), in the keys of ranks and in merged[rank] (what a
+        # merge makes): _merge's usual case makes no new string, a rank lookup matches by identity.
         # A pair learned twice keeps its first (lowest) rank, as in subword-nmt.
         self.ranks = {}
         canon = {}
@@ -182,16 +181,7 @@ class BPE:
                 if i:
                     rs[i - 1] = get((w[i - 1], ab), no_merge)
                 continue
-            new = w[:i]
-            n = len(w)
-            while i < n:
-                if i < n - 1 and rs[i] == r:  # non-overlapping: a a a with (a, a) -> aa a
-                    new.append(merged[r])
-                    i += 2
-                else:
-                    new.append(w[i])
-                    i += 1
-            w = new
+            w = merge_pair(w, *self.merges[r])
             rs = [get(pair, no_merge) for pair in zip(w, w[1:])]
         return w
 
@@ -313,8 +303,7 @@ class Tokenizer:
             for lang in langs:
                 log(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
                 tok.bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
-        # the pieces of every word x its count
-        token_counts = {lang: Counter() for lang in langs}
+        token_counts = {lang: Counter() for lang in langs}  # every word's pieces x its count
         for lang in langs:
             for word, c in counts[lang].items():
                 for piece in tok.pieces([word], lang):
@@ -365,8 +354,7 @@ class Tokenizer:
         """Plain types (torch.load(weights_only=True)); a shared BPE or Vocab is stored once."""
         langs = self.langs
 
-        # the distinct values of {lang: value}, in language order (a BPE or Vocab is its own key: by
-        # identity), and the index of each language's
+        # {lang: value}'s distinct values in language order (by identity), each language's index
         def stored_once(of):
             distinct = list(dict.fromkeys(of[l] for l in langs))
             return distinct, {l: distinct.index(of[l]) for l in langs}
@@ -391,8 +379,14 @@ class Tokenizer:
         write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
-    def load(cls, path):  # read_tokenizer, below the ruler, names a bad file
-        return read_tokenizer(cls, path)
+    def load(cls, path):
+        """A tokenizer.json of save; else ValueError naming the file."""
+        try:
+            return cls.from_dict(read_json(path))
+        except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, other JSON
+            kind = "not JSON" if isinstance(e, json.JSONDecodeError) else type(e).__name__
+            raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({kind}: "
+                             f"{e})") from None
 
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2), applied once, when the training text is prepared
@@ -459,9 +453,9 @@ def _encode_chunk(chunk):
         ids.append(EOS_ID)
     ids = np.array(ids, dtype=np.uint32)
     n_bytes = sum(len(line.encode()) + 1 for _, line in chunk)
-    return Encoded(ids, n_bytes, {"n_tokens": len(ids), "n_sentences": len(chunk), "n_words": n_words,
-                                  "n_unk": int(np.count_nonzero(ids == UNK_ID)),
-                                  "n_switched": n_switched})
+    counts = {"n_tokens": len(ids), "n_sentences": len(chunk), "n_words": n_words,
+              "n_unk": int(np.count_nonzero(ids == UNK_ID)), "n_switched": n_switched}
+    return Encoded(ids, n_bytes, counts)
 
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15,
@@ -485,7 +479,6 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
                disable=not verbose or not sys.stderr.isatty())
     _WORKER.update(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p,
                    max_frac=max_frac, seed=seed)
-    # its workers leave signals to this process
     pool = _pool(workers, dict(_WORKER)) if workers > 1 else None
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
@@ -527,8 +520,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     if bad:
         raise ValueError(f"learn_bpe: word {bad[0]!r} is empty or contains whitespace; split lines "
                          "with pretokenize")
-    # lists of symbols
-    words = [[*w[:-1], w[-1] + EOW] for w, f in word_counts.items() if f > 0]
+    words = [[*w[:-1], w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
@@ -716,23 +708,13 @@ def read_codes(path):
     return merges
 
 
-def read_tokenizer(cls, path):
-    """Tokenizer.load: a tokenizer.json of Tokenizer.save; else ValueError naming the file."""
-    try:
-        return cls.from_dict(read_json(path))
-    except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
-        kind = "not JSON" if isinstance(e, json.JSONDecodeError) else type(e).__name__
-        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({kind}: {e})") from None
-
-
 # -> (read-only np.memmap of the ids, meta dict) for files written by binarize()
 def load_bin(out_prefix):
     path = out_prefix + ".json"
     try:
         meta = read_json(path)
         if not (isinstance(meta, dict) and meta.get("dtype") in ("uint16", "uint32")
-                and isinstance(meta.get("n_tokens"), int)
-                and isinstance(meta.get("n_sentences"), int)):
+                and all(isinstance(meta.get(k), int) for k in ("n_tokens", "n_sentences"))):
             raise ValueError("no dtype, n_tokens and n_sentences")
     except ValueError as e:  # not UTF-8, not JSON, other JSON
         raise ValueError(f"{path}: not a header written by bpe.binarize ({e})") from None
@@ -882,8 +864,7 @@ def parse_lang_files(flag, items, langs=None):
             raise InputError(f"{flag}: expected LANG=PATH, got {item!r}", 2)
         if lang in files:
             raise InputError(f"{flag}: language '{lang}' given twice", 2)
-        # a directory: WikiExtractor output
-        if not isfile(path) and not isdir(path):
+        if not isfile(path) and not isdir(path):  # a directory: WikiExtractor output
             raise InputError(f"{flag} {item}: no such file", 2)
         for other, other_path in files.items():
             if samefile(other_path, path):
