@@ -490,7 +490,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
         if pool:
             pool.terminate()
     n_switched = totals.pop("n_switched")
-    meta = {"dtype": np.dtype(dtype).name, **totals, "vocab_size": vocab_size, "lang": lang}
+    meta = {"dtype": dtype.__name__, **totals, "vocab_size": vocab_size, "lang": lang}
     if code_switch is not None:
         meta["n_switched"] = n_switched
     write_text(out_prefix + ".json", json.dumps(meta) + "\n")
@@ -676,7 +676,7 @@ def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
     if len(src) != len(tgt):
         raise InputError(f"parallel files differ in length: {src_path} has {len(src)} lines, "
                          f"{tgt_path} has {len(tgt)}")
-    return src[:max_lines or None], tgt[:max_lines or None]
+    return src[:max_lines], tgt[:max_lines]
 
 
 def read_codes(path):
@@ -848,7 +848,7 @@ def parse_langs(langs):
     return langs
 
 
-def parse_lang_files(flag, items, langs=None):
+def parse_lang_files(flag, items, langs):
     """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}; errors name `flag`."""
     files = {}
     for item in items.split(","):
@@ -864,7 +864,7 @@ def parse_lang_files(flag, items, langs=None):
             if samefile(other_path, path):
                 raise InputError(f"{flag}: {other} and {lang} are the same file {path}", 2)
         files[lang] = path
-    if langs is not None and sorted(files) != sorted(langs):
+    if sorted(files) != sorted(langs):
         raise InputError(f"{flag}: languages {','.join(sorted(files))} do not match --langs "
                          f"{','.join(langs)}", 2)
     return files
@@ -1114,12 +1114,13 @@ def _preparing(out):
         if isinstance(e, InputError) or not isinstance(e, (ValueError, OSError)):
             raise
         # a reader's ValueError names the file; a full disk's OSError none, or a temporary one
-        if isinstance(e, ValueError):
-            raise InputError(f"data preparation failed: {e}") from None
-        where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
-        if e.errno == errno.ENOSPC:
-            raise InputError(f"data preparation failed: no space left writing in {where}") from None
-        raise InputError(f"data preparation failed: {where}: {e.strerror or e}") from None
+        why = e
+        if isinstance(e, OSError):
+            where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
+            why = f"{where}: {e.strerror or e}"
+            if e.errno == errno.ENOSPC:
+                why = f"no space left writing in {where}"
+        raise InputError(f"data preparation failed: {why}") from None
     finally:
         with contextlib.suppress(OSError):
             os.remove(path)
@@ -1280,16 +1281,16 @@ def _fingerprint(path):
 def _text_splits(lang, splits, out):
     """A language's text as files: a WikiExtractor directory's lines, a train text without a dev
     file shuffled into train and held-out dev lines, in out/ -> {"train": path, "dev": path}."""
-    prefix = join(out, lang)
     paths = dict(splits)
     train = splits["train"]
     dev = splits["dev"]
+    dev_txt = join(out, f"{lang}.dev.txt")
     if dev and isdir(dev):  # a WikiExtractor dev directory: its lines in order
-        paths["dev"] = prefix + ".dev.txt"
-        write_text(paths["dev"], (line + "\n" for line in read_wikiextractor(dev)))
+        paths["dev"] = dev_txt
+        write_text(dev_txt, (line + "\n" for line in read_wikiextractor(dev)))
     if isdir(train) or dev is None:
-        held_out = prefix + ".dev.txt" if dev is None else None
-        paths["train"] = prefix + ".train.txt"
+        held_out = dev_txt if dev is None else None
+        paths["train"] = join(out, f"{lang}.train.txt")
         paths["dev"] = held_out or paths["dev"]
         size = sum(map(getsize, wikiextractor_files(train) if isdir(train) else [train]))
         work_dir = join(out, f"shuffle.{os.getpid()}.tmp")
