@@ -9,13 +9,12 @@ Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 
 """
 
 import argparse
-import contextlib
 import errno
 import fcntl
 import functools
+import glob
 import hashlib
 import heapq
-import itertools
 import json
 import math
 import multiprocessing
@@ -27,6 +26,8 @@ import sys
 import time
 import unicodedata
 from collections import Counter, defaultdict
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
+from itertools import islice, product
 from os.path import abspath, basename, exists, getsize, isdir, isfile, join, relpath, samefile
 from typing import NamedTuple
 
@@ -265,17 +266,16 @@ class Tokenizer:
         from all lines."""
         tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
         langs = tok.langs
-        log = print if verbose else (lambda *args: None)
+        log = print if verbose else lambda *args: None
         counts = {}  # lang -> Counter of words
         n_lines = {}
         for lang in langs:
-            words = Counter()
+            counts[lang] = words = Counter()
             n = 0
             for n, line in enumerate(read_lines(train_files[lang], max_lines), 1):
                 words.update(tok.words(line, lang))
             if not words:
                 raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
-            counts[lang] = words
             n_lines[lang] = n
 
         if mode == "joint":
@@ -466,7 +466,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
     lines = enumerate(read_lines(text_path), 1)
     # lists of (line number, line)
-    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
+    chunks = iter(lambda: list(islice(lines, CHUNK_LINES)), [])
     totals = Counter()
     bar = tqdm(total=getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {basename(text_path)}",
@@ -570,17 +570,16 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
                         stats[new[-1], ab] += f
                         grown[new[-1], ab].add(j)
                     if i + 2 < n and not (w[i + 2] == a and i + 3 < n and w[i + 3] == b):
-                        stats[b, w[i + 2]] -= f
-                        stats[ab, w[i + 2]] += f
-                        grown[ab, w[i + 2]].add(j)
+                        right = w[i + 2]
+                        stats[b, right] -= f
+                        stats[ab, right] += f
+                        grown[ab, right].add(j)
                     new.append(ab)
                     i += 2
                 else:
                     new.append(w[i])
                     i += 1
-            # else a stale index entry: the word no longer contains the pair
-            if len(new) < n:
-                words[j] = new
+            words[j] = new  # unchanged if a stale index entry: the word lost the pair
         del stats[pair]
         for p, js in grown.items():  # pushed once, after all words are updated
             where[p] |= js
@@ -627,7 +626,7 @@ def _pool_worker(opts):
 # -----------------------------------------------------------------------------
 # Files: atomic writes, UTF-8 lines, parallel text, codes, tokenizer.json, .bin headers, MUSE
 
-@contextlib.contextmanager
+@contextmanager
 def atomic_path(path):
     """Yields path.PID.tmp to write, renamed to `path` at the end, removed by any failure."""
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -635,7 +634,7 @@ def atomic_path(path):
         yield tmp
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        with suppress(FileNotFoundError):
             os.remove(tmp)
         raise
 
@@ -656,7 +655,7 @@ def read_lines(path, max_lines=None):
     \\r inside lines), a byte order mark at its start dropped (Windows editors write one); a bad
     byte raises InputError naming file:line."""
     with open(path, "rb") as f:
-        for n, raw in enumerate(itertools.islice(f, max_lines), 1):
+        for n, raw in enumerate(islice(f, max_lines), 1):
             try:
                 yield raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
@@ -762,7 +761,7 @@ class InputError(ValueError):
         self.code = code
 
 
-@contextlib.contextmanager
+@contextmanager
 def reported(parser):
     """Each main's one place for a bad input: an InputError (any file's) -> one line."""
     try:
@@ -877,7 +876,7 @@ def checkpoint_lang(langs, lang, head, tail=""):
     return list(langs).index(lang)
 
 
-@contextlib.contextmanager
+@contextmanager
 def write_errors(path):
     """A failed write of `path` (a full disk too) stops the program in one line."""
     try:
@@ -926,7 +925,7 @@ def _flock(path, busy):
         f.close()
 
 
-@contextlib.contextmanager
+@contextmanager
 def locked(out, prog, made_too=(), master=True):
     """--out made and locked by one process of `prog` (OUT/.lock: its pid; under DDP the master's,
     for all ranks); on failure the empty dirs it made (--out, made_too) go again."""
@@ -951,7 +950,7 @@ def locked(out, prog, made_too=(), master=True):
                 os.remove(lock)
             if sys.exc_info()[0]:  # failed: remove the new dirs, a child (a longer path) first
                 for d in sorted(new, key=len, reverse=True):
-                    with contextlib.suppress(OSError):  # not empty: kept
+                    with suppress(OSError):  # not empty: kept
                         os.rmdir(d)
 
 
@@ -1013,11 +1012,11 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
     buckets = [join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)]
     n = 0
     try:
-        with contextlib.ExitStack() as files:
+        with ExitStack() as files:
             outs = [files.enter_context(open(b, "w", encoding="utf-8", newline="\n"))
                     for b in buckets]
             lines = (line for line in lines if line.strip())
-            for chunk in iter(lambda: list(itertools.islice(lines, 1 << 16)), []):
+            for chunk in iter(lambda: list(islice(lines, 1 << 16)), []):
                 for line, k in zip(chunk, rng.integers(n_buckets, size=len(chunk)).tolist()):
                     outs[k].write(line + "\n")
                 n += len(chunk)
@@ -1031,7 +1030,7 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
                 yield from (part[i] + "\n" for i in rng.permutation(len(part)).tolist())
         order = shuffled()
         if n_dev:
-            write_text(dev_path, itertools.islice(order, n_dev))
+            write_text(dev_path, islice(order, n_dev))
         write_text(train_path, order)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
@@ -1064,14 +1063,14 @@ def file_sha1(path):
 
 def read_text(path, max_lines=None):  # the lines of a text file or of a WikiExtractor directory
     if isdir(path):
-        return itertools.islice(read_wikiextractor(path), max_lines)
+        return islice(read_wikiextractor(path), max_lines)
     return read_lines(path, max_lines)
 
 
 # the files prepare writes in its folder (then `done`, last: the folder is complete)
 def prepared_files(langs):
-    splits = [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev") for x in ("bin", "json")]
-    return ["tokenizer.json", "recipe.json"] + splits
+    return ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in langs
+                                                for s in ("train", "dev") for x in ("bin", "json")]
 
 
 def _missing(folder, langs):
@@ -1080,7 +1079,7 @@ def _missing(folder, langs):
     if not isfile(done_path):
         return ["done"]
     sizes = {}  # .bin file -> its size; a `done` made by hand records none
-    with contextlib.suppress(ValueError, TypeError):
+    with suppress(ValueError, TypeError):
         sizes = dict(read_json(done_path))
     missing = []
     for name in prepared_files(langs):
@@ -1093,15 +1092,14 @@ def _missing(folder, langs):
     return missing
 
 
-@contextlib.contextmanager
+@contextmanager
 def _preparing(out):
     """prepare's lock on out/lock (a second process is refused); a failure removes the folder."""
     make_dir("--prep-dir", out)
     path = join(out, "lock")
     f = _flock(path, lambda holder: f"{out} is being prepared by {holder or 'another process'} (it "
                f"holds {path}); wait for it to end, then run the same command: it uses that data")
-    leftovers = [join(out, n) for n in os.listdir(out) if n.endswith(".tmp")]
-    for p in leftovers:  # what a killed process left
+    for p in glob.glob(join(glob.escape(out), "*.tmp")):  # what a killed process left
         if isdir(p):
             shutil.rmtree(p)
         else:
@@ -1122,7 +1120,7 @@ def _preparing(out):
                 why = f"no space left writing in {where}"
         raise InputError(f"data preparation failed: {why}") from None
     finally:
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.remove(path)
         f.close()
 
@@ -1231,15 +1229,17 @@ def _check_text(path, lang, split, dev=None, allow_overlap=False):
 
 def _code_switching(code_switch, files, langs, lowercase):
     """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it is wrong."""
-    switch = {l: {} for l in langs}
+    forward = {}
     try:
         for src, tgt in read_dictionary(code_switch):
-            switch[langs[0]].setdefault(src, []).append(tgt)
+            forward.setdefault(src, []).append(tgt)
     except ValueError as e:  # read_dictionary names the file and line
         raise InputError(f"--code-switch {e}") from None
-    for src, tgts in switch[langs[0]].items():  # the inverse, in that order
+    inverse = {}  # in forward's order
+    for src, tgts in forward.items():
         for tgt in tgts:
-            switch[langs[1]].setdefault(tgt, []).append(src)
+            inverse.setdefault(tgt, []).append(src)
+    switch = dict(zip(langs, [forward, inverse]))
     # lang -> [words found in its own column of the dictionary, in the other's]
     hits = {}
     total = {}  # lang -> words read
@@ -1355,7 +1355,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
             time.sleep(2)
         return out
     # a complete folder is read without the lock (many runs may use it at once)
-    with _preparing(out) if _missing(out, langs) else contextlib.nullcontext():
+    with _preparing(out) if _missing(out, langs) else nullcontext():
         missing = _missing(out, langs)  # again, under the lock: its last holder may have made it
         if not missing:
             print(f"using prepared data in {out}")
@@ -1369,13 +1369,13 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
         tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode, merges, separate_vocab,
                               lowercase, max_lines, seed=seed)
         print(f"preparing data in {out}")
-        recipe["unk_percent"] = {l: {} for l in langs}
+        unk_percent = recipe["unk_percent"] = {l: {} for l in langs}
         # the small dev files first: a bad one is found in seconds
-        for s, l in itertools.product(("dev", "train"), langs):
+        for s, l in product(("dev", "train"), langs):
             meta = binarize(paths[l][s], tok, l, join(out, f"{l}.{s}"), workers=workers,
                             code_switch=switch.get(l) if s == "train" else None, seed=seed)
             unk = 100 * meta["n_unk"] / max(meta["n_tokens"] - meta["n_sentences"], 1)
-            recipe["unk_percent"][l][s] = round(unk, 2)
+            unk_percent[l][s] = round(unk, 2)
             if unk > 5:
                 print(f"note: {unk:.1f} % of the {l} {s} tokens are <unk> (the vocabulary was "
                       "learned on other text, or on too few lines); a model trained or measured "
