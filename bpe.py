@@ -20,15 +20,17 @@ import math
 import multiprocessing
 import os
 import random
-import shutil
-import signal
 import sys
 import time
 import unicodedata
 from collections import Counter, defaultdict
 from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from itertools import islice, product
+from os import getpid, makedirs, remove
 from os.path import abspath, basename, exists, getsize, isdir, isfile, join, relpath, samefile
+from shutil import rmtree
+from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGINT, SIGTERM, Signals,
+                    getsignal, pthread_sigmask, signal)
 from typing import NamedTuple
 
 import numpy as np
@@ -604,22 +606,22 @@ def cap_words(words):
 
 
 # Ctrl-C and `kill`: binarize's workers leave them to prepare, which stops cleanly on either
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (SIGINT, SIGTERM)
 
 
 def _pool(workers, opts):
     """binarize's Pool: its workers ignore Ctrl-C and die of SIGTERM (pool.terminate's)."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    blocked = pthread_sigmask(SIG_BLOCK, STOP_SIGNALS)
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        pthread_sigmask(SIG_SETMASK, blocked)
 
 
 def _pool_worker(opts):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    signal(SIGINT, SIG_IGN)
+    signal(SIGTERM, SIG_DFL)
+    pthread_sigmask(SIG_UNBLOCK, STOP_SIGNALS)
     _WORKER.update(opts)
 
 
@@ -629,13 +631,13 @@ def _pool_worker(opts):
 @contextmanager
 def atomic_path(path):
     """Yields path.PID.tmp to write, renamed to `path` at the end, removed by any failure."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{getpid()}.tmp"
     try:
         yield tmp
         os.replace(tmp, path)
     except BaseException:
         with suppress(FileNotFoundError):
-            os.remove(tmp)
+            remove(tmp)
         raise
 
 
@@ -898,7 +900,7 @@ def atomic_write(path, write):
 def make_dir(flag, path):
     """os.makedirs, or one line saying why the directory of `flag` cannot be used."""
     try:
-        os.makedirs(path, exist_ok=True)
+        makedirs(path, exist_ok=True)
     except FileExistsError:  # a file, not a directory
         raise InputError(f"{flag} {path}: exists and is not a directory") from None
     except OSError as e:
@@ -942,12 +944,12 @@ def locked(out, prog, made_too=(), master=True):
                 "end, or use another --out")
 
     with _flock(lock, busy) if master else open(os.devnull, "w") as f:
-        print(os.getpid(), file=f, flush=True)
+        print(getpid(), file=f, flush=True)
         try:
             yield
         finally:
             if master:
-                os.remove(lock)
+                remove(lock)
             if sys.exc_info()[0]:  # failed: remove the new dirs, a child (a longer path) first
                 for d in sorted(new, key=len, reverse=True):
                     with suppress(OSError):  # not empty: kept
@@ -1008,7 +1010,7 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
     n // 10) of them to dev_path."""
     rng = np.random.default_rng(seed)
     n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
-    os.makedirs(work_dir, exist_ok=True)
+    makedirs(work_dir, exist_ok=True)
     buckets = [join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)]
     n = 0
     try:
@@ -1026,14 +1028,14 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
             for b in buckets:
                 with open(b, "rb") as f:
                     part = f.read().decode("utf-8").split("\n")[:-1]
-                os.remove(b)
+                remove(b)
                 yield from (part[i] + "\n" for i in rng.permutation(len(part)).tolist())
         order = shuffled()
         if n_dev:
             write_text(dev_path, islice(order, n_dev))
         write_text(train_path, order)
     finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+        rmtree(work_dir, ignore_errors=True)
     return n - n_dev, n_dev
 
 
@@ -1101,14 +1103,14 @@ def _preparing(out):
                f"holds {path}); wait for it to end, then run the same command: it uses that data")
     for p in glob.glob(join(glob.escape(out), "*.tmp")):  # what a killed process left
         if isdir(p):
-            shutil.rmtree(p)
+            rmtree(p)
         else:
-            os.remove(p)
-    print(f"process {os.getpid()} on {os.uname().nodename}", file=f, flush=True)
+            remove(p)
+    print(f"process {getpid()} on {os.uname().nodename}", file=f, flush=True)
     try:
         yield
     except BaseException as e:
-        shutil.rmtree(out, ignore_errors=True)
+        rmtree(out, ignore_errors=True)
         if isinstance(e, InputError) or not isinstance(e, (ValueError, OSError)):
             raise
         # a reader's ValueError names the file; a full disk's OSError none, or a temporary one
@@ -1121,7 +1123,7 @@ def _preparing(out):
         raise InputError(f"data preparation failed: {why}") from None
     finally:
         with suppress(OSError):
-            os.remove(path)
+            remove(path)
         f.close()
 
 
@@ -1293,7 +1295,7 @@ def _text_splits(lang, splits, out):
         paths["train"] = join(out, f"{lang}.train.txt")
         paths["dev"] = held_out or paths["dev"]
         size = sum(map(getsize, wikiextractor_files(train) if isdir(train) else [train]))
-        work_dir = join(out, f"shuffle.{os.getpid()}.tmp")
+        work_dir = join(out, f"shuffle.{getpid()}.tmp")
         n_train, n_dev = shuffle_split(read_text(train), size, work_dir, paths["train"], held_out)
         print(f"{lang}: {train}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
               f"{f', {n_dev} dev lines held out' if held_out else ''}, in {out}")
@@ -1457,9 +1459,9 @@ def main(argv=None):
         # SIGTERM as Ctrl-C, once: a second one cannot cut the clean-up short
         def stopped(signum, frame):
             for s in STOP_SIGNALS:
-                signal.signal(s, signal.SIG_IGN)
-            raise KeyboardInterrupt(signal.Signals(signum).name)
-        handlers = {s: signal.signal(s, stopped) for s in STOP_SIGNALS}
+                signal(s, SIG_IGN)
+            raise KeyboardInterrupt(Signals(signum).name)
+        handlers = {s: signal(s, stopped) for s in STOP_SIGNALS}
         try:
             print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges,
                           args.separate_vocab, args.lowercase, args.max_lines, args.seed,
@@ -1469,12 +1471,12 @@ def main(argv=None):
             name = str(e) or "SIGINT"
             print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same "
                   "command to prepare the data", file=sys.stderr)
-            sys.exit(128 + signal.Signals[name])
+            sys.exit(128 + Signals[name])
         finally:
             # restored for a caller in this process; once stopped, ignored until the exit
-            if signal.getsignal(signal.SIGINT) is stopped:
+            if getsignal(SIGINT) is stopped:
                 for s, handler in handlers.items():
-                    signal.signal(s, handler)
+                    signal(s, handler)
 
 
 if __name__ == "__main__":
