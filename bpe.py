@@ -15,7 +15,6 @@ import functools
 import glob
 import hashlib
 import heapq
-import json
 import math
 import multiprocessing
 import os
@@ -26,12 +25,13 @@ import unicodedata
 from collections import Counter, defaultdict
 from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from itertools import islice, product
+from json import JSONDecodeError, dumps, load
 from os import getpid, makedirs, remove
 from os.path import abspath, basename, exists, getsize, isdir, isfile, join, relpath, samefile
 from shutil import rmtree
 from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGINT, SIGTERM, Signals,
                     getsignal, pthread_sigmask, signal)
-from typing import NamedTuple
+from sys import stderr
 
 import numpy as np
 import regex
@@ -372,7 +372,7 @@ class Tokenizer:
                    d.get("separate_vocab", False))
 
     def save(self, path):  # tokenizer.json: to_dict's record
-        write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
+        write_text(path, dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
     def load(cls, path):
@@ -380,7 +380,7 @@ class Tokenizer:
         try:
             return cls.from_dict(read_json(path))
         except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, other JSON
-            kind = "not JSON" if isinstance(e, json.JSONDecodeError) else type(e).__name__
+            kind = "not JSON" if isinstance(e, JSONDecodeError) else type(e).__name__
             raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({kind}: "
                              f"{e})") from None
 
@@ -417,16 +417,9 @@ CHUNK_LINES = 2000
 _WORKER = {}
 
 
-class Encoded(NamedTuple):
-    """_encode_chunk's result for one chunk of lines."""
-    ids: np.ndarray  # uint32, EOS_ID after each line
-    n_bytes: int
-    # n_tokens, n_sentences, n_words, n_unk, n_switched (words code-switched)
-    counts: dict
-
-
 def _encode_chunk(chunk):
-    """[(line number, line), ...] -> Encoded."""
+    """[(line number, line), ...] -> (uint32 ids, EOS_ID after each line; the chunk's bytes; its
+    n_tokens, n_sentences, n_words, n_unk and n_switched, the words code-switched)."""
     opts = _WORKER
     tok = opts["tok"]
     lang = opts["lang"]
@@ -451,7 +444,7 @@ def _encode_chunk(chunk):
     n_bytes = sum(len(line.encode()) + 1 for _, line in chunk)
     counts = {"n_tokens": len(ids), "n_sentences": len(chunk), "n_words": n_words,
               "n_unk": int(np.count_nonzero(ids == UNK_ID)), "n_switched": n_switched}
-    return Encoded(ids, n_bytes, counts)
+    return ids, n_bytes, counts
 
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15,
@@ -472,17 +465,17 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     totals = Counter()
     bar = tqdm(total=getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {basename(text_path)}",
-               disable=not verbose or not sys.stderr.isatty())
+               disable=not verbose or not stderr.isatty())
     _WORKER.update(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p,
                    max_frac=max_frac, seed=seed)
     pool = _pool(workers, dict(_WORKER)) if workers > 1 else None
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
         with atomic_path(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
-            for chunk in results:
-                f.write(chunk.ids.astype(dtype).tobytes())
-                totals.update(chunk.counts)
-                bar.update(chunk.n_bytes)
+            for ids, n_bytes, counts in results:
+                f.write(ids.astype(dtype).tobytes())
+                totals.update(counts)
+                bar.update(n_bytes)
             if totals["n_words"] == 0:  # blank lines alone would be a corpus of </s>
                 raise ValueError(f"{text_path}: empty corpus (no words in {totals['n_sentences']} "
                                  "lines)")
@@ -495,7 +488,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     meta = {"dtype": dtype.__name__, **totals, "vocab_size": vocab_size, "lang": lang}
     if code_switch is not None:
         meta["n_switched"] = n_switched
-    write_text(out_prefix + ".json", json.dumps(meta) + "\n")
+    write_text(out_prefix + ".json", dumps(meta) + "\n")
     return meta
 
 # ==================================================================================================
@@ -537,7 +530,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     heapq.heapify(heap)
 
     merges = []
-    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not sys.stderr.isatty(),
+    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not stderr.isatty(),
                mininterval=1)
     while len(merges) < num_merges:
         # pop stale entries until the top one is current (lazy deletion)
@@ -649,7 +642,7 @@ def write_text(path, text):
 
 def read_json(path):  # a UTF-8 JSON file's value
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        return load(f)
 
 
 def read_lines(path, max_lines=None):
@@ -810,7 +803,7 @@ def toy_data(args):
     if not isinstance(args.toy, str):
         return "--data"
     print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}",
-          file=sys.stderr)
+          file=stderr)
     if args.data is not None:
         raise InputError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy "
                          "--data DIR)")
@@ -837,7 +830,7 @@ def out_of_memory(e):
 def encode_bar(lang):
     """The "encode {lang}" bar for model.pool_sentences: (iterable, total) -> iterable."""
     return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False,
-                                  mininterval=1, disable=not sys.stderr.isatty())
+                                  mininterval=1, disable=not stderr.isatty())
 
 
 def parse_langs(langs):
@@ -1277,7 +1270,7 @@ def _fingerprint(path):
         return path and [abspath(path), getsize(path), os.stat(path).st_mtime_ns]
     stats = [[relpath(f, path), getsize(f), os.stat(f).st_mtime_ns]
              for f in wikiextractor_files(path)]
-    return [abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
+    return [abspath(path), hashlib.sha1(dumps(stats).encode()).hexdigest()]
 
 
 def _text_splits(lang, splits, out):
@@ -1349,7 +1342,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
         recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
     # the directory names of earlier versions: without the dictionary's digest
     hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}
-    digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
+    digest = hashlib.sha1(dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
 
     if not master:
@@ -1387,10 +1380,10 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                 print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words "
                       f"({share:.1f} %) replaced by {langs[1 - langs.index(l)]} words")
         tok.save(join(out, "tokenizer.json"))
-        write_text(join(out, "recipe.json"), json.dumps(recipe, indent=1))
+        write_text(join(out, "recipe.json"), dumps(recipe, indent=1))
         sizes = {n: getsize(join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
         # last: the ids it holds (_missing checks them)
-        write_text(join(out, "done"), json.dumps(sizes))
+        write_text(join(out, "done"), dumps(sizes))
     return out
 
 
@@ -1470,7 +1463,7 @@ def main(argv=None):
         except KeyboardInterrupt as e:
             name = str(e) or "SIGINT"
             print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same "
-                  "command to prepare the data", file=sys.stderr)
+                  "command to prepare the data", file=stderr)
             sys.exit(128 + Signals[name])
         finally:
             # restored for a caller in this process; once stopped, ignored until the exit
