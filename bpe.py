@@ -279,7 +279,6 @@ class Tokenizer:
             if not words:
                 raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
             n_lines[lang] = n
-
         if mode == "joint":
             n_min = min(n_lines.values())
             learn_counts = Counter()
@@ -413,8 +412,7 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
 # 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
 
 CHUNK_LINES = 2000
-# binarize's arguments, in this process and in each worker of its Pool (_pool)
-_WORKER = {}
+_WORKER = {}  # binarize's arguments, here and in its Pool's workers
 
 
 def _encode_chunk(chunk):
@@ -459,8 +457,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     cs_lang = next((l for l in tok.langs if l != lang), None)  # the language of the translations
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    lines = enumerate(read_lines(text_path), 1)
-    # lists of (line number, line)
+    lines = enumerate(read_lines(text_path), 1)  # (line number, line)
     chunks = iter(lambda: list(islice(lines, CHUNK_LINES)), [])
     totals = Counter()
     bar = tqdm(total=getsize(text_path), unit="B", unit_scale=True,
@@ -513,7 +510,6 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
-
     stats = defaultdict(int)  # pair -> count
     where = defaultdict(set)  # pair -> indices of the words that have it
     for j, (w, f) in enumerate(zip(words, freqs)):
@@ -528,7 +524,6 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         return -stats[pair], key(pair[0]), key(pair[1]), pair
     heap = list(map(entry, stats))
     heapq.heapify(heap)
-
     merges = []
     bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not stderr.isatty(),
                mininterval=1)
@@ -598,8 +593,7 @@ def cap_words(words):
     return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
 
 
-# Ctrl-C and `kill`: binarize's workers leave them to prepare, which stops cleanly on either
-STOP_SIGNALS = (SIGINT, SIGTERM)
+STOP_SIGNALS = (SIGINT, SIGTERM)  # Ctrl-C and kill: prepare stops cleanly
 
 
 def _pool(workers, opts):
@@ -1235,8 +1229,7 @@ def _code_switching(code_switch, files, langs, lowercase):
         for tgt in tgts:
             inverse.setdefault(tgt, []).append(src)
     switch = dict(zip(langs, [forward, inverse]))
-    # lang -> [words found in its own column of the dictionary, in the other's]
-    hits = {}
+    hits = {}  # lang -> [words found in its own column, in the other's]
     total = {}  # lang -> words read
     for l, other in zip(langs, langs[::-1]):
         words = []
@@ -1329,22 +1322,19 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                   "its text is prepared")
     switch = {}  # lang -> {word: [translations]}
     if master:
-        # the small dev text first: the train text is compared with it
-        for l, splits in files.items():
+        for l, splits in files.items():  # the dev text first: train is compared with it
             dev = splits["dev"] and _check_text(splits["dev"], l, "dev")
             _check_text(splits["train"], l, "train", dev, allow_overlap)
         if code_switch:
             switch = _code_switching(code_switch, files, langs, lowercase)
     recipe.update(bpe_lines=max_lines, seed=seed, code_switch=_fingerprint(code_switch),
                   sources={l: {s: _fingerprint(p) for s, p in v.items()} for l, v in files.items()})
-    # shuffle_split's choices too, when it runs
     if any(v["dev"] is None or any(map(isdir, v.values())) for v in files.values()):
-        recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
+        recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)  # shuffle_split's choices
     # the directory names of earlier versions: without the dictionary's digest
     hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}
     digest = hashlib.sha1(dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
-
     if not master:
         while _missing(out, langs):  # the other DDP ranks wait for the master's data
             time.sleep(2)
@@ -1365,8 +1355,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                               lowercase, max_lines, seed=seed)
         print(f"preparing data in {out}")
         unk_percent = recipe["unk_percent"] = {l: {} for l in langs}
-        # the small dev files first: a bad one is found in seconds
-        for s, l in product(("dev", "train"), langs):
+        for s, l in product(("dev", "train"), langs):  # dev first: a bad one fails in seconds
             meta = binarize(paths[l][s], tok, l, join(out, f"{l}.{s}"), workers=workers,
                             code_switch=switch.get(l) if s == "train" else None, seed=seed)
             unk = 100 * meta["n_unk"] / max(meta["n_tokens"] - meta["n_sentences"], 1)
@@ -1382,8 +1371,7 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
         tok.save(join(out, "tokenizer.json"))
         write_text(join(out, "recipe.json"), dumps(recipe, indent=1))
         sizes = {n: getsize(join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
-        # last: the ids it holds (_missing checks them)
-        write_text(join(out, "done"), dumps(sizes))
+        write_text(join(out, "done"), dumps(sizes))  # last: the ids it holds (_missing checks)
     return out
 
 
