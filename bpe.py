@@ -235,8 +235,7 @@ class Vocab:
 
 
 class Tokenizer:
-    """Text -> ids for one run: pretokenize (+ lowercasing), BPE, language marks (prefixed),
-    vocabulary.
+    """Text -> ids for one run: pretokenize (+ lowercasing), BPE, language marks, vocabulary.
 
     Regimes (paper §4.2, Table 1 "anchor points"):
       joint     one BPE learned on all languages (equal numbers of lines per language), one
@@ -264,8 +263,7 @@ class Tokenizer:
               lowercase=False, max_lines=None, min_freq=2, seed=0, verbose=True):
         """Learn BPE and vocabularies from {lang: path} (paper: joint 80k merges, else 40k per
         language). joint learns on the same number of lines from every language (XLM samples 10M
-        lines each with `shuf`): larger corpora are down-sampled, seeded. Vocabulary counts come
-        from all lines."""
+        lines each with `shuf`): larger corpora are down-sampled, seeded; vocabularies count all."""
         tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
         langs = tok.langs
         log = print if verbose else lambda *args: None
