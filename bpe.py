@@ -9,26 +9,29 @@ Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 
 """
 
 import argparse
-import contextlib
 import errno
 import fcntl
 import functools
+import glob
 import hashlib
 import heapq
-import itertools
-import json
 import math
 import multiprocessing
 import os
 import random
-import shutil
-import signal
 import sys
 import time
 import unicodedata
 from collections import Counter, defaultdict
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
+from itertools import islice, product
+from json import JSONDecodeError, dumps, load
+from os import getpid, makedirs, remove
 from os.path import abspath, basename, exists, getsize, isdir, isfile, join, relpath, samefile
-from typing import NamedTuple
+from shutil import rmtree
+from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGINT, SIGTERM, Signals,
+                    getsignal, pthread_sigmask, signal)
+from sys import stderr
 
 import numpy as np
 import regex
@@ -90,8 +93,7 @@ def learn_bpe_simple(word_counts, num_merges, min_freq=2):
       step 2: (e,st</w>) = 9 -> n e w est</w>, w i d est</w>
       step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2) -> lo w</w>, lo w e r</w>
       ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more)."""
-    # symbols -> count
-    words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}
+    words = {(*w[:-1], w[-1] + EOW): c for w, c in word_counts.items() if w}  # symbols -> count
     merges = []
     for _ in range(num_merges):
         stats = Counter()  # (left, right) -> count
@@ -126,15 +128,14 @@ def merge_pair(symbols, a, b):
 # -----------------------------------------------------------------------------
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
 
-class _Joined(dict):
-    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup."""
-    def __init__(self, merge):
+class _Cache(dict):
+    """BPE's per-word cache, word -> make(word): a new word is made at its first lookup."""
+    def __init__(self, make):
         super().__init__()
-        self.merge = merge
+        self.make = make
 
     def __missing__(self, word):
-        # the pieces joined by '@@ ', then the last one's '</w>' dropped
-        self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
+        self[word] = self.make(word)
         return self[word]
 
 
@@ -143,8 +144,8 @@ class BPE:
 
     def __init__(self, merges):
         self.merges = [tuple(m) for m in merges]
-        # One string object per symbol (`canon`), in the keys of ranks and in merged[rank] (the
-        # symbol a merge makes): _merge makes no new string, a rank lookup matches by identity.
+        # One string object per symbol (`canon`), in the keys of ranks and in merged[rank] (what a
+        # merge makes): _merge's usual case makes no new string, a rank lookup matches by identity.
         # A pair learned twice keeps its first (lowest) rank, as in subword-nmt.
         self.ranks = {}
         canon = {}
@@ -153,10 +154,7 @@ class BPE:
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
             self.ranks.setdefault(tuple(canon.setdefault(s, s) for s in pair), i)
         self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
-        # per-word caches: word -> pieces with '@@' (apply_words), word -> them joined (apply)
-        self.cache = {}
-        self.joined = _Joined(self._merge)
-        self.no_merge = len(self.merges)  # a rank above every merge's: the pair is no merge
+        self.pieces = _Cache(self._pieces)  # word -> its pieces with '@@'
 
     def _merge(self, word):
         """'lowest' -> ['lo', 'west</w>']: from characters (the last + '</w>'), merge the
@@ -166,9 +164,9 @@ class BPE:
             return [word + EOW]
         w = [*word[:-1], word[-1] + EOW]
         get = self.ranks.get
-        no_merge = self.no_merge
+        no_merge = len(self.merges)  # a rank above every merge's: the pair is no merge
         merged = self.merged
-        rs = list(map(get, zip(w, w[1:]), itertools.repeat(no_merge)))
+        rs = [get(pair, no_merge) for pair in zip(w, w[1:])]
         while rs and (r := min(rs)) != no_merge:
             i = rs.index(r)
             # the usual case: one occurrence, and only its neighbours' pairs change
@@ -184,47 +182,30 @@ class BPE:
                 if i:
                     rs[i - 1] = get((w[i - 1], ab), no_merge)
                 continue
-            new = w[:i]
-            n = len(w)
-            while i < n:
-                if i < n - 1 and rs[i] == r:  # non-overlapping: a a a with (a, a) -> aa a
-                    new.append(merged[r])
-                    i += 2
-                else:
-                    new.append(w[i])
-                    i += 1
-            w = new
-            rs = list(map(get, zip(w, w[1:]), itertools.repeat(no_merge)))
+            w = merge_pair(w, *self.merges[r])
+            rs = [get(pair, no_merge) for pair in zip(w, w[1:])]
         return w
 
     def _pieces(self, word):
-        """word -> its pieces with '@@' on non-final ones (cached): 'lowest' -> ('lo@@', 'west')."""
-        pieces = self.cache.get(word)
-        if pieces is None:
-            pieces = ()
-            if word:
-                *first, last = self._merge(word)
-                pieces = tuple(p + CONTINUE for p in first) + (last[: -len(EOW)],)
-            self.cache[word] = pieces
-        return pieces
+        """word -> its pieces with '@@' on non-final ones: 'lowest' -> ('lo@@', 'west')."""
+        if not word:
+            return ()
+        *first, last = self._merge(word)
+        return tuple(p + CONTINUE for p in first) + (last[: -len(EOW)],)
 
     def segment(self, word):
         """'lowest' -> ['lo', 'west']: the pieces of one word, without '@@'."""
-        pieces = self._pieces(word)
+        pieces = self.pieces[word]
         return [p[: -len(CONTINUE)] for p in pieces[:-1]] + list(pieces[-1:])
 
     def apply_words(self, words):
         """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces, '@@' on non-final ones."""
-        return [p for w in words for p in self._pieces(w)]
+        return [p for w in words for p in self.pieces[w]]
 
     def apply(self, line):
         """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words split on ' ' only."""
-        line = line.strip("\r\n ")
-        words = line.split(" ")
-        if "  " in line:  # runs of ' ' give '' words
-            words = [w for w in words if w]
-        # a word met for the first time is merged by _Joined.__missing__ ('' gives '')
-        return " ".join(map(self.joined.__getitem__, words))
+        # a run of ' ' gives '' words, which have no pieces
+        return " ".join(self.apply_words(line.strip("\r\n ").split(" ")))
 
     def save(self, path):  # a codes file of subword-nmt
         write_text(path, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
@@ -254,8 +235,7 @@ class Vocab:
 
 
 class Tokenizer:
-    """Text -> ids for one run: pretokenize (+ lowercasing), BPE, language marks (prefixed),
-    vocabulary.
+    """Text -> ids for one run: pretokenize (+ lowercasing), BPE, language marks, vocabulary.
 
     Regimes (paper §4.2, Table 1 "anchor points"):
       joint     one BPE learned on all languages (equal numbers of lines per language), one
@@ -283,26 +263,24 @@ class Tokenizer:
               lowercase=False, max_lines=None, min_freq=2, seed=0, verbose=True):
         """Learn BPE and vocabularies from {lang: path} (paper: joint 80k merges, else 40k per
         language). joint learns on the same number of lines from every language (XLM samples 10M
-        lines each with `shuf`): larger corpora are down-sampled, seeded. Vocabulary counts come
-        from all lines."""
+        lines each with `shuf`): larger corpora are down-sampled, seeded; vocabularies count all."""
         tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
-        log = print if verbose else (lambda *args: None)
+        langs = tok.langs
+        log = print if verbose else lambda *args: None
         counts = {}  # lang -> Counter of words
         n_lines = {}
-        for lang in tok.langs:
-            words = Counter()
+        for lang in langs:
+            counts[lang] = words = Counter()
             n = 0
             for n, line in enumerate(read_lines(train_files[lang], max_lines), 1):
                 words.update(tok.words(line, lang))
             if not words:
                 raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
-            counts[lang] = words
             n_lines[lang] = n
-
         if mode == "joint":
             n_min = min(n_lines.values())
             learn_counts = Counter()
-            for k, lang in enumerate(tok.langs):
+            for k, lang in enumerate(langs):
                 if n_lines[lang] == n_min:
                     learn_counts.update(counts[lang])
                     continue
@@ -313,14 +291,13 @@ class Tokenizer:
                         learn_counts.update(tok.words(line, lang))
             log(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
             merges = learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)
-            tok.bpes = dict.fromkeys(tok.langs, BPE(merges))
+            tok.bpes = dict.fromkeys(langs, BPE(merges))
         else:
-            for lang in tok.langs:
+            for lang in langs:
                 log(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
                 tok.bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
-        # the pieces of every word x its count
-        token_counts = {lang: Counter() for lang in tok.langs}
-        for lang in tok.langs:
+        token_counts = {lang: Counter() for lang in langs}  # every word's pieces x its count
+        for lang in langs:
             for word, c in counts[lang].items():
                 for piece in tok.pieces([word], lang):
                     token_counts[lang][piece] += c
@@ -330,12 +307,12 @@ class Tokenizer:
             return Vocab(*zip(*sorted(tc.items(), key=lambda kv: (-kv[1], kv[0]))))
 
         if separate_vocab:
-            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in tok.langs}
+            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in langs}
         else:
-            tok.vocabs = dict.fromkeys(tok.langs, vocab(sum(token_counts.values(), Counter())))
+            tok.vocabs = dict.fromkeys(langs, vocab(sum(token_counts.values(), Counter())))
         n_langs_of = Counter(t for tc in token_counts.values() for t in tc)
         tok.anchors = {t for t, n in n_langs_of.items() if n > 1}  # identical strings
-        sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in tok.langs)
+        sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in langs)
         log(f"vocabulary ({mode}{', separate ids' if separate_vocab else ''}): {sizes}; "
             f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
         return tok
@@ -368,31 +345,41 @@ class Tokenizer:
 
     def to_dict(self):
         """Plain types (torch.load(weights_only=True)); a shared BPE or Vocab is stored once."""
-        # in language order (a BPE or Vocab is its own key: by identity)
-        bpes = list(dict.fromkeys(self.bpes[l] for l in self.langs))
-        vocabs = list(dict.fromkeys(self.vocabs[l] for l in self.langs))
-        return {"format": "bpe.Tokenizer/1", "langs": list(self.langs), "mode": self.mode,
+        langs = self.langs
+
+        # {lang: value}'s distinct values in language order (by identity), each language's index
+        def stored_once(of):
+            distinct = list(dict.fromkeys(of[l] for l in langs))
+            return distinct, {l: distinct.index(of[l]) for l in langs}
+        bpes, bpe_of = stored_once(self.bpes)
+        vocabs, vocab_of = stored_once(self.vocabs)
+        return {"format": "bpe.Tokenizer/1", "langs": list(langs), "mode": self.mode,
                 "lowercase": bool(self.lowercase), "separate_vocab": bool(self.separate_vocab),
-                "bpes": [[list(m) for m in b.merges] for b in bpes],
-                "bpe_of": {l: bpes.index(self.bpes[l]) for l in self.langs},
+                "bpes": [[list(m) for m in b.merges] for b in bpes], "bpe_of": bpe_of,
                 "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]}
-                           for v in vocabs],
-                "vocab_of": {l: vocabs.index(self.vocabs[l]) for l in self.langs}}
+                           for v in vocabs], "vocab_of": vocab_of}
 
     @classmethod
     def from_dict(cls, d):
+        langs = d["langs"]
         bpes = [BPE(m) for m in d["bpes"]]
         vocabs = [Vocab(v["tokens"], v["counts"]) for v in d["vocabs"]]
-        return cls(d["langs"], d["mode"], {l: bpes[d["bpe_of"][l]] for l in d["langs"]},
-                   {l: vocabs[d["vocab_of"][l]] for l in d["langs"]}, d.get("lowercase", False),
+        return cls(langs, d["mode"], {l: bpes[d["bpe_of"][l]] for l in langs},
+                   {l: vocabs[d["vocab_of"][l]] for l in langs}, d.get("lowercase", False),
                    d.get("separate_vocab", False))
 
     def save(self, path):  # tokenizer.json: to_dict's record
-        write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
+        write_text(path, dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
-    def load(cls, path):  # read_tokenizer, below the ruler, names a bad file
-        return read_tokenizer(cls, path)
+    def load(cls, path):
+        """A tokenizer.json of save; else ValueError naming the file."""
+        try:
+            return cls.from_dict(read_json(path))
+        except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, other JSON
+            kind = "not JSON" if isinstance(e, JSONDecodeError) else type(e).__name__
+            raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({kind}: "
+                             f"{e})") from None
 
 # -----------------------------------------------------------------------------
 # 5. Code-switching: extra anchors (paper §4.2), applied once, when the training text is prepared
@@ -423,21 +410,12 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
 # 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
 
 CHUNK_LINES = 2000
-# binarize's arguments, in this process and in each worker of its Pool (_pool)
-_WORKER = {}
-
-
-class Encoded(NamedTuple):
-    """_encode_chunk's result for one chunk of lines."""
-    ids: np.ndarray  # uint32, EOS_ID after each line
-    n_lines: int
-    n_bytes: int
-    n_words: int
-    n_switched: int  # words code-switched
+_WORKER = {}  # binarize's arguments, here and in its Pool's workers
 
 
 def _encode_chunk(chunk):
-    """[(line number, line), ...] -> Encoded."""
+    """[(line number, line), ...] -> (uint32 ids, EOS_ID after each line; the chunk's bytes; its
+    n_tokens, n_sentences, n_words, n_unk and n_switched, the words code-switched)."""
     opts = _WORKER
     tok = opts["tok"]
     lang = opts["lang"]
@@ -458,8 +436,11 @@ def _encode_chunk(chunk):
                       for p in tok.pieces([b], lang if a == b else opts["cs_lang"])]
         ids.extend(tok.vocabs[lang].index.get(p, UNK_ID) for p in pieces)
         ids.append(EOS_ID)
+    ids = np.array(ids, dtype=np.uint32)
     n_bytes = sum(len(line.encode()) + 1 for _, line in chunk)
-    return Encoded(np.array(ids, dtype=np.uint32), len(chunk), n_bytes, n_words, n_switched)
+    counts = {"n_tokens": len(ids), "n_sentences": len(chunk), "n_words": n_words,
+              "n_unk": int(np.count_nonzero(ids == UNK_ID)), "n_switched": n_switched}
+    return ids, n_bytes, counts
 
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15,
@@ -474,47 +455,42 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     cs_lang = next((l for l in tok.langs if l != lang), None)  # the language of the translations
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    lines = enumerate(read_lines(text_path), 1)
-    # lists of (line number, line)
-    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
-    n_tokens = n_sentences = n_words = n_switched = n_unk = 0
+    lines = enumerate(read_lines(text_path), 1)  # (line number, line)
+    chunks = iter(lambda: list(islice(lines, CHUNK_LINES)), [])
+    totals = Counter()
     bar = tqdm(total=getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {basename(text_path)}",
-               disable=not verbose or not sys.stderr.isatty())
+               disable=not verbose or not stderr.isatty())
     _WORKER.update(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p,
                    max_frac=max_frac, seed=seed)
-    # its workers leave signals to this process
     pool = _pool(workers, dict(_WORKER)) if workers > 1 else None
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
         with atomic_path(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
-            for chunk in results:
-                f.write(chunk.ids.astype(dtype).tobytes())
-                n_tokens += len(chunk.ids)
-                n_sentences += chunk.n_lines
-                n_words += chunk.n_words
-                n_switched += chunk.n_switched
-                n_unk += int(np.count_nonzero(chunk.ids == UNK_ID))
-                bar.update(chunk.n_bytes)
-            if n_words == 0:  # blank lines alone would be a corpus of </s>
-                raise ValueError(f"{text_path}: empty corpus (no words in {n_sentences} lines)")
+            for ids, n_bytes, counts in results:
+                f.write(ids.astype(dtype).tobytes())
+                totals.update(counts)
+                bar.update(n_bytes)
+            if totals["n_words"] == 0:  # blank lines alone would be a corpus of </s>
+                raise ValueError(f"{text_path}: empty corpus (no words in {totals['n_sentences']} "
+                                 "lines)")
     finally:
         bar.close()
         _WORKER.clear()
         if pool:
             pool.terminate()
-    meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
-            "n_words": n_words, "n_unk": n_unk, "vocab_size": vocab_size, "lang": lang}
+    n_switched = totals.pop("n_switched")
+    meta = {"dtype": dtype.__name__, **totals, "vocab_size": vocab_size, "lang": lang}
     if code_switch is not None:
         meta["n_switched"] = n_switched
-    write_text(out_prefix + ".json", json.dumps(meta) + "\n")
+    write_text(out_prefix + ".json", dumps(meta) + "\n")
     return meta
 
 # ==================================================================================================
 # Plumbing: the fast learner, files, the command-line helpers of every script, data preparation
 
 # -----------------------------------------------------------------------------
-# Speed: learn_bpe (learn_bpe_simple's merges, fast) and BPE.apply's per-word cache
+# Speed: learn_bpe (learn_bpe_simple's merges, fast)
 
 def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the
@@ -528,12 +504,10 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     if bad:
         raise ValueError(f"learn_bpe: word {bad[0]!r} is empty or contains whitespace; split lines "
                          "with pretokenize")
-    # lists of symbols
-    words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]
+    words = [[*w[:-1], w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
-
     stats = defaultdict(int)  # pair -> count
     where = defaultdict(set)  # pair -> indices of the words that have it
     for j, (w, f) in enumerate(zip(words, freqs)):
@@ -543,21 +517,23 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix
     # last: key('b') = (-98, 1) < key('ab') = (-97, -98, 1) < key('a') = (-97, 1)
     key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
-    heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
-    heapq.heapify(heap)
 
+    def entry(pair):  # the heap's entry for a pair, with its current count
+        return -stats[pair], key(pair[0]), key(pair[1]), pair
+    heap = list(map(entry, stats))
+    heapq.heapify(heap)
     merges = []
-    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not sys.stderr.isatty(),
+    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not stderr.isatty(),
                mininterval=1)
     while len(merges) < num_merges:
         # pop stale entries until the top one is current (lazy deletion)
         while heap:
-            negc, ka, kb, pair = heap[0]
+            negc, _, _, pair = heap[0]
             c = stats.get(pair, 0)
             if c == -negc:
                 break
             if c > 0:
-                heapq.heapreplace(heap, (-c, ka, kb, pair))
+                heapq.heapreplace(heap, entry(pair))
             else:
                 heapq.heappop(heap)
         if not heap or -heap[0][0] < min_freq:  # else `pair` is the current top: the best pair
@@ -582,21 +558,20 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
                         stats[new[-1], ab] += f
                         grown[new[-1], ab].add(j)
                     if i + 2 < n and not (w[i + 2] == a and i + 3 < n and w[i + 3] == b):
-                        stats[b, w[i + 2]] -= f
-                        stats[ab, w[i + 2]] += f
-                        grown[ab, w[i + 2]].add(j)
+                        right = w[i + 2]
+                        stats[b, right] -= f
+                        stats[ab, right] += f
+                        grown[ab, right].add(j)
                     new.append(ab)
                     i += 2
                 else:
                     new.append(w[i])
                     i += 1
-            # else a stale index entry: the word no longer contains the pair
-            if len(new) < n:
-                words[j] = new
+            words[j] = new  # unchanged if a stale index entry: the word lost the pair
         del stats[pair]
         for p, js in grown.items():  # pushed once, after all words are updated
             where[p] |= js
-            heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
+            heapq.heappush(heap, entry(p))
     bar.close()
     if verbose and len(merges) < num_merges:
         print(f"note: {len(merges)} merges learned, not the {num_merges} asked: no pair of symbols "
@@ -616,35 +591,38 @@ def cap_words(words):
     return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
 
 
+STOP_SIGNALS = (SIGINT, SIGTERM)  # Ctrl-C and kill: prepare stops cleanly
+
+
 def _pool(workers, opts):
     """binarize's Pool: its workers ignore Ctrl-C and die of SIGTERM (pool.terminate's)."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    blocked = pthread_sigmask(SIG_BLOCK, STOP_SIGNALS)
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        pthread_sigmask(SIG_SETMASK, blocked)
 
 
 def _pool_worker(opts):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal(SIGINT, SIG_IGN)
+    signal(SIGTERM, SIG_DFL)
+    pthread_sigmask(SIG_UNBLOCK, STOP_SIGNALS)
     _WORKER.update(opts)
 
 
 # -----------------------------------------------------------------------------
 # Files: atomic writes, UTF-8 lines, parallel text, codes, tokenizer.json, .bin headers, MUSE
 
-@contextlib.contextmanager
+@contextmanager
 def atomic_path(path):
     """Yields path.PID.tmp to write, renamed to `path` at the end, removed by any failure."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{getpid()}.tmp"
     try:
         yield tmp
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
+        with suppress(FileNotFoundError):
+            remove(tmp)
         raise
 
 
@@ -654,12 +632,17 @@ def write_text(path, text):
         f.writelines([text] if isinstance(text, str) else text)
 
 
+def read_json(path):  # a UTF-8 JSON file's value
+    with open(path, encoding="utf-8") as f:
+        return load(f)
+
+
 def read_lines(path, max_lines=None):
     """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray
     \\r inside lines), a byte order mark at its start dropped (Windows editors write one); a bad
     byte raises InputError naming file:line."""
     with open(path, "rb") as f:
-        for n, raw in enumerate(itertools.islice(f, max_lines), 1):
+        for n, raw in enumerate(islice(f, max_lines), 1):
             try:
                 yield raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
@@ -669,10 +652,9 @@ def read_lines(path, max_lines=None):
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
     """Two line-aligned files -> their first max_lines lines; unequal, empty, one file: refused."""
-    if not same_ok and isfile(src_path) and isfile(tgt_path):
-        if samefile(src_path, tgt_path):
-            raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both "
-                             "sides would be one text")
+    if not same_ok and isfile(src_path) and isfile(tgt_path) and samefile(src_path, tgt_path):
+        raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both sides "
+                         "would be one text")
     src = list(read_lines(src_path))
     tgt = list(read_lines(tgt_path))
     if not src and not tgt:
@@ -680,7 +662,7 @@ def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
     if len(src) != len(tgt):
         raise InputError(f"parallel files differ in length: {src_path} has {len(src)} lines, "
                          f"{tgt_path} has {len(tgt)}")
-    return src[:max_lines or None], tgt[:max_lines or None]
+    return src[:max_lines], tgt[:max_lines]
 
 
 def read_codes(path):
@@ -706,25 +688,13 @@ def read_codes(path):
     return merges
 
 
-def read_tokenizer(cls, path):
-    """Tokenizer.load: a tokenizer.json of Tokenizer.save; else ValueError naming the file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
-    except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
-        kind = "not JSON" if isinstance(e, json.JSONDecodeError) else type(e).__name__
-        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({kind}: {e})") from None
-
-
 # -> (read-only np.memmap of the ids, meta dict) for files written by binarize()
 def load_bin(out_prefix):
     path = out_prefix + ".json"
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = read_json(path)
         if not (isinstance(meta, dict) and meta.get("dtype") in ("uint16", "uint32")
-                and isinstance(meta.get("n_tokens"), int)
-                and isinstance(meta.get("n_sentences"), int)):
+                and all(isinstance(meta.get(k), int) for k in ("n_tokens", "n_sentences"))):
             raise ValueError("no dtype, n_tokens and n_sentences")
     except ValueError as e:  # not UTF-8, not JSON, other JSON
         raise ValueError(f"{path}: not a header written by bpe.binarize ({e})") from None
@@ -778,7 +748,7 @@ class InputError(ValueError):
         self.code = code
 
 
-@contextlib.contextmanager
+@contextmanager
 def reported(parser):
     """Each main's one place for a bad input: an InputError (any file's) -> one line."""
     try:
@@ -825,7 +795,7 @@ def toy_data(args):
     if not isinstance(args.toy, str):
         return "--data"
     print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}",
-          file=sys.stderr)
+          file=stderr)
     if args.data is not None:
         raise InputError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy "
                          "--data DIR)")
@@ -852,7 +822,7 @@ def out_of_memory(e):
 def encode_bar(lang):
     """The "encode {lang}" bar for model.pool_sentences: (iterable, total) -> iterable."""
     return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False,
-                                  mininterval=1, disable=not sys.stderr.isatty())
+                                  mininterval=1, disable=not stderr.isatty())
 
 
 def parse_langs(langs):
@@ -864,7 +834,7 @@ def parse_langs(langs):
     return langs
 
 
-def parse_lang_files(flag, items, langs=None):
+def parse_lang_files(flag, items, langs):
     """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}; errors name `flag`."""
     files = {}
     for item in items.split(","):
@@ -874,14 +844,13 @@ def parse_lang_files(flag, items, langs=None):
             raise InputError(f"{flag}: expected LANG=PATH, got {item!r}", 2)
         if lang in files:
             raise InputError(f"{flag}: language '{lang}' given twice", 2)
-        # a directory: WikiExtractor output
-        if not isfile(path) and not isdir(path):
+        if not isfile(path) and not isdir(path):  # a directory: WikiExtractor output
             raise InputError(f"{flag} {item}: no such file", 2)
         for other, other_path in files.items():
             if samefile(other_path, path):
                 raise InputError(f"{flag}: {other} and {lang} are the same file {path}", 2)
         files[lang] = path
-    if langs is not None and sorted(files) != sorted(langs):
+    if sorted(files) != sorted(langs):
         raise InputError(f"{flag}: languages {','.join(sorted(files))} do not match --langs "
                          f"{','.join(langs)}", 2)
     return files
@@ -894,7 +863,7 @@ def checkpoint_lang(langs, lang, head, tail=""):
     return list(langs).index(lang)
 
 
-@contextlib.contextmanager
+@contextmanager
 def write_errors(path):
     """A failed write of `path` (a full disk too) stops the program in one line."""
     try:
@@ -916,7 +885,7 @@ def atomic_write(path, write):
 def make_dir(flag, path):
     """os.makedirs, or one line saying why the directory of `flag` cannot be used."""
     try:
-        os.makedirs(path, exist_ok=True)
+        makedirs(path, exist_ok=True)
     except FileExistsError:  # a file, not a directory
         raise InputError(f"{flag} {path}: exists and is not a directory") from None
     except OSError as e:
@@ -943,13 +912,13 @@ def _flock(path, busy):
         f.close()
 
 
-@contextlib.contextmanager
+@contextmanager
 def locked(out, prog, made_too=(), master=True):
     """--out made and locked by one process of `prog` (OUT/.lock: its pid; under DDP the master's,
     for all ranks); on failure the empty dirs it made (--out, made_too) go again."""
     new = set()
     for path in map(abspath, [out, *made_too]):
-        while not os.path.exists(path):
+        while not exists(path):
             new.add(path)
             path = os.path.dirname(path)
     make_dir("--out", out)
@@ -960,15 +929,15 @@ def locked(out, prog, made_too=(), master=True):
                 "end, or use another --out")
 
     with _flock(lock, busy) if master else open(os.devnull, "w") as f:
-        print(os.getpid(), file=f, flush=True)
+        print(getpid(), file=f, flush=True)
         try:
             yield
         finally:
             if master:
-                os.remove(lock)
+                remove(lock)
             if sys.exc_info()[0]:  # failed: remove the new dirs, a child (a longer path) first
                 for d in sorted(new, key=len, reverse=True):
-                    with contextlib.suppress(OSError):  # not empty: kept
+                    with suppress(OSError):  # not empty: kept
                         os.rmdir(d)
 
 
@@ -1002,22 +971,20 @@ def read_wikiextractor(path):
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
-            doc = line.startswith("<doc ") and line.endswith(">")
-            end = line == "</doc>"
-            text = line.strip() and not doc and not end
-            if doc and start:
-                raise InputError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not "
-                                 "WikiExtractor output)")
-            if end and not start:
-                raise InputError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor output)")
-            if text and not start:
-                raise InputError(f"{name}:{n}: text outside <doc ...> ... </doc> (not "
-                                 f"WikiExtractor output): {line[:60]!r}")
-            if doc:
+            if line.startswith("<doc ") and line.endswith(">"):
+                if start:
+                    raise InputError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not "
+                                     "WikiExtractor output)")
                 start = n
-            elif end:
+            elif line == "</doc>":
+                if not start:
+                    raise InputError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor "
+                                     "output)")
                 start = None
-            elif text:
+            elif line.strip():
+                if not start:
+                    raise InputError(f"{name}:{n}: text outside <doc ...> ... </doc> (not "
+                                     f"WikiExtractor output): {line[:60]!r}")
                 yield line
         if start:
             raise InputError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
@@ -1028,15 +995,15 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
     n // 10) of them to dev_path."""
     rng = np.random.default_rng(seed)
     n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
-    os.makedirs(work_dir, exist_ok=True)
+    makedirs(work_dir, exist_ok=True)
     buckets = [join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)]
     n = 0
     try:
-        with contextlib.ExitStack() as files:
+        with ExitStack() as files:
             outs = [files.enter_context(open(b, "w", encoding="utf-8", newline="\n"))
                     for b in buckets]
             lines = (line for line in lines if line.strip())
-            for chunk in iter(lambda: list(itertools.islice(lines, 1 << 16)), []):
+            for chunk in iter(lambda: list(islice(lines, 1 << 16)), []):
                 for line, k in zip(chunk, rng.integers(n_buckets, size=len(chunk)).tolist()):
                     outs[k].write(line + "\n")
                 n += len(chunk)
@@ -1046,14 +1013,14 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
             for b in buckets:
                 with open(b, "rb") as f:
                     part = f.read().decode("utf-8").split("\n")[:-1]
-                os.remove(b)
+                remove(b)
                 yield from (part[i] + "\n" for i in rng.permutation(len(part)).tolist())
         order = shuffled()
         if n_dev:
-            write_text(dev_path, itertools.islice(order, n_dev))
+            write_text(dev_path, islice(order, n_dev))
         write_text(train_path, order)
     finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+        rmtree(work_dir, ignore_errors=True)
     return n - n_dev, n_dev
 
 
@@ -1083,14 +1050,14 @@ def file_sha1(path):
 
 def read_text(path, max_lines=None):  # the lines of a text file or of a WikiExtractor directory
     if isdir(path):
-        return itertools.islice(read_wikiextractor(path), max_lines)
+        return islice(read_wikiextractor(path), max_lines)
     return read_lines(path, max_lines)
 
 
 # the files prepare writes in its folder (then `done`, last: the folder is complete)
 def prepared_files(langs):
-    splits = [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev") for x in ("bin", "json")]
-    return ["tokenizer.json", "recipe.json"] + splits
+    return ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in langs
+                                                for s in ("train", "dev") for x in ("bin", "json")]
 
 
 def _missing(folder, langs):
@@ -1099,8 +1066,8 @@ def _missing(folder, langs):
     if not isfile(done_path):
         return ["done"]
     sizes = {}  # .bin file -> its size; a `done` made by hand records none
-    with open(done_path, encoding="utf-8") as f, contextlib.suppress(ValueError, TypeError):
-        sizes = dict(json.load(f))
+    with suppress(ValueError, TypeError):
+        sizes = dict(read_json(done_path))
     missing = []
     for name in prepared_files(langs):
         path = join(folder, name)
@@ -1112,36 +1079,36 @@ def _missing(folder, langs):
     return missing
 
 
-@contextlib.contextmanager
+@contextmanager
 def _preparing(out):
     """prepare's lock on out/lock (a second process is refused); a failure removes the folder."""
     make_dir("--prep-dir", out)
     path = join(out, "lock")
     f = _flock(path, lambda holder: f"{out} is being prepared by {holder or 'another process'} (it "
                f"holds {path}); wait for it to end, then run the same command: it uses that data")
-    leftovers = [join(out, n) for n in os.listdir(out) if n.endswith(".tmp")]
-    for p in leftovers:  # what a killed process left
+    for p in glob.glob(join(glob.escape(out), "*.tmp")):  # what a killed process left
         if isdir(p):
-            shutil.rmtree(p)
+            rmtree(p)
         else:
-            os.remove(p)
-    print(f"process {os.getpid()} on {os.uname().nodename}", file=f, flush=True)
+            remove(p)
+    print(f"process {getpid()} on {os.uname().nodename}", file=f, flush=True)
     try:
         yield
     except BaseException as e:
-        shutil.rmtree(out, ignore_errors=True)
+        rmtree(out, ignore_errors=True)
         if isinstance(e, InputError) or not isinstance(e, (ValueError, OSError)):
             raise
         # a reader's ValueError names the file; a full disk's OSError none, or a temporary one
-        if isinstance(e, ValueError):
-            raise InputError(f"data preparation failed: {e}") from None
-        where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
-        if e.errno == errno.ENOSPC:
-            raise InputError(f"data preparation failed: no space left writing in {where}") from None
-        raise InputError(f"data preparation failed: {where}: {e.strerror or e}") from None
+        why = e
+        if isinstance(e, OSError):
+            where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
+            why = f"{where}: {e.strerror or e}"
+            if e.errno == errno.ENOSPC:
+                why = f"no space left writing in {where}"
+        raise InputError(f"data preparation failed: {why}") from None
     finally:
-        with contextlib.suppress(OSError):
-            os.remove(path)
+        with suppress(OSError):
+            remove(path)
         f.close()
 
 
@@ -1165,8 +1132,7 @@ def _check_prepared(data, recipe, program):
                          "the text)")
     path = join(data, "recipe.json")
     try:
-        with open(path, encoding="utf-8") as f:
-            made = dict(json.load(f))  # else TypeError or ValueError: not a JSON object
+        made = dict(read_json(path))  # else TypeError or ValueError: not a JSON object
     except (OSError, ValueError, TypeError) as e:
         raise InputError(f"--data {data}: cannot read {path}: "
                          f"{getattr(e, 'strerror', None) or e}") from None
@@ -1221,22 +1187,18 @@ def _check_text(path, lang, split, dev=None, allow_overlap=False):
                 letters += len(regex.findall(r"\p{L}", line))
     except OSError as e:
         raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
+    if han > letters / 2:
+        raise InputError(f"{path}: Han-script text ({100 * han // max(letters, 1)} % of its "
+                         f"letters) under the language code '{lang}': only zh text is split into "
+                         "characters (a Chinese line would be one word); give this language as zh "
+                         "in --langs")
+    if split == "dev" and words < MIN_DEV_WORDS:
+        raise InputError(f"{path}: a {lang} dev split of {words} words; at least {MIN_DEV_WORDS} "
+                         "are needed to measure a perplexity")
     held_out = dev is None  # a train text: its dev lines are held out of it
-    min_texts = 10 if held_out else 1
-    checks = [
-        (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) "
-                            f"under the language code '{lang}': only zh text is split into "
-                            "characters (a Chinese line would be one word); give this language as "
-                            "zh in --langs"),
-        (split == "dev" and words < MIN_DEV_WORDS, f"a {lang} dev split of {words} words; at "
-                                                   f"least {MIN_DEV_WORDS} are needed to measure a "
-                                                   "perplexity"),
-        (split == "train" and texts < min_texts, f"{texts} line(s) of text, too few " + (
-            "to hold out dev lines from (give a dev file)" if held_out else "for a corpus")),
-    ]
-    for bad, why in checks:
-        if bad:
-            raise InputError(f"{path}: {why}")
+    if split == "train" and texts < (10 if held_out else 1):
+        why = "to hold out dev lines from (give a dev file)" if held_out else "for a corpus"
+        raise InputError(f"{path}: {texts} line(s) of text, too few {why}")
     if not dev:  # a dev text, or a train text to hold dev lines out of
         return found
     found = set(found)
@@ -1254,17 +1216,18 @@ def _check_text(path, lang, split, dev=None, allow_overlap=False):
 
 def _code_switching(code_switch, files, langs, lowercase):
     """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it is wrong."""
-    switch = {l: {} for l in langs}
+    forward = {}
     try:
         for src, tgt in read_dictionary(code_switch):
-            switch[langs[0]].setdefault(src, []).append(tgt)
+            forward.setdefault(src, []).append(tgt)
     except ValueError as e:  # read_dictionary names the file and line
         raise InputError(f"--code-switch {e}") from None
-    for src, tgts in switch[langs[0]].items():  # the inverse, in that order
+    inverse = {}  # in forward's order
+    for src, tgts in forward.items():
         for tgt in tgts:
-            switch[langs[1]].setdefault(tgt, []).append(src)
-    # lang -> [words found in its own column of the dictionary, in the other's]
-    hits = {}
+            inverse.setdefault(tgt, []).append(src)
+    switch = dict(zip(langs, [forward, inverse]))
+    hits = {}  # lang -> [words found in its own column, in the other's]
     total = {}  # lang -> words read
     for l, other in zip(langs, langs[::-1]):
         words = []
@@ -1298,25 +1261,25 @@ def _fingerprint(path):
         return path and [abspath(path), getsize(path), os.stat(path).st_mtime_ns]
     stats = [[relpath(f, path), getsize(f), os.stat(f).st_mtime_ns]
              for f in wikiextractor_files(path)]
-    return [abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
+    return [abspath(path), hashlib.sha1(dumps(stats).encode()).hexdigest()]
 
 
 def _text_splits(lang, splits, out):
     """A language's text as files: a WikiExtractor directory's lines, a train text without a dev
     file shuffled into train and held-out dev lines, in out/ -> {"train": path, "dev": path}."""
-    prefix = join(out, lang)
     paths = dict(splits)
     train = splits["train"]
     dev = splits["dev"]
+    dev_txt = join(out, f"{lang}.dev.txt")
     if dev and isdir(dev):  # a WikiExtractor dev directory: its lines in order
-        paths["dev"] = prefix + ".dev.txt"
-        write_text(paths["dev"], (line + "\n" for line in read_wikiextractor(dev)))
+        paths["dev"] = dev_txt
+        write_text(dev_txt, (line + "\n" for line in read_wikiextractor(dev)))
     if isdir(train) or dev is None:
-        held_out = prefix + ".dev.txt" if dev is None else None
-        paths["train"] = prefix + ".train.txt"
+        held_out = dev_txt if dev is None else None
+        paths["train"] = join(out, f"{lang}.train.txt")
         paths["dev"] = held_out or paths["dev"]
         size = sum(map(getsize, wikiextractor_files(train) if isdir(train) else [train]))
-        work_dir = join(out, f"shuffle.{os.getpid()}.tmp")
+        work_dir = join(out, f"shuffle.{getpid()}.tmp")
         n_train, n_dev = shuffle_split(read_text(train), size, work_dir, paths["train"], held_out)
         print(f"{lang}: {train}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
               f"{f', {n_dev} dev lines held out' if held_out else ''}, in {out}")
@@ -1357,28 +1320,25 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                   "its text is prepared")
     switch = {}  # lang -> {word: [translations]}
     if master:
-        # the small dev text first: the train text is compared with it
-        for l, splits in files.items():
+        for l, splits in files.items():  # the dev text first: train is compared with it
             dev = splits["dev"] and _check_text(splits["dev"], l, "dev")
             _check_text(splits["train"], l, "train", dev, allow_overlap)
         if code_switch:
             switch = _code_switching(code_switch, files, langs, lowercase)
     recipe.update(bpe_lines=max_lines, seed=seed, code_switch=_fingerprint(code_switch),
                   sources={l: {s: _fingerprint(p) for s, p in v.items()} for l, v in files.items()})
-    # shuffle_split's choices too, when it runs
     if any(v["dev"] is None or any(map(isdir, v.values())) for v in files.values()):
-        recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
+        recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)  # shuffle_split's choices
     # the directory names of earlier versions: without the dictionary's digest
     hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}
-    digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
+    digest = hashlib.sha1(dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
-
     if not master:
         while _missing(out, langs):  # the other DDP ranks wait for the master's data
             time.sleep(2)
         return out
     # a complete folder is read without the lock (many runs may use it at once)
-    with _preparing(out) if _missing(out, langs) else contextlib.nullcontext():
+    with _preparing(out) if _missing(out, langs) else nullcontext():
         missing = _missing(out, langs)  # again, under the lock: its last holder may have made it
         if not missing:
             print(f"using prepared data in {out}")
@@ -1389,17 +1349,15 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                   "again")
         paths = {l: _text_splits(l, v, out) for l, v in files.items()}
         print(f"learning BPE ({mode}, {merges} merges) for {out}")
-        tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode=mode, num_merges=merges,
-                              separate_vocab=separate_vocab, lowercase=lowercase,
-                              max_lines=max_lines, seed=seed)
+        tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode, merges, separate_vocab,
+                              lowercase, max_lines, seed=seed)
         print(f"preparing data in {out}")
-        recipe["unk_percent"] = {l: {} for l in langs}
-        # the small dev files first: a bad one is found in seconds
-        for s, l in itertools.product(("dev", "train"), langs):
+        unk_percent = recipe["unk_percent"] = {l: {} for l in langs}
+        for s, l in product(("dev", "train"), langs):  # dev first: a bad one fails in seconds
             meta = binarize(paths[l][s], tok, l, join(out, f"{l}.{s}"), workers=workers,
                             code_switch=switch.get(l) if s == "train" else None, seed=seed)
             unk = 100 * meta["n_unk"] / max(meta["n_tokens"] - meta["n_sentences"], 1)
-            recipe["unk_percent"][l][s] = round(unk, 2)
+            unk_percent[l][s] = round(unk, 2)
             if unk > 5:
                 print(f"note: {unk:.1f} % of the {l} {s} tokens are <unk> (the vocabulary was "
                       "learned on other text, or on too few lines); a model trained or measured "
@@ -1409,10 +1367,9 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                 print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words "
                       f"({share:.1f} %) replaced by {langs[1 - langs.index(l)]} words")
         tok.save(join(out, "tokenizer.json"))
-        write_text(join(out, "recipe.json"), json.dumps(recipe, indent=1))
+        write_text(join(out, "recipe.json"), dumps(recipe, indent=1))
         sizes = {n: getsize(join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
-        # last: the ids it holds (_missing checks them)
-        write_text(join(out, "done"), json.dumps(sizes))
+        write_text(join(out, "done"), dumps(sizes))  # last: the ids it holds (_missing checks)
     return out
 
 
@@ -1479,13 +1436,11 @@ def main(argv=None):
         merges = args.merges or (80000 if args.mode == "joint" else 40000)
 
         # SIGTERM as Ctrl-C, once: a second one cannot cut the clean-up short
-        signals = (signal.SIGINT, signal.SIGTERM)
-
         def stopped(signum, frame):
-            for s in signals:
-                signal.signal(s, signal.SIG_IGN)
-            raise KeyboardInterrupt(signal.Signals(signum).name)
-        handlers = {s: signal.signal(s, stopped) for s in signals}
+            for s in STOP_SIGNALS:
+                signal(s, SIG_IGN)
+            raise KeyboardInterrupt(Signals(signum).name)
+        handlers = {s: signal(s, stopped) for s in STOP_SIGNALS}
         try:
             print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges,
                           args.separate_vocab, args.lowercase, args.max_lines, args.seed,
@@ -1494,13 +1449,13 @@ def main(argv=None):
         except KeyboardInterrupt as e:
             name = str(e) or "SIGINT"
             print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same "
-                  "command to prepare the data", file=sys.stderr)
-            sys.exit(128 + signal.Signals[name])
+                  "command to prepare the data", file=stderr)
+            sys.exit(128 + Signals[name])
         finally:
             # restored for a caller in this process; once stopped, ignored until the exit
-            if signal.getsignal(signal.SIGINT) is stopped:
+            if getsignal(SIGINT) is stopped:
                 for s, handler in handlers.items():
-                    signal.signal(s, handler)
+                    signal(s, handler)
 
 
 if __name__ == "__main__":
