@@ -129,7 +129,7 @@ def merge_pair(symbols, a, b):
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
 
 class _Cache(dict):
-    """BPE's per-word cache, word -> make(word): a new word is made at its first lookup."""
+    """BPE's per-word caches, word -> make(word): a new word is made at its first lookup."""
     def __init__(self, make):
         super().__init__()
         self.make = make
@@ -154,7 +154,9 @@ class BPE:
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
             self.ranks.setdefault(tuple(canon.setdefault(s, s) for s in pair), i)
         self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
-        self.pieces = _Cache(self._pieces)  # word -> its pieces with '@@'
+        # per-word caches: word -> pieces with '@@' (apply_words), word -> them joined (apply)
+        self.pieces = _Cache(self._pieces)
+        self.joined = _Cache(lambda word: " ".join(self.pieces[word]))
 
     def _merge(self, word):
         """'lowest' -> ['lo', 'west</w>']: from characters (the last + '</w>'), merge the
@@ -204,8 +206,12 @@ class BPE:
 
     def apply(self, line):
         """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words split on ' ' only."""
-        # a run of ' ' gives '' words, which have no pieces
-        return " ".join(self.apply_words(line.strip("\r\n ").split(" ")))
+        line = line.strip("\r\n ")
+        words = line.split(" ")
+        if "  " in line:  # runs of ' ' give '' words
+            words = [w for w in words if w]
+        # a word met for the first time is merged by _Cache.__missing__ ('' gives '')
+        return " ".join(map(self.joined.__getitem__, words))
 
     def save(self, path):  # a codes file of subword-nmt
         write_text(path, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges))
@@ -490,7 +496,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
 # Plumbing: the fast learner, files, the command-line helpers of every script, data preparation
 
 # -----------------------------------------------------------------------------
-# Speed: learn_bpe (learn_bpe_simple's merges, fast)
+# Speed: learn_bpe (learn_bpe_simple's merges, fast) and BPE.apply's per-word cache
 
 def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     """Same merges as learn_bpe_simple, faster: a merge only touches the words that contain the
