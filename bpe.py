@@ -25,7 +25,7 @@ import unicodedata
 from collections import Counter, defaultdict
 from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from itertools import islice, product
-from json import JSONDecodeError, dumps, load
+from json import JSONDecodeError, dumps, load as json_load
 from os import getpid, makedirs, remove
 from os.path import abspath, basename, exists, getsize, isdir, isfile, join, relpath, samefile
 from shutil import rmtree
@@ -640,7 +640,7 @@ def write_text(path, text):
 
 def read_json(path):  # a UTF-8 JSON file's value
     with open(path, encoding="utf-8") as f:
-        return load(f)
+        return json_load(f)
 
 
 def read_lines(path, max_lines=None):
