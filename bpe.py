@@ -31,7 +31,6 @@ from os.path import abspath, basename, exists, getsize, isdir, isfile, join, rel
 from shutil import rmtree
 from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGINT, SIGTERM, Signals,
                     getsignal, pthread_sigmask, signal)
-from sys import stderr
 
 import numpy as np
 import regex
@@ -466,7 +465,7 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     totals = Counter()
     bar = tqdm(total=getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {basename(text_path)}",
-               disable=not verbose or not stderr.isatty())
+               disable=not verbose or not sys.stderr.isatty())
     _WORKER.update(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p,
                    max_frac=max_frac, seed=seed)
     pool = _pool(workers, dict(_WORKER)) if workers > 1 else None
@@ -529,7 +528,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     heap = list(map(entry, stats))
     heapq.heapify(heap)
     merges = []
-    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not stderr.isatty(),
+    bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not sys.stderr.isatty(),
                mininterval=1)
     while len(merges) < num_merges:
         # pop stale entries until the top one is current (lazy deletion)
@@ -801,7 +800,7 @@ def toy_data(args):
     if not isinstance(args.toy, str):
         return "--data"
     print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}",
-          file=stderr)
+          file=sys.stderr)
     if args.data is not None:
         raise InputError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy "
                          "--data DIR)")
@@ -828,7 +827,7 @@ def out_of_memory(e):
 def encode_bar(lang):
     """The "encode {lang}" bar for model.pool_sentences: (iterable, total) -> iterable."""
     return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False,
-                                  mininterval=1, disable=not stderr.isatty())
+                                  mininterval=1, disable=not sys.stderr.isatty())
 
 
 def parse_langs(langs):
@@ -1455,7 +1454,7 @@ def main(argv=None):
         except KeyboardInterrupt as e:
             name = str(e) or "SIGINT"
             print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same "
-                  "command to prepare the data", file=stderr)
+                  "command to prepare the data", file=sys.stderr)
             sys.exit(128 + Signals[name])
         finally:
             # restored for a caller in this process; once stopped, ignored until the exit
