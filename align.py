@@ -14,9 +14,7 @@ References: Conneau et al. 2020 (the paper), Conneau et al. 2018 "Word translati
 parallel data" (MUSE: Procrustes, CSLS), Zhang et al. 2019 (iterative normalisation), Dyer et al.
 2013 (fast_align), Artetxe & Schwenk 2019 / XTREME (Tatoeba retrieval).
 
-Only numpy at module level, so the file copies alone; the command line below the ruler imports
-bpe.py, model.py and torch inside its functions:
-
+Only numpy at module level (the file copies alone); the command line imports the rest inside:
     python align.py words      --toy --data WORLD --ckpt RUN/best.pt [--ckpt2 RUN_FR/best.pt]
     python align.py contextual --toy --data WORLD --ckpt RUN/best.pt --save-maps maps.npz
     python align.py sentences  --ckpt RUN/best.pt
@@ -31,13 +29,11 @@ import numpy as np
 
 
 class InputError(ValueError):
-    """A bad input (a file, a flag), the whole message: the command line prints it as one `error:`
-    line. The twin of bpe.py's, so that this file copies alone."""
+    """A bad input (a file, a flag), the whole message, one `error:` line (bpe.py's, copied)."""
 
 
 # -------------------------------------------------------------------------------------------------
 # §5.1 (MUSE): orthogonal Procrustes and iterative normalisation
-
 def _as_matrix(X, name):
     """X as a float 2-D array, checked by every function below: a clear error, not silent NaNs."""
     X = np.asarray(X)
@@ -72,18 +68,17 @@ def procrustes(X, Y):
 
 
 def normalize_rows(X, eps=1e-8):
-    """x <- x / (||x||₂ + eps) for every row (so a zero row stays zero)."""
+    """x <- x / (||x||₂ + eps) for every row (a zero row stays zero)."""
     return X / (np.linalg.norm(X, axis=1, keepdims=True) + eps)
 
 
 def iterative_normalize(X, n_iter=5):
-    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`): unit length AND zero mean. Each
-    step breaks the other's property, so both are repeated, ending on unit length. One language
-    at a time."""
+    """Iterative normalisation (Zhang et al. 2019, `iternorm.py`), one language at a time: unit
+    length AND zero mean; each step breaks the other's property, so both repeat, ending on unit."""
     X = _as_matrix(X, "X").astype(np.float64)
     for _ in range(n_iter):
         X = normalize_rows(X)
-        X = X - X.mean(axis=0, keepdims=True)
+        X = X - X.mean(axis=0)
     return normalize_rows(X)
 
 
@@ -91,7 +86,6 @@ def iterative_normalize(X, n_iter=5):
 # §5.1 retrieval: nearest neighbour by cosine and CSLS (Conneau et al. 2018), in chunks. Queries
 # X (n, d), candidates Y (m, d) -> index of the best row of Y for every row of X. Similarities are
 # computed block by block, memory O(chunk * m): 200k x 200k float32 similarities would be 160 GB.
-
 CHUNK_BYTES = 128 * 2**20  # ~128 MB a block (float32: 671 rows x 50k)
 
 
@@ -131,30 +125,27 @@ def csls_knn(X, Y, k=10, chunk_bytes=CHUNK_BYTES):
     # r_S as MUSE's `get_nn_avg_dist`, block by block
     r_S = np.empty(Y.shape[0])
     for rows, S in _blocks(Y, X, chunk_bytes):
-        r_S[rows] = np.partition(S, S.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
+        r_S[rows] = np.partition(S, -k, axis=1)[:, -k:].mean(axis=1)
     r_S = r_S.astype(X.dtype)
     return np.concatenate([(2 * S - r_S).argmax(axis=1) for _, S in _blocks(X, Y, chunk_bytes)])
 
 
 # -------------------------------------------------------------------------------------------------
 # §5.1.1 word translation (MUSE `word_translation.py`): dictionary pairs, P@1, any gold right
-
 def dictionary_indices(pairs, src_words, tgt_words, name="dictionary"):
-    """The pairs whose two words both own a row of src_words / tgt_words -> (src_idx, tgt_idx);
-    none: InputError."""
+    """The pairs whose words both own a row of src_words / tgt_words -> (src_idx, tgt_idx)."""
     src_row = {w: i for i, w in enumerate(src_words)}
     tgt_row = {w: i for i, w in enumerate(tgt_words)}
     kept = [(src_row[s], tgt_row[t]) for s, t in pairs if s in src_row and t in tgt_row]
     if not kept:
         raise InputError(f"{name}: none of its {len(pairs)} pairs has both words in the "
                          f"vocabularies ({len(src_words)} source, {len(tgt_words)} target words)")
-    return tuple(np.array(kept, dtype=np.int64).T)
+    return tuple(np.array(kept).T)
 
 
 def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
     """P@1 of CSLS retrieval among ALL rows of X_tgt for the unique source words of the pairs
-    (src_idx, tgt_idx), X_src mapped by W if given; right if ANY gold translation is retrieved
-    (MUSE) -> (p_at_1, n_source_words)."""
+    (src_idx, tgt_idx), X_src @ W if W; right if ANY gold is retrieved (MUSE) -> (p@1, n words)."""
     X_src = _as_matrix(X_src, "X_src")
     X_tgt = _as_matrix(X_tgt, "X_tgt")
     gold = {}  # source row -> its gold target rows
@@ -162,7 +153,7 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
         gold.setdefault(s, set()).add(t)
     queries = sorted(gold)  # as np.unique(src_idx)
     Q = X_src[queries] if W is None else X_src[queries] @ W
-    hits = [int(p) in gold[s] for s, p in zip(queries, csls_knn(Q, X_tgt, k))]
+    hits = [p in gold[s] for s, p in zip(queries, csls_knn(Q, X_tgt, k))]
     return float(np.mean(hits)), len(hits)
 
 
@@ -194,11 +185,10 @@ def word_translation_accuracy(X_src, X_tgt, src_idx, tgt_idx, W=None, k=10):
 # fra-eng pairs, leaving out the first alone changes 91 pairs' links, the second alone 430); the
 # rest only change rounding. Words are split on ASCII spaces and tabs only, as fast_align reads a
 # line (U+00A0 or U+202F, which French text has before punctuation, stay inside a word).
-
 def digamma(x):
-    """ψ(x) for x > 0 as fast_align computes it: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the
-    asymptotic series of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
-    x = np.array(x, dtype=np.float64)
+    """ψ(x), x > 0, as fast_align: ψ(x) = ψ(x+1) - 1/x until x >= 7, then the asymptotic series
+    of ψ(y + 1/2) in y = x - 1/2 up to y^-8 (absolute error below 1e-10)."""
+    x = np.array(x, np.float64)
     out = np.zeros_like(x)
     while (small := x < 7).any():
         out[small] -= 1.0 / x[small]
@@ -211,8 +201,7 @@ def digamma(x):
 
 
 def _h(i, j, m, n):
-    """Diagonal feature of source position i and target position j (1-based) in a pair of lengths
-    n, m."""
+    """Diagonal feature of source position i, target position j (1-based), lengths n, m."""
     return -np.abs(i / n - j / m)
 
 
@@ -221,7 +210,7 @@ def _diag_z(j, m, n, lam):
     integer arrays): geometric series of ratio exp(-λ/n) from below j·n/m down to 1 and from above
     it up to n. The upper one's length is an unsigned 32-bit difference (C++): j·n/m > n, only in
     _model_h's transposed call, wraps it (sum: the limit)."""
-    below = (j * n // m).astype(np.int64)
+    below = j * n // m
     n_above = ((n - below) % 2 ** 32).astype(np.float64)
     r = np.exp(-lam / n)
     above_sum = np.exp(_h(below + 1, j, m, n) * lam) * (1.0 - r ** n_above) / (1.0 - r)
@@ -233,7 +222,7 @@ def _model_h(j, m, n, lam):
     """The prior's expected h for target position j as fast_align's -o computes it:
     Σ_i h exp(λ h) (closed form, h falling by 1/n per step away from j·n/m) / Z_λ(j, n, m)
     (lengths swapped)."""
-    below = (j * n // m).astype(np.int64)
+    below = j * n // m
     n_above = n - below
     r = np.exp(-lam / n)
     d = -1.0 / n
@@ -250,8 +239,7 @@ def _model_h(j, m, n, lam):
 
 
 def _split_words(s):
-    """A sentence as fast_align reads it: a string splits on ASCII spaces and tabs; a word list
-    stays."""
+    """A sentence as fast_align reads it (split on ASCII spaces and tabs); a word list stays."""
     return [w for w in s.replace("\t", " ").split(" ") if w] if isinstance(s, str) else list(s)
 
 
@@ -262,36 +250,33 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     gets no links (fast_align stops there)."""
     if len(src_sents) != len(tgt_sents):
         raise ValueError(f"{len(src_sents)} source but {len(tgt_sents)} target sentences")
-    src = [_split_words(s) for s in src_sents]
-    tgt = [_split_words(s) for s in tgt_sents]
     e_id = {"<NULL>": 0}
     f_id = {}
-    # per pair, of every cell: source word, target word, source position i, token
+    # per pair, of every cell: source word, target word, source position i, token, diagonal
+    # feature h, and h with the 0-based j (-o's posterior)
     cells = []
-    tokens = []  # per pair: j (1-based), m, n of every target token
+    tokens = []  # per pair: m, n, j (1-based) of every target token
     blocks = []  # (pair, first cell, m, n): where its cells live
     n_tok = n_cell = 0
-    for k, (es, fs) in enumerate(zip(src, tgt)):
+    for k, (es, fs) in enumerate(zip(map(_split_words, src_sents), map(_split_words, tgt_sents))):
+        if not es or not fs:
+            continue
         n = len(es)
         m = len(fs)
-        if n == 0 or m == 0:
-            continue
         e = np.array([0] + [e_id.setdefault(w, len(e_id)) for w in es])  # (n+1,) NULL first
         f = np.array([f_id.setdefault(w, len(f_id)) for w in fs])  # (m,)
-        cells.append((np.tile(e, m), np.repeat(f, n + 1), np.tile(np.arange(n + 1), m),
-                      np.repeat(n_tok + np.arange(m), n + 1)))
-        tokens.append((np.arange(1, m + 1), np.full(m, m), np.full(m, n)))
+        J, I = np.indices((m, n + 1)).reshape(2, -1)  # of every cell: 0-based j, i
+        cells.append((e[I], f[J], I, n_tok + J, _h(I, J + 1, m, n), _h(I, J, m, n)))
+        tokens.append((np.full(m, m), np.full(m, n), np.arange(1, m + 1)))
         blocks.append((k, n_cell, m, n))
         n_tok += m
         n_cell += m * (n + 1)
-    links = [[] for _ in src]
+    links = [[] for _ in src_sents]
     if not blocks:
         return links
-    cell_e, cell_f, cell_i, tok = map(np.concatenate, zip(*cells))
-    tok_j, tok_m, tok_n = map(np.concatenate, zip(*tokens))
-    # the diagonal feature of every cell, and the same with the 0-based j (-o's posterior)
-    h = _h(cell_i, tok_j[tok], tok_m[tok], tok_n[tok])
-    h_prev = _h(cell_i, tok_j[tok] - 1, tok_m[tok], tok_n[tok])
+    cell_e, cell_f, cell_i, tok, h, h_prev = map(np.concatenate, zip(*cells))
+    tok_mnj = np.concatenate(tokens, axis=1)
+    tok_m, tok_n, tok_j = tok_mnj
     null = cell_i == 0
     # one θ entry per co-occurring (e, f) pair: cell -> pair index, pair -> e
     pairs, pair_of_cell = np.unique(cell_e * len(f_id) + cell_f, return_inverse=True)
@@ -299,8 +284,7 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
     theta = np.full(len(pairs), 1e-9)  # fast_align's, before the first normalisation
     # -o's prior expectation sums over the distinct (m, n, j) of the target tokens, each weighted
     # by its count (the pairs of lengths m, n), in the order of (m, n, j)
-    (size_m, size_n, size_j), size_w = np.unique(np.stack([tok_m, tok_n, tok_j]), axis=1,
-                                                 return_counts=True)
+    (size_m, size_n, size_j), size_w = np.unique(tok_mnj, axis=1, return_counts=True)
     lam = tension
     for it in range(n_iter):
         az = _diag_z(tok_j, tok_m, tok_n, lam) / (1 - p0)  # per token
@@ -315,7 +299,7 @@ def ibm2_align(src_sents, tgt_sents, n_iter=5, p0=0.08, tension=4.0, alpha=0.01)
             posterior_h = np.cumsum(np.where(null, 0.0, h_prev * q))[-1] / n_tok
             for _ in range(8):
                 prior_h = np.sum(size_w * _model_h(size_j, size_m, size_n, lam)) / n_tok
-                lam = float(np.clip(lam + (posterior_h - prior_h) * 20.0, 0.1, 14.0))
+                lam = np.clip(lam + (posterior_h - prior_h) * 20.0, 0.1, 14.0)
         tot = np.bincount(pair_e, c, minlength=len(e_id))[pair_e]
         theta = np.exp(digamma(c) - digamma(tot))
     # Viterbi decoding: per target word the most probable position; NULL (i = 0) wins ties, then
@@ -352,9 +336,8 @@ def grow_diag_final_and(fwd, rev):
 
 
 def fast_align(src_sents, tgt_sents):
-    """Word alignment of parallel sentences -> one sorted list of (i, j) links per pair: forward
-    (ibm2_align) and reverse (`fast_align -r`) directions symmetrised by grow-diag-final-and (the
-    paper's recipe)."""
+    """Links of parallel sentences: forward and reverse (`fast_align -r`) ibm2_align symmetrised
+    by grow-diag-final-and (the paper's recipe) -> sorted (i, j) links per pair."""
     fwd = ibm2_align(src_sents, tgt_sents)
     rev = ibm2_align(tgt_sents, src_sents)
     return [grow_diag_final_and(f, [(i, j) for j, i in r]) for f, r in zip(fwd, rev)]
@@ -362,8 +345,7 @@ def fast_align(src_sents, tgt_sents):
 
 def one_to_one_pairs(links, src_words, tgt_words):
     """Links whose two words are each linked once, minus identical strings (shijie-wu/
-    crosslingual-nlp `_process_align`): copies say nothing about the alignment of the two
-    spaces."""
+    crosslingual-nlp `_process_align`): copies say nothing about how the spaces align."""
     src_links = Counter(i for i, _ in links)
     tgt_links = Counter(j for _, j in links)
     return [(i, j) for i, j in links
@@ -374,103 +356,126 @@ def one_to_one_pairs(links, src_words, tgt_words):
 # The command line: layers L0 (embeddings) .. L8 as in the paper's Figures 5-7; sentences run as
 # XLM's `</s> w1 ... wn </s>`. bpe.py, model.py and torch are imported inside the functions.
 
-# -------------------------------------------------------------------------------------------------
 # vectors from a checkpoint: word tokens, word types, the encoders of the two sides
-
-def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size):
-    """Contextual vector of every word token (left open by the paper: the mean of its subword
-    states) -> (n_layers + 1 arrays (n_words, dim), offsets): sentence k's words are rows
-    offsets[k]:offsets[k+1], NaN if past max_positions."""
+def encode_word_tokens(model, tok, sents_words, lang_idx, lang_code, batch_size, notes=None):
+    """Every word token's vector, the mean of its subword states (the paper leaves it open) ->
+    (array (n_layers + 1, n_words, dim), offsets): sentence k's words are rows offsets[k]:
+    offsets[k+1], NaN past max_positions; `notes` gets a note of many <unk>."""
     import bpe
     import model as M
     per_word = [tok.encode_words(ws, lang_code) for ws in sents_words]
-    offsets = np.concatenate([[0], np.cumsum([len(w) for w in per_word])]).astype(np.int64)
+    offsets = np.cumsum([0] + [len(w) for w in per_word])
     out = np.full((model.config.n_layers + 1, offsets[-1], model.config.dim), np.nan, np.float32)
-    states = M.iter_states(model, [sum(w, []) for w in per_word], lang_idx, batch_size)
+    sent_ids = [sum(w, []) for w in per_word]
+    unk_note(notes, sent_ids, lang_code)
+    states = M.iter_states(model, sent_ids, lang_idx, batch_size)
     for k, H in bpe.encode_bar(lang_code)(states, len(per_word)):
-        pos = 1  # position 0 is </s>
+        end = 1  # position 0 is </s>, the last one too
         for w, ids in enumerate(per_word[k]):
-            if pos + len(ids) <= H.shape[1] - 1:
-                out[:, offsets[k] + w] = H[:, pos:pos + len(ids)].mean(axis=1)
-            pos += len(ids)
-    return list(out), offsets
+            start, end = end, end + len(ids)
+            if end < H.shape[1]:
+                out[:, offsets[k] + w] = H[:, start:end].mean(axis=1)
+    return out, offsets
 
 
-def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, max_vocab=200000):
-    """Word vectors (left open by the paper) of a corpus's word types, most frequent first, keyed
-    lowercase as MUSE -> one (row name, words, vectors) per row of Fig. 4: the embedding rows of
-    the words that are ONE subword (4a), then per layer the mean state of each word's tokens
-    (4b)."""
+def word_vectors(model, tok, lang_idx, lang, path, max_sents, batch_size, notes):
+    """Word vectors (the paper leaves them open) of a corpus's word types, most frequent first,
+    lowercase (MUSE) -> (row name, words, vectors) per row of Fig. 4: embedding rows of ONE-subword
+    words (4a), then per layer the mean state of each word's tokens (4b)."""
     import bpe
-    sents = [tok.words(line.strip(), lang) for line in bpe.read_lines(path, max_sents)]
+    sents = [tok.words(line, lang) for line in bpe.read_lines(path, max_sents)]
     words = [w for ws in sents for w in ws]
     if not words:
         raise InputError(f"{path}: no words")
-    keys = [w for w, _ in Counter(w.lower() for w in words).most_common(max_vocab)]
+    keys = [w for w, _ in Counter(w.lower() for w in words).most_common(200000)]  # MUSE's 200k
     form = {w.lower(): w for w in reversed(words)}  # the first surface form is encoded
     tables = model.tok_emb
-    table = tables[lang_idx if len(tables) > 1 else 0].weight.detach().float().cpu().numpy()
+    table = tables[lang_idx % len(tables)].weight.detach().float().cpu().numpy()
     key_ids = tok.encode_words([form[k] for k in keys], lang)
-    single = [(k, ids[0]) for k, ids in zip(keys, key_ids)
-              if len(ids) == 1 and ids[0] != bpe.UNK_ID]
-    layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size)
+    single = {k: ids[0] for k, ids in zip(keys, key_ids) if len(ids) == 1 and ids[0] != bpe.UNK_ID}
+    layers, _ = encode_word_tokens(model, tok, sents, lang_idx, lang, batch_size, notes)
     row = {k: i for i, k in enumerate(keys)}
-    which = np.array([row.get(w.lower(), -1) for w in words], dtype=np.int64)
-    counted = (which >= 0) & ~np.isnan(layers[0][:, 0])  # a kept word type, a token with states
-    n_occ = np.bincount(which[counted], minlength=len(keys)).astype(np.float64)
-    occurs = n_occ > 0
-    # per layer, the sum over each word's tokens
-    S = np.zeros((len(layers), len(keys), layers[0].shape[1]))
-    np.add.at(S, (slice(None), which[counted]), np.stack(layers)[:, counted])
-    means = (S[:, occurs] / n_occ[occurs, None]).astype(np.float32)
-    with_states = [k for k, o in zip(keys, occurs) if o]
-    rows = [("emb (4a)", [k for k, _ in single], table[[i for _, i in single]])]
-    return rows + [(f"L{l} (4b)", with_states, X) for l, X in enumerate(means)]
+    which = np.array([row.get(w.lower(), -1) for w in words])
+    counted = (which >= 0) & ~np.isnan(layers[0, :, 0])  # a kept word type, a token with states
+    # the word types with states, most frequent first: per layer, the mean over their tokens
+    kept, type_of, n_occ = np.unique(which[counted], return_inverse=True, return_counts=True)
+    S = np.zeros((len(layers), len(kept), layers.shape[2]))
+    np.add.at(S, (slice(None), type_of), layers[:, counted])
+    means = (S / n_occ[:, None]).astype(np.float32)
+    with_states = [keys[i] for i in kept]
+    return [("emb (4a)", list(single), table[list(single.values())])] + [
+        (f"L{l} (4b)", with_states, X) for l, X in enumerate(means)]
 
 
 def _encoders(args):
-    """(model, tokenizer, language index, language code) of each side: --ckpt encodes --src;
-    --ckpt2 (if given) or --ckpt, --tgt."""
+    """(model, tokenizer, language index, code) per side: --ckpt's --src, --ckpt2's --tgt."""
     import bpe
     import model
+    import torch
     out = []
     loaded = {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
         if path not in loaded:
             loaded[path] = model.load_encoder(path, args.device, bpe.checkpoint_tokenizer,
-                                          args.xlm_codes)
+                                              args.xlm_codes)
+            # a model whose MLM stalled (model.py's rule)
+            note = model.stall_note(path, loaded[path][3])
+            if note:
+                args.notes.append(note.removeprefix("note: "))
         mdl, tok, langs, _ = loaded[path]
         lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
         out.append((mdl, tok, lang_idx, lang))
-    # before any encoding: the vectors of two widths cannot be compared, the layers of two depths
-    # cannot be paired (they were, as far as the shallower model went)
-    first = out[0][0].config
-    second = out[1][0].config
+    # toydata.py writes world.json last: a world without it was cut short
+    if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
+        raise InputError(f"--data {args.data}: no world.json, not a whole toydata.py world (cut "
+                         "short? write it again with toydata.py --force)")
+    # before any encoding: vectors of two widths cannot be compared, layers of two depths paired
+    first, second = (side[0].config for side in out)
     if first.dim != second.dim:
-        raise InputError(f"--ckpt {args.ckpt} has width {first.dim} but --ckpt2 "
-                         f"{args.ckpt2} {second.dim}: their vectors cannot be compared or mapped "
-                         "onto each other")
+        raise InputError(f"--ckpt {args.ckpt} has width {first.dim} but --ckpt2 {args.ckpt2} "
+                         f"{second.dim}: their vectors cannot be compared or mapped")
     if first.n_layers != second.n_layers:
         raise InputError(f"--ckpt {args.ckpt} has {first.n_layers} layers but --ckpt2 {args.ckpt2} "
                          f"{second.n_layers}: the tables pair layer l of one model with layer l of "
                          "the other; give two models of one depth")
+    # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
+    mine, theirs = (side[0].state_dict() for side in out)
+    if args.ckpt2 and mine.keys() == theirs.keys() and all(
+            map(torch.equal, mine.values(), theirs.values())):
+        raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt {args.ckpt}: a "
+                         "model compared with itself; give a second model or leave --ckpt2 out")
     return out
 
 
-# -------------------------------------------------------------------------------------------------
-# files: dictionaries, parallel sides, maps
+# notes: a word beside a number that means little (after the table; kept in --save-maps)
+def unk_note(notes, ids, lang):
+    """More than 5 % <unk> among a side's tokens (id lists): a note with the rate."""
+    import bpe
+    n_tokens = sum(map(len, ids))
+    n_unk = sum(s.count(bpe.UNK_ID) for s in ids)
+    if notes is not None and n_unk > 0.05 * n_tokens:
+        notes.append(f"{100 * n_unk / n_tokens:.1f} % of the {lang} tokens are <unk> (the "
+                     "vocabulary was learned on other text); the score means little")
 
+
+def weak_notes(notes, where, n_fit, dim, n_test, items):
+    """Notes: a map fitted on fewer pairs than dimensions (n_fit 0: none), under 50 items scored."""
+    if 0 < n_fit < dim:
+        notes.append(f"{where}the map is fitted on {n_fit} pairs in {dim} dimensions: "
+                     "underdetermined (fewer pairs than dimensions); the mapped score means little")
+    if n_test < 50:
+        notes.append(f"{where}{n_test} {items} scored, fewer than 50: the score means little")
+
+
+# files: dictionaries, parallel sides, maps
 def read_muse_dictionary(path):
-    """MUSE dictionary `src tgt` per line (a source word may have several lines) -> pairs in file
-    order, read by bpe.read_dictionary (same format, same errors), lowercased as MUSE's embeddings
-    are."""
+    """MUSE dictionary `src tgt` per line -> pairs in file order, lowercased (as MUSE's vectors)."""
     import bpe
     return [(s.lower(), t.lower()) for s, t in bpe.read_dictionary(path)]
 
 
 def read_sides(args, src, tgt):
-    """bpe.read_parallel under --max-sents; a copy of one text on both sides is refused too, unless
-    --ckpt2."""
+    """bpe.read_parallel under --max-sents; one text on both sides is refused unless --ckpt2."""
     import bpe
     texts = bpe.read_parallel(src, tgt, args.max_sents, same_ok=bool(args.ckpt2))
     if texts[0] == texts[1] and not args.ckpt2:
@@ -479,10 +484,9 @@ def read_sides(args, src, tgt):
     return texts
 
 
-def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair):
-    """Unless `allow` (--allow-overlap): train pairs whose key is a test pair's are left out of the
-    fit with a note, "N of the M {overlap}" (MUSE's en-fr.txt holds its test pairs), a train set of
-    test pairs only (the test file, a copy) is refused."""
+def without_test_pairs(train, test, names, allow, overlap, key):
+    """Unless `allow`: train pairs whose key is a test pair's are left out of the fit with a note
+    "N of the M {overlap}" (MUSE's en-fr.txt holds its test pairs); test pairs only: refused."""
     tested = {key(pair) for pair in test}
     kept = [pair for pair in train if key(pair) not in tested]
     if allow or len(kept) == len(train):
@@ -496,21 +500,19 @@ def without_test_pairs(train, test, names, allow, overlap, key=lambda pair: pair
     return kept
 
 
-def save_maps(path, maps, src, tgt, digests=("", "")):
-    """Write the per-layer maps (.npz) atomically, with digests: model.file_digest of the
-    checkpoints of src, tgt."""
+def save_maps(path, maps, src, tgt, digests=("", ""), notes=()):
+    """The per-layer maps (.npz), atomically, with the checkpoints' digests and the notes."""
     import bpe
     W = np.stack(maps)
     # the file is closed before the rename
     with bpe.write_errors(path), bpe.atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, src_to_tgt=W, tgt_to_src=W.transpose(0, 2, 1), src=src, tgt=tgt,
-                 src_ckpt_digest=digests[0], tgt_ckpt_digest=digests[1])
+                 src_ckpt_digest=digests[0], tgt_ckpt_digest=digests[1], notes=np.array(notes, str))
 
 
 def load_map(path, src, tgt, layer, digests=None):
-    """The layer's map W with x_src @ W ~ x_tgt from a save_maps file (of either direction) ->
-    float32 (dim, dim). If given, `digests` (src's and tgt's file_digest; one string: one model
-    for both) must be the file's; InputError."""
+    """The layer's map W, x_src @ W ~ x_tgt, from a save_maps file (either direction) -> float32
+    (dim, dim); `digests` (src's and tgt's file_digest; a string: both) must be the file's."""
     try:
         with np.load(path) as z:
             pair = str(z["src"]), str(z["tgt"])
@@ -534,19 +536,18 @@ def load_map(path, src, tgt, layer, digests=None):
     return maps[layer].astype(np.float32)
 
 
-def print_table(title, header, rows, plot):
-    """Markdown table to stdout (numbers as percentages with one decimal); --plot FILE.png draws
-    it too."""
+def print_table(title, header, rows, args):
+    """Markdown table (percentages, one decimal), args.notes below it; --plot draws it too."""
     import model
     pct = [[100 * v if isinstance(v, float) else v for v in r] for r in rows]
     print(f"\n{title}\n\n" + model.markdown_table(header, pct, "{:.1f}"))
-    if plot:
-        model.plot_layers(plot, title, header, pct, "P@1 (%)")
+    for text in args.notes:
+        print(f"note: {text}")
+    if args.plot:
+        model.plot_layers(args.plot, title, header, pct, "P@1 (%)")
 
 
-# -------------------------------------------------------------------------------------------------
 # the sub-commands
-
 def cmd_words(args):
     """Fig. 4: word translation P@1 (CSLS) after Procrustes on the train dictionary, per layer."""
     train = read_muse_dictionary(args.train_dict)
@@ -555,15 +556,14 @@ def cmd_words(args):
     overlap = f"pairs of {names[0]} share a source word with the test pairs of {names[1]}"
     train = without_test_pairs(train, test, names, args.allow_overlap, overlap,
                                lambda pair: pair[0])
-    src, tgt = _encoders(args)
     # per side: one (row name, words, vectors) per row of the table
-    vs = word_vectors(*src, args.src_corpus, args.max_sents, args.batch_size)
-    vt = word_vectors(*tgt, args.tgt_corpus, args.max_sents, args.batch_size)
+    vs, vt = (word_vectors(*side, path, args.max_sents, args.batch_size, args.notes)
+              for side, path in zip(_encoders(args), (args.src_corpus, args.tgt_corpus)))
     rows = []
     errors = []
     for (name, ws, Xs), (_, wt, Xt) in zip(vs, vt):
         try:
-            tr = dictionary_indices(train, ws, wt, f"{args.train_dict} ({name})")
+            fit_s, fit_t = dictionary_indices(train, ws, wt, f"{args.train_dict} ({name})")
             te = dictionary_indices(test, ws, wt, f"{args.test_dict} ({name})")
         except InputError as e:  # e.g. few words are one subword (4a): an empty row
             errors.append(e)
@@ -571,89 +571,86 @@ def cmd_words(args):
             continue
         Xs = iterative_normalize(Xs)
         Xt = iterative_normalize(Xt)
-        W = procrustes(Xs[tr[0]], Xt[tr[1]])
+        W = procrustes(Xs[fit_s], Xt[fit_t])
         p_raw, n = word_translation_accuracy(Xs, Xt, *te)
         p_map, _ = word_translation_accuracy(Xs, Xt, *te, W=W)
-        rows.append([name, p_raw, p_map, len(tr[0]), n, f"{len(ws)}/{len(wt)}"])
+        rows.append([name, p_raw, p_map, len(fit_s), n, f"{len(ws)}/{len(wt)}"])
+        weak_notes(args.notes, f"{name}: ", len(fit_s), Xs.shape[1], n, "test words")
     if len(errors) == len(rows):
         raise errors[0]  # main reports it as an InputError
-    for e in errors:
-        print(f"note: {e}")
+    args.notes += map(str, errors)
     print_table(f"Word translation {args.src}->{args.tgt}: P@1 (CSLS) on {args.test_dict}",
                 ["vectors", "no map", "Procrustes", "train pairs", "test words", "vocab src/tgt"],
-                rows, args.plot)
+                rows, args)
     return rows
 
 
 def cmd_contextual(args):
-    """§5.1.2: per-layer maps from fast_align pairs of parallel sentences; CSLS P@1 on held-out
-    pairs."""
+    """§5.1.2: per-layer maps from fast_align pairs of parallel sentences, CSLS P@1 held out."""
+    path = args.save_maps
     # --save-maps is checked before any work
-    if args.save_maps:
-        folder = os.path.dirname(os.path.abspath(args.save_maps))
-        if os.path.isdir(args.save_maps):
-            raise InputError(f"--save-maps {args.save_maps}: cannot write there (is a directory)")
-        if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-            raise InputError(f"--save-maps {args.save_maps}: cannot write there ({folder} is not a "
-                             "writable directory)")
-        if os.path.exists(args.save_maps) and not args.overwrite:
-            raise InputError(f"--save-maps {args.save_maps}: exists (maps of an earlier run, "
-                             "perhaps of another checkpoint); pass --overwrite to replace it, or "
-                             "another file")
+    if path:
+        folder = os.path.dirname(os.path.abspath(path))
+        why = "is a directory" if os.path.isdir(path) else f"{folder} is not a writable directory"
+        if os.path.isdir(path) or not os.access(folder, os.W_OK):
+            raise InputError(f"--save-maps {path}: cannot write there ({why})")
+        if os.path.exists(path) and not args.overwrite:
+            raise InputError(f"--save-maps {path}: exists (maps of an earlier run, perhaps of "
+                             "another checkpoint); pass --overwrite to replace it, or another file")
     elif args.overwrite:  # it would replace nothing
         raise InputError("--overwrite goes with --save-maps (it replaces that file)")
     sides = _encoders(args)
     texts = read_sides(args, args.src_file, args.tgt_file)
-    # per side: the words of each sentence; the states of the word tokens (and where each
-    # sentence's words start)
-    words = []
-    states = []
-    for (mdl, tok, lang_idx, lang), lines in zip(sides, texts):
-        words.append([tok.words(line, lang) for line in lines])
-        states.append(encode_word_tokens(mdl, tok, words[-1], lang_idx, lang, args.batch_size))
-    S, T = words
-    (Hs, off_s), (Ht, off_t) = states
-    pairs = [one_to_one_pairs(links, s, t) for links, s, t in zip(fast_align(S, T), S, T)]
-    n_fit = int(round(len(S) * 0.8))  # the last 20 % of the sentences are held out
+    # per side: the words of each sentence; the states of the word tokens, where sentences start
+    S, T = ([tok.words(line, lang) for line in lines]
+            for (_, tok, _, lang), lines in zip(sides, texts))
+    (Hs, off_s), (Ht, off_t) = (
+        encode_word_tokens(mdl, tok, ws, i, lang, args.batch_size, args.notes)
+        for (mdl, tok, i, lang), ws in zip(sides, (S, T)))
+    n_fit = round(len(S) * 0.8)  # the last 20 % of the sentences are held out
     if not 0 < n_fit < len(S):
         raise InputError(f"{args.src_file}: {len(S)} sentences are too few for a fit and a "
                          "held-out part")
-
-    # (source row, target row) of the word pairs of sentences ks whose two words have states
-    def token_pairs(ks):
-        rows = [(off_s[k] + i, off_t[k] + j) for k in ks for i, j in pairs[k]]
-        rows = np.array(rows, np.int64).reshape(-1, 2)
-        return rows[~np.isnan(Hs[0][rows[:, 0], 0]) & ~np.isnan(Ht[0][rows[:, 1], 0])]
-    fit = token_pairs(range(n_fit))
-    ev = token_pairs(range(n_fit, len(S)))
+    # the word tokens with states (none past max_positions)
+    has_s = ~np.isnan(Hs[0, :, 0])
+    has_t = ~np.isnan(Ht[0, :, 0])
+    # (source row, target row) of the one-to-one fast_align pairs whose two words have states
+    linked = [(off_s[k] + i, off_t[k] + j) for k, links in enumerate(fast_align(S, T))
+              for i, j in one_to_one_pairs(links, S[k], T[k])]
+    linked = np.array(linked, np.int64).reshape(-1, 2)
+    linked = linked[has_s[linked[:, 0]] & has_t[linked[:, 1]]]
+    held_out = linked[:, 0] >= off_s[n_fit]
+    fit_s, fit_t = linked[~held_out].T
+    ev_s, ev_t = linked[held_out].T
     # the candidates: the target tokens of the eval sentences (with states)
-    cand = off_t[n_fit] + np.flatnonzero(~np.isnan(Ht[0][off_t[n_fit]:, 0]))
-    if len(fit) < 2 or len(ev) < 1 or len(cand) < 2:  # one candidate is always the nearest
-        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit)} fit, "
-                         f"{len(ev)} eval, {len(cand)} candidate tokens; at least 2, 1, 2)")
-    gold = np.searchsorted(cand, ev[:, 1])  # each eval pair's target among the candidates
-    # x_src @ W ~ x_tgt
-    maps = [procrustes(Xs[fit[:, 0]], Xt[fit[:, 1]]) for Xs, Xt in zip(Hs, Ht)]
+    cand = off_t[n_fit] + np.flatnonzero(has_t[off_t[n_fit]:])
+    if len(fit_s) < 2 or len(ev_s) < 1 or len(cand) < 2:  # one candidate is always the nearest
+        raise InputError(f"{args.src_file}: too few one-to-one aligned pairs ({len(fit_s)} fit, "
+                         f"{len(ev_s)} eval, {len(cand)} candidate tokens; at least 2, 1, 2)")
+    weak_notes(args.notes, "", len(fit_s), Hs.shape[2], len(ev_s), "held-out pairs")
+    gold = np.searchsorted(cand, ev_t)  # each eval pair's target among the candidates
+    maps = []
     rows = []
-    for l, (Xs, Xt, W) in enumerate(zip(Hs, Ht, maps)):
-        Q = Xs[ev[:, 0]]
-        acc = [float(np.mean(csls_knn(q, Xt[cand]) == gold)) for q in (Q, Q @ W)]
-        rows.append([f"L{l}", *acc, len(fit), len(ev), len(cand)])
+    for l, (Xs, Xt) in enumerate(zip(Hs, Ht)):
+        # x_src @ W ~ x_tgt
+        maps.append(procrustes(Xs[fit_s], Xt[fit_t]))
+        Q = Xs[ev_s]
+        acc = [float(np.mean(csls_knn(q, Xt[cand]) == gold)) for q in (Q, Q @ maps[l])]
+        rows.append([f"L{l}", *acc, len(fit_s), len(ev_s), len(cand)])
     print_table(f"Contextual word alignment {args.src}->{args.tgt}: CSLS P@1 on held-out "
                 f"fast_align pairs (last 20% of {len(S)} sentences)",
                 ["layer", "no map", "Procrustes", "fit pairs", "eval pairs", "candidates"],
-                rows, args.plot)
-    if args.save_maps:
-        save_maps(args.save_maps, maps, args.src, args.tgt, args.digests)
-        print(f"\nsaved {len(maps)} maps to {args.save_maps}: x_{args.src} @ src_to_tgt[l] ~ "
+                rows, args)
+    if path:
+        save_maps(path, maps, args.src, args.tgt, args.digests, args.notes)
+        print(f"\nsaved {len(maps)} maps to {path}: x_{args.src} @ src_to_tgt[l] ~ "
               f"x_{args.tgt}, x_{args.tgt} @ tgt_to_src[l] ~ x_{args.src} (l = 0 embeddings .. "
               f"{len(maps) - 1})")
     return rows
 
 
 def cmd_sentences(args):
-    """Fig. 6: Tatoeba-style retrieval P@1 per layer of mean-pooled sentence vectors, without and
-    with a map."""
+    """Fig. 6: Tatoeba-style retrieval P@1 per layer of mean-pooled sentence vectors, ± a map."""
     import bpe
     import model
     if (args.train_src is None) != (args.train_tgt is None):
@@ -664,52 +661,50 @@ def cmd_sentences(args):
     if n < 2:
         raise InputError(f"--test-src {args.test_src}: {n} test pair; retrieval needs at least 2 "
                          "candidates (one is always the nearest)")
-    train = None
+    train = []
     if args.train_src:
         train = list(zip(*bpe.read_parallel(args.train_src, args.train_tgt, args.max_sents)))
-        names = (f"--train-src/--train-tgt {args.train_src}",
-                 f"--test-src/--test-tgt {args.test_src}")
+        names = (f"--train-src/--train-tgt {args.train_src}", f"--test-src/--test-tgt {args.test_src}")
         overlap = f"pairs of {names[0]} are test pairs of {names[1]}"
         # a toy world's own parallel text: its generator repeats short sentences
         if args.toy and args.train_src.startswith(args.data):
-            overlap = ("training pairs repeat a test pair (the toy generator repeats short "
-                       "sentences)")
-        # a pair is compared with whitespace collapsed, in Unicode NFC: a trailing space or a
-        # decomposed é is no other pair
+            overlap = "training pairs repeat a test pair (the toy generator repeats short sentences)"
+        # pairs compared with whitespace collapsed, in Unicode NFC (a trailing space, a decomposed é)
         normal = lambda pair: tuple(" ".join(unicodedata.normalize("NFC", s).split()) for s in pair)
-        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap,
-                                   normal)
+        train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap, normal)
 
-    def encode(*texts):  # the sentence vectors of each side's lines, per layer
-        return [model.pool_sentences(mdl, [tok.encode(s, lang) for s in lines], i, args.batch_size,
-                                 bpe.encode_bar(lang))
-                for (mdl, tok, i, lang), lines in zip(sides, texts)]
+    def encode(part, *texts):  # the sentence vectors of each side's lines, per layer
+        vectors = []
+        for (mdl, tok, i, lang), lines in zip(sides, texts):
+            ids = [tok.encode(s, lang) for s in lines]
+            unk_note(args.notes, ids, f"{lang} {part}")
+            vectors.append(model.pool_sentences(mdl, ids, i, args.batch_size, bpe.encode_bar(lang)))
+        return vectors
 
     def acc(Q, C):  # P@1: query k's nearest candidate is candidate k
         return float(np.mean(nn_knn(Q, C) == np.arange(n)))
-    Es, Et = encode(*tests)
+    Es, Et = encode("test", *tests)
     rows = [[f"L{l}", acc(es, et), acc(et, es)] for l, (es, et) in enumerate(zip(Es, Et))]
     header = ["layer", f"{args.src}->{args.tgt}", f"{args.tgt}->{args.src}"]
     title = (f"Sentence retrieval P@1 in % (cosine NN; chance 100/{n} = {100 / n:.2g}%) on {n} "
              f"pairs of {args.test_src}")
     if train:
-        Fs, Ft = encode(*zip(*train))
+        Fs, Ft = encode("fit", *zip(*train))
         for row, es, et, fs, ft in zip(rows, Es, Et, Fs, Ft):
             W = procrustes(fs, ft)  # x_src @ W ~ x_tgt
             row += [acc(es @ W, et), acc(et @ W.T, es)]
         header += [f"{h} mapped" for h in header[1:]]
         title += f"; maps fitted on {len(Fs[0])} pairs of {args.train_src}"
-    print_table(title, header, rows, args.plot)
+    weak_notes(args.notes, "", len(train), Es[0].shape[1], n, "test pairs")
     if args.ckpt2 and not train:
-        print("\nnote: the columns are without a map: two separately trained models' spaces are "
-              "not aligned, so they stay near chance; a map needs --train-src/--train-tgt (a "
-              "parallel corpus)")
+        args.notes.append("the columns are without a map: two separately trained models' spaces "
+                          "are not aligned, so they stay near chance; a map needs "
+                          "--train-src/--train-tgt (a parallel corpus)")
+    print_table(title, header, rows, args)
     return rows
 
 
-# -------------------------------------------------------------------------------------------------
 # flags and main
-
 def build_parser():
     import bpe
     import model
@@ -718,84 +713,69 @@ def build_parser():
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)  # the flags of every sub-command
     a = common.add_argument
-    a("--ckpt",
-      help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt without --ckpt2); required")
-    a("--ckpt2",
-      help="second (monolingual) checkpoint encoding --tgt (default: none, --ckpt encodes both)")
+    a("--ckpt", help="checkpoint (pretrain.py best.pt) encoding --src (and --tgt); required")
+    a("--ckpt2", help="second (monolingual) checkpoint encoding --tgt (default: none, --ckpt)")
     a("--xlm-codes", metavar="CODES",
       help="fastBPE codes of a released XLM checkpoint given as --ckpt/--ckpt2 (e.g. codes_enfr; "
       "default: none, pretrain.py checkpoints)")
     a("--src", default="en", help="source language code as in the checkpoint")
     a("--tgt", default="fr", help="target language code as in the checkpoint")
     a("--toy", nargs="?", const=True, default=False, metavar="DIR",
-      help="the data are the toy world given by --data. The old spelling --toy DIR "
-      "(= --toy --data DIR) is deprecated")
+      help="the data are --data's toy world (--toy DIR = --toy --data DIR: deprecated)")
     a("--data", metavar="DIR",
       help="with --toy: a toydata.py world, whose files fill in every data path not given")
     a("--max-sents", type=bpe.number(1), metavar="N",
-      help="read at most the first N sentences (lines) of each text file, N pairs of parallel "
-      "files (default: all)")
-    a("--batch-size", type=bpe.number(1), default=32,
-      help="examples (sentences) per step (forward pass)")
+      help="read the first N lines of each text file, N pairs of parallel files (default: all)")
+    a("--batch-size", type=bpe.number(1), default=32, help="sentences per forward pass")
     a("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N, mps")
     a("--dtype", default="auto", choices=("auto",) + model.DTYPES,
       help="autocast of the encoders, as in pretrain.py")
-    a("--plot", metavar="FILE.png",
-      help="also draw the per-layer table (needs matplotlib; default: no plot)")
+    a("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib; default: none)")
 
-    # paths: data flag -> (help, its file in a --toy --data DIR world)
-    def command(name, func, summary, paths):
+    # paths: data flag -> (help, its file in a --toy --data DIR world); overlap: --allow-overlap's
+    def command(name, func, summary, paths, overlap=None):
         p = sub.add_parser(name, parents=[common], help=summary, formatter_class=bpe.HelpFormatter)
+        toy_paths = {}
         for f, (h, rel) in paths.items():
             flag_help = f"{h} (default with --toy: --data's {rel.format(l0='SRC', l1='TGT')})"
             p.add_argument("--" + f.replace("_", "-"), help=flag_help)
-        p.set_defaults(func=func, toy_paths={f: rel for f, (_, rel) in paths.items()})
+            toy_paths[f] = rel
+        p.set_defaults(func=func, toy_paths=toy_paths)
+        if overlap:
+            p.add_argument("--allow-overlap", action="store_true",
+                           help=f"fit the map on test pairs too (default: {overlap} are left out "
+                           "of the fit, and a train set with nothing else is refused)")
         return p
 
-    words = command("words", cmd_words,
-                    "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
-        "train_dict": ("MUSE dictionary to fit the map (e.g. en-fr.0-5000.txt)",
-                       "dict/{l0}-{l1}.train.txt"),
-        "test_dict": ("MUSE dictionary to evaluate (e.g. en-fr.5000-6500.txt)",
-                      "dict/{l0}-{l1}.test.txt"),
-        "src_corpus": ("source-language text: vocabulary and contextual averages",
-                       "mono/{l0}.train.txt"),
-        "tgt_corpus": ("target-language text: vocabulary and contextual averages",
-                       "mono/{l1}.train.txt")})
+    command("words", cmd_words, "Fig. 4: word translation after Procrustes (MUSE dictionaries)", {
+        "train_dict": ("MUSE dictionary, fit (en-fr.0-5000.txt)", "dict/{l0}-{l1}.train.txt"),
+        "test_dict": ("MUSE dictionary, test (en-fr.5000-6500.txt)", "dict/{l0}-{l1}.test.txt"),
+        "src_corpus": ("source text: vocabulary, contextual averages", "mono/{l0}.train.txt"),
+        "tgt_corpus": ("target text: vocabulary, contextual averages", "mono/{l1}.train.txt")},
+        "train pairs of a tested source word")
     p = command("contextual", cmd_contextual,
                 "§5.1.2: contextual word alignment from fast_align pairs", {
-        "src_file": ("parallel sentences, source side (one per line)",
-                     "parallel/{l0}-{l1}.train.{l0}"),
-        "tgt_file": ("parallel sentences, target side (line k translates line k)",
-                     "parallel/{l0}-{l1}.train.{l1}")})
+        "src_file": ("parallel sentences, source side", "parallel/{l0}-{l1}.train.{l0}"),
+        "tgt_file": ("parallel sentences, target side", "parallel/{l0}-{l1}.train.{l1}")})
     p.add_argument("--save-maps", help="write the per-layer maps here (.npz; finetune.py "
                    "--align-maps; default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --save-maps file")
-    sentences = command("sentences", cmd_sentences,
-                        "Fig. 6: Tatoeba-style sentence retrieval per layer", {
-        "test_src": ("test pairs, source side (e.g. tatoeba.fra-eng.eng)",
-                     "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
-        "test_tgt": ("test pairs, target side (e.g. tatoeba.fra-eng.fra)",
-                     "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
-        "train_src": ("Procrustes fit pairs, source side (optional)",
-                      "parallel/{l0}-{l1}.train.{l0}"),
-        "train_tgt": ("Procrustes fit pairs, target side (with --train-src)",
-                      "parallel/{l0}-{l1}.train.{l1}")})
-    for p, which in ((words, "train pairs of a tested source word"),
-                     (sentences, "train pairs that are test pairs")):
-        p.add_argument("--allow-overlap", action="store_true",
-                       help=f"fit the map on test pairs too (default: {which} are left out of the "
-                       "fit, and a train set with nothing else is refused)")
+    command("sentences", cmd_sentences, "Fig. 6: Tatoeba-style sentence retrieval per layer", {
+        "test_src": ("test pairs, source (tatoeba.fra-eng.eng)", "tatoeba/tatoeba.{l1}-{l0}.{l0}"),
+        "test_tgt": ("test pairs, target (tatoeba.fra-eng.fra)", "tatoeba/tatoeba.{l1}-{l0}.{l1}"),
+        "train_src": ("fit pairs, source (optional)", "parallel/{l0}-{l1}.train.{l0}"),
+        "train_tgt": ("fit pairs, target (with --train-src)", "parallel/{l0}-{l1}.train.{l1}")},
+        "train pairs that are test pairs")
     return ap
 
 
 def main(argv=None):
-    """Flags, files and the device checked before any work (model.analysis_run), then the
-    sub-command."""
+    """Flags, files and the device checked before any work (model.analysis_run); the sub-command."""
     import bpe
     import model
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.notes = []
     with bpe.reported(parser), model.analysis_run(args, args.toy_paths, bpe.check_src_tgt,
                                               bpe.toy_data, ("train_src", "train_tgt")):
         return args.func(args)

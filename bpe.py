@@ -2,45 +2,42 @@
 
 Paper: Conneau et al., "Emerging Cross-lingual Structure in Pretrained Language Models" (ACL
 2020), §3 (the XLM set-up: BPE over the union of the languages) and §4.2 (anchor points: a joint
-vocabulary, language-specific vocabularies with and without shared strings, and code-switching as
-extra anchors).
-
+vocabulary, language-specific vocabularies with and without shared strings, code-switching).
 Above the `# ====` line, the paper's part: pre-tokenisation, BPE as Sennrich et al. state it and as
-subword-nmt applies it, §4.2's vocabulary regimes, code-switching, binarisation. Below it, the
-plumbing (its first line says what).
+subword-nmt applies it, §4.2's vocabulary regimes, code-switching, binarisation; below, plumbing.
 Run: python bpe.py prepare --data DIR --langs en,fr --mode joint --merges 80000 --prep-dir runs/prep
 """
 
 import argparse
-import contextlib
 import errno
 import fcntl
 import functools
+import glob
 import hashlib
 import heapq
-import itertools
-import json
 import math
 import multiprocessing
 import os
 import random
-import shutil
-import signal
 import sys
 import time
 import unicodedata
 from collections import Counter, defaultdict
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
+from itertools import islice, product
+from json import JSONDecodeError, dumps, load as json_load
+from os import getpid, makedirs, remove
 from os.path import abspath, basename, exists, getsize, isdir, isfile, join, relpath, samefile
-from typing import NamedTuple
+from shutil import rmtree
+from signal import (SIG_BLOCK, SIG_DFL, SIG_IGN, SIG_SETMASK, SIG_UNBLOCK, SIGINT, SIGTERM, Signals,
+                    getsignal, pthread_sigmask, signal)
 
 import numpy as np
 import regex
 from tqdm import tqdm
 
 # -----------------------------------------------------------------------------
-# XLM's special tokens (XLM src/data/dictionary.py): first in every vocabulary, shared by every
-# regime
-
+# XLM's special tokens (XLM src/data/dictionary.py): first in every vocabulary, in every regime
 SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in range(10)]
 # <s> (id 0) is never used: a stream starts with </s>
 EOS_ID, PAD_ID, UNK_ID = 1, 2, 3
@@ -64,24 +61,21 @@ _TOKEN = (
     rf"|(?![{_SPACE}])\X"  # else one grapheme: punctuation, symbols, emoji
 )
 TOKEN_RE = regex.compile(_TOKEN)
-# zh: every Han character is a token (the stand-in for the Stanford segmenter); other letters form
-# words
+# zh: every Han character is a token (the stand-in for the Stanford segmenter)
 TOKEN_RE_ZH = regex.compile(
     r"(?V1)\p{Han}|" + _TOKEN.replace(r"[\p{L}\p{M}\p{N}]", r"[[\p{L}\p{M}\p{N}]--\p{Han}]"))
 SPACE_RE = regex.compile(rf"[{_SPACE}]")
 
 
 def lowercase_and_strip_accents(text):
-    """'Été à Noël' -> 'ete a noel' (XLM tools/lowercase_and_remove_accent.py).
-    Off by default, as in XLM-17/100."""
+    """'Été à Noël' -> 'ete a noel' (XLM's lowercase_and_remove_accent.py; off by default)."""
     text = unicodedata.normalize("NFD", text.lower())
     return "".join(c for c in text if unicodedata.category(c) != "Mn").lower()
 
 
 def pretokenize(line, lang):
-    """'Hello, world!' -> ['Hello', ',', 'world', '!'];
-    zh: '我们2020年' -> ['我', '们', '2020', '年'].
-    The stand-in for Moses; '<s>' in the text becomes '<', 's', '>', never a special token."""
+    """'Hello, world!' -> ['Hello', ',', 'world', '!']; zh: '我们2020年' -> ['我', '们', '2020',
+    '年']. The stand-in for Moses; '<s>' in the text becomes '<', 's', '>', never a special token."""
     return (TOKEN_RE_ZH if lang == "zh" else TOKEN_RE).findall(line)
 
 # -----------------------------------------------------------------------------
@@ -98,8 +92,7 @@ def learn_bpe_simple(word_counts, num_merges, min_freq=2):
       step 2: (e,st</w>) = 9 -> n e w est</w>, w i d est</w>
       step 3: (l,o) = 5 + 2 = 7 is now the best ((w,e) fell to 2) -> lo w</w>, lo w e r</w>
       ... 13 merges in all, the list subword-nmt writes (tests/test_bpe.py checks this and more)."""
-    # symbols -> count
-    words = {tuple(w[:-1]) + (w[-1] + EOW,): c for w, c in word_counts.items() if w}
+    words = {(*w[:-1], w[-1] + EOW): c for w, c in word_counts.items() if w}  # symbols -> count
     merges = []
     for _ in range(num_merges):
         stats = Counter()  # (left, right) -> count
@@ -118,8 +111,7 @@ def learn_bpe_simple(word_counts, num_merges, min_freq=2):
 
 
 def merge_pair(symbols, a, b):
-    """Every (a, b) in `symbols` merged, left to right, non-overlapping:
-    a a a with (a, a) -> aa a."""
+    """Every (a, b) in `symbols` merged, left to right, non-overlapping: a a a, (a, a) -> aa a."""
     out = []
     i = 0
     n = len(symbols)
@@ -135,16 +127,14 @@ def merge_pair(symbols, a, b):
 # -----------------------------------------------------------------------------
 # 3. Applying BPE (subword-nmt apply_bpe.py; fastBPE applybpe)
 
-class _Joined(dict):
-    """BPE.apply's cache, word -> 'lo@@ west': a new word is merged at its first lookup (a line is
-    one pass)."""
-    def __init__(self, merge):
+class _Cache(dict):
+    """BPE's per-word caches, word -> make(word): a new word is made at its first lookup."""
+    def __init__(self, make):
         super().__init__()
-        self.merge = merge
+        self.make = make
 
     def __missing__(self, word):
-        # the pieces joined by '@@ ', then the last one's '</w>' dropped
-        self[word] = (CONTINUE + " ").join(self.merge(word))[: -len(EOW)]
+        self[word] = self.make(word)
         return self[word]
 
 
@@ -153,10 +143,9 @@ class BPE:
 
     def __init__(self, merges):
         self.merges = [tuple(m) for m in merges]
-        # One string object per symbol (`canon`), shared by the keys of ranks and by merged[rank]
-        # (the symbol a merge makes), so that _merge makes no new string per merge: its hash is
-        # known, and a rank lookup matches by identity. A pair learned twice keeps its first
-        # (lowest) rank, as in subword-nmt.
+        # One string object per symbol (`canon`), in the keys of ranks and in merged[rank] (what a
+        # merge makes): _merge's usual case makes no new string, a rank lookup matches by identity.
+        # A pair learned twice keeps its first (lowest) rank, as in subword-nmt.
         self.ranks = {}
         canon = {}
         for i, pair in enumerate(self.merges):
@@ -164,24 +153,21 @@ class BPE:
                 raise ValueError(f"merge {i} is not a pair of non-empty strings: {pair!r}")
             self.ranks.setdefault(tuple(canon.setdefault(s, s) for s in pair), i)
         self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
-        # per-word caches, filled as words are met: word -> pieces with '@@' (apply_words),
-        # word -> them joined (apply)
-        self.cache = {}
-        self.joined = _Joined(self._merge)
-        self.no_merge = len(self.merges)  # a rank above every merge's: the pair is no merge
+        # per-word caches: word -> pieces with '@@' (apply_words), word -> them joined (apply)
+        self.pieces = _Cache(self._pieces)
+        self.joined = _Cache(lambda word: " ".join(self.pieces[word]))
 
     def _merge(self, word):
         """'lowest' -> ['lo', 'west</w>']: from characters (the last + '</w>'), merge the
-        lowest-rank pair, every occurrence left to right (subword-nmt's encode). rs[i] is the rank
-        of the pair (w[i], w[i + 1]); a rank names one pair, so the positions of the lowest rank are
-        exactly that pair's occurrences."""
+        lowest-rank pair, every occurrence left to right (subword-nmt's encode). rs[i]: the rank of
+        (w[i], w[i + 1]); a rank names one pair: the lowest rank's positions are its occurrences."""
         if len(word) < 2:
             return [word + EOW]
         w = [*word[:-1], word[-1] + EOW]
         get = self.ranks.get
-        no_merge = self.no_merge
+        no_merge = len(self.merges)  # a rank above every merge's: the pair is no merge
         merged = self.merged
-        rs = list(map(get, zip(w, w[1:]), itertools.repeat(no_merge)))
+        rs = [get(pair, no_merge) for pair in zip(w, w[1:])]
         while rs and (r := min(rs)) != no_merge:
             i = rs.index(r)
             # the usual case: one occurrence, and only its neighbours' pairs change
@@ -197,49 +183,33 @@ class BPE:
                 if i:
                     rs[i - 1] = get((w[i - 1], ab), no_merge)
                 continue
-            new = w[:i]
-            n = len(w)
-            while i < n:
-                if i < n - 1 and rs[i] == r:  # non-overlapping: a a a with (a, a) -> aa a
-                    new.append(merged[r])
-                    i += 2
-                else:
-                    new.append(w[i])
-                    i += 1
-            w = new
-            rs = list(map(get, zip(w, w[1:]), itertools.repeat(no_merge)))
+            w = merge_pair(w, *self.merges[r])
+            rs = [get(pair, no_merge) for pair in zip(w, w[1:])]
         return w
 
     def _pieces(self, word):
-        """word -> its pieces with '@@' on non-final ones (cached): 'lowest' -> ('lo@@', 'west')."""
-        pieces = self.cache.get(word)
-        if pieces is None:
-            pieces = ()
-            if word:
-                *first, last = self._merge(word)
-                pieces = tuple(p + CONTINUE for p in first) + (last[: -len(EOW)],)
-            self.cache[word] = pieces
-        return pieces
+        """word -> its pieces with '@@' on non-final ones: 'lowest' -> ('lo@@', 'west')."""
+        if not word:
+            return ()
+        *first, last = self._merge(word)
+        return tuple(p + CONTINUE for p in first) + (last[: -len(EOW)],)
 
     def segment(self, word):
         """'lowest' -> ['lo', 'west']: the pieces of one word, without '@@'."""
-        pieces = self._pieces(word)
+        pieces = self.pieces[word]
         return [p[: -len(CONTINUE)] for p in pieces[:-1]] + list(pieces[-1:])
 
     def apply_words(self, words):
-        """['lowest', 'new'] -> ['lo@@', 'west', 'new']: every word's pieces, '@@' on non-final
-        ones."""
-        return [p for w in words for p in self._pieces(w)]
+        """['lowest', 'new'] -> ['lo@@', 'west', 'new']: pieces, '@@' on non-final ones."""
+        return [p for w in words for p in self.pieces[w]]
 
     def apply(self, line):
         """'the lowest' -> 'the lo@@ west', as subword-nmt apply-bpe: words split on ' ' only."""
         line = line.strip("\r\n ")
-        if not line:
-            return ""
         words = line.split(" ")
         if "  " in line:  # runs of ' ' give '' words
             words = [w for w in words if w]
-        # a word met for the first time is merged by _Joined.__missing__
+        # a word met for the first time is merged by _Cache.__missing__ ('' gives '')
         return " ".join(map(self.joined.__getitem__, words))
 
     def save(self, path):  # a codes file of subword-nmt
@@ -258,7 +228,7 @@ class Vocab:
 
     def __init__(self, tokens, counts=None):
         self.tokens = SPECIALS + list(tokens)
-        self.counts = [0] * N_SPECIAL + (list(counts) if counts is not None else [0] * len(tokens))
+        self.counts = [0] * N_SPECIAL + list(counts or [0] * len(tokens))
         self.index = {t: i for i, t in enumerate(self.tokens)}
         # one token per id, each fit for XLM's 'token count' dictionary files
         fit = all(t and not SPACE_RE.search(t) for t in self.tokens)
@@ -270,8 +240,7 @@ class Vocab:
 
 
 class Tokenizer:
-    """Text -> ids for one run: pretokenize (+ lowercasing), BPE, language marks (prefixed),
-    vocabulary.
+    """Text -> ids for one run: pretokenize (+ lowercasing), BPE, language marks, vocabulary.
 
     Regimes (paper §4.2, Table 1 "anchor points"):
       joint     one BPE learned on all languages (equal numbers of lines per language), one
@@ -299,26 +268,24 @@ class Tokenizer:
               lowercase=False, max_lines=None, min_freq=2, seed=0, verbose=True):
         """Learn BPE and vocabularies from {lang: path} (paper: joint 80k merges, else 40k per
         language). joint learns on the same number of lines from every language (XLM samples 10M
-        lines each with `shuf`): larger corpora are down-sampled, seeded. Vocabulary counts come
-        from all lines."""
+        lines each with `shuf`): larger corpora are down-sampled, seeded; vocabularies count all."""
         tok = cls(train_files, mode, {}, {}, lowercase, separate_vocab)
-        log = print if verbose else (lambda *args: None)
+        langs = tok.langs
+        log = print if verbose else lambda *args: None
         counts = {}  # lang -> Counter of words
         n_lines = {}
-        for lang in tok.langs:
-            words = Counter()
+        for lang in langs:
+            counts[lang] = words = Counter()
             n = 0
             for n, line in enumerate(read_lines(train_files[lang], max_lines), 1):
                 words.update(tok.words(line, lang))
             if not words:
                 raise ValueError(f"{train_files[lang]}: empty corpus (no words in {n} lines)")
-            counts[lang] = words
             n_lines[lang] = n
-
         if mode == "joint":
             n_min = min(n_lines.values())
             learn_counts = Counter()
-            for k, lang in enumerate(tok.langs):
+            for k, lang in enumerate(langs):
                 if n_lines[lang] == n_min:
                     learn_counts.update(counts[lang])
                     continue
@@ -329,14 +296,13 @@ class Tokenizer:
                         learn_counts.update(tok.words(line, lang))
             log(f"joint BPE: learning {num_merges} merges on {n_min} lines per language")
             merges = learn_bpe(learn_counts, num_merges, min_freq, verbose=verbose)
-            tok.bpes = dict.fromkeys(tok.langs, BPE(merges))
+            tok.bpes = dict.fromkeys(langs, BPE(merges))
         else:
-            for lang in tok.langs:
+            for lang in langs:
                 log(f"{mode} BPE [{lang}]: learning {num_merges} merges on {n_lines[lang]} lines")
                 tok.bpes[lang] = BPE(learn_bpe(counts[lang], num_merges, min_freq, verbose=verbose))
-        # the pieces of every word x its count
-        token_counts = {lang: Counter() for lang in tok.langs}
-        for lang in tok.langs:
+        token_counts = {lang: Counter() for lang in langs}  # every word's pieces x its count
+        for lang in langs:
             for word, c in counts[lang].items():
                 for piece in tok.pieces([word], lang):
                     token_counts[lang][piece] += c
@@ -346,12 +312,12 @@ class Tokenizer:
             return Vocab(*zip(*sorted(tc.items(), key=lambda kv: (-kv[1], kv[0]))))
 
         if separate_vocab:
-            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in tok.langs}
+            tok.vocabs = {lang: vocab(token_counts[lang]) for lang in langs}
         else:
-            tok.vocabs = dict.fromkeys(tok.langs, vocab(sum(token_counts.values(), Counter())))
+            tok.vocabs = dict.fromkeys(langs, vocab(sum(token_counts.values(), Counter())))
         n_langs_of = Counter(t for tc in token_counts.values() for t in tc)
         tok.anchors = {t for t, n in n_langs_of.items() if n > 1}  # identical strings
-        sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in tok.langs)
+        sizes = ", ".join(f"{lang} {tok.vocab_size(lang)}" for lang in langs)
         log(f"vocabulary ({mode}{', separate ids' if separate_vocab else ''}): {sizes}; "
             f"anchors (tokens seen in more than one language): {len(tok.anchors)}")
         return tok
@@ -360,15 +326,13 @@ class Tokenizer:
         return len(self.vocabs[lang])
 
     def words(self, line, lang):
-        """Pretokenised words of a raw line (lowercased if the run lowercases), cut to MAX_WORD
-        characters (cap_words)."""
+        """Pretokenised words of a raw line (lowercased if so), cut by cap_words."""
         if self.lowercase:
             line = lowercase_and_strip_accents(line)
         return cap_words(pretokenize(line, lang))
 
     def pieces(self, words, lang):
-        """Words -> vocabulary tokens: BPE pieces with '@@'.
-        prefixed: 'hel@@' in en -> 'en:hel@@'."""
+        """Words -> BPE pieces with '@@'; prefixed: 'hel@@' in en -> 'en:hel@@'."""
         pieces = self.bpes[lang].apply_words(words)
         return [f"{lang}:{p}" for p in pieces] if self.mode == "prefixed" else pieces
 
@@ -381,42 +345,49 @@ class Tokenizer:
         return [self.vocabs[lang].index.get(p, UNK_ID) for p in self.tokenize(line, lang)]
 
     def encode_words(self, words, lang):
-        """Already-split words -> ids per word, as encode() gives them in context ([UNK_ID] for no
-        piece)."""
+        """Already-split words -> ids per word, as encode gives them ([UNK_ID] for none)."""
         return [self.encode(word, lang) or [UNK_ID] for word in words]
 
     def to_dict(self):
-        """Plain types (for torch.load(weights_only=True)); a BPE or Vocab shared by languages is
-        stored once."""
-        # in language order (a BPE or Vocab is its own key: by identity)
-        bpes = list(dict.fromkeys(self.bpes[l] for l in self.langs))
-        vocabs = list(dict.fromkeys(self.vocabs[l] for l in self.langs))
-        return {"format": "bpe.Tokenizer/1", "langs": list(self.langs), "mode": self.mode,
+        """Plain types (torch.load(weights_only=True)); a shared BPE or Vocab is stored once."""
+        langs = self.langs
+
+        # {lang: value}'s distinct values in language order (by identity), each language's index
+        def stored_once(of):
+            distinct = list(dict.fromkeys(of[l] for l in langs))
+            return distinct, {l: distinct.index(of[l]) for l in langs}
+        bpes, bpe_of = stored_once(self.bpes)
+        vocabs, vocab_of = stored_once(self.vocabs)
+        return {"format": "bpe.Tokenizer/1", "langs": list(langs), "mode": self.mode,
                 "lowercase": bool(self.lowercase), "separate_vocab": bool(self.separate_vocab),
-                "bpes": [[list(m) for m in b.merges] for b in bpes],
-                "bpe_of": {l: bpes.index(self.bpes[l]) for l in self.langs},
+                "bpes": [[list(m) for m in b.merges] for b in bpes], "bpe_of": bpe_of,
                 "vocabs": [{"tokens": v.tokens[N_SPECIAL:], "counts": v.counts[N_SPECIAL:]}
-                           for v in vocabs],
-                "vocab_of": {l: vocabs.index(self.vocabs[l]) for l in self.langs}}
+                           for v in vocabs], "vocab_of": vocab_of}
 
     @classmethod
     def from_dict(cls, d):
+        langs = d["langs"]
         bpes = [BPE(m) for m in d["bpes"]]
         vocabs = [Vocab(v["tokens"], v["counts"]) for v in d["vocabs"]]
-        return cls(d["langs"], d["mode"], {l: bpes[d["bpe_of"][l]] for l in d["langs"]},
-                   {l: vocabs[d["vocab_of"][l]] for l in d["langs"]}, d.get("lowercase", False),
+        return cls(langs, d["mode"], {l: bpes[d["bpe_of"][l]] for l in langs},
+                   {l: vocabs[d["vocab_of"][l]] for l in langs}, d.get("lowercase", False),
                    d.get("separate_vocab", False))
 
     def save(self, path):  # tokenizer.json: to_dict's record
-        write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
+        write_text(path, dumps(self.to_dict(), ensure_ascii=False))
 
     @classmethod
-    def load(cls, path):  # read_tokenizer, below the ruler, names a bad file
-        return read_tokenizer(cls, path)
+    def load(cls, path):
+        """A tokenizer.json of save; else ValueError naming the file."""
+        try:
+            return cls.from_dict(read_json(path))
+        except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, other JSON
+            kind = "not JSON" if isinstance(e, JSONDecodeError) else type(e).__name__
+            raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({kind}: "
+                             f"{e})") from None
 
 # -----------------------------------------------------------------------------
-# 5. Code-switching: extra anchors (paper §4.2), applied once, offline, when the training text is
-# prepared
+# 5. Code-switching: extra anchors (paper §4.2), applied once, when the training text is prepared
 
 def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
     """Extra anchors (paper §4.2): a word found in `dictionary` {word: [translations]} (else
@@ -444,21 +415,12 @@ def code_switch(words, dictionary, rng, p=0.3, max_frac=0.15):
 # 6. Binarisation: text -> ids -> one flat array with </s> after every sentence (XLM index_data)
 
 CHUNK_LINES = 2000
-# binarize's arguments, in this process and in each worker of its Pool (_pool)
-_WORKER = {}
-
-
-class Encoded(NamedTuple):
-    """_encode_chunk's result for one chunk of lines."""
-    ids: np.ndarray  # uint32, EOS_ID after each line
-    n_lines: int
-    n_bytes: int
-    n_words: int
-    n_switched: int  # words code-switched
+_WORKER = {}  # binarize's arguments, here and in its Pool's workers
 
 
 def _encode_chunk(chunk):
-    """[(line number, line), ...] -> Encoded."""
+    """[(line number, line), ...] -> (uint32 ids, EOS_ID after each line; the chunk's bytes; its
+    n_tokens, n_sentences, n_words, n_unk and n_switched, the words code-switched)."""
     opts = _WORKER
     tok = opts["tok"]
     lang = opts["lang"]
@@ -479,8 +441,11 @@ def _encode_chunk(chunk):
                       for p in tok.pieces([b], lang if a == b else opts["cs_lang"])]
         ids.extend(tok.vocabs[lang].index.get(p, UNK_ID) for p in pieces)
         ids.append(EOS_ID)
+    ids = np.array(ids, dtype=np.uint32)
     n_bytes = sum(len(line.encode()) + 1 for _, line in chunk)
-    return Encoded(np.array(ids, dtype=np.uint32), len(chunk), n_bytes, n_words, n_switched)
+    counts = {"n_tokens": len(ids), "n_sentences": len(chunk), "n_words": n_words,
+              "n_unk": int(np.count_nonzero(ids == UNK_ID)), "n_switched": n_switched}
+    return ids, n_bytes, counts
 
 
 def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.3, max_frac=0.15,
@@ -495,44 +460,39 @@ def binarize(text_path, tok, lang, out_prefix, workers=1, code_switch=None, p=0.
     cs_lang = next((l for l in tok.langs if l != lang), None)  # the language of the translations
     vocab_size = tok.vocab_size(lang)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    lines = enumerate(read_lines(text_path), 1)
-    # lists of (line number, line)
-    chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
-    n_tokens = n_sentences = n_words = n_switched = 0
+    lines = enumerate(read_lines(text_path), 1)  # (line number, line)
+    chunks = iter(lambda: list(islice(lines, CHUNK_LINES)), [])
+    totals = Counter()
     bar = tqdm(total=getsize(text_path), unit="B", unit_scale=True,
                desc=f"binarize {basename(text_path)}",
                disable=not verbose or not sys.stderr.isatty())
     _WORKER.update(tok=tok, lang=lang, code_switch=code_switch, cs_lang=cs_lang, p=p,
                    max_frac=max_frac, seed=seed)
-    # its workers leave signals to this process
     pool = _pool(workers, dict(_WORKER)) if workers > 1 else None
     try:
         results = pool.imap(_encode_chunk, chunks) if pool else map(_encode_chunk, chunks)
         with atomic_path(out_prefix + ".bin") as tmp, open(tmp, "wb") as f:
-            for chunk in results:
-                f.write(chunk.ids.astype(dtype).tobytes())
-                n_tokens += len(chunk.ids)
-                n_sentences += chunk.n_lines
-                n_words += chunk.n_words
-                n_switched += chunk.n_switched
-                bar.update(chunk.n_bytes)
-            if n_words == 0:  # blank lines alone would be a corpus of </s>
-                raise ValueError(f"{text_path}: empty corpus (no words in {n_sentences} lines)")
+            for ids, n_bytes, counts in results:
+                f.write(ids.astype(dtype).tobytes())
+                totals.update(counts)
+                bar.update(n_bytes)
+            if totals["n_words"] == 0:  # blank lines alone would be a corpus of </s>
+                raise ValueError(f"{text_path}: empty corpus (no words in {totals['n_sentences']} "
+                                 "lines)")
     finally:
         bar.close()
         _WORKER.clear()
         if pool:
             pool.terminate()
-    meta = {"dtype": np.dtype(dtype).name, "n_tokens": n_tokens, "n_sentences": n_sentences,
-            "n_words": n_words, "vocab_size": vocab_size, "lang": lang}
+    n_switched = totals.pop("n_switched")
+    meta = {"dtype": dtype.__name__, **totals, "vocab_size": vocab_size, "lang": lang}
     if code_switch is not None:
         meta["n_switched"] = n_switched
-    write_text(out_prefix + ".json", json.dumps(meta) + "\n")
+    write_text(out_prefix + ".json", dumps(meta) + "\n")
     return meta
 
 # ==================================================================================================
-# Plumbing: the fast learner, file formats, the command-line helpers every script shares, data
-# preparation, bpe.py's CLI
+# Plumbing: the fast learner, files, the command-line helpers of every script, data preparation
 
 # -----------------------------------------------------------------------------
 # Speed: learn_bpe (learn_bpe_simple's merges, fast) and BPE.apply's per-word cache
@@ -549,12 +509,10 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     if bad:
         raise ValueError(f"learn_bpe: word {bad[0]!r} is empty or contains whitespace; split lines "
                          "with pretokenize")
-    # lists of symbols
-    words = [list(w[:-1]) + [w[-1] + EOW] for w, f in word_counts.items() if f > 0]
+    words = [[*w[:-1], w[-1] + EOW] for w, f in word_counts.items() if f > 0]  # lists of symbols
     freqs = [int(f) for f in word_counts.values() if f > 0]
     if not words:
         raise ValueError("learn_bpe: empty corpus (no words with a positive count)")
-
     stats = defaultdict(int)  # pair -> count
     where = defaultdict(set)  # pair -> indices of the words that have it
     for j, (w, f) in enumerate(zip(words, freqs)):
@@ -562,24 +520,25 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
             stats[pair] += f
             where[pair].add(j)
     # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix
-    # last (negated code points, then 1): key('b') = (-98, 1) < key('ab') = (-97, -98, 1)
-    # < key('a') = (-97, 1)
+    # last: key('b') = (-98, 1) < key('ab') = (-97, -98, 1) < key('a') = (-97, 1)
     key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
-    heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
-    heapq.heapify(heap)
 
+    def entry(pair):  # the heap's entry for a pair, with its current count
+        return -stats[pair], key(pair[0]), key(pair[1]), pair
+    heap = list(map(entry, stats))
+    heapq.heapify(heap)
     merges = []
     bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not sys.stderr.isatty(),
                mininterval=1)
     while len(merges) < num_merges:
         # pop stale entries until the top one is current (lazy deletion)
         while heap:
-            negc, ka, kb, pair = heap[0]
+            negc, _, _, pair = heap[0]
             c = stats.get(pair, 0)
             if c == -negc:
                 break
             if c > 0:
-                heapq.heapreplace(heap, (-c, ka, kb, pair))
+                heapq.heapreplace(heap, entry(pair))
             else:
                 heapq.heappop(heap)
         if not heap or -heap[0][0] < min_freq:  # else `pair` is the current top: the best pair
@@ -591,8 +550,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
         grown = defaultdict(set)  # pair whose count went up -> the words that now have it
         for j in where.pop(pair):
             # merge_pair, moving neighbour counts: x a b y -> x ab y turns (x, a), (b, y) into
-            # (x, ab), (ab, y); in a b a b -> ab ab, the second merge turns (b, a) into (ab, ab)
-            # alone
+            # (x, ab), (ab, y); in a b a b -> ab ab, the second turns (b, a) into (ab, ab) alone
             w = words[j]
             f = freqs[j]
             new = []
@@ -605,22 +563,24 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
                         stats[new[-1], ab] += f
                         grown[new[-1], ab].add(j)
                     if i + 2 < n and not (w[i + 2] == a and i + 3 < n and w[i + 3] == b):
-                        stats[b, w[i + 2]] -= f
-                        stats[ab, w[i + 2]] += f
-                        grown[ab, w[i + 2]].add(j)
+                        right = w[i + 2]
+                        stats[b, right] -= f
+                        stats[ab, right] += f
+                        grown[ab, right].add(j)
                     new.append(ab)
                     i += 2
                 else:
                     new.append(w[i])
                     i += 1
-            # else a stale index entry: the word no longer contains the pair
-            if len(new) < n:
-                words[j] = new
+            words[j] = new  # unchanged if a stale index entry: the word lost the pair
         del stats[pair]
         for p, js in grown.items():  # pushed once, after all words are updated
             where[p] |= js
-            heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
+            heapq.heappush(heap, entry(p))
     bar.close()
+    if verbose and len(merges) < num_merges:
+        print(f"note: {len(merges)} merges learned, not the {num_merges} asked: no pair of symbols "
+              f"is left that occurs {min_freq} times or more (min_freq)")
     return merges
 
 
@@ -630,45 +590,44 @@ MAX_WORD = 100
 
 def cap_words(words):
     """Words over MAX_WORD characters cut into words of MAX_WORD: BPE's time over a word grows with
-    its length times its merges (a 1 MB word stalled learning for minutes). subword-nmt, fastBPE
-    and model.py's export cut nothing."""
+    its length times its merges. subword-nmt, fastBPE and model.py's export cut nothing."""
     if max(map(len, words), default=0) <= MAX_WORD:
         return words
     return [w[i:i + MAX_WORD] for w in words for i in range(0, len(w), MAX_WORD)]
 
 
+STOP_SIGNALS = (SIGINT, SIGTERM)  # Ctrl-C and kill: prepare stops cleanly
+
+
 def _pool(workers, opts):
-    """binarize's Pool; its workers ignore Ctrl-C (the parent stops them) and die of SIGTERM
-    (pool.terminate's)."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """binarize's Pool: its workers ignore Ctrl-C and die of SIGTERM (pool.terminate's)."""
+    blocked = pthread_sigmask(SIG_BLOCK, STOP_SIGNALS)
     try:
         return multiprocessing.Pool(workers, _pool_worker, (opts,))
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        pthread_sigmask(SIG_SETMASK, blocked)
 
 
 def _pool_worker(opts):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal(SIGINT, SIG_IGN)
+    signal(SIGTERM, SIG_DFL)
+    pthread_sigmask(SIG_UNBLOCK, STOP_SIGNALS)
     _WORKER.update(opts)
 
 
 # -----------------------------------------------------------------------------
-# Files: atomic writes, UTF-8 lines, parallel text, codes files, tokenizer.json, .bin headers, MUSE,
-# checkpoints
+# Files: atomic writes, UTF-8 lines, parallel text, codes, tokenizer.json, .bin headers, MUSE
 
-@contextlib.contextmanager
+@contextmanager
 def atomic_path(path):
-    """Yields path.PID.tmp to write (one per process), renamed to `path` at the end, removed by any
-    failure."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    """Yields path.PID.tmp to write, renamed to `path` at the end, removed by any failure."""
+    tmp = f"{path}.{getpid()}.tmp"
     try:
         yield tmp
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
+        with suppress(FileNotFoundError):
+            remove(tmp)
         raise
 
 
@@ -678,12 +637,17 @@ def write_text(path, text):
         f.writelines([text] if isinstance(text, str) else text)
 
 
+def read_json(path):  # a UTF-8 JSON file's value
+    with open(path, encoding="utf-8") as f:
+        return json_load(f)
+
+
 def read_lines(path, max_lines=None):
     """The first max_lines lines of a UTF-8 file, split on \\n only (XNLI test files have a stray
     \\r inside lines), a byte order mark at its start dropped (Windows editors write one); a bad
     byte raises InputError naming file:line."""
     with open(path, "rb") as f:
-        for n, raw in enumerate(itertools.islice(f, max_lines), 1):
+        for n, raw in enumerate(islice(f, max_lines), 1):
             try:
                 yield raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
@@ -692,12 +656,10 @@ def read_lines(path, max_lines=None):
 
 
 def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
-    """Two line-aligned UTF-8 files -> their first max_lines lines; InputError if they are of
-    unequal length, empty, or one file (unless same_ok)."""
-    if not same_ok and isfile(src_path) and isfile(tgt_path):
-        if samefile(src_path, tgt_path):
-            raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both "
-                             "sides would be one text")
+    """Two line-aligned files -> their first max_lines lines; unequal, empty, one file: refused."""
+    if not same_ok and isfile(src_path) and isfile(tgt_path) and samefile(src_path, tgt_path):
+        raise InputError(f"parallel files {src_path} and {tgt_path} are the same file: both sides "
+                         "would be one text")
     src = list(read_lines(src_path))
     tgt = list(read_lines(tgt_path))
     if not src and not tgt:
@@ -705,7 +667,7 @@ def read_parallel(src_path, tgt_path, max_lines=None, same_ok=False):
     if len(src) != len(tgt):
         raise InputError(f"parallel files differ in length: {src_path} has {len(src)} lines, "
                          f"{tgt_path} has {len(tgt)}")
-    return src[:max_lines or None], tgt[:max_lines or None]
+    return src[:max_lines], tgt[:max_lines]
 
 
 def read_codes(path):
@@ -731,26 +693,13 @@ def read_codes(path):
     return merges
 
 
-def read_tokenizer(cls, path):
-    """Tokenizer.load: a tokenizer.json written by Tokenizer.save; anything else raises ValueError
-    naming the file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
-    except (KeyError, ValueError, TypeError, IndexError) as e:  # not UTF-8 or JSON, or other JSON
-        kind = "not JSON" if isinstance(e, json.JSONDecodeError) else type(e).__name__
-        raise ValueError(f"{path}: not a tokenizer.json written by bpe.py ({kind}: {e})") from None
-
-
 # -> (read-only np.memmap of the ids, meta dict) for files written by binarize()
 def load_bin(out_prefix):
     path = out_prefix + ".json"
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = read_json(path)
         if not (isinstance(meta, dict) and meta.get("dtype") in ("uint16", "uint32")
-                and isinstance(meta.get("n_tokens"), int)
-                and isinstance(meta.get("n_sentences"), int)):
+                and all(isinstance(meta.get(k), int) for k in ("n_tokens", "n_sentences"))):
             raise ValueError("no dtype, n_tokens and n_sentences")
     except ValueError as e:  # not UTF-8, not JSON, other JSON
         raise ValueError(f"{path}: not a header written by bpe.binarize ({e})") from None
@@ -761,23 +710,21 @@ def load_bin(out_prefix):
 
 
 def read_dictionary(path):
-    """A MUSE dictionary ('source target' per line; a source may have several) -> [(source, target),
-    ...] in order."""
+    """A MUSE dictionary ('source target' per line) -> [(source, target), ...] in order."""
     pairs = []
     for n, line in enumerate(read_lines(path), 1):
         parts = line.split()
-        if parts and len(parts) != 2:
-            raise InputError(f"{path}:{n}: expected 'source target', got {' '.join(parts)!r}")
-        if parts:
+        if len(parts) == 2:
             pairs.append(tuple(parts))
+        elif parts:
+            raise InputError(f"{path}:{n}: expected 'source target', got {' '.join(parts)!r}")
     if not pairs:
         raise InputError(f"{path}: the dictionary is empty")
     return pairs
 
 
 def checkpoint_tokenizer(extra, path, xlm_codes=None):
-    """(Tokenizer, langs) of a checkpoint's `extra`: best.pt's tokenizer, or an XLM dictionary with
-    fastBPE codes."""
+    """(Tokenizer, langs) of a checkpoint: best.pt's, or an XLM dictionary with fastBPE codes."""
     if "xlm_vocab" in extra:
         if not xlm_codes:
             raise InputError(f"{path}: an XLM checkpoint; give its fastBPE codes file with "
@@ -797,21 +744,18 @@ def checkpoint_tokenizer(extra, path, xlm_codes=None):
     return Tokenizer.from_dict(extra["tokenizer"]), list(extra["langs"])
 
 # -----------------------------------------------------------------------------
-# Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py (they import them from
-# here)
+# Command-line helpers shared by pretrain.py, finetune.py, align.py, cka.py
 
 class InputError(ValueError):
-    """A bad input, the whole message: a flag's value (code 2: usage error) or a file and line (1);
-    see reported."""
+    """A bad input, the whole message: a flag's value (code 2: usage) or a file and line (1)."""
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
 
 
-@contextlib.contextmanager
+@contextmanager
 def reported(parser):
-    """Each main's one place for a bad input: an InputError (or model.py's, cka.py's, toydata.py's)
-    -> one line."""
+    """Each main's one place for a bad input: an InputError (any file's) -> one line."""
     try:
         yield
     except ValueError as e:
@@ -823,8 +767,7 @@ def reported(parser):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help: each flag's default after its help, unless its help says it or it is None or a
-    switch (off)."""
+    """--help: each flag's default after its help, unless its help says it, or None, or off."""
     def _get_help_string(self, action):
         if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help
@@ -832,8 +775,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
-    """Every numeric flag's type: a finite number in [lo, hi) (`above`: (lo, `upto`: hi]); `many`:
-    a comma list of distinct ones (1,2)."""
+    """A finite number in [lo, hi) (`above`: (lo, `upto`: hi]); `many`: a comma list of them."""
     def parse(s):
         try:
             values = [cast(x) for x in s.split(",") if x.strip()] if many else [cast(s)]
@@ -853,17 +795,12 @@ def number(lo, hi=math.inf, cast=int, many=False, above=False, upto=False):
     return parse
 
 
-# the spellings of the previous release still work, with this one line on stderr
-def deprecated(old, new):
-    print(f"note: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
-
-
 def toy_data(args):
-    """The previous release's `--toy DIR` becomes `--toy --data DIR`, with a note -> the flag that
-    gave the data."""
+    """`--toy DIR` (deprecated) becomes `--toy --data DIR`, with a note -> the flag of the data."""
     if not isinstance(args.toy, str):
         return "--data"
-    deprecated(f"--toy {args.toy}", f"--toy --data {args.toy}")
+    print(f"note: --toy {args.toy} is deprecated and will be removed; use --toy --data {args.toy}",
+          file=sys.stderr)
     if args.data is not None:
         raise InputError(f"--toy {args.toy} and --data {args.data}: give one data directory (--toy "
                          "--data DIR)")
@@ -873,8 +810,7 @@ def toy_data(args):
 
 
 def check_src_tgt(args):
-    """align.py and cka.py: --src and --tgt, codes of letters (a toy world's file names), differ
-    unless --ckpt2."""
+    """align.py and cka.py: --src and --tgt, codes of letters, differ unless --ckpt2."""
     for flag, code in (("--src", args.src), ("--tgt", args.tgt)):
         if not code.isalpha():
             raise InputError(f"{flag} {code!r}: expected a language code of letters, e.g. en")
@@ -884,21 +820,18 @@ def check_src_tgt(args):
 
 
 def out_of_memory(e):
-    """Whether an exception is running out of memory (MemoryError, a GPU's OutOfMemoryError, the
-    CPU allocator's)."""
+    """Whether an exception is running out of memory (CPU or GPU)."""
     return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e)
 
 
 def encode_bar(lang):
-    """align.py's and cka.py's "encode {lang}" bar for model.pool_sentences: (iterable, total) ->
-    iterable (on a terminal)."""
+    """The "encode {lang}" bar for model.pool_sentences: (iterable, total) -> iterable."""
     return lambda it, total: tqdm(it, total=total, desc=f"encode {lang}", unit="sent", leave=False,
                                   mininterval=1, disable=not sys.stderr.isatty())
 
 
 def parse_langs(langs):
-    """'en,fr' or ['en', 'fr'] -> ['en', 'fr']: distinct codes of letters (not 'en/x' or ' fr'),
-    else InputError."""
+    """'en,fr' or ['en', 'fr'] -> ['en', 'fr']: distinct codes of letters, else InputError."""
     langs = langs.split(",") if isinstance(langs, str) else list(langs)
     if not all(map(str.isalpha, langs)) or len(set(langs)) < len(langs):
         raise InputError(f"--langs {','.join(langs)}: expected distinct languages, each a code of "
@@ -906,9 +839,8 @@ def parse_langs(langs):
     return langs
 
 
-def parse_lang_files(flag, items, langs=None):
-    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'} (a PATH may be a WikiExtractor folder);
-    errors name `flag`."""
+def parse_lang_files(flag, items, langs):
+    """'en=a.txt,fr=b.txt' -> {'en': 'a.txt', 'fr': 'b.txt'}; errors name `flag`."""
     files = {}
     for item in items.split(","):
         lang, eq, path = item.partition("=")
@@ -917,31 +849,28 @@ def parse_lang_files(flag, items, langs=None):
             raise InputError(f"{flag}: expected LANG=PATH, got {item!r}", 2)
         if lang in files:
             raise InputError(f"{flag}: language '{lang}' given twice", 2)
-        # a directory: WikiExtractor output
-        if not isfile(path) and not isdir(path):
+        if not isfile(path) and not isdir(path):  # a directory: WikiExtractor output
             raise InputError(f"{flag} {item}: no such file", 2)
         for other, other_path in files.items():
             if samefile(other_path, path):
                 raise InputError(f"{flag}: {other} and {lang} are the same file {path}", 2)
         files[lang] = path
-    if langs is not None and sorted(files) != sorted(langs):
+    if sorted(files) != sorted(langs):
         raise InputError(f"{flag}: languages {','.join(sorted(files))} do not match --langs "
                          f"{','.join(langs)}", 2)
     return files
 
 
 def checkpoint_lang(langs, lang, head, tail=""):
-    """The index of `lang` in a checkpoint's `langs`, or InputError "{head} not one of the
-    checkpoint's languages"."""
+    """The index of `lang` in a checkpoint's `langs`, or InputError "{head} not one of ..."."""
     if lang not in langs:
         raise InputError(f"{head} not one of the checkpoint's languages {list(langs)}{tail}")
     return list(langs).index(lang)
 
 
-@contextlib.contextmanager
+@contextmanager
 def write_errors(path):
-    """A failed write of `path` stops the program in one line (full disk: ENOSPC, or torch.save's
-    'unexpected pos')."""
+    """A failed write of `path` (a full disk too) stops the program in one line."""
     try:
         yield
     except (OSError, RuntimeError) as e:
@@ -953,17 +882,15 @@ def write_errors(path):
 
 
 def atomic_write(path, write):
-    """write(tmp) writes `path` through atomic_path; a failure stops the program with one line
-    (write_errors)."""
+    """write(tmp) writes `path` through atomic_path; a failure is one line (write_errors)."""
     with write_errors(path), atomic_path(path) as tmp:
         write(tmp)
 
 
 def make_dir(flag, path):
-    """os.makedirs, or one line saying why the directory of `flag` (--out, --prep-dir) cannot be
-    used."""
+    """os.makedirs, or one line saying why the directory of `flag` cannot be used."""
     try:
-        os.makedirs(path, exist_ok=True)
+        makedirs(path, exist_ok=True)
     except FileExistsError:  # a file, not a directory
         raise InputError(f"{flag} {path}: exists and is not a directory") from None
     except OSError as e:
@@ -973,44 +900,56 @@ def make_dir(flag, path):
         raise InputError(f"{flag} {path}: the directory is not writable")
 
 
-@contextlib.contextmanager
+def _flock(path, busy):
+    """`path` opened, flocked by this process and emptied; else InputError(busy(what it holds)).
+    A holder removes the file before it lets go: a file removed so is locked anew."""
+    while True:
+        f = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with f:
+                f.seek(0)
+                raise InputError(busy(f.read().strip())) from None
+        if os.fstat(f.fileno()).st_nlink:
+            f.truncate(0)
+            return f
+        f.close()
+
+
+@contextmanager
 def locked(out, prog, made_too=(), master=True):
     """--out made and locked by one process of `prog` (OUT/.lock: its pid; under DDP the master's,
     for all ranks); on failure the empty dirs it made (--out, made_too) go again."""
     new = set()
     for path in map(abspath, [out, *made_too]):
-        while not os.path.exists(path):
+        while not exists(path):
             new.add(path)
             path = os.path.dirname(path)
     make_dir("--out", out)
-    with open(join(out, ".lock") if master else os.devnull, "a+") as f:
-        try:
-            if master:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError(f"--out {out} is in use by another {prog} (pid "
-                             f"{open(f.name).read().strip()} in {f.name}); wait for it to end, or "
-                             "use another --out") from None
-        if master:
-            f.truncate(0)
-            print(os.getpid(), file=f, flush=True)
+    lock = join(out, ".lock")
+
+    def busy(pid):
+        return (f"--out {out} is in use by another {prog} (pid {pid} in {lock}); wait for it to "
+                "end, or use another --out")
+
+    with _flock(lock, busy) if master else open(os.devnull, "w") as f:
+        print(getpid(), file=f, flush=True)
         try:
             yield
         finally:
             if master:
-                os.remove(f.name)
+                remove(lock)
             if sys.exc_info()[0]:  # failed: remove the new dirs, a child (a longer path) first
                 for d in sorted(new, key=len, reverse=True):
-                    with contextlib.suppress(OSError):  # not empty: kept
+                    with suppress(OSError):  # not empty: kept
                         os.rmdir(d)
 
 
 # -----------------------------------------------------------------------------
-# Data preparation for pretrain.py (nanoGPT's prepare.py step): tokenizer + binarised splits,
-# cached; bpe.py's CLI
+# Data preparation for pretrain.py (nanoGPT's prepare.py): tokenizer + binarised splits; the CLI
 
-# Wikipedia through WikiExtractor (XLM's get-data-wiki.sh): AA/wiki_00, ... of <doc> blocks,
-# shuffled (XLM's shuf).
+# Wikipedia through WikiExtractor (XLM's get-data-wiki.sh): <doc> blocks, shuffled (XLM's shuf).
 # XLM holds out 5000 valid (and 5000 test) lines per language; at most a tenth of a small corpus
 DEV_LINES = 5000
 # XLM's `get_seeded_random 42`; fixed, whatever --seed is, so that every run sees the same split
@@ -1020,44 +959,40 @@ SHUFFLE_BUCKET_BYTES = 1 << 28
 
 
 def wikiextractor_files(path):
-    """The text files of a WikiExtractor output directory in sorted order (AA/wiki_00, AA/wiki_01,
-    ..., AB/...)."""
+    """The text files of a WikiExtractor directory in order (AA/wiki_00, AA/wiki_01, ...)."""
     found = sorted(join(d, f) for d, _, names in os.walk(path) for f in names
                    if f.startswith("wiki_"))
     packed = [f for f in found if f.endswith(".bz2")]
     if packed:
-        raise ValueError(f"{packed[0]}: compressed WikiExtractor output (--compress); unpack it "
+        raise InputError(f"{packed[0]}: compressed WikiExtractor output (--compress); unpack it "
                          "with bunzip2 first")
     if not found:
-        raise ValueError(f"{path}: a directory without WikiExtractor files (AA/wiki_00, ...)")
+        raise InputError(f"{path}: a directory without WikiExtractor files (AA/wiki_00, ...)")
     return found
 
 
 def read_wikiextractor(path):
-    """A WikiExtractor directory's lines but <doc>, </doc> and blank ones (XLM's get-data-wiki.sh);
-    else ValueError."""
+    """A WikiExtractor directory's lines but <doc>, </doc> and blank ones (get-data-wiki.sh)."""
     for name in wikiextractor_files(path):
         start = None  # the line of the open <doc>
         for n, line in enumerate(read_lines(name), 1):
-            doc = line.startswith("<doc ") and line.endswith(">")
-            end = line == "</doc>"
-            text = line.strip() and not doc and not end
-            if doc and start:
-                raise ValueError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not "
-                                 "WikiExtractor output)")
-            if end and not start:
-                raise ValueError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor output)")
-            if text and not start:
-                raise ValueError(f"{name}:{n}: text outside <doc ...> ... </doc> (not "
-                                 f"WikiExtractor output): {line[:60]!r}")
-            if doc:
+            if line.startswith("<doc ") and line.endswith(">"):
+                if start:
+                    raise InputError(f"{name}:{n}: <doc> inside the <doc> of line {start} (not "
+                                     "WikiExtractor output)")
                 start = n
-            elif end:
+            elif line == "</doc>":
+                if not start:
+                    raise InputError(f"{name}:{n}: </doc> without <doc ...> (not WikiExtractor "
+                                     "output)")
                 start = None
-            elif text:
+            elif line.strip():
+                if not start:
+                    raise InputError(f"{name}:{n}: text outside <doc ...> ... </doc> (not "
+                                     f"WikiExtractor output): {line[:60]!r}")
                 yield line
         if start:
-            raise ValueError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
+            raise InputError(f"{name}:{start}: <doc> never closed by </doc> (a truncated file?)")
 
 
 def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE_SEED):
@@ -1065,15 +1000,15 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
     n // 10) of them to dev_path."""
     rng = np.random.default_rng(seed)
     n_buckets = 1 + size // SHUFFLE_BUCKET_BYTES
-    os.makedirs(work_dir, exist_ok=True)
+    makedirs(work_dir, exist_ok=True)
     buckets = [join(work_dir, f"bucket{k}.txt") for k in range(n_buckets)]
     n = 0
     try:
-        with contextlib.ExitStack() as files:
+        with ExitStack() as files:
             outs = [files.enter_context(open(b, "w", encoding="utf-8", newline="\n"))
                     for b in buckets]
             lines = (line for line in lines if line.strip())
-            for chunk in iter(lambda: list(itertools.islice(lines, 1 << 16)), []):
+            for chunk in iter(lambda: list(islice(lines, 1 << 16)), []):
                 for line, k in zip(chunk, rng.integers(n_buckets, size=len(chunk)).tolist()):
                     outs[k].write(line + "\n")
                 n += len(chunk)
@@ -1083,14 +1018,14 @@ def shuffle_split(lines, size, work_dir, train_path, dev_path=None, seed=SHUFFLE
             for b in buckets:
                 with open(b, "rb") as f:
                     part = f.read().decode("utf-8").split("\n")[:-1]
-                os.remove(b)
+                remove(b)
                 yield from (part[i] + "\n" for i in rng.permutation(len(part)).tolist())
         order = shuffled()
         if n_dev:
-            write_text(dev_path, itertools.islice(order, n_dev))
+            write_text(dev_path, islice(order, n_dev))
         write_text(train_path, order)
     finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+        rmtree(work_dir, ignore_errors=True)
     return n - n_dev, n_dev
 
 
@@ -1100,10 +1035,7 @@ MIN_DEV_WORDS = 20
 CS_SAMPLE_LINES = 20000
 # lines of each text whose letters are counted: Han-script text must be zh (_check_text)
 CHECK_SCRIPT_LINES = 1000
-HAN_RE = regex.compile(r"\p{Han}")
-LETTER_RE = regex.compile(r"\p{L}")
-# what a prepared folder records and a run must match: recipe key -> (pretrain.py's flag, bpe.py
-# prepare's flag)
+# what a prepared folder records and a run must match: key -> (pretrain.py's flag, bpe.py's)
 RECIPE_FLAGS = {"langs": ("--langs", "--langs"), "bpe": ("--bpe", "--mode"),
                 "merges": ("--merges", "--merges"),
                 "separate_vocab": ("--sep emb/tok", "--separate-vocab"),
@@ -1116,35 +1048,31 @@ def file_sha1(path):
     try:
         with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha1").hexdigest()
-    except FileNotFoundError:
-        raise InputError(f"--code-switch {path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"--code-switch {path}: not a file") from None
     except OSError as e:
-        raise InputError(f"--code-switch {path}: cannot read: {e.strerror}") from None
+        why = {errno.ENOENT: "no such file", errno.EISDIR: "not a file"}.get(e.errno)
+        raise InputError(f"--code-switch {path}: {why or 'cannot read: ' + e.strerror}") from None
 
 
 def read_text(path, max_lines=None):  # the lines of a text file or of a WikiExtractor directory
     if isdir(path):
-        return itertools.islice(read_wikiextractor(path), max_lines)
+        return islice(read_wikiextractor(path), max_lines)
     return read_lines(path, max_lines)
 
 
 # the files prepare writes in its folder (then `done`, last: the folder is complete)
 def prepared_files(langs):
-    splits = [f"{l}.{s}.{x}" for l in langs for s in ("train", "dev") for x in ("bin", "json")]
-    return ["tokenizer.json", "recipe.json"] + splits
+    return ["tokenizer.json", "recipe.json"] + [f"{l}.{s}.{x}" for l in langs
+                                                for s in ("train", "dev") for x in ("bin", "json")]
 
 
 def _missing(folder, langs):
-    """What a prepared folder lacks ([] if nothing): `done`, a file, or a .bin of another size than
-    `done` records."""
+    """What a prepared folder lacks: `done`, a file, or a .bin of the size `done` records."""
     done_path = join(folder, "done")
     if not isfile(done_path):
         return ["done"]
     sizes = {}  # .bin file -> its size; a `done` made by hand records none
-    with open(done_path, encoding="utf-8") as f, contextlib.suppress(ValueError, TypeError):
-        sizes = dict(json.loads(f.read().strip() or "{}"))
+    with suppress(ValueError, TypeError):
+        sizes = dict(read_json(done_path))
     missing = []
     for name in prepared_files(langs):
         path = join(folder, name)
@@ -1156,52 +1084,36 @@ def _missing(folder, langs):
     return missing
 
 
-@contextlib.contextmanager
+@contextmanager
 def _preparing(out):
-    """prepare's flock on out/lock (naming this process; a second is refused); a failure removes
-    the folder."""
+    """prepare's lock on out/lock (a second process is refused); a failure removes the folder."""
     make_dir("--prep-dir", out)
     path = join(out, "lock")
-    # the holder removes the file before it lets go: then lock the new one
-    while True:
-        f = open(path, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            with f:
-                f.seek(0)
-                holder = f.read().strip() or "another process"
-                raise InputError(f"{out} is being prepared by {holder} (it holds {path}); wait for "
-                                 "it to end, then run the same command: it uses that "
-                                 "data") from None
-        if os.fstat(f.fileno()).st_nlink:
-            break
-        f.close()
-    leftovers = [join(out, n) for n in os.listdir(out) if n.endswith(".tmp")]
-    for p in leftovers:  # what a killed process left
+    f = _flock(path, lambda holder: f"{out} is being prepared by {holder or 'another process'} (it "
+               f"holds {path}); wait for it to end, then run the same command: it uses that data")
+    for p in glob.glob(join(glob.escape(out), "*.tmp")):  # what a killed process left
         if isdir(p):
-            shutil.rmtree(p)
+            rmtree(p)
         else:
-            os.remove(p)
-    f.truncate(0)
-    print(f"process {os.getpid()} on {os.uname().nodename}", file=f, flush=True)
+            remove(p)
+    print(f"process {getpid()} on {os.uname().nodename}", file=f, flush=True)
     try:
         yield
     except BaseException as e:
-        shutil.rmtree(out, ignore_errors=True)
+        rmtree(out, ignore_errors=True)
         if isinstance(e, InputError) or not isinstance(e, (ValueError, OSError)):
             raise
-        # a reader's ValueError names the file (and line); a full disk's OSError no file, or a
-        # temporary one, now gone
-        if isinstance(e, ValueError):
-            raise InputError(f"data preparation failed: {e}") from None
-        where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
-        if e.errno == errno.ENOSPC:
-            raise InputError(f"data preparation failed: no space left writing in {where}") from None
-        raise InputError(f"data preparation failed: {where}: {e.strerror or e}") from None
+        # a reader's ValueError names the file; a full disk's OSError none, or a temporary one
+        why = e
+        if isinstance(e, OSError):
+            where = regex.sub(r"\.\d+\.tmp$", "", str(e.filename)) if e.filename else out
+            why = f"{where}: {e.strerror or e}"
+            if e.errno == errno.ENOSPC:
+                why = f"no space left writing in {where}"
+        raise InputError(f"data preparation failed: {why}") from None
     finally:
-        with contextlib.suppress(OSError):
-            os.remove(path)
+        with suppress(OSError):
+            remove(path)
         f.close()
 
 
@@ -1211,16 +1123,13 @@ def _show(key, value):
         return ",".join(value)
     if key == "code_switch_sha1" and value:
         return "a dictionary with sha1 " + value[:10]
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "on" if value else "off"
+    if value is None or isinstance(value, bool):
+        return {None: "none", True: "on", False: "off"}[value]
     return str(value)
 
 
 def _check_prepared(data, recipe, program):
-    """A --data directory written by prepare: every file there, a recipe equal to this run's
-    choices; else one line."""
+    """A prepared --data folder: every file there, its recipe this run's choices; else one line."""
     missing = _missing(data, recipe["langs"])
     if missing:
         raise InputError(f"--data {data}: a prepared folder without {', '.join(missing)}; prepare "
@@ -1228,8 +1137,7 @@ def _check_prepared(data, recipe, program):
                          "the text)")
     path = join(data, "recipe.json")
     try:
-        with open(path, encoding="utf-8") as f:
-            made = dict(json.load(f))  # else TypeError or ValueError: not a JSON object
+        made = dict(read_json(path))  # else TypeError or ValueError: not a JSON object
     except (OSError, ValueError, TypeError) as e:
         raise InputError(f"--data {data}: cannot read {path}: "
                          f"{getattr(e, 'strerror', None) or e}") from None
@@ -1250,10 +1158,13 @@ def _check_prepared(data, recipe, program):
                          "prepare, or the text as --data)")
 
 
-def _check_text(path, lang, split, held_out):
-    """A text input of prepare, read whole before anything is written (a bad byte found late costs
-    hours): one line."""
+def _check_text(path, lang, split, dev=None, allow_overlap=False):
+    """A text input of prepare, read whole before anything is written: one line. As content
+    (whitespace collapsed, Unicode NFC) -> a dev text's lines; a train text holding most of `dev`
+    is refused (unless allow_overlap), some are counted."""
     n = han = letters = texts = words = 0
+    found = []
+    wanted = set(dev or ())
     # read_lines and wikiextractor_files name the file (and line) at fault
     try:
         for n, line in enumerate(read_text(path), 1):
@@ -1261,53 +1172,68 @@ def _check_text(path, lang, split, held_out):
             if "\0" in line or "\r" in line:
                 where = path if isdir(path) else f"{path}:{n}"
                 if "\0" in line:
-                    raise ValueError(f"{where}: a NUL character, as in UTF-16 text (convert it to "
+                    raise InputError(f"{where}: a NUL character, as in UTF-16 text (convert it to "
                                      "UTF-8, e.g. with iconv -f UTF-16 -t UTF-8)")
-                raise ValueError(f"{where}: a carriage return (CR) inside the line: lines that end "
+                raise InputError(f"{where}: a carriage return (CR) inside the line: lines that end "
                                  "in CR alone (old Mac) would be read glued together; convert them "
                                  f"first, e.g. tr '\\r' '\\n' < {path} > NEW")
-            if line.strip():
-                texts += 1
+            if not line.strip():
+                continue
+            texts += 1
+            # as content (a dev text, or a train text compared with one)
+            if split == "dev" or wanted:
+                key = unicodedata.normalize("NFC", " ".join(line.split()))
+                if split == "dev" or key in wanted:
+                    found.append(key)
             if words < MIN_DEV_WORDS:
                 words += len(pretokenize(line, lang))
             if n <= CHECK_SCRIPT_LINES and lang != "zh":
-                han += len(HAN_RE.findall(line))
-                letters += len(LETTER_RE.findall(line))
+                han += len(regex.findall(r"\p{Han}", line))
+                letters += len(regex.findall(r"\p{L}", line))
     except OSError as e:
         raise InputError(f"cannot read {e.filename}: {e.strerror}") from None
-    except ValueError as e:
-        raise InputError(str(e)) from None
-    min_texts = 10 if held_out else 1
-    checks = [
-        (han > letters / 2, f"Han-script text ({100 * han // max(letters, 1)} % of its letters) "
-                            f"under the language code '{lang}': only zh text is split into "
-                            "characters (a Chinese line would be one word); give this language as "
-                            "zh in --langs"),
-        (split == "dev" and words < MIN_DEV_WORDS, f"a {lang} dev split of {words} words; at "
-                                                   f"least {MIN_DEV_WORDS} are needed to measure a "
-                                                   "perplexity"),
-        (split == "train" and texts < min_texts, f"{texts} line(s) of text, too few " + (
-            "to hold out dev lines from (give a dev file)" if held_out else "for a corpus")),
-    ]
-    for bad, why in checks:
-        if bad:
-            raise InputError(f"{path}: {why}")
+    if han > letters / 2:
+        raise InputError(f"{path}: Han-script text ({100 * han // max(letters, 1)} % of its "
+                         f"letters) under the language code '{lang}': only zh text is split into "
+                         "characters (a Chinese line would be one word); give this language as zh "
+                         "in --langs")
+    if split == "dev" and words < MIN_DEV_WORDS:
+        raise InputError(f"{path}: a {lang} dev split of {words} words; at least {MIN_DEV_WORDS} "
+                         "are needed to measure a perplexity")
+    held_out = dev is None  # a train text: its dev lines are held out of it
+    if split == "train" and texts < (10 if held_out else 1):
+        why = "to hold out dev lines from (give a dev file)" if held_out else "for a corpus"
+        raise InputError(f"{path}: {texts} line(s) of text, too few {why}")
+    if not dev:  # a dev text, or a train text to hold dev lines out of
+        return found
+    found = set(found)
+    shared = sum(key in found for key in dev)
+    mostly = "" if shared == len(dev) else "mostly "
+    if shared > len(dev) / 2 and not allow_overlap:
+        raise InputError(f"the {lang} dev set is {mostly}its training text ({shared} of its "
+                         f"{len(dev)} lines are training lines, whitespace collapsed, Unicode "
+                         "NFC): the dev perplexity, and best.pt chosen on it, would measure what "
+                         "is trained on; give another dev set, or --allow-overlap if it is meant")
+    if shared:
+        print(f"note: {shared} of the {len(dev)} {lang} dev lines are training lines too "
+              f"(whitespace collapsed, Unicode NFC): {100 * shared / len(dev):.1f} %, short "
+              "sentences that occur in both; a dev set mostly of training lines is refused")
 
 
 def _code_switching(code_switch, files, langs, lowercase):
-    """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it misses the text
-    or is swapped."""
-    switch = {langs[0]: {}, langs[1]: {}}
+    """--code-switch's dictionary -> {lang: {word: [translations]}}; refused if it is wrong."""
+    forward = {}
     try:
         for src, tgt in read_dictionary(code_switch):
-            switch[langs[0]].setdefault(src, []).append(tgt)
+            forward.setdefault(src, []).append(tgt)
     except ValueError as e:  # read_dictionary names the file and line
         raise InputError(f"--code-switch {e}") from None
-    for src, tgts in switch[langs[0]].items():  # the inverse, in that order
+    inverse = {}  # in forward's order
+    for src, tgts in forward.items():
         for tgt in tgts:
-            switch[langs[1]].setdefault(tgt, []).append(src)
-    # lang -> [words found in its own column of the dictionary, in the other's]
-    hits = {}
+            inverse.setdefault(tgt, []).append(src)
+    switch = dict(zip(langs, [forward, inverse]))
+    hits = {}  # lang -> [words found in its own column, in the other's]
     total = {}  # lang -> words read
     for l, other in zip(langs, langs[::-1]):
         words = []
@@ -1334,39 +1260,32 @@ def _code_switching(code_switch, files, langs, lowercase):
     return switch
 
 
-def _text_file(data, name):
-    """--data DIR's text file `name`: DIR/name, or DIR/mono/name (a toy world), or None."""
-    paths = [join(data, name), join(data, "mono", name)]
-    return next(filter(isfile, paths), None)
-
-
 def _fingerprint(path):
     """A recipe's record of an input: a file's path, size and time; a WikiExtractor directory's
     path and the sha1 of its files' names, sizes and times."""
     if path is None or not isdir(path):
-        return path and [abspath(path), os.stat(path).st_size, os.stat(path).st_mtime_ns]
-    stats = [[relpath(f, path), os.stat(f).st_size, os.stat(f).st_mtime_ns]
+        return path and [abspath(path), getsize(path), os.stat(path).st_mtime_ns]
+    stats = [[relpath(f, path), getsize(f), os.stat(f).st_mtime_ns]
              for f in wikiextractor_files(path)]
-    return [abspath(path), hashlib.sha1(json.dumps(stats).encode()).hexdigest()]
+    return [abspath(path), hashlib.sha1(dumps(stats).encode()).hexdigest()]
 
 
 def _text_splits(lang, splits, out):
-    """A language's text as files prepare reads: a WikiExtractor directory's lines, and a train
-    text without a dev file shuffled into train and held-out dev lines, written to
-    out/{lang}.{train,dev}.txt -> {"train": path, "dev": path}."""
-    prefix = join(out, lang)
+    """A language's text as files: a WikiExtractor directory's lines, a train text without a dev
+    file shuffled into train and held-out dev lines, in out/ -> {"train": path, "dev": path}."""
     paths = dict(splits)
     train = splits["train"]
     dev = splits["dev"]
-    if dev is not None and isdir(dev):  # a WikiExtractor dev directory: its lines in order
-        paths["dev"] = prefix + ".dev.txt"
-        write_text(paths["dev"], (line + "\n" for line in read_wikiextractor(dev)))
+    dev_txt = join(out, f"{lang}.dev.txt")
+    if dev and isdir(dev):  # a WikiExtractor dev directory: its lines in order
+        paths["dev"] = dev_txt
+        write_text(dev_txt, (line + "\n" for line in read_wikiextractor(dev)))
     if isdir(train) or dev is None:
-        held_out = prefix + ".dev.txt" if dev is None else None
-        paths["train"] = prefix + ".train.txt"
+        held_out = dev_txt if dev is None else None
+        paths["train"] = join(out, f"{lang}.train.txt")
         paths["dev"] = held_out or paths["dev"]
         size = sum(map(getsize, wikiextractor_files(train) if isdir(train) else [train]))
-        work_dir = join(out, f"shuffle.{os.getpid()}.tmp")
+        work_dir = join(out, f"shuffle.{getpid()}.tmp")
         n_train, n_dev = shuffle_split(read_text(train), size, work_dir, paths["train"], held_out)
         print(f"{lang}: {train}: {n_train} train lines, shuffled (seed {SHUFFLE_SEED})"
               f"{f', {n_dev} dev lines held out' if held_out else ''}, in {out}")
@@ -1377,7 +1296,7 @@ def _text_splits(lang, splits, out):
 @reported(None)
 def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
             separate_vocab=False, lowercase=False, max_lines=None, seed=0, code_switch=None,
-            workers=1, master=True, program="pretrain.py"):
+            workers=1, master=True, program="pretrain.py", allow_overlap=False):
     """Raw text (`files` {lang: {"train": path, "dev": path or None}}, or in `data`) ->
     prep_dir/<mode>-<merges>-<hash>/ (tokenizer.json, {lang}.{train,dev}.bin), reused; a prepared
     `data` folder is used if its recipe matches."""
@@ -1389,11 +1308,13 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
         if not isdir(data):
             why = "not a directory" if exists(data) else "no such directory"
             raise InputError(f"--data {data}: {why}")
-        files = {l: {s: _text_file(data, f"{l}.{s}.txt") for s in ("train", "dev")} for l in langs}
+        # DIR/l.s.txt, or DIR/mono/l.s.txt (a toy world)
+        files = {l: {s: next(filter(isfile, [join(data, f"{l}.{s}.txt"),
+                                             join(data, "mono", f"{l}.{s}.txt")]), None)
+                     for s in ("train", "dev")} for l in langs}
         absent = [f"no {l}.{s}.txt (nor mono/{l}.{s}.txt) for language '{l}'" for l in langs
                   for s in ("train", "dev") if not files[l][s]]
-        made = [n for n in prepared_files(langs) + ["done"]
-                if isfile(join(data, n))]
+        made = [n for n in prepared_files(langs) + ["done"] if isfile(join(data, n))]
         # a prepared folder (with the text and stray files: the text)
         if made and (absent or not _missing(data, langs)):
             _check_prepared(data, recipe, program)
@@ -1405,28 +1326,25 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                   "its text is prepared")
     switch = {}  # lang -> {word: [translations]}
     if master:
-        for l, splits in files.items():
-            for s, path in splits.items():
-                if path:
-                    _check_text(path, l, s, splits["dev"] is None)
+        for l, splits in files.items():  # the dev text first: train is compared with it
+            dev = splits["dev"] and _check_text(splits["dev"], l, "dev")
+            _check_text(splits["train"], l, "train", dev, allow_overlap)
         if code_switch:
             switch = _code_switching(code_switch, files, langs, lowercase)
     recipe.update(bpe_lines=max_lines, seed=seed, code_switch=_fingerprint(code_switch),
                   sources={l: {s: _fingerprint(p) for s, p in v.items()} for l, v in files.items()})
-    # shuffle_split's choices too, when it runs
     if any(v["dev"] is None or any(map(isdir, v.values())) for v in files.values()):
-        recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)
+        recipe.update(shuffle_seed=SHUFFLE_SEED, dev_lines=DEV_LINES)  # shuffle_split's choices
     # the directory names of earlier versions: without the dictionary's digest
     hashed = {k: v for k, v in recipe.items() if k != "code_switch_sha1"}
-    digest = hashlib.sha1(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
+    digest = hashlib.sha1(dumps(hashed, sort_keys=True).encode()).hexdigest()[:10]
     out = join(prep_dir, f"{mode}-{merges}{'-sepvocab' if separate_vocab else ''}-{digest}")
-
     if not master:
         while _missing(out, langs):  # the other DDP ranks wait for the master's data
             time.sleep(2)
         return out
     # a complete folder is read without the lock (many runs may use it at once)
-    with _preparing(out) if _missing(out, langs) else contextlib.nullcontext():
+    with _preparing(out) if _missing(out, langs) else nullcontext():
         missing = _missing(out, langs)  # again, under the lock: its last holder may have made it
         if not missing:
             print(f"using prepared data in {out}")
@@ -1437,25 +1355,27 @@ def prepare(langs, prep_dir, data=None, files=None, mode="joint", merges=80000,
                   "again")
         paths = {l: _text_splits(l, v, out) for l, v in files.items()}
         print(f"learning BPE ({mode}, {merges} merges) for {out}")
-        tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode=mode, num_merges=merges,
-                              separate_vocab=separate_vocab, lowercase=lowercase,
-                              max_lines=max_lines, seed=seed)
+        tok = Tokenizer.build({l: paths[l]["train"] for l in langs}, mode, merges, separate_vocab,
+                              lowercase, max_lines, seed=seed)
         print(f"preparing data in {out}")
-        # the small dev files first: a bad one is found in seconds
-        for s, l in itertools.product(("dev", "train"), langs):
+        unk_percent = recipe["unk_percent"] = {l: {} for l in langs}
+        for s, l in product(("dev", "train"), langs):  # dev first: a bad one fails in seconds
             meta = binarize(paths[l][s], tok, l, join(out, f"{l}.{s}"), workers=workers,
                             code_switch=switch.get(l) if s == "train" else None, seed=seed)
+            unk = 100 * meta["n_unk"] / max(meta["n_tokens"] - meta["n_sentences"], 1)
+            unk_percent[l][s] = round(unk, 2)
+            if unk > 5:
+                print(f"note: {unk:.1f} % of the {l} {s} tokens are <unk> (the vocabulary was "
+                      "learned on other text, or on too few lines); a model trained or measured "
+                      "on them means little")
             if "n_switched" in meta:
                 share = 100 * meta["n_switched"] / max(meta["n_words"], 1)
-                other = [o for o in langs if o != l][0]
                 print(f"code-switching {l}: {meta['n_switched']} of {meta['n_words']} words "
-                      f"({share:.1f} %) replaced by {other} words")
+                      f"({share:.1f} %) replaced by {langs[1 - langs.index(l)]} words")
         tok.save(join(out, "tokenizer.json"))
-        write_text(join(out, "recipe.json"), json.dumps(recipe, indent=1))
-        sizes = {n: getsize(join(out, n)) for n in prepared_files(langs)
-                 if n.endswith(".bin")}
-        # last: the ids it holds (_missing checks them)
-        write_text(join(out, "done"), json.dumps(sizes))
+        write_text(join(out, "recipe.json"), dumps(recipe, indent=1))
+        sizes = {n: getsize(join(out, n)) for n in prepared_files(langs) if n.endswith(".bin")}
+        write_text(join(out, "done"), dumps(sizes))  # last: the ids it holds (_missing checks)
     return out
 
 
@@ -1493,6 +1413,9 @@ def build_parser():
     a("--code-switch", metavar="DICT",
       help="MUSE dictionary: code-switch the training text (§4.2; default: none)")
     a("--workers", type=number(1), default=1, help="encoding processes")
+    a("--allow-overlap", action="store_true",
+      help="accept a dev text that is mostly training lines (refused: its perplexity measures "
+      "what is trained on)")
     a("--prep-dir", metavar="DIR", required=True,
       help="cache of prepared data (as pretrain.py --prep-dir): the prepared directory inside it "
       "is printed; one process at a time prepares one (a second is refused); required")
@@ -1514,26 +1437,31 @@ def main(argv=None):
         files = None
         if args.train_files:
             train = parse_lang_files("--train-files", args.train_files, langs)
-            dev = {}
-            if args.dev_files:
-                dev = parse_lang_files("--dev-files", args.dev_files, langs)
+            dev = parse_lang_files("--dev-files", args.dev_files, langs) if args.dev_files else {}
             files = {l: {"train": train[l], "dev": dev.get(l)} for l in langs}
         merges = args.merges or (80000 if args.mode == "joint" else 40000)
 
-        def stopped(signum, frame):  # SIGTERM as Ctrl-C: every temporary file is removed
-            raise KeyboardInterrupt(signal.Signals(signum).name)
-        handler = signal.signal(signal.SIGTERM, stopped)
+        # SIGTERM as Ctrl-C, once: a second one cannot cut the clean-up short
+        def stopped(signum, frame):
+            for s in STOP_SIGNALS:
+                signal(s, SIG_IGN)
+            raise KeyboardInterrupt(Signals(signum).name)
+        handlers = {s: signal(s, stopped) for s in STOP_SIGNALS}
         try:
             print(prepare(langs, args.prep_dir, args.data, files, args.mode, merges,
                           args.separate_vocab, args.lowercase, args.max_lines, args.seed,
-                          args.code_switch, args.workers, program="bpe.py"))
+                          args.code_switch, args.workers, program="bpe.py",
+                          allow_overlap=args.allow_overlap))
         except KeyboardInterrupt as e:
-            name = e.args[0] if e.args else "SIGINT"
+            name = str(e) or "SIGINT"
             print(f"bpe.py prepare: stopped by {name} (no half-written file is left); run the same "
                   "command to prepare the data", file=sys.stderr)
-            sys.exit(128 + signal.Signals[name])
+            sys.exit(128 + Signals[name])
         finally:
-            signal.signal(signal.SIGTERM, handler)
+            # restored for a caller in this process; once stopped, ignored until the exit
+            if getsignal(SIGINT) is stopped:
+                for s, handler in handlers.items():
+                    signal(s, handler)
 
 
 if __name__ == "__main__":

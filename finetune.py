@@ -16,6 +16,7 @@ import collections
 import fnmatch
 import functools
 import glob
+import hashlib
 import itertools
 import json
 import math
@@ -37,7 +38,7 @@ import align
 import bpe
 from bpe import EOS_ID, UNK_ID, InputError, number, read_lines
 from model import (DTYPES, AlignedEncoder, autocast, check_plot, encode_batch, encode_states,
-                   file_digest, load_model, pick_device)
+                   file_digest, load_encoder, load_model, pick_device, stall_note)
 
 
 # -----------------------------------------------------------------------------
@@ -235,13 +236,13 @@ class NERTask(Task):
                 for words, tags in examples]
 
     def run(self, model, head, batch, lang, predict=False):
-        firsts = [f for _, f, _ in batch]
-        h, mask = word_states(model, [f[0] for f in batch], firsts, lang, self.max_len, False)
+        seqs, firsts, tags = zip(*batch)
+        h, mask = word_states(model, seqs, firsts, lang, self.max_len, False)
         if predict:
             best = head(h).argmax(-1).tolist()
             return [[self.labels[k] for k in best[b][:len(f)]] for b, f in enumerate(firsts)]
         # in the order of h[mask]
-        y = torch.tensor([t for _, _, tags in batch for t in tags], device=mask.device)
+        y = torch.tensor([t for ts in tags for t in ts], device=mask.device)
         return F.cross_entropy(head(h)[mask].float(), y)
 
     def score(self, examples, preds):
@@ -361,8 +362,8 @@ class BiaffineParser(nn.Module):
         super().__init__()
 
         def mlp(n):
-            layers = [nn.Linear(d_model, n), nn.LeakyReLU(LEAKY_SLOPE), nn.Dropout(dropout)]
-            return nn.Sequential(*layers)
+            return nn.Sequential(nn.Linear(d_model, n), nn.LeakyReLU(LEAKY_SLOPE),
+                                 nn.Dropout(dropout))
         self.arc_dep = mlp(arc_mlp)
         self.arc_head = mlp(arc_mlp)
         self.rel_dep = mlp(rel_mlp)
@@ -420,8 +421,8 @@ class ParseTask(Task):
                 for s in examples]
 
     def run(self, model, head, batch, lang, predict=False):
-        firsts = [f[1] for f in batch]
-        h, mask = word_states(model, [f[0] for f in batch], firsts, lang, self.max_len, True)
+        seqs, firsts, *_ = zip(*batch)
+        h, mask = word_states(model, seqs, firsts, lang, self.max_len, True)
         s_arc, s_rel = head(h, mask)
         if predict:
             heads, rels = BiaffineParser.decode(s_arc, s_rel, mask)
@@ -435,11 +436,8 @@ class ParseTask(Task):
                                    rels.to(mask.device))
 
     def score(self, examples, preds):
-        gold_heads = [s["heads"] for s in examples]
-        gold_rels = [s["rels"] for s in examples]
-        pred_heads = [heads for heads, _ in preds]
-        pred_rels = [rels for _, rels in preds]
-        return attachment_scores(gold_heads, gold_rels, pred_heads, pred_rels)._asdict()
+        gold = [[s["heads"] for s in examples], [s["rels"] for s in examples]]
+        return attachment_scores(*gold, *zip(*preds))._asdict()
 
 
 TASKS = {task.name: task for task in (XNLITask, NERTask, ParseTask)}
@@ -470,15 +468,15 @@ def freeze_lang_specific(model):
               for p in model.lang_specific_parameters(lang)}
     for p in model.parameters():
         p.requires_grad_(id(p) not in frozen)
-    return [p for p in model.parameters() if id(p) not in frozen]
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def cpu_copy(module):
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+    return {k: v.to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
 @torch.no_grad()
-def evaluate(task, model, head, feats, examples, lang, batch_size=64, bf16=False):
+def evaluate(task, model, head, feats, examples, lang, batch_size=64, dtype="float32"):
     """Scores of one split, in batches of 64 in length order (less padding), under autocast."""
     model.eval()
     head.eval()
@@ -487,7 +485,7 @@ def evaluate(task, model, head, feats, examples, lang, batch_size=64, bf16=False
     device = next(model.parameters()).device
     for k in range(0, len(order), batch_size):
         chunk = order[k:k + batch_size]
-        with autocast(device, "bfloat16" if bf16 else "float32"):
+        with autocast(device, dtype):
             chunk_preds = task.run(model, head, [feats[i] for i in chunk], lang, predict=True)
         preds.update(zip(chunk, chunk_preds))
     return task.score(examples, [preds[i] for i in range(len(feats))])
@@ -498,6 +496,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     target with it. data: {"lang_id", "train"/"dev": (examples, feats), "test": {code: (examples,
     feats, lang_id)}}."""
     device = next(model.parameters()).device
+    dtype = "bfloat16" if args.bf16 else "float32"
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     model.load_state_dict(init_state)
@@ -523,7 +522,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
         for k in range(0, n_per_epoch, hp["batch_size"]):
             size = min(hp["batch_size"], n_per_epoch - k)
             batch = [train[i] for i in itertools.islice(stream, size)]
-            with autocast(device, "bfloat16" if args.bf16 else "float32"):
+            with autocast(device, dtype):
                 loss = task.run(model, head, batch, lang)
             if not torch.isfinite(loss):  # diverged: run_task leaves the set out
                 bar.close()
@@ -531,15 +530,15 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
                 raise FloatingPointError(f"non-finite training loss ({loss.item()}) at epoch "
                                          f"{epoch}, {update}; try a lower --lr")
             for opt in opts:
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad()
             loss.backward()
             if args.clip > 0:
-                torch.nn.utils.clip_grad_norm_(params + list(head.parameters()), args.clip)
+                nn.utils.clip_grad_norm_(params + list(head.parameters()), args.clip)
             for o in opts + scheds:
                 o.step()
             total_loss += loss.item() * len(batch)
             bar.update()
-        dev = evaluate(task, model, head, dev_feats, dev_ex, lang, bf16=args.bf16)
+        dev = evaluate(task, model, head, dev_feats, dev_ex, lang, dtype=dtype)
         dev_curve.append(dev[task.metric])
         with tqdm.external_write_mode():  # the line above the bar
             log(f"  epoch {epoch}: train loss {total_loss / n_per_epoch:.4f}  "
@@ -549,7 +548,7 @@ def finetune_one(task, model, init_state, data, hp, args, log=print):
     bar.close()
     model.load_state_dict(best["state"])
     head.load_state_dict(best["head"])
-    test = {code: evaluate(task, model, head, feats, ex, lang_id, bf16=args.bf16)
+    test = {code: evaluate(task, model, head, feats, ex, lang_id, dtype=dtype)
             for code, (ex, feats, lang_id) in data["test"].items()}
     return {**hp, "best_epoch": best["epoch"], "dev_curve": dev_curve, "dev": best["dev"],
             "test": test}
@@ -578,8 +577,9 @@ def run_task(task, model, data, args, sets_dir, earlier, save):
     epoch chosen by English dev; the result is the mean of the best two sets by dev (a diverged set
     is left out): {"best_two": their indices, "dev", "test": the mean scores, "configs": every
     set's record}. A set an earlier run finished is earlier[path]; save(path, record) keeps one."""
-    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    init_state = cpu_copy(model)
     hps = grid(task.name, args)
+
     records = []
     took = []
     for i, hp in enumerate(hps, 1):
@@ -616,16 +616,18 @@ def run_task(task, model, data, args, sets_dir, earlier, save):
 
 
 # =============================================================================
-# The plumbing, not part of the paper: official file formats, the data directory, CLI, resume,
-# --table / --plot
+# The plumbing, not part of the paper: file formats, data directory, CLI, resume, --table/--plot
 
 # -----------------------------------------------------------------------------
-# Official formats: reader(path, lang) -> examples; `lang` picks XNLI 1.0's rows, checks raw PAN-X's
-# prefixes
+# Official formats: reader(path, lang) -> examples (`lang`: XNLI 1.0's rows, raw PAN-X's prefix)
+
+def numbered_lines(path):
+    """(line number, line) of a file, then (0, ""): a blank line ends its last sentence."""
+    return itertools.chain(enumerate(read_lines(path), 1), [(0, "")])
+
 
 def nli_example(where, premise, hypothesis, label, column="XNLI label"):
-    """One (premise, hypothesis, label) at `where` (path:line), checked: a known label (`column`),
-    two sentences."""
+    """One (premise, hypothesis, label) at `where` (path:line): a known label, two sentences."""
     if label not in XNLI_LABELS:
         raise InputError(f"{where}: unknown {column} {label!r} (expected entailment, neutral, "
                          "contradiction)")
@@ -644,8 +646,8 @@ def read_nli_tsv(path, lang=None, *, cols, header_name=None, column="XNLI label"
     """NLI tab-separated columns `cols` = (premise, hypothesis, label[, language]), in order or
     named by a header line (`header_name`) -> [(premise, hypothesis, label)] (`lang`'s rows);
     `contradictory` (XNLI-MT's) is contradiction."""
-    lines = enumerate(read_lines(path), 1)
-    header = next(lines, (1, ""))[1] if header_name else "\t".join(cols)
+    lines = numbered_lines(path)
+    header = next(lines)[1] if header_name else "\t".join(cols)
     names = [x.strip() for x in header.split("\t")]
     if not set(cols) <= set(names):
         raise InputError(f"{path}:1: expected the {header_name}, got {header[:80]!r}")
@@ -678,8 +680,7 @@ read_xnli = functools.partial(read_nli_tsv, cols=("premise", "hypothesis", "labe
 read_xnli_1_0 = functools.partial(
     read_nli_tsv, cols=("sentence1", "sentence2", "gold_label", "language"),
     header_name="XNLI 1.0 header (columns gold_label, language, sentence1, sentence2)")
-# XNLI-MT 1.0 (`XNLI-MT-1.0.zip`: `multinli/multinli.train.{lang}.tsv`, MultiNLI train and its
-# translations)
+# XNLI-MT 1.0 (`XNLI-MT-1.0.zip`: `multinli/multinli.train.{lang}.tsv`, translated MultiNLI)
 read_xnli_mt = functools.partial(read_nli_tsv, cols=("premise", "hypo", "label"),
                                  header_name="XNLI-MT header premise<TAB>hypo<TAB>label",
                                  column="XNLI-MT label")
@@ -690,7 +691,7 @@ def read_multinli(path, lang=None):
     object a line, `sentence1`, `sentence2`, `gold_label`; pairs without a gold label (`-`, no
     annotator majority) are skipped."""
     examples = []
-    for n, line in enumerate(read_lines(path), 1):
+    for n, line in numbered_lines(path):
         if not line.strip():
             continue
         try:
@@ -715,9 +716,7 @@ def read_ner(path, lang=None, raw=False):
     sentences = []
     words = []
     tags = []
-    # a last blank line ends the last sentence
-    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])
-    for n, line in lines:
+    for n, line in numbered_lines(path):
         if not line.strip():
             if words:
                 sentences.append((words, tags))
@@ -746,7 +745,7 @@ def read_ner(path, lang=None, raw=False):
     prefix = re.match(r"[a-z]{2,3}:", words[0])
     if prefix and all(w.startswith(prefix[0]) for w in words):
         # the first token's line
-        n = next(n for n, line in enumerate(read_lines(path), 1) if line.strip())
+        n = next(n for n, line in numbered_lines(path) if line.strip())
         raise InputError(f"{path}:{n}: every token starts with {prefix[0]!r}: raw PAN-X, read "
                          f"from panx_dataset/{prefix[0][:-1]}/{{train,dev,test}} (the prefix is "
                          "stripped there)")
@@ -757,14 +756,11 @@ read_panx = functools.partial(read_ner, raw=True)  # panx_dataset/{lang}/{split}
 
 
 def read_conllu(path, lang=None):
-    """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}; each must be a tree
-    (`conll18_ud_eval.py`)."""
+    """CoNLL-U -> per sentence {"words", "heads" (0 = ROOT), "rels"}; each must be a tree."""
     sentences = []
     rows = []
     start = None
-    # a last blank line ends the last sentence
-    lines = itertools.chain(enumerate(read_lines(path), 1), [(0, "")])
-    for n, line in lines:
+    for n, line in numbered_lines(path):
         # UD's validator: a pseudo-empty line (else read as a sentence's end)
         if line and not line.strip():
             raise InputError(f"{path}:{n}: a line of only spaces or tabs (CoNLL-U ends a sentence "
@@ -810,30 +806,30 @@ def read_conllu(path, lang=None):
 # -----------------------------------------------------------------------------
 # Data files: where --data holds each split of each task, and the reader of each file
 
-# --data: where each split is looked for, the first layout with the file wins: (pattern, reader,
-# its splits, the only languages it holds or None). {panx_split}: our test split is
-# `heldout-from-dev` (XTREME's PAN-X test is unlabelled)
-Layout = collections.namedtuple("Layout", "pattern reader splits langs", defaults=(None,))
+# --data: each split's layouts (pattern, reader, its splits if not all three, its only languages),
+# the first found wins; {panx_split}: our test split is `heldout-from-dev` (XTREME's PAN-X test is
+# unlabelled)
+
+Layout = collections.namedtuple("Layout", "pattern reader splits langs",
+                                defaults=("train dev test", None))
 LAYOUTS = {
-    "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli, "train dev test"),  # toydata.py
+    "xnli": [Layout("xnli/{lang}.{split}.tsv", read_xnli),  # toydata.py
              # our evaluation directory (XTREME names)
-             Layout("xnli/{split}-{lang}.tsv", read_xnli, "train dev test"),
+             Layout("xnli/{split}-{lang}.tsv", read_xnli),
              Layout("XNLI-1.0/xnli.{split}.tsv", read_xnli_1_0, "dev test"),  # XNLI 1.0
              Layout("XNLI-MT-1.0/multinli/multinli.train.{lang}.tsv", read_xnli_mt, "train"),
              Layout("multinli_1.0/multinli_1.0_train.jsonl", read_multinli, "train", "en")],
-    "ner": [Layout("ner/{lang}.{split}.tsv", read_ner, "train dev test"),
-            Layout("wikiann_panx/{panx_split}-{lang}.tsv", read_ner, "train dev test"),
+    "ner": [Layout("ner/{lang}.{split}.tsv", read_ner),
+            Layout("wikiann_panx/{panx_split}-{lang}.tsv", read_ner),
             # Rahimi et al. 2019, unpacked
-            Layout("panx_dataset/{lang}/{split}", read_panx, "train dev test"),
-            Layout("panx/{split}-{lang}.tsv", read_ner, "train dev test")],  # XTREME
-    "parse": [Layout("ud/{lang}.{split}.conllu", read_conllu, "train dev test"),
-              Layout("ud/UD_*/{lang}_*-ud-{split}*.conllu", read_conllu, "train dev test"),
+            Layout("panx_dataset/{lang}/{split}", read_panx),
+            Layout("panx/{split}-{lang}.tsv", read_ner)],  # XTREME
+    "parse": [Layout("ud/{lang}.{split}.conllu", read_conllu),
+              Layout("ud/UD_*/{lang}_*-ud-{split}*.conllu", read_conllu),
               # UD 2.3
-              Layout("ud-treebanks-v2.3/UD_*/{lang}_*-ud-{split}.conllu", read_conllu,
-                     "train dev test")],
+              Layout("ud-treebanks-v2.3/UD_*/{lang}_*-ud-{split}.conllu", read_conllu)],
 }
-# the UD treebank of each language in the paper (§3.2); another one of the language: --treebank
-# LANG=NAME
+# the UD treebank of each language in the paper (§3.2); another one: --treebank LANG=NAME
 PAPER_TREEBANKS = {"en": "EWT", "fr": "GSD", "ru": "GSD", "zh": "GSD"}
 
 
@@ -842,8 +838,7 @@ def treebank_name(path):  # .../UD_French-GSD/fr_gsd-ud-test.conllu -> GSD
 
 
 def pick_treebank(hits, lang, treebanks, data_dir):
-    """`hits` of one treebank (`UD_Language-NAME`): --treebank's, else the paper's, else the only
-    one."""
+    """`hits` of one treebank (`UD_Language-NAME`): --treebank's, the paper's, or the only one."""
     found = sorted(set(map(treebank_name, hits)))
     want = treebanks.get(lang) or PAPER_TREEBANKS.get(lang)
     if want is None and len(found) > 1:
@@ -868,8 +863,8 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
     treebanks = treebanks or {}
 
     def find(lang, split):
-        panx_split = "heldout-from-dev" if split == "test" else split
-        names = dict(lang=lang, split=split, panx_split=panx_split)
+        names = dict(lang=lang, split=split,
+                     panx_split="heldout-from-dev" if split == "test" else split)
         tried = []
         for layout in LAYOUTS[task]:
             if split not in layout.splits.split():
@@ -905,8 +900,8 @@ def resolve_files(task, data_dir, train_lang, eval_langs, train_file=None, treeb
 
 
 def read_split(task, path, lang):
-    """A file's examples by its layout's reader (a --train-file of another name: XNLI-MT, MultiNLI,
-    or the first)."""
+    """A file's examples by its layout's reader (another --train-file: XNLI-MT, MultiNLI, or the
+    first)."""
     parts = os.path.normpath(path).split(os.sep)
     for layout in LAYOUTS[task]:
         pattern = layout.pattern.format(lang="*", split="*", panx_split="*").split("/")
@@ -926,8 +921,7 @@ def read_split(task, path, lang):
 # -----------------------------------------------------------------------------
 # CLI: the flags, the checkpoints, main(argv): every flag and file checked, then each task's grid
 
-# --help: what each kind of run requires (--table runs without --ckpt, so argparse cannot mark
-# them required), and an example
+# --help: what each kind of run requires (argparse cannot: --table needs no --ckpt), an example
 USAGE = """%(prog)s --task {ner,parse,xnli} --ckpt CKPT --data DIR --out DIR [options]
        %(prog)s --toy --data WORLD --ckpt CKPT --out DIR [options]    (the three tasks)
        %(prog)s --table OUT_DIR [OUT_DIR ...] [--plot FILE.png] [--with-stalled]"""
@@ -948,8 +942,6 @@ def build_parser():
 
     def one(parse):  # a flag of one value: a grid of one
         return lambda s: [parse(s)]
-    lrs = number(0, cast=float, many=True, above=True)  # a learning rate of 0 trains nothing
-    one_lr = one(number(0, cast=float, above=True))
     add = p.add_argument_group("data").add_argument
     add("--task", choices=sorted(TASKS),
         help="the task (default: all three with --toy, else required)")
@@ -988,24 +980,24 @@ def build_parser():
         help="epochs per set (default: paper 10 NER/parsing, 200 XNLI; --toy 4, 10)")
     add("--epoch-size", type=number(0),
         help="examples per epoch, 0 = one pass (default: 0; paper's XNLI 20000)")
-    pair = group.add_mutually_exclusive_group().add_argument
-    pair("--batch-size", type=one(number(1)), metavar="N",
-         help="examples per step: one value (default: the grid of --batch-sizes)")
-    pair("--batch-sizes", dest="batch_size", type=number(1, many=True), metavar="N,...",
-         help="grid of examples per step (default: paper 16,32, XNLI 4,8; --toy 16)")
-    pair = group.add_mutually_exclusive_group().add_argument
-    pair("--lr", type=one_lr, metavar="LR",
-         help="encoder learning rate: one value (default: --lrs)")
-    pair("--lrs", dest="lr", type=lrs, metavar="LR,...",
-         help="grid of encoder learning rates (default: paper 2e-5,3e-5,5e-5, XNLI "
-         "1.25e-6,2.5e-6,5e-6; --toy 3e-4,1e-3, XNLI 2e-4,5e-4)")
-    pair = group.add_mutually_exclusive_group().add_argument
-    pair("--head-lr", type=one_lr, metavar="LR", help="XNLI head lr: one (default: --head-lrs)")
-    pair("--head-lrs", dest="head_lr", type=lrs, metavar="LR,...",
-         help="grid of XNLI classifier learning rates (default: paper 5e-6,2.5e-5,1.25e-4; --toy "
-         "1e-3)")
+    # one value, or a grid (--lrs); a learning rate of 0 trains nothing
+    rate = dict(lo=0, cast=float, above=True)
+    grids = [("batch-size", "N", dict(lo=1), "examples per step: one value (default: the grid of "
+              "--batch-sizes)", "grid of examples per step (default: paper 16,32, XNLI 4,8; --toy "
+              "16)"),
+             ("lr", "LR", rate, "encoder learning rate: one value (default: --lrs)", "grid of "
+              "encoder learning rates (default: paper 2e-5,3e-5,5e-5, XNLI 1.25e-6,2.5e-6,5e-6; "
+              "--toy 3e-4,1e-3, XNLI 2e-4,5e-4)"),
+             ("head-lr", "LR", rate, "XNLI head lr: one (default: --head-lrs)", "grid of XNLI "
+              "classifier learning rates (default: paper 5e-6,2.5e-5,1.25e-4; --toy 1e-3)")]
+    for name, metavar, kind, one_help, grid_help in grids:
+        pair = group.add_mutually_exclusive_group().add_argument
+        pair(f"--{name}", type=one(number(**kind)), metavar=metavar, help=one_help)
+        pair(f"--{name}s", dest=name.replace("-", "_"), type=number(**kind, many=True),
+             metavar=metavar + ",...", help=grid_help)
     add("--max-len", type=number(2),
-        help="NER/parsing: subwords per window (default: 128, at most positions - 2)")
+        help="NER/parsing: subwords per window (default: 128, at most positions - 2); XNLI: at "
+        "most N subwords in a pair besides its three </s> (default: the positions)")
     add("--head-dropout", type=number(0, 1, float), default=0.1,
         help="dropout before the XNLI/NER head")
     add("--clip", type=number(0, cast=float), default=5.0, help="gradient norm clipping, 0 = off")
@@ -1025,9 +1017,10 @@ def build_parser():
         help="CPU threads, 0 = torch's choice (default: 1 with --toy, else 0)")
     add = p.add_argument_group("Table 1 of finished runs").add_argument
     add("--table", nargs="+", metavar="OUT_DIR",
-        help="only print Table 1 of dirs NAME[-sSEED][-stepN] (default: off)")
+        help="only print Table 1 of dirs NAME[-sSEED][-stepN] (default: off): a row per NAME, "
+        "its seeds the pretraining runs, a snapshot at its step (as results.json records them)")
     add("--plot", metavar="FILE.png",
-        help="with --table over -stepN dirs: the learning curves too (needs matplotlib)")
+        help="with --table over snapshots: the learning curves too (needs matplotlib)")
     add("--with-stalled", action="store_true",
         help="with --table: the seeds whose MLM stalled count in the means too")
     return p
@@ -1040,11 +1033,9 @@ Checkpoint = collections.namedtuple("Checkpoint", "model tok langs extra")
 def load_ckpt(path, flag, device, xlm_codes=None):
     """pretrain.py's best.pt or XLM's .pth (--xlm-codes); an error names `flag`."""
     try:
-        model, extra = load_model(path, device)
-        tok, langs = bpe.checkpoint_tokenizer(extra, path, xlm_codes)
+        return Checkpoint(*load_encoder(path, device, bpe.checkpoint_tokenizer, xlm_codes))
     except (KeyError, TypeError, ValueError, OSError) as e:
         raise InputError(f"{flag}: {e}") from None
-    return Checkpoint(model, tok, langs, extra)
 
 
 def lang_index(langs, code, ckpt, flag):  # a language the checkpoint lacks names `flag`
@@ -1063,7 +1054,7 @@ def setup_aligned(model, tok, langs, args):
     target = load_ckpt(args.target_ckpt, "--target-ckpt", args.device, args.xlm_codes)
     n = min(model.config.n_layers, target.model.config.n_layers)
     dim = model.config.dim
-    if not 0 <= layer <= n:
+    if layer > n:  # --align-layer is at least 0
         raise InputError(f"--align-layer {layer} outside 0..{n}")
     if target.model.config.dim != dim:
         raise InputError(f"--target-ckpt dim {target.model.config.dim} differs from --ckpt dim "
@@ -1085,17 +1076,15 @@ def setup_aligned(model, tok, langs, args):
 
 
 def maps_origin(args):
-    """--align-maps must be fitted on --ckpt and --target-ckpt, by the digests align.py records (or
-    a note if none)."""
+    """--align-maps fitted on --ckpt and --target-ckpt, by the digests align.py records."""
     with np.load(args.align_maps) as z:  # setup_aligned read it already
         sides = {str(z[s]): str(z[f"{s}_ckpt_digest"]) for s in ("src", "tgt")
                  if f"{s}_ckpt_digest" in z.files}
     if not sides:
         print(f"note: --align-maps {args.align_maps} records no checkpoint digests (an older "
               "align.py): unchecked")
-    checks = [(args.train_lang, "--ckpt", args.ckpt),
-              (args.eval_langs[0], "--target-ckpt", args.target_ckpt)]
-    for lang, flag, path in checks:
+    for lang, flag, path in ((args.train_lang, "--ckpt", args.ckpt),
+                             (args.eval_langs[0], "--target-ckpt", args.target_ckpt)):
         if lang in sides and sides[lang] != digest(path):
             raise InputError(f"--align-maps {args.align_maps}: its {lang} side was fitted on the "
                              f"checkpoint {sides[lang]}, not on {flag} {path} ({digest(path)}); "
@@ -1103,22 +1092,22 @@ def maps_origin(args):
 
 
 def content_key(example):
-    """An example's text, to find it in another file: each sentence's tokens joined, Unicode NFC,
-    whitespace collapsed (labels left out)."""
+    """An example's text (no label) as another file holds it: Unicode NFC, whitespace collapsed."""
     sentences = [example["words"]] if isinstance(example, dict) else example[:-1]
     texts = [s if isinstance(s, str) else " ".join(s) for s in sentences]
     return "\t".join(" ".join(unicodedata.normalize("NFC", t).split()) for t in texts)
 
 
 def prepare_task(task_name, files, model, encoders, args):
-    """Read and featurise every file of one task before any training -> (task, data); encoders:
-    code -> (tokenizer, the model's language); data["notes"]: {"fr test": what makes its score mean
-    little}."""
+    """Read and featurise every file of one task -> (task, data); encoders: code -> (tokenizer, the
+    model's language); data["notes"]: {"fr test": what makes its score mean little}."""
+    splits = [(args.train_lang, "dev", files["dev"])]
+    splits += [(code, "test", path) for code, path in files["test"].items()]
     try:
         train = read_split(task_name, files["train"], args.train_lang)
-        dev = read_split(task_name, files["dev"], args.train_lang)
         task = TASKS[task_name](train, args.max_len)
-        tests = {code: read_split(task_name, path, code) for code, path in files["test"].items()}
+        splits = [(code, split, path, read_split(task_name, path, code))
+                  for code, split, path in splits]
     except (ValueError, OSError) as e:  # a reader's InputError, a file not UTF-8 or unreadable
         raise InputError(str(e)) from None
     print(f"{task_name}: {args.train_lang} train {len(train)} from {files['train']}")
@@ -1127,14 +1116,11 @@ def prepare_task(task_name, files, model, encoders, args):
         raise InputError(f"--batch-size {max(args.batch_size)} is more than the {n_per_epoch} "
                          f"{task_name} training examples of an epoch ({files['train']}): every "
                          "update would be the whole epoch")
+    tok, lang_id = encoders[args.train_lang]
+    train_feats = task.featurize(train, tok, args.train_lang, args.positions)
+    data = {"lang_id": lang_id, "train": (train, train_feats), "test": {}, "notes": {}}
 
-    def featurize(examples, code):
-        return task.featurize(examples, encoders[code][0], code, model.config.max_positions)
-    data = {"lang_id": encoders[args.train_lang][1],
-            "train": (train, featurize(train, args.train_lang)), "test": {}, "notes": {}}
     train_text = set(map(content_key, train))
-    splits = [(args.train_lang, "dev", files["dev"], dev)]
-    splits += [(code, "test", path, tests[code]) for code, path in files["test"].items()]
     for code, split, path, examples in splits:
         what = f"{code} {split}"
         shared = sum(content_key(e) in train_text for e in examples)
@@ -1150,30 +1136,39 @@ def prepare_task(task_name, files, model, encoders, args):
             print(f"{task_name}: {path}: labels never seen in the {args.train_lang} train set: "
                   f"{', '.join(unseen)}")
         print(f"{task_name}: {what} {len(examples)} from {path}")
-        feats = featurize(examples, code)
+        tok, lang_id = encoders[code]
+        feats = task.featurize(examples, tok, code, args.positions)
         if split == "dev":
             data["dev"] = (examples, feats)
         else:
-            data["test"][code] = (examples, feats, encoders[code][1])
+            data["test"][code] = (examples, feats, lang_id)
+
         # what makes the split's score mean little, printed beside it
         notes = []
         if shared:
             notes.append(f"{shared} of its {len(examples)} examples are in the train file")
+        ids = [i for f in feats for i in f[0] if i != EOS_ID]
+        unk = 100 * ids.count(UNK_ID) / max(1, len(ids))
+        if unk > 5:
+            notes.append(f"{unk:.1f} % of the {what} tokens are <unk> (the vocabulary was learned "
+                         "on other text); the score means little")
+        if len(examples) < 50:
+            notes.append(f"{len(examples)} examples only (fewer than 50); the score means little")
         if notes:
             data["notes"][what] = "; ".join(notes)
     return task, data
 
 
 def chance_level(task, data):
-    """A guess's score: XNLI, the majority label's share of each split (33.3 if balanced); span F1
-    and LAS, about 0."""
+    """A guess's score: XNLI, the majority label's share of each split; span F1 and LAS, about 0."""
     if task.name != "xnli":
         return f"chance: {task.metric} of a guess is about 0"
     splits = [("dev", data["dev"][0])]
     splits += [(f"{c} test", ex) for c, (ex, _, _) in data["test"].items()]
-    majority = [max(collections.Counter(label for *_, label in ex).values()) for _, ex in splits]
+    shares = [(what, max(collections.Counter(y for *_, y in ex).values()) / len(ex))
+              for what, ex in splits]
     return "chance (always the majority label): " + ", ".join(
-        f"{what} {100 * n / len(ex):.1f}" for (what, ex), n in zip(splits, majority))
+        f"{what} {100 * share:.1f}" for what, share in shares)
 
 
 def report(task, data, args, result, path):
@@ -1195,12 +1190,13 @@ def report(task, data, args, result, path):
     lines = format_rows(["lang", "split"] + cols, cells).split("\n")
     for k, (code, split, _) in enumerate(rows, 1):  # what makes a score mean little, beside it
         lines[k] = f"{lines[k]}  {data['notes'].get(f'{code} {split}', '')}".rstrip()
-    print("\n".join(lines))
-    print(chance_level(task, data) + f"\nwrote {path}")
+    if "checkpoint" in data["notes"]:
+        lines.append(data["notes"]["checkpoint"])
+    print("\n".join(lines + [chance_level(task, data), f"wrote {path}"]))
 
 
 def _main(args):
-    for k, why in (("plot", "it draws the curves of -stepN dirs"),
+    for k, why in (("plot", "it draws the curves of snapshots"),
                    ("with_stalled", "it counts stalled seeds")):
         if vars(args)[k] and not args.table:
             raise InputError(f"--{k.replace('_', '-')} goes with --table ({why})")
@@ -1215,7 +1211,7 @@ def _main(args):
     if args.table:
         print(results_table(args.table, args.with_stalled))
         if args.plot:
-            plot_curves(args.plot, args.table)
+            plot_curves(args.plot, args.table, args.with_stalled)
         return
 
     # every flag, checkpoint and data file is checked before any training; a mistake is one line
@@ -1262,50 +1258,56 @@ def _main(args):
         raise InputError(f"--eval-langs {given!r}: no target language ({args.ckpt}: {langs})")
     if len(set(args.eval_langs)) < len(args.eval_langs):
         raise InputError(f"--eval-langs {given}: a language is given twice")
-    most = max(2, model.config.max_positions - 2)  # <s> and </s> around each window
+    positions = model.config.max_positions
+    most = max(2, positions - 2)  # <s> and </s> around each window
     if (args.max_len or 0) > most:
-        raise InputError(f"--max-len {args.max_len}: the checkpoint has "
-                         f"{model.config.max_positions} positions, a window at most {most} "
-                         "subwords")
+        raise InputError(f"--max-len {args.max_len}: the checkpoint has {positions} positions, a "
+                         f"window at most {most} subwords")
+    # XNLI: a pair cut to --max-len subwords besides its three </s> (default: the positions)
+    args.positions = min(args.max_len + 3, positions) if args.max_len else positions
     args.max_len = min(args.max_len or 128, most)
+    # what --table reads of the checkpoint, before --align-layer replaces the model
+    pretrain, stall = pretrain_record(args.ckpt, extra, model)
     if args.align_layer is not None:
         model, encoders = setup_aligned(model, tok, langs, args)
         maps_origin(args)
     else:
-        flags = ["--train-lang"] + ["--eval-langs"] * len(args.eval_langs)
-        encoders = {c: (tok, lang_index(langs, c, args.ckpt, flag))
-                    for c, flag in zip([args.train_lang] + args.eval_langs, flags)}
-    bpe.make_dir("--out", args.out)
-    plans = []
-    # every file of every task is read before the first set trains
-    for name in tasks:
-        preset = TASKS[name].toy if args.toy else TASKS[name].paper
-        unset = {k: v for k, v in preset.items() if vars(args)[k] is None}  # grid flags not given
-        task_args = argparse.Namespace(**{**vars(args), **unset})
-        files = resolve_files(name, args.data, args.train_lang, args.eval_langs, args.train_file,
-                              treebanks if name == "parse" else None, args.data_flag)
-        out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
-        identity = run_identity(name, files, task_args)
-        earlier = earlier_sets(out, identity, name, task_args)
-        task, data = prepare_task(name, files, model, encoders, task_args)
-        plans.append((task, data, files, task_args, out, identity, earlier))
-    # every task's earlier files, once every check passed
-    for *_, out, _, _ in plans:
-        old = glob.glob(os.path.join(out, "sets", "*"))
-        old += glob.glob(os.path.join(out, "results.json"))
+        flags = [(args.train_lang, "--train-lang")] + [(c, "--eval-langs") for c in args.eval_langs]
+        encoders = {c: (tok, lang_index(langs, c, args.ckpt, flag)) for c, flag in flags}
+    # one finetune.py in --out, from its earlier sets to results.json
+    with bpe.locked(args.out, "finetune.py"):
+        plans = []
+        # every file of every task is read before the first set trains
+        for name in tasks:
+            preset = TASKS[name].toy if args.toy else TASKS[name].paper
+            unset = {k: v for k, v in preset.items() if vars(args)[k] is None}  # grid flags unset
+            task_args = argparse.Namespace(**(vars(args) | unset))
+            files = resolve_files(name, args.data, args.train_lang, args.eval_langs,
+                                  args.train_file, treebanks if name == "parse" else None,
+                                  args.data_flag)
+            out = os.path.join(args.out, name) if len(tasks) > 1 else args.out
+            identity = run_identity(name, files, task_args)
+            earlier = earlier_sets(out, identity, name, task_args)
+            task, data = prepare_task(name, files, model, encoders, task_args)
+            if stall:
+                data["notes"]["checkpoint"] = stall
+            plans.append((task, data, files, task_args, out, identity, earlier))
+        # every task's earlier files go, once every check passed
         if args.overwrite:
-            for path in old:
-                os.remove(path)
-    # what --table reads of the checkpoint: its dev perplexity, and the count models' (stalls)
-    pretrain = {k: extra.get(k) for k in ("step", "dev_ppl", "count_ppl")}
-    for task, data, files, task_args, out, identity, earlier in plans:
-        save = functools.partial(save_set, identity)
-        result = run_task(task, model, data, task_args, os.path.join(out, "sets"), earlier, save)
-        path = os.path.join(out, "results.json")
-        write_json(path, {"task": task.name, "metric": task.metric, "files": files,
-                          "labels": task.labels, **result, "notes": data["notes"], "job": identity,
-                          "args": vars(task_args), "pretrain": pretrain})
-        report(task, data, task_args, result, path)
+            for *_, out, _, _ in plans:
+                for path in glob.glob(os.path.join(out, "sets", "*")) + glob.glob(
+                        os.path.join(out, "results.json")):
+                    os.remove(path)
+        for task, data, files, task_args, out, identity, earlier in plans:
+            sets = os.path.join(out, "sets")
+            result = run_task(task, model, data, task_args, sets, earlier,
+                              lambda path, record: write_json(path, {"job": identity,
+                                                                     "record": record}))
+            path = os.path.join(out, "results.json")
+            write_json(path, {"task": task.name, "metric": task.metric, "files": files,
+                              "labels": task.labels, **result, "notes": data["notes"],
+                              "job": identity, "args": vars(task_args), "pretrain": pretrain})
+            report(task, data, task_args, result, path)
 
 
 def main(argv=None):
@@ -1325,36 +1327,30 @@ def main(argv=None):
     except KeyboardInterrupt:
         # Ctrl-C, SIGTERM: the set in progress is lost, the finished ones are on disk (sets/)
         kept = glob.glob(os.path.join(args.out or "", "**", "sets", "*.json"), recursive=True)
-        if not kept:
-            print("finetune.py: interrupted before any set finished; nothing was kept",
-                  file=sys.stderr)
-            raise SystemExit(130) from None
         if argv is None:
             argv = sys.argv[1:]
-        # without --overwrite: it would remove what was kept
-        again = shlex.join(["python", "finetune.py"] + [str(a) for a in argv if a != "--overwrite"])
-        print(f"finetune.py: interrupted; {len(kept)} finished hyper-parameter set(s) kept in "
-              f"{args.out} (the set in progress starts again); to go on, run {again}",
-              file=sys.stderr)
+        what = "interrupted before any set finished; nothing was kept"
+        if kept:
+            # without --overwrite: it would remove what was kept
+            again = [str(a) for a in argv if a != "--overwrite"]
+            what = (f"interrupted; {len(kept)} finished hyper-parameter set(s) kept in {args.out} "
+                    "(the set in progress starts again); to go on, run "
+                    + shlex.join(["python", "finetune.py"] + again))
+        print(f"finetune.py: {what}", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
         signal.signal(signal.SIGTERM, before)
 
 
 # -----------------------------------------------------------------------------
-# Resume: each finished set is OUT/sets/*.json, tagged with the run's identity: the same command
-# goes on from them
+# Resume: each finished set is OUT/sets/*.json, tagged with the run's identity
 
 def write_json(path, obj):
-    """Through bpe.atomic_path: never half a file at `path`; a full disk is one line."""
+    """Through bpe.atomic_path (its folder made): never half a file; a full disk is one line."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with bpe.write_errors(path), bpe.atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=1, ensure_ascii=False)
-
-
-def save_set(identity, path, record):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_json(path, {"job": identity, "record": record})
 
 
 def read_json(path, flag):
@@ -1364,6 +1360,10 @@ def read_json(path, flag):
     except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
         why = getattr(e, "strerror", None) or e
         raise InputError(f"{flag}: cannot read {path}: {why}") from None
+
+
+def dict_or_empty(value):  # a JSON field an older or edited file may lack
+    return value if isinstance(value, dict) else {}
 
 
 # what a set's result depends on besides the checkpoints and data (not --device, --threads)
@@ -1384,54 +1384,49 @@ def run_identity(task_name, files, args):
 
 
 def earlier_sets(out, identity, task_name, args):
-    """{set file: record} of the sets the same run finished in `out` earlier (the same command
-    resumes); another run's results or sets: refused, naming why."""
+    """{set file: record} of the sets the same run finished in `out`; another run's: refused."""
     if args.overwrite:  # _main removes them
         return {}
     sets = {}
+    metric = TASKS[task_name].metric
     results = os.path.join(out, "results.json")
     for path in glob.glob(results) + sorted(glob.glob(os.path.join(out, "sets", "*.json"))):
         saved = read_json(path, "--out")
-        is_ours = isinstance(saved, dict) and isinstance(saved.get("job"), dict)
-        old = saved["job"] if is_ours else {}
+        old = dict_or_empty(saved.get("job")) if isinstance(saved, dict) else {}
         if old != identity:
-            keys = sorted(set(old) | set(identity))
-            diff = ", ".join(k for k in keys if old.get(k) != identity.get(k))
+            diff = ", ".join(k for k in sorted(old | identity) if old.get(k) != identity.get(k))
             raise InputError(f"{path} already exists, from another run (other {diff}); rerun with "
                              "the same flags, pass --overwrite to replace it, or use another --out")
+        if path == results:
+            continue
+        # a set's hyper-parameters, and a failure or the scores that run_task averages
         record = saved.get("record")
-        if path != results and not good_record(record, task_name, args):
+        try:
+            hp = {k: record[k] for k in ("batch_size", "lr", "head_lr")}
+            done = "failed" in record
+            if not done:
+                scores = [record["dev"], *record["test"].values()]
+                done = (sorted(record["test"]) == sorted(args.eval_langs)
+                        and type(record["best_epoch"]) is int
+                        and all(metric in s and all(map(is_score, s.values())) for s in scores))
+        except (KeyError, TypeError, AttributeError):  # not a dict, a score missing
+            done = False
+        if not (done and hp in grid(task_name, args)):
             raise InputError(f"{path}: not a finished set as finetune.py writes it (edited or "
                              "damaged); remove it to train that set again, or pass --overwrite")
         sets[path] = record
     return sets
 
 
-def good_record(record, task_name, args):
-    """A sets/*.json record: the set's hyper-parameters, and a failure or the scores that run_task
-    averages."""
-    metric = TASKS[task_name].metric
-    if not isinstance(record, dict):
-        return False
-    if {k: record.get(k) for k in ("batch_size", "lr", "head_lr")} not in grid(task_name, args):
-        return False
-    if "failed" in record:
-        return True
-    test = record["test"] if isinstance(record.get("test"), dict) else {}
-    scores = [record.get("dev")] + list(test.values())
-    return (sorted(test) == sorted(args.eval_langs) and type(record.get("best_epoch")) is int
-            and all(isinstance(s, dict) and metric in s and all(is_score(v) for v in s.values())
-                    for s in scores))
-
-
 # -----------------------------------------------------------------------------
-# --table: Table 1's layout over --out dirs, and --plot: the learning curves over -stepN dirs
+# --table: Table 1's layout over --out dirs, and --plot: the learning curves over snapshots
 
 def format_rows(header, rows):
     """The first column left-aligned, the others right-aligned."""
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    table = [header] + rows
+    widths = [max(map(len, column)) for column in zip(*table)]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(r, widths))) for r in [header] + rows)
+                               for i, (c, w) in enumerate(zip(r, widths))) for r in table)
 
 
 def mean_std(v):
@@ -1452,92 +1447,116 @@ def is_score(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def table_cells(results, path):
-    """A results.json's {(task, lang): test score in %, ("ppl", lang): dev ppl}; another shape is
-    refused."""
-    task = results["task"]
-    metric = TASKS[task].metric
-    pretrain = results.get("pretrain") or {}
-    ppl = None  # pretrain not a dict: refused
-    count = None
-    if isinstance(pretrain, dict):
-        ppl = pretrain.get("dev_ppl") or {}
-        count = pretrain.get("count_ppl")
-    valid = (results.get("metric") == metric and results["test"]
-             and all(isinstance(s, dict) and is_score(s.get(metric))
-                     for s in results["test"].values())
-             and isinstance(ppl, dict)
-             and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
-    if not valid:
-        raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a {task} "
-                         f"test {metric} or a dev perplexity is missing or not a number); run the "
-                         "fine-tuning again")
-    # the checkpoint's first language (English): its dev ppl against the count model's
-    first = next(iter(ppl), None)
-    counts = count.get(first) if isinstance(count, dict) else None
-    left = counts.get("left") if isinstance(counts, dict) else None
-    cells = {(task, lang): 100 * s[metric] for lang, s in results["test"].items()}
-    cells.update({("ppl", lang): v for lang, v in ppl.items()})
-    cells["stalled"] = is_score(left) and ppl[first] > left
-    return cells
+def pretrain_record(path, entries, model):
+    """-> (results.json's "pretrain": the checkpoint's step, dev and count-model perplexities,
+    "run": its weights' digest, "snapshot": written at one of its run's --snapshots, "stalled": its
+    run's MLM, judged at the run's end (a snapshot by the run's best.pt beside it); its note)."""
+    weights = b"".join(v.cpu().numpy().tobytes() for v in model.state_dict().values())
+    snapshots = dict_or_empty(entries.get("args")).get("snapshots")
+    record = {k: entries.get(k) for k in ("step", "dev_ppl", "count_ppl")}
+    record["run"] = "sha256:" + hashlib.sha256(weights).hexdigest()[:16]
+    record["snapshot"] = isinstance(snapshots, list) and record["step"] in snapshots
+    if record["snapshot"]:
+        path = os.path.join(os.path.dirname(path), "best.pt")
+        entries = load_model(path)[1] if os.path.isfile(path) else {}
+    note = stall_note(path, entries)
+    record["stalled"] = note is not None
+    return record, note
 
 
-# the columns (("ppl" or task, lang)) and {(NAME, N): [table_cells of each seed]}, in order
-Table = collections.namedtuple("Table", "cols groups")
+# the columns (("ppl" or task, lang)), {(row, N): [each pretraining run's cells]}, the notes
+Table = collections.namedtuple("Table", "cols groups notes")
 
 
 def read_table(run_dirs):
-    """--table's dirs NAME[-sSEED][-stepN] (N: pretrain.py --snapshots) -> Table."""
-    groups = {}
+    """--table's dirs -> Table. A row: a dir's name less -sSEED and -stepN, marked when not
+    zero-shot; its seeds: the pretraining runs (weights) its results record, each one's fine-tuning
+    --seeds averaged; N: the step of a --snapshots checkpoint (none: the run's end). An older
+    finetune.py's results record no run: the dir is one, N its name's -stepN. Cells: {(task, lang):
+    test score in %, ("ppl", lang): dev ppl, "stalled"}."""
+    runs = {}  # (row, N) -> {run: {fine-tuning seed: cells}}
+    seen = {}  # (run, N, task, fine-tuning seed, row) -> its results.json
     given = {}
-    dir_of = {}  # (NAME, N, (checkpoint, seed)) -> its dir
+    marked = False
     for d in run_dirs:
-        if os.path.realpath(d) in given:
-            raise InputError(f"--table: {d} is given twice (as {given[os.path.realpath(d)]}); a "
-                             "run counts once")
-        given[os.path.realpath(d)] = d
+        real = os.path.realpath(d)
+        if real in given:
+            raise InputError(f"--table: {d} is given twice (as {given[real]}); a run counts once")
+        given[real] = d
         base = os.path.basename(os.path.normpath(d))
-        name, step = re.fullmatch(r"(.+?)(?:-s\d+)?(?:-step(\d+))?", base).groups()
-        cells = {}
-        seeds = set()  # a seed is its checkpoint and fine-tuning seed
+        name_step = re.search(r"-step(\d+)(?=-|$)", base)
+        ckpts = set()
         found = glob.glob("results.json", root_dir=d) + glob.glob("*/results.json", root_dir=d)
-        for path in sorted(found):
-            results = read_json(os.path.join(d, path), "--table")  # one task's, or one of --toy's
+        for path in sorted(os.path.join(d, p) for p in found):
+            results = read_json(path, "--table")  # one task's, or one of --toy's
             if not (isinstance(results, dict) and results.get("task") in TASKS
                     and isinstance(results.get("test"), dict)):
                 continue
-            # ./results.json and ./TASK/results.json
-            if any(col[0] == results["task"] for col in cells):
-                raise InputError(f"--table: {d} holds two {results['task']} results.json; a seed "
-                                 "has one")
-            cells.update(table_cells(results, os.path.join(d, path)))
-            identity = results.get("job") if isinstance(results.get("job"), dict) else {}
-            seeds.add((identity.get("ckpt"), identity.get("seed")))
-        if not cells:
+            task = results["task"]
+            test = results["test"]
+            metric = TASKS[task].metric
+            pretrain = results.get("pretrain") or {}
+            ppl = pretrain.get("dev_ppl") or {} if isinstance(pretrain, dict) else None
+            valid = (results.get("metric") == metric and test
+                     and all(is_score(dict_or_empty(s).get(metric)) for s in test.values())
+                     and isinstance(ppl, dict)
+                     and all(isinstance(v, (int, float)) and v is not True for v in ppl.values()))
+            if not valid:
+                raise InputError(f"--table: {path}: not a results.json as finetune.py writes it (a "
+                                 f"{task} test {metric} or a dev perplexity is missing or not a "
+                                 "number); run the fine-tuning again")
+            cells = {(task, lang): 100 * s[metric] for lang, s in test.items()}
+            cells.update({("ppl", lang): v for lang, v in ppl.items()})
+            # recorded at the run's end; an older finetune.py's: the checkpoint itself
+            try:
+                stalled = stall_note(path, pretrain) is not None
+            except (TypeError, AttributeError):  # a hand-edited count model
+                stalled = False
+            cells["stalled"] = pretrain.get("stalled", stalled)
+            job = dict_or_empty(results.get("job"))
+            args = dict_or_empty(results.get("args"))
+            ckpts.add(job.get("ckpt"))
+            run = pretrain.get("run")
+            step = pretrain.get("step") if pretrain.get("snapshot") else None
+            if run is None:
+                run = job.get("ckpt") or d
+                step = int(name_step[1]) if name_step else None
+            row = re.sub(r"-s(tep)?\d+(?=-|$)", "", base)
+            if str(args.get("train_lang")) in test or args.get("allow_overlap"):
+                row += " (not zero-shot)"
+                marked = True
+            key = (run, step, task, job.get("seed"), row)
+            if key in seen:
+                raise InputError(f"--table: {seen[key]} and {path} hold the same run (one "
+                                 "pretraining run at one step, one task and --seed); it would be "
+                                 "counted twice")
+            seen[key] = path
+            by_seed = runs.setdefault((row, step), {}).setdefault(run, {})
+            by_seed.setdefault(job.get("seed"), {}).update(cells)
+        if not ckpts:
             raise InputError(f"--table: no results.json under {d}")
-        if len(ckpts := {c for c, _ in seeds if c}) > 1:
-            raise InputError(f"--table: {d} holds the results of {len(ckpts)} checkpoints; a seed "
-                             "is one model")
-        for seed in seeds:
-            twin = dir_of.get((name, step, seed))
-            if twin and seed != (None, None):
-                raise InputError(f"--table: {twin} and {d} hold the same run (the same checkpoint "
-                                 "and --seed); it would be counted as two seeds")
-        dir_of.update({(name, step, seed): d for seed in seeds})
-        groups.setdefault((name, step), []).append(cells)
-    cols = {c for runs in groups.values() for cells in runs for c in cells if c != "stalled"}
+        if len(ckpts - {None}) > 1:
+            raise InputError(f"--table: {d} holds the results of {len(ckpts - {None})} "
+                             "checkpoints; a seed is one model")
+    names = list(dict.fromkeys(row for row, _ in runs))
+    groups = {}
+    # a run's fine-tuning seeds averaged
+    for point in sorted(runs, key=lambda k: (names.index(k[0]), k[1] or 0)):
+        groups[point] = [{c: np.mean([s[c] for s in seeds.values() if c in s])
+                          for c in set().union(*seeds.values())} for seeds in runs[point].values()]
+    cols = {c for point in groups.values() for cells in point for c in cells if c != "stalled"}
     cols = sorted(cols, key=lambda c: (list(COLUMN_NAMES).index(c[0]), c[1]))
-    names = list(dict.fromkeys(name for name, _ in groups))
-    order = sorted(groups, key=lambda k: (names.index(k[0]), int(k[1] or 0)))
-    return Table(cols, {k: groups[k] for k in order})
+    notes = []
+    if marked:
+        notes.append("(not zero-shot): fine-tuned on a test language (--train-lang) or with "
+                     "--allow-overlap")
+    return Table(cols, groups, notes)
 
 
 def results_table(run_dirs, with_stalled=False):
-    """Table 1: a row per NAME (and N), dev ppl if known, test scores in %, their avg and Δ against
-    the first row (the paper's Default), mean ± std over seeds. Seeds whose MLM stalled (English dev
-    ppl above pretrain.py's left-bigram count model) are left out of the means unless with_stalled;
-    a cell over fewer seeds than its row's is marked *."""
-    cols, groups = read_table(run_dirs)
+    """Table 1: a row per model (and N), dev ppl, test scores in %, avg, Δ against the first row,
+    mean ± std over seeds; stalled seeds out unless with_stalled; * a cell over fewer seeds."""
+    cols, groups, notes = read_table(run_dirs)
     scores = [c for c in cols if c[0] != "ppl"]
     steps = any(step for _, step in groups)
     lines = []
@@ -1545,18 +1564,17 @@ def results_table(run_dirs, with_stalled=False):
     n_stalled = 0
     thin = False  # a cell over fewer seeds than its row's
     for (name, step), runs in groups.items():
-        stalled = [cells for cells in runs if cells.get("stalled")]
-        n_stalled += len(stalled)
-        if not with_stalled:
-            runs = [cells for cells in runs if not cells.get("stalled")]
+        stalled = sum(1 for cells in runs if cells["stalled"])
+        n_stalled += stalled
+        runs = [cells for cells in runs if with_stalled or not cells["stalled"]]
         avgs = [np.mean([cells[c] for c in scores]) for cells in runs
                 if all(c in cells for c in scores)]
         if first is None:
             first = avgs
         line = [name]
         if steps:
-            line.append(step or "-")
-        line += [str(len(runs)), str(len(stalled))]
+            line.append(str(step or "-"))
+        line += [str(len(runs)), str(stalled)]
         for v in [[cells[c] for cells in runs if c in cells] for c in cols] + [avgs]:
             line.append(mean_std(v))
             if 0 < len(v) < len(runs):
@@ -1567,42 +1585,44 @@ def results_table(run_dirs, with_stalled=False):
     header = ["model", "updates"] if steps else ["model"]
     header += ["seeds", "stalled"]
     header += [f"{COLUMN_NAMES[t]} {lang}" for t, lang in cols] + ["avg", "Δ"]
-    notes = ["chance: " + ", ".join(CHANCE[t] for t in dict.fromkeys(t for t, _ in scores))]
+    notes.insert(0, "chance: " + ", ".join(CHANCE[t] for t in dict.fromkeys(t for t, _ in scores)))
     if n_stalled:
         counted = ("are in the means (--with-stalled)" if with_stalled else
                    "are left out (--with-stalled counts them)")
         notes.append(f"{n_stalled} seed(s) whose MLM stalled on the unigram plateau {counted}")
     if thin:
         notes.append("* averaged over fewer seeds than the row's")
-    return format_rows(header, lines) + "".join("\n" + n for n in notes)
+    return "\n".join([format_rows(header, lines)] + notes)
 
 
-def plot_curves(path, run_dirs):
-    """--plot: a panel per column of the table, a line per NAME over N updates (log), mean ± std
-    over seeds."""
+def plot_curves(path, run_dirs, with_stalled=False):
+    """--plot: a panel per column, a line per model over N updates, the seeds the table counts."""
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
     from matplotlib.ticker import NullFormatter, ScalarFormatter
-    cols, groups = read_table(run_dirs)
-    if not any(step for _, step in groups):
-        raise InputError("--plot: the --table dirs have no -stepN suffix, so there is no curve")
+    cols, groups, _ = read_table(run_dirs)
+    steps = sorted({step for _, step in groups if step})
+    if not steps:
+        raise InputError("--plot: no --table dir holds a snapshot's results (pretrain.py "
+                         "--snapshots; an older finetune.py's: a -stepN dir), so there is no "
+                         "curve")
     fig = Figure(figsize=(3.2 * len(cols), 3.4))
-    steps = sorted({int(step) for _, step in groups if step})
     for ax, col in zip(fig.subplots(1, len(cols), squeeze=False)[0], cols):
-        for name in dict.fromkeys(n for n, _ in groups):
-            points = [(int(step), v) for (n, step), runs in groups.items() if n == name and step
-                      and (v := [cells[col] for cells in runs if col in cells])]
-            if points:
-                xs, vs = zip(*points)
-                ax.errorbar(xs, [np.mean(v) for v in vs], yerr=[np.std(v) for v in vs], marker="o",
-                            ms=3, capsize=2, label=name)
+        lines = collections.defaultdict(dict)  # a model's {N: the values the table counts}
+        for (name, step), runs in groups.items():
+            v = [cells[col] for cells in runs
+                 if col in cells and (with_stalled or not cells["stalled"])]
+            if step and v:
+                lines[name][step] = v
+        for name, points in lines.items():
+            ax.errorbar(list(points), [np.mean(v) for v in points.values()],
+                        yerr=[np.std(v) for v in points.values()], marker="o", ms=3, capsize=2,
+                        label=name)
         title = f"{COLUMN_NAMES[col[0]]} {col[1]}"
-        if col[0] != "ppl":
-            title += " (test, %)"
-        ax.set(xscale="log", yscale="log" if col[0] == "ppl" else "linear", xlabel="updates",
-               title=title)
+        ax.set(xscale="log", xlabel="updates", title=title + " (test, %)")
         ax.set_xticks(steps, [str(x) for x in steps], rotation=45, fontsize=8)
         ax.xaxis.set_minor_formatter(NullFormatter())
         if col[0] == "ppl":
+            ax.set(yscale="log", title=title)
             ax.yaxis.set_major_formatter(ScalarFormatter())
             ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.grid(alpha=0.3)

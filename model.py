@@ -6,9 +6,8 @@ parameter-sharing switches (§4.3, Figure 1, Table 1 "Parameter sharing").
   embedding LayerNorm, erf GELU, LayerNorm eps 1e-12, no final LayerNorm, output projection tied
   to the token embedding with its own bias, no BERT transform head;
 - `sep_emb`: every language has its own token table, position table and (tied) softmax;
-  `sep_layers=(1, 2, 3)`: every language has its own copy of layers 1-3. Everything else is
-  shared. Beyond the paper, the two halves of `sep_emb` can be switched alone: `sep_tok` (token
-  table and tied softmax) and `sep_pos` (position table), as in Dufter & Schütze (2020).
+  `sep_layers=(1, 2, 3)`: its own copy of layers 1-3; everything else is shared. Beyond the
+  paper, either half of `sep_emb` alone (Dufter & Schütze 2020): `sep_tok`, `sep_pos`.
 
 Only torch is imported, so this file can be copied alone:
 
@@ -18,16 +17,14 @@ Only torch is imported, so this file can be copied alone:
     layers = model.hidden_states(idx, lang=1)            # n_layers + 1 tensors (B, T, dim)
     hs, mask = encode_batch(model, [[1, 20, 21, 1], [1, 22, 1]], lang=0)  # a padded batch
 
-Then §5.1.2's AlignedEncoder and the padded forward pass the scripts share; below the `# ====`
-line the plumbing (checkpoints, --device, --dtype, figures, export_hf) and two commands:
-`python model.py export CKPT OUT_DIR` (for Hugging Face transformers) and
-`python model.py curve RUN_DIR` (RUN_DIR/curve.png: dev perplexity against updates)."""
+Then §5.1.2's AlignedEncoder; below the `# ====` line the plumbing and two commands: `python
+model.py export CKPT OUT_DIR` (for transformers), `python model.py curve RUN_DIR` (curve.png)."""
 
 import hashlib
 import json
 import os
 import re
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -43,7 +40,6 @@ PAD_ID = 2
 
 class InputError(ValueError):
     """bpe.InputError's twin (model.py copies alone): a bad input, one line; code 2 = a flag's."""
-
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
@@ -70,8 +66,8 @@ class ModelConfig:
 
     def __post_init__(self):
         # lists come back from a checkpoint (plain types); keep tuples so configs compare equal
-        self.sep_layers = tuple(int(i) for i in self.sep_layers)
-        self.vocab_sizes = tuple(int(v) for v in self.vocab_sizes)
+        self.sep_layers = tuple(map(int, self.sep_layers))
+        self.vocab_sizes = tuple(map(int, self.vocab_sizes))
         # sep_emb (the paper's switch) is both halves; both halves are sep_emb
         self.sep_tok = self.sep_tok or self.sep_emb
         self.sep_pos = self.sep_pos or self.sep_emb
@@ -90,10 +86,9 @@ class ModelConfig:
 
 
 def parse_sep(spec, n_layers=8):
-    """--sep: which parts are language-specific (paper §4.3, Table 1), as ModelConfig keywords
-    (or a usage InputError). "" -> all shared; "emb" -> token + position tables and softmax
-    (sep_emb); "1-3" -> layers 1, 2, 3 (1-based, as the paper); "tok" / "pos" -> the halves of
-    "emb". "emb,1-3,5" -> sep_emb, sep_tok, sep_pos True and sep_layers (1, 2, 3, 5)."""
+    """--sep: the language-specific parts (paper §4.3, Table 1) as ModelConfig keywords (or a
+    usage InputError). "" -> all shared; "emb" -> token + position tables and softmax; "1-3" ->
+    layers 1, 2, 3 (the paper's numbering); "tok" / "pos" -> the halves of "emb"."""
     parts = [p.strip() for p in spec.split(",")]
     tok = "emb" in parts or "tok" in parts
     pos = "emb" in parts or "pos" in parts
@@ -149,17 +144,15 @@ class SelfAttention(nn.Module):
         nh = self.n_heads
         hs = C // nh
         p = self.attention_dropout if self.training else 0.0
+        # (B, nh, T, hs) each
+        q, k, v = self.qkv(x).view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)
         if p and mask is None and x.device.type == "cpu":
-            # training on the CPU: written out, since scaled_dot_product_attention with dropout
-            # falls back there to its unfused path (bernoulli_ masks, a copy of q, k and v each,
-            # a softmax guarded against empty rows)
-            q, k, v = (self.qkv(x).view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)
-                       .reshape(3, B * nh, T, hs).unbind(0))
+            # training on the CPU: written out; scaled_dot_product_attention with dropout falls
+            # back there to its slow unfused path (bernoulli_ masks, copies of q, k, v)
+            q, k, v = (t.reshape(B * nh, T, hs) for t in (q, k, v))
             att = torch.bmm(q, k.transpose(1, 2)).mul_(hs ** -0.5).softmax(-1)  # (B * nh, T, T)
             y = torch.bmm(dropout(att, p), v).view(B, nh, T, hs)
         else:
-            # (B, nh, T, hs) each
-            q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
             # softmax(q k^T / sqrt(hs)) v; mask (B, 1, 1, T): True at real keys (XLM: -inf else)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
@@ -191,16 +184,15 @@ class Block(nn.Module):
 
     def forward(self, x, attn_mask=None):
         # mask (B, 1, 1, T): over heads and queries
-        mask = None if attn_mask is None else attn_mask[:, None, None, :]
+        mask = None if attn_mask is None else attn_mask[:, None, None]
         x = self.ln1(x + dropout(self.attn(x, mask), self.p, self.training))
         x = self.ln2(x + dropout(self.ffn(x), self.p, self.training))
         return x if attn_mask is None else x * attn_mask.unsqueeze(-1).to(x.dtype)
 
 
 def project(x, W, b, align=None):
-    """Logits x W^T + b over W's V rows, W and b padded with zero rows to a multiple of `align`
-    (on CUDA VOCAB_ALIGN: a V no multiple of 8 misses cuBLAS's best kernels; H200 step 42.5 ms
-    at V = 59,579, 36.6 at 59,584, RESULTS.md)."""
+    """Logits x W^T + b, W and b padded with zero rows to a multiple of `align` (CUDA: VOCAB_ALIGN;
+    a V no multiple of 8 misses cuBLAS's best kernels: H200 42.5 ms at V 59,579, 36.6 at 59,584)."""
     V = W.size(0)
     if align is None:
         align = VOCAB_ALIGN if x.is_cuda else 1
@@ -210,13 +202,16 @@ def project(x, W, b, align=None):
     return F.linear(x, F.pad(W, (0, 0, 0, pad)), F.pad(b, (0, pad)))[..., :V]
 
 
+def _pick(copies, lang):
+    """Language `lang`'s copy of a part (a list by language), or its one shared copy."""
+    return copies[lang] if len(copies) > 1 else copies[0]
+
+
 class MLM(nn.Module):
-    """Sharing layout. Every part that can be language-specific lives in a ModuleList /
-    ParameterList indexed by language, with one entry when it is shared, n_langs when it is not:
-    tok_emb[l] and pred_bias[l] (by sep_tok), pos_emb[l] (by sep_pos), blocks[i][l] (layer i+1,
-    by sep_layers); so state_dict keys look like `blocks.0.1.attn.qkv.weight` (layer 1, language
-    1's copy). A batch of language A never uses language B's parameters
-    (`lang_specific_parameters`): pretrain.py's DDP update deals with that."""
+    """Sharing layout: each part that can be language-specific is a list by language, one entry
+    when shared, n_langs when not: tok_emb[l] and pred_bias[l] (sep_tok), pos_emb[l] (sep_pos),
+    blocks[i][l] (layer i+1, sep_layers), e.g. `blocks.0.1.attn.qkv.weight` (layer 1, language 1).
+    A batch of language A never uses B's parameters (`lang_specific_parameters`, for DDP)."""
 
     def __init__(self, config):
         super().__init__()
@@ -240,20 +235,15 @@ class MLM(nn.Module):
             nn.Parameter(torch.empty(vocab[l]).uniform_(-d ** -0.5, d ** -0.5))
             for l in range(n_tok))
         # XLM init: embeddings N(0, d^-0.5), pad row zero; Linear and LayerNorm keep PyTorch's
-        tables = [*self.tok_emb, *self.pos_emb]
-        if config.lang_emb:
-            tables.append(self.lang_emb)
-        for emb in tables:
-            nn.init.normal_(emb.weight, mean=0.0, std=d ** -0.5)
+        for emb in self.modules():
+            if isinstance(emb, nn.Embedding):
+                nn.init.normal_(emb.weight, std=d ** -0.5)
         for emb in self.tok_emb:
             nn.init.zeros_(emb.weight[config.pad_id])
 
-    @staticmethod
-    def _pick(copies, lang):
-        return copies[lang] if len(copies) > 1 else copies[0]
-
     def has_lang_specific(self):
-        return self.config.sep_tok or self.config.sep_pos or bool(self.config.sep_layers)
+        c = self.config
+        return c.sep_tok or c.sep_pos or bool(c.sep_layers)
 
     def lang_specific_parameters(self, lang):
         """Parameters only language `lang` uses (empty for a fully shared model)."""
@@ -268,10 +258,10 @@ class MLM(nn.Module):
         return params
 
     def hidden_states(self, idx, lang, attn_mask=None, pos_offset=None):
-        """idx (B, T) token ids of language `lang` (an int); attn_mask optional bool (B, T), True at
-        real tokens -> n_layers + 1 tensors (B, T, dim): L0 = embeddings after their LayerNorm
-        (and dropout), L1..Ln = block outputs, as Figures 5-7 number layers; padding zeroed (XLM).
-        pos_offset: optional (B,), row b at positions pos_offset[b] .. + T - 1 (--pos-offsets)."""
+        """idx (B, T) ids of language `lang` (an int), attn_mask (B, T) True at real tokens ->
+        n_layers + 1 tensors (B, T, dim): L0 = embeddings after their LayerNorm (and dropout),
+        L1..Ln = block outputs, as Figures 5-7 number layers; padding zeroed (XLM). pos_offset:
+        (B,), row b at positions pos_offset[b] .. + T - 1 (--pos-offsets)."""
         B, T = idx.size()
         c = self.config
         if not 0 <= lang < c.n_langs:
@@ -281,7 +271,7 @@ class MLM(nn.Module):
         pos = torch.arange(T, device=idx.device)  # (T,)
         if pos_offset is not None:  # the caller keeps offset + T <= max_positions
             pos = pos_offset.view(B, 1) + pos  # (B, T)
-        x = self._pick(self.tok_emb, lang)(idx) + self._pick(self.pos_emb, lang)(pos)  # (B, T, C)
+        x = _pick(self.tok_emb, lang)(idx) + _pick(self.pos_emb, lang)(pos)  # (B, T, C)
         if self.lang_emb is not None:
             x = x + self.lang_emb.weight[lang]
         x = dropout(self.ln_emb(x), c.dropout, self.training)
@@ -289,66 +279,60 @@ class MLM(nn.Module):
             x = x * attn_mask.unsqueeze(-1).to(x.dtype)  # padding zeroed, as after every block
         hs = [x]
         for copies in self.blocks:
-            hs.append(self._pick(copies, lang)(hs[-1], attn_mask))
+            hs.append(_pick(copies, lang)(hs[-1], attn_mask))
         return hs
 
     def forward(self, idx, lang, targets=None, attn_mask=None, pos_offset=None, target_index=None):
-        """With targets (B, T) (-1 = not a target): logits (N, V_lang) of the N target positions
-        only, in the order of targets[targets != -1] (as XLM: most of the softmax saved), and their
-        mean cross-entropy; without: logits (B, T, V_lang) and loss None. target_index: optional
-        (N,) flat positions of the targets (no boolean selection: the GPU need not count them)."""
+        """With targets (B, T) (-1 = not a target): logits (N, V_lang) of the N targets only, in
+        the order of targets[targets != -1] (as XLM), and their mean cross-entropy; without: logits
+        (B, T, V_lang), None. target_index: the targets' flat positions (the GPU need not count)."""
         x = self.hidden_states(idx, lang, attn_mask, pos_offset)[-1]
-        W = self._pick(self.tok_emb, lang).weight
-        b = self._pick(self.pred_bias, lang)
+        W = _pick(self.tok_emb, lang).weight
+        b = _pick(self.pred_bias, lang)
         if targets is None:  # padded on CUDA, the logits are a view: made whole
             return project(x, W, b).contiguous(), None
         if target_index is None:
             target_index = (targets.view(-1) != -1).nonzero().squeeze(1)
-        logits = project(x.reshape(-1, x.size(-1)).index_select(0, target_index), W, b)  # (N, V)
+        logits = project(x.flatten(0, 1).index_select(0, target_index), W, b)  # (N, V)
         # no target: zero loss, graph kept (the bias too: DDP sees every parameter used)
         if logits.size(0) == 0:
             return logits, (x.sum() + b.sum()) * 0.0
-        return logits, F.cross_entropy(logits.float(),
-                                       targets.view(-1).index_select(0, target_index))
+        return logits, F.cross_entropy(logits.float(), targets.view(-1)[target_index])
 
     @classmethod
     def from_xlm(cls, state_dict, config):
         """A model from a facebookresearch/XLM TransformerModel state dict (also under DDP's
         `module.` or HF's `transformer.` prefix) and the fully shared config describing it."""
-        if config.sep_tok or config.sep_pos or config.sep_layers:
+        model = cls(config)
+        if model.has_lang_specific():
             raise ValueError("from_xlm: XLM checkpoints are fully shared; use sep_emb=False, "
                              "sep_layers=()")
         sd = {re.sub(r"^(module\.)?(transformer\.)?", "", k): v for k, v in state_dict.items()}
         # pred_layer.proj.weight is the tied embedding (saved twice by XLM); position_ids is HF's
         tied = sd.pop("pred_layer.proj.weight", None)
         sd.pop("position_ids", None)
-        # our key -> the XLM keys it is made of (q, k, v concatenated into our qkv)
-        names = xlm_names(config)
-        wanted = [n for v in names.values() for n in v]
-        missing = [n for n in wanted if n not in sd]
-        unexpected = sorted(set(sd) - set(wanted))
+        # XLM key -> the part of our weights it is (q, k, v: the thirds of our qkv)
+        parts = xlm_parts(config, model.state_dict())
+        missing = [n for n in parts if n not in sd]
+        unexpected = sorted(set(sd) - set(parts))
         if missing or unexpected:
             raise KeyError(f"from_xlm: state dict does not fit the config: missing {missing}, "
                            f"unexpected {unexpected}")
-        model = cls(config)
-        # every XLM tensor against its part of ours (before torch.cat could fail on q, k and v)
-        expected = model.state_dict()
-        for key, xlm_keys in names.items():
-            for name, part in zip(xlm_keys, expected[key].chunk(len(xlm_keys))):
-                if sd[name].shape != part.shape:
-                    raise InputError(f"from_xlm: shapes do not match the config: {name} is "
-                                     f"{tuple(sd[name].shape)}, the config's {tuple(part.shape)}")
-        ours = {k: torch.cat([sd[n] for n in v]) for k, v in names.items()}
-        if tied is not None and not torch.equal(tied, ours["tok_emb.0.weight"]):
+        # every XLM tensor against its part of ours, then copied into it (a view of the model's)
+        for name, part in parts.items():
+            if sd[name].shape != part.shape:
+                raise InputError(f"from_xlm: shapes do not match the config: {name} is "
+                                 f"{tuple(sd[name].shape)}, the config's {tuple(part.shape)}")
+            part.copy_(sd[name])
+        if tied is not None and not torch.equal(tied, sd["embeddings.weight"]):
             raise ValueError("from_xlm: pred_layer.proj.weight differs from embeddings.weight "
                              "(untied model)")
-        model.load_state_dict(ours)
         return model
 
 
-def xlm_names(config):
-    """Our state-dict keys -> XLM's keys (no `transformer.` prefix), for MLM.from_xlm and
-    export_hf."""
+def xlm_parts(config, state):
+    """A fully shared model's state dict -> {XLM's key (no `transformer.` prefix): the part of our
+    tensor it is}, views: from_xlm's and export_hf's."""
     names = {"tok_emb.0.weight": ["embeddings.weight"],
              "pos_emb.0.weight": ["position_embeddings.weight"],
              "ln_emb.weight": ["layer_norm_emb.weight"], "ln_emb.bias": ["layer_norm_emb.bias"],
@@ -363,29 +347,28 @@ def xlm_names(config):
         for w in ("weight", "bias"):
             for k, v in layer.items():
                 names[f"blocks.{i}.0.{k}.{w}"] = [f"{x.format(i=i)}.{w}" for x in v]
-    return names
+    return {n: t for ours, theirs in names.items()
+            for n, t in zip(theirs, state[ours].chunk(len(theirs)))}
 
 # -----------------------------------------------------------------------------
 # The encoder of §5.1.2 (Figure 5): two pretrained models cut at layer i, one mapped, 4 new layers
 
 class AlignedEncoder(nn.Module):
-    """The encoder of §5.1.2, with MLM.hidden_states' interface. English runs through the
-    pretrained English model up to layer i (frozen), then through 4 NEW Transformer layers trained
-    with the task head. A target language runs through its own monolingual model up to layer i,
-    is mapped into the English space by the orthogonal W (x_tgt @ W ~ x_en; align.py's
-    Procrustes), then through the same new layers. encoders[code] = (model, its language index,
-    W or None); `lang` is a code. finetune.py's --align-layer builds it (setup_aligned)."""
+    """§5.1.2's encoder, with MLM.hidden_states' interface: English runs through the frozen English
+    model up to layer i, then 4 NEW layers trained with the task head; a target language through
+    its own model up to layer i, mapped into English space by the orthogonal W (x_tgt @ W ~ x_en,
+    align.py's Procrustes), then the same new layers. encoders[code] = (model, index, W or None)."""
 
-    def __init__(self, encoders, layer, n_new=4):  # §5.1.2: 4 new layers
+    def __init__(self, encoders, layer):
         super().__init__()
         self.encoders = encoders  # a plain dict: the frozen models are not submodules
-        for m, _, _ in encoders.values():
+        models = [m for m, _, _ in encoders.values()]
+        for m in models:
             m.eval().requires_grad_(False)
-        base = next(iter(encoders.values()))[0].config
-        max_positions = min(m.config.max_positions for m, _, _ in encoders.values())
-        self.config = replace(base, max_positions=max_positions)
+        base = models[0].config
+        self.config = replace(base, max_positions=min(m.config.max_positions for m in models))
         self.layer = layer
-        self.blocks = nn.ModuleList(Block(base) for _ in range(n_new))
+        self.blocks = nn.ModuleList(Block(base) for _ in range(4))  # §5.1.2: 4 new layers
 
     def lang_specific_parameters(self, lang):
         return []  # below layer i everything is frozen anyway; the new layers are shared
@@ -404,41 +387,35 @@ class AlignedEncoder(nn.Module):
 # padded batches: the one forward pass that align.py, cka.py and finetune.py share
 
 def encode_batch(model, rows, lang):
-    """Hidden states of B id lists in input form (XLM's `</s> ids </s>`, XNLI's
-    `</s> a </s> b </s>`), run as one right-padded batch -> (hs, mask): n_layers + 1 tensors
-    (B, T, dim), zeros at padding, and mask (B, T), True at real tokens; padding is masked out of
-    attention: row b's states are those of row b run alone."""
+    """B id lists in input form (`</s> ids </s>`, XNLI's `</s> a </s> b </s>`) as one right-padded
+    batch -> (hs, mask): n_layers + 1 tensors (B, T, dim), zeros at padding, mask (B, T) True at
+    real tokens; padding is masked out of attention (row b's states are row b's alone)."""
     device = next(model.parameters()).device
-    T = max(len(r) for r in rows)
+    T = max(map(len, rows))
     idx = torch.tensor([list(r) + [PAD_ID] * (T - len(r)) for r in rows], dtype=torch.long,
                        device=device)
-    mask = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in rows], device=device)
+    mask = torch.tensor([[t < len(r) for t in range(T)] for r in rows], device=device)
     return model.hidden_states(idx, lang, attn_mask=mask), mask
 
 # =============================================================================
-# Below, the plumbing: FLOPs, id lists, checkpoints, --device/--dtype, align.py's and cka.py's
-# runs, figures, HF export, the command line.
+# Below, the plumbing: FLOPs, id lists, checkpoints, --device/--dtype, analyses, figures, export.
 
 def flops_per_token(config, seq_len, target_frac=0.15, lang=0):
-    """Forward + backward (2x forward) matmul FLOPs per input token of MLM training (README "Real
-    data"), a multiply-add as 2: per layer Q, K, V, output 8 d^2, FFN 4 d f, attention 4 T d; the
-    softmax 2 d V at the target positions only (target_frac), V language `lang`'s vocabulary.
-    Embeddings, LayerNorm, GELU and dropout are no matmuls (< 1 %)."""
+    """Forward + backward (= 3 forwards) matmul FLOPs per input token of MLM training (README "Real
+    data"), a multiply-add as 2; the softmax at the target positions only (target_frac), over
+    language `lang`'s vocabulary. Embeddings, LayerNorm, GELU and dropout: < 1 %."""
     d = config.dim
-    f = config.ffn_dim
     V = config.vocab_sizes[lang] if config.vocab_sizes else config.vocab_size
-    per_layer = 8 * d * d + 4 * d * f + 4 * seq_len * d
+    per_layer = 8 * d * d + 4 * d * config.ffn_dim + 4 * seq_len * d
     return 3 * (config.n_layers * per_layer + target_frac * 2 * d * V)
 
 # -----------------------------------------------------------------------------
-# id lists of any length and in any number, through encode_batch: finetune.py's words, align.py's
-# and cka.py's sentences
+# id lists of any length and number through encode_batch: finetune.py's words, the sentences
 
 def windows(n, size):
-    """Cover n subwords with windows of at most `size` -> [(start, end, keep_from)]
-    (shijie-wu/crosslingual-nlp `dataset/tagging.py`). Each next window starts size // 2 before
-    the previous one ended; [keep_from, end) take their states from it, so each subword once.
-    windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]"""
+    """n subwords in windows of at most `size`, each starting size // 2 before the last ended
+    (shijie-wu/crosslingual-nlp `dataset/tagging.py`) -> [(start, end, keep_from)], [keep_from,
+    end) taking their states from it: windows(10, 4) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), ...]"""
     out = [(0, min(n, size), 0)]
     while out[-1][1] < n:
         start = out[-1][1] - size // 2
@@ -446,35 +423,34 @@ def windows(n, size):
     return out
 
 
-def encode_states(model, seqs, lang, max_len, layer=-1):
-    """States (B, 1 + L, d) of `layer` for content-id sequences, L = the longest: position 0 = the
-    leading </s> (the parser's ROOT), 1 + k = subword k, zeros after; run as `</s> ids[s:e] </s>`
-    windows of at most max_len subwords."""
-    pieces = [(b, w) for b, ids in enumerate(seqs) for w in windows(max(len(ids), 1), max_len)]
+def encode_states(model, seqs, lang, max_len):
+    """Last-layer states (B, 1 + L, d) of id lists, L the longest, in windows of max_len subwords:
+    position 0 = the leading </s> (the parser's ROOT), 1 + k = subword k, zeros after."""
+    rows = []
     # (window row, window col, sentence row, sentence col) of every state kept
     moves = []
-    for r, (b, (s, e, keep)) in enumerate(pieces):
-        # -1: the first window's </s>
-        ks = ([-1] if s == 0 else []) + list(range(keep, min(e, len(seqs[b]))))
-        moves += [(r, 1 + k - s, b, 1 + k) for k in ks]
-    rows = [[EOS_ID] + list(seqs[b][s:e]) + [EOS_ID] for b, (s, e, _) in pieces]
-    h = encode_batch(model, rows, lang)[0][layer]
-    m = torch.tensor(moves, device=h.device)  # (N, 4)
-    out = h.new_zeros(len(seqs), 1 + max(len(ids) for ids in seqs), h.size(-1))
-    return out.index_put((m[:, 2], m[:, 3]), h[m[:, 0], m[:, 1]])
+    for b, ids in enumerate(seqs):
+        for s, e, keep in windows(max(len(ids), 1), max_len):
+            # -1: the first window's </s> (the only window that keeps from 0)
+            ks = range(keep or -1, min(e, len(ids)))
+            moves += [(len(rows), 1 + k - s, b, 1 + k) for k in ks]
+            rows.append([EOS_ID, *ids[s:e], EOS_ID])
+    h = encode_batch(model, rows, lang)[0][-1]
+    window, window_col, sentence, col = torch.tensor(moves, device=h.device).unbind(1)
+    out = h.new_zeros(len(seqs), 1 + max(map(len, seqs)), h.size(-1))
+    return out.index_put((sentence, col), h[window, window_col])
 
 
 @torch.no_grad()
-def iter_states(model, id_lists, lang, batch_size=32):
-    """Yield (k, states) for every id list k: states (n_layers + 1, len_k + 2, dim) float32 numpy
-    of `</s> ids </s>`, run in padded batches of similar length. Lists longer than the model's
-    positions are cut (no state for the rest)."""
+def iter_states(model, id_lists, lang, batch_size):
+    """Yield (k, states (n_layers + 1, len_k + 2, dim) float32 numpy of `</s> ids </s>`) per id
+    list k, in padded batches of similar length; lists beyond the model's positions are cut."""
     order = sorted(range(len(id_lists)), key=lambda k: len(id_lists[k]))
     model.eval()
     for a in range(0, len(order), batch_size):
         ks = order[a:a + batch_size]
         longest = model.config.max_positions - 2
-        rows = [[EOS_ID] + list(id_lists[k][:longest]) + [EOS_ID] for k in ks]
+        rows = [[EOS_ID, *id_lists[k][:longest], EOS_ID] for k in ks]
         # (B, n_layers + 1, T, dim)
         hs = torch.stack(encode_batch(model, rows, lang)[0], dim=1).float().cpu().numpy()
         for k, row, H in zip(ks, rows, hs):
@@ -483,14 +459,13 @@ def iter_states(model, id_lists, lang, batch_size=32):
 
 def pool_sentences(model, id_lists, lang, batch_size=32, progress=None):
     """Sentence vectors (pooling left open by the paper): the mean state of each id list without
-    its two </s> (an empty list: their mean) -> n_layers + 1 float32 arrays (n, dim).
-    `progress(iterable, total)`: e.g. a tqdm bar."""
+    its two </s> (empty: their mean) -> n_layers + 1 arrays (n, dim); progress: e.g. a tqdm bar."""
     out = torch.zeros(model.config.n_layers + 1, len(id_lists), model.config.dim).numpy()
     states = iter_states(model, id_lists, lang, batch_size)
     if progress:
         states = progress(states, len(id_lists))
     for k, H in states:
-        out[:, k] = H[:, 1:-1].mean(axis=1) if H.shape[1] > 2 else H.mean(axis=1)
+        out[:, k] = (H[:, 1:-1] if H.shape[1] > 2 else H).mean(axis=1)
     return list(out)
 
 # -----------------------------------------------------------------------------
@@ -511,8 +486,7 @@ def _atomic_paths(*paths):
 
 
 def save_model(path, model, **extra):
-    """Atomically write {"model": state_dict, "config": asdict(config), **extra} of a raw model
-    (no DDP, compile)."""
+    """Atomically write {"model": state_dict, "config": asdict(config), **extra} of a raw model."""
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(model.config).items()}
     with _atomic_paths(path) as (tmp,):
         torch.save({"model": model.state_dict(), "config": config, **extra}, tmp)
@@ -522,23 +496,21 @@ CKPT_HINT = ("expected a checkpoint of pretrain.py (best.pt or checkpoint.pt), m
              "XLM's train.py")
 
 
-def _first_line(e, n=100):
+def _first_line(e):
     """`Type: first sentence` of an exception (torch's load errors run long)."""
-    msg = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""
-    return type(e).__name__ + (f": {msg[:n]}" if msg else "")
+    msg = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:100]
+    return type(e).__name__ + (f": {msg}" if msg else "")
 
 
 def file_digest(path):
-    """A file's contents as 'sha256:' + 16 hex digits: how align.py's maps and finetune.py name a
-    checkpoint."""
+    """A file's contents as 'sha256:' + 16 hex digits (align.py and finetune.py name models so)."""
     with open(path, "rb") as f:
         return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
 
 
 def load_model(path, map_location="cpu"):
-    """-> (model in eval mode on `map_location`, save_model's extra entries: best.pt's "tokenizer"
-    and "langs"); a released XLM checkpoint is read too. Every way a file can be wrong is one
-    InputError naming it."""
+    """-> (model in eval mode, save_model's extra entries), also of a released XLM checkpoint; any
+    way a file can be wrong is one InputError naming it."""
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         why = "empty file (0 bytes), not a checkpoint"
         if not os.path.exists(path):
@@ -573,19 +545,29 @@ def load_model(path, map_location="cpu"):
         if missing or unexpected:
             raise InputError(f"{mismatch} ({len(missing)} missing, {len(unexpected)} unexpected "
                              f"keys, e.g. {(missing + unexpected)[0]!r})")
-    bad = [k for k, v in model.state_dict().items()
-           if v.is_floating_point() and not torch.isfinite(v).all()]
+    bad = [k for k, v in model.state_dict().items() if not torch.isfinite(v).all()]
     if bad:
         raise InputError(f"{path}: weight {bad[0]!r} contains NaN or inf (a diverged run?); "
                          "refusing to use it")
     return model.to(map_location).eval(), ckpt
 
 
-def load_encoder(path, device, checkpoint_tokenizer, xlm_codes=None):
-    """load_model, then bpe.checkpoint_tokenizer (passed in) -> (model, tokenizer, its languages,
-    the other entries)."""
+def load_encoder(path, device, checkpoint_tokenizer, xlm_codes):
+    """load_model, bpe.checkpoint_tokenizer -> (model, tokenizer, languages, the other entries)."""
     model, extra = load_model(path, device)
     return (model, *checkpoint_tokenizer(extra, path, xlm_codes), extra)
+
+
+def stall_note(path, extra):
+    """A note if load_model's extra says the MLM stalled (English dev ppl above pretrain.py's
+    left-bigram count model, finetune.py's rule); else None."""
+    ppl = extra.get("dev_ppl") or {}
+    en = next(iter(ppl), None)
+    counts = extra.get("count_models") or extra.get("count_ppl") or {}  # count_ppl: older
+    left = counts.get(en, {}).get("left")
+    if left and ppl[en] > left:
+        return (f"note: {path}: its MLM stalled ({en} dev ppl {ppl[en]:.2f} above the left-bigram "
+                f"count model's {left:.1f}); its scores measure an unconverged model")
 
 
 # XLM data/dictionary.py's special words, ids 0..13
@@ -593,15 +575,12 @@ XLM_SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"] + [f"<special{i}>" for i in ran
 
 
 def _from_xlm_checkpoint(path, ckpt):
-    """An XLM train.py checkpoint {"model", "dico_word2id", "params"} -> (model, {"langs":
-    id2lang, "xlm_vocab": the words in id order}), configured as XLM's TransformerModel reads
-    params (FFN 4 x emb_dim)."""
+    """An XLM train.py checkpoint -> (model, {"langs": id2lang, "xlm_vocab": words by id})."""
     params = ckpt["params"]
     word2id = ckpt["dico_word2id"]
     state = ckpt["model"]
     if not all(isinstance(x, dict) for x in (params, word2id, state)):
-        raise InputError(f"{path}: an XLM checkpoint's model, dico_word2id and params must be "
-                         "dicts")
+        raise InputError(f"{path}: an XLM checkpoint's model, dico_word2id, params must be dicts")
     need = [k for k in ("emb_dim", "n_layers", "n_heads", "n_langs", "id2lang") if k not in params]
     if need:
         raise InputError(f"{path}: the XLM params lack {need}")
@@ -609,26 +588,24 @@ def _from_xlm_checkpoint(path, ckpt):
     id2lang = {int(k): v for k, v in params["id2lang"].items()}
     n_langs = int(params["n_langs"])
     pos = next((v for k, v in state.items() if k.endswith("position_embeddings.weight")), None)
-    refused = [(not params.get("gelu_activation", True) or params.get("asm", False),
-                "XLM params with ReLU (gelu_activation false) or an adaptive softmax (asm): not "
-                "the architecture MLM reproduces"),
-               ([word2id[w] for w in words] != list(range(len(words)))
-                or words[:len(XLM_SPECIALS)] != XLM_SPECIALS,
-                f"dico_word2id is not an XLM dictionary (ids 0..n-1, {' '.join(XLM_SPECIALS[:5])} "
-                "... first)"),
-               (sorted(id2lang) != list(range(n_langs)),
-                f"the XLM params' id2lang {params['id2lang']} does not number its n_langs "
-                f"{n_langs} languages"),
-               (pos is None, "the XLM state dict has no position_embeddings.weight")]
-    for message in (m for bad, m in refused if bad):
-        raise InputError(f"{path}: {message}")
+    if not params.get("gelu_activation", True) or params.get("asm", False):
+        raise InputError(f"{path}: XLM params with ReLU (gelu_activation false) or an adaptive "
+                         "softmax (asm): not the architecture MLM reproduces")
+    if (sorted(word2id.values()) != list(range(len(words)))
+            or words[:len(XLM_SPECIALS)] != XLM_SPECIALS):
+        raise InputError(f"{path}: dico_word2id is not an XLM dictionary (ids 0..n-1, "
+                         f"{' '.join(XLM_SPECIALS[:5])} ... first)")
+    if sorted(id2lang) != list(range(n_langs)):
+        raise InputError(f"{path}: the XLM params' id2lang {params['id2lang']} does not number "
+                         f"its n_langs {n_langs} languages")
+    if pos is None:
+        raise InputError(f"{path}: the XLM state dict has no position_embeddings.weight")
     try:
         dim = int(params["emb_dim"])
         drop = {k: float(params.get(k, 0.0)) for k in ("dropout", "attention_dropout")}
-        config = ModelConfig(vocab_size=len(words), n_langs=n_langs,
-                             n_layers=int(params["n_layers"]), **drop,
-                             n_heads=int(params["n_heads"]), dim=dim, ffn_dim=4 * dim,
-                             max_positions=pos.size(0),
+        config = ModelConfig(vocab_size=len(words), n_langs=n_langs, **drop, dim=dim,
+                             n_layers=int(params["n_layers"]), n_heads=int(params["n_heads"]),
+                             ffn_dim=4 * dim, max_positions=pos.size(0),
                              lang_emb=n_langs > 1 and bool(params.get("use_lang_emb", True)))
         model = MLM.from_xlm(state, config)
     except (KeyError, ValueError) as e:
@@ -636,68 +613,63 @@ def _from_xlm_checkpoint(path, ckpt):
     return model, {"langs": [id2lang[i] for i in range(n_langs)], "xlm_vocab": words}
 
 # -----------------------------------------------------------------------------
-# device and precision: --device and --dtype mean the same in pretrain.py, finetune.py, align.py,
-# cka.py
+# device and precision: --device and --dtype mean the same in every script
 
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def pick_device(device="auto", dtype="auto", local_rank=None):
-    """-> (device, with an index if CUDA; dtype; backend), e.g. ("cuda:0", "bfloat16", "nccl");
-    torchrun: local_rank."""
+    """-> (device, dtype, backend), e.g. ("cuda:0", "bfloat16", "nccl"); torchrun: local_rank."""
     cuda = torch.cuda.is_available()
     if device == "auto":
         device = "cuda" if cuda else "cpu"
     kind, colon, index = device.partition(":")
     gpu = kind == "cuda" and (not colon or index.isdigit())  # cuda or cuda:N
-    n = torch.cuda.device_count() if cuda else 0
+    n = torch.cuda.device_count()
     i = int(index) if gpu and colon else (local_rank or 0)
     build = "a CPU-only torch build" if torch.version.cuda is None else "no CUDA device visible"
-    refused = [(not gpu and device not in ("cpu", "mps"),
-                "expected auto, cpu, cuda, cuda:N or mps"),
-               (device == "mps" and not torch.backends.mps.is_available(),
-                "MPS is not available on this machine; use --device cpu or auto"),
-               (gpu and not cuda,
-                f"CUDA is not available on this machine ({build}); use --device cpu or auto"),
-               (gpu and colon and local_rank is not None,
-                "under torchrun each process takes the GPU of its LOCAL_RANK; use --device cuda "
-                "(and CUDA_VISIBLE_DEVICES to choose GPUs)"),
-               (gpu and i >= n, f"GPU {i} does not exist ({n} visible)" if colon else
-                f"LOCAL_RANK {i} but only {n} GPU(s) visible; use --nproc_per_node {n} or less")]
-    for message in (m for bad, m in refused if bad):
-        raise InputError(f"--device {device}: {message}")
+    if not gpu and device not in ("cpu", "mps"):
+        raise InputError(f"--device {device}: expected auto, cpu, cuda, cuda:N or mps")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise InputError("--device mps: MPS is not available on this machine; use --device cpu "
+                         "or auto")
+    if gpu and not cuda:
+        raise InputError(f"--device {device}: CUDA is not available on this machine ({build}); "
+                         "use --device cpu or auto")
+    if gpu and colon and local_rank is not None:
+        raise InputError(f"--device {device}: under torchrun each process takes the GPU of its "
+                         "LOCAL_RANK; use --device cuda (and CUDA_VISIBLE_DEVICES to choose GPUs)")
+    if gpu and i >= n:
+        raise InputError(f"--device {device}: GPU {i} does not exist ({n} visible)" if colon else
+                         f"--device {device}: LOCAL_RANK {i} but only {n} GPU(s) visible; use "
+                         f"--nproc_per_node {n} or less")
     device = f"cuda:{i}" if gpu else device
-    # native bfloat16 from compute capability 8.0 (A100); asked of the chosen GPU, not of the
-    # current one, and not torch.cuda.is_bf16_supported(), which also counts the emulated (slow)
-    # bf16 of a V100 or T4
-    cc = torch.cuda.get_device_capability(int(device[5:])) if gpu else None
+    # native bfloat16 from compute capability 8.0 (A100), of the chosen GPU; not
+    # torch.cuda.is_bf16_supported(), which also counts the emulated (slow) bf16 of a V100 or T4
+    cc = torch.cuda.get_device_capability(i) if gpu else None
     if dtype == "auto":
         dtype = "float32" if not gpu else "bfloat16" if cc >= (8, 0) else "float16"
     elif dtype not in DTYPES:
         raise InputError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
     elif dtype == "bfloat16" and gpu and cc < (8, 0):
-        raise InputError(f"--dtype bfloat16: GPU {device[5:]} has no native bfloat16 (compute "
+        raise InputError(f"--dtype bfloat16: GPU {i} has no native bfloat16 (compute "
                          f"capability {cc[0]}.{cc[1]}, 8.0 needed); use --dtype float16 or auto")
     return device, dtype, "nccl" if gpu else "gloo"
 
 
 def autocast(device, dtype):
-    """The context of every forward pass under --dtype: nothing for float32 (bit-identical), else
-    torch.autocast."""
+    """The context of every forward pass: nothing for float32 (bit-identical), else autocast."""
     if dtype == "float32":
         return nullcontext()
     return torch.autocast(torch.device(device).type, getattr(torch, dtype))
 
 # -----------------------------------------------------------------------------
-# align.py's and cka.py's shared command line: the input files, per-layer tables and figures
-# (--plot, Figs. 4-7)
+# align.py's and cka.py's shared command line: input files, per-layer tables, figures (Figs. 4-7)
 
 @contextmanager
 def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
-    """align.py's and cka.py's run. Before any work: check_src_tgt, --device, --dtype, --plot,
-    toy_data (bpe.py's), then --toy --data DIR fills in each unset flag of toy_paths ({flag: its
-    file}); all but `optional` must name files. The work runs under autocast; out of memory or a
-    file's OSError becomes one InputError, any other error is a bug."""
+    """align.py's and cka.py's run: first the flags, --toy --data DIR filling each unset flag of
+    toy_paths ({flag: file}, all but `optional` needed); then the work under autocast."""
     try:
         check_src_tgt(args)  # one text on both sides measures nothing (P@1 100, CKA 1.000)
         args.device, args.dtype, _ = pick_device(args.device, args.dtype)
@@ -717,11 +689,11 @@ def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
             flag = "--" + f.replace("_", "-")
             if path is None and f not in ("ckpt2", "xlm_codes", *optional):
                 raise InputError(f"missing {flag} (or give --toy --data WORLD)")
-            # named by --src and --tgt, not given as a file
-            if f in from_world and not os.path.isfile(path):
-                raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt {args.tgt}: "
-                                 f"no such file {path}")
             if path is not None and not os.path.isfile(path):
+                # named by --src and --tgt, not given as a file
+                if f in from_world:
+                    raise InputError(f"{data_flag} {args.data} with --src {args.src} --tgt "
+                                     f"{args.tgt}: no such file {path}")
                 raise InputError(f"{flag} {path}: "
                                  f"{'not a file' if os.path.exists(path) else 'no such file'}")
             # the same model is told by its contents, not by its path (before the data's files)
@@ -734,7 +706,7 @@ def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
         with autocast(args.device, args.dtype):
             yield
     except (OSError, MemoryError, RuntimeError) as e:
-        if isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate memory" in str(e):
+        if isinstance(e, MemoryError) or re.search("out of memory|allocate memory", str(e)):
             raise InputError("out of memory; try a smaller --batch-size (or --max-sents)") from None
         # a file's error (unreadable, missing, a directory, a full disk); any other is a bug
         if not (isinstance(e, OSError) and e.errno):
@@ -750,17 +722,14 @@ def check_plot(path):
         raise InputError(f"--plot {path}: {why}")
     from importlib.util import find_spec  # matplotlib is only looked for, not imported
     if find_spec("matplotlib") is None:
-        raise InputError("--plot needs matplotlib, which is not a requirement: "
-                         "pip install matplotlib")
+        raise InputError("--plot needs matplotlib (not a requirement): pip install matplotlib")
 
 
-def markdown_table(header, rows, fmt="{:.3f}"):
-    """A per-layer table of align.py and cka.py in markdown: floats written with `fmt`, anything
-    else with str()."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        cells = [fmt.format(v) if isinstance(v, float) else str(v) for v in r]
-        lines.append("| " + " | ".join(cells) + " |")
+def markdown_table(header, rows, fmt):
+    """A per-layer table in markdown: floats written with `fmt`, anything else with str()."""
+    cells = [[fmt.format(v) if isinstance(v, float) else str(v) for v in r] for r in rows]
+    lines = ["| " + " | ".join(r) + " |" for r in [header, *cells]]
+    lines.insert(1, "|" + "---|" * len(header))
     return "\n".join(lines)
 
 
@@ -775,11 +744,14 @@ def _save_figure(ax, path, title):
     print(f"wrote {path}")
 
 
-def plot_layers(path, title, header, rows, ylabel):
-    """Draw a per-layer table as a PNG (after check_plot): one line per column of floats, x the
-    layers."""
+def _axes():
     from matplotlib.figure import Figure  # not pyplot: no window, no backend to choose
-    ax = Figure(figsize=(7, 3.6)).subplots()
+    return Figure(figsize=(7, 3.6)).subplots()
+
+
+def plot_layers(path, title, header, rows, ylabel):
+    """A per-layer table as a PNG (after check_plot): one line per column of floats."""
+    ax = _axes()
     for c in range(1, len(header)):
         points = [(str(r[0]), r[c]) for r in rows if isinstance(r[c], float)]
         if points:
@@ -789,10 +761,9 @@ def plot_layers(path, title, header, rows, ylabel):
     _save_figure(ax, path, title)
 
 # -----------------------------------------------------------------------------
-# the learning curve of a pretraining run (python model.py curve RUN_DIR): its log.jsonl
+# python model.py curve RUN_DIR: a pretraining run's learning curve, from its log.jsonl
 
-# the count models pretrain.py logs once before training ({"count_models": {lang: {key: ppl}}}),
-# with their names in the figure and their line styles
+# pretrain.py's {"count_models": {lang: {key: ppl}}} record: names in the figure, line styles
 COUNT_MODELS = {"unigram": ("unigram", ":"), "left": ("left bigram", "-."),
                 "both": ("both neighbours", "--")}
 
@@ -804,8 +775,7 @@ class Curve:
 
 
 def read_curve(run_dir):
-    """pretrain.py's RUN_DIR/log.jsonl -> Curve: the evaluation records' dev perplexities and the
-    count models' record (older logs have none); one InputError if it has no evaluation."""
+    """RUN_DIR/log.jsonl -> Curve; one InputError if it has no evaluation."""
     path = os.path.join(run_dir, "log.jsonl")
     dev_ppl = {}
     count_models = {}
@@ -824,14 +794,12 @@ def read_curve(run_dir):
 
 
 def plot_curve(run_dir, path=None):
-    """`python model.py curve RUN_DIR`: dev perplexity per language against updates, log y axis;
-    each language's count models are horizontal lines in its colour. The PNG goes to `path`
-    (default RUN_DIR/curve.png)."""
+    """Dev perplexity per language against updates (log y), each language's count models as lines
+    in its colour, to `path` (default RUN_DIR/curve.png)."""
     path = path or os.path.join(run_dir, "curve.png")
     curve = read_curve(run_dir)
     check_plot(path)
-    from matplotlib.figure import Figure
-    ax = Figure(figsize=(7, 3.6)).subplots()
+    ax = _axes()
     for i, (lang, points) in enumerate(curve.dev_ppl.items()):
         ax.plot(*zip(*points), color=f"C{i}", label=f"{lang} dev")
         counts = curve.count_models.get(lang, {})
@@ -847,87 +815,79 @@ def plot_curve(run_dir, path=None):
 
 # -----------------------------------------------------------------------------
 # export to Hugging Face transformers: XLMWithLMHeadModel weights + a `tokenizers` tokenizer.json
-# (torch only here)
 
-# bpe.pretokenize's regex (bpe.TOKEN_RE, TOKEN_RE_ZH) in Oniguruma's syntax, which `tokenizers`
-# runs: whitespace spelled out (what str.isspace() calls whitespace; \uHHHH, which both read), the
-# zh set difference as an intersection
+# bpe.pretokenize's regex in the Oniguruma syntax `tokenizers` runs: str.isspace()'s whitespace
+# spelled out (\uHHHH, which both read), the zh set difference as an intersection
 _HF_SPACE = r"\t-\r\x1c-\x20\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 _HF_TOKEN = r"\p{N}+(?:[.,]\p{N}+)+|WORD+(?:['’\-]WORD+)*|(?![" + _HF_SPACE + r"])\X"
 HF_PRETOKENIZE = {"": _HF_TOKEN.replace("WORD", r"[\p{L}\p{M}\p{N}]"),
                   "zh": r"\p{Han}|" + _HF_TOKEN.replace("WORD", r"[\p{L}\p{M}\p{N}&&\P{Han}]")}
 HF_UNUSED_BIAS = -1e4  # output bias of the BPE symbols our vocabulary lacks: never predicted
-# tokenizer.json, as `tokenizers` reads it, less what hf_tokenizer_json fills in (the nulls of
-# added_tokens, the pattern, vocab and merges). The normalizer is bpe.lowercase_and_strip_accents
-# (lower, NFD, drop the non-spacing marks Mn, lower again); it goes when the text keeps its case.
-# the other files' fixed entries (export_hf fills in the nulls and the model's); no token_type_ids
-# in the tokenizer: XLM adds the token embedding of a type id to every position
+# the files' fixed entries (export_hf fills in the nulls and the model's); no token_type_ids in
+# the tokenizer: XLM adds the token embedding of a type id to every position
 HF_FILES = """{
  "config.json": {"architectures": ["XLMWithLMHeadModel"], "model_type": "xlm",
   "gelu_activation": true, "sinusoidal_embeddings": false, "causal": false, "asm": false,
-  "is_encoder": true, "bos_token_id": 0, "unk_index": 3, "mask_index": 5, "mask_token_id": 5,
+  "is_encoder": true, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "unk_index": 3,
+  "mask_index": 5, "mask_token_id": 5,
   "tie_word_embeddings": true},
- "tokenizer.json": null,
- "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast",
+ "tokenizer.json": null, "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast",
   "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": false},
  "special_tokens_map.json": {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>",
   "cls_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<special1>"}
 }"""
+# tokenizer.json less what hf_tokenizer_json fills in; the normalizer, bpe.lowercase_and_strip_
+# accents (lower, NFD, no non-spacing marks Mn, lower), goes when the text keeps its case
 HF_TOKENIZER = r"""{
- "version": "1.0", "truncation": null, "padding": null, "added_tokens": null,
- "normalizer": {"type": "Sequence", "normalizers": [
-  {"type": "Lowercase"}, {"type": "NFD"},
+ "version": "1.0", "truncation": null, "padding": null, "added_tokens": {"single_word": false,
+  "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+ "normalizer": {"type": "Sequence", "normalizers": [{"type": "Lowercase"}, {"type": "NFD"},
   {"type": "Replace", "pattern": {"Regex": "\\p{Mn}"}, "content": ""}, {"type": "Lowercase"}]},
  "pre_tokenizer": {"type": "Split", "pattern": {"Regex": null}, "behavior": "Removed",
-                   "invert": true},
- "post_processor": {"type": "TemplateProcessing",
-  "single": [{"SpecialToken": {"id": "</s>", "type_id": 0}}, {"Sequence": {"id": "A",
-             "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}],
-  "pair": [{"SpecialToken": {"id": "</s>", "type_id": 0}},
-           {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}},
-           {"Sequence": {"id": "B", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+  "invert": true},
+ "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "</s>",
+  "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>",
+  "type_id": 0}}], "pair": [{"SpecialToken": {"id": "</s>", "type_id": 0}}, {"Sequence": {"id":
+  "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}, {"Sequence": {"id": "B",
+  "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}],
   "special_tokens": {"</s>": {"id": "</s>", "ids": [1], "tokens": ["</s>"]}}},
  "decoder": {"type": "BPEDecoder", "suffix": "</w>"},
  "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
-           "end_of_word_suffix": "</w>", "fuse_unk": false, "byte_fallback": false,
-           "ignore_merges": false, "vocab": null, "merges": null}
+  "end_of_word_suffix": "</w>", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+  "vocab": null, "merges": null}
 }"""
 
 
 def hf_tokenizer_json(record, lang, vocab_size):
-    """A `tokenizers` tokenizer.json (a dict) giving bpe.Tokenizer.encode(line, lang)'s ids between
-    two </s>, from the Tokenizer.to_dict record -> (dict, number of extra ids). Our pieces 'ab@@'
-    and 'ab' are `tokenizers`' 'ab' and 'ab</w>' at our ids; merge symbols ours lacks get ids
-    vocab_size, vocab_size + 1, ... (<unk>'s row in export_hf)."""
+    """Tokenizer.to_dict's record -> (tokenizer.json giving Tokenizer.encode(line, lang)'s ids
+    between two </s>, number of extra ids). Our 'ab@@' and 'ab' are its 'ab' and 'ab</w>'; merge
+    symbols ours lacks get ids vocab_size, vocab_size + 1, ... (<unk>'s row in export_hf)."""
     # a prefixed vocabulary: this language's tokens
     prefix = f"{lang}:" if record["mode"] == "prefixed" else ""
     tokens = record["vocabs"][record["vocab_of"][lang]]["tokens"]
     vocab = {t: i for i, t in enumerate(XLM_SPECIALS)}
     for i, t in enumerate(tokens, len(XLM_SPECIALS)):
         if t.startswith(prefix):
-            piece = t[len(prefix):-2] if t.endswith("@@") else t[len(prefix):] + "</w>"
-            vocab[piece] = i
+            piece = t.removeprefix(prefix)
+            vocab[piece[:-2] if piece.endswith("@@") else piece + "</w>"] = i
     # the first rank counts
     merges = list(dict.fromkeys(tuple(m) for m in record["bpes"][record["bpe_of"][lang]]))
     symbols = dict.fromkeys(s for a, b in merges for s in (a, b, a + b))
     extra = [s for s in symbols if s not in vocab]
     vocab |= {s: i for i, s in enumerate(extra, vocab_size)}
     tok = json.loads(HF_TOKENIZER)
-    tok["added_tokens"] = [{"id": i, "content": t, "single_word": False, "lstrip": False,
-                            "rstrip": False, "normalized": False, "special": True}
+    tok["added_tokens"] = [{"id": i, "content": t, **tok["added_tokens"]}
                            for i, t in enumerate(XLM_SPECIALS)]
     if not record.get("lowercase"):
         tok["normalizer"] = None
     tok["pre_tokenizer"]["pattern"]["Regex"] = HF_PRETOKENIZE["zh" if lang == "zh" else ""]
-    tok["model"]["vocab"] = vocab
-    tok["model"]["merges"] = [list(m) for m in merges]
+    tok["model"] |= {"vocab": vocab, "merges": [list(m) for m in merges]}
     return tok, len(extra)
 
 
 def export_hf(ckpt_path, out_dir, lang=None):
-    """Write best.pt as a directory that XLMWithLMHeadModel and
-    PreTrainedTokenizerFast.from_pretrained load with no code of ours (-> the files written); the
-    tokenizer is `lang`'s (default: the first). --sep models have none."""
+    """best.pt as files that transformers loads with no code of ours (-> their paths); the
+    tokenizer is `lang`'s (default: the first)."""
     model, extra = load_model(ckpt_path)
     c = model.config
     record = extra.get("tokenizer")
@@ -937,41 +897,37 @@ def export_hf(ckpt_path, out_dir, lang=None):
                          "best.pt has one)")
     lang = lang or langs[0]
     sep = ",".join(["tok"] * c.sep_tok + ["pos"] * c.sep_pos + [str(i) for i in c.sep_layers])
-    refused = [(model.has_lang_specific(),
-                f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no "
-                "transformers equivalent (XLM shares everything); only fully shared models are "
-                "exported"),
-               (c.ffn_dim != 4 * c.dim,
-                f"{ckpt_path}: ffn_dim {c.ffn_dim}, but transformers' XLM has 4 x dim {c.dim}"),
-               (lang not in langs, f"--lang {lang}: not one of the checkpoint's languages {langs}"),
-               # was "[Errno 17] File exists"
-               (os.path.exists(out_dir) and not os.path.isdir(out_dir),
-                f"{out_dir}: exists and is not a directory (the export's output directory)")]
-    for message in (m for bad, m in refused if bad):
-        raise InputError(message)
+    if model.has_lang_specific():
+        raise InputError(f"{ckpt_path}: a model with language-specific parts (--sep {sep}) has no "
+                         "transformers equivalent (XLM shares everything); only fully shared "
+                         "models are exported")
+    if c.ffn_dim != 4 * c.dim:
+        raise InputError(f"{ckpt_path}: ffn_dim {c.ffn_dim}, but transformers' XLM has 4 x dim "
+                         f"{c.dim}")
+    if lang not in langs:
+        raise InputError(f"--lang {lang}: not one of the checkpoint's languages {langs}")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"{out_dir}: exists and is not a directory (the export's output "
+                         "directory)")
     tok, n_extra = hf_tokenizer_json(record, lang, c.vocab_size)
     files = json.loads(HF_FILES)
-    files["config.json"] |= {"vocab_size": c.vocab_size + n_extra, "emb_dim": c.dim,
-                             "n_layers": c.n_layers, "n_heads": c.n_heads, "dropout": c.dropout,
-                             "attention_dropout": c.attention_dropout, "n_langs": c.n_langs,
-                             "use_lang_emb": c.lang_emb, "max_position_embeddings": c.max_positions,
-                             "layer_norm_eps": LAYER_NORM_EPS, "eos_token_id": EOS_ID,
-                             "pad_token_id": PAD_ID, "lang_id": langs.index(lang),
-                             "lang2id": {l: i for i, l in enumerate(langs)},
-                             "id2lang": {str(i): l for i, l in enumerate(langs)}}
+    files["config.json"] |= {
+        "vocab_size": c.vocab_size + n_extra, "emb_dim": c.dim, "n_layers": c.n_layers,
+        "n_heads": c.n_heads, "dropout": c.dropout, "attention_dropout": c.attention_dropout,
+        "n_langs": c.n_langs, "use_lang_emb": c.lang_emb,
+        "max_position_embeddings": c.max_positions, "layer_norm_eps": LAYER_NORM_EPS,
+        "lang_id": langs.index(lang), "lang2id": {l: i for i, l in enumerate(langs)},
+        "id2lang": dict(enumerate(langs))}  # keys written as strings
     files["tokenizer.json"] = tok
-    files["tokenizer_config.json"] |= files["special_tokens_map.json"]
-    files["tokenizer_config.json"]["model_max_length"] = c.max_positions
-    # the weights under XLMWithLMHeadModel's names (float32 on the CPU, as load_model gives them);
-    # the n_extra token rows copy <unk>'s, their output bias is HF_UNUSED_BIAS
+    files["tokenizer_config.json"] |= {**files["special_tokens_map.json"],
+                                       "model_max_length": c.max_positions}
+    # XLMWithLMHeadModel's weights (float32); the n_extra rows copy <unk>'s, bias HF_UNUSED_BIAS
     sd = model.state_dict()
     emb = sd["tok_emb.0.weight"]
-    bias = sd["pred_bias.0"]
     sd["tok_emb.0.weight"] = torch.cat([emb, emb[[3] * n_extra]])
-    sd["pred_bias.0"] = torch.cat([bias, bias.new_full((n_extra,), HF_UNUSED_BIAS)])
+    sd["pred_bias.0"] = F.pad(sd["pred_bias.0"], (0, n_extra), value=HF_UNUSED_BIAS)
     sd = {("" if n.startswith("pred_layer.") else "transformer.") + n: t.clone()
-          for ours, theirs in xlm_names(c).items()
-          for n, t in zip(theirs, sd[ours].chunk(len(theirs)))}
+          for n, t in xlm_parts(c, sd).items()}
     # the weights' file; an earlier export's file of the other format is removed
     weights = ["model.safetensors", "pytorch_model.bin"]
     try:
@@ -983,8 +939,7 @@ def export_hf(ckpt_path, out_dir, lang=None):
     paths = [os.path.join(out_dir, name) for name in [weights[0], *files]]
     new_dir = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    # every file goes to a temporary first, then all are renamed: a failure (a full disk) leaves
-    # no mix
+    # every file goes to a temporary first, then all are renamed: a failure leaves no mix
     try:
         with _atomic_paths(*paths) as tmps:
             write(tmps[0])
@@ -996,10 +951,9 @@ def export_hf(ckpt_path, out_dir, lang=None):
             os.rmdir(out_dir)
         raise InputError(f"cannot write the export to {out_dir}: {_first_line(e)} (any earlier "
                          "export there is left as it was)") from None
-    # transformers could load these instead
-    other = os.path.join(out_dir, weights[1])
-    if os.path.exists(other):
-        os.remove(other)
+    # transformers could load it instead
+    with suppress(FileNotFoundError):
+        os.remove(os.path.join(out_dir, weights[1]))
     return paths
 
 # -----------------------------------------------------------------------------

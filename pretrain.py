@@ -30,9 +30,9 @@ import shutil
 import signal
 import sys
 import time
-import unicodedata
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
+from os.path import exists, getsize, isdir, isfile, join
 from typing import NamedTuple
 
 import numpy as np
@@ -41,17 +41,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, atomic_write,
-                 load_bin, locked, number, parse_lang_files, prepare, read_text,
-                 reported, write_errors, write_text)
+from bpe import (EOS_ID, MASK_ID, MODES, HelpFormatter, InputError, Tokenizer, load_bin, locked,
+                 number, parse_lang_files, prepare, reported, write_errors, write_text)
 from model import MLM, ModelConfig, autocast, load_model, parse_sep, pick_device, save_model
 from toydata import SIZES as TOY_SIZES, parse_order, write_world
 
 MASK_PROB = 0.15              # paper §3.1 / BERT: 15 % of the positions are predicted
 PRED_PROBS = (0.8, 0.1, 0.1)  # of those: MASK, kept, random id (XLM word_mask_keep_rand)
 ALPHA = 0.7                   # language sampling exponent (XLM lg_sampling_factor)
-# XLM's adam_inverse_sqrt defaults: eps 1e-8, no weight decay (XLM's README BERT recipe has 1e-6
-# and decoupled 0.01)
+# XLM's adam_inverse_sqrt defaults (its README's BERT recipe: eps 1e-6, decoupled decay 0.01)
 ADAM = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
 # -----------------------------------------------------------------------------
@@ -85,7 +83,7 @@ def get_lr(step, lr=1e-4, warmup=30000, init_lr=1e-7, schedule="inverse_sqrt", m
         return init_lr + step * (lr - init_lr) / warmup
     if schedule == "linear":
         return lr * max(0.0, (max_steps - step) / max(max_steps - warmup, 1))
-    return lr * math.sqrt(warmup / max(step, 1)) if warmup > 0 else lr
+    return lr * math.sqrt(warmup / step) if warmup > 0 else lr
 
 
 def sampling_probs(sentence_counts, alpha=ALPHA):
@@ -129,7 +127,7 @@ class StreamSampler:
     state_dict() resumes it."""
 
     def __init__(self, n_batches, probs, seed):
-        self.n_batches = list(n_batches)
+        self.n_batches = n_batches
         self.probs = np.asarray(probs, dtype=np.float64)
         self.rng = np.random.default_rng(seed)
         self.order = [np.zeros(0, dtype=np.int64) for _ in self.n_batches]
@@ -146,13 +144,13 @@ class StreamSampler:
 
     def state_dict(self):
         # no copy of the permutations: next() replaces an order, it never changes one in place
-        order = [torch.from_numpy(np.asarray(o, dtype=np.int64)) for o in self.order]
+        order = [torch.from_numpy(o) for o in self.order]
         return {"rng": self.rng.bit_generator.state, "pos": list(self.pos), "order": order}
 
     def load_state_dict(self, d):
         self.rng.bit_generator.state = d["rng"]
         self.pos = list(d["pos"])
-        self.order = [o.numpy().astype(np.int64) for o in d["order"]]
+        self.order = [o.numpy() for o in d["order"]]
 
 # -----------------------------------------------------------------------------
 # evaluation (XLM evaluate_mlm: deterministic masking, all selected tokens -> MASK)
@@ -182,7 +180,7 @@ def evaluate_ppl(model, ids, lang, vocab_size, bptt, device, amp, windows_per_fo
         count += k
     model.train(was_training)
     mean = total / count  # above ~709.8 nats math.exp overflows: a diverged model
-    return float("inf") if mean > math.log(sys.float_info.max) else math.exp(mean)
+    return math.inf if mean > math.log(sys.float_info.max) else math.exp(mean)
 
 # -----------------------------------------------------------------------------
 # the presets: the paper's values by default; --toy swaps in a CPU-sized one; an explicit flag wins
@@ -204,8 +202,7 @@ MERGES = {"paper": (80000, 40000), "toy": (2000, 1000)}  # (joint, per language:
 
 @dataclass(slots=True)  # slots: an attribute not declared here cannot be set
 class Run:
-    """Everything a run holds, declared here only: the setup below the ruler fills it in, train()
-    moves it on and checkpoint.pt keeps what --resume needs."""
+    """Everything a run holds: set up below the ruler, moved on by train(), in checkpoint.pt."""
     args: argparse.Namespace            # the flags, presets filled in (get_args)
     langs: list                         # --langs; the first, "English", selects best.pt
     rank: int = 0                       # torchrun's RANK and WORLD_SIZE
@@ -241,8 +238,8 @@ class Run:
     warned_slow_save: bool = False
     master = property(lambda self: self.rank == 0)
     device_type = property(lambda self: torch.device(self.device).type)  # cuda, cpu or mps
-    ckpt_path = property(lambda self: os.path.join(self.args.out, "checkpoint.pt"))
-    log_path = property(lambda self: os.path.join(self.args.out, "log.jsonl"))
+    ckpt_path = property(lambda self: join(self.args.out, "checkpoint.pt"))
+    log_path = property(lambda self: join(self.args.out, "log.jsonl"))
     tokens_per_update = property(lambda self: self.args.batch_size * self.args.bptt
                                  * self.args.accumulate * self.world_size)
     # the epoch (from 1) of the last update: an epoch's last update sets n_streams back to 0
@@ -255,10 +252,8 @@ class Run:
 
 
 def next_micro_batch(run, update_index):
-    """The next micro-batch, for update `update_index` (0-based): its language and stream batch
-    (the sampler), the masking and the --pos-offsets start on the host, then on the device (pinned
-    on a GPU: the copy does not wait), drawn during the backward before it.
-    -> (lang, (inputs, targets, target positions, offset or None))."""
+    """The micro-batch for update `update_index`, drawn on the host during the backward before it,
+    then on the device: -> (lang, (inputs, targets, target positions, offset start or None))."""
     args = run.args
     # the sampler's and the masking's states before this draw, for checkpoint.pt
     run.rng_before_next = (run.sampler.state_dict(), run.mask_rng.get_state())
@@ -281,16 +276,14 @@ def next_micro_batch(run, update_index):
 
 
 def zero_term(model, lang):
-    """0 x the other languages' own parameters (--sep): added to a loss, DDP sees them used, so it
-    needs no find_unused_parameters."""
+    """0 x the other languages' own parameters (--sep): DDP sees them used in the loss."""
     others = [p for j in range(model.config.n_langs) if j != lang
               for p in model.lang_specific_parameters(j)]
     return sum(p.view(-1)[0] for p in others) * 0.0
 
 
 class Step(NamedTuple):
-    """What one update did. A float16 overflow is neither stepped nor non_finite: the scaler skips
-    that step itself and lowers its scale."""
+    """What one update did (a float16 overflow is neither stepped nor non_finite)."""
     loss: float         # the mean over micro-batches and ranks
     grad_norm: float    # before clipping
     langs: list         # this rank's micro-batches' languages
@@ -301,8 +294,7 @@ class Step(NamedTuple):
 
 def update(run):
     """One update (XLM mlm_step): `accumulate` micro-batches of one language each, forward and
-    backward (DDP syncs the gradients on the last); one host-device sync, under torchrun one
-    all_reduce; clipping at --clip and Adam, skipped when the loss or the norm is not finite."""
+    backward; one host-device sync; clipping at --clip and Adam, unless the loss is not finite."""
     args = run.args
     n_langs = len(run.langs)
     loss_sum = torch.zeros((), device=run.device)
@@ -323,9 +315,8 @@ def update(run):
         loss_sum += loss.detach().float()
         run.n_streams += args.batch_size
 
-    # one read (under torchrun one all_reduce) of the mean loss, the languages any rank's
-    # micro-batches were in, a stop signal on any rank and the gradient norm (the same on every
-    # rank: DDP averaged the gradients)
+    # one read (under torchrun one all_reduce) of the mean loss, the languages any rank used, a
+    # stop signal on any rank and the gradient norm (the same on every rank)
     flags = torch.zeros(n_langs + 2)  # the languages, then SIGINT, SIGTERM
     flags[langs] = 1.0
     if run.stop.signum:
@@ -345,23 +336,20 @@ def update(run):
     if values[n_langs + 2]:
         stop = signal.SIGTERM
 
-    # --sep: a language that no rank's micro-batch was in gets no gradient on its own parameters.
-    # DDP would give them a zero one, which Adam's momentum still moves; XLM updates only what the
-    # batch used.
-    if run.raw_model.has_lang_specific():
-        for lang_id in range(n_langs):
-            if not used[lang_id]:
-                for p in run.raw_model.lang_specific_parameters(lang_id):
-                    p.grad = None
+    # --sep: a language no rank used gets no gradient on its own parameters (DDP's zero one would
+    # still move them through Adam's momentum; XLM updates only what the batch used)
+    for lang_id in range(n_langs):
+        if not used[lang_id]:
+            for p in run.raw_model.lang_specific_parameters(lang_id):
+                p.grad = None
 
     # clip and step, unless the loss (or, without float16's scaler, the norm) is not finite
     fp16 = run.scaler.is_enabled()
     scale = run.scaler.get_scale()
     finite = math.isfinite(loss) and (math.isfinite(grad_norm) or fp16)
     if finite and fp16:
-        # float16: unscale_ only once the loss is known finite, as it must be followed by the
-        # scaler's step (which skips an overflow itself and lowers the scale); the norm was taken
-        # of the scaled gradients
+        # float16: unscale_ (then the scaler's step, which skips an overflow) once the loss is
+        # known finite; the norm was taken of the scaled gradients
         run.scaler.unscale_(run.optimizer)
         norm = norm / scale
         grad_norm = grad_norm / scale
@@ -375,8 +363,7 @@ def update(run):
     return Step(loss, grad_norm, langs, stop, stepped, non_finite=not finite)
 
 # ==================================================================================================
-# The plumbing: the training loop, flags, the run directory and signals, count models,
-# checkpoints and log, setup, main
+# The plumbing: the loop, flags, signals, count models, checkpoints and log, setup, main
 
 # -----------------------------------------------------------------------------
 # the training loop
@@ -394,9 +381,8 @@ def total_updates(args):  # the updates --max-steps and --epochs allow
 
 
 def train(run):
-    """The training loop: get_lr, one update, the progress line; an evaluation (best.pt) at the end
-    of an epoch and of the run, every --eval-every and at --snapshots, checkpoint.pt then
-    (--save-every permitting) and when a signal stops the run. -> Ending."""
+    """The loop: get_lr, one update, the progress line; an evaluation at each epoch's end, every
+    --eval-every, at --snapshots and at the end; checkpoint.pt then and at a signal. -> Ending."""
     args = run.args
     bad_steps = 0      # non-finite losses in a row
     stopped_by = 0     # the signal that stops the run
@@ -478,23 +464,19 @@ def train(run):
     return Ending(ended_by, stopped_by, diverged)
 
 # -----------------------------------------------------------------------------
-# flags (the presets above by default, each checked before any work); the run directory, its lock;
-# signals, advice
+# flags (the presets above by default, each checked before any work); signals, advice
 
 RESUME_MAY_CHANGE = {"resume", "max_steps", "snapshots", "epochs", "log_every", "eval_every",
                      "device", "compile", "workers", "threads", "out", "data", "train_files",
                      "dev_files", "prep_dir", "overwrite", "lr", "warmup", "max_bad_steps",
                      "save_every", "allow_overlap"}  # data: compared by their contents
+# the flags added since the first release, and the value a checkpoint from before each one meant
+LATER_FLAGS = {"toy_cyrillic": False, "schedule": "inverse_sqrt", "pos_offsets": 0,
+               "pos_offsets_from": 0}
 MAX_POSITIONS = 16384  # --bptt and --pos-offsets size the position table: larger is a typo
 # the toy world's knobs when not given: they shape the world that --toy writes to OUT/toy
 TOY_WORLD = dict(toy_size="full", toy_overlap=0.0, toy_order="svo", toy_domain_shift=0.0,
                  toy_cyrillic=False, toy_seed=0)
-# the other ranks wait while the master evaluates and saves (NCCL's 10 minutes are too short)
-DDP_TIMEOUT = timedelta(minutes=60)
-
-
-USAGE = ("pretrain.py --out DIR [--toy] [--data DIR | --train-files LANG=PATH,... --dev-files "
-         "LANG=PATH,...] [flags below]")
 
 
 class Help(argparse.RawDescriptionHelpFormatter, HelpFormatter):
@@ -504,11 +486,11 @@ class Help(argparse.RawDescriptionHelpFormatter, HelpFormatter):
 def build_parser():
     count = number(1)
     natural = number(0)
-    positions = number(1, MAX_POSITIONS, upto=True)
     fraction = number(0, 1, float, upto=True)
     rate = number(0, 1, float)
-    seed = number(0, 2 ** 32)  # seed * 1000 + rank + 1 seeds the masking
-    p = argparse.ArgumentParser("pretrain.py", usage=USAGE, description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser("pretrain.py", description=__doc__.split("\n\n")[0],
+                                usage="pretrain.py --out DIR [--toy] [--data DIR | --train-files "
+                                "LANG=PATH,... --dev-files LANG=PATH,...] [flags below]",
                                 epilog="examples:" + __doc__.split("Run:")[1], formatter_class=Help)
     data = p.add_argument_group("data").add_argument
     model = p.add_argument_group("model").add_argument
@@ -541,7 +523,7 @@ def build_parser():
     data("--prep-dir", metavar="DIR", help="cache for prepared data (default: OUT/data)")
     data("--workers", type=count, default=1, help="processes for binarising text")
     # the toy world's knobs: None when not given (get_args), as they need a world --toy writes
-    data("--toy-size", choices=list(TOY_SIZES),
+    data("--toy-size", choices=TOY_SIZES,
          help="toy world size, tiny for tests (default: full)")
     data("--toy-overlap", type=fraction,
          help="toy: fraction of shared word forms, anchors (default: 0.0)")
@@ -558,28 +540,28 @@ def build_parser():
     model("--lang-emb", action="store_true",
           help="add language embeddings (the paper is silent; mBERT, XLM-17/100 have)")
     for flag, typ, what in (
-            ("--n-layers", count, "layers"),
-            ("--dim", count, "hidden size"),
-            ("--n-heads", count, "attention heads"),
-            ("--ffn-dim", count, "feed-forward size"),
+            ("--n-layers", count, "layers"), ("--dim", count, "hidden size"),
+            ("--n-heads", count, "attention heads"), ("--ffn-dim", count, "feed-forward size"),
             ("--dropout", rate, "dropout"),
             ("--attention-dropout", rate,
              "attention dropout (as XLM's recipes; its flag's default is 0)")):
         preset(model, flag, typ, what)
 
-    training("--seed", type=seed, default=0, help="seed for init, data order, masking, dropout")
+    # seed * 1000 + rank + 1 seeds the masking
+    training("--seed", type=number(0, 2 ** 32), default=0,
+             help="seed for init, data order, masking, dropout")
     for flag, typ, what in (
-            ("--bptt", positions, "tokens per stream"),
+            ("--bptt", number(1, MAX_POSITIONS, upto=True), "tokens per stream"),
             ("--batch-size", count,
              "streams of --bptt tokens per step, per GPU and micro-batch (x 8 GPUs: paper)"),
             ("--lr", number(0, cast=float, above=True), "peak learning rate"),
             ("--warmup", natural, "linear warm-up updates from 1e-7"),
             ("--epoch-size", count,
              "examples (streams) per GPU per epoch, XLM's meaning of an epoch"),
-            ("--epochs", count, "epochs")):
+            ("--epochs", count, "epochs"),
+            ("--pos-offsets", number(0, MAX_POSITIONS, upto=True),
+             "N: streams start at random in [0, N - bptt]")):
         preset(training, flag, typ, what)
-    preset(training, "--pos-offsets", number(0, MAX_POSITIONS, upto=True),
-           "N: streams start at random in [0, N - bptt]")
     preset(training, "--pos-offsets-from", natural,
            "--pos-offsets from update N on (before: each stream at 0)", metavar="N")
     training("--accumulate", type=count,
@@ -621,10 +603,17 @@ def get_args(argv=None, p=None):
     # a torchrun worker has all five; a part of them is a leftover (or a launcher's mistake)
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
                if k not in os.environ]
-    if {"RANK", "WORLD_SIZE"} & set(os.environ) and missing:
-        raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no torchrun "
-                         f"worker (no {' and '.join(missing)}): unset them, or launch with "
-                         "torchrun")
+    if {"RANK", "WORLD_SIZE"} & set(os.environ):
+        if missing:
+            raise InputError("RANK / WORLD_SIZE are set in the environment, but this is no "
+                             f"torchrun worker (no {' and '.join(missing)}): unset them, or launch "
+                             "with torchrun")
+        # RANK 1 of WORLD_SIZE 1 would wait for the others for ever
+        ranks = [os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")]
+        if not all(map(str.isdigit, ranks)) or int(ranks[0]) >= int(ranks[2]):
+            raise InputError(f"RANK={ranks[0]} LOCAL_RANK={ranks[1]} WORLD_SIZE={ranks[2]} in "
+                             "the environment: expected whole numbers, RANK below WORLD_SIZE (as "
+                             "torchrun sets them)")
     # on the command line, not the preset's
     offsets_from_given = args.pos_offsets_from is not None
     toy_flags = [f"--{k.replace('_', '-')}" for k in TOY_WORLD if getattr(args, k) is not None]
@@ -646,17 +635,17 @@ def get_args(argv=None, p=None):
     if args.train_files and args.dev_files:  # both or neither (checked below)
         args.train_files = parse_lang_files("--train-files", args.train_files, langs)
         args.dev_files = parse_lang_files("--dev-files", args.dev_files, langs)
-    args.prep_dir = args.prep_dir or os.path.join(args.out, "data")
+    args.prep_dir = args.prep_dir or join(args.out, "data")
     args.toy_world = args.toy and args.data is None and not args.train_files
     if args.toy_world:
-        args.data = os.path.join(args.out, "toy")
+        args.data = join(args.out, "toy")
     # written with the toy world
-    toy_dict = os.path.join(args.data or "", "dict", f"{langs[0]}-{langs[-1]}.txt")
+    toy_dict = join(args.data or "", "dict", f"{langs[0]}-{langs[-1]}.txt")
     if args.code_switch == "toy":
         args.code_switch = toy_dict
     cs = args.code_switch
     bad_snapshots = not all(x.isdigit() and int(x) > 0 for x in snapshots)
-    last_snapshot = max((int(x) for x in snapshots if x.isdigit()), default=0)
+    snapshot_steps = sorted({int(x) for x in snapshots if x.isdigit()})
     refused = [  # (when, the usage line)
         (args.overwrite and args.resume,
          "--overwrite starts a new run; it cannot be combined with --resume"),
@@ -664,8 +653,9 @@ def get_args(argv=None, p=None):
          f"--langs {args.langs}: expected distinct languages, each a code of letters, e.g. en,fr"),
         (args.dim % args.n_heads, f"--dim {args.dim} is not divisible by --n-heads {args.n_heads}"),
         (bad_snapshots, f"--snapshots {args.snapshots}: expected 500,1000"),
-        (last_snapshot > updates, f"--snapshots {args.snapshots}: the run ends after {updates} "
-         "updates (--max-steps, --epochs): a later snapshot would never be written"),
+        (max(snapshot_steps, default=0) > updates,
+         f"--snapshots {args.snapshots}: the run ends after {updates} updates (--max-steps, "
+         "--epochs): a later snapshot would never be written"),
         (args.bptt < 2,
          f"--bptt {args.bptt}: a stream's first token is never predicted; at least 2 are needed"),
         (offsets_from_given and 0 < args.pos_offsets_from and args.pos_offsets <= args.bptt,
@@ -686,28 +676,25 @@ def get_args(argv=None, p=None):
          "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok"),
         (cs and len(langs) != 2,
          "--code-switch needs exactly two --langs (the dictionary's source and target)"),
-        (cs and not (os.path.isfile(cs) or args.toy_world and cs == toy_dict),
+        (cs and not (isfile(cs) or args.toy_world and cs == toy_dict),
          f"--code-switch {cs}: no such file (for 'toy': --toy, or --data a toydata.py world)")]
     for bad, message in refused:
         if bad:
             raise InputError(message, 2)
-    args.snapshots = sorted({int(x) for x in snapshots})
+    args.snapshots = snapshot_steps
     return args
 
 
 def run_files(out):
-    """An earlier run's files in --out (toy/, toy.json, data/, args.json are inputs, reused by every
-    run in --out)."""
-    names = set(os.listdir(out)) if os.path.isdir(out) else set()
+    """An earlier run's files in --out (toy/, toy.json, data/, args.json: inputs, reused)."""
+    names = set(os.listdir(out)) if isdir(out) else set()
     snapshots = [f for f in names if re.fullmatch(r"step\d+\.pt", f)]
     snapshots.sort(key=lambda f: int(f[4:-3]))
     return [f for f in ("checkpoint.pt", "best.pt", "log.jsonl") if f in names] + snapshots
 
 
-
 def command(argv, then, lr=None):
-    """ARGV made to go on (then="--resume") or start again ("--overwrite"), maybe at another --lr:
-    all advice."""
+    """ARGV made to go on (then="--resume") or start again ("--overwrite"), maybe at a new --lr."""
     drop = ("--resume", "--overwrite", "--lr") if lr else ("--resume", "--overwrite")
     kept = []
     skip_value = False
@@ -723,15 +710,15 @@ def command(argv, then, lr=None):
     return f"{launcher} {shlex.join(kept + [then] + new_lr)}"
 
 
-def how_to_go_on(ckpt_path, saved_step, argv, lr=None):
-    if saved_step is None:
+def how_to_go_on(run, argv, lr=None):
+    if run.saved_step is None:
         return "nothing was saved; start again with " + command(argv, "--overwrite", lr)
-    return f"{ckpt_path} holds step {saved_step}; go on with " + command(argv, "--resume", lr)
+    go_on = command(argv, "--resume", lr)
+    return f"{run.ckpt_path} holds step {run.saved_step}; go on with {go_on}"
 
 
 class StopSignal:
-    """SIGTERM, Ctrl-C: at once before training; in it, the update is finished, checkpoint.pt
-    saved, exit 128+sig."""
+    """SIGTERM, Ctrl-C: at once before training; in it, after the update and checkpoint.pt."""
 
     def __init__(self, advice):
         self.signum = None
@@ -751,8 +738,7 @@ class StopSignal:
 
 
 def default_handlers():
-    """A forked child (bpe.binarize's pool) gets the default handlers: pool.terminate()'s SIGTERM
-    ends it, even asleep in C."""
+    """A forked child (bpe.binarize's pool) gets the default handlers: pool.terminate() ends it."""
     for s in (signal.SIGTERM, signal.SIGINT):
         if isinstance(getattr(signal.getsignal(s), "__self__", None), StopSignal):
             signal.signal(s, signal.SIG_DFL)
@@ -761,23 +747,22 @@ def default_handlers():
 os.register_at_fork(after_in_child=default_handlers)
 
 # -----------------------------------------------------------------------------
-# count models of the dev sets (the plateau's measure); checkpoint.pt (a bit-exact --resume);
-# log.jsonl, best.pt
+# count models of the dev sets; checkpoint.pt (a bit-exact --resume); log.jsonl, best.pt
 
 def count_baselines(train_ids, dev_ids, max_tokens=20_000_000):
     """Dev perplexities of unigram (add-one), left bigram and both-neighbour models (Witten-Bell,
-    each on the last), fitted on at most max_tokens: a Wikipedia's would not fit."""
+    each on the last), fitted on at most max_tokens."""
     t = np.asarray(train_ids[:max_tokens], dtype=np.int64)
     d = np.asarray(dev_ids, dtype=np.int64)
-    V = int(max(t.max(), d.max())) + 1
+    V = max(t.max(), d.max()) + 1
     uni = (np.bincount(t, minlength=V) + 1.0) / (len(t) + V)  # add-one
 
     def witten_bell(hist, word, q_hist, q_word, lower):
         """p(w | h) = (c(h, w) + T(h) lower) / (c(h) + T(h)), or `lower` for an unseen h."""
         keys, counts = np.unique(hist * V + word, return_counts=True)
         hs, first = np.unique(keys // V, return_index=True)
-        n_h = np.add.reduceat(counts, first).astype(np.float64)  # tokens after h
-        t_h = np.diff(np.append(first, len(keys))).astype(np.float64)  # distinct words after h
+        n_h = np.add.reduceat(counts, first)  # tokens after h
+        t_h = np.diff(np.append(first, len(keys)))  # distinct words after h
         q = q_hist * V + q_word
         i = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
         c = np.where(keys[i] == q, counts[i], 0)
@@ -797,9 +782,9 @@ PROGRESS = ("step", "epoch", "n_streams", "best_ppl", "best_step", "left_plateau
 
 
 def read_checkpoint(path, args, argv):
-    """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags;
-    -> (it, what changed)"""
-    if not os.path.isfile(path):
+    """--resume's checkpoint.pt, refused when missing, damaged, NaN, foreign or of other flags; a
+    flag not given is the checkpoint's (its release's preset, or LATER_FLAGS') -> (it, changes)"""
+    if not isfile(path):
         raise InputError(f"--resume: no checkpoint.pt to go on from in {args.out}")
     try:
         model, ckpt = load_model(path)
@@ -808,19 +793,35 @@ def read_checkpoint(path, args, argv):
                          f"{command(argv, '--overwrite')}")
     if not {"args", "optimizer", "rng"} <= set(ckpt):
         raise InputError(f"--resume: {path} is not a checkpoint written by pretrain.py")
-    if args.max_steps <= ckpt["step"]:
-        raise InputError(f"--resume: {path} is at step {ckpt['step']} already; --max-steps "
-                         f"{args.max_steps} would train nothing (give a larger one)")
+    for flag, value, key in (("--max-steps", args.max_steps, "step"),
+                             ("--epochs", args.epochs, "epoch")):
+        if value <= ckpt[key]:
+            raise InputError(f"--resume: {path} is at {key} {ckpt[key]} already; {flag} {value} "
+                             "would train nothing (give a larger one)")
     ckpt["model"] = model.state_dict()
-    # a checkpoint from before --pos-offsets-from drew offsets from update 0
-    old = {"pos_offsets_from": 0, **ckpt["args"]}
-    new = vars(args)
-    diff = "".join(f"\n  --{k.replace('_', '-')}: {old.get(k)!r} in the checkpoint, {new[k]!r} now"
-                   for k in sorted(new) if k not in RESUME_MAY_CHANGE and old.get(k) != new[k])
+    saved = ckpt["args"]
+    old = {**parse_sep(saved["sep"], saved["n_layers"]), **LATER_FLAGS, **saved}
+    given = vars(build_parser().parse_args(argv))  # None: not on the command line
+    new = vars(args)  # args itself: a value set here is the run's
+    compared = [k for k in sorted(new) if k not in RESUME_MAY_CHANGE]
+    unknown = [f"--{k.replace('_', '-')}" for k in compared if k not in old]
+    if unknown:
+        raise InputError(f"--resume: {path} is of a pretrain.py from before {', '.join(unknown)}; "
+                         f"this one cannot go on from it: start again with "
+                         f"{command(argv, '--overwrite')}")
+    kept = []
+    for k in compared:
+        if given.get(k, "") is None and old[k] != new[k]:
+            kept.append(f"--{k.replace('_', '-')} {old[k]}")
+            new[k] = old[k]
+    diff = [f"--{k.replace('_', '-')} {old[k]!r} in the checkpoint, {new[k]!r} now"
+            for k in compared if old[k] != new[k]]
     if diff:
-        raise InputError(f"--resume: {path} was made with different flags:{diff}")
-    changed = [f"--{k} {old.get(k)} -> {new[k]}" for k in ("lr", "warmup") if old.get(k) != new[k]]
-    return ckpt, ", ".join(changed)
+        raise InputError(f"--resume: {path} was made with different flags: {'; '.join(diff)}")
+    changed = [f"--{k} {old[k]} -> {new[k]}" for k in ("lr", "warmup") if old[k] != new[k]]
+    if kept:
+        changed.append(f"{', '.join(kept)} as in the checkpoint")
+    return ckpt, f" ({', '.join(changed)})" if changed else ""
 
 
 def data_of(run):  # what --resume compares: other dev sets would have best.pt chosen across two
@@ -829,8 +830,7 @@ def data_of(run):  # what --resume compares: other dev sets would have best.pt c
 
 
 def restore_checkpoint(run, ckpt):
-    """Model, optimizer, progress, this rank's RNGs; log.jsonl cut back to the checkpoint's; a lost
-    best.pt anew."""
+    """Model, optimizer, progress, this rank's RNGs; log.jsonl cut back to the checkpoint's."""
     same_data = all(ckpt["data"].get(k, v) == v for k, v in data_of(run).items())
     if ckpt["tokenizer"] != run.tok.to_dict() or not same_data:
         raise InputError(f"--resume: the data in {run.data_dir} are not {run.ckpt_path}'s "
@@ -844,7 +844,7 @@ def restore_checkpoint(run, ckpt):
         run.scaler.load_state_dict(ckpt["scaler"])
     for k in PROGRESS:  # a checkpoint from before best_step and left_plateau_at: its step
         setattr(run, k, ckpt.get(k, ckpt["step"]))
-    if not os.path.exists(os.path.join(run.args.out, "best.pt")) and run.best_ppl < math.inf:
+    if not exists(join(run.args.out, "best.pt")) and run.best_ppl < math.inf:
         run.log(f"note: no best.pt in {run.args.out} (its {run.langs[0]} dev ppl: "
                 f"{run.best_ppl:.2f}); a new one from step {run.step}")
         run.best_ppl = math.inf
@@ -853,18 +853,17 @@ def restore_checkpoint(run, ckpt):
     run.sampler.load_state_dict(rng["sampler"])
     run.mask_rng.set_state(rng["mask"])
     torch.set_rng_state(rng["torch"])
-    if run.device_type == "cuda" and rng.get("cuda") is not None:
+    if run.device_type == "cuda" and rng["cuda"] is not None:
         torch.cuda.set_rng_state(rng["cuda"])
-    log_exists = os.path.exists(run.log_path)
-    if run.master and log_exists and os.path.getsize(run.log_path) > ckpt["log_bytes"]:
-        os.truncate(run.log_path, ckpt["log_bytes"])
+    log_bytes = ckpt.get("log_bytes", math.inf)  # an earlier release's: the log as it is
+    if run.master and exists(run.log_path) and getsize(run.log_path) > log_bytes:
+        os.truncate(run.log_path, log_bytes)
         run.log(f"{run.log_path}: records after step {run.step} dropped (they are redone from the "
                 "checkpoint)")
 
 
 def save_checkpoint(run):
-    """checkpoint.pt by the master, with every rank's RNGs from before the micro-batch drawn ahead
-    (drawn again)."""
+    """checkpoint.pt, with every rank's RNGs from before the micro-batch drawn ahead."""
     t0 = time.time()
     cuda_rng = torch.cuda.get_rng_state() if run.device_type == "cuda" else None
     mine = dict(zip(("sampler", "mask"), run.rng_before_next), torch=torch.get_rng_state(),
@@ -874,15 +873,10 @@ def save_checkpoint(run):
         rngs = [None] * run.world_size
         dist.all_gather_object(rngs, mine)
     if run.master:
-        log_bytes = os.path.getsize(run.log_path) if os.path.exists(run.log_path) else 0
-        checkpoint = {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
-                      "scaler": run.scaler.state_dict(), "config": asdict(run.raw_model.config),
-                      "args": vars(run.args), "tokenizer": run.tok.to_dict(), "langs": run.langs,
-                      **{k: getattr(run, k) for k in PROGRESS}, "rng": rngs,
-                      "count_models": run.count_models,
-                      "data": {"dir": run.data_dir, **data_of(run)},
-                      "log_bytes": log_bytes}
-        atomic_write(run.ckpt_path, lambda tmp: torch.save(checkpoint, tmp))
+        log_bytes = getsize(run.log_path) if exists(run.log_path) else 0
+        save_run_file(run, run.ckpt_path, optimizer=run.optimizer.state_dict(),
+                      scaler=run.scaler.state_dict(), **{k: getattr(run, k) for k in PROGRESS},
+                      rng=rngs, data={"dir": run.data_dir, **data_of(run)}, log_bytes=log_bytes)
     run.saved_step = run.step
     seconds = time.time() - t0
     if run.ddp and seconds > 10 and not run.warned_slow_save:
@@ -892,6 +886,13 @@ def save_checkpoint(run):
                 "before it (see --save-every)")
 
 
+def save_run_file(run, path, **extra):
+    """best.pt, step{N}.pt, checkpoint.pt: the model, its tokenizer, flags and count models."""
+    with write_errors(path):  # save_model writes its own temp file, then renames it
+        save_model(path, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
+                   args=vars(run.args), count_models=run.count_models, **extra)
+
+
 def log_json(run, record):  # a line of log.jsonl, by the master, with the time
     if run.master:
         with write_errors(run.log_path), open(run.log_path, "a") as f:
@@ -899,16 +900,13 @@ def log_json(run, record):  # a line of log.jsonl, by the master, with the time
 
 
 def evaluate(run):
-    """The dev perplexities; best.pt when English improves (§3.1), step{N}.pt; -> all finite (else
-    nothing saved)."""
+    """The dev perplexities; best.pt when English improves (§3.1), step{N}.pt; -> all finite."""
     args = run.args
     en = run.langs[0]
     finite = True
     if run.master:
-        ppl = {}
-        for j, lang in enumerate(run.langs):
-            ppl[lang] = evaluate_ppl(run.raw_model, run.dev_ids[j], j, run.vocab_sizes[j],
-                                     args.bptt, run.device, run.amp)
+        ppl = {lang: evaluate_ppl(run.raw_model, run.dev_ids[j], j, run.vocab_sizes[j], args.bptt,
+                                  run.device, run.amp) for j, lang in enumerate(run.langs)}
         finite = all(math.isfinite(v) for v in ppl.values())
         improved = finite and ppl[en] < run.best_ppl
         # on the unigram plateau: not below the left-bigram count model (README "Stalls")
@@ -928,11 +926,8 @@ def evaluate(run):
         if finite and run.step in args.snapshots:
             names.append(f"step{run.step}.pt")
         for name in names:
-            path = os.path.join(args.out, name)
-            with write_errors(path):  # save_model writes its own temp file, then renames it
-                save_model(path, run.raw_model, tokenizer=run.tok.to_dict(), langs=run.langs,
-                           args=vars(args), step=run.step, dev_ppl=ppl,
-                           count_ppl=run.count_models, count_models=run.count_models)
+            save_run_file(run, join(args.out, name), step=run.step, dev_ppl=ppl,
+                          count_ppl=run.count_models)
     if run.ddp:  # the master's verdict: every rank stops after the same update
         flag = torch.tensor([float(not finite)], device=run.device)
         dist.all_reduce(flag)
@@ -943,21 +938,20 @@ def evaluate(run):
 # setup: device, data (the toy world, bpe.prepare), model and optimizer, DDP; then main
 
 def write_toy_world(args, langs, master):
-    """The master writes OUT/toy once (OUT/toy.json: its knobs; other ones need --overwrite); the
-    other ranks wait."""
+    """The master writes OUT/toy once (OUT/toy.json: its knobs); the other ranks wait."""
     knobs = {"langs": langs if len(langs) > 1 else ["en", "fr"], **TOY_SIZES[args.toy_size]}
     for k in ("overlap", "order", "domain_shift", "cyrillic", "seed"):
         knobs[k] = getattr(args, f"toy_{k}")
-    record = os.path.join(args.out, "toy.json")
+    record = join(args.out, "toy.json")
 
     def read():
-        return json.loads(open(record).read()) if os.path.exists(record) else None
+        return json.load(open(record)) if exists(record) else None
 
     if master and read() not in (None, knobs):
         if not args.overwrite:
             raise InputError(f"{args.data} was written with other --toy-* flags; add "
                              "--overwrite, or use another --out")
-        for d in (args.data, os.path.join(args.out, "data")):  # the old world, its prepared data
+        for d in (args.data, join(args.out, "data")):  # the old world, its prepared data
             shutil.rmtree(d, ignore_errors=True)
     if master and read() != knobs:
         print(f"writing the toy world to {args.data}")
@@ -971,54 +965,22 @@ def write_toy_world(args, langs, master):
         time.sleep(2)
 
 
-OVERLAP = ("the dev perplexity, and best.pt chosen on it, would measure what is trained on; give "
-           "another dev set, or --allow-overlap if it is meant")
-
-
-def dev_lines_in_train(train_path, dev_path):
-    """-> (how many dev lines are training lines, dev lines), both normalised: whitespace
-    collapsed, Unicode NFC (a copy that differs only in spacing or in how its accents are
-    encoded is still the training text)."""
-    def normal(line):
-        return unicodedata.normalize("NFC", " ".join(line.split()))
-
-    dev = [normal(line) for line in read_text(dev_path) if line.strip()]
-    wanted = set(dev)
-    found = set()
-    for line in read_text(train_path):
-        key = normal(line)
-        if key in wanted:
-            found.add(key)
-    return sum(key in found for key in dev), len(dev)
-
-
 def load_data(run):
     args = run.args
     langs = run.langs
     files = None
     if args.train_files:
         files = {l: {"train": args.train_files[l], "dev": args.dev_files[l]} for l in langs}
-    # --dev-files that are mostly training lines: refused before any work; a few: counted
-    if run.master and files:
-        for l in langs:
-            shared, n_dev = dev_lines_in_train(files[l]["train"], files[l]["dev"])
-            mostly = "" if shared == n_dev else "mostly "
-            if shared > n_dev / 2 and not args.allow_overlap:
-                raise InputError(f"the {l} dev set is {mostly}its training text ({shared} of its "
-                                 f"{n_dev} lines are training lines, whitespace collapsed, "
-                                 f"Unicode NFC): {OVERLAP}")
-            if shared:
-                run.log(f"note: {shared} of the {n_dev} {l} dev lines are training lines too "
-                        "(whitespace collapsed, Unicode NFC)")
     run.data_dir = prepare(langs, args.prep_dir, args.data, files, mode=args.bpe,
                            merges=args.merges, separate_vocab=args.sep_tok,
                            lowercase=args.lowercase, seed=args.seed, code_switch=args.code_switch,
-                           workers=args.workers, master=run.master)
+                           workers=args.workers, master=run.master,
+                           allow_overlap=args.allow_overlap)
     try:
-        run.tok = Tokenizer.load(os.path.join(run.data_dir, "tokenizer.json"))
-        train = [load_bin(os.path.join(run.data_dir, f"{l}.train")) for l in langs]
+        run.tok = Tokenizer.load(join(run.data_dir, "tokenizer.json"))
+        train = [load_bin(join(run.data_dir, f"{l}.train")) for l in langs]
         run.train_ids = [ids for ids, _ in train]
-        run.dev_ids = [load_bin(os.path.join(run.data_dir, f"{l}.dev"))[0] for l in langs]
+        run.dev_ids = [load_bin(join(run.data_dir, f"{l}.dev"))[0] for l in langs]
         run.vocab_sizes = [run.tok.vocab_size(l) for l in langs]
     except (OSError, ValueError, KeyError) as e:  # KeyError: a tokenizer without one of --langs
         raise InputError(f"cannot read the prepared data in {run.data_dir}: {e}") from None
@@ -1026,7 +988,9 @@ def load_data(run):
     smallest, lang = min(zip(run.n_tokens, langs))
     same = [l for l, t, d in zip(langs, run.train_ids, run.dev_ids) if np.array_equal(t, d)]
     if same and not args.allow_overlap:  # --dev-files equal to --train-files, or copies in --data
-        raise InputError(f"the {same[0]} dev set is its training text: {OVERLAP}")
+        raise InputError(f"the {same[0]} dev set is its training text: the dev perplexity, and "
+                         "best.pt chosen on it, would measure what is trained on; give another dev "
+                         "set, or --allow-overlap if it is meant")
     if args.batch_size * args.bptt > smallest:  # every batch mostly `</s>` (a 10^9 typo: no memory)
         raise InputError(f"--batch-size {args.batch_size} x --bptt {args.bptt} is more than the "
                          f"{lang} training data ({smallest} tokens); lower --batch-size")
@@ -1041,10 +1005,28 @@ def build_adam(params, lr, device_type):
     return torch.optim.Adam(params, lr=lr, fused=fused, **ADAM)
 
 
-def build(run, dtype):
-    """Model (alike on every rank), Adam, autocast (and a GradScaler for fp16); per-rank masking
-    and dropout seeds."""
+def setup(run, argv):
     args = run.args
+    # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
+    local_rank = int(os.environ["LOCAL_RANK"]) if run.ddp else None
+    run.device, dtype, backend = pick_device(args.device, args.dtype, local_rank)
+    if run.device_type == "cuda":
+        torch.cuda.set_device(run.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run.stop = StopSignal(lambda: how_to_go_on(run, argv))
+    found = run_files(args.out)
+    if found and not (args.resume or args.overwrite):
+        resume = "--resume to continue it, " if "checkpoint.pt" in found else ""
+        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass "
+                         f"{resume}--overwrite to start again, or another --out")
+    ckpt = None
+    if args.resume:
+        ckpt, changed = read_checkpoint(run.ckpt_path, args, argv)
+    if args.toy_world:
+        write_toy_world(args, run.langs, run.master)
+    load_data(run)
+    # the model (alike on every rank), Adam, autocast, GradScaler; per-rank masking, dropout seeds
     torch.manual_seed(args.seed)
     shape = {k: getattr(args, k) for k in ("n_layers", "n_heads", "dim", "ffn_dim", "dropout",
                                            "attention_dropout", "lang_emb", "sep_emb", "sep_tok",
@@ -1060,64 +1042,38 @@ def build(run, dtype):
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=(dtype == "float16"))
     run.mask_rng = torch.Generator().manual_seed(args.seed * 1000 + run.rank + 1)
     torch.manual_seed(args.seed * 1000 + run.rank + 2)
-
-
-def setup(args, argv):
-    run = Run(args=args, langs=args.langs.split(","), rank=int(os.environ.get("RANK", 0)),
-              world_size=int(os.environ.get("WORLD_SIZE", 1)), ddp="RANK" in os.environ)
-    # "cuda" -> "cuda:LOCAL_RANK" (or cuda:0): set_device and DDP need the index
-    local_rank = int(os.environ["LOCAL_RANK"]) if run.ddp else None
-    run.device, dtype, backend = pick_device(args.device, args.dtype, local_rank)
-    if run.device_type == "cuda":
-        torch.cuda.set_device(run.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    run.stop = StopSignal(lambda: how_to_go_on(run.ckpt_path, run.saved_step, argv))
-    found = run_files(args.out)
-    if found and not (args.resume or args.overwrite):
-        resume = "--resume to continue it, " if "checkpoint.pt" in found else ""
-        raise InputError(f"--out {args.out} holds {', '.join(found)} of an earlier run; pass "
-                         f"{resume}--overwrite to start again, or another --out")
-    ckpt = None
-    if args.resume:
-        ckpt, changed = read_checkpoint(run.ckpt_path, args, argv)
-    if args.toy_world:
-        write_toy_world(args, run.langs, run.master)
-    load_data(run)
-    build(run, dtype)
     if ckpt:
         restore_checkpoint(run, ckpt)
-        resumed = f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.current_epoch}"
-        if changed:
-            resumed += f" ({changed})"
-        run.log(resumed)
+        run.log(f"resumed from {run.ckpt_path} at step {run.step}, epoch {run.current_epoch}"
+                f"{changed}")
         # --snapshots at updates passed without their file: they can no longer be written
         missed = [f"step{n}.pt" for n in args.snapshots
-                  if n <= run.step and not os.path.exists(os.path.join(args.out, f"step{n}.pt"))]
+                  if n <= run.step and f"step{n}.pt" not in found]
         if missed:
             run.log(f"note: --snapshots: {run.ckpt_path} is at step {run.step}; "
                     f"{', '.join(missed)} can no longer be written")
     if run.master and args.overwrite:  # a new run: no file of the earlier one is mixed in
         for name in found:
-            os.remove(os.path.join(args.out, name))
+            os.remove(join(args.out, name))
     # the flags of this run; the count models of its dev sets (the plateau's measure)
     if run.master:
-        args_json = json.dumps(vars(args), indent=1)
-        atomic_write(os.path.join(args.out, "args.json"), lambda tmp: write_text(tmp, args_json))
+        args_path = join(args.out, "args.json")
+        with write_errors(args_path):  # write_text: a temp file, then renamed
+            write_text(args_path, json.dumps(vars(args), indent=1))
         run.count_models = {}
         for l, t, d in zip(run.langs, run.train_ids, run.dev_ids):
-            run.count_models[l] = dict(zip(("unigram", "left", "both"), count_baselines(t, d)))
-            c = run.count_models[l]
+            c = dict(zip(("unigram", "left", "both"), count_baselines(t, d)))
+            run.count_models[l] = c
             run.log(f"count models of the dev set ({l}): unigram {c['unigram']:.1f}, left bigram "
                     f"{c['left']:.1f}, both neighbours {c['both']:.1f}")
     if run.ddp:  # the other ranks wait for the master's evaluation and checkpoint in a collective
-        dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
+        # the other ranks wait while the master evaluates and saves (NCCL's 10 minutes: too short)
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=60))
         device_ids = [local_rank] if run.device_type == "cuda" else None
         run.ddp_model = DDP(run.raw_model, device_ids=device_ids)
         run.model = run.ddp_model
-        # DDP's gradient buckets follow the order of its first backward (--sep: the language
-        # drawn); one of language 0 on <s> <s> (eval: no RNG; gradients dropped) fixes it, so a
-        # resumed run sums the ranks' gradients alike
+        # DDP's gradient buckets follow its first backward (--sep: the language drawn): one of
+        # language 0 on <s> <s> (no RNG, gradients dropped) fixes them for a resumed run too
         x = torch.zeros((1, 2), dtype=torch.long, device=run.device)
         run.raw_model.eval()
         (run.ddp_model(x, 0, x)[1] + zero_term(run.raw_model, 0)).backward()
@@ -1128,11 +1084,9 @@ def setup(args, argv):
     run.log(f"languages {run.langs} (sampling p = {np.round(run.sampler.probs, 3).tolist()}), "
             f"vocab sizes {run.vocab_sizes}, train tokens {run.n_tokens}\n"
             f"model: {sum(p.numel() for p in run.params):,} parameters, sep={args.sep or 'none'}, "
-            f"bpe={args.bpe}, dtype {dtype}, device {run.device}; {run.tokens_per_update:,} "
-            "tokens per update "
-            f"({args.batch_size} streams x {args.bptt} x {args.accumulate} accumulation x "
-            f"{run.world_size} processes)")
-    return run
+            f"bpe={args.bpe}, dtype {dtype}, device {run.device}; {run.tokens_per_update:,} tokens "
+            f"per update ({args.batch_size} streams x {args.bptt} x {args.accumulate} accumulation"
+            f" x {run.world_size} processes)")
 
 
 def say_verdict(run):
@@ -1162,9 +1116,10 @@ def main(argv=None):
     # a bad input: one `error: ...` line (a flag's: after the usage line, code 2)
     with reported(parser):
         args = get_args(argv, parser)
-        master = int(os.environ.get("RANK", 0)) == 0
-        with locked(args.out, "pretrain.py", [args.prep_dir], master):
-            run = setup(args, argv)
+        run = Run(args=args, langs=args.langs.split(","), rank=int(os.environ.get("RANK", 0)),
+                  world_size=int(os.environ.get("WORLD_SIZE", 1)), ddp="RANK" in os.environ)
+        with locked(args.out, "pretrain.py", [args.prep_dir], run.master):
+            setup(run, argv)
             ending = train(run)
     for sig, handler in run.stop.old.items():  # the handlers from before the run
         signal.signal(sig, handler)
@@ -1179,24 +1134,22 @@ def main(argv=None):
         dist.destroy_process_group()
         odd = [r for r, d in enumerate(digests) if d != digests[0]]
         if odd:
-            message = f"error: ranks {odd} hold other weights than rank 0"
-            raise SystemExit(message if run.master else 1)
+            raise SystemExit(f"error: ranks {odd} hold other weights than rank 0" if run.master
+                             else 1)
         run.log(f"ranks agree: the {run.world_size} processes hold the same weights")
     if ending.signum:
         run.log(f"stopped by {ending.by} after step {run.step}: saved {run.ckpt_path}; to go on, "
                 f"run {command(argv, '--resume')}", file=sys.stderr)
         sys.exit(128 + ending.signum)  # the shell's code for a process ended by that signal
     if ending.diverged:
-        advice = how_to_go_on(run.ckpt_path, run.saved_step, argv, lr=run.args.lr / 2)
+        advice = how_to_go_on(run, argv, lr=args.lr / 2)
         raise SystemExit(f"error: {ending.diverged}; {advice}" if run.master else 1)
     if run.master:
         say_verdict(run)
-    out = run.args.out
-    inputs = [f for f in ("args.json", "toy.json", "toy/", "data/")
-              if os.path.exists(os.path.join(out, f))]
-    files = ", ".join(inputs + run_files(out))
+    inputs = [f for f in ("args.json", "toy.json", "toy/", "data/") if exists(join(args.out, f))]
+    files = ", ".join(inputs + run_files(args.out))
     run.log(f"done: {ending.by} reached at step {run.step}, epoch {run.current_epoch}, in "
-            f"{timedelta(seconds=round(time.time() - t0))}; {files} in {out}")
+            f"{timedelta(seconds=round(time.time() - t0))}; {files} in {args.out}")
 
 
 if __name__ == "__main__":

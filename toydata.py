@@ -2,46 +2,37 @@
 
 The paper (Conneau et al., ACL 2020, §3-§5) pretrains bilingual MLMs on Wikipedia and evaluates
 zero-shot transfer on XNLI, WikiAnn NER and UD parsing, plus word/sentence alignment against MUSE
-dictionaries and Tatoeba. This file builds a small stand-in world whose ground truth is known, in
-those formats (write_world):
-
-- one language-independent meaning space: noun concepts in semantic groups, named entities typed
-  PER/LOC/ORG (often several tokens), verbs with selectional restrictions (each verb picks the
-  groups of its subject and object and the prepositions of its obliques), adjectives that fit noun
-  groups, prepositions that link groups, adverbs, determiners; Zipfian frequencies inside every
-  class and a few topics that reweight the content words;
-- a small probabilistic grammar that samples a dependency tree over concepts (UPOS + universal
-  deprels);
-- each of the two languages renders each concept with its own pronounceable random word form (its
-  own letters, Cyrillic on request) and linearises the tree with its own word order (`--order`),
-  so vocabularies are disjoint unless `--overlap` makes a fraction of the forms identical (anchor
-  points, paper §4.2), and the two languages only share *statistics* (they are isomorphic), the
-  situation the paper studies;
+and Tatoeba. This file builds a stand-in world whose ground truth is known, in those formats:
+- one language-independent meaning space: nouns in semantic groups, named entities (PER/LOC/ORG,
+  often several tokens), verbs with selectional restrictions, adjectives fitting noun groups,
+  prepositions, adverbs, determiners; Zipfian frequencies, a few topics reweight content words;
+- a small probabilistic grammar samples a dependency tree over concepts (UPOS, universal deprels);
+- each language renders each concept as its own pronounceable random word (its own letters,
+  Cyrillic on request) in its own order (`--order`): vocabularies are disjoint unless `--overlap`
+  makes some forms identical (anchors, §4.2); the languages share only *statistics* (isomorphic);
 - `--domain-shift` gives each language its own topic mix (domain similarity, paper §4.1).
-
-Run:
-    python toydata.py --out out/toy                           # en + fr, disjoint vocabularies
-    python toydata.py --out out/toy2 --overlap 0.3 --order sov-na --domain-shift 0.5 --cyrillic
-    python toydata.py --out out/tiny --size tiny                # the tests' small world
+Run: python toydata.py --out out/toy  (en + fr, disjoint vocabularies; --size tiny: the tests')
+     python toydata.py --out out/toy2 --overlap 0.3 --order sov-na --domain-shift 0.5 --cyrillic
 """
 import argparse
 import bisect
 import collections
+import contextlib
+import fcntl
 import functools
 import json
 import os
 import random
 import re
 import shutil
+import signal
 import time
 
 import numpy as np
 
 
 class InputError(ValueError):
-    """A bad argument, the whole message (code 2: a flag's usage error). bpe.py's InputError's twin:
-    toydata.py imports no project file, so that it copies alone."""
-
+    """A bad argument, the whole message (code 2: a flag's usage error); bpe.py's, copied."""
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
@@ -49,55 +40,49 @@ class InputError(ValueError):
 
 # -----------------------------------------------------------------------------
 # The meaning space: semantic groups, verb frames, prepositions (language independent)
-
-GROUPS = ("person", "animal", "food", "plant", "tool", "vehicle", "building", "place",
-          "organisation", "document", "event", "material")
+GROUPS = tuple("person animal food plant tool vehicle building place organisation document event "
+               "material".split())
 ENTITY_GROUP = {"PER": "person", "LOC": "place", "ORG": "organisation"}
 
-# preposition: (groups of its object, groups of the nouns it may modify as nmod)
-PREPOSITIONS = {
-    "in":    (("place", "building", "vehicle", "organisation", "event"),
-              ("person", "animal", "food", "plant", "tool", "document")),
-    "with":  (("person", "animal", "tool", "material"), ("person", "food", "building", "vehicle")),
-    "for":   (("person", "organisation", "event", "animal"),
-              ("food", "tool", "document", "building")),
-    "to":    (("place", "building", "person", "organisation"), ("document", "vehicle")),
-    "from":  (("place", "organisation", "building"),
-              ("person", "food", "document", "material", "animal")),
-    "near":  (("place", "building", "plant"), ("building", "place", "animal")),
-    "about": (("person", "event", "place", "organisation", "animal", "plant"),
-              ("document", "event")),
-    "of":    (("material",), ("tool", "building", "vehicle")),
-    "at":    (("event", "building", "place"), ("person", "organisation")),
-}
 
-# verb class: (subject groups, object groups (empty = intransitive), prepositions of its obliques)
-VERB_CLASSES = {
-    "consume":  (("person", "animal"), ("food", "plant"), ("in", "with", "near")),
-    "make":     (("person", "organisation"), ("tool", "vehicle", "building", "document", "food"),
-                 ("for", "with", "in")),
-    "move":     (("person", "animal", "vehicle"), (), ("to", "from", "in", "near")),
-    "visit":    (("person", "organisation"), ("place", "building", "event", "organisation"),
-                 ("with", "for", "at")),
-    "tell":     (("person", "organisation"), ("document", "event"), ("to", "about", "for", "at")),
-    "meet":     (("person", "organisation"), ("person", "organisation", "animal"),
-                 ("in", "at", "near")),
-    "use":      (("person", "organisation"), ("tool", "vehicle", "material"), ("for", "in", "at")),
-    "grow":     (("plant", "animal"), (), ("in", "near")),
-    "trade":    (("person", "organisation"),
-                 ("building", "vehicle", "tool", "animal", "material", "document"),
-                 ("from", "for", "to")),
-    "happen":   (("event",), (), ("in", "near", "at")),
-    "perceive": (("person", "animal"),
-                 ("animal", "food", "plant", "vehicle", "building", "person", "event"),
-                 ("in", "near", "from")),
-    "shape":    (("person", "organisation"), ("material", "plant", "food"), ("with", "in", "for")),
-}
+def _table(text):
+    """Lines 'key: a b | c' -> {key: (("a", "b"), ("c",))} (an empty part: ())."""
+    rows = (line.split(":") for line in text.strip().splitlines())
+    return {key: tuple(tuple(part.split()) for part in parts.split("|")) for key, parts in rows}
 
-# fixed weights, like the/a/this/every
-DETERMINERS = {"def": 0.5, "indef": 0.3, "dem": 0.12, "quant": 0.08}
 
-# universal POS tags
+# preposition: groups of its object | groups of the nouns it may modify as nmod
+PREPOSITIONS = _table("""
+in: place building vehicle organisation event | person animal food plant tool document
+with: person animal tool material | person food building vehicle
+for: person organisation event animal | food tool document building
+to: place building person organisation | document vehicle
+from: place organisation building | person food document material animal
+near: place building plant | building place animal
+about: person event place organisation animal plant | document event
+of: material | tool building vehicle
+at: event building place | person organisation
+""")
+
+# verb class: subject groups | object groups (none: intransitive) | prepositions of its obliques
+VERB_CLASSES = _table("""
+consume: person animal | food plant | in with near
+make: person organisation | tool vehicle building document food | for with in
+move: person animal vehicle | | to from in near
+visit: person organisation | place building event organisation | with for at
+tell: person organisation | document event | to about for at
+meet: person organisation | person organisation animal | in at near
+use: person organisation | tool vehicle material | for in at
+grow: plant animal | | in near
+trade: person organisation | building vehicle tool animal material document | from for to
+happen: event | | in near at
+perceive: person animal | animal food plant vehicle building person event | in near from
+shape: person organisation | material plant food | with in for
+""")
+
+DETERMINERS = {"def": 0.5, "indef": 0.3, "dem": 0.12, "quant": 0.08}  # the/a/this/every
+
+# the universal POS tags of the kinds
 KIND_UPOS = {"noun": "NOUN", "name": "PROPN", "verb": "VERB", "adj": "ADJ", "adv": "ADV",
              "adp": "ADP", "det": "DET", "punct": "PUNCT"}
 CONTENT_KINDS = ("noun", "name", "verb", "adj", "adv")
@@ -106,57 +91,40 @@ ZIPF_A = 1.0  # weight of rank r (1-based) inside a class = 1 / r^ZIPF_A
 N_TOPICS = 6
 TOPIC_BOOST = 8.0  # a word of topic t is this much likelier about t
 ENTITY_SHARE = 0.4  # entities' mass, relative to their groups' nouns
-
-# grammar probabilities
-P_DET = 0.8
-P_AMOD = 0.35
-P_AMOD2 = 0.1
-P_NMOD = 0.15
-P_OBL = 0.4
-P_ADV = 0.12
+# grammar probabilities: a determiner, an adjective, a second one, an nmod, an oblique, an adverb
+P_DET, P_AMOD, P_AMOD2, P_NMOD, P_OBL, P_ADV = 0.8, 0.35, 0.1, 0.15, 0.4, 0.12
 
 
 def _zipf(n, rng):
-    """Zipfian weights for n items, ranks in random order: the shared 'frequency' of the
-    meanings."""
+    """Zipfian weights for n items, ranks in random order: the meanings' shared 'frequency'."""
     return (1.0 / (rng.permutation(n) + 1) ** ZIPF_A).tolist()
 
 
 class World:
     """The concept inventory. Concepts are ints, each with a kind, a name, a weight and a topic;
-    entities are tuples of name-part concepts (e.g. given name + surname) with a type PER/LOC/ORG.
-    `scale` multiplies every open class (the counts below, name parts too); the closed classes
-    (prepositions, determiners, place prefixes, organisation suffixes) and the grammar stay as
-    they are."""
-
+    entities are tuples of name-part concepts (given name + surname) typed PER/LOC/ORG. `scale`
+    multiplies every open class (name parts too); closed classes and grammar stay."""
     def __init__(self, seed=0, scale=1):
         nouns_per_group = 36 * scale
         verbs_per_class = 12 * scale
         n_adj = 120 * scale
         n_adv = 24 * scale
-        n_per = 120 * scale  # entities of each type
-        n_loc = 80 * scale
-        n_org = 60 * scale
+        n_per, n_loc, n_org = 120 * scale, 80 * scale, 60 * scale  # entities of each type
         rng = np.random.default_rng([seed, 1])
         self.kind = []
         self.name = []
         self.weight = []
         self.topic = []
-
         def add(kind, name, weight, topic=-1):  # a new concept
             self.kind.append(kind)
             self.name.append(name)
             self.weight.append(weight)
             self.topic.append(topic)
             return len(self.kind) - 1
-
         topics = lambda n: rng.integers(N_TOPICS, size=n).tolist()  # n random topics
-
         def pick(names, p=1.0):  # one of names with probability p, else nothing
             return (int(rng.choice(names)),) if p == 1.0 or rng.random() < p else ()
-
-        # nouns: the first noun of a group is its hypernym ("animal"), which the NLI task never
-        # swaps; it is a frequent word of its group (rank 3)
+        # nouns: a group's first is its hypernym ("animal", rank 3), which NLI never swaps
         self.group_nouns = {}
         self.noun_group = {}
         for g in GROUPS:
@@ -168,9 +136,7 @@ class World:
             self.group_nouns[g] = ids
             self.noun_group.update(dict.fromkeys(ids, g))
         self.hypernyms = {ids[0] for ids in self.group_nouns.values()}
-
-        # verbs in antonym pairs (+/-); both members of a pair share one frame (perturbed from
-        # the class frame)
+        # verbs in antonym pairs (+/-); both share one frame (perturbed from the class frame)
         self.verb_frame = {}
         for vc, (subj, obj, obl) in VERB_CLASSES.items():
             w = _zipf(verbs_per_class, rng)
@@ -178,11 +144,9 @@ class World:
                 s = tuple(g for g in subj if len(subj) == 1 or rng.random() > 0.25) or subj[:1]
                 o = tuple(g for g in obj if rng.random() > 0.3) or obj[:1]
                 t = int(rng.integers(N_TOPICS))
-                # the pair's two verbs: rank 2p is +, rank 2p + 1 is -
-                for k, sign in enumerate("+-", 2 * p):
+                for k, sign in enumerate("+-", 2 * p):  # rank 2p is +, rank 2p + 1 is -
                     v = add("verb", f"{vc}.{p:02d}{sign}", w[k], t)
                     self.verb_frame[v] = (s, o, obl, vc)
-
         # adjectives: each fits 1-3 noun groups (a few fit all); every group gets some
         self.group_adjs = {g: [] for g in GROUPS}
         w = _zipf(n_adj, rng)
@@ -193,13 +157,11 @@ class World:
                    else rng.choice(GROUPS, size=int(rng.integers(1, 4)), replace=False))
             for g in fit:
                 self.group_adjs[g].append(c)
-        # guarantee a handful of adjectives per group
-        for g in GROUPS:
+        for g in GROUPS:  # a handful of adjectives per group at least
             while len(self.group_adjs[g]) < 6:
                 c = add("adj", f"adj.{g}.{len(self.group_adjs[g])}", 0.05,
                         int(rng.integers(N_TOPICS)))
                 self.group_adjs[g].append(c)
-
         w = _zipf(n_adv, rng)
         t = topics(n_adv)
         self.advs = [add("adv", f"adv.{i:02d}", w[i], t[i]) for i in range(n_adv)]
@@ -207,7 +169,6 @@ class World:
         self.preps = {p: add("adp", p, w[i]) for i, p in enumerate(PREPOSITIONS)}
         self.dets = [add("det", d, wt) for d, wt in DETERMINERS.items()]
         self.punct = add("punct", ".", 1.0)
-
         # named entities: tuples of name parts; multi-word ones give B- and I- tags
         parts = lambda prefix, n: [add("name", f"{prefix}.{i:02d}", 1.0) for i in range(n)]
         given = parts("PER.given", 50 * scale)
@@ -238,31 +199,23 @@ class World:
             for c in p:
                 self.weight[c] += self.entity_weight[i]
         self.n_concepts = len(self.kind)
-        self._cdfs = {}  # slot key -> topic -> (items, cumulative weights)
-        # the grammar's slot keys
+        self._cdfs = {}  # slot key -> topic -> (items, cdf); then the keys
         self.np_key = {p: "np:" + ",".join(obj) for p, (obj, _) in PREPOSITIONS.items()}
-        self.nmod_key = {g: "prep:" + ",".join(p for p, (_, mod) in PREPOSITIONS.items()
-                                               if g in mod)
-                         for g in GROUPS}
+        preps_of = lambda g: [p for p, (_, mod) in PREPOSITIONS.items() if g in mod]
+        self.nmod_key = {g: "prep:" + ",".join(preps_of(g)) for g in GROUPS}
         self.frame_keys = {v: ("np:" + ",".join(s), "np:" + ",".join(o) if o else None,
                                "prep:" + ",".join(obl))
                            for v, (s, o, obl, _) in self.verb_frame.items()}
-
     def draw(self, rng, key, topic=-1):
         """One item of slot `key` (e.g. 'np:person,animal') by Zipf weight x topic boost (topic
-        -1: none), entities as -(e + 1): a bisect into cumulative weights cached per key and topic
-        (string keys: Python caches the hash)."""
+        -1: none), entities as -(e + 1): a bisect into cumulative weights cached per key, topic."""
         try:
             items, cdf = self._cdfs[key][topic]
         except KeyError:
             kind, _, arg = key.partition(":")
             args = arg.split(",")
-            if kind == "verb":
-                items = list(self.verb_frame)
-            elif kind == "adv":
-                items = self.advs
-            elif kind == "det":
-                items = self.dets
+            if kind in ("verb", "adv", "det"):
+                items = {"verb": list(self.verb_frame), "adv": self.advs, "det": self.dets}[kind]
             elif kind == "adj":  # the adjectives that fit one group
                 items = self.group_adjs[arg]
             elif kind == "noun":  # common nouns of one group, hypernym excluded
@@ -273,8 +226,7 @@ class World:
                 items = [c for g in args for c in self.group_nouns[g]]
                 items += [-(e + 1) for e, (t, _) in enumerate(self.entities)
                           if ENTITY_GROUP[t] in args]
-            # 'entity:TYPE,LENGTH': entities of one type and length (NLI argument changes)
-            else:
+            else:  # 'entity:TYPE,LENGTH' (NLI argument changes)
                 items = [-(e + 1) for e, (t, p) in enumerate(self.entities)
                          if t == args[0] and len(p) == int(args[1])]
             w = [self.entity_weight[-i - 1] if i < 0 else self.weight[i] for i in items]
@@ -287,12 +239,9 @@ class World:
 
 # -----------------------------------------------------------------------------
 # The grammar: a dependency tree over concepts, a list of nodes [concept, head, deprel] (head -1:
-# the root) in generation order, every dependent after its head. Each language chooses the surface
-# order later.
-
+# the root), every dependent after its head; each language chooses the surface order later.
 def add_np(world, rng, tree, key, head, rel, prep=None, topic=-1, depth=0):
-    """Append a noun phrase (or a named entity) for slot `key` ('np:g1,g2') to `tree`; returns its
-    index."""
+    """Append a noun phrase (or named entity) for slot `key` ('np:g1,g2') to `tree` -> its index."""
     item = world.draw(rng, key, topic)
     i = len(tree)
     # a named entity: its first part is the head, the rest attach as flat
@@ -321,15 +270,13 @@ def add_np(world, rng, tree, key, head, rel, prep=None, topic=-1, depth=0):
 
 
 def add_obl(world, rng, tree, topic=-1):
-    """Append an oblique (preposition + noun phrase) to the verb at node 0; the verb picks the
-    preposition."""
+    """Append an oblique (preposition + noun phrase) to the verb at node 0, its preposition."""
     p = world.name[world.draw(rng, world.frame_keys[tree[0][0]][2])]
     add_np(world, rng, tree, world.np_key[p], 0, "obl", p, topic)
 
 
 def sample_tree(world, rng, topic=-1):
-    """One sentence meaning: verb (root), subject, object if transitive, maybe an oblique and an
-    adverb."""
+    """One sentence meaning: verb (root), subject, object if transitive, maybe oblique, adverb."""
     v = world.draw(rng, "verb", topic)
     subj, obj, _ = world.frame_keys[v]
     tree = [[v, -1, "root"]]
@@ -345,9 +292,7 @@ def sample_tree(world, rng, topic=-1):
 
 
 # -----------------------------------------------------------------------------
-# Word order: each deprel goes before (-1) or after (+1) its head, with a priority (higher =
-# farther)
-
+# Word order: each deprel goes before (-1) or after (+1) its head, a priority (higher: farther)
 ORDER_RE = re.compile(r"^(svo|sov|vso|vos|osv|ovs)(?:-(an|na))?(?:-(pre|post))?$")
 ORDER_HELP = ("CLAUSE[-ADJ][-ADP]: CLAUSE svo/sov/vso/vos/osv/ovs, ADJ an (adjective first, "
               "default) or na, ADP pre (prepositions, default) or post (postpositions, genitive "
@@ -355,8 +300,7 @@ ORDER_HELP = ("CLAUSE[-ADJ][-ADP]: CLAUSE svo/sov/vso/vos/osv/ovs, ADJ an (adjec
 
 
 def parse_order(order):
-    """'sov-na-post' -> {deprel: (side, priority)}; an unknown order: InputError (a
-    ValueError)."""
+    """'sov-na-post' -> {deprel: (side, priority)}; an unknown order: InputError."""
     m = ORDER_RE.match(order or "")
     if not m:
         raise InputError(f"unknown order {order!r}; expected {ORDER_HELP}", 2)
@@ -379,17 +323,14 @@ def parse_order(order):
 @functools.lru_cache(maxsize=None)
 def linearize(shape, order):
     """Projective surface order (node indices) of a tree shape ((head, deprel) per node) in one
-    word order. Cached: a corpus has a few thousand shapes, whatever its words, which makes 100k
-    sentences cheap."""
+    word order; cached (a corpus has a few thousand shapes, whatever its words)."""
     rules = parse_order(order)
     deps = [[] for _ in shape]
     for i, (h, _) in enumerate(shape[1:], 1):
         deps[h].append(i)
     out = []
-
-    # the dependents before the head (side -1) farthest first, the head, then the dependents after
-    # it nearest first: one stable sort by side x priority, the head at -0.5 (a dependent before
-    # its head has a priority of at least 1)
+    # the dependents before the head (side -1) farthest first, the head, then those after it
+    # nearest first: one stable sort by side x priority, the head at -0.5 (priorities are >= 1)
     def visit(i):
         place = {d: rules[shape[d][1]][0] * rules[shape[d][1]][1] for d in deps[i]}
         place[i] = -0.5
@@ -404,7 +345,6 @@ def linearize(shape, order):
 
 # -----------------------------------------------------------------------------
 # Word forms: pronounceable random strings from a language-specific letter inventory
-
 # (onset consonants, vowels, final consonants) of a syllable
 LETTERS_L0 = ("ptkbdgmnlrsfwh", "aeiou", "nsrtl")
 LETTERS_L1 = ("bdfgjklmnprstvz", "aeiouéà", "rls")
@@ -413,11 +353,9 @@ FULL_STOPS = (".", "。")  # the full stop of the first and of the second langua
 
 
 def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
-    """forms[l][c] = the word form of concept c in language l (0 or 1), unique inside a language.
-    A random `overlap` fraction of the concepts keep language 0's form in language 1 (anchors);
-    all other forms differ between the languages. Frequent words are shorter (Zipf's law of
-    abbreviation). `name_overlap` (None: no special case) redraws the anchors among the entity
-    name parts alone; the other concepts keep the anchors `overlap` gave them."""
+    """forms[l][c]: concept c's word form in language l (0, 1), unique in a language; an `overlap`
+    fraction keep language 0's form (anchors; `name_overlap`: redrawn among entity name parts);
+    frequent words are shorter (Zipf's law of abbreviation)."""
     rng = np.random.default_rng([seed, 2])
     n = world.n_concepts
     shared = set(rng.choice(n, size=int(round(overlap * n)), replace=False).tolist())
@@ -443,8 +381,7 @@ def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
             elif k == "punct":
                 w = FULL_STOPS[li]
             else:
-                # syllables: 1 for function words, 2 for the frequent words, else 2 or 3 (3 with
-                # probability 0.5 for a name, 0.6 for another word)
+                # syllables: function words 1, frequent words 2, else 3 with p 0.5 (name), 0.6 or 2
                 if k in ("det", "adp"):
                     nsyl = 1
                 elif k == "name" or c not in frequent:
@@ -467,17 +404,12 @@ def make_lexicon(world, overlap=0.0, cyrillic=False, seed=0, name_overlap=None):
 
 
 # -----------------------------------------------------------------------------
-# NLI pairs: premise and hypothesis trees whose label follows from the meaning *and* from how the
-# two sentences line up, so that it rests on structure a shared encoder can carry to another
-# language (the words of the hypothesis against the words and roles of the premise), not on
-# single-word lexical relations (an antonym verb shares its frame with the verb, so an MLM cannot
-# tell the two apart). Entailment drops a modifier, neutral adds one, contradiction swaps subject
-# and object or changes an argument. Each edit gets a copy of the premise and returns the
-# hypothesis, or None where it does not apply.
-
-# the generator's order (example i gets LABELS[i % 3], so reordering changes the data);
-# finetune.py keeps XLM's ids (contradiction, neutral, entailment) by name: this file must copy
-# alone, so it does not import them
+# NLI pairs: the label follows from the meaning *and* from how premise and hypothesis line up
+# (structure a shared encoder carries across languages), not from single-word relations (an
+# antonym verb shares its verb's frame: an MLM cannot tell them apart). Entailment drops a
+# modifier, neutral adds one, contradiction swaps subject and object or changes an argument; an
+# edit gets a copy of the premise -> the hypothesis, or None where it does not apply.
+# the generator's order (example i gets LABELS[i % 3]); finetune.py maps them to XLM's ids by name
 LABELS = ("entailment", "neutral", "contradiction")
 
 
@@ -487,8 +419,7 @@ def _choice(rng, options):
 
 
 def _drop(world, rng, tree):
-    """Entailment: one modifier removed with its subtree (found in one pass: dependents come after
-    heads)."""
+    """Entailment: one modifier removed with its subtree (one pass: dependents follow heads)."""
     mods = [i for i, n in enumerate(tree) if n[2] in ("amod", "advmod", "nmod", "obl")]
     if not mods:
         return None
@@ -502,8 +433,7 @@ def _drop(world, rng, tree):
 
 
 def _add(world, rng, tree):
-    """Neutral: one modifier the tree does not state added (an adjective, an oblique or an
-    adverb)."""
+    """Neutral: one modifier the tree does not state added (an adjective, oblique or adverb)."""
     nouns = [i for i, n in enumerate(tree) if world.kind[n[0]] == "noun"]
     options = [r for r in ("obl", "advmod") if r not in {n[2] for n in tree}]  # not stated yet
     options = (["amod"] if nouns else []) + options
@@ -524,9 +454,8 @@ def _add(world, rng, tree):
 
 
 def _contradict(world, rng, tree):
-    """Contradiction: half the time subject and object swapped (with their modifiers: the same
-    words, other roles), else another noun of the same group or another entity of the same type as
-    subject or object."""
+    """Contradiction: half the time subject and object swapped (with their modifiers), else another
+    noun of the same group or another entity of the same type as subject or object."""
     if rng.random() < 0.5:
         roles = {n[2]: i for i, n in enumerate(tree) if n[1] == 0}
         if "nsubj" not in roles or "obj" not in roles:
@@ -569,13 +498,12 @@ def sample_nli(world, rng, label):
 
 def _new_concepts(p, h):
     """Concepts the hypothesis states that the premise does not (as a multiset difference)."""
-    return list((collections.Counter(n[0] for n in h)
-                 - collections.Counter(n[0] for n in p)).elements())
+    stated = collections.Counter(n[0] for n in h) - collections.Counter(n[0] for n in p)
+    return list(stated.elements())
 
 
 # -----------------------------------------------------------------------------
 # Sentences: trees sampled about a topic, rendered in one language
-
 def render(tree, forms, order):
     """(surface words, surface order) of a tree in one language."""
     ids = linearize(tuple((h, r) for _, h, r in tree), order)
@@ -583,8 +511,8 @@ def render(tree, forms, order):
 
 
 def _sample_trees(world, stream, n, mixture=None, need_entity=False):
-    """n trees, each about a topic drawn from `mixture` (None: no topic); need_entity keeps those
-    with a name. `stream` names the sample (e.g. '0/parallel'): it seeds its random.Random."""
+    """n trees about topics drawn from `mixture` (None: none), with a name if need_entity; `stream`
+    (e.g. '0/parallel') seeds its random.Random."""
     rng = random.Random(stream)
     cdf = np.cumsum(mixture).tolist() if mixture is not None else None
     trees = []
@@ -598,12 +526,9 @@ def _sample_trees(world, stream, n, mixture=None, need_entity=False):
 
 
 # =============================================================================
-# Below: write_world writes the world in the real data formats (as ../data: CoNLL-U, PAN-X, XNLI,
-# MUSE, Tatoeba); CLI
-
+# Below: write_world, the world in the real data formats (CoNLL-U, PAN-X, XNLI, MUSE, Tatoeba); CLI
 def conllu_block(world, tree, forms, order, sent_id):
-    words, ids = render(tree, forms, order)
-    # node -> 1-based position; the root's head is 0
+    words, ids = render(tree, forms, order)  # node -> 1-based position; the root's head is 0
     pos = {-1: 0} | {i: k + 1 for k, i in enumerate(ids)}
     rows = [f"{k + 1}\t{words[k]}\t{words[k]}\t{KIND_UPOS[world.kind[c]]}\t_\t_\t{pos[h]}\t"
             f"{rel}\t_\t_" for k, (c, h, rel) in enumerate(tree[i] for i in ids)]
@@ -622,54 +547,63 @@ def _write(out_dir, name, text):
     """out_dir/name (e.g. 'mono/en.train.txt') written atomically: never a half-written file."""
     path = os.path.join(out_dir, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    # bpe.atomic_path's write-then-rename, kept here: toydata.py must copy alone
-    tmp = path + ".tmp"
+    tmp = path + ".tmp"  # bpe.atomic_path's write-then-rename
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
-    # a full disk, Ctrl-C: no temporary file is left behind
-    except BaseException as e:
+    except BaseException as e:  # a full disk, Ctrl-C: no temporary file is left
         if os.path.exists(tmp):
             os.remove(tmp)
-        # it names `path` (a failed write names no file, a failed open the .tmp)
         if isinstance(e, OSError):
-            e.filename = path
+            e.filename = path  # not the .tmp, or no file at all
         raise
 
 
-# Sentences per file (--size; pretrain.py --toy-size): tiny for tests; paper: full, 1,000 task
-# train, 300 per test set. SIZE_KEYS: write_world's arguments and --help's names for them
+@contextlib.contextmanager
+def _locked(out_dir):
+    """One writer per folder: out_dir/.lock (its pid), held by flock while the world is written."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, ".lock"), "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise InputError(f"--out {out_dir} is in use by another toydata.py (pid "
+                             f"{f.read().strip()}); wait for it to end, or use another --out")
+        f.truncate(0)
+        print(os.getpid(), file=f, flush=True)
+        try:
+            yield
+        finally:
+            os.remove(f.name)
+
+
+# Sentences per file (--size; pretrain.py --toy-size), by write_world's arguments (--help's names)
 SIZE_KEYS = dict(n_train="mono train", n_dev="dev", n_test="test", n_parallel="parallel",
                  n_task_train="task train", n_task_eval="task dev/test", n_tatoeba="Tatoeba")
-SIZES = {"tiny": (400, 60, 60, 60, 60, 30, 60),
-         "small": (5000, 300, 300, 500, 500, 200, 300),
+SIZES = {"tiny": (400, 60, 60, 60, 60, 30, 60), "small": (5000, 300, 300, 500, 500, 200, 300),
          "full": (20000, 1000, 1000, 2000, 2000, 500, 1000),
          "paper": (20000, 1000, 1000, 2000, 1000, 300, 1000)}
 SIZES = {k: dict(zip(SIZE_KEYS, v)) for k, v in SIZES.items()}
-# what write_world writes (a folder ends in /; .tmp: a write cut short): --force replaces an --out
-# that holds nothing else
+# what write_world writes (a folder ends in /; .tmp: cut short): --force replaces nothing else
 WRITTEN = re.compile(r"(mono|dict|parallel|tatoeba|ner|ud|xnli)/|((mono|ner|ud|xnli)/\w+\."
                      r"(train|dev|test)\.(txt|tsv|conllu)|dict/\w+-\w+(\.train|\.test)?\.txt"
                      r"|(parallel/\w+-\w+\.train|tatoeba/tatoeba\.\w+-\w+)\.\w+"
-                     r"|world\.json)(\.tmp)?")
+                     r"|world\.json|\.lock)(\.tmp)?")
 
 
 def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_shift=0.0,
                 n_train=20000, n_dev=1000, n_test=1000, n_parallel=2000, n_task_train=2000,
                 n_task_eval=500, seed=0, cyrillic=False, n_tatoeba=1000, force=False,
                 name_overlap=None, scale=1):
-    """Generate the world and write every file under out_dir -> a summary dict. l0 of
-    langs = (l0, l1) is the source ("English": SVO, adjective before noun, prepositions), l1 has
-    the word order `order` (Cyrillic with `cyrillic`):
+    """Generate the world, write every file under out_dir -> a summary dict. langs = (l0, l1): l0
+    is the source ("English": SVO, adjective first, prepositions), l1 has the word order `order`:
         mono/{lang}.{train,dev,test}.txt           monolingual, sampled per language (not parallel)
         dict/{l0}-{l1}.txt, .train.txt, .test.txt  MUSE `src tgt`; train/test: distinct source words
-        parallel/{l0}-{l1}.train.{l0|l1}           parallel sentences (line i = line i); tatoeba/:
-                                                   the test pairs
-        {ner,ud,xnli}/{lang}.{train,dev,test}.*    tsv token<TAB>IOB2 tag; conllu; tsv
-                                                   premise<TAB>hypothesis<TAB>label
-        world.json                                 knobs, seed, vocabulary sizes, shared count
-                                                   (written last)"""
+        parallel/{l0}-{l1}.train.{l0|l1}, tatoeba/ parallel sentences (line i = line i); test pairs
+        {ner,ud,xnli}/{lang}.{train,dev,test}.*    token<TAB>IOB2; CoNLL-U; premise<TAB>hyp<TAB>lab
+        world.json                                 knobs, seed, vocabulary sizes (written last)"""
     t0 = time.time()
     # every bad argument is an InputError naming the flag of `python toydata.py`, before any write
     if not (len(set(langs)) == len(langs) == 2 and all(map(str.isalpha, langs))):
@@ -677,8 +611,8 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
                          "(bilingual models), e.g. en,fr", 2)
     if seed < 0:
         raise InputError(f"--seed must be >= 0, got {seed}", 2)
-    for name, v in [("overlap", overlap), ("domain_shift", domain_shift),
-                    ("name_overlap", name_overlap)]:
+    for name, v in (("overlap", overlap), ("domain_shift", domain_shift),
+                    ("name_overlap", name_overlap)):
         if v is not None and not 0.0 <= v <= 1.0:
             raise InputError(f"{name} must be in [0, 1], got {v}", 2)
     # drawing unique word forms slows as they crowd
@@ -692,103 +626,94 @@ def write_world(out_dir, langs=("en", "fr"), overlap=0.0, order="svo", domain_sh
     parse_order(order)
     world = World(seed, scale=scale)
     l0, l1 = langs
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        if not force:
-            raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it "
-                                  "(write_world: force=True)")
-        # a toy world only: every file and folder below out_dir is one this function writes, and
-        # none is a link (a mono/ that is a user's folder); else nothing is removed
-        for top, dirs, files in os.walk(out_dir):
-            for name in dirs + files:
-                path = os.path.join(top, name)
-                found = os.path.relpath(path, out_dir) + ("/" if name in dirs else "")
-                if os.path.islink(path) or not WRITTEN.fullmatch(found):
-                    raise FileExistsError(f"--force: {out_dir} is not a toy world (it holds "
-                                          f"{found}{', a link' if os.path.islink(path) else ''}); "
-                                          "nothing was removed")
-        # what an earlier run wrote (no old file mixes in), world.json first: a world cut short
-        # from here on has none (it is written last), so it reads as incomplete
-        for name in ("world.json", "mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli"):
-            path = os.path.join(out_dir, name)
-            if os.path.isfile(path):
-                os.remove(path)
-            shutil.rmtree(path, ignore_errors=True)  # a folder, if it exists
-
-    forms = make_lexicon(world, overlap, cyrillic, seed, name_overlap)
-    orders = ("svo", order)
-    sizes = {"train": n_train, "dev": n_dev, "test": n_test}
-    task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
-
-    sentence = lambda tree, li: " ".join(render(tree, forms[li], orders[li])[0])  # in language li
-    text = lambda trees, li: "".join(sentence(t, li) + "\n" for t in trees)  # a line per tree
-
-    # monolingual corpora: each language samples its own meanings with its own topic mix (domain
-    # similarity, paper §4.1): uniform at domain_shift 0, only the language's own topics at 1
-    for li, lang in enumerate(langs):
-        mix = np.full(N_TOPICS, (1 - domain_shift) / N_TOPICS)
-        mix[li::2] += domain_shift / (N_TOPICS // 2)  # own topics: l0 the even, l1 the odd ones
-        for split, n in sizes.items():
-            trees = _sample_trees(world, f"{seed}/mono/{lang}/{split}", n, mix)
-            _write(out_dir, f"mono/{lang}.{split}.txt", text(trees, li))
-
-    # the rest is the same meanings in both languages, sampled without a topic. The dictionary:
-    # one line per concept, most frequent first; its test split is 20 % of the content words
-    by_freq = sorted(range(world.n_concepts), key=lambda c: -world.weight[c])  # stable: ties by c
-    content = [c for c in by_freq if world.kind[c] in CONTENT_KINDS]
-    test_rng = np.random.default_rng([seed, 3])
-    test = set(test_rng.choice(content, size=len(content) // 5, replace=False).tolist())
-    parts = {"": by_freq, ".train": [c for c in by_freq if c not in test],
-             ".test": [c for c in by_freq if c in test]}
-    for part, concepts in parts.items():
-        _write(out_dir, f"dict/{l0}-{l1}{part}.txt",
-               "".join(f"{forms[0][c]} {forms[1][c]}\n" for c in concepts))
-    par = _sample_trees(world, f"{seed}/parallel", n_parallel)
-    tat = _sample_trees(world, f"{seed}/tatoeba", n_tatoeba)
-    for li, lang in enumerate(langs):
-        _write(out_dir, f"parallel/{l0}-{l1}.train.{lang}", text(par, li))
-        _write(out_dir, f"tatoeba/tatoeba.{l1}-{l0}.{lang}", text(tat, li))
-
-    # task sets: UD trees, NER (every sentence has an entity, as in PAN-X), NLI (balanced labels)
-    for split, n in task_sizes.items():
-        ud = _sample_trees(world, f"{seed}/ud/{split}", n)
-        ner = _sample_trees(world, f"{seed}/ner/{split}", n, need_entity=True)
-        rng = random.Random(f"{seed}/xnli/{split}")
-        labels = [LABELS[i % 3] for i in range(n)]
-        rng.shuffle(labels)
-        nli = [(sample_nli(world, rng, lab), lab) for lab in labels]
+    with _locked(out_dir):
+        if set(os.listdir(out_dir)) - {".lock"}:
+            if not force:
+                raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite it "
+                                      "(write_world: force=True)")
+            # a toy world only: all below out_dir is what this writes, no link (a user's mono/)
+            for top, dirs, files in os.walk(out_dir):
+                for name in dirs + files:
+                    path = os.path.join(top, name)
+                    found = os.path.relpath(path, out_dir) + ("/" if name in dirs else "")
+                    link = ", a link" if os.path.islink(path) else ""
+                    if link or not WRITTEN.fullmatch(found):
+                        raise FileExistsError(f"--force: {out_dir} is not a toy world (it holds "
+                                              f"{found}{link}); nothing was removed")
+            # world.json first: a world cut short from here on has none, so it reads as incomplete
+            for name in ("world.json", "mono", "dict", "parallel", "tatoeba", "ner", "ud", "xnli"):
+                path = os.path.join(out_dir, name)
+                if os.path.isfile(path):
+                    os.remove(path)
+                shutil.rmtree(path, ignore_errors=True)  # a folder, if it exists
+        forms = make_lexicon(world, overlap, cyrillic, seed, name_overlap)
+        orders = ("svo", order)
+        sizes = {"train": n_train, "dev": n_dev, "test": n_test}
+        task_sizes = {"train": n_task_train, "dev": n_task_eval, "test": n_task_eval}
+        # a tree in language li; trees, a line each
+        sentence = lambda tree, li: " ".join(render(tree, forms[li], orders[li])[0])
+        text = lambda trees, li: "".join(sentence(t, li) + "\n" for t in trees)
+        # monolingual corpora, each language's own topic mix (domain similarity, §4.1): uniform at
+        # domain_shift 0, only the language's own topics at 1
         for li, lang in enumerate(langs):
-            _write(out_dir, f"ud/{lang}.{split}.conllu",
-                   "".join(conllu_block(world, t, forms[li], orders[li], f"{split}-{k + 1}")
-                           for k, t in enumerate(ud)))
-            _write(out_dir, f"ner/{lang}.{split}.tsv",
-                   "".join(ner_block(world, t, forms[li], orders[li]) for t in ner))
-            _write(out_dir, f"xnli/{lang}.{split}.tsv",
-                   "".join(f"{sentence(p, li)}\t{sentence(h, li)}\t{lab}\n" for (p, h), lab in nli))
-
-    # world.json: no path or time in it, so that the same seed gives the same bytes
-    summary = dict(
-        langs=[l0, l1], seed=seed, overlap=overlap, order=order, domain_shift=domain_shift,
-        cyrillic=cyrillic,
-        sizes={"mono": sizes, "parallel": n_parallel, "tatoeba": n_tatoeba, "task": task_sizes},
-        n_concepts=world.n_concepts, n_entities=len(world.entities),
-        vocab_sizes={lang: len(set(forms[li])) for li, lang in enumerate(langs)},
-        shared=len(set(forms[0]) & set(forms[1])), dict_test_words=len(test))
-    # name_overlap and scale are recorded only when set, so that older worlds keep their bytes
-    if name_overlap is not None:
-        summary["name_overlap"] = name_overlap
-    if scale != 1:
-        summary["scale"] = scale
-    _write(out_dir, "world.json", json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+            mix = np.full(N_TOPICS, (1 - domain_shift) / N_TOPICS)
+            mix[li::2] += domain_shift / (N_TOPICS // 2)  # own topics: l0 the even, l1 the odd ones
+            for split, n in sizes.items():
+                trees = _sample_trees(world, f"{seed}/mono/{lang}/{split}", n, mix)
+                _write(out_dir, f"mono/{lang}.{split}.txt", text(trees, li))
+        # the rest is the same meanings in both languages, sampled without a topic. The dictionary:
+        # one line per concept, most frequent first (ties by c); the test split: 20 % of content
+        by_freq = sorted(range(world.n_concepts), key=lambda c: -world.weight[c])
+        content = [c for c in by_freq if world.kind[c] in CONTENT_KINDS]
+        test_rng = np.random.default_rng([seed, 3])
+        test = set(test_rng.choice(content, size=len(content) // 5, replace=False).tolist())
+        parts = {"": by_freq, ".train": [c for c in by_freq if c not in test],
+                 ".test": [c for c in by_freq if c in test]}
+        for part, concepts in parts.items():
+            _write(out_dir, f"dict/{l0}-{l1}{part}.txt",
+                   "".join(f"{forms[0][c]} {forms[1][c]}\n" for c in concepts))
+        par = _sample_trees(world, f"{seed}/parallel", n_parallel)
+        tat = _sample_trees(world, f"{seed}/tatoeba", n_tatoeba)
+        for li, lang in enumerate(langs):
+            _write(out_dir, f"parallel/{l0}-{l1}.train.{lang}", text(par, li))
+            _write(out_dir, f"tatoeba/tatoeba.{l1}-{l0}.{lang}", text(tat, li))
+        # task sets: UD trees, NER (each sentence has an entity, as in PAN-X), NLI (balanced labels)
+        for split, n in task_sizes.items():
+            ud = _sample_trees(world, f"{seed}/ud/{split}", n)
+            ner = _sample_trees(world, f"{seed}/ner/{split}", n, need_entity=True)
+            rng = random.Random(f"{seed}/xnli/{split}")
+            labels = [LABELS[i % 3] for i in range(n)]
+            rng.shuffle(labels)
+            nli = [(sample_nli(world, rng, lab), lab) for lab in labels]
+            for li, lang in enumerate(langs):
+                _write(out_dir, f"ud/{lang}.{split}.conllu",
+                       "".join(conllu_block(world, t, forms[li], orders[li], f"{split}-{k + 1}")
+                               for k, t in enumerate(ud)))
+                _write(out_dir, f"ner/{lang}.{split}.tsv",
+                       "".join(ner_block(world, t, forms[li], orders[li]) for t in ner))
+                pairs = [f"{sentence(p, li)}\t{sentence(h, li)}\t{lab}\n" for (p, h), lab in nli]
+                _write(out_dir, f"xnli/{lang}.{split}.tsv", "".join(pairs))
+        # world.json: no path or time, so that the same seed gives the same bytes
+        summary = dict(
+            langs=[l0, l1], seed=seed, overlap=overlap, order=order, domain_shift=domain_shift,
+            cyrillic=cyrillic,
+            sizes={"mono": sizes, "parallel": n_parallel, "tatoeba": n_tatoeba, "task": task_sizes},
+            n_concepts=world.n_concepts, n_entities=len(world.entities),
+            vocab_sizes={lang: len(set(forms[li])) for li, lang in enumerate(langs)},
+            shared=len(set(forms[0]) & set(forms[1])), dict_test_words=len(test))
+        # name_overlap and scale are recorded only when set, so that older worlds keep their bytes
+        if name_overlap is not None:
+            summary["name_overlap"] = name_overlap
+        if scale != 1:
+            summary["scale"] = scale
+        _write(out_dir, "world.json", json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     return {**summary, "out_dir": str(out_dir), "seconds": round(time.time() - t0, 2)}
 
 
 # -----------------------------------------------------------------------------
-# CLI: bpe.py's HelpFormatter, copied in short (toydata.py imports no project file: it copies
-# alone)
-
+# CLI: bpe.py's HelpFormatter, copied in short (toydata.py copies alone)
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help: each flag's default after its help, unless its help says it or it is a switch."""
-
     def _get_help_string(self, action):
         if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help
@@ -798,18 +723,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     add = ap.add_argument  # every flag but --size is an argument of write_world
-    add("--out", dest="out_dir", metavar="DIR", required=True,
-        help="required; empty or absent unless --force")
-    add("--langs", type=lambda s: s.split(","), default="en,fr",
-        help="the two language codes; the first is the source")
-    add("--overlap", type=float, default=0.0,
-        help="fraction of identical word forms (anchor points, paper §4.2)")
+    add("--out", dest="out_dir", metavar="DIR", required=True, help="required; empty, or --force")
+    add("--langs", type=lambda s: s.split(","), default="en,fr", help="two codes, the source first")
+    add("--overlap", type=float, default=0.0, help="fraction of shared word forms (§4.2)")
     add("--name-overlap", type=float,
         help="fraction of identical entity name parts, drawn apart from --overlap (default: as "
         "--overlap gives)")
     add("--order", default="svo", help="word order of the second language, " + ORDER_HELP)
-    add("--domain-shift", type=float, default=0.0,
-        help="0 = one topic mix, 1 = disjoint topics (paper §4.1)")
+    add("--domain-shift", type=float, default=0.0, help="0: one topic mix, 1: disjoint (§4.1)")
     add("--cyrillic", action="store_true", help="write the second language in Cyrillic letters")
     add("--scale", type=int, default=1,
         help="multiply the open word classes (nouns, verbs, adjectives, adverbs, names, entities) "
@@ -819,25 +740,22 @@ def build_parser():
     add("--size", choices=SIZES, default="full",
         help=f"sentences (or pairs) per language and file (paper: Table 1's world): {sizes}")
     add("--seed", type=int, default=0, help="random seed (same seed, same files)")
-    add("--force", action="store_true",
-        help="replace a toy world in --out (a folder holding other files: refused)")
+    add("--force", action="store_true", help="replace a toy world in --out (nothing else)")
     return ap
 
 
 def main(argv=None):
     ap = build_parser()
     args = vars(ap.parse_args(argv))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill is a Ctrl-C: one line
     try:
         s = write_world(**SIZES[args.pop("size")], **args)  # size is popped before args unpacks
-    # bpe.reported's copy: a flag's value (2) with the usage line
-    except (InputError, FileExistsError) as e:
+    except (InputError, FileExistsError) as e:  # bpe.reported's copy: a flag's (2) with usage
         if getattr(e, "code", 1) == 2:
             ap.error(str(e))
         raise SystemExit(f"error: {e}") from None
-    # a full disk, a read-only folder: _write leaves no temporary file, names its file
-    except OSError as e:
-        raise SystemExit(f"toydata.py: error: cannot write {e.filename or args['out_dir']}: "
-                         f"{e.strerror or e}")
+    except OSError as e:  # a full disk, a read-only folder: _write named its file
+        raise SystemExit(f"toydata.py: error: cannot write {e.filename or args['out_dir']}: {e.strerror or e}")
     except KeyboardInterrupt:
         raise SystemExit(f"toydata.py: interrupted; {args['out_dir']} is incomplete (write it "
                          "again with --force)")

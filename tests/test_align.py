@@ -455,6 +455,7 @@ def test_train_pairs_that_are_test_pairs_are_left_out_of_the_fit(ckpts, toy_worl
         for name, text in ((f"tatoeba/tatoeba.fr-en.{l}", tat[l]), (f"parallel/en-fr.train.{l}", tat[l][:10] + par[l])):
             (world / name).parent.mkdir(parents=True, exist_ok=True)
             (world / name).write_text("\n".join(text) + "\n")
+    (world / "world.json").write_text("{}\n")  # a whole world (toydata.py writes it last)
     rows, out = run_cli(["sentences", "--toy", "--data", str(world), "--ckpt", ckpts["bi"], "--max-sents", "50"], capsys)
     assert ("note: 10 of the 40 training pairs repeat a test pair (the toy generator repeats short sentences): left "
             "out of the fit" in out and "maps fitted on 30 pairs" in out)
@@ -463,9 +464,9 @@ def test_train_pairs_that_are_test_pairs_are_left_out_of_the_fit(ckpts, toy_worl
 def test_sentences_say_percent_chance_and_what_unmapped_columns_mean(ckpts, toy_world, capsys):
     """Issue 38: P@1 in % beside the chance level; two models without a parallel corpus get a note."""
     files = ["--test-src", str(toy_world / "tatoeba/tatoeba.fr-en.en"), "--test-tgt",
-             str(toy_world / "tatoeba/tatoeba.fr-en.fr"), "--max-sents", "40"]
+             str(toy_world / "tatoeba/tatoeba.fr-en.fr"), "--max-sents", "50"]
     rows, out = run_cli(["sentences", "--ckpt", ckpts["bi"]] + files, capsys)
-    assert "P@1 in % (cosine NN; chance 100/40 = 2.5%) on 40 pairs" in out and "note:" not in out
+    assert "P@1 in % (cosine NN; chance 100/50 = 2%) on 50 pairs" in out and "note:" not in out
     rows, out = run_cli(["sentences", "--ckpt", ckpts["bi"], "--ckpt2", ckpts["fr"]] + files, capsys)
     assert "note: the columns are without a map" in out and "--train-src/--train-tgt (a parallel corpus)" in out
 
@@ -517,3 +518,74 @@ def test_train_pairs_that_are_test_pairs_but_for_spaces_or_unicode_form(ckpts, t
     with pytest.raises(SystemExit, match="train.en: all its pairs are in --test-src/--test-tgt"):
         align.main(["sentences", "--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"], "--max-sents", "40",
                     "--train-src", str(tmp_path / "train.en"), "--train-tgt", str(tmp_path / "train.fr")])
+
+
+def test_two_files_of_the_same_weights_are_one_model(ckpts, toy_world, tmp_path):
+    """Issue 48: best.pt and checkpoint.pt of one run (other bytes, the same weights) were taken as two models;
+    refused in one line before any encoding, as cka.py does."""
+    import model as M
+    m, extra = M.load_model(ckpts["bi"])
+    copy = str(tmp_path / "checkpoint.pt")
+    M.save_model(copy, m, **extra, step=7, optimizer={"lr": 1e-3})     # another file, the same weights
+    assert M.file_digest(copy) != M.file_digest(ckpts["bi"])
+    for command in ("words", "contextual", "sentences"):
+        with pytest.raises(SystemExit, match=f"--ckpt2 {copy} holds the same weights as --ckpt .*bi.pt: "):
+            align.main([command, "--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"], "--ckpt2", copy,
+                        "--max-sents", "20"])
+
+
+def test_a_note_on_small_fits_and_small_sets(ckpts, toy_world, tmp_path, capsys):
+    """Issue 48: a map fitted on fewer pairs than dimensions (16 here), a score on fewer than 50 items: a note after
+    the table, kept in --save-maps."""
+    toy = ["--toy", "--data", str(toy_world), "--ckpt", ckpts["bi"]]
+    rows, out = run_cli(["sentences"] + toy + ["--max-sents", "10"], capsys)
+    assert ("note: the map is fitted on 10 pairs in 16 dimensions: underdetermined" in out
+            and "note: 10 test pairs scored, fewer than 50: the score means little" in out)
+    rows, out = run_cli(["sentences"] + toy + ["--max-sents", "60"], capsys)
+    assert "note:" not in out
+    for part, n in (("train", 10), ("test", 8)):
+        lines = (toy_world / f"dict/en-fr.{part}.txt").read_text().splitlines()[:n]
+        (tmp_path / f"{part}.txt").write_text("\n".join(lines) + "\n")
+    rows, out = run_cli(["words"] + toy + ["--max-sents", "300", "--train-dict", str(tmp_path / "train.txt"),
+                                           "--test-dict", str(tmp_path / "test.txt")], capsys)
+    assert "note: L2 (4b): the map is fitted on" in out and "in 16 dimensions: underdetermined" in out
+    assert f"note: L2 (4b): {rows[-1][4]} test words scored, fewer than 50" in out
+    maps = str(tmp_path / "maps.npz")
+    rows, out = run_cli(["contextual"] + toy + ["--max-sents", "30", "--save-maps", maps], capsys)
+    line = f"{rows[0][4]} held-out pairs scored, fewer than 50: the score means little"
+    assert f"note: {line}" in out and "underdetermined" not in out
+    with np.load(maps) as z:
+        assert line in z["notes"].tolist()
+
+
+def test_a_note_on_many_unk_tokens(ckpts, toy_world, tmp_path, capsys):
+    """Issue 48: a test side in another script (Cyrillic for a Latin-trained model) is mostly <unk>: a note."""
+    cyr = str.maketrans("abdegiklmnoprstuvz", "абдегиклмнопрстувз")
+    fr = (toy_world / "tatoeba/tatoeba.fr-en.fr").read_text().translate(cyr)
+    (tmp_path / "cyr.fr").write_text(fr)
+    files = ["--test-src", str(toy_world / "tatoeba/tatoeba.fr-en.en"), "--test-tgt", str(tmp_path / "cyr.fr")]
+    rows, out = run_cli(["sentences", "--ckpt", ckpts["bi"], "--max-sents", "60"] + files, capsys)
+    assert "% of the fr test tokens are <unk> (the vocabulary was learned on other text)" in out
+    assert "of the en test tokens are <unk>" not in out
+
+
+def test_a_note_on_a_stalled_checkpoint(ckpts, toy_world, tmp_path, capsys):
+    """Issue 48: a checkpoint whose English dev ppl is above its left-bigram count model (best.pt records both)."""
+    import model as M
+    m, extra = M.load_model(ckpts["bi"])
+    stalled = str(tmp_path / "stalled.pt")
+    M.save_model(stalled, m, **extra, dev_ppl={"en": 80.0, "fr": 75.0}, count_models={"en": {"left": 20.0}})
+    rows, out = run_cli(["sentences", "--toy", "--data", str(toy_world), "--ckpt", stalled, "--max-sents", "60"],
+                        capsys)
+    assert (f"note: {stalled}: its MLM stalled (en dev ppl 80.00 above the left-bigram count model's 20.0); its "
+            "scores measure an unconverged model") in out
+
+
+def test_a_world_cut_short_is_refused(ckpts, toy_world, tmp_path):
+    """Issue 48: a toydata.py world without world.json (written last: the writer was interrupted) is refused."""
+    import shutil
+    world = tmp_path / "cut"
+    shutil.copytree(toy_world, world)
+    (world / "world.json").unlink()
+    with pytest.raises(SystemExit, match=f"--data {world}: no world.json, not a whole toydata.py world"):
+        align.main(["sentences", "--toy", "--data", str(world), "--ckpt", ckpts["bi"], "--max-sents", "20"])

@@ -474,7 +474,9 @@ def test_binarize_round_trip(files, tmp_path):
     meta = bpe.binarize(str(text), tok, "fr", str(tmp_path / "fr.test"), verbose=False)
     assert meta == {"dtype": "uint16", "n_tokens": meta["n_tokens"], "n_sentences": len(lines),
                     "n_words": sum(len(bpe.pretokenize(line, "fr")) for line in lines),
+                    "n_unk": sum(tok.encode(line, "fr").count(UNK_ID) for line in lines),
                     "vocab_size": tok.vocab_size("fr"), "lang": "fr"}
+    assert meta["n_unk"] > 0
     data, meta2 = bpe.load_bin(str(tmp_path / "fr.test"))
     assert meta2 == meta and len(data) == meta["n_tokens"] and data[-1] == EOS_ID
     sents = np.split(np.asarray(data), np.flatnonzero(data == EOS_ID) + 1)[:-1]
@@ -526,7 +528,7 @@ def test_cli_prepare(files, tmp_path):
     """python bpe.py prepare: the directory it prints holds the tokenizer and the ids; the same command reuses it."""
     spec = ",".join(f"{lang}={path}" for lang, path in files.items())
     cmd = [sys.executable, os.path.join(ROOT, "bpe.py"), "prepare", "--train-files", spec, "--dev-files", spec,
-           "--merges", "30", "--prep-dir", str(tmp_path / "prep")]
+           "--merges", "30", "--allow-overlap", "--prep-dir", str(tmp_path / "prep")]  # dev = train
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     prepared = r.stdout.strip().splitlines()[-1]

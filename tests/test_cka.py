@@ -248,3 +248,71 @@ def test_one_language_on_both_sides_has_no_bilingual_column(toy_world, pair_ckpt
     assert header == ["layer", "monolingual", "random"]
     assert all(0 < r[1] < 1 for r in rows)
     assert "no bilingual column" in capsys.readouterr().out
+
+
+def test_a_stalled_checkpoint_gets_a_note_naming_it(toy_world, pair_ckpts, tmp_path, capsys):
+    """Issue 48: a checkpoint whose MLM stalled (its English dev ppl above the left-bigram count
+    model that pretrain.py stores in best.pt) is named under the table; a converged one is not."""
+    import model as M
+    model, extra = M.load_model(pair_ckpts["b"])
+    counts = {"en": {"unigram": 150.0, "left": 20.0, "both": 12.0}}
+    stalled = str(tmp_path / "stalled.pt")
+    M.save_model(stalled, model, **extra, dev_ppl={"en": 140.5, "fr": 150.0}, count_models=counts)
+    converged = str(tmp_path / "converged.pt")
+    M.save_model(converged, model, **extra, dev_ppl={"en": 9.5, "fr": 9.9}, count_models=counts)
+    argv = ["--toy", "--data", str(toy_world), "--ckpt", pair_ckpts["a"], "--max-sents", "60"]
+    cka.main(argv + ["--ckpt2", stalled])
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "stalled" in line]
+    assert notes == [f"note: {stalled}: its MLM stalled (en dev ppl 140.50 above the left-bigram "
+                     "count model's 20.0); its scores measure an unconverged model"]
+    assert out.index("| avg |") < out.index(notes[0])  # under the table
+    cka.main(argv + ["--ckpt2", converged])
+    assert "stalled" not in capsys.readouterr().out
+
+
+def test_many_unk_tokens_get_a_note_with_the_rate_and_the_language(toy_world, pair_ckpts,
+                                                                   tmp_path, capsys):
+    """Issue 48: a side in another script (Cyrillic for a Latin-trained tokenizer) is mostly <unk>:
+    a note gives the rate and the language; the toy text itself has none."""
+    en = toy_world / "tatoeba/tatoeba.fr-en.en"
+    fr = (toy_world / "tatoeba/tatoeba.fr-en.fr").read_text().splitlines()
+    cyrillic = tmp_path / "ru.txt"
+    cyrillic.write_text("".join(f"{line} Вчера в Москве шёл снег\n" for line in fr))
+    argv = ["--ckpt", pair_ckpts["a"], "--src-file", str(en), "--max-sents", "60"]
+    cka.main(argv + ["--tgt-file", str(cyrillic)])
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "<unk>" in line]
+    assert len(notes) == 1, out
+    rate = float(notes[0].split()[1])
+    assert 5 < rate < 100
+    assert notes[0] == (f"note: {rate:.1f} % of the fr tokens are <unk> ({pair_ckpts['a']}'s "
+                        "vocabulary was learned on other text); the CKA means little")
+    cka.main(argv + ["--tgt-file", str(toy_world / "tatoeba/tatoeba.fr-en.fr")])
+    assert "<unk>" not in capsys.readouterr().out
+
+
+def test_fewer_than_50_sentences_get_a_note(toy_world, pair_ckpts, capsys):
+    """Issue 48: the CKA of a handful of points means little: under 50 pairs, a note says so."""
+    argv = ["--toy", "--data", str(toy_world), "--ckpt", pair_ckpts["a"], "--ckpt2",
+            pair_ckpts["b"], "--max-sents"]
+    cka.main(argv + ["49"])
+    out = capsys.readouterr().out
+    assert "note: 49 sentence pairs: the CKA of fewer than 50 points means little" in out
+    assert out.index("| avg |") < out.index("note: 49 sentence pairs")
+    cka.main(argv + ["50"])
+    assert "sentence pairs: the CKA" not in capsys.readouterr().out
+
+
+def test_the_notes_are_kept_in_the_figure(toy_world, pair_ckpts, tmp_path, monkeypatch):
+    """The --plot figure carries the notes printed under the table (under its title)."""
+    import model as M
+    drawn = []
+    monkeypatch.setattr(M, "check_plot", lambda path: None)  # matplotlib is not a requirement
+    monkeypatch.setattr(M, "plot_layers", lambda path, title, *rest: drawn.append(title))
+    argv = ["--toy", "--data", str(toy_world), "--ckpt", pair_ckpts["a"], "--ckpt2",
+            pair_ckpts["b"], "--plot", str(tmp_path / "c.png"), "--max-sents"]
+    cka.main(argv + ["20"])
+    cka.main(argv + ["50"])
+    assert drawn == ["Linear CKA en-fr per layer\nnote: 20 sentence pairs: the CKA of fewer than 50 "
+                     "points means little", "Linear CKA en-fr per layer"]

@@ -5,6 +5,7 @@ switches nothing, a dev split without words, a language code that is not one; no
 Run: python -m pytest -q tests/test_faults_bpe.py
 """
 import errno
+import json
 import os
 import re
 import shutil
@@ -45,7 +46,8 @@ def inputs(toy_world, tmp_path_factory):
         (d / name).mkdir()
         for s in ("train", "dev"):
             (d / name / f"en.{s}.txt").write_text((mono / f"en.{s}.txt").read_text())
-            (d / name / f"fr.{s}.txt").write_text(make((mono / f"fr.{s}.txt").read_text()), newline="")
+            text = (mono / f"fr.{s}.txt").read_text()  # the train text at fault (the dev text is read first)
+            (d / name / f"fr.{s}.txt").write_text(make(text) if s == "train" else text, newline="")
     # issue 48: Windows line ends with some CR-only ones among them (a file pasted together): line 3 ends in CR alone
     lines = (mono / "fr.train.txt").read_text().split("\n")
     (d / "crmix").mkdir()
@@ -377,3 +379,106 @@ def test_text_with_stray_prepared_files_is_text(toy_world, tmp_path, capsys):
                                    tmp_path / "cache"], capsys)
     assert code == 0 and f"note: --data {tmp_path / 'text'}: tokenizer.json there but no complete prepared " in out
     assert bpe._missing(out.strip().splitlines()[-1], ["en", "fr"]) == []
+
+
+# -----------------------------------------------------------------------------
+# issue 48: a word when a number means little (<unk> rates, fewer merges than asked), a dev set that is the training
+# text by content, Ctrl-C twice
+
+def test_unk_rate_over_5_percent_is_noted_and_kept_in_the_recipe(toy_world, tmp_path, capsys):
+    """--max-lines 1: a vocabulary of one line per language; about a quarter of every split's tokens are <unk> (was:
+    no word). The rates are kept in recipe.json; a vocabulary of the whole text gets no note."""
+    code, _, out = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "50", "--max-lines", "1",
+                                   "--prep-dir", tmp_path], capsys)
+    noted = {(l, s): float(r) for r, l, s in re.findall(r"note: ([\d.]+) % of the (en|fr) (train|dev) tokens are "
+                                                        r"<unk> \(the vocabulary was learned on other text", out)}
+    assert code == 0 and set(noted) == {(l, s) for l in ("en", "fr") for s in ("train", "dev")}, out
+    with open(os.path.join(out.strip().splitlines()[-1], "recipe.json")) as f:
+        kept = json.load(f)["unk_percent"]
+    assert all(abs(kept[l][s] - r) < 0.06 and r > 5 for (l, s), r in noted.items())
+    code, _, out = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "50", "--prep-dir", tmp_path], capsys)
+    with open(os.path.join(out.strip().splitlines()[-1], "recipe.json")) as f:
+        kept = json.load(f)["unk_percent"]
+    assert code == 0 and "<unk>" not in out and all(r <= 5 for v in kept.values() for r in v.values())
+
+
+def test_fewer_merges_than_asked_are_said_when_learned(toy_world, tmp_path, capsys):
+    """--merges 1000000000 learns what the text holds and stops: one line says how many and why (was: no word)."""
+    code, _, out = call(bpe.main, ["prepare", "--data", toy_world, "--merges", "1000000000", "--prep-dir", tmp_path],
+                        capsys)
+    found = re.findall(r"note: (\d+) merges learned, not the 1000000000 asked: no pair of symbols is left that occurs "
+                       r"2 times or more \(min_freq\)", out)
+    tok = bpe.Tokenizer.load(os.path.join(out.strip().splitlines()[-1], "tokenizer.json"))
+    assert code == 0 and found == [str(len(tok.bpes["en"].merges))], out
+    assert bpe.learn_bpe({"low": 5}, 3, verbose=True) == [("o", "w</w>"), ("l", "ow</w>")]
+    assert "note: 2 merges learned, not the 3 asked" in capsys.readouterr().out
+    bpe.learn_bpe({"low": 5}, 2, verbose=True)
+    assert "merges learned" not in capsys.readouterr().out
+
+
+def test_dev_text_that_is_the_training_text_by_content_is_refused(toy_world, tmp_path, capsys):
+    """--dev-files equal to --train-files, a copy with other spacing and decomposed accents, a dev set mostly of
+    training lines, a --data folder whose dev file is a copy: refused in one line before anything is written (was:
+    prepared, and best.pt chosen on training text); --allow-overlap takes it; a few shared lines are counted."""
+    import unicodedata
+    mono = toy_world / "mono"
+    train = (mono / "fr.train.txt").read_text(encoding="utf-8").splitlines()
+    dev = (mono / "fr.dev.txt").read_text(encoding="utf-8").splitlines()
+    by_chance = sum(line in set(train) for line in dev)
+    (tmp_path / "spaced.txt").write_text("\n".join(" " + unicodedata.normalize("NFD", line).replace(" ", " \t ")
+                                                   for line in train) + "\n", encoding="utf-8")
+    (tmp_path / "mostly.txt").write_text("\n".join(train[:150] + dev[:50]) + "\n", encoding="utf-8")
+    (tmp_path / "some.txt").write_text("\n".join(dev + train[:10]) + "\n", encoding="utf-8")
+    shutil.copytree(mono, tmp_path / "data")
+    shutil.copy(mono / "en.train.txt", tmp_path / "data" / "en.dev.txt")
+    files = lambda fr_dev: ["--train-files", f"en={mono / 'en.train.txt'},fr={mono / 'fr.train.txt'}",  # noqa: E731
+                            "--dev-files", f"en={mono / 'en.dev.txt'},fr={fr_dev}"]
+    cases = [(files(mono / "fr.train.txt"), f"fr dev set is its training text ({len(train)} of its {len(train)} "),
+             (files(tmp_path / "spaced.txt"), f"fr dev set is its training text ({len(train)} of its {len(train)} "),
+             (files(tmp_path / "mostly.txt"),
+              f"fr dev set is mostly its training text ({150 + sum(line in set(train) for line in dev[:50])} of its "
+              "200 lines are training lines, whitespace collapsed, Unicode NFC)"),
+             (["--data", tmp_path / "data"], "error: the en dev set is its training text")]
+    for argv, message in cases:
+        code, line, out = call(bpe.main, ["prepare"] + argv + ["--merges", "50", "--prep-dir", tmp_path / "c"], capsys)
+        assert code == 1 and message in line and line.endswith("or --allow-overlap if it is meant"), line
+        assert "learning BPE" not in out and not (tmp_path / "c").exists()
+    code, _, out = call(bpe.main, ["prepare"] + cases[0][0] + ["--merges", "50", "--prep-dir", tmp_path / "c",
+                                                               "--allow-overlap"], capsys)
+    assert code == 0 and f"note: {len(train)} of the {len(train)} fr dev lines are training lines too" in out
+    code, _, out = call(bpe.main, ["prepare"] + files(tmp_path / "some.txt") + ["--merges", "50", "--prep-dir",
+                                                                                tmp_path / "c"], capsys)
+    assert code == 0 and f"note: {by_chance + 10} of the {len(dev) + 10} fr dev lines are training lines too" in out
+
+
+CTRL_C_TWICE = """
+import atexit, os, shutil, signal, sys, time
+import bpe
+def learn(*args, **kwargs):  # Ctrl-C while BPE is learned
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+rmtree = shutil.rmtree
+def again(*args, **kwargs):  # and again while the half-prepared folder is removed
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    rmtree(*args, **kwargs)
+def late():  # and once more as the program exits (multiprocessing's and tqdm's clean-up)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+bpe.learn_bpe, shutil.rmtree = learn, again
+atexit.register(late)
+bpe.main(sys.argv[1:])
+"""
+
+
+def test_ctrl_c_twice_while_learning_is_one_line_and_leaves_nothing(toy_world, tmp_path):
+    """Ctrl-C twice while BPE is learned with --workers 2: one line, code 130, no half-prepared folder (was: the second
+    one broke into the clean-up, a tqdm traceback after the line)."""
+    import subprocess
+    import sys
+    argv = ["prepare", "--data", toy_world, "--merges", MERGES, "--prep-dir", tmp_path, "--workers", "2"]
+    done = subprocess.run([sys.executable, "-c", CTRL_C_TWICE] + [str(a) for a in argv], capture_output=True,
+                          text=True, timeout=60, cwd=os.path.dirname(bpe.__file__))
+    assert done.returncode == 128 + signal.SIGINT and done.stderr.strip().splitlines() == [
+        "bpe.py prepare: stopped by SIGINT (no half-written file is left); run the same command to prepare the data"]
+    assert not list(tmp_path.iterdir()), list(tmp_path.rglob("*"))

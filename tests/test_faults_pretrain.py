@@ -588,7 +588,8 @@ BPE_MISTAKES = [
     (["prepare", "--prep-dir", "p"], "give --data, or --train-files with --dev-files"),
     (["prepare", "--data", ".", "--code-switch", "en.txt", "--separate-vocab", "--prep-dir", "p"],
      "--code-switch needs two --langs and one shared vocabulary"),
-    (["prepare", "--train-files", "en=en.txt,fr=fr.txt", "--dev-files", "en=en.txt,fr=fr.txt", "--prep-dir", "en.txt"],
+    (["prepare", "--train-files", "en=en.txt,fr=fr.txt", "--dev-files", "en=en.txt,fr=fr.txt",
+      "--allow-overlap", "--prep-dir", "en.txt"],
      "--prep-dir en.txt/joint-80000-"),  # a file, not a directory: named by its flag
 ]
 
@@ -649,6 +650,31 @@ def test_rank_in_the_environment_without_torchrun_is_one_line(world, tmp_path, m
         run(flags_of(world) + ["--out", tmp_path / "run"])
     assert "MASTER_PORT" in str(e.value.code)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("ranks", [("x", "0", "1"), ("1", "0", "1"), ("0", "0", "-2")])
+def test_torchrun_environment_of_bad_ranks_is_one_line(world, tmp_path, monkeypatch, ranks):
+    """issue 48's half torchrun environment, its neighbours: a RANK that is no number (a ValueError traceback), RANK 1
+    of WORLD_SIZE 1 (init_process_group waited for ever)."""
+    for k, v in zip(("RANK", "LOCAL_RANK", "WORLD_SIZE"), ranks):
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", "29531")
+    with pytest.raises(SystemExit, match=rf"^error: RANK={ranks[0]} LOCAL_RANK=0 WORLD_SIZE={ranks[2]} in the "
+                       r"environment: expected whole numbers, RANK below WORLD_SIZE \(as torchrun sets them\)$"):
+        run(flags_of(world) + ["--out", tmp_path / "run"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_past_its_epochs_is_refused_in_one_line(world, tmp_path):
+    """issue 48's --resume past --max-steps, its neighbour --epochs: it trained nothing, said done, rewrote args.json."""
+    flags = flags_of(world) + ["--out", tmp_path, "--epoch-size", 8]  # 2 updates an epoch
+    run(flags + ["--max-steps", 4])
+    before = {f: (tmp_path / f).read_bytes() for f in ("checkpoint.pt", "args.json", "log.jsonl")}
+    with pytest.raises(SystemExit, match=r"^error: --resume: [^\n]*checkpoint.pt is at epoch 2 already; --epochs 2 "
+                       r"would train nothing \(give a larger one\)$"):
+        run(flags + ["--max-steps", 10, "--epochs", 2, "--resume"])
+    assert {f: (tmp_path / f).read_bytes() for f in before} == before
 
 
 def test_dev_set_equal_to_the_training_text_is_refused_unless_allowed(world, tmp_path):

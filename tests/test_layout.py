@@ -114,3 +114,14 @@ def test_the_file_imports_alone(tmp_path, name):
     done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{name} alone: {done.stderr[-800:]}"
+
+
+CODE_TOKENS_AT_MOST = 53600  # the seven scripts, comments and layout tokens left out
+
+
+def test_the_seven_scripts_hold_their_token_budget():
+    layout = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+              tokenize.ENDMARKER}
+    counts = {name: sum(t.type not in layout for t in tokens(read(name))) for name in SCRIPTS}
+    total = sum(counts.values())
+    assert total <= CODE_TOKENS_AT_MOST, f"{total} code tokens: {counts}"

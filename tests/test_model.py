@@ -616,3 +616,20 @@ def test_training_step_compiles_as_one_graph():
     where = (targets.view(-1) != -1).nonzero().squeeze(1)
     report = torch._dynamo.explain(m)(idx, 0, targets, target_index=where)
     assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+
+
+def test_stall_note_reads_the_checkpoints_count_models():
+    """Issue 48: load_model's extra of a pretrain.py checkpoint says whether its MLM stalled (the
+    English dev ppl above the left-bigram count model); older files keep them as count_ppl; an XLM
+    checkpoint or a bare save_model file has neither, and gets no note."""
+    from model import stall_note
+    counts = {"en": {"unigram": 150.0, "left": 20.0, "both": 12.0}}
+    stalled = {"dev_ppl": {"en": 31.25, "fr": 40.0}, "count_models": counts, "count_ppl": counts}
+    assert stall_note("run/best.pt", stalled) == (
+        "note: run/best.pt: its MLM stalled (en dev ppl 31.25 above the left-bigram count model's "
+        "20.0); its scores measure an unconverged model")
+    older = {"dev_ppl": {"en": 31.25}, "count_ppl": counts}
+    assert stall_note("old.pt", older).startswith("note: old.pt: its MLM stalled")
+    assert stall_note("ok.pt", {"dev_ppl": {"en": 9.0}, "count_models": counts}) is None
+    assert stall_note("xlm.pth", {"langs": ["en", "fr"], "xlm_vocab": []}) is None
+    assert stall_note("bare.pt", {"langs": ["en"], "dev_ppl": {"en": 99.0}}) is None

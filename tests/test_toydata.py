@@ -451,3 +451,42 @@ def test_scale_multiplies_the_open_classes_only(tmp_path):
     assert "scale" not in toydata.write_world(tmp_path / "v", **toydata.SIZES["tiny"])   # older worlds' bytes
     with pytest.raises(ValueError, match="scale"):
         toydata.write_world(tmp_path / "x", scale=0)
+
+
+def test_one_writer_per_folder(tmp_path):
+    """Issue 48: a second toydata.py writing into the same --out is refused in one line while the first holds
+    OUT/.lock (two writers mixed their files); the lock goes with the writer, a stale one is replaced."""
+    import fcntl
+    small = dict(n_train=20, n_dev=5, n_test=5, n_parallel=5, n_tatoeba=5, n_task_train=6, n_task_eval=6)
+    out = tmp_path / "w"
+    out.mkdir()
+    with open(out / ".lock", "w") as f:                         # the first writer, pid 4242
+        f.write("4242\n")
+        f.flush()
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit, match=f"^error: --out {re.escape(str(out))} is in use by another toydata.py "
+                           r"\(pid 4242\); wait for it to end, or use another --out$"):
+            toydata.main(["--out", str(out), "--size", "tiny"])
+        assert os.listdir(out) == [".lock"]
+    toydata.write_world(out, **small)                           # the first one is gone: its stale .lock is no stray
+    assert not (out / ".lock").exists() and all_files(out) == expected_files()
+    (out / ".lock").write_text("999999\n")                      # left by a writer that was killed
+    toydata.write_world(out, force=True, **small)
+    assert not (out / ".lock").exists() and all_files(out) == expected_files()
+
+
+def test_a_killed_writer_says_so_and_leaves_no_world_json(tmp_path):
+    """Issue 48: SIGTERM while a world is written ended with no message; now one line, and no world.json (the
+    readers refuse a world without it)."""
+    import signal
+    import time
+    out = tmp_path / "w"
+    p = subprocess.Popen([sys.executable, os.path.join(ROOT, "toydata.py"), "--out", str(out), "--size", "full",
+                          "--scale", "4"], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (out / "mono").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 1 and err.strip() == f"toydata.py: interrupted; {out} is incomplete (write it again with --force)", err
+    assert not (out / "world.json").exists() and not (out / ".lock").exists()
