@@ -24,7 +24,7 @@ import time
 import unicodedata
 from collections import Counter, defaultdict
 from contextlib import ExitStack, contextmanager, nullcontext, suppress
-from itertools import islice, product
+from itertools import islice, product, repeat
 from json import JSONDecodeError, dumps, load as json_load
 from os import getpid, makedirs, remove
 from os.path import abspath, basename, exists, getsize, isdir, isfile, join, relpath, samefile
@@ -155,7 +155,7 @@ class BPE:
         self.merged = [canon.setdefault(a + b, a + b) for a, b in self.merges]
         # per-word caches: word -> pieces with '@@' (apply_words), word -> them joined (apply)
         self.pieces = _Cache(self._pieces)
-        self.joined = _Cache(lambda word: " ".join(self.pieces[word]))
+        self.joined = _Cache(lambda word: (CONTINUE + " ").join(self._merge(word))[: -len(EOW)])
 
     def _merge(self, word):
         """'lowest' -> ['lo', 'west</w>']: from characters (the last + '</w>'), merge the
@@ -167,7 +167,7 @@ class BPE:
         get = self.ranks.get
         no_merge = len(self.merges)  # a rank above every merge's: the pair is no merge
         merged = self.merged
-        rs = [get(pair, no_merge) for pair in zip(w, w[1:])]
+        rs = list(map(get, zip(w, w[1:]), repeat(no_merge)))
         while rs and (r := min(rs)) != no_merge:
             i = rs.index(r)
             # the usual case: one occurrence, and only its neighbours' pairs change
@@ -184,7 +184,7 @@ class BPE:
                     rs[i - 1] = get((w[i - 1], ab), no_merge)
                 continue
             w = merge_pair(w, *self.merges[r])
-            rs = [get(pair, no_merge) for pair in zip(w, w[1:])]
+            rs = list(map(get, zip(w, w[1:]), repeat(no_merge)))
         return w
 
     def _pieces(self, word):
@@ -522,10 +522,7 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     # heapq is a min-heap and ties go to the largest pair: key() sorts strings in reverse, a prefix
     # last: key('b') = (-98, 1) < key('ab') = (-97, -98, 1) < key('a') = (-97, 1)
     key = functools.cache(lambda s: tuple(-ord(c) for c in s) + (1,))
-
-    def entry(pair):  # the heap's entry for a pair, with its current count
-        return -stats[pair], key(pair[0]), key(pair[1]), pair
-    heap = list(map(entry, stats))
+    heap = [(-c, key(a), key(b), (a, b)) for (a, b), c in stats.items()]
     heapq.heapify(heap)
     merges = []
     bar = tqdm(total=num_merges, desc="learn bpe", disable=not verbose or not sys.stderr.isatty(),
@@ -533,12 +530,12 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
     while len(merges) < num_merges:
         # pop stale entries until the top one is current (lazy deletion)
         while heap:
-            negc, _, _, pair = heap[0]
+            negc, key_a, key_b, pair = heap[0]
             c = stats.get(pair, 0)
             if c == -negc:
                 break
             if c > 0:
-                heapq.heapreplace(heap, entry(pair))
+                heapq.heapreplace(heap, (-c, key_a, key_b, pair))
             else:
                 heapq.heappop(heap)
         if not heap or -heap[0][0] < min_freq:  # else `pair` is the current top: the best pair
@@ -572,11 +569,12 @@ def learn_bpe(word_counts, num_merges, min_freq=2, verbose=False):
                 else:
                     new.append(w[i])
                     i += 1
-            words[j] = new  # unchanged if a stale index entry: the word lost the pair
+            if len(new) < n:  # else a stale index entry: the word lost the pair
+                words[j] = new
         del stats[pair]
         for p, js in grown.items():  # pushed once, after all words are updated
             where[p] |= js
-            heapq.heappush(heap, entry(p))
+            heapq.heappush(heap, (-stats[p], key(p[0]), key(p[1]), p))
     bar.close()
     if verbose and len(merges) < num_merges:
         print(f"note: {len(merges)} merges learned, not the {num_merges} asked: no pair of symbols "
