@@ -67,3 +67,20 @@ def tiny_ckpt(toy_world, tmp_path_factory):
         for s, h in handlers.items():
             signal.signal(s, h)
     return out / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def toy_ckpt(toy_world, tmp_path_factory):
+    """A tiny random-init checkpoint with a tokenizer, one per test module (2 layers, d 32, Sep L1)."""
+    import torch
+
+    import bpe
+    from model import MLM, ModelConfig, save_model
+    tok = bpe.Tokenizer.build({l: str(toy_world / f"mono/{l}.train.txt") for l in ("en", "fr")},
+                              num_merges=300, verbose=False)
+    torch.manual_seed(0)
+    m = MLM(ModelConfig(vocab_size=tok.vocab_size("en"), n_layers=2, n_heads=2, dim=32, ffn_dim=64,
+                        max_positions=24, sep_layers=(1,)))
+    path = tmp_path_factory.mktemp("ft_ckpt") / "best.pt"
+    save_model(path, m, tokenizer=tok.to_dict(), langs=["en", "fr"])
+    return path

@@ -435,20 +435,6 @@ def test_help_shows_groups_required_flags_and_an_example():
 # end to end on the toy world with a tiny random-init checkpoint (pretrain.py not needed)
 
 
-@pytest.fixture(scope="module")
-def toy_ckpt(toy_world, tmp_path_factory):
-    import bpe
-    from model import MLM, ModelConfig, save_model
-    tok = bpe.Tokenizer.build({l: str(toy_world / f"mono/{l}.train.txt") for l in ("en", "fr")},
-                              num_merges=300, verbose=False)
-    torch.manual_seed(0)
-    m = MLM(ModelConfig(vocab_size=tok.vocab_size("en"), n_layers=2, n_heads=2, dim=32, ffn_dim=64,
-                        max_positions=24, sep_layers=(1,)))
-    path = tmp_path_factory.mktemp("ft_ckpt") / "best.pt"
-    save_model(path, m, tokenizer=tok.to_dict(), langs=["en", "fr"])
-    return path
-
-
 def test_toy_end_to_end_parse_beats_chance(toy_world, toy_ckpt, tmp_path, capsys):
     """Random-init encoder, tiny biaffine fine-tune: English dev UAS far above a random head (~1/len)."""
     out = tmp_path / "parse"

@@ -19,20 +19,6 @@ torch.set_num_threads(1)
 NER = ["--task", "ner", "--toy", "--epochs", "1", "--batch-size", "32", "--lr", "1e-3"]
 
 
-@pytest.fixture(scope="module")
-def toy_ckpt(toy_world, tmp_path_factory):
-    """A tiny random-init checkpoint with a tokenizer (as tests/test_finetune.py builds it)."""
-    from model import MLM, ModelConfig, save_model
-    tok = bpe.Tokenizer.build({l: str(toy_world / f"mono/{l}.train.txt") for l in ("en", "fr")},
-                              num_merges=300, verbose=False)
-    torch.manual_seed(0)
-    m = MLM(ModelConfig(vocab_size=tok.vocab_size("en"), n_layers=2, n_heads=2, dim=32, ffn_dim=64,
-                        max_positions=24, sep_layers=(1,)))
-    path = tmp_path_factory.mktemp("ft48_ckpt") / "best.pt"
-    save_model(path, m, tokenizer=tok.to_dict(), langs=["en", "fr"])
-    return path
-
-
 def _run(world, ckpt, out, *extra):
     ft.main(NER + ["--data", str(world), "--ckpt", str(ckpt), "--out", str(out), *extra])
     return json.loads((out / "results.json").read_text())
