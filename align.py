@@ -425,10 +425,6 @@ def _encoders(args):
         mdl, tok, langs, _ = loaded[path]
         lang_idx = bpe.checkpoint_lang(langs, lang, f"{path}: language {lang!r} is")
         out.append((mdl, tok, lang_idx, lang))
-    # toydata.py writes world.json last: a world without it was cut short
-    if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
-        raise InputError(f"--data {args.data}: no world.json, not a whole toydata.py world (cut "
-                         "short? write it again with toydata.py --force)")
     # before any encoding: vectors of two widths cannot be compared, layers of two depths paired
     first, second = (side[0].config for side in out)
     if first.dim != second.dim:

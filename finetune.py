@@ -1232,6 +1232,11 @@ def _main(args):
                          + (" (the toy world, e.g. runs/toy/toy)" if args.toy else ""))
     if not os.path.isdir(args.data):
         raise InputError(f"{args.data_flag} {args.data}: no such directory")
+    # toydata.py writes mono/ first and world.json last: mono/ alone was cut short
+    if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
+        if os.path.isdir(os.path.join(args.data, "mono")):
+            raise InputError(f"{args.data_flag} {args.data}: no world.json, not a whole toydata.py "
+                             "world (cut short? write it again with toydata.py --force)")
     tasks = [args.task] if args.task else list(TASKS) if args.toy else []
     if not tasks:
         raise InputError("--task is required (only --toy runs all three)")

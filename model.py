@@ -681,6 +681,11 @@ def analysis_run(args, toy_paths, check_src_tgt, toy_data, optional=()):
                              "give each file's flag)")
         if args.toy and not os.path.isdir(args.data):
             raise InputError(f"{data_flag} {args.data}: no such directory (a toydata.py world)")
+        # toydata.py writes mono/ first and world.json last: mono/ alone was cut short
+        if args.toy and not os.path.isfile(os.path.join(args.data, "world.json")):
+            if os.path.isdir(os.path.join(args.data, "mono")):
+                raise InputError(f"{data_flag} {args.data}: no world.json, not a whole toydata.py "
+                                 "world (cut short? write it again with toydata.py --force)")
         from_world = [f for f in toy_paths if args.toy and getattr(args, f) is None]
         for f in from_world:
             setattr(args, f, os.path.join(args.data, toy_paths[f].format(l0=args.src, l1=args.tgt)))

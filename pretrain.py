@@ -672,6 +672,11 @@ def get_args(argv=None, p=None):
          "nothing: leave them out"),
         (args.data is None and not args.train_files,
          "--data (or --train-files/--dev-files, or --toy) is required"),
+        # toydata.py writes mono/ first and world.json last: mono/ alone was cut short
+        (args.toy and args.data and isdir(join(args.data, "mono"))
+         and not isfile(join(args.data, "world.json")),
+         f"--data {args.data}: no world.json, not a whole toydata.py world (cut short? write it "
+         "again with toydata.py --force)"),
         (cs and args.sep_tok,
          "--code-switch needs one shared vocabulary; it cannot be combined with --sep emb or tok"),
         (cs and len(langs) != 2,

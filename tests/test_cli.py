@@ -67,6 +67,7 @@ def _world(tmp_path):
     for side, text in (("en", "a b\nc d\n"), ("fr", "e f\ng h\n")):
         (world / f"tatoeba/tatoeba.fr-en.{side}").write_text(text)
         (world / f"parallel/en-fr.train.{side}").write_text(text)
+    (world / "world.json").write_text("{}\n")
     (tmp_path / "x.pt").write_bytes(b"")
     return world, str(tmp_path / "x.pt")
 
@@ -110,3 +111,22 @@ def test_toydata_refusal_names_the_flag(tmp_path):
     (tmp_path / "x").write_text("")
     with pytest.raises(SystemExit, match=r"is not empty; pass --force to overwrite it"):
         toydata.main(["--out", str(tmp_path), "--size", "tiny"])
+
+
+@pytest.mark.parametrize("script", ["pretrain", "finetune", "align", "cka"])
+def test_a_world_cut_short_is_refused_by_every_reader(toy_world, tiny_ckpt, tmp_path, capsys, script):
+    """A toydata.py world without world.json (written last: the writer was interrupted)."""
+    import shutil
+    world = tmp_path / "cut"
+    shutil.copytree(toy_world, world)
+    (world / "world.json").unlink()
+    argv = {"pretrain": ["--toy", "--data", world, "--out", tmp_path / "pt"],
+            "finetune": ["--toy", "--data", world, "--ckpt", tiny_ckpt, "--out", tmp_path / "ft"],
+            "align": ["sentences", "--toy", "--data", world, "--ckpt", tiny_ckpt],
+            "cka": ["--toy", "--data", world, "--ckpt", tiny_ckpt]}[script]
+    module = __import__(script)
+    with pytest.raises(SystemExit) as stop:
+        module.main([str(a) for a in argv])
+    said = f"{stop.value.code} {capsys.readouterr().err}"  # the message: exit's or printed
+    assert f"--data {world}: no world.json, not a whole toydata.py world" in said, said
+    assert not (tmp_path / "pt").exists() and not (tmp_path / "ft").exists()
