@@ -1384,8 +1384,11 @@ def run_identity(task_name, files, args):
     paths["train file"] = files["train"]
     paths["dev file"] = files["dev"]
     paths.update({f"{lang} test file": p for lang, p in files["test"].items()})
-    return {"task": task_name, **{k: digest(p) for k, p in paths.items() if p},
-            **{k: vars(args)[k] for k in JOB_FLAGS}}
+    identity = {"task": task_name, **{k: digest(p) for k, p in paths.items() if p},
+                **{k: vars(args)[k] for k in JOB_FLAGS}}
+    if task_name == "xnli":  # a pair is cut to the positions (--max-len + 3), not to max_len
+        identity["positions"] = args.positions
+    return identity
 
 
 def earlier_sets(out, identity, task_name, args):

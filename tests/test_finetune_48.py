@@ -142,3 +142,20 @@ def test_max_len_is_applied_to_xnli(toy_world, toy_ckpt, tmp_path, monkeypatch):
                  "--batch-size", "32", "--lr", "1e-3", "--head-lr", "1e-3", "--out", str(tmp_path / str(len(argv)))]
                 + argv)
     assert max(lengths[()]) > 7 and max(lengths[("--max-len", "4")]) == 7
+    # a grid begun without --max-len is not continued with it (its pairs were cut otherwise)
+    with pytest.raises(SystemExit, match="from another run \\(other max_len, positions\\)"):
+        ft.main(["--task", "xnli", "--toy", "--data", str(toy_world), "--ckpt", str(toy_ckpt), "--epochs", "1",
+                 "--batch-size", "32", "--lr", "1e-3", "--head-lr", "1e-3", "--out", str(tmp_path / "0"),
+                 "--max-len", "4"])
+
+
+def test_an_xnli_run_is_told_by_the_positions_its_pairs_are_cut_to():
+    """With a 512-position checkpoint, --max-len 128 (pairs cut to 131 positions) and no --max-len (cut to 512)
+    share max_len 128: the run's identity must still tell them apart, or one resumes the other's grid."""
+    import argparse
+    files = {"train": None, "dev": None, "test": {}}
+    args = argparse.Namespace(ckpt=None, target_ckpt=None, align_maps=None, xlm_codes=None,
+                              **{k: 128 for k in ft.JOB_FLAGS}, positions=131)
+    cut = ft.run_identity("xnli", files, args)
+    args.positions = 512
+    assert ft.run_identity("xnli", files, args) != cut
