@@ -411,7 +411,6 @@ def _encoders(args):
     """(model, tokenizer, language index, code) per side: --ckpt's --src, --ckpt2's --tgt."""
     import bpe
     import model
-    import torch
     out = []
     loaded = {}
     for path, lang in ((args.ckpt, args.src), (args.ckpt2 or args.ckpt, args.tgt)):
@@ -435,9 +434,7 @@ def _encoders(args):
                          f"{second.n_layers}: the tables pair layer l of one model with layer l of "
                          "the other; give two models of one depth")
     # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
-    mine, theirs = (side[0].state_dict() for side in out)
-    if args.ckpt2 and mine.keys() == theirs.keys() and all(
-            map(torch.equal, mine.values(), theirs.values())):
+    if args.ckpt2 and model.same_weights(out[0][0], out[1][0]):
         raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt {args.ckpt}: a "
                          "model compared with itself; give a second model or leave --ckpt2 out")
     return out

@@ -134,7 +134,7 @@ def cka_table(args):
                                  f"but --ckpt2 {args.ckpt2} {tgt_side[0].config.n_layers}: CKA "
                                  "compares layer i of one model with layer i of the other")
             # another file of one model (best.pt and checkpoint.pt of a run): told by the weights
-            if all(map(torch.equal, src_side[0].parameters(), tgt_side[0].parameters())):
+            if M.same_weights(src_side[0], tgt_side[0]):
                 raise InputError(f"--ckpt2 {args.ckpt2} holds the same weights as --ckpt "
                                  f"{args.ckpt}: a model compared with itself (CKA 1.000 by "
                                  "construction); give a second model or leave --ckpt2 out")

@@ -558,6 +558,13 @@ def load_encoder(path, device, checkpoint_tokenizer, xlm_codes):
     return (model, *checkpoint_tokenizer(extra, path, xlm_codes), extra)
 
 
+def same_weights(a, b):
+    """Two models with the same parameter names and values: two files of one model (best.pt and
+    checkpoint.pt of a run)."""
+    mine, theirs = a.state_dict(), b.state_dict()
+    return mine.keys() == theirs.keys() and all(map(torch.equal, mine.values(), theirs.values()))
+
+
 def stall_note(path, extra):
     """A note if load_model's extra says the MLM stalled (English dev ppl above pretrain.py's
     left-bigram count model, finetune.py's rule); else None."""
