@@ -84,3 +84,31 @@ def toy_ckpt(toy_world, tmp_path_factory):
     path = tmp_path_factory.mktemp("ft_ckpt") / "best.pt"
     save_model(path, m, tokenizer=tok.to_dict(), langs=["en", "fr"])
     return path
+
+
+def sgd_run(model, accumulate, probs):
+    """A pretrain.Run built by hand around `model` for pretrain.update: plain SGD at lr 1 (a
+    parameter moves by exactly its gradient), no AMP, no clipping, two languages of ids 14..39 in
+    streams of 2 x 8, languages drawn with `probs`; the caller draws run.next_batch."""
+    import argparse
+    import contextlib
+
+    import numpy as np
+    import torch
+
+    import pretrain
+    ids = np.arange(14, 40).repeat(3)
+    args = argparse.Namespace(accumulate=accumulate, batch_size=2, bptt=8, pos_offsets=0,
+                              pos_offsets_from=0, clip=0.0)
+    run = pretrain.Run(args=args, langs=["en", "fr"], stop=argparse.Namespace(signum=None))
+    run.raw_model = model
+    run.model = model
+    run.params = list(model.parameters())
+    run.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    run.amp = contextlib.nullcontext()
+    run.scaler = torch.amp.GradScaler("cpu", enabled=False)
+    run.train_ids = [ids, ids]
+    run.vocab_sizes = [40, 40]
+    run.sampler = pretrain.StreamSampler([4, 4], probs, seed=0)
+    run.mask_rng = torch.Generator().manual_seed(0)
+    return run

@@ -13,6 +13,7 @@ import bpe
 import finetune as ft
 import pretrain
 from bpe import EOS_ID
+from conftest import sgd_run
 from model import MLM, ModelConfig, encode_batch
 
 torch.set_num_threads(1)  # tiny tensors: extra threads only spin on a shared 2-core machine
@@ -103,20 +104,7 @@ def test_an_update_moves_the_own_parameters_of_the_batch_language():
     config = ModelConfig(vocab_size=40, n_layers=1, n_heads=2, dim=8, ffn_dim=16, max_positions=32,
                          sep_emb=True, dropout=0.0, attention_dropout=0.0)
     model = MLM(config)
-    ids = np.arange(14, 40).repeat(3)
-    args = argparse.Namespace(accumulate=1, batch_size=2, bptt=8, pos_offsets=0,
-                              pos_offsets_from=0, clip=0.0)
-    run = pretrain.Run(args=args, langs=["en", "fr"], stop=argparse.Namespace(signum=None))
-    run.raw_model = model
-    run.model = model
-    run.params = list(model.parameters())
-    run.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    run.amp = contextlib.nullcontext()
-    run.scaler = torch.amp.GradScaler("cpu", enabled=False)
-    run.train_ids = [ids, ids]
-    run.vocab_sizes = [40, 40]
-    run.sampler = pretrain.StreamSampler([4, 4], [0.0, 1.0], seed=0)
-    run.mask_rng = torch.Generator().manual_seed(0)
+    run = sgd_run(model, accumulate=1, probs=[0.0, 1.0])
     run.next_batch = pretrain.next_micro_batch(run, 0)
     own = [model.lang_specific_parameters(lang) for lang in (0, 1)]
     before = [[p.detach().clone() for p in params] for params in own]

@@ -19,6 +19,7 @@ import finetune as ft
 import pretrain
 import toydata
 from bpe import EOS_ID, MASK_ID, Tokenizer
+from conftest import sgd_run
 from model import MLM, AlignedEncoder, ModelConfig, encode_batch
 
 torch.set_num_threads(1)  # tiny tensors: extra threads only spin on a shared 2-core machine
@@ -321,20 +322,7 @@ def test_accumulated_micro_batches_give_the_mean_gradient(monkeypatch):
     Plain SGD at lr 1 moves the parameters by exactly the gradient."""
     model = tiny_model(n_layers=1, dropout=0.0, attention_dropout=0.0)
     twin = tiny_model(n_layers=1, dropout=0.0, attention_dropout=0.0)
-    ids = np.arange(14, 40).repeat(3)
-    args = argparse.Namespace(accumulate=2, batch_size=2, bptt=8, pos_offsets=0, pos_offsets_from=0,
-                              clip=0.0)
-    run = pretrain.Run(args=args, langs=["en", "fr"], stop=argparse.Namespace(signum=None))
-    run.raw_model = model
-    run.model = model
-    run.params = list(model.parameters())
-    run.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    run.amp = contextlib.nullcontext()
-    run.scaler = torch.amp.GradScaler("cpu", enabled=False)
-    run.train_ids = [ids, ids]
-    run.vocab_sizes = [40, 40]
-    run.sampler = pretrain.StreamSampler([4, 4], [0.5, 0.5], seed=0)
-    run.mask_rng = torch.Generator().manual_seed(0)
+    run = sgd_run(model, accumulate=2, probs=[0.5, 0.5])
     drawn = []
     next_micro_batch = pretrain.next_micro_batch
 
