@@ -112,3 +112,14 @@ def sgd_run(model, accumulate, probs):
     run.sampler = pretrain.StreamSampler([4, 4], probs, seed=0)
     run.mask_rng = torch.Generator().manual_seed(0)
     return run
+
+
+def csls_dense(X, Y, k):
+    """Conneau et al. 2018 eq. 6 written out: argmax_y 2 cos(x, y) - r_T(x) - r_S(y)."""
+    import numpy as np
+    X = X / np.linalg.norm(X, axis=1, keepdims=True)
+    Y = Y / np.linalg.norm(Y, axis=1, keepdims=True)
+    S = X @ Y.T
+    r_T = -np.sort(-S, axis=1)[:, :k].mean(axis=1)
+    r_S = -np.sort(-S.T, axis=1)[:, :k].mean(axis=1)
+    return np.argmax(2 * S - r_T[:, None] - r_S[None, :], axis=1)

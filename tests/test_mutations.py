@@ -13,7 +13,7 @@ import bpe
 import finetune as ft
 import pretrain
 from bpe import EOS_ID
-from conftest import sgd_run
+from conftest import csls_dense, sgd_run
 from model import MLM, ModelConfig, encode_batch
 
 torch.set_num_threads(1)  # tiny tensors: extra threads only spin on a shared 2-core machine
@@ -130,16 +130,6 @@ def test_iterative_normalisation_length_normalises_before_centring():
     wrong = unit(X - X.mean(axis=0))
     assert not np.allclose(expected, wrong, atol=1e-3), "the check needs rows of unequal length"
     np.testing.assert_allclose(align.iterative_normalize(X, n_iter=1), expected, atol=1e-7)
-
-
-def csls_dense(X, Y, k):
-    """Conneau et al. 2018 eq. 6 written out: argmax_y 2 cos(x, y) - r_T(x) - r_S(y)."""
-    X = X / np.linalg.norm(X, axis=1, keepdims=True)
-    Y = Y / np.linalg.norm(Y, axis=1, keepdims=True)
-    S = X @ Y.T
-    r_T = -np.sort(-S, axis=1)[:, :k].mean(axis=1)
-    r_S = -np.sort(-S.T, axis=1)[:, :k].mean(axis=1)
-    return np.argmax(2 * S - r_T[:, None] - r_S[None, :], axis=1)
 
 
 def test_word_translation_retrieves_by_csls_not_nearest_neighbour():

@@ -19,7 +19,7 @@ import finetune as ft
 import pretrain
 import toydata
 from bpe import EOS_ID, MASK_ID, Tokenizer
-from conftest import sgd_run
+from conftest import csls_dense, sgd_run
 from model import MLM, AlignedEncoder, ModelConfig, encode_batch
 
 torch.set_num_threads(1)  # tiny tensors: extra threads only spin on a shared 2-core machine
@@ -377,16 +377,6 @@ def test_p_at_1_counts_the_first_of_several_gold_translations():
     tgt_idx = np.array([3, 7, 2, 5, 9, 6])
     p_at_1 = align.word_translation_accuracy(E[[3, 5, 8]], E, src_idx, tgt_idx)
     assert p_at_1 == (pytest.approx(2 / 3), 3)
-
-
-def csls_dense(X, Y, k):
-    """Conneau et al. 2018 eq. 6 written out: argmax_y 2 cos(x, y) - r_T(x) - r_S(y)."""
-    X = X / np.linalg.norm(X, axis=1, keepdims=True)
-    Y = Y / np.linalg.norm(Y, axis=1, keepdims=True)
-    S = X @ Y.T
-    r_T = -np.sort(-S, axis=1)[:, :k].mean(axis=1)
-    r_S = -np.sort(-S.T, axis=1)[:, :k].mean(axis=1)
-    return np.argmax(2 * S - r_T[:, None] - r_S[None, :], axis=1)
 
 
 def test_csls_uses_k_10_neighbours_by_default():
