@@ -22,7 +22,6 @@ Only numpy at module level (the file copies alone); the command line imports the
 """
 import argparse
 import os
-import unicodedata
 from collections import Counter
 
 import numpy as np
@@ -663,7 +662,7 @@ def cmd_sentences(args):
         if args.toy and args.train_src.startswith(args.data):
             overlap = "training pairs repeat a test pair (the toy generator repeats short sentences)"
         # pairs compared with whitespace collapsed, in Unicode NFC (a trailing space, a decomposed é)
-        normal = lambda pair: tuple(" ".join(unicodedata.normalize("NFC", s).split()) for s in pair)
+        normal = lambda pair: tuple(map(bpe.normal_text, pair))
         train = without_test_pairs(train, list(zip(*tests)), names, args.allow_overlap, overlap, normal)
 
     def encode(part, *texts):  # the sentence vectors of each side's lines, per layer

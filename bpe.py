@@ -1156,6 +1156,11 @@ def _check_prepared(data, recipe, program):
                          "prepare, or the text as --data)")
 
 
+def normal_text(text):
+    """A text as content, the way a copy differs from it: whitespace collapsed, Unicode NFC."""
+    return unicodedata.normalize("NFC", " ".join(text.split()))
+
+
 def _check_text(path, lang, split, dev=None, allow_overlap=False):
     """A text input of prepare, read whole before anything is written: one line. As content
     (whitespace collapsed, Unicode NFC) -> a dev text's lines; a train text holding most of `dev`
@@ -1180,7 +1185,7 @@ def _check_text(path, lang, split, dev=None, allow_overlap=False):
             texts += 1
             # as content (a dev text, or a train text compared with one)
             if split == "dev" or wanted:
-                key = unicodedata.normalize("NFC", " ".join(line.split()))
+                key = normal_text(line)
                 if split == "dev" or key in wanted:
                     found.append(key)
             if words < MIN_DEV_WORDS:

@@ -26,7 +26,6 @@ import shlex
 import signal
 import sys
 import time
-import unicodedata
 
 import numpy as np
 import torch
@@ -1095,7 +1094,7 @@ def content_key(example):
     """An example's text (no label) as another file holds it: Unicode NFC, whitespace collapsed."""
     sentences = [example["words"]] if isinstance(example, dict) else example[:-1]
     texts = [s if isinstance(s, str) else " ".join(s) for s in sentences]
-    return "\t".join(" ".join(unicodedata.normalize("NFC", t).split()) for t in texts)
+    return "\t".join(map(bpe.normal_text, texts))
 
 
 def prepare_task(task_name, files, model, encoders, args):
